@@ -1,0 +1,1 @@
+//! Config objects and routing table.
