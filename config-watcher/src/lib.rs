@@ -1,1 +1,23 @@
-//! Config objects and routing table.
+//! fleetgate-config-watcher: reads fleetgate's configuration objects (Gateway, Cluster,
+//! AccessPolicy), validates them, and builds the [`RouteTable`] the data path reads through an
+//! `ArcSwap`.
+//!
+//! This crate never imports the data path. Loading and building block (file reads, certificate
+//! parsing) and happen off the hot path; the data path only ever loads the published table.
+
+mod error;
+mod load;
+pub mod objects;
+mod settings;
+mod table;
+
+pub use error::ConfigError;
+pub use load::{check_cluster_name, load_path, RESERVED_CLUSTER_NAMES};
+pub use objects::ConnectMode;
+pub use settings::{ClusterConfig, Config, GatewaySettings, Limits, ListenerSettings, ServingTls};
+pub use table::{
+    crypto_provider, parse_certs, parse_key, parse_server, ClusterRoute, RouteTable, UpstreamTarget,
+};
+
+/// The routing table as the data path holds it: swapped whole on a change, loaded once per request.
+pub type SharedTable = std::sync::Arc<arc_swap::ArcSwap<RouteTable>>;

@@ -1,0 +1,391 @@
+//! Reading configuration objects from a file or a directory: every `*.yaml` / `*.yml` file below
+//! the directory (sorted, so the result does not depend on the file system's order), each file
+//! any number of `---`-separated documents. Objects are dispatched by `kind`, checked, and resolved
+//! (files they name are read relative to the file that names them). Blocking: call it off the data
+//! path.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::ConfigError;
+use crate::objects::{AccessPolicyObject, ClusterObject, GatewayObject, GatewaySpec, API_VERSION};
+use crate::settings::{
+    ClusterConfig, Config, GatewaySettings, Limits, ListenerSettings, ServingTls,
+};
+
+/// Cluster names that would clash with gateway or Kubernetes paths in the OCM `/{name}/...` style.
+pub const RESERVED_CLUSTER_NAMES: &[&str] = &[
+    "clusters", "fleet", "apis", "api", "healthz", "readyz", "livez", "metrics", "version",
+    "openapi",
+];
+
+/// Loads and validates every object under `path` (a file or a directory).
+pub fn load_path(path: &Path) -> Result<Config, ConfigError> {
+    let files = config_files(path)?;
+    let mut gateways = Vec::new();
+    let mut clusters = Vec::new();
+    let mut policies = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+            path: file.clone(),
+            source,
+        })?;
+        let base = file.parent().unwrap_or(Path::new("."));
+        for (index, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+            let value = serde_yaml::Value::deserialize(doc).map_err(|e| ConfigError::Parse {
+                path: file.clone(),
+                index,
+                message: e.to_string(),
+            })?;
+            if value.is_null() {
+                continue; // an empty document, e.g. a trailing `---`
+            }
+            let parse_err = |message: String| ConfigError::Parse {
+                path: file.clone(),
+                index,
+                message,
+            };
+            let kind = value
+                .get("kind")
+                .and_then(|k| k.as_str())
+                .ok_or_else(|| parse_err("no `kind`".into()))?
+                .to_owned();
+            let api_version = value
+                .get("apiVersion")
+                .and_then(|v| v.as_str())
+                .unwrap_or("");
+            if api_version != API_VERSION {
+                return Err(parse_err(format!(
+                    "{kind}: apiVersion {api_version:?} is not {API_VERSION:?}"
+                )));
+            }
+            let origin = file.display().to_string();
+            match kind.as_str() {
+                "Gateway" => {
+                    let obj: GatewayObject = serde_yaml::from_value(value)
+                        .map_err(|e| parse_err(format!("Gateway: {e}")))?;
+                    gateways.push(resolve_gateway(obj, base, &origin)?);
+                }
+                "Cluster" => {
+                    let obj: ClusterObject = serde_yaml::from_value(value)
+                        .map_err(|e| parse_err(format!("Cluster: {e}")))?;
+                    clusters.push(resolve_cluster(obj, base, &origin)?);
+                }
+                "AccessPolicy" => {
+                    let obj: AccessPolicyObject = serde_yaml::from_value(value)
+                        .map_err(|e| parse_err(format!("AccessPolicy: {e}")))?;
+                    policies.push(obj);
+                }
+                other => return Err(parse_err(format!("unknown kind {other:?}"))),
+            }
+        }
+    }
+    let gateway = match gateways.len() {
+        1 => gateways.remove(0),
+        0 => {
+            return Err(ConfigError::Set(format!(
+                "{}: no Gateway object found",
+                path.display()
+            )))
+        }
+        n => {
+            return Err(ConfigError::Set(format!(
+                "{}: {n} Gateway objects; exactly one is allowed",
+                path.display()
+            )))
+        }
+    };
+    check_unique_names(&clusters)?;
+    Ok(Config {
+        gateway,
+        clusters,
+        policies,
+    })
+}
+
+/// The YAML files a path stands for, sorted.
+fn config_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let meta = std::fs::metadata(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    if !meta.is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![path.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|source| ConfigError::Read {
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries {
+            let entry = entry.map_err(|source| ConfigError::Read {
+                path: dir.clone(),
+                source,
+            })?;
+            let p = entry.path();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') {
+                continue; // editors' swap files, `..data` of mounted ConfigMaps
+            }
+            if p.is_dir() {
+                stack.push(p);
+            } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn resolve_gateway(
+    obj: GatewayObject,
+    base: &Path,
+    origin: &str,
+) -> Result<GatewaySettings, ConfigError> {
+    let name = obj.metadata.name.clone();
+    let invalid = |field: &'static str, message: String| ConfigError::Invalid {
+        origin: origin.to_owned(),
+        kind: "Gateway",
+        name: name.clone(),
+        field,
+        message,
+    };
+    let GatewaySpec {
+        workers,
+        listeners,
+        tls,
+        admin,
+        routing,
+        limits,
+        auth,
+    } = obj.spec;
+    if listeners.is_empty() {
+        return Err(invalid(
+            "spec.listeners",
+            "at least one listener is required".into(),
+        ));
+    }
+    let mut resolved_listeners = Vec::with_capacity(listeners.len());
+    for (i, l) in listeners.into_iter().enumerate() {
+        check_address(&l.address).map_err(|m| invalid("spec.listeners[].address", m))?;
+        resolved_listeners.push(ListenerSettings {
+            name: if l.name.is_empty() {
+                format!("listener-{i}")
+            } else {
+                l.name
+            },
+            address: l.address,
+            tls: l.tls,
+        });
+    }
+    let tls = match tls {
+        None => None,
+        Some(t) => {
+            let cert_pem = pem_field(t.cert_data, t.cert_file, base)
+                .map_err(|m| invalid("spec.tls.certData/certFile", m))?
+                .ok_or_else(|| {
+                    invalid(
+                        "spec.tls.certData/certFile",
+                        "a serving certificate is required".into(),
+                    )
+                })?;
+            let key_pem = pem_field(t.key_data, t.key_file, base)
+                .map_err(|m| invalid("spec.tls.keyData/keyFile", m))?
+                .ok_or_else(|| {
+                    invalid(
+                        "spec.tls.keyData/keyFile",
+                        "a serving key is required".into(),
+                    )
+                })?;
+            let client_ca_pem = pem_field(t.client_ca_data, t.client_ca_file, base)
+                .map_err(|m| invalid("spec.tls.clientCAData/clientCAFile", m))?;
+            Some(ServingTls {
+                cert_pem,
+                key_pem,
+                client_ca_pem,
+            })
+        }
+    };
+    if resolved_listeners.iter().any(|l| l.tls) && tls.is_none() {
+        return Err(invalid("spec.tls", "a TLS listener needs spec.tls".into()));
+    }
+    if let Some(a) = &admin {
+        check_address(&a.address).map_err(|m| invalid("spec.admin.address", m))?;
+    }
+    let defaults = Limits::default();
+    let seconds = |v: Option<f64>, field: &'static str, default| match v {
+        None => Ok(default),
+        Some(s) if s.is_finite() && s > 0.0 => Ok(std::time::Duration::from_secs_f64(s)),
+        Some(s) => Err(invalid(
+            field,
+            format!("{s} is not a positive number of seconds"),
+        )),
+    };
+    let limits = Limits {
+        max_head_bytes: limits.max_head_bytes.unwrap_or(defaults.max_head_bytes),
+        max_headers: limits.max_headers.unwrap_or(defaults.max_headers),
+        connect_timeout: seconds(
+            limits.connect_timeout_seconds,
+            "spec.limits.connectTimeoutSeconds",
+            defaults.connect_timeout,
+        )?,
+        response_head_timeout: seconds(
+            limits.response_head_timeout_seconds,
+            "spec.limits.responseHeadTimeoutSeconds",
+            defaults.response_head_timeout,
+        )?,
+    };
+    if limits.max_head_bytes < 1024 {
+        return Err(invalid(
+            "spec.limits.maxHeadBytes",
+            "must be at least 1024".into(),
+        ));
+    }
+    if limits.max_headers < 8 {
+        return Err(invalid(
+            "spec.limits.maxHeaders",
+            "must be at least 8".into(),
+        ));
+    }
+    Ok(GatewaySettings {
+        name,
+        workers,
+        listeners: resolved_listeners,
+        tls,
+        admin: admin.map(|a| a.address),
+        ocm_style: routing.ocm_style,
+        limits,
+        auth,
+    })
+}
+
+fn resolve_cluster(
+    obj: ClusterObject,
+    base: &Path,
+    origin: &str,
+) -> Result<ClusterConfig, ConfigError> {
+    let name = obj.metadata.name.clone();
+    let invalid = |field: &'static str, message: String| ConfigError::Invalid {
+        origin: origin.to_owned(),
+        kind: "Cluster",
+        name: name.clone(),
+        field,
+        message,
+    };
+    check_cluster_name(&name).map_err(|m| invalid("metadata.name", m))?;
+    let spec = obj.spec;
+    crate::table::parse_server(&spec.server).map_err(|m| invalid("spec.server", m))?;
+    let ca_pem = pem_field(spec.ca_data, spec.ca_file, base)
+        .map_err(|m| invalid("spec.caData/caFile", m))?;
+    let c = spec.credentials;
+    let token = match (c.token, c.token_file) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "spec.credentials",
+                "set token or tokenFile, not both".into(),
+            ))
+        }
+        (Some(t), None) => Some(t),
+        (None, Some(f)) => Some(
+            std::fs::read_to_string(base.join(&f))
+                .map_err(|e| invalid("spec.credentials.tokenFile", format!("{f}: {e}")))?
+                .trim()
+                .to_owned(),
+        ),
+        (None, None) => None,
+    };
+    if let Some(t) = &token {
+        if t.is_empty() || t.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+            return Err(invalid(
+                "spec.credentials.token",
+                "must be non-empty printable ASCII without spaces".into(),
+            ));
+        }
+    }
+    let client_cert_pem = pem_field(c.client_cert_data, c.client_cert_file, base)
+        .map_err(|m| invalid("spec.credentials.clientCertData/clientCertFile", m))?;
+    let client_key_pem = pem_field(c.client_key_data, c.client_key_file, base)
+        .map_err(|m| invalid("spec.credentials.clientKeyData/clientKeyFile", m))?;
+    if client_cert_pem.is_some() != client_key_pem.is_some() {
+        return Err(invalid(
+            "spec.credentials",
+            "a client certificate needs its key and the other way round".into(),
+        ));
+    }
+    Ok(ClusterConfig {
+        name: name.clone(),
+        labels: obj.metadata.labels,
+        origin: origin.to_owned(),
+        server: spec.server,
+        ca_pem,
+        insecure_skip_tls_verify: spec.insecure_skip_tls_verify,
+        token,
+        client_cert_pem,
+        client_key_pem,
+        impersonation: spec.impersonation,
+        mode: spec.mode,
+        proxy_url: spec.proxy_url,
+    })
+}
+
+/// A PEM value given inline or as a file relative to `base`; `Ok(None)` when neither is set.
+fn pem_field(
+    data: Option<String>,
+    file: Option<String>,
+    base: &Path,
+) -> Result<Option<Vec<u8>>, String> {
+    let pem = match (data, file) {
+        (Some(_), Some(_)) => return Err("set the Data or the File form, not both".into()),
+        (Some(d), None) => d.into_bytes(),
+        (None, Some(f)) => std::fs::read(base.join(&f)).map_err(|e| format!("{f}: {e}"))?,
+        (None, None) => return Ok(None),
+    };
+    if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err("not PEM (no -----BEGIN line)".into());
+    }
+    Ok(Some(pem))
+}
+
+fn check_address(addr: &str) -> Result<(), String> {
+    addr.parse::<std::net::SocketAddr>()
+        .map(|_| ())
+        .map_err(|e| format!("{addr:?} is not an IP:port address: {e}"))
+}
+
+/// A cluster name is a DNS-1123 label and not reserved.
+pub fn check_cluster_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if !ok {
+        return Err(format!(
+            "{name:?} is not a DNS-1123 label (lower-case letters, digits, '-', at most 63)"
+        ));
+    }
+    if RESERVED_CLUSTER_NAMES.contains(&name) {
+        return Err(format!("{name:?} is reserved"));
+    }
+    Ok(())
+}
+
+fn check_unique_names(clusters: &[ClusterConfig]) -> Result<(), ConfigError> {
+    let mut seen = std::collections::HashMap::new();
+    for c in clusters {
+        if let Some(first) = seen.insert(c.name.as_str(), c.origin.as_str()) {
+            return Err(ConfigError::Set(format!(
+                "Cluster {} is defined twice ({first} and {})",
+                c.name, c.origin
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! The configuration objects as they are written in YAML (and, later, stored as CRDs):
+//! `fleetgate.io/v1alpha1` Gateway, Cluster and AccessPolicy. Field names follow Kubernetes
+//! conventions (camelCase). These types are only the wire shape; `settings` and `table` turn them
+//! into what the data path uses. Unknown fields are rejected so a typo is an error, not a silent
+//! default.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The API version every fleetgate object carries.
+pub const API_VERSION: &str = "fleetgate.io/v1alpha1";
+
+/// The part of Kubernetes object metadata that fleetgate reads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectMeta {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_timestamp: Option<String>,
+}
+
+/// PEM material given inline (`...Data`) or as a path (`...File`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PemSource {
+    pub data: Option<String>,
+    pub file: Option<String>,
+}
+
+/// `kind: Gateway`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GatewayObject {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: GatewaySpec,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GatewaySpec {
+    /// Shards (threads); 0 or absent: one per core.
+    #[serde(default)]
+    pub workers: usize,
+    #[serde(default)]
+    pub listeners: Vec<ListenerSpec>,
+    #[serde(default)]
+    pub tls: Option<GatewayTlsSpec>,
+    #[serde(default)]
+    pub admin: Option<AdminSpec>,
+    #[serde(default)]
+    pub routing: RoutingSpec,
+    #[serde(default)]
+    pub limits: LimitsSpec,
+    /// Authentication settings (token file, OIDC); read by the identity layer.
+    #[serde(default)]
+    pub auth: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListenerSpec {
+    #[serde(default)]
+    pub name: String,
+    pub address: String,
+    /// TLS on this listener (default true). Plaintext exists for benchmarks only.
+    #[serde(default = "default_true")]
+    pub tls: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GatewayTlsSpec {
+    pub cert_file: Option<String>,
+    pub cert_data: Option<String>,
+    pub key_file: Option<String>,
+    pub key_data: Option<String>,
+    #[serde(rename = "clientCAFile")]
+    pub client_ca_file: Option<String>,
+    #[serde(rename = "clientCAData")]
+    pub client_ca_data: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AdminSpec {
+    pub address: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RoutingSpec {
+    /// Also serve `/{cluster}/...` (OCM cluster-proxy user-server style).
+    #[serde(default)]
+    pub ocm_style: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LimitsSpec {
+    pub max_head_bytes: Option<usize>,
+    pub max_headers: Option<usize>,
+    pub connect_timeout_seconds: Option<f64>,
+    pub response_head_timeout_seconds: Option<f64>,
+}
+
+/// `kind: Cluster`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterObject {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: ClusterSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterSpec {
+    pub server: String,
+    pub ca_data: Option<String>,
+    pub ca_file: Option<String>,
+    #[serde(default, rename = "insecureSkipTLSVerify")]
+    pub insecure_skip_tls_verify: bool,
+    #[serde(default)]
+    pub credentials: ClusterCredentials,
+    /// Impersonate the gateway's user on the member (default true).
+    #[serde(default = "default_true")]
+    pub impersonation: bool,
+    #[serde(default)]
+    pub mode: ConnectMode,
+    #[serde(default, rename = "proxyURL")]
+    pub proxy_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterCredentials {
+    pub token: Option<String>,
+    pub token_file: Option<String>,
+    pub client_cert_data: Option<String>,
+    pub client_cert_file: Option<String>,
+    pub client_key_data: Option<String>,
+    pub client_key_file: Option<String>,
+}
+
+/// How the gateway reaches a member.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConnectMode {
+    /// The gateway dials the member's server URL.
+    #[default]
+    Direct,
+    /// The member's agent dials the gateway (pull mode); requests ride that tunnel.
+    Tunnel,
+}
+
+/// `kind: AccessPolicy`. Kept as raw JSON until the identity layer compiles it; the loader only
+/// checks that it is an object with a name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AccessPolicyObject {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: serde_json::Value,
+}
+
+fn default_true() -> bool {
+    true
+}

@@ -1,0 +1,108 @@
+//! Resolved configuration: the objects with every file read and every default applied. This is what
+//! a reload compares and what the routing table is built from; nothing here touches the network.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::objects::{AccessPolicyObject, ConnectMode};
+
+/// A whole configuration: one Gateway, any number of Clusters and AccessPolicies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub gateway: GatewaySettings,
+    pub clusters: Vec<ClusterConfig>,
+    pub policies: Vec<AccessPolicyObject>,
+}
+
+/// The Gateway object, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatewaySettings {
+    pub name: String,
+    /// Shards; 0 means one per core.
+    pub workers: usize,
+    pub listeners: Vec<ListenerSettings>,
+    pub tls: Option<ServingTls>,
+    pub admin: Option<String>,
+    pub ocm_style: bool,
+    pub limits: Limits,
+    /// The `spec.auth` block as written, for the identity layer.
+    pub auth: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListenerSettings {
+    pub name: String,
+    pub address: String,
+    pub tls: bool,
+}
+
+/// Serving certificate, its key, and the CA that client certificates must chain to.
+#[derive(Clone, PartialEq)]
+pub struct ServingTls {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ServingTls {
+    // Never print key material.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServingTls")
+            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
+            .field("key_pem", &"<redacted>")
+            .field("client_ca_pem", &self.client_ca_pem.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+/// Limits that protect the gateway from clients and slow members.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub max_head_bytes: usize,
+    pub max_headers: usize,
+    pub connect_timeout: Duration,
+    pub response_head_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_head_bytes: 64 * 1024,
+            max_headers: 128,
+            connect_timeout: Duration::from_secs(5),
+            response_head_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A Cluster object, resolved (files read). Secrets are redacted from `Debug`.
+#[derive(Clone, PartialEq)]
+pub struct ClusterConfig {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Where the object came from, for error messages (a file path or `namespace/name`).
+    pub origin: String,
+    pub server: String,
+    pub ca_pem: Option<Vec<u8>>,
+    pub insecure_skip_tls_verify: bool,
+    pub token: Option<String>,
+    pub client_cert_pem: Option<Vec<u8>>,
+    pub client_key_pem: Option<Vec<u8>>,
+    pub impersonation: bool,
+    pub mode: ConnectMode,
+    pub proxy_url: Option<String>,
+}
+
+impl std::fmt::Debug for ClusterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterConfig")
+            .field("name", &self.name)
+            .field("origin", &self.origin)
+            .field("server", &self.server)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("client_cert", &self.client_cert_pem.is_some())
+            .field("impersonation", &self.impersonation)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}

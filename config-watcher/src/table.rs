@@ -1,0 +1,328 @@
+//! The routing table: what the data path reads, once per request, through an `ArcSwap`.
+//!
+//! Built off the hot path from a validated [`Config`]: each cluster's upstream address, its rustls
+//! client configuration (CA, client certificate) and the credentials header are prepared here so a
+//! request does nothing but a hash lookup. A table is immutable; a change builds a new one.
+//! A cluster's `id` is a digest of its resolved spec: unchanged clusters keep their id across
+//! rebuilds, which is how the data path knows which upstream pools to keep.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName};
+
+use crate::error::ConfigError;
+use crate::objects::ConnectMode;
+use crate::settings::{ClusterConfig, Config, GatewaySettings};
+
+/// Where a member's API server is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTarget {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// The `Host` header value (`host:port`, IPv6 in brackets).
+    pub authority: String,
+    /// A path prefix from the server URL (`https://lb/k8s/m1` -> `/k8s/m1`), `""` when none.
+    pub path_prefix: String,
+}
+
+/// One member cluster, ready for the data path.
+pub struct ClusterRoute {
+    pub name: Arc<str>,
+    pub labels: BTreeMap<String, String>,
+    pub upstream: UpstreamTarget,
+    /// The TLS client configuration for `upstream` (None for a plain `http://` server).
+    pub tls_client: Option<Arc<rustls::ClientConfig>>,
+    pub server_name: ServerName<'static>,
+    /// The `Authorization` value the gateway sends upstream (`Bearer ...`), None with client certs.
+    pub authorization: Option<String>,
+    pub impersonation: bool,
+    pub mode: ConnectMode,
+    pub proxy_url: Option<String>,
+    /// Digest of the resolved spec; changes whenever anything about this cluster changes.
+    pub id: u64,
+}
+
+impl std::fmt::Debug for ClusterRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterRoute")
+            .field("name", &self.name)
+            .field("upstream", &self.upstream)
+            .field(
+                "authorization",
+                &self.authorization.as_ref().map(|_| "<redacted>"),
+            )
+            .field("impersonation", &self.impersonation)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The whole routing table.
+#[derive(Debug)]
+pub struct RouteTable {
+    clusters: ahash::AHashMap<Arc<str>, Arc<ClusterRoute>>,
+    gateway: GatewaySettings,
+    config: Config,
+    generation: u64,
+}
+
+impl RouteTable {
+    /// Builds a table from a validated configuration. Fails (naming the cluster and field) when a
+    /// certificate or key does not parse.
+    pub fn build(config: &Config) -> Result<RouteTable, ConfigError> {
+        Self::build_generation(config, 1)
+    }
+
+    /// Like [`RouteTable::build`], stamping the table with `generation` (the reload counter).
+    pub fn build_generation(config: &Config, generation: u64) -> Result<RouteTable, ConfigError> {
+        let mut clusters = ahash::AHashMap::with_capacity(config.clusters.len());
+        for c in &config.clusters {
+            let route = Arc::new(build_route(c)?);
+            clusters.insert(route.name.clone(), route);
+        }
+        Ok(RouteTable {
+            clusters,
+            gateway: config.gateway.clone(),
+            config: config.clone(),
+            generation,
+        })
+    }
+
+    /// The cluster called `name`, if any.
+    #[inline]
+    pub fn cluster(&self, name: &str) -> Option<&Arc<ClusterRoute>> {
+        self.clusters.get(name)
+    }
+
+    /// Every cluster, in no particular order.
+    pub fn clusters(&self) -> impl Iterator<Item = &Arc<ClusterRoute>> {
+        self.clusters.values()
+    }
+
+    pub fn gateway(&self) -> &GatewaySettings {
+        &self.gateway
+    }
+
+    /// The configuration this table was built from (for diffing on reload).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+/// Parses a cluster's `spec.server` URL into an upstream target.
+pub fn parse_server(server: &str) -> Result<UpstreamTarget, String> {
+    let uri: http::Uri = server
+        .parse()
+        .map_err(|e| format!("{server:?} is not a URL: {e}"))?;
+    let tls = match uri.scheme_str() {
+        Some("https") => true,
+        Some("http") => false,
+        _ => return Err(format!("{server:?}: the scheme must be https or http")),
+    };
+    let host = uri
+        .host()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| format!("{server:?} has no host"))?;
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+    if uri.query().is_some() {
+        return Err(format!("{server:?}: a server URL cannot have a query"));
+    }
+    let authority = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let path_prefix = uri.path().trim_end_matches('/').to_owned();
+    Ok(UpstreamTarget {
+        tls,
+        host,
+        port,
+        authority,
+        path_prefix,
+    })
+}
+
+fn build_route(c: &ClusterConfig) -> Result<ClusterRoute, ConfigError> {
+    let invalid = |field: &'static str, message: String| ConfigError::Invalid {
+        origin: c.origin.clone(),
+        kind: "Cluster",
+        name: c.name.clone(),
+        field,
+        message,
+    };
+    let upstream = parse_server(&c.server).map_err(|m| invalid("spec.server", m))?;
+    let server_name = ServerName::try_from(upstream.host.clone()).map_err(|e| {
+        invalid(
+            "spec.server",
+            format!("{:?} is not a TLS server name: {e}", upstream.host),
+        )
+    })?;
+    let tls_client = if upstream.tls {
+        Some(Arc::new(
+            client_config(c).map_err(|(field, m)| invalid(field, m))?,
+        ))
+    } else {
+        None
+    };
+    let authorization = c.token.as_ref().map(|t| format!("Bearer {t}"));
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    // DefaultHasher::new() uses fixed keys, so the id is stable across rebuilds and processes.
+    c.name.hash(&mut h);
+    c.labels.hash(&mut h);
+    c.server.hash(&mut h);
+    c.ca_pem.hash(&mut h);
+    c.insecure_skip_tls_verify.hash(&mut h);
+    c.token.hash(&mut h);
+    c.client_cert_pem.hash(&mut h);
+    c.client_key_pem.hash(&mut h);
+    c.impersonation.hash(&mut h);
+    c.proxy_url.hash(&mut h);
+    format!("{:?}", c.mode).hash(&mut h);
+    Ok(ClusterRoute {
+        name: Arc::from(c.name.as_str()),
+        labels: c.labels.clone(),
+        upstream,
+        tls_client,
+        server_name,
+        authorization,
+        impersonation: c.impersonation,
+        mode: c.mode,
+        proxy_url: c.proxy_url.clone(),
+        id: h.finish(),
+    })
+}
+
+/// The crypto provider every TLS configuration of fleetgate uses (explicit, so that a second
+/// provider pulled in by a dependency can never make the choice ambiguous).
+pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Parses every certificate in a PEM bundle.
+pub fn parse_certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("bad PEM certificate: {e}"))?;
+    if certs.is_empty() {
+        return Err("no CERTIFICATE block in the PEM".into());
+    }
+    Ok(certs)
+}
+
+/// Parses a PEM private key (PKCS#8, PKCS#1 or SEC1).
+pub fn parse_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("bad PEM private key: {e}"))
+}
+
+fn client_config(c: &ClusterConfig) -> Result<rustls::ClientConfig, (&'static str, String)> {
+    let builder = rustls::ClientConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ("spec", e.to_string()))?;
+    let builder = if c.insecure_skip_tls_verify {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(insecure::AcceptAnyServerCert(
+                crypto_provider(),
+            )))
+    } else {
+        let ca = c.ca_pem.as_deref().ok_or((
+            "spec.caData/caFile",
+            "an https server needs a CA (or insecureSkipTLSVerify)".to_owned(),
+        ))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in parse_certs(ca).map_err(|m| ("spec.caData/caFile", m))? {
+            roots.add(cert).map_err(|e| {
+                (
+                    "spec.caData/caFile",
+                    format!("unusable CA certificate: {e}"),
+                )
+            })?;
+        }
+        builder.with_root_certificates(roots)
+    };
+    let mut config = match (&c.client_cert_pem, &c.client_key_pem) {
+        (Some(cert), Some(key)) => {
+            let chain = parse_certs(cert).map_err(|m| ("spec.credentials.clientCertData", m))?;
+            let key = parse_key(key).map_err(|m| ("spec.credentials.clientKeyData", m))?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                (
+                    "spec.credentials",
+                    format!("client certificate and key do not match: {e}"),
+                )
+            })?
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    // Upgrades (exec, port-forward) need HTTP/1.1 upstream; the gateway speaks HTTP/1.1 to members.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+mod insecure {
+    //! `insecureSkipTLSVerify: true`: the member's certificate is not checked (as kubectl's flag of
+    //! the same name). Signatures are still verified so the handshake itself is sound.
+    use std::sync::Arc;
+
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+
+    #[derive(Debug)]
+    pub struct AcceptAnyServerCert(pub Arc<rustls::crypto::CryptoProvider>);
+
+    impl ServerCertVerifier for AcceptAnyServerCert {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! Loading configuration directories as an operator writes them: real PEM material, objects split
+//! over files, and the mistakes an operator makes (each must be named precisely).
+
+use std::path::Path;
+
+use fleetgate_config_watcher::{load_path, ConfigError, RouteTable};
+
+struct Pki {
+    ca_pem: String,
+    cert_pem: String,
+    key_pem: String,
+}
+
+fn pki() -> Pki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    Pki {
+        ca_pem: ca.pem(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    }
+}
+
+fn indent(pem: &str) -> String {
+    pem.lines().map(|l| format!("    {l}\n")).collect()
+}
+
+fn write_gateway(dir: &Path, pki: &Pki) {
+    std::fs::write(dir.join("tls.crt"), &pki.cert_pem).unwrap();
+    std::fs::write(dir.join("tls.key"), &pki.key_pem).unwrap();
+    std::fs::write(dir.join("ca.crt"), &pki.ca_pem).unwrap();
+    std::fs::write(
+        dir.join("gateway.yaml"),
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: gw\nspec:\n  listeners:\n  - address: 127.0.0.1:0\n  tls:\n    certFile: tls.crt\n    keyFile: tls.key\n    clientCAFile: ca.crt\n  admin:\n    address: 127.0.0.1:0\n  limits:\n    connectTimeoutSeconds: 2.5\n",
+    )
+    .unwrap();
+}
+
+fn cluster_yaml(name: &str, server: &str, pki: &Pki, extra: &str) -> String {
+    format!(
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\n  labels:\n    env: dev\nspec:\n  server: {server}\n  caData: |\n{}  credentials:\n    token: tok-{name}\n{extra}",
+        indent(&pki.ca_pem)
+    )
+}
+
+#[test]
+fn loads_a_directory_into_a_routing_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    write_gateway(dir.path(), &pki);
+    std::fs::create_dir(dir.path().join("clusters")).unwrap();
+    std::fs::write(
+        dir.path().join("clusters/m.yaml"),
+        format!(
+            "{}---\n{}",
+            cluster_yaml("member1", "https://127.0.0.1:6443", &pki, ""),
+            cluster_yaml(
+                "member2",
+                "https://[::1]:7443/prefix/",
+                &pki,
+                "  impersonation: false\n"
+            )
+        ),
+    )
+    .unwrap();
+    // Editors' and mounted ConfigMaps' dot files are not configuration.
+    std::fs::write(dir.path().join("clusters/.m.yaml.swp"), "garbage: [").unwrap();
+
+    let config = load_path(dir.path()).unwrap();
+    assert_eq!(config.clusters.len(), 2);
+    assert_eq!(config.gateway.limits.connect_timeout.as_millis(), 2500);
+    let table = RouteTable::build(&config).unwrap();
+    let m1 = table.cluster("member1").unwrap();
+    assert_eq!(m1.upstream.authority, "127.0.0.1:6443");
+    assert_eq!(m1.upstream.path_prefix, "");
+    assert_eq!(m1.authorization.as_deref(), Some("Bearer tok-member1"));
+    assert!(m1.impersonation && m1.tls_client.is_some());
+    let m2 = table.cluster("member2").unwrap();
+    assert_eq!(m2.upstream.authority, "[::1]:7443");
+    assert_eq!(m2.upstream.host, "::1");
+    assert_eq!(m2.upstream.path_prefix, "/prefix");
+    assert!(!m2.impersonation);
+    assert!(table.cluster("member3").is_none());
+
+    // Rebuilding the same config keeps ids; changing one cluster changes only its id.
+    let again = RouteTable::build(&load_path(dir.path()).unwrap()).unwrap();
+    assert_eq!(again.cluster("member1").unwrap().id, m1.id);
+    std::fs::write(
+        dir.path().join("clusters/m.yaml"),
+        format!(
+            "{}---\n{}",
+            cluster_yaml("member1", "https://127.0.0.1:6443", &pki, ""),
+            cluster_yaml("member2", "https://[::1]:7444/prefix/", &pki, "")
+        ),
+    )
+    .unwrap();
+    let changed = RouteTable::build(&load_path(dir.path()).unwrap()).unwrap();
+    assert_eq!(changed.cluster("member1").unwrap().id, m1.id);
+    assert_ne!(changed.cluster("member2").unwrap().id, m2.id);
+}
+
+fn error_for(cluster: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    write_gateway(dir.path(), &pki);
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        cluster.replace("CA", &indent(&pki.ca_pem)),
+    )
+    .unwrap();
+    match load_path(dir.path()).and_then(|c| RouteTable::build(&c)) {
+        Ok(_) => panic!("accepted: {cluster}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn mistakes_are_named_by_object_and_field() {
+    let head = "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name:";
+    let e = error_for(&format!("{head} Bad_Name\nspec:\n  server: https://a:1\n"));
+    assert!(e.contains("Cluster Bad_Name: metadata.name"), "{e}");
+    let e = error_for(&format!("{head} fleet\nspec:\n  server: https://a:1\n"));
+    assert!(e.contains("reserved"), "{e}");
+    let e = error_for(&format!("{head} m\nspec:\n  server: ftp://a:1\n"));
+    assert!(e.contains("Cluster m: spec.server"), "{e}");
+    let e = error_for(&format!("{head} m\nspec:\n  server: https://a:1\n"));
+    assert!(
+        e.contains("spec.caData/caFile") && e.contains("needs a CA"),
+        "{e}"
+    );
+    let e = error_for(&format!(
+        "{head} m\nspec:\n  server: https://a:1\n  caData: not a pem\n"
+    ));
+    assert!(e.contains("not PEM"), "{e}");
+    let e = error_for(&format!(
+        "{head} m\nspec:\n  server: https://a:1\n  sever: typo\n"
+    ));
+    assert!(e.contains("unknown field `sever`"), "{e}");
+    let e = error_for(&format!(
+        "{head} m\nspec:\n  server: https://a:1\n  caData: |\nCA  credentials:\n    clientCertData: '-----BEGIN CERTIFICATE-----'\n"
+    ));
+    assert!(e.contains("needs its key"), "{e}");
+    let dup = format!("{head} m\nspec:\n  server: https://a:1\n  caData: |\nCA");
+    let e = error_for(&format!("{dup}---\n{dup}"));
+    assert!(e.contains("defined twice"), "{e}");
+    let e = error_for("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n");
+    assert!(e.contains("is not \"fleetgate.io/v1alpha1\""), "{e}");
+    let e = error_for("kind: [broken");
+    assert!(e.contains("c.yaml: document 0"), "{e}");
+}
+
+#[test]
+fn exactly_one_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("empty.yaml"), "---\n").unwrap();
+    let e = load_path(dir.path()).unwrap_err();
+    assert!(
+        matches!(e, ConfigError::Set(ref m) if m.contains("no Gateway")),
+        "{e}"
+    );
+    let e = load_path(&dir.path().join("missing.yaml")).unwrap_err();
+    assert!(e.to_string().contains("missing.yaml: cannot read"), "{e}");
+}
+
+#[test]
+fn secrets_never_reach_debug_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    write_gateway(dir.path(), &pki);
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        cluster_yaml("member1", "https://127.0.0.1:6443", &pki, ""),
+    )
+    .unwrap();
+    let config = load_path(dir.path()).unwrap();
+    let table = RouteTable::build(&config).unwrap();
+    let shown = format!("{config:?} {table:?}");
+    assert!(!shown.contains("tok-member1"), "{shown}");
+    assert!(!shown.contains("PRIVATE KEY"), "{shown}");
+}
