@@ -5,4 +5,5 @@
 //! HTTP code with the gateway, so each implementation checks the other. This crate never imports the
 //! gateway; only the gateway's `demo` command starts the fleet (through [`sim::start_fleet`]).
 
+pub mod run;
 pub mod sim;

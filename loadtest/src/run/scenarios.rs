@@ -1,0 +1,394 @@
+//! The scenarios of BENCHMARKS.md, each run against one target at a time. Every loop here is
+//! bounded by a deadline and by `--max-requests`; every figure is charged to the target's process
+//! (its PID), never to the driver.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
+use tokio::sync::Semaphore;
+
+use super::client::{HttpConn, Target};
+use super::procstat::ProcWatch;
+use super::{RunArgs, TargetResult};
+
+fn new_hist() -> Histogram<u64> {
+    // 1 us .. 100 s, 3 significant digits.
+    Histogram::new_with_bounds(1, 100_000_000, 3).expect("valid histogram bounds")
+}
+
+struct PhaseOutcome {
+    conns: Vec<HttpConn>,
+    hist: Histogram<u64>,
+    requests: u64,
+    errors: u64,
+    bytes: u64,
+}
+
+/// Runs every connection in a request loop until `deadline` or until `budget` requests are spent.
+async fn request_phase(
+    target: &Target,
+    conns: Vec<HttpConn>,
+    request: Arc<Vec<u8>>,
+    deadline: Instant,
+    budget: Arc<AtomicU64>,
+) -> PhaseOutcome {
+    let mut tasks = Vec::with_capacity(conns.len());
+    for mut conn in conns {
+        let request = request.clone();
+        let budget = budget.clone();
+        let target = target.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut hist = new_hist();
+            let (mut requests, mut errors, mut bytes) = (0u64, 0u64, 0u64);
+            while Instant::now() < deadline && budget.fetch_sub(1, Ordering::Relaxed) > 0 {
+                let start = Instant::now();
+                let outcome = async {
+                    let head = conn.send(&request).await?;
+                    let n = conn.read_body(&head, |_| {}).await?;
+                    if !(200..300).contains(&head.status) {
+                        bail!("status {}", head.status);
+                    }
+                    Ok::<_, anyhow::Error>((n, head.close))
+                }
+                .await;
+                match outcome {
+                    Ok((n, close)) => {
+                        requests += 1;
+                        bytes += n;
+                        let _ = hist.record(start.elapsed().as_micros().max(1) as u64);
+                        if close {
+                            match target.connect().await {
+                                Ok(io) => conn = HttpConn::new(io),
+                                Err(_) => return None,
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        errors += 1;
+                        tracing::debug!(error = %e, "request failed; reconnecting");
+                        match target.connect().await {
+                            Ok(io) => conn = HttpConn::new(io),
+                            Err(_) => return Some((None, hist, requests, errors, bytes)),
+                        }
+                    }
+                }
+            }
+            Some((Some(conn), hist, requests, errors, bytes))
+        }));
+    }
+    let mut out = PhaseOutcome {
+        conns: Vec::new(),
+        hist: new_hist(),
+        requests: 0,
+        errors: 0,
+        bytes: 0,
+    };
+    for t in tasks {
+        match t.await {
+            Ok(Some((conn, hist, r, e, b))) => {
+                out.conns.extend(conn);
+                let _ = out.hist.add(&hist);
+                out.requests += r;
+                out.errors += e;
+                out.bytes += b;
+            }
+            _ => out.errors += 1,
+        }
+    }
+    out
+}
+
+async fn open_conns(target: &Target, n: usize) -> anyhow::Result<Vec<HttpConn>> {
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        conns.push(HttpConn::new(target.connect().await?));
+    }
+    Ok(conns)
+}
+
+fn cpu_now(pw: Option<&ProcWatch>) -> anyhow::Result<Option<Duration>> {
+    pw.map(|p| p.cpu()).transpose()
+}
+
+/// `small-get`: C keep-alive connections, each one request at a time, for `--duration`.
+pub async fn small_get(
+    args: &RunArgs,
+    target: &Target,
+    pw: Option<&ProcWatch>,
+) -> anyhow::Result<TargetResult> {
+    let request = Arc::new(target.get_request(&args.path, "application/json"));
+    let conns = open_conns(target, args.connections).await?;
+    let warm = request_phase(
+        target,
+        conns,
+        request.clone(),
+        Instant::now() + args.warmup,
+        Arc::new(AtomicU64::new(args.max_requests)),
+    )
+    .await;
+    if warm.requests == 0 {
+        bail!(
+            "{}: no request succeeded during warm-up ({} errors)",
+            target.name,
+            warm.errors
+        );
+    }
+    let cpu0 = cpu_now(pw)?;
+    let start = Instant::now();
+    let out = request_phase(
+        target,
+        warm.conns,
+        request,
+        start + args.duration,
+        Arc::new(AtomicU64::new(args.max_requests)),
+    )
+    .await;
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    Ok(TargetResult {
+        target: target.name.clone(),
+        scenario: "small-get".into(),
+        requests: out.requests,
+        errors: out.errors,
+        seconds,
+        req_per_sec: Some(out.requests as f64 / seconds),
+        cpu_us_per_request: cpu
+            .filter(|_| out.requests > 0)
+            .map(|c| c * 1e6 / out.requests as f64),
+        p50_us: Some(out.hist.value_at_quantile(0.5) as f64),
+        p99_us: Some(out.hist.value_at_quantile(0.99) as f64),
+        bytes: out.bytes,
+        ..Default::default()
+    })
+}
+
+/// `big-list`: one connection reads a large response (`--path`) again and again for `--duration`
+/// (at least once), while the target's resident memory is sampled for its peak.
+pub async fn big_list(
+    args: &RunArgs,
+    target: &Target,
+    pw: Option<&ProcWatch>,
+) -> anyhow::Result<TargetResult> {
+    let request = target.get_request(&args.path, "application/json");
+    let mut conn = HttpConn::new(target.connect().await?);
+    let rss_base = pw.map(|p| p.rss()).transpose()?;
+    let peak = Arc::new(AtomicU64::new(rss_base.unwrap_or(0)));
+    let sampler = pw.cloned().map(|p| {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Ok(r) = p.rss() {
+                    peak.fetch_max(r, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    });
+    let cpu0 = cpu_now(pw)?;
+    let start = Instant::now();
+    let (mut requests, mut bytes) = (0u64, 0u64);
+    while requests == 0 || (start.elapsed() < args.duration && requests < args.max_requests) {
+        let head = conn.send(&request).await?;
+        if head.status != 200 {
+            bail!("{}: big-list answered {}", target.name, head.status);
+        }
+        bytes += conn.read_body(&head, |_| {}).await?;
+        requests += 1;
+        if head.close {
+            conn = HttpConn::new(target.connect().await?);
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    if let Some(s) = sampler {
+        s.abort();
+    }
+    let mb = bytes as f64 / 1e6;
+    Ok(TargetResult {
+        target: target.name.clone(),
+        scenario: "big-list".into(),
+        requests,
+        seconds,
+        bytes,
+        mb_per_sec: Some(mb / seconds),
+        cpu_ms_per_mb: cpu.map(|c| c * 1e3 / mb),
+        rss_base_kib: rss_base.map(|r| r as f64 / 1024.0),
+        rss_peak_kib: rss_base.map(|_| peak.load(Ordering::Relaxed) as f64 / 1024.0),
+        ..Default::default()
+    })
+}
+
+/// Opens `n` watch streams on `path` (at most 256 handshakes at a time) and returns them with their
+/// response heads read.
+async fn open_watches(
+    target: &Target,
+    path: &str,
+    n: usize,
+) -> anyhow::Result<Vec<(HttpConn, super::client::Head)>> {
+    let request = Arc::new(target.get_request(path, "application/json"));
+    let gate = Arc::new(Semaphore::new(256));
+    let mut tasks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (target, request, gate) = (target.clone(), request.clone(), gate.clone());
+        tasks.push(tokio::spawn(async move {
+            let _permit = gate.acquire_owned().await?;
+            let mut conn = HttpConn::new(target.connect().await?);
+            let head = conn.send(&request).await?;
+            if head.status != 200 {
+                bail!("watch answered {}", head.status);
+            }
+            Ok((conn, head))
+        }));
+    }
+    let mut out = Vec::with_capacity(n);
+    for t in tasks {
+        out.push(t.await.context("watch task")??);
+    }
+    Ok(out)
+}
+
+/// `watch-idle`: W open watches with nothing flowing: resident memory per watch and CPU at rest.
+pub async fn watch_idle(
+    args: &RunArgs,
+    target: &Target,
+    pw: Option<&ProcWatch>,
+) -> anyhow::Result<TargetResult> {
+    let base = pw.map(|p| p.rss()).transpose()?;
+    let watches = open_watches(target, &args.path, args.watches)
+        .await
+        .with_context(|| format!("{}: opening {} watches", target.name, args.watches))?;
+    // Let the target settle (allocator, lazily grown buffers) before reading memory.
+    tokio::time::sleep(args.warmup).await;
+    let held = pw.map(|p| p.rss()).transpose()?;
+    let cpu0 = cpu_now(pw)?;
+    let start = Instant::now();
+    tokio::time::sleep(args.duration).await;
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    let w = watches.len();
+    drop(watches);
+    Ok(TargetResult {
+        target: target.name.clone(),
+        scenario: "watch-idle".into(),
+        seconds,
+        watches: Some(w),
+        rss_base_kib: base.map(|b| b as f64 / 1024.0),
+        rss_peak_kib: held.map(|h| h as f64 / 1024.0),
+        kib_per_watch: base
+            .zip(held)
+            .map(|(b, h)| (h as f64 - b as f64) / 1024.0 / w as f64),
+        idle_cpu_percent: cpu.map(|c| c * 100.0 / seconds),
+        ..Default::default()
+    })
+}
+
+/// Finds the `fleetgate.io/sent-at` annotation (unix nanoseconds) in one watch event.
+pub fn sent_at_nanos(event: &[u8]) -> Option<u128> {
+    const KEY: &[u8] = b"\"fleetgate.io/sent-at\":\"";
+    let at = event.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let digits = &event[at..];
+    let end = digits.iter().position(|b| !b.is_ascii_digit())?;
+    std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
+}
+
+fn unix_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// `watch-events`: W watches on `--path` (a collection the upstream churns with sent-at stamped
+/// updates), started at the collection's current resourceVersion; the delivery latency of every
+/// event and the target's CPU per delivered event.
+pub async fn watch_events(
+    args: &RunArgs,
+    target: &Target,
+    pw: Option<&ProcWatch>,
+) -> anyhow::Result<TargetResult> {
+    // Start at the list's resourceVersion, so no replayed (old) events are measured.
+    let list_path = args.path.clone();
+    let mut conn = HttpConn::new(target.connect().await?);
+    let sep = if list_path.contains('?') { '&' } else { '?' };
+    let head = conn
+        .send(&target.get_request(&format!("{list_path}{sep}limit=1"), "application/json"))
+        .await?;
+    let mut body = Vec::new();
+    conn.read_body(&head, |d| body.extend_from_slice(d)).await?;
+    let list: serde_json::Value =
+        serde_json::from_slice(&body).context("list response is not JSON")?;
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or("0")
+        .to_owned();
+    let watch_path = format!("{list_path}{sep}watch=1&resourceVersion={rv}");
+    let watches = open_watches(target, &watch_path, args.watches).await?;
+
+    let events = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + args.warmup + args.duration;
+    let measure_from = Instant::now() + args.warmup;
+    let mut tasks = Vec::new();
+    for (mut conn, head) in watches {
+        let events = events.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut hist = new_hist();
+            let mut line = Vec::with_capacity(4096);
+            let read = conn.read_body(&head, |data| {
+                for piece in data.split_inclusive(|b| *b == b'\n') {
+                    line.extend_from_slice(piece);
+                    if line.ends_with(b"\n") {
+                        if Instant::now() >= measure_from {
+                            if let Some(sent) = sent_at_nanos(&line) {
+                                let lat = unix_nanos().saturating_sub(sent) / 1000;
+                                let _ = hist.record((lat as u64).max(1));
+                                events.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        line.clear();
+                    }
+                }
+            });
+            let _ = tokio::time::timeout_at(deadline.into(), read).await;
+            hist
+        }));
+    }
+    tokio::time::sleep_until((Instant::now() + args.warmup).into()).await;
+    let cpu0 = cpu_now(pw)?;
+    let ev0 = events.load(Ordering::Relaxed);
+    let start = Instant::now();
+    let mut hist = new_hist();
+    for t in tasks {
+        if let Ok(h) = t.await {
+            let _ = hist.add(&h);
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    let n = events.load(Ordering::Relaxed) - ev0;
+    Ok(TargetResult {
+        target: target.name.clone(),
+        scenario: "watch-events".into(),
+        seconds,
+        watches: Some(args.watches),
+        events: Some(n),
+        p50_us: (n > 0).then(|| hist.value_at_quantile(0.5) as f64),
+        p99_us: (n > 0).then(|| hist.value_at_quantile(0.99) as f64),
+        cpu_us_per_event: cpu.filter(|_| n > 0).map(|c| c * 1e6 / n as f64),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sent_at_nanos;
+
+    #[test]
+    fn finds_the_send_stamp() {
+        let ev = br#"{"type":"MODIFIED","object":{"metadata":{"annotations":{"fleetgate.io/sent-at":"1790000000123456789"}}}}"#;
+        assert_eq!(sent_at_nanos(ev), Some(1_790_000_000_123_456_789));
+        assert_eq!(sent_at_nanos(br#"{"type":"BOOKMARK"}"#), None);
+    }
+}
