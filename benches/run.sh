@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Whole-system comparison of fleetgate against direct, the byte-pump floor and the peers
+# (HAProxy, nginx, Go ReverseProxy) in ONE run, per BENCHMARKS.md: each proxy alone on core 1
+# (taskset -c 1), the load driver and the upstream on core 0, every proxy with one worker.
+# Prints the tables and writes JSON under $OUT (default target/bench).
+#
+#   benches/run.sh [small-get] [big-list]      (default: small-get)
+#   DURATION=10s CONNECTIONS=50 ROUNDS=3 benches/run.sh small-get
+#
+# Needs Debian's nginx-light haproxy golang-go (benches/install-peers.sh) and ../shared/peers.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+peers=${PEERS:-$repo/../shared/peers}
+out=${OUT:-$repo/target/bench}
+duration=${DURATION:-10s}
+connections=${CONNECTIONS:-50}
+rounds=${ROUNDS:-3}
+scenarios=("$@"); [ ${#scenarios[@]} -gt 0 ] || scenarios=(small-get)
+mkdir -p "$out"
+work=$(mktemp -d /tmp/fleetgate-bench.XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+
+echo "== building (release)"
+(cd "$repo" && cargo build --release -q -p fleetgate -p fleetgate-loadtest)
+fg=$repo/target/release/fleetgate
+lt=$repo/target/release/fleetgate-loadtest
+
+echo "== upstream (nginx, core 0)"
+mkdir -p "$work/www"
+python3 - "$work/www" <<'PY'
+import json, sys
+d = sys.argv[1]
+cm = {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "bench", "namespace": "default",
+      "uid": "6d0c1d0e-3a8e-4c7b-9d55-0a5f8f5b7c11", "resourceVersion": "1000",
+      "creationTimestamp": "2026-11-22T10:00:00Z"}, "data": {"k": "v" * 780}}
+open(f"{d}/small.json", "w").write(json.dumps(cm, separators=(",", ":")) + "\n")
+items = [dict(cm, metadata=dict(cm["metadata"], name=f"bench-{i}")) for i in range(100_000)]
+open(f"{d}/big.json", "w").write(json.dumps({"kind": "ConfigMapList", "apiVersion": "v1",
+     "metadata": {"resourceVersion": "1000"}, "items": items}, separators=(",", ":")) + "\n")
+PY
+up_port=$(free_port)
+sed -e "s|@LISTEN@|127.0.0.1:$up_port|" -e "s|@WORK@|$work|g" "$here/upstream-nginx.conf.in" >"$work/upstream.conf"
+taskset -c 0 nginx -c "$work/upstream.conf"
+wait_port "$up_port"
+pids+=("$(cat "$work/upstream.pid")")
+upstream=http://127.0.0.1:$up_port
+
+declare -A url pid
+url[direct]=$upstream
+start_peer() { # name
+  local port; port=$(free_port)
+  local p; p=$(taskset -c 1 "$peers/start.sh" "$1" "127.0.0.1:$port" "$upstream" "$work/$1")
+  pids+=("$p")
+  wait_port "$port"
+  url[$1]=http://127.0.0.1:$port/clusters/member1
+  pid[$1]=$p
+  # nginx: the worker does the proxying
+  [ -f "$work/$1/worker.pid" ] && pid[$1]=$(cat "$work/$1/worker.pid")
+  return 0
+}
+echo "== peers (core 1)"
+for peer in floor haproxy nginx goproxy; do start_peer "$peer"; done
+
+echo "== fleetgate (core 1, one worker)"
+fg_port=$(free_port) fg_admin=$(free_port)
+mkdir -p "$work/fleetgate"
+cat >"$work/fleetgate/gateway.yaml" <<YAML
+apiVersion: fleetgate.io/v1alpha1
+kind: Gateway
+metadata: {name: bench}
+spec:
+  workers: 1
+  listeners:
+  - {name: plain, address: "127.0.0.1:$fg_port", tls: false}
+  admin: {address: "127.0.0.1:$fg_admin"}
+---
+apiVersion: fleetgate.io/v1alpha1
+kind: Cluster
+metadata: {name: member1}
+spec:
+  server: $upstream
+  impersonation: false
+YAML
+start_fleetgate() { # driver
+  local port=$fg_port
+  sed -i "s|127.0.0.1:[0-9]*\", tls: false|127.0.0.1:$port\", tls: false|" "$work/fleetgate/gateway.yaml"
+  taskset -c 1 "$fg" serve --config "$work/fleetgate/gateway.yaml" --workers 1 --driver "$1" \
+    >"$work/fleetgate/$1.out" 2>"$work/fleetgate/$1.err" &
+  local p=$!
+  pids+=("$p")
+  for _ in $(seq 100); do grep -q ready "$work/fleetgate/$1.out" && break; sleep 0.1; done
+  grep -q ready "$work/fleetgate/$1.out" || { cat "$work/fleetgate/$1.err" >&2; exit 1; }
+  url[fleetgate-$1]=http://127.0.0.1:$port/clusters/member1
+  pid[fleetgate-$1]=$p
+}
+start_fleetgate epoll
+fg_port=$(free_port) fg_admin=$(free_port)
+sed -i "s|address: \"127.0.0.1:[0-9]*\"}|address: \"127.0.0.1:$fg_admin\"}|" "$work/fleetgate/gateway.yaml"
+start_fleetgate uring
+
+order=(direct floor haproxy nginx goproxy fleetgate-epoll fleetgate-uring)
+for scenario in "${scenarios[@]}"; do
+  case $scenario in
+  small-get) path=/api/v1/namespaces/default/configmaps/bench ;;
+  big-list) path=/big ;;
+  *) echo "unknown scenario $scenario" >&2; exit 2 ;;
+  esac
+  for round in $(seq "$rounds"); do
+    args=()
+    for t in "${order[@]}"; do
+      args+=(--target "$t=${url[$t]}")
+      [ -n "${pid[$t]:-}" ] && args+=(--pid "$t=${pid[$t]}")
+    done
+    echo "== $scenario round $round"
+    taskset -c 0 "$lt" run --scenario "$scenario" "${args[@]}" --path "$path" \
+      --duration "$duration" --connections "$connections" --json "$out/$scenario-$round.json"
+  done
+done
+echo "results: $out"
