@@ -1,1 +1,23 @@
-//! fleetgate data plane.
+//! fleetgate: one endpoint for a fleet of Kubernetes clusters. This crate is the data plane and
+//! the `fleetgate` binary's commands.
+//!
+//! The modules follow a request's way: `listener` and `shard` (sockets and per-core runtimes),
+//! `tls` (handshake, identity, ALPN dispatch), `http1` (the codec), `proxy` (the per-connection
+//! driver), `route` (which cluster), `identity` (what the member is told about the user),
+//! `upstream` (connections and pools), with `error` (every Status the gateway writes), `metrics`
+//! and `admin` beside them, and `serve` / `demo` as commands. The library never prints except
+//! the commands' `ready` lines.
+
+pub mod admin;
+pub mod demo;
+pub mod error;
+pub mod http1;
+pub mod identity;
+pub mod listener;
+pub mod metrics;
+pub mod proxy;
+pub mod route;
+pub mod serve;
+pub mod shard;
+pub mod tls;
+pub mod upstream;

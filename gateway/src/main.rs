@@ -1,1 +1,40 @@
-fn main() {}
+//! The `fleetgate` binary: parses the command line, sets up logging to stderr and runs a command
+//! from the library. Thin on purpose.
+
+use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fleetgate",
+    version,
+    about = "One endpoint for a fleet of Kubernetes clusters"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the gateway from a configuration file or directory.
+    Serve(fleetgate::serve::ServeArgs),
+    /// Run simulated member clusters and the gateway in front of them.
+    Demo(fleetgate::demo::DemoArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match Cli::parse().command {
+        Command::Serve(args) => fleetgate::serve::run(args),
+        Command::Demo(args) => fleetgate::demo::run(args),
+    }
+}

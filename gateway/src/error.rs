@@ -1,0 +1,234 @@
+//! Every error the data path can answer a client with, and the one place that turns such an error
+//! into a Kubernetes `Status` response.
+//!
+//! Each error knows its side (downstream: the client did something wrong; upstream: the member
+//! cluster failed us; internal: our own fault) so logs and metrics can tell them apart, and whether
+//! the client connection may be reused after the answer (it may not after a framing error, since the
+//! gateway can no longer tell where the next request starts). Nothing else in the crate writes a
+//! `Status` by hand: the connection driver calls [`GatewayError::to_response`]. This module never does
+//! I/O.
+
+use std::io;
+
+/// Who caused an error: decides log level and the metrics `code` family, never the wire format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The client sent something the gateway refuses.
+    Downstream,
+    /// The member cluster could not be reached or answered badly.
+    Upstream,
+    /// A bug or resource problem inside the gateway.
+    Internal,
+}
+
+/// An error the gateway answers with a `Status` of its own.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("request head is larger than {limit} bytes")]
+    HeadTooLarge { limit: usize },
+    #[error("request has more than {limit} header fields")]
+    TooManyHeaders { limit: usize },
+    #[error("malformed request: {reason}")]
+    BadRequest { reason: &'static str },
+    #[error("HTTP version not supported: only HTTP/1.1 and HTTP/1.0 are served")]
+    VersionNotSupported,
+    #[error("cluster {name:?} not found")]
+    UnknownCluster { name: String },
+    #[error("the server could not find the requested resource: {path}")]
+    NoRoute { path: String },
+    #[error("Impersonate-* headers are not allowed through the gateway: it impersonates the authenticated user itself")]
+    ClientImpersonation,
+    #[error("protocol upgrades ({protocol}) are not supported by this gateway yet; exec, attach and port-forward need them")]
+    UpgradeNotSupported { protocol: String },
+    #[error("cluster {cluster:?} is tunnel-connected, which this gateway does not serve yet")]
+    TunnelNotSupported { cluster: String },
+    #[error("cluster {cluster:?} is unavailable: connecting to {address} timed out")]
+    ConnectTimeout { cluster: String, address: String },
+    #[error("cluster {cluster:?} is unavailable: connecting to {address} failed")]
+    Connect {
+        cluster: String,
+        address: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cluster {cluster:?} did not answer within {seconds} s")]
+    ResponseHeadTimeout { cluster: String, seconds: u64 },
+    #[error("cluster {cluster:?} sent an invalid response: {reason}")]
+    UpstreamProtocol {
+        cluster: String,
+        reason: &'static str,
+    },
+    #[error("cluster {cluster:?} closed the connection before answering")]
+    UpstreamClosed {
+        cluster: String,
+        #[source]
+        source: Option<io::Error>,
+    },
+}
+
+impl GatewayError {
+    /// Which side is to blame.
+    pub fn side(&self) -> Side {
+        use GatewayError::*;
+        match self {
+            HeadTooLarge { .. }
+            | TooManyHeaders { .. }
+            | BadRequest { .. }
+            | VersionNotSupported
+            | UnknownCluster { .. }
+            | NoRoute { .. }
+            | ClientImpersonation
+            | UpgradeNotSupported { .. } => Side::Downstream,
+            ConnectTimeout { .. }
+            | Connect { .. }
+            | ResponseHeadTimeout { .. }
+            | UpstreamProtocol { .. }
+            | UpstreamClosed { .. } => Side::Upstream,
+            TunnelNotSupported { .. } => Side::Internal,
+        }
+    }
+
+    /// The HTTP status code and the Kubernetes `reason` of the Status.
+    pub fn code_and_reason(&self) -> (u16, &'static str) {
+        use GatewayError::*;
+        match self {
+            HeadTooLarge { .. } | TooManyHeaders { .. } => (431, "RequestHeaderFieldsTooLarge"),
+            BadRequest { .. } => (400, "BadRequest"),
+            VersionNotSupported => (505, "BadRequest"),
+            UnknownCluster { .. } | NoRoute { .. } => (404, "NotFound"),
+            ClientImpersonation => (403, "Forbidden"),
+            UpgradeNotSupported { .. } => (501, "NotImplemented"),
+            TunnelNotSupported { .. } | ConnectTimeout { .. } | Connect { .. } => {
+                (503, "ServiceUnavailable")
+            }
+            ResponseHeadTimeout { .. } => (504, "Timeout"),
+            UpstreamProtocol { .. } | UpstreamClosed { .. } => (502, "BadGateway"),
+        }
+    }
+
+    /// Whether the client connection must be closed after the answer: after a framing error the
+    /// gateway cannot know where the next request starts, so keeping the connection would invite
+    /// request smuggling.
+    pub fn must_close(&self) -> bool {
+        matches!(
+            self,
+            GatewayError::HeadTooLarge { .. }
+                | GatewayError::TooManyHeaders { .. }
+                | GatewayError::BadRequest { .. }
+                | GatewayError::VersionNotSupported
+                | GatewayError::UpgradeNotSupported { .. }
+        )
+    }
+
+    /// The message shown to the client: this error and its causes, one level each.
+    fn message(&self) -> String {
+        let mut message = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            message.push_str(": ");
+            message.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        message
+    }
+
+    /// The `Status` JSON body (compact, ending in `\n`, as kube-apiserver writes it for kubectl).
+    pub fn status_body(&self) -> Vec<u8> {
+        let (code, reason) = self.code_and_reason();
+        let details = match self {
+            GatewayError::UnknownCluster { name } => {
+                serde_json::json!({ "name": name, "kind": "clusters" })
+            }
+            _ => serde_json::json!({}),
+        };
+        let status = serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message(),
+            "reason": reason,
+            "details": details,
+            "code": code,
+        });
+        let mut body = serde_json::to_vec(&status).unwrap_or_default();
+        body.push(b'\n');
+        body
+    }
+
+    /// A complete HTTP/1.1 response carrying the Status, with `Connection: close` when
+    /// `close` is set (or the error demands it).
+    pub fn to_response(&self, close: bool) -> Vec<u8> {
+        let (code, _) = self.code_and_reason();
+        let body = self.status_body();
+        let mut out = Vec::with_capacity(body.len() + 192);
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(code.to_string().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(reason_phrase(code).as_bytes());
+        out.extend_from_slice(
+            b"\r\nContent-Type: application/json\r\nCache-Control: no-cache, private\r\n",
+        );
+        if close || self.must_close() {
+            out.extend_from_slice(b"Connection: close\r\n");
+        }
+        out.extend_from_slice(b"Content-Length: ");
+        out.extend_from_slice(body.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n\r\n");
+        out.extend_from_slice(&body);
+        out
+    }
+}
+
+/// The reason phrase of the status line for the codes this module emits.
+pub fn reason_phrase(code: u16) -> &'static str {
+    match code {
+        200 => "OK",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        431 => "Request Header Fields Too Large",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        505 => "HTTP Version Not Supported",
+        _ => "Unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_cluster_is_a_404_status_naming_the_cluster() {
+        let err = GatewayError::UnknownCluster {
+            name: "nope".into(),
+        };
+        let response = String::from_utf8(err.to_response(false)).unwrap();
+        assert!(response.starts_with("HTTP/1.1 404 Not Found\r\n"));
+        let body = response.split("\r\n\r\n").nth(1).unwrap();
+        let status: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(status["kind"], "Status");
+        assert_eq!(status["reason"], "NotFound");
+        assert_eq!(status["code"], 404);
+        assert!(status["message"].as_str().unwrap().contains("\"nope\""));
+        assert!(!response.contains("Connection: close"));
+    }
+
+    #[test]
+    fn connect_error_message_carries_its_cause_and_framing_errors_close() {
+        let err = GatewayError::Connect {
+            cluster: "m1".into(),
+            address: "127.0.0.1:1".into(),
+            source: io::Error::new(io::ErrorKind::ConnectionRefused, "refused"),
+        };
+        assert_eq!(err.side(), Side::Upstream);
+        assert!(err.message().ends_with(": refused"));
+        let bad = GatewayError::BadRequest { reason: "x" };
+        assert!(String::from_utf8(bad.to_response(false))
+            .unwrap()
+            .contains("Connection: close\r\n"));
+    }
+}

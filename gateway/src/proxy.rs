@@ -1,0 +1,672 @@
+//! The HTTP/1.1 connection driver: reads requests from one client connection, routes each to a
+//! member cluster, writes it upstream with the gateway's identity headers, and streams the
+//! response back, in order, until the client or an error closes the connection.
+//!
+//! Bodies are moved from the read buffer of one side to the other as they arrive (never
+//! collected), each read flushed to the client at once so a watch event or a `logs -f` line is not
+//! held back. The codec (`http1`) says where heads and bodies end; `route` names the cluster;
+//! `identity` writes the credentials; `upstream` owns connections; `error` renders every refusal.
+//! Pipelined requests wait in the read buffer until the previous response is done, so they are
+//! answered in order. Called by `tls`/`shard` for each accepted connection; generic over the stream
+//! type so the same code serves TLS and plaintext sockets.
+
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use fleetgate_config_watcher::{ClusterRoute, ConnectMode, Limits, SharedTable};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tracing::{debug, warn};
+
+use crate::error::{GatewayError, Side};
+use crate::http1::{
+    is_hop_by_hop, parse_request, parse_response, push_header, request_body, response_body,
+    BodyKind, BodyProgress, Head, HeadError, HeadLimits,
+};
+use crate::identity::{self, ClientIdentity};
+use crate::metrics::Metrics;
+use crate::route::{self, Route};
+use crate::upstream::{connect, ShardPool, UpstreamConn};
+
+/// How long a kept-alive client connection may sit idle between requests.
+const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a request head may take to arrive once it has started (slow-loris defense).
+const HEAD_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request body may stall between two reads.
+const BODY_STALL_TIMEOUT: Duration = Duration::from_secs(120);
+/// Read-buffer growth step for bodies.
+const READ_CHUNK: usize = 32 * 1024;
+/// Limits on response heads from members (larger than the client's: members are trusted more
+/// and send long `Warning` and audit headers).
+const RESPONSE_HEAD_LIMITS: HeadLimits = HeadLimits {
+    max_head_bytes: 1024 * 1024,
+    max_headers: 1024,
+};
+
+/// Everything one shard's connections share: the routing table, the shard's upstream pool and
+/// the metrics. One per shard thread, never sent across threads.
+pub struct ShardContext {
+    pub shard: usize,
+    pub table: SharedTable,
+    pub pool: ShardPool,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Per-connection state reused for every request on it.
+struct Downstream<'a, S> {
+    io: &'a mut S,
+    buf: BytesMut,
+    scanned: usize,
+    head: Head,
+    response: Head,
+    out: Vec<u8>,
+}
+
+/// What to do with the client connection after a request.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    KeepAlive,
+    Close,
+}
+
+/// Serves HTTP/1.1 requests on one client connection until it closes.
+pub async fn serve_http1<S>(
+    ctx: Rc<ShardContext>,
+    io: &mut S,
+    peer: SocketAddr,
+    identity: &ClientIdentity,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut down = Downstream {
+        io,
+        buf: BytesMut::with_capacity(8 * 1024),
+        scanned: 0,
+        head: Head::default(),
+        response: Head::default(),
+        out: Vec::with_capacity(1024),
+    };
+    loop {
+        let limits = ctx.table.load().gateway().limits;
+        match read_request_head(&mut down, limits).await {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(err) => {
+                respond_error(&mut down, &err, true).await;
+                break;
+            }
+        }
+        match handle_request(&ctx, &mut down, peer, identity, limits).await {
+            Next::KeepAlive => continue,
+            Next::Close => break,
+        }
+    }
+    let _ = down.io.shutdown().await;
+}
+
+/// Reads until a whole request head is parsed. `Ok(false)`: the client closed or idled out.
+async fn read_request_head<S: AsyncRead + Unpin>(
+    down: &mut Downstream<'_, S>,
+    limits: Limits,
+) -> Result<bool, GatewayError> {
+    let head_limits = HeadLimits {
+        max_head_bytes: limits.max_head_bytes,
+        max_headers: limits.max_headers,
+    };
+    loop {
+        match parse_request(
+            &mut down.buf,
+            &mut down.scanned,
+            head_limits,
+            &mut down.head,
+        ) {
+            Ok(true) => return Ok(true),
+            Ok(false) => {}
+            Err(HeadError::TooLarge(limit)) => return Err(GatewayError::HeadTooLarge { limit }),
+            Err(HeadError::TooManyHeaders(limit)) => {
+                return Err(GatewayError::TooManyHeaders { limit })
+            }
+            Err(HeadError::Invalid("unsupported version")) => {
+                return Err(GatewayError::VersionNotSupported)
+            }
+            Err(HeadError::Invalid(reason)) => return Err(GatewayError::BadRequest { reason }),
+        }
+        let wait = if down.buf.is_empty() {
+            CLIENT_IDLE_TIMEOUT
+        } else {
+            HEAD_READ_TIMEOUT
+        };
+        down.buf.reserve(4096);
+        match monoio::time::timeout(wait, down.io.read_buf(&mut down.buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Ok(false),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+async fn respond_error<S: AsyncWrite + Unpin>(
+    down: &mut Downstream<'_, S>,
+    err: &GatewayError,
+    close: bool,
+) {
+    match err.side() {
+        Side::Downstream => debug!(error = %err, "refused request"),
+        Side::Upstream | Side::Internal => warn!(error = %err, "request failed"),
+    }
+    let response = err.to_response(close);
+    if down.io.write_all(&response).await.is_ok() {
+        let _ = down.io.flush().await;
+    }
+}
+
+fn wants_close(head: &Head) -> bool {
+    if head.minor_version == 0 {
+        !head.has_token(b"connection", b"keep-alive")
+    } else {
+        head.has_token(b"connection", b"close")
+    }
+}
+
+const HEALTH_OK: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 2\r\n\r\nok";
+const HEALTH_OK_CLOSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok";
+
+/// Handles one parsed request: answers it itself or proxies it.
+async fn handle_request<S>(
+    ctx: &ShardContext,
+    down: &mut Downstream<'_, S>,
+    peer: SocketAddr,
+    identity: &ClientIdentity,
+    limits: Limits,
+) -> Next
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let started = Instant::now();
+    let body = match request_body(&down.head) {
+        Ok(kind) => kind,
+        Err(e) => {
+            respond_error(down, &GatewayError::BadRequest { reason: e.0 }, true).await;
+            return Next::Close;
+        }
+    };
+    // A request whose body the gateway will not read leaves the connection unusable.
+    let close = wants_close(&down.head) || body != BodyKind::Empty;
+    let (cluster, ocm_style) = {
+        let table = ctx.table.load();
+        let ocm_style = table.gateway().ocm_style;
+        match route::route(down.head.target(), ocm_style) {
+            Route::Health(_) => {
+                let reply = if close { HEALTH_OK_CLOSE } else { HEALTH_OK };
+                let ok = down.io.write_all(reply).await.is_ok() && down.io.flush().await.is_ok();
+                return if ok && !close {
+                    Next::KeepAlive
+                } else {
+                    Next::Close
+                };
+            }
+            Route::NotFound => {
+                let path = String::from_utf8_lossy(down.head.target()).into_owned();
+                respond_error(down, &GatewayError::NoRoute { path }, close).await;
+                return if close { Next::Close } else { Next::KeepAlive };
+            }
+            Route::Cluster { name, .. } => match table.cluster(name) {
+                Some(cluster) => (cluster.clone(), ocm_style),
+                None => {
+                    let err = GatewayError::UnknownCluster {
+                        name: name.to_string(),
+                    };
+                    respond_error(down, &err, close).await;
+                    return if close { Next::Close } else { Next::KeepAlive };
+                }
+            },
+        }
+    };
+    let Route::Cluster { rest, query, .. } = route::route(down.head.target(), ocm_style) else {
+        return Next::Close;
+    };
+    let verb = route::kube_verb(down.head.method(), rest, query);
+    let long_running = route::is_long_running(rest, query);
+    let _stream = ctx.metrics.stream_opened();
+    match proxy_request(
+        ctx,
+        down,
+        &cluster,
+        peer,
+        identity,
+        limits,
+        body,
+        long_running,
+        started,
+        verb,
+    )
+    .await
+    {
+        Ok(next) => {
+            if close {
+                Next::Close
+            } else {
+                next
+            }
+        }
+        Err(Failure::Answer(err)) => {
+            let code = err.code_and_reason().0;
+            ctx.metrics
+                .record_request(&cluster.name, verb, code, started.elapsed());
+            let close = close || err.must_close();
+            respond_error(down, &err, close).await;
+            if close {
+                Next::Close
+            } else {
+                Next::KeepAlive
+            }
+        }
+        Err(Failure::Abort(reason)) => {
+            debug!(cluster = %cluster.name, reason, "connection aborted mid-response");
+            Next::Close
+        }
+    }
+}
+
+/// How a proxied request failed.
+enum Failure {
+    /// Nothing was sent to the client yet: answer with a Status.
+    Answer(GatewayError),
+    /// The response had started (or the client is gone): the only safe thing is to close.
+    Abort(&'static str),
+}
+
+impl From<GatewayError> for Failure {
+    fn from(err: GatewayError) -> Self {
+        Failure::Answer(err)
+    }
+}
+
+/// Writes the upstream request head into `out`.
+fn build_upstream_head(
+    out: &mut Vec<u8>,
+    head: &Head,
+    cluster: &ClusterRoute,
+    peer: SocketAddr,
+    identity: &ClientIdentity,
+    ocm_style: bool,
+) {
+    out.clear();
+    out.extend_from_slice(head.method());
+    out.push(b' ');
+    if let Route::Cluster { rest, query, .. } = route::route(head.target(), ocm_style) {
+        route::push_upstream_target(out, &cluster.upstream.path_prefix, rest, query);
+    }
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    push_header(out, b"Host", cluster.upstream.authority.as_bytes());
+    for (name, value) in head.headers() {
+        if name.eq_ignore_ascii_case(b"host")
+            || name.eq_ignore_ascii_case(b"x-forwarded-for")
+            || name.eq_ignore_ascii_case(b"expect")
+            || identity::is_identity_header(name)
+            || is_hop_by_hop(head, name)
+        {
+            continue;
+        }
+        push_header(out, name, value);
+    }
+    // X-Forwarded-For: earlier hops as the client sent them, then the client's address.
+    out.extend_from_slice(b"X-Forwarded-For: ");
+    for value in head.values(b"x-forwarded-for") {
+        out.extend_from_slice(value);
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(peer.ip().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    identity::push_upstream_identity(out, cluster, identity);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Whether a request may be sent again on a fresh connection when a reused one turned out to
+/// be closed by the member before answering.
+fn replayable(method: &[u8], body: BodyKind) -> bool {
+    body == BodyKind::Empty && matches!(method, b"GET" | b"HEAD" | b"OPTIONS")
+}
+
+#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename these
+async fn proxy_request<S>(
+    ctx: &ShardContext,
+    down: &mut Downstream<'_, S>,
+    cluster: &Arc<ClusterRoute>,
+    peer: SocketAddr,
+    identity: &ClientIdentity,
+    limits: Limits,
+    body: BodyKind,
+    long_running: bool,
+    started: Instant,
+    verb: &'static str,
+) -> Result<Next, Failure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    if cluster.mode == ConnectMode::Tunnel {
+        return Err(GatewayError::TunnelNotSupported {
+            cluster: cluster.name.to_string(),
+        }
+        .into());
+    }
+    identity::check_request(&down.head)?;
+    if let Some(protocol) = down.head.value(b"upgrade") {
+        if down.head.has_token(b"connection", b"upgrade") {
+            return Err(GatewayError::UpgradeNotSupported {
+                protocol: String::from_utf8_lossy(protocol).into_owned(),
+            }
+            .into());
+        }
+    }
+    let ocm_style = ctx.table.load().gateway().ocm_style;
+    build_upstream_head(
+        &mut down.out,
+        &down.head,
+        cluster,
+        peer,
+        identity,
+        ocm_style,
+    );
+    let expect_continue =
+        body != BodyKind::Empty && down.head.has_token(b"expect", b"100-continue");
+    let method_is_head = down.head.method() == b"HEAD";
+    let can_replay = replayable(down.head.method(), body);
+
+    let mut attempt_on_fresh = false;
+    let mut conn = loop {
+        let mut conn = match (attempt_on_fresh, ctx.pool.take(cluster.id)) {
+            (false, Some(conn)) => conn,
+            _ => connect(cluster, limits.connect_timeout, &ctx.metrics).await?,
+        };
+        let reused = conn.reused;
+        let sent = send_request(down, &mut conn, cluster, body, expect_continue).await;
+        let outcome = match sent {
+            Ok(()) => {
+                read_response_head(
+                    cluster,
+                    &mut conn,
+                    &mut down.response,
+                    long_running,
+                    limits,
+                    method_is_head,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(()) => break conn,
+            Err(Failure::Answer(GatewayError::UpstreamClosed { .. }))
+                if reused && can_replay && !attempt_on_fresh =>
+            {
+                debug!(cluster = %cluster.name, "pooled connection was closed by the member; retrying on a new one");
+                attempt_on_fresh = true;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+
+    let kind = match response_body(
+        &down.response,
+        if method_is_head { b"HEAD" } else { b"GET" },
+    ) {
+        Ok(kind) => kind,
+        Err(e) => {
+            warn!(cluster = %cluster.name, error = %e, "invalid response framing from member");
+            return Err(GatewayError::UpstreamProtocol {
+                cluster: cluster.name.to_string(),
+                reason: e.0,
+            }
+            .into());
+        }
+    };
+    let client_close = wants_close(&down.head) || kind == BodyKind::CloseDelimited;
+    let upstream_reusable = kind != BodyKind::CloseDelimited && !wants_close(&down.response);
+
+    // The response head, then whatever body bytes already arrived, in one write.
+    down.out.clear();
+    write_response_head(&mut down.out, &down.response, client_close);
+    let code = down.response.code;
+    ctx.metrics
+        .record_request(&cluster.name, verb, code, started.elapsed());
+    let mut progress = BodyProgress::new(kind);
+    let first = progress
+        .take(&conn.buf)
+        .map_err(|_| Failure::Abort("invalid chunked framing from member"))?;
+    down.out.extend_from_slice(&conn.buf[..first]);
+    conn.buf.advance(first);
+    down.io
+        .write_all(&down.out)
+        .await
+        .map_err(|_| Failure::Abort("client write failed"))?;
+    stream_response_body(down, &mut conn, &mut progress, long_running).await?;
+    down.io
+        .flush()
+        .await
+        .map_err(|_| Failure::Abort("client flush failed"))?;
+    if upstream_reusable && conn.buf.is_empty() && progress.is_done() {
+        ctx.pool.put(conn);
+    }
+    Ok(if client_close {
+        Next::Close
+    } else {
+        Next::KeepAlive
+    })
+}
+
+/// Sends the request head and body to the member.
+async fn send_request<S>(
+    down: &mut Downstream<'_, S>,
+    conn: &mut UpstreamConn,
+    cluster: &ClusterRoute,
+    body: BodyKind,
+    expect_continue: bool,
+) -> Result<(), Failure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let closed = |e: io::Error| {
+        Failure::Answer(GatewayError::UpstreamClosed {
+            cluster: cluster.name.to_string(),
+            source: Some(e),
+        })
+    };
+    let mut progress = BodyProgress::new(body);
+    if progress.is_done() {
+        conn.io.write_all(&down.out).await.map_err(closed)?;
+        return conn.io.flush().await.map_err(closed);
+    }
+    conn.io.write_all(&down.out).await.map_err(closed)?;
+    if expect_continue && down.buf.is_empty() {
+        // The gateway answers `Expect: 100-continue` itself (and does not forward it), so the
+        // client sends its body without waiting for a 100 the member might never send.
+        down.io
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .map_err(|_| Failure::Abort("client write failed"))?;
+        down.io
+            .flush()
+            .await
+            .map_err(|_| Failure::Abort("client flush failed"))?;
+    }
+    loop {
+        if !down.buf.is_empty() {
+            let n = progress.take(&down.buf).map_err(|e| {
+                // Part of the body may be upstream already: this connection is dropped with
+                // the request, and the client gets a 400 and a close.
+                Failure::Answer(GatewayError::BadRequest { reason: e.0 })
+            })?;
+            conn.io
+                .write_all(&down.buf[..n])
+                .await
+                .map_err(|_| Failure::Abort("member closed while the request body was sent"))?;
+            down.buf.advance(n);
+        }
+        if progress.is_done() {
+            break;
+        }
+        down.buf.reserve(READ_CHUNK);
+        match monoio::time::timeout(BODY_STALL_TIMEOUT, down.io.read_buf(&mut down.buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return Err(Failure::Abort("client went away during the request body")),
+        }
+    }
+    conn.io
+        .flush()
+        .await
+        .map_err(|_| Failure::Abort("member closed while the request body was sent"))
+}
+
+/// Reads the member's response head (skipping interim 1xx responses) within the response-head
+/// timeout, unless the request is long-running.
+async fn read_response_head(
+    cluster: &ClusterRoute,
+    conn: &mut UpstreamConn,
+    response: &mut Head,
+    long_running: bool,
+    limits: Limits,
+    method_is_head: bool,
+) -> Result<(), Failure> {
+    let _ = method_is_head;
+    let name = || cluster.name.to_string();
+    let read_head = async {
+        let mut scanned = 0;
+        let mut received_any = !conn.buf.is_empty();
+        loop {
+            match parse_response(&mut conn.buf, &mut scanned, RESPONSE_HEAD_LIMITS, response) {
+                Ok(true) if response.code == 101 => {
+                    return Err(GatewayError::UpstreamProtocol {
+                        cluster: name(),
+                        reason: "switched protocols without being asked to",
+                    })
+                }
+                // Interim responses are consumed: the gateway answered `Expect` itself.
+                Ok(true) if response.code < 200 => continue,
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(_) => {
+                    return Err(GatewayError::UpstreamProtocol {
+                        cluster: name(),
+                        reason: "malformed response head",
+                    })
+                }
+            }
+            conn.buf.reserve(8 * 1024);
+            match conn.io.read_buf(&mut conn.buf).await {
+                Ok(0) if !received_any => {
+                    return Err(GatewayError::UpstreamClosed {
+                        cluster: name(),
+                        source: None,
+                    })
+                }
+                Ok(0) => {
+                    return Err(GatewayError::UpstreamProtocol {
+                        cluster: name(),
+                        reason: "connection closed inside the response head",
+                    })
+                }
+                Ok(_) => received_any = true,
+                Err(e) if !received_any => {
+                    return Err(GatewayError::UpstreamClosed {
+                        cluster: name(),
+                        source: Some(e),
+                    })
+                }
+                Err(_) => {
+                    return Err(GatewayError::UpstreamProtocol {
+                        cluster: name(),
+                        reason: "connection failed inside the response head",
+                    })
+                }
+            }
+        }
+    };
+    let result = if long_running {
+        read_head.await
+    } else {
+        match monoio::time::timeout(limits.response_head_timeout, read_head).await {
+            Ok(result) => result,
+            Err(_) => Err(GatewayError::ResponseHeadTimeout {
+                cluster: name(),
+                seconds: limits.response_head_timeout.as_secs(),
+            }),
+        }
+    };
+    result.map_err(Failure::Answer)
+}
+
+/// Writes the status line and the end-to-end headers of a member's response.
+fn write_response_head(out: &mut Vec<u8>, response: &Head, close: bool) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(response.code.to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(response.reason());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in response.headers() {
+        if !is_hop_by_hop(response, name) {
+            push_header(out, name, value);
+        }
+    }
+    if close {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Streams the rest of a response body to the client, one flush per member read. For
+/// long-running responses it also watches the client: a client that closes ends the stream at
+/// once instead of at the next event.
+async fn stream_response_body<S>(
+    down: &mut Downstream<'_, S>,
+    conn: &mut UpstreamConn,
+    progress: &mut BodyProgress,
+    long_running: bool,
+) -> Result<(), Failure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    while !progress.is_done() {
+        down.io
+            .flush()
+            .await
+            .map_err(|_| Failure::Abort("client flush failed"))?;
+        conn.buf.reserve(READ_CHUNK);
+        let read = if long_running {
+            // Pipelined bytes from the client are kept, within the head limit.
+            let watch_client = down.buf.len() < RESPONSE_HEAD_LIMITS.max_head_bytes;
+            down.buf.reserve(1024);
+            monoio::select! {
+                r = conn.io.read_buf(&mut conn.buf) => r,
+                r = down.io.read_buf(&mut down.buf), if watch_client => match r {
+                    Ok(0) | Err(_) => return Err(Failure::Abort("client closed during a stream")),
+                    Ok(_) => continue,
+                },
+            }
+        } else {
+            conn.io.read_buf(&mut conn.buf).await
+        };
+        match read {
+            Ok(0) | Err(_) => {
+                if matches!(progress, BodyProgress::UntilClose) {
+                    *progress = BodyProgress::Done;
+                    return Ok(());
+                }
+                return Err(Failure::Abort("member closed inside the response body"));
+            }
+            Ok(_) => {}
+        }
+        let n = progress
+            .take(&conn.buf)
+            .map_err(|_| Failure::Abort("invalid chunked framing from member"))?;
+        down.io
+            .write_all(&conn.buf[..n])
+            .await
+            .map_err(|_| Failure::Abort("client write failed"))?;
+        conn.buf.advance(n);
+    }
+    Ok(())
+}

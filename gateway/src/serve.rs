@@ -1,0 +1,201 @@
+//! `fleetgate serve`: loads the configuration, builds the routing table behind its `ArcSwap`,
+//! binds every listener, starts the shards and the admin listener, prints one `ready` line with
+//! the bound addresses, and runs until SIGINT or SIGTERM.
+//!
+//! [`start`] is the library entry the `demo` command and tests can use to run a gateway in
+//! process; [`run`] is the CLI command. Neither touches a request.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
+
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use fleetgate_config_watcher::{load_path, RouteTable, SharedTable};
+use tracing::info;
+
+use crate::listener::bind_reuseport;
+use crate::metrics::Metrics;
+use crate::shard::{spawn_shard, Driver, ShardListener};
+
+/// Arguments of `fleetgate serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// A Gateway/Cluster YAML file, or a directory of them.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Shards (threads); overrides the Gateway object's `workers` (0 or absent: one per core).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// The monoio driver of the shards.
+    #[arg(long, value_enum, default_value_t = Driver::Auto)]
+    pub driver: Driver,
+}
+
+/// How to start a gateway.
+#[derive(Debug, Clone, Copy)]
+pub struct StartOptions {
+    /// Shards; `None` or 0 means the Gateway object's `workers`, then one per core.
+    pub workers: Option<usize>,
+    pub driver: Driver,
+}
+
+/// A listener as bound.
+#[derive(Debug, Clone)]
+pub struct BoundListener {
+    pub name: String,
+    pub address: SocketAddr,
+    pub tls: bool,
+}
+
+/// A started gateway: its bound addresses. The shards run until the process exits.
+#[derive(Debug)]
+pub struct RunningGateway {
+    pub listeners: Vec<BoundListener>,
+    pub admin: Option<SocketAddr>,
+    pub metrics: Arc<Metrics>,
+    pub workers: usize,
+}
+
+impl RunningGateway {
+    /// `ready NAME=ADDR ... admin=ADDR`: the line `serve` prints once every shard accepts.
+    pub fn ready_line(&self) -> String {
+        let mut line = String::from("ready");
+        for l in &self.listeners {
+            line.push_str(&format!(" {}={}", l.name, l.address));
+        }
+        if let Some(admin) = self.admin {
+            line.push_str(&format!(" admin={admin}"));
+        }
+        line.push_str(&format!(" workers={}", self.workers));
+        line
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+/// Binds every listener, starts the shards and the admin listener, and returns once every shard
+/// accepts connections.
+pub fn start(table: SharedTable, options: StartOptions) -> anyhow::Result<RunningGateway> {
+    let gateway = table.load().gateway().clone();
+    let workers = match options.workers.filter(|w| *w > 0) {
+        Some(w) => w,
+        None if gateway.workers > 0 => gateway.workers,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let metrics = Metrics::new();
+    let mut bound = Vec::new();
+    let mut per_shard: Vec<Vec<ShardListener>> = (0..workers).map(|_| Vec::new()).collect();
+    for listener in &gateway.listeners {
+        let tls = if listener.tls {
+            Some(
+                crate::tls::server_config(gateway.tls.as_ref())
+                    .with_context(|| format!("TLS for listener {:?}", listener.name))?,
+            )
+        } else {
+            None
+        };
+        let sockets = bind_reuseport(&listener.address, workers).with_context(|| {
+            format!(
+                "binding listener {:?} on {}",
+                listener.name, listener.address
+            )
+        })?;
+        bound.push(BoundListener {
+            name: listener.name.clone(),
+            address: sockets[0].local_addr()?,
+            tls: listener.tls,
+        });
+        for (shard, socket) in sockets.into_iter().enumerate() {
+            per_shard[shard].push(ShardListener {
+                name: listener.name.clone(),
+                socket,
+                tls: tls.clone(),
+            });
+        }
+    }
+    anyhow::ensure!(!bound.is_empty(), "the Gateway object has no listeners");
+    let admin = match &gateway.admin {
+        Some(address) => {
+            let socket = std::net::TcpListener::bind(address)
+                .with_context(|| format!("binding the admin listener on {address}"))?;
+            let local = socket.local_addr()?;
+            crate::admin::spawn_admin(socket, metrics.clone())?;
+            Some(local)
+        }
+        None => None,
+    };
+    let (started_tx, started_rx) = mpsc::channel();
+    for (index, listeners) in per_shard.into_iter().enumerate() {
+        spawn_shard(
+            index,
+            options.driver,
+            listeners,
+            table.clone(),
+            metrics.clone(),
+            started_tx.clone(),
+        )?;
+    }
+    drop(started_tx);
+    for _ in 0..workers {
+        started_rx
+            .recv()
+            .context("a shard stopped before it started")?
+            .context("a shard could not start")?;
+    }
+    info!(workers, driver = ?options.driver, "gateway started");
+    Ok(RunningGateway {
+        listeners: bound,
+        admin,
+        metrics,
+        workers,
+    })
+}
+
+/// The `serve` command.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = load_path(&args.config)
+        .with_context(|| format!("loading the configuration from {}", args.config.display()))?;
+    let table = RouteTable::build(&config).context("building the routing table")?;
+    info!(
+        clusters = table.clusters().count(),
+        generation = table.generation(),
+        "routing table built"
+    );
+    let table: SharedTable = Arc::new(ArcSwap::from_pointee(table));
+    let running = start(
+        table,
+        StartOptions {
+            workers: args.workers,
+            driver: args.driver,
+        },
+    )?;
+    {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{}", running.ready_line())?;
+        stdout.flush()?;
+    }
+    wait_for_shutdown_signal()?;
+    info!("shutting down");
+    Ok(())
+}
+
+/// Blocks until SIGINT or SIGTERM.
+fn wait_for_shutdown_signal() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r,
+            _ = term.recv() => Ok(()),
+        }
+    })?;
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! Shards: one OS thread per worker, each running its own monoio runtime (io_uring, epoll, or
+//! io_uring with epoll fallback) and accepting on its own SO_REUSEPORT sockets.
+//!
+//! A shard owns its upstream pool and shares only the routing table (an `ArcSwap`) and the
+//! metrics atomics with the others. This module and `upstream::connect` are where monoio's types
+//! live; nothing here parses HTTP. Called by `serve`.
+
+use std::future::Future;
+use std::io;
+use std::net::TcpListener;
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use fleetgate_config_watcher::SharedTable;
+use monoio::io::IntoPollIo;
+use rustls::ServerConfig;
+use tracing::{debug, error};
+
+use crate::identity::ClientIdentity;
+use crate::metrics::Metrics;
+use crate::proxy::{serve_http1, ShardContext};
+use crate::upstream::ShardPool;
+
+/// Which monoio driver the shards run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Driver {
+    /// io_uring where the kernel allows it, epoll otherwise.
+    Auto,
+    /// io_uring only (fails to start where it is unavailable).
+    Uring,
+    /// epoll only (monoio's legacy driver).
+    Epoll,
+}
+
+/// One listener as a shard sees it: its socket and, for TLS listeners, the server config.
+pub struct ShardListener {
+    pub name: String,
+    pub socket: TcpListener,
+    pub tls: Option<Arc<ServerConfig>>,
+}
+
+/// Idle upstream connections kept per cluster per shard.
+const POOL_MAX_IDLE: usize = 64;
+/// How long an idle upstream connection is kept (kube-apiserver closes idle ones after 90 s).
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn block_on_driver<F: Future<Output = ()>>(driver: Driver, future: F) -> io::Result<()> {
+    use monoio::{FusionDriver, IoUringDriver, LegacyDriver, RuntimeBuilder};
+    match driver {
+        Driver::Auto => RuntimeBuilder::<FusionDriver>::new()
+            .enable_timer()
+            .build()?
+            .block_on(future),
+        Driver::Uring => RuntimeBuilder::<IoUringDriver>::new()
+            .enable_timer()
+            .build()?
+            .block_on(future),
+        Driver::Epoll => RuntimeBuilder::<LegacyDriver>::new()
+            .enable_timer()
+            .build()?
+            .block_on(future),
+    }
+    Ok(())
+}
+
+/// Starts shard `index` on its own thread. `started` receives `Ok` once it accepts on every
+/// listener, or the error that stopped it.
+pub fn spawn_shard(
+    index: usize,
+    driver: Driver,
+    listeners: Vec<ShardListener>,
+    table: SharedTable,
+    metrics: Arc<Metrics>,
+    started: mpsc::Sender<io::Result<()>>,
+) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("fleetgate-shard-{index}"))
+        .spawn(move || {
+            let report = started.clone();
+            let result = block_on_driver(driver, async move {
+                let ctx = Rc::new(ShardContext {
+                    shard: index,
+                    table,
+                    pool: ShardPool::new(POOL_MAX_IDLE, POOL_IDLE_TIMEOUT),
+                    metrics,
+                });
+                for listener in listeners {
+                    match monoio::net::TcpListener::from_std(listener.socket) {
+                        Ok(socket) => {
+                            monoio::spawn(accept_loop(
+                                ctx.clone(),
+                                listener.name,
+                                socket,
+                                listener.tls,
+                            ));
+                        }
+                        Err(e) => {
+                            let _ = started.send(Err(e));
+                            return;
+                        }
+                    }
+                }
+                let _ = started.send(Ok(()));
+                std::future::pending::<()>().await;
+            });
+            if let Err(e) = result {
+                error!(shard = index, error = %e, "shard runtime failed to start");
+                let _ = report.send(Err(e));
+            }
+        })
+}
+
+async fn accept_loop(
+    ctx: Rc<ShardContext>,
+    name: String,
+    listener: monoio::net::TcpListener,
+    tls: Option<Arc<ServerConfig>>,
+) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors and the like: keep accepting after a pause.
+                error!(shard = ctx.shard, listener = %name, error = %e, "accept failed");
+                monoio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let tcp = match tcp.into_poll_io() {
+            Ok(tcp) => tcp,
+            Err(e) => {
+                debug!(error = %e, "socket could not be turned into a readiness stream");
+                continue;
+            }
+        };
+        let ctx = ctx.clone();
+        match &acceptor {
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                monoio::spawn(async move {
+                    let _connected = ctx.metrics.client_connected();
+                    crate::tls::dispatch(ctx.clone(), acceptor, tcp, peer).await;
+                });
+            }
+            None => {
+                monoio::spawn(async move {
+                    let _connected = ctx.metrics.client_connected();
+                    let mut tcp = tcp;
+                    let anonymous = ClientIdentity::anonymous();
+                    serve_http1(ctx.clone(), &mut tcp, peer, &anonymous).await;
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! The way to member clusters: connections (TCP, then rustls when the member's server URL is
+//! https) and the per-shard keep-alive pool that reuses them.
+//!
+//! This is one of the few modules that touch monoio types: it dials with monoio and turns the
+//! socket into a readiness-based (`poll-io`) stream, so tokio-rustls and, later, the `h2` crate run
+//! on it, and an idle pooled connection holds no kernel-owned buffer. It never parses HTTP and
+//! never decides routes: the connection driver (`proxy`) asks it for a connection to a
+//! [`ClusterRoute`] and gives it back only after a clean, complete response.
+
+mod connect;
+mod pool;
+
+pub use connect::{connect, UpstreamConn, UpstreamIo};
+pub use pool::ShardPool;
