@@ -1,1 +1,119 @@
-fn main() {}
+//! `fleetgate-loadtest`: the simulated fleet (`sim`) and, later, the load driver (`run`).
+//!
+//! Thin: parses the command line, starts the library's pieces on a tokio runtime, prints the
+//! `ready` line of the command-line contract, and runs until SIGINT / SIGTERM.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use fleetgate_loadtest::sim::{self, FleetOptions, SimTuning};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "fleetgate-loadtest",
+    version,
+    about = "Simulated Kubernetes fleet and load driver for fleetgate"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run N simulated member clusters (kube-apiserver-compatible) until SIGINT / SIGTERM.
+    Sim(SimArgs),
+}
+
+#[derive(Args, Debug)]
+struct SimArgs {
+    /// Directory for the kubeconfigs, Cluster / Gateway objects, user credentials and PKI.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Number of member clusters.
+    #[arg(long, default_value_t = 2)]
+    clusters: usize,
+    /// ConfigMaps (~1 KiB each) per member, spread over namespaces load-0..load-9.
+    #[arg(long, default_value_t = 0)]
+    objects: usize,
+    /// Updates per second per member, each stamped with the fleetgate.io/sent-at annotation.
+    #[arg(long = "churn", default_value_t = 0.0)]
+    churn_per_sec: f64,
+    /// Address to write into gateway.yaml / gateway.kubeconfig (default: a free 127.0.0.1 port).
+    #[arg(long)]
+    gateway_listen: Option<String>,
+    /// Interval between lines of `kubectl logs -f`, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    log_interval_ms: u64,
+    /// Watch events each member keeps for resume; older resourceVersions get 410 Expired.
+    #[arg(long, default_value_t = 10_000)]
+    history_window: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Sim(args) => run_sim(args),
+    }
+}
+
+fn run_sim(args: SimArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let tuning = SimTuning {
+            log_interval: Duration::from_millis(args.log_interval_ms.max(1)),
+            history_window: args.history_window.max(1),
+            ..SimTuning::default()
+        };
+        let fleet = sim::start_fleet_with_tuning(
+            FleetOptions {
+                dir: args.dir,
+                clusters: args.clusters,
+                objects: args.objects,
+                churn_per_sec: args.churn_per_sec,
+                gateway_listen: args.gateway_listen,
+            },
+            tuning,
+        )
+        .await?;
+        let addrs: Vec<String> = fleet.member_addrs().iter().map(|a| a.to_string()).collect();
+        let mut stdout = std::io::stdout();
+        writeln!(
+            stdout,
+            "ready: {} members listening ({}); kubeconfig {}",
+            addrs.len(),
+            addrs.join(", "),
+            fleet.dir().join("kubeconfig").display()
+        )?;
+        stdout.flush()?;
+        wait_for_termination().await;
+        fleet.shutdown().await;
+        anyhow::Ok(())
+    })
+}
+
+async fn wait_for_termination() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

@@ -1,5 +1,209 @@
 //! The simulated fleet: N member clusters, each a kube-apiserver-compatible HTTPS server on its own
-//! 127.0.0.1 port.
+//! 127.0.0.1 port, plus the files (kubeconfigs, Cluster and Gateway objects, user credentials) that
+//! let kubectl, kube-rs and the gateway reach them.
+//!
+//! A request's way through a member: `server` (TCP, TLS, HTTP/1.1 or h2) -> `api` (identity via
+//! `auth`, routing) -> `objects` / `watch` / `logs` / `stream` over the member's `store`; every
+//! error leaves through `status`. `start_fleet` is the only entry point other crates use (the
+//! gateway's `demo` command and the tests); it never blocks the runtime it is called on.
 
+pub mod api;
+pub mod auth;
 pub mod body;
+pub mod discovery;
+pub mod files;
+pub mod load;
+pub mod logs;
+pub mod member;
+pub mod objects;
+pub mod openapi;
+pub mod patch;
+pub mod pki;
+pub mod resources;
+pub mod selectors;
+pub mod server;
+pub mod status;
+pub mod store;
 pub mod stream;
+pub mod table;
+pub mod watch;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::sim::auth::{TokenAuthenticator, UserInfo, GATEWAY_USER};
+use crate::sim::files::{FleetAddresses, FleetCredentials};
+use crate::sim::member::Member;
+pub use crate::sim::member::SimTuning;
+use crate::sim::server::MemberServer;
+
+/// How many nodes each member has.
+const NODES_PER_MEMBER: usize = 3;
+
+/// What fleet to start.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// Where the files are written (created if missing).
+    pub dir: PathBuf,
+    /// Number of members (`member1`...).
+    pub clusters: usize,
+    /// ConfigMaps per member (`--objects K`).
+    pub objects: usize,
+    /// Updates per second per member (`--churn E`).
+    pub churn_per_sec: f64,
+    /// Address written into `gateway.yaml` and `gateway.kubeconfig`; None = a free 127.0.0.1 port.
+    pub gateway_listen: Option<String>,
+}
+
+/// A running fleet. Dropping it without [`FleetHandle::shutdown`] leaves the members serving
+/// until the runtime ends.
+pub struct FleetHandle {
+    dir: PathBuf,
+    servers: Vec<MemberServer>,
+    members: Vec<Arc<Member>>,
+    churn_tasks: Vec<JoinHandle<()>>,
+}
+
+impl FleetHandle {
+    /// The members' addresses, member1 first.
+    pub fn member_addrs(&self) -> Vec<SocketAddr> {
+        self.servers.iter().map(|s| s.addr).collect()
+    }
+
+    /// The directory holding the fleet's files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Stops member `index` (0-based): its listener and connections close. Other members go on.
+    pub async fn stop_member(&self, index: usize) {
+        if let Some(server) = self.servers.get(index) {
+            server.stop().await;
+        }
+        if let Some(task) = self.churn_tasks.get(index) {
+            task.abort();
+        }
+    }
+
+    /// The in-memory state of member `index` (for tests and the loadtest driver).
+    pub fn member(&self, index: usize) -> Option<&Arc<Member>> {
+        self.members.get(index)
+    }
+
+    /// Stops every member.
+    pub async fn shutdown(self) {
+        for task in &self.churn_tasks {
+            task.abort();
+        }
+        for server in &self.servers {
+            server.stop().await;
+        }
+    }
+}
+
+/// Starts every member on 127.0.0.1:0, writes the files, returns once all listen. Must be called
+/// inside a tokio runtime (multi-thread or current-thread).
+pub async fn start_fleet(opts: FleetOptions) -> anyhow::Result<FleetHandle> {
+    start_fleet_with_tuning(opts, SimTuning::default()).await
+}
+
+/// [`start_fleet`] with non-default knobs (log interval, history window, bookmark interval).
+pub async fn start_fleet_with_tuning(
+    opts: FleetOptions,
+    tuning: SimTuning,
+) -> anyhow::Result<FleetHandle> {
+    anyhow::ensure!(opts.clusters >= 1, "a fleet needs at least one cluster");
+    // Key generation is CPU work; keep it off the runtime's worker.
+    let creds = tokio::task::spawn_blocking(FleetCredentials::generate)
+        .await
+        .context("generating the fleet PKI")??;
+    let tls = server::tls_config(&creds.fleet_ca, &creds.member_serving)?;
+
+    let mut listeners = Vec::new();
+    for _ in 0..opts.clusters {
+        listeners.push(
+            TcpListener::bind("127.0.0.1:0")
+                .await
+                .context("binding a member listener")?,
+        );
+    }
+    let member_addrs: Vec<SocketAddr> = listeners
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<Result<_, _>>()?;
+    let gateway = match &opts.gateway_listen {
+        Some(addr) => addr.clone(),
+        None => free_port().await?,
+    };
+    let gateway_admin = free_port().await?;
+    let dir = opts.dir.clone();
+    {
+        let dir = dir.clone();
+        let member_addrs = member_addrs.clone();
+        let gateway = gateway.clone();
+        let creds_ref = &creds;
+        // Small files; writing them inline keeps the credentials borrowed instead of cloned.
+        files::write_fleet_files(
+            &dir,
+            creds_ref,
+            &FleetAddresses {
+                members: &member_addrs,
+                gateway: &gateway,
+                gateway_admin: &gateway_admin,
+            },
+        )
+        .with_context(|| format!("writing the fleet files into {}", dir.display()))?;
+    }
+
+    let mut tokens = TokenAuthenticator::default();
+    for user in &creds.users {
+        tokens.insert(user.token.clone(), user.user_info());
+    }
+    tokens.insert(
+        creds.gateway_token.clone(),
+        UserInfo::new(GATEWAY_USER, "fleetgate-gateway-uid", &[]),
+    );
+
+    let mut servers = Vec::new();
+    let mut members = Vec::new();
+    let mut churn_tasks = Vec::new();
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let name = format!("member{}", i + 1);
+        let nodes = (1..=NODES_PER_MEMBER)
+            .map(|n| format!("{name}-node-{n}"))
+            .collect();
+        let member = Arc::new(Member::new(
+            name,
+            tokens.clone(),
+            tuning.clone(),
+            nodes,
+            member_addrs[i].to_string(),
+        ));
+        load::seed(&member, opts.objects);
+        servers.push(MemberServer::spawn(member.clone(), listener, tls.clone())?);
+        churn_tasks.push(tokio::spawn(load::churn(
+            member.clone(),
+            opts.objects,
+            opts.churn_per_sec,
+        )));
+        members.push(member);
+    }
+    tracing::info!(clusters = opts.clusters, dir = %dir.display(), "simulated fleet listening");
+    Ok(FleetHandle {
+        dir,
+        servers,
+        members,
+        churn_tasks,
+    })
+}
+
+/// A free 127.0.0.1 port (bound, read, released).
+async fn free_port() -> anyhow::Result<String> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    Ok(listener.local_addr()?.to_string())
+}

@@ -1,0 +1,636 @@
+//! The request router of a simulated member: authenticates (bearer token or client certificate),
+//! applies impersonation, authorizes against the built-in allow list, parses the Kubernetes path
+//! (`/api/v1/...`, `/apis/<g>/<v>/...`, discovery, OpenAPI, reviews) and dispatches to the object
+//! handlers (`objects`), `watch`, `logs` or the streaming module (`stream::serve`).
+//!
+//! Never writes a Status by hand (errors go through `status::error_response`), never holds the
+//! store lock across an await. Called by `server` for every HTTP request.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+
+use crate::sim::auth::{self, AuthError, RequestAttributes, UserInfo};
+use crate::sim::body::SimBody;
+use crate::sim::member::Member;
+use crate::sim::resources::{self, ResourceInfo};
+use crate::sim::status::{error_response, json_response, qualified, ApiError, Flow, ResponseCtx};
+use crate::sim::stream::{StreamKind, StreamRequest};
+use crate::sim::table::{negotiate, OutputFormat};
+use crate::sim::{discovery, logs, objects, openapi, watch};
+
+/// Largest request body accepted (the apiserver's limit is 3 MiB too).
+const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// The decoded query string.
+#[derive(Debug, Default, Clone)]
+pub struct Query(Vec<(String, String)>);
+
+impl Query {
+    pub fn parse(raw: Option<&str>) -> Self {
+        Query(
+            raw.map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+                .unwrap_or_default(),
+        )
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn get_all(&self, key: &str) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    pub fn flag(&self, key: &str) -> bool {
+        matches!(self.get(key), Some("true") | Some("1"))
+    }
+}
+
+/// Everything a handler needs to know about the request besides its body.
+pub struct RequestInfo<'a> {
+    pub member: &'a Arc<Member>,
+    pub user: &'a UserInfo,
+    pub query: &'a Query,
+    pub ctx: ResponseCtx,
+    pub format: OutputFormat,
+    pub user_agent: &'a str,
+}
+
+/// A parsed resource path.
+#[derive(Debug, Clone)]
+pub struct ResourcePath {
+    pub info: &'static ResourceInfo,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub subresource: Option<String>,
+}
+
+enum Route {
+    Version,
+    ApiVersions,
+    ResourceList { group: String, version: String },
+    Groups,
+    Group(String),
+    OpenApi,
+    SelfSubjectReview(String),
+    SelfSubjectAccessReview,
+    Resource(ResourcePath),
+}
+
+/// Handles one request on `member`. `cert_user` is the identity of the verified client
+/// certificate of the connection, if any.
+pub async fn handle(
+    member: Arc<Member>,
+    cert_user: Option<Arc<UserInfo>>,
+    req: Request<Incoming>,
+) -> Response<SimBody> {
+    let user_agent = header_str(&req, header::USER_AGENT)
+        .unwrap_or("")
+        .to_string();
+    let query = Query::parse(req.uri().query());
+    let mut ctx = ResponseCtx::new(&user_agent, query.get("pretty"));
+    let path = req.uri().path().to_string();
+
+    // Authentication: the verified client certificate, else a known bearer token.
+    let caller = match authenticate(&member, cert_user.as_deref(), &req) {
+        Some(user) => user,
+        None => return error_response(&ApiError::unauthorized(), &ctx),
+    };
+    let user = match auth::impersonate(&caller, req.headers()) {
+        Ok(user) => user,
+        Err(error) => return error_response(&impersonation_error(error, &path), &ctx),
+    };
+    ctx.flow = if user.is_exempt() {
+        Flow::Exempt
+    } else {
+        Flow::GlobalDefault
+    };
+    tracing::debug!(member = %member.name, user = %user.name, method = %req.method(), path = %path, "request");
+    match route_and_serve(&member, &user, &user_agent, &query, ctx, req).await {
+        Ok(resp) => resp,
+        Err(error) => error_response(&error, &ctx),
+    }
+}
+
+fn header_str<B>(req: &Request<B>, name: header::HeaderName) -> Option<&str> {
+    req.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+fn authenticate<B>(
+    member: &Member,
+    cert_user: Option<&UserInfo>,
+    req: &Request<B>,
+) -> Option<UserInfo> {
+    if let Some(user) = cert_user {
+        return Some(user.clone());
+    }
+    let authorization = header_str(req, header::AUTHORIZATION)?;
+    let token = authorization
+        .strip_prefix("Bearer ")
+        .or_else(|| authorization.strip_prefix("bearer "))?
+        .trim();
+    member.tokens.authenticate(token).cloned()
+}
+
+fn impersonation_error(error: AuthError, path: &str) -> ApiError {
+    match &error {
+        AuthError::Unauthenticated => ApiError::unauthorized(),
+        AuthError::ImpersonationForbidden { kind, name, .. } => {
+            ApiError::status(403, "Forbidden", error.to_string())
+                .with_details(json!({"name": name, "kind": kind}))
+        }
+        AuthError::ImpersonationWithoutUser { .. } => {
+            ApiError::InternalText(format!("Internal Server Error: {path:?}: {error}"))
+        }
+    }
+}
+
+fn parse_route(path: &str) -> Result<Route, ApiError> {
+    let trimmed = path.trim_end_matches('/');
+    let segments: Vec<&str> = trimmed.split('/').skip(1).collect();
+    match segments.as_slice() {
+        ["version"] => Ok(Route::Version),
+        ["openapi", ..] => Ok(Route::OpenApi),
+        ["api"] => Ok(Route::ApiVersions),
+        ["api", "v1"] => Ok(Route::ResourceList {
+            group: String::new(),
+            version: "v1".into(),
+        }),
+        ["api", "v1", rest @ ..] => parse_resource_path("", "v1", rest),
+        ["api", ..] => Err(ApiError::PageNotFound),
+        ["apis"] => Ok(Route::Groups),
+        ["apis", group] => {
+            if resources::group_exists(group) {
+                Ok(Route::Group(group.to_string()))
+            } else {
+                Err(ApiError::PageNotFound)
+            }
+        }
+        ["apis", group, version, rest @ ..] => {
+            if !resources::group_exists(group) {
+                return Err(ApiError::PageNotFound);
+            }
+            if !resources::group_version_exists(group, version) {
+                return Err(ApiError::resource_not_found());
+            }
+            match (*group, rest) {
+                (_, []) => Ok(Route::ResourceList {
+                    group: group.to_string(),
+                    version: version.to_string(),
+                }),
+                ("authentication.k8s.io", ["selfsubjectreviews"]) => {
+                    Ok(Route::SelfSubjectReview(version.to_string()))
+                }
+                ("authorization.k8s.io", ["selfsubjectaccessreviews"]) => {
+                    Ok(Route::SelfSubjectAccessReview)
+                }
+                _ => parse_resource_path(group, version, rest),
+            }
+        }
+        _ => Err(ApiError::PageNotFound),
+    }
+}
+
+fn parse_resource_path(group: &str, version: &str, rest: &[&str]) -> Result<Route, ApiError> {
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, resource, more @ ..] => (Some(ns.to_string()), {
+            let mut v = vec![*resource];
+            v.extend_from_slice(more);
+            v
+        }),
+        _ => (None, rest.to_vec()),
+    };
+    let (plural, name, subresource) = match rest.as_slice() {
+        [plural] => (*plural, None, None),
+        [plural, name] => (*plural, Some(name.to_string()), None),
+        [plural, name, sub] => (*plural, Some(name.to_string()), Some(sub.to_string())),
+        _ => return Err(ApiError::resource_not_found()),
+    };
+    let info = resources::find(group, version, plural).ok_or_else(ApiError::resource_not_found)?;
+    if namespace.is_some() && !info.namespaced {
+        return Err(ApiError::resource_not_found());
+    }
+    if namespace.is_none() && info.namespaced && name.is_some() {
+        return Err(ApiError::resource_not_found());
+    }
+    if let Some(sub) = &subresource {
+        if !info.has_subresource(sub) {
+            return Err(ApiError::resource_not_found());
+        }
+    }
+    Ok(Route::Resource(ResourcePath {
+        info,
+        namespace,
+        name,
+        subresource,
+    }))
+}
+
+/// The 403 for `user` doing `attrs`.
+pub fn forbidden(user: &UserInfo, attrs: &RequestAttributes<'_>) -> ApiError {
+    let base = attrs.resource.split('/').next().unwrap_or(attrs.resource);
+    let subject = match attrs.name {
+        Some(name) => format!("{} {name:?}", qualified(attrs.group, base)),
+        None => qualified(attrs.group, base),
+    };
+    let scope = match attrs.namespace {
+        Some(ns) => format!("in the namespace {ns:?}"),
+        None => "at the cluster scope".to_string(),
+    };
+    let message = format!(
+        "{subject} is forbidden: User {:?} cannot {} resource {:?} in API group {:?} {scope}",
+        user.name, attrs.verb, attrs.resource, attrs.group
+    );
+    let mut details = serde_json::Map::new();
+    if let Some(name) = attrs.name {
+        details.insert("name".into(), json!(name));
+    }
+    if !attrs.group.is_empty() {
+        details.insert("group".into(), json!(attrs.group));
+    }
+    details.insert("kind".into(), json!(base));
+    ApiError::status(403, "Forbidden", message).with_details(Value::Object(details))
+}
+
+fn require(user: &UserInfo, attrs: RequestAttributes<'_>) -> Result<(), ApiError> {
+    if auth::authorize(user, &attrs) {
+        Ok(())
+    } else {
+        Err(forbidden(user, &attrs))
+    }
+}
+
+/// Reads the whole request body (bounded).
+pub async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
+    let limited = http_body_util::Limited::new(body, MAX_BODY_BYTES);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) => Err(ApiError::status(
+            413,
+            "RequestEntityTooLarge",
+            format!("the request body could not be read: {e}"),
+        )),
+    }
+}
+
+async fn route_and_serve(
+    member: &Arc<Member>,
+    user: &UserInfo,
+    user_agent: &str,
+    query: &Query,
+    ctx: ResponseCtx,
+    req: Request<Incoming>,
+) -> Result<Response<SimBody>, ApiError> {
+    let path = req.uri().path().to_string();
+    let route = parse_route(&path)?;
+    let method = req.method().clone();
+    let accept = header_str(&req, header::ACCEPT).map(str::to_string);
+    let get_only = |m: &Method| -> Result<(), ApiError> {
+        if m == Method::GET || m == Method::HEAD {
+            Ok(())
+        } else {
+            Err(ApiError::method_not_allowed())
+        }
+    };
+    let discovery_format = || -> Result<OutputFormat, ApiError> {
+        if discovery::only_aggregated(accept.as_deref()) {
+            return Err(ApiError::NotAcceptable { discovery: true });
+        }
+        match negotiate(accept.as_deref()) {
+            Some(OutputFormat::Yaml) => Ok(OutputFormat::Yaml),
+            _ => Ok(OutputFormat::Json),
+        }
+    };
+    match route {
+        Route::Version => {
+            get_only(&method)?;
+            let pretty = ResponseCtx {
+                pretty: true,
+                ..ctx
+            };
+            Ok(json_response(
+                StatusCode::OK,
+                &discovery::version(),
+                &pretty,
+            ))
+        }
+        Route::ApiVersions => {
+            get_only(&method)?;
+            let format = discovery_format()?;
+            Ok(objects::encode(
+                StatusCode::OK,
+                &discovery::api_versions(&member.server_address),
+                format,
+                &ctx,
+            ))
+        }
+        Route::Groups => {
+            get_only(&method)?;
+            let format = discovery_format()?;
+            Ok(objects::encode(
+                StatusCode::OK,
+                &discovery::api_groups(),
+                format,
+                &ctx,
+            ))
+        }
+        Route::Group(group) => {
+            get_only(&method)?;
+            let format = discovery_format()?;
+            let doc = discovery::api_group(&group).ok_or(ApiError::PageNotFound)?;
+            Ok(objects::encode(StatusCode::OK, &doc, format, &ctx))
+        }
+        Route::ResourceList { group, version } => {
+            get_only(&method)?;
+            let format = discovery_format()?;
+            Ok(objects::encode(
+                StatusCode::OK,
+                &discovery::resource_list(&group, &version),
+                format,
+                &ctx,
+            ))
+        }
+        Route::OpenApi => {
+            get_only(&method)?;
+            openapi::serve(
+                &path,
+                query.get("hash"),
+                accept.as_deref(),
+                header_str(&req, header::IF_NONE_MATCH),
+                &ctx,
+            )
+        }
+        Route::SelfSubjectReview(version) => {
+            if method != Method::POST {
+                return Err(ApiError::method_not_allowed());
+            }
+            // kubectl may send protobuf; the body carries nothing the answer depends on.
+            let _ = read_body(req.into_body()).await?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &self_subject_review(user, &version),
+                &ctx,
+            ))
+        }
+        Route::SelfSubjectAccessReview => {
+            if method != Method::POST {
+                return Err(ApiError::method_not_allowed());
+            }
+            let body = read_body(req.into_body()).await?;
+            let review: Value = serde_json::from_slice(&body)
+                .map_err(|_| ApiError::unsupported_media_type_body())?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &self_subject_access_review(user, review),
+                &ctx,
+            ))
+        }
+        Route::Resource(rp) => {
+            let format = match negotiate(accept.as_deref()) {
+                Some(f) => f,
+                None => return Err(ApiError::NotAcceptable { discovery: false }),
+            };
+            let info = RequestInfo {
+                member,
+                user,
+                query,
+                ctx,
+                format,
+                user_agent,
+            };
+            serve_resource(&info, rp, req).await
+        }
+    }
+}
+
+fn self_subject_review(user: &UserInfo, version: &str) -> Value {
+    let mut user_info = serde_json::Map::new();
+    user_info.insert("username".into(), json!(user.name));
+    if !user.uid.is_empty() {
+        user_info.insert("uid".into(), json!(user.uid));
+    }
+    user_info.insert("groups".into(), json!(user.groups));
+    if !user.extra.is_empty() {
+        let extra: BTreeMap<_, _> = user.extra.iter().collect();
+        user_info.insert("extra".into(), json!(extra));
+    }
+    json!({
+        "kind": "SelfSubjectReview",
+        "apiVersion": format!("authentication.k8s.io/{version}"),
+        "metadata": {"creationTimestamp": objects::now_rfc3339()},
+        "status": {"userInfo": Value::Object(user_info)},
+    })
+}
+
+fn self_subject_access_review(user: &UserInfo, mut review: Value) -> Value {
+    let attrs = &review["spec"]["resourceAttributes"];
+    let allowed = if attrs.is_object() {
+        let resource = match attrs["subresource"].as_str().filter(|s| !s.is_empty()) {
+            Some(sub) => format!("{}/{sub}", attrs["resource"].as_str().unwrap_or("")),
+            None => attrs["resource"].as_str().unwrap_or("").to_string(),
+        };
+        auth::authorize(
+            user,
+            &RequestAttributes {
+                verb: attrs["verb"].as_str().unwrap_or(""),
+                group: attrs["group"].as_str().unwrap_or(""),
+                resource: &resource,
+                namespace: attrs["namespace"].as_str().filter(|s| !s.is_empty()),
+                name: attrs["name"].as_str().filter(|s| !s.is_empty()),
+            },
+        )
+    } else {
+        // Non-resource URLs: discovery and friends are open to every authenticated user.
+        true
+    };
+    review["status"] = json!({"allowed": allowed});
+    review["kind"] = json!("SelfSubjectAccessReview");
+    review["apiVersion"] = json!("authorization.k8s.io/v1");
+    review
+}
+
+async fn serve_resource(
+    info: &RequestInfo<'_>,
+    rp: ResourcePath,
+    req: Request<Incoming>,
+) -> Result<Response<SimBody>, ApiError> {
+    let method = req.method().clone();
+    let res = rp.info;
+    let ns = rp.namespace.as_deref();
+    let name = rp.name.as_deref();
+    let sub = rp.subresource.as_deref();
+    let resource_attr = match sub {
+        Some(s) => format!("{}/{s}", res.plural),
+        None => res.plural.to_string(),
+    };
+    let verb = match (&method, name, sub) {
+        (&Method::GET, None, _) if info.query.flag("watch") => "watch",
+        (&Method::GET, None, _) => "list",
+        (&Method::POST, None, _) => "create",
+        (&Method::DELETE, None, _) => "deletecollection",
+        (&Method::GET, Some(_), Some("exec" | "attach" | "portforward")) => "create",
+        (&Method::POST, Some(_), Some("exec" | "attach" | "portforward")) => "create",
+        (&Method::GET | &Method::HEAD, Some(_), _) => "get",
+        (&Method::PUT, Some(_), _) => "update",
+        (&Method::PATCH, Some(_), _) => "patch",
+        (&Method::DELETE, Some(_), None) => "delete",
+        _ => return Err(ApiError::method_not_allowed()),
+    };
+    // Namespaces are themselves named by their own name, in their own "namespace".
+    let attr_namespace = if res.plural == "namespaces" { name } else { ns };
+    require(
+        info.user,
+        RequestAttributes {
+            verb,
+            group: res.group,
+            resource: &resource_attr,
+            namespace: attr_namespace,
+            name,
+        },
+    )?;
+    match (verb, sub) {
+        ("watch", _) => watch::serve(info, res, ns),
+        ("list", _) => objects::list(info, res, ns),
+        ("create", None) => {
+            let content_type = header_str(&req, header::CONTENT_TYPE).map(str::to_string);
+            let body = read_body(req.into_body()).await?;
+            objects::create(info, res, ns, content_type.as_deref(), &body)
+        }
+        ("deletecollection", _) => {
+            let body = read_body(req.into_body()).await?;
+            objects::delete_collection(info, res, ns, &body)
+        }
+        ("get", Some("log")) => {
+            let pod = objects::get_object(info, res, ns, name.unwrap_or(""))?;
+            logs::serve(info, &pod)
+        }
+        ("create", Some(kind @ ("exec" | "attach" | "portforward"))) => {
+            let pod = objects::get_object(info, res, ns, name.unwrap_or(""))?;
+            let target = stream_request(info.query, &pod, kind)?;
+            Ok(crate::sim::stream::serve(req, target))
+        }
+        ("get", _) => {
+            let object = objects::get_object(info, res, ns, name.unwrap_or(""))?;
+            Ok(objects::respond_object(info, res, StatusCode::OK, &object))
+        }
+        ("update", _) => {
+            let content_type = header_str(&req, header::CONTENT_TYPE).map(str::to_string);
+            let body = read_body(req.into_body()).await?;
+            objects::update(
+                info,
+                res,
+                ns,
+                name.unwrap_or(""),
+                sub,
+                content_type.as_deref(),
+                &body,
+            )
+        }
+        ("patch", _) => {
+            let content_type = header_str(&req, header::CONTENT_TYPE).map(str::to_string);
+            let body = read_body(req.into_body()).await?;
+            objects::patch(
+                info,
+                res,
+                ns,
+                name.unwrap_or(""),
+                sub,
+                content_type.as_deref(),
+                &body,
+            )
+        }
+        ("delete", _) => {
+            let body = read_body(req.into_body()).await?;
+            objects::delete(info, res, ns, name.unwrap_or(""), &body)
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+/// The containers of a pod, by name.
+pub fn container_names(pod: &Value) -> Vec<String> {
+    pod["spec"]["containers"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|c| c["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Resolves `container=` for a pod: the named one (400 if unknown), or the only one (400 if the
+/// pod has several and none was named).
+pub fn resolve_container(pod: &Value, requested: Option<&str>) -> Result<String, ApiError> {
+    let pod_name = pod["metadata"]["name"].as_str().unwrap_or("");
+    let names = container_names(pod);
+    match requested.filter(|c| !c.is_empty()) {
+        Some(c) if names.iter().any(|n| n == c) => Ok(c.to_string()),
+        Some(c) => Err(ApiError::bad_request(format!(
+            "container {c} is not valid for pod {pod_name}"
+        ))),
+        None if names.len() == 1 => Ok(names[0].clone()),
+        None if names.is_empty() => Err(ApiError::bad_request(format!(
+            "pod {pod_name} does not have any containers"
+        ))),
+        None => Err(ApiError::bad_request(format!(
+            "a container name must be specified for pod {pod_name}, choose one of: [{}]",
+            names.join(" ")
+        ))),
+    }
+}
+
+fn stream_request(query: &Query, pod: &Value, kind: &str) -> Result<StreamRequest, ApiError> {
+    let namespace = pod["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let pod_name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
+    let stream_kind = match kind {
+        "exec" => StreamKind::Exec {
+            command: query.get_all("command"),
+        },
+        "attach" => StreamKind::Attach,
+        _ => {
+            let mut ports = Vec::new();
+            for value in query.get_all("ports") {
+                for port in value.split(',').filter(|p| !p.is_empty()) {
+                    let parsed: u16 = port
+                        .trim()
+                        .parse()
+                        .map_err(|_| ApiError::bad_request(format!("invalid port {port:?}")))?;
+                    ports.push(parsed);
+                }
+            }
+            StreamKind::PortForward { ports }
+        }
+    };
+    let container = if kind == "portforward" {
+        container_names(pod).into_iter().next().unwrap_or_default()
+    } else {
+        resolve_container(pod, query.get("container"))?
+    };
+    Ok(StreamRequest {
+        namespace,
+        pod: pod_name,
+        container,
+        kind: stream_kind,
+        stdin: query.flag("stdin"),
+        stdout: query.flag("stdout"),
+        stderr: query.flag("stderr"),
+        tty: query.flag("tty"),
+    })
+}

@@ -1,0 +1,81 @@
+//! The state of one simulated member cluster: its name, object store, accepted tokens, seeded
+//! nodes and tuning knobs. Shared (`Arc`) by its listener, every connection and the load tasks.
+//!
+//! Holds data only; behaviour lives in `api` (requests), `load` (seed and churn) and `server`.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::sim::auth::TokenAuthenticator;
+use crate::sim::store::Store;
+
+/// Knobs that tests and the CLI may turn; `Default` is what `start_fleet` uses.
+#[derive(Debug, Clone)]
+pub struct SimTuning {
+    /// Interval between lines of `pods/log?follow=true`.
+    pub log_interval: Duration,
+    /// How many past events each member keeps for watch resume (older RVs get 410 Expired).
+    pub history_window: usize,
+    /// Heartbeat BOOKMARK interval of watches with `allowWatchBookmarks=true`.
+    pub bookmark_interval: Duration,
+}
+
+impl Default for SimTuning {
+    fn default() -> Self {
+        Self {
+            log_interval: Duration::from_millis(200),
+            history_window: 10_000,
+            bookmark_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// One member cluster.
+pub struct Member {
+    /// `member1`, `member2`, ...
+    pub name: String,
+    pub store: Store,
+    pub tokens: TokenAuthenticator,
+    pub tuning: SimTuning,
+    /// Names of the seeded nodes, where new pods are "scheduled".
+    pub node_names: Vec<String>,
+    /// `127.0.0.1:port`, as `/api` reports it.
+    pub server_address: String,
+    next_ip: AtomicU32,
+}
+
+impl Member {
+    pub fn new(
+        name: String,
+        tokens: TokenAuthenticator,
+        tuning: SimTuning,
+        node_names: Vec<String>,
+        server_address: String,
+    ) -> Self {
+        let store = Store::new(tuning.history_window);
+        Self {
+            name,
+            store,
+            tokens,
+            tuning,
+            node_names,
+            server_address,
+            next_ip: AtomicU32::new(2),
+        }
+    }
+
+    /// A fresh address in the given /16 prefix (`10.244` for pods, `10.96` for services).
+    pub fn allocate_ip(&self, prefix: &str) -> String {
+        let n = self.next_ip.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}.{}.{}", (n >> 8) & 0xff, n & 0xff)
+    }
+
+    /// The node a new pod lands on (round robin by IP counter).
+    pub fn pick_node(&self) -> String {
+        let n = self.next_ip.load(Ordering::Relaxed) as usize;
+        self.node_names
+            .get(n % self.node_names.len().max(1))
+            .cloned()
+            .unwrap_or_else(|| format!("{}-node-1", self.name))
+    }
+}

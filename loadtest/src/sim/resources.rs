@@ -1,0 +1,318 @@
+//! The API resources a simulated member serves: one static table that both discovery
+//! (`/api/v1`, `/apis/<g>/<v>`) and the router read, so that what discovery advertises is exactly
+//! what the router serves.
+//!
+//! Pure data and lookups; never touches the store or the network. Called by `discovery` and `api`.
+
+use serde_json::{json, Value};
+
+/// One resource kind (a collection), e.g. core/v1 `pods`.
+#[derive(Debug)]
+pub struct ResourceInfo {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub plural: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    pub categories: &'static [&'static str],
+    /// Subresources the router serves (`status`, `log`, `exec`, ...).
+    pub subresources: &'static [Subresource],
+    /// Whether `metadata.generation` is kept (objects with a spec).
+    pub has_generation: bool,
+    pub storage_version_hash: &'static str,
+}
+
+/// A subresource as discovery lists it.
+#[derive(Debug)]
+pub struct Subresource {
+    pub name: &'static str,
+    pub kind: &'static str,
+    pub verbs: &'static [&'static str],
+}
+
+const OBJECT_VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+const NAMESPACE_VERBS: &[&str] = &[
+    "create", "delete", "get", "list", "patch", "update", "watch",
+];
+const STATUS_VERBS: &[&str] = &["get", "patch", "update"];
+
+const fn status(kind: &'static str) -> Subresource {
+    Subresource {
+        name: "status",
+        kind,
+        verbs: STATUS_VERBS,
+    }
+}
+
+/// Every resource served, in discovery order (alphabetical within a group, as the apiserver does).
+pub static RESOURCES: &[ResourceInfo] = &[
+    ResourceInfo {
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        kind: "ConfigMap",
+        namespaced: true,
+        short_names: &["cm"],
+        categories: &[],
+        subresources: &[],
+        has_generation: false,
+        storage_version_hash: "qFsyl6wFWjQ=",
+    },
+    ResourceInfo {
+        group: "",
+        version: "v1",
+        plural: "events",
+        kind: "Event",
+        namespaced: true,
+        short_names: &["ev"],
+        categories: &[],
+        subresources: &[],
+        has_generation: false,
+        storage_version_hash: "r2yiGXH7wu8=",
+    },
+    ResourceInfo {
+        group: "",
+        version: "v1",
+        plural: "namespaces",
+        kind: "Namespace",
+        namespaced: false,
+        short_names: &["ns"],
+        categories: &[],
+        subresources: &[status("Namespace")],
+        has_generation: false,
+        storage_version_hash: "Q3oi5N2YM8M=",
+    },
+    ResourceInfo {
+        group: "",
+        version: "v1",
+        plural: "nodes",
+        kind: "Node",
+        namespaced: false,
+        short_names: &["no"],
+        categories: &[],
+        subresources: &[status("Node")],
+        has_generation: false,
+        storage_version_hash: "XwShjMxG9Fs=",
+    },
+    ResourceInfo {
+        group: "",
+        version: "v1",
+        plural: "pods",
+        kind: "Pod",
+        namespaced: true,
+        short_names: &["po"],
+        categories: &["all"],
+        subresources: &[
+            Subresource {
+                name: "attach",
+                kind: "PodAttachOptions",
+                verbs: &["create", "get"],
+            },
+            Subresource {
+                name: "exec",
+                kind: "PodExecOptions",
+                verbs: &["create", "get"],
+            },
+            Subresource {
+                name: "log",
+                kind: "Pod",
+                verbs: &["get"],
+            },
+            Subresource {
+                name: "portforward",
+                kind: "PodPortForwardOptions",
+                verbs: &["create", "get"],
+            },
+            status("Pod"),
+        ],
+        has_generation: false,
+        storage_version_hash: "xPOwRZ+Yhw8=",
+    },
+    ResourceInfo {
+        group: "",
+        version: "v1",
+        plural: "secrets",
+        kind: "Secret",
+        namespaced: true,
+        short_names: &[],
+        categories: &[],
+        subresources: &[],
+        has_generation: false,
+        storage_version_hash: "S6u1pOWzb84=",
+    },
+    ResourceInfo {
+        group: "",
+        version: "v1",
+        plural: "services",
+        kind: "Service",
+        namespaced: true,
+        short_names: &["svc"],
+        categories: &["all"],
+        subresources: &[status("Service")],
+        has_generation: false,
+        storage_version_hash: "0/CO1lhkEBI=",
+    },
+    ResourceInfo {
+        group: "apps",
+        version: "v1",
+        plural: "deployments",
+        kind: "Deployment",
+        namespaced: true,
+        short_names: &["deploy"],
+        categories: &["all"],
+        subresources: &[status("Deployment")],
+        has_generation: true,
+        storage_version_hash: "8aSe+NMegvE=",
+    },
+    ResourceInfo {
+        group: "fleetgate.io",
+        version: "v1alpha1",
+        plural: "accesspolicies",
+        kind: "AccessPolicy",
+        namespaced: false,
+        short_names: &[],
+        categories: &["fleetgate"],
+        subresources: &[],
+        has_generation: true,
+        storage_version_hash: "",
+    },
+    ResourceInfo {
+        group: "fleetgate.io",
+        version: "v1alpha1",
+        plural: "clusters",
+        kind: "Cluster",
+        namespaced: false,
+        short_names: &[],
+        categories: &["fleetgate"],
+        subresources: &[],
+        has_generation: true,
+        storage_version_hash: "",
+    },
+    ResourceInfo {
+        group: "fleetgate.io",
+        version: "v1alpha1",
+        plural: "gateways",
+        kind: "Gateway",
+        namespaced: false,
+        short_names: &[],
+        categories: &["fleetgate"],
+        subresources: &[],
+        has_generation: true,
+        storage_version_hash: "",
+    },
+];
+
+impl ResourceInfo {
+    /// `v1` or `apps/v1`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The store's key for this resource's objects.
+    pub fn store_key(&self) -> &'static str {
+        self.plural
+    }
+
+    pub fn has_subresource(&self, name: &str) -> bool {
+        self.subresources.iter().any(|s| s.name == name)
+    }
+
+    /// Whether the object has a `status` that the main resource must not change.
+    pub fn has_status_subresource(&self) -> bool {
+        self.has_subresource("status")
+    }
+
+    /// The discovery entries (the resource, then its subresources).
+    pub fn discovery_entries(&self) -> Vec<Value> {
+        let mut main = json!({
+            "name": self.plural,
+            "singularName": "",
+            "namespaced": self.namespaced,
+            "kind": self.kind,
+            "verbs": if self.plural == "namespaces" { NAMESPACE_VERBS } else { OBJECT_VERBS },
+        });
+        if !self.short_names.is_empty() {
+            main["shortNames"] = json!(self.short_names);
+        }
+        if !self.categories.is_empty() {
+            main["categories"] = json!(self.categories);
+        }
+        if !self.storage_version_hash.is_empty() {
+            main["storageVersionHash"] = json!(self.storage_version_hash);
+        }
+        let mut entries = vec![main];
+        for sub in self.subresources {
+            entries.push(json!({
+                "name": format!("{}/{}", self.plural, sub.name),
+                "singularName": "",
+                "namespaced": self.namespaced,
+                "kind": sub.kind,
+                "verbs": sub.verbs,
+            }));
+        }
+        entries
+    }
+}
+
+/// The resource `plural` in `group`/`version`, if served.
+pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceInfo> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// The resource with `kind` in `group`, if served.
+pub fn find_kind(group: &str, kind: &str) -> Option<&'static ResourceInfo> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.kind == kind)
+}
+
+/// Groups besides core with the resources the store serves, plus the review-only groups.
+/// (group, version) in the order `/apis` lists them.
+pub static GROUP_VERSIONS: &[(&str, &str)] = &[
+    ("apps", "v1"),
+    ("authentication.k8s.io", "v1"),
+    ("authorization.k8s.io", "v1"),
+    ("fleetgate.io", "v1alpha1"),
+];
+
+/// Whether `/apis/<group>` exists.
+pub fn group_exists(group: &str) -> bool {
+    GROUP_VERSIONS.iter().any(|(g, _)| *g == group)
+}
+
+/// Whether `/apis/<group>/<version>` exists.
+pub fn group_version_exists(group: &str, version: &str) -> bool {
+    (group.is_empty() && version == "v1")
+        || GROUP_VERSIONS
+            .iter()
+            .any(|(g, v)| *g == group && *v == version)
+}
+
+/// Discovery entries of the review-only groups (they have no stored objects).
+pub fn review_entries(group: &str) -> Vec<Value> {
+    match group {
+        "authentication.k8s.io" => vec![
+            json!({"name":"selfsubjectreviews","singularName":"","namespaced":false,"kind":"SelfSubjectReview","verbs":["create"]}),
+        ],
+        "authorization.k8s.io" => vec![
+            json!({"name":"selfsubjectaccessreviews","singularName":"","namespaced":false,"kind":"SelfSubjectAccessReview","verbs":["create"]}),
+        ],
+        _ => Vec::new(),
+    }
+}

@@ -1,0 +1,337 @@
+//! Label and field selectors as the kube-apiserver parses them (`labelSelector=`,
+//! `fieldSelector=`), and matching them against stored objects.
+//!
+//! Pure functions; parse errors carry the apiserver's message so the router can return the same
+//! 400. Called by the router (`api`) for list, watch and deletecollection.
+
+use serde_json::Value;
+
+/// A parse error, with the message the apiserver would print.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct SelectorError(pub String);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LabelOp {
+    Equals(String),
+    NotEquals(String),
+    In(Vec<String>),
+    NotIn(Vec<String>),
+    Exists,
+    DoesNotExist,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LabelRequirement {
+    key: String,
+    op: LabelOp,
+}
+
+/// A parsed label selector; empty matches everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LabelSelector {
+    requirements: Vec<LabelRequirement>,
+}
+
+fn is_key_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/')
+}
+
+fn is_value_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')
+}
+
+impl LabelSelector {
+    pub fn parse(input: &str) -> Result<Self, SelectorError> {
+        let mut requirements = Vec::new();
+        let chars: Vec<char> = input.chars().collect();
+        let mut pos = 0;
+        let skip_ws = |pos: &mut usize| {
+            while *pos < chars.len() && chars[*pos] == ' ' {
+                *pos += 1;
+            }
+        };
+        let read_while = |pos: &mut usize, f: fn(char) -> bool| {
+            let start = *pos;
+            while *pos < chars.len() && f(chars[*pos]) {
+                *pos += 1;
+            }
+            chars[start..*pos].iter().collect::<String>()
+        };
+        skip_ws(&mut pos);
+        if pos == chars.len() {
+            return Ok(Self::default());
+        }
+        loop {
+            skip_ws(&mut pos);
+            let negated = pos < chars.len() && chars[pos] == '!';
+            if negated {
+                pos += 1;
+                skip_ws(&mut pos);
+            }
+            let key = read_while(&mut pos, is_key_char);
+            if key.is_empty() {
+                let found = chars
+                    .get(pos)
+                    .map_or("EOS".to_string(), |c| format!("'{c}'"));
+                return Err(SelectorError(format!(
+                    "unable to parse requirement: found {found}, expected: identifier"
+                )));
+            }
+            skip_ws(&mut pos);
+            let op = if negated {
+                LabelOp::DoesNotExist
+            } else if pos >= chars.len() || chars[pos] == ',' {
+                LabelOp::Exists
+            } else if chars[pos..].starts_with(&['!', '=']) {
+                pos += 2;
+                LabelOp::NotEquals(Self::value(&chars, &mut pos)?)
+            } else if chars[pos..].starts_with(&['=', '=']) {
+                pos += 2;
+                LabelOp::Equals(Self::value(&chars, &mut pos)?)
+            } else if chars[pos] == '=' {
+                pos += 1;
+                LabelOp::Equals(Self::value(&chars, &mut pos)?)
+            } else {
+                let word = read_while(&mut pos, |c| c.is_ascii_alphabetic());
+                let values = match word.as_str() {
+                    "in" | "notin" => Self::set(&chars, &mut pos)?,
+                    _ => {
+                        return Err(SelectorError(format!(
+                            "unable to parse requirement: found '{word}', expected: in, notin, =, ==, !=, gt, lt"
+                        )))
+                    }
+                };
+                if word == "in" {
+                    LabelOp::In(values)
+                } else {
+                    LabelOp::NotIn(values)
+                }
+            };
+            requirements.push(LabelRequirement { key, op });
+            skip_ws(&mut pos);
+            if pos >= chars.len() {
+                break;
+            }
+            if chars[pos] != ',' {
+                return Err(SelectorError(format!(
+                    "found '{}', expected: ',' or 'end of string'",
+                    chars[pos]
+                )));
+            }
+            pos += 1;
+        }
+        Ok(Self { requirements })
+    }
+
+    fn value(chars: &[char], pos: &mut usize) -> Result<String, SelectorError> {
+        while *pos < chars.len() && chars[*pos] == ' ' {
+            *pos += 1;
+        }
+        let start = *pos;
+        while *pos < chars.len() && is_value_char(chars[*pos]) {
+            *pos += 1;
+        }
+        if *pos < chars.len() && !matches!(chars[*pos], ',' | ' ') {
+            return Err(SelectorError(format!(
+                "unable to parse requirement: found '{}', expected: identifier",
+                chars[*pos]
+            )));
+        }
+        Ok(chars[start..*pos].iter().collect())
+    }
+
+    fn set(chars: &[char], pos: &mut usize) -> Result<Vec<String>, SelectorError> {
+        while *pos < chars.len() && chars[*pos] == ' ' {
+            *pos += 1;
+        }
+        if chars.get(*pos) != Some(&'(') {
+            return Err(SelectorError(
+                "unable to parse requirement: found EOS, expected: '('".into(),
+            ));
+        }
+        *pos += 1;
+        let mut values = Vec::new();
+        loop {
+            while *pos < chars.len() && chars[*pos] == ' ' {
+                *pos += 1;
+            }
+            let start = *pos;
+            while *pos < chars.len() && is_value_char(chars[*pos]) {
+                *pos += 1;
+            }
+            values.push(chars[start..*pos].iter().collect());
+            while *pos < chars.len() && chars[*pos] == ' ' {
+                *pos += 1;
+            }
+            match chars.get(*pos) {
+                Some(',') => *pos += 1,
+                Some(')') => {
+                    *pos += 1;
+                    return Ok(values);
+                }
+                other => {
+                    return Err(SelectorError(format!(
+                        "found '{}', expected: ',' or ')'",
+                        other.map_or("EOS".to_string(), |c| c.to_string())
+                    )))
+                }
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+
+    /// Whether an object's `metadata.labels` satisfy every requirement.
+    pub fn matches(&self, object: &Value) -> bool {
+        let labels = &object["metadata"]["labels"];
+        self.requirements.iter().all(|req| {
+            let value = labels.get(&req.key).and_then(Value::as_str);
+            match &req.op {
+                LabelOp::Exists => value.is_some(),
+                LabelOp::DoesNotExist => value.is_none(),
+                LabelOp::Equals(v) => value == Some(v.as_str()),
+                LabelOp::NotEquals(v) => value != Some(v.as_str()),
+                LabelOp::In(set) => value.is_some_and(|x| set.iter().any(|s| s == x)),
+                LabelOp::NotIn(set) => value.is_none_or(|x| !set.iter().any(|s| s == x)),
+            }
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FieldRequirement {
+    path: &'static [&'static str],
+    value: String,
+    equal: bool,
+}
+
+/// A parsed field selector for one resource; empty matches everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FieldSelector {
+    requirements: Vec<FieldRequirement>,
+}
+
+impl FieldSelector {
+    /// Parses `input` for `resource` (which decides the supported fields).
+    pub fn parse(input: &str, resource: &str) -> Result<Self, SelectorError> {
+        let mut requirements = Vec::new();
+        for term in input.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let (field, value, equal) = if let Some((f, v)) = term.split_once("!=") {
+                (f, v, false)
+            } else if let Some((f, v)) = term.split_once("==") {
+                (f, v, true)
+            } else if let Some((f, v)) = term.split_once('=') {
+                (f, v, true)
+            } else {
+                return Err(SelectorError(format!(
+                    "invalid selector: '{input}'; can't understand '{term}'"
+                )));
+            };
+            let path: &'static [&'static str] = match (field.trim(), resource) {
+                ("metadata.name", _) => &["metadata", "name"],
+                ("metadata.namespace", _) => &["metadata", "namespace"],
+                ("spec.nodeName", "pods") => &["spec", "nodeName"],
+                ("status.phase", "pods") | ("status.phase", "namespaces") => &["status", "phase"],
+                ("type", "secrets") => &["type"],
+                ("involvedObject.name", "events") => &["involvedObject", "name"],
+                ("involvedObject.kind", "events") => &["involvedObject", "kind"],
+                (other, "pods") => {
+                    return Err(SelectorError(format!(
+                        "{other:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\", \"spec.nodeName\", \"status.phase\""
+                    )))
+                }
+                (other, _) => {
+                    return Err(SelectorError(format!(
+                        "{other:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+                    )))
+                }
+            };
+            requirements.push(FieldRequirement {
+                path,
+                value: value.trim().to_string(),
+                equal,
+            });
+        }
+        Ok(Self { requirements })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+
+    /// The single name an `metadata.name=X` selector pins, if any (for `get NAME -w`).
+    pub fn pinned_name(&self) -> Option<&str> {
+        self.requirements
+            .iter()
+            .find(|r| r.equal && r.path == ["metadata", "name"])
+            .map(|r| r.value.as_str())
+    }
+
+    pub fn matches(&self, object: &Value) -> bool {
+        self.requirements.iter().all(|req| {
+            let mut node = object;
+            for part in req.path {
+                node = &node[*part];
+            }
+            let actual = node.as_str().unwrap_or("");
+            (actual == req.value) == req.equal
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(labels: Value) -> Value {
+        json!({"metadata":{"name":"x","namespace":"ns","labels":labels}})
+    }
+
+    #[test]
+    fn label_operators() {
+        let o = obj(json!({"app":"web","tier":"config"}));
+        for (sel, want) in [
+            ("app=web", true),
+            ("app==web", true),
+            ("app!=web", false),
+            ("tier in (config,other)", true),
+            ("tier notin (config)", false),
+            ("app", true),
+            ("!app", false),
+            ("!missing", true),
+            ("app=web,tier=config", true),
+            ("app=web,tier=x", false),
+        ] {
+            assert_eq!(
+                LabelSelector::parse(sel).unwrap().matches(&o),
+                want,
+                "{sel}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_label_selector_is_an_error() {
+        let err = LabelSelector::parse("app===x!").unwrap_err();
+        assert_eq!(
+            err.0,
+            "unable to parse requirement: found '=', expected: identifier"
+        );
+    }
+
+    #[test]
+    fn field_selector_on_pods() {
+        let pod = json!({"metadata":{"name":"p","namespace":"ns"},"spec":{"nodeName":"n1"}});
+        assert!(FieldSelector::parse("spec.nodeName=n1", "pods")
+            .unwrap()
+            .matches(&pod));
+        assert!(!FieldSelector::parse("spec.nodeName!=n1", "pods")
+            .unwrap()
+            .matches(&pod));
+        assert!(FieldSelector::parse("data.k1=v1", "configmaps").is_err());
+    }
+}

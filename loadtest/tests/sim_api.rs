@@ -1,0 +1,588 @@
+//! The simulated members as kubectl sees them: every output format, apply (client-side and
+//! server-side), the three patch types, delete, `get -w`, `logs -f`, `auth whoami` with
+//! impersonation, real 403s, bad input and paging. Each test starts its own fleet.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{kubectl_stdin, ok_stdout, stderr, LineReader, TestFleet};
+
+const CONFIGMAP_YAML: &str = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: app-config
+  namespace: default
+  labels:
+    app: demo
+data:
+  color: blue
+";
+
+#[test]
+fn get_in_every_output_format() {
+    let fleet = TestFleet::start(1);
+    // Default table of pods: the seeded Running pod with its columns.
+    let table = ok_stdout(&fleet.kubectl(&["get", "pods", "-n", "default"]));
+    let header = table.lines().next().unwrap_or("");
+    for column in ["NAME", "READY", "STATUS", "RESTARTS", "AGE"] {
+        assert!(header.contains(column), "missing {column} in {table}");
+    }
+    assert!(
+        table.contains("hello") && table.contains("1/1") && table.contains("Running"),
+        "{table}"
+    );
+
+    let wide = ok_stdout(&fleet.kubectl(&["get", "pods", "-n", "default", "-o", "wide"]));
+    assert!(
+        wide.contains("NODE") && wide.contains("member1-node-1") && wide.contains("10.244."),
+        "{wide}"
+    );
+
+    let nodes = ok_stdout(&fleet.kubectl(&["get", "nodes"]));
+    assert!(
+        nodes.contains("member1-node-3") && nodes.contains("Ready"),
+        "{nodes}"
+    );
+    let namespaces = ok_stdout(&fleet.kubectl(&["get", "ns"]));
+    for ns in ["default", "kube-system", "kube-public", "Active"] {
+        assert!(namespaces.contains(ns), "{namespaces}");
+    }
+
+    let json_out =
+        ok_stdout(&fleet.kubectl(&["get", "pod", "hello", "-n", "default", "-o", "json"]));
+    let pod: serde_json::Value = serde_json::from_str(&json_out).expect("pod JSON");
+    assert_eq!(pod["kind"], "Pod");
+    assert_eq!(pod["status"]["phase"], "Running");
+
+    let yaml_out =
+        ok_stdout(&fleet.kubectl(&["get", "svc", "kubernetes", "-n", "default", "-o", "yaml"]));
+    assert!(
+        yaml_out.contains("kind: Service") && yaml_out.contains("clusterIP: 10.96.0.1"),
+        "{yaml_out}"
+    );
+
+    let names = ok_stdout(&fleet.kubectl(&["get", "ns", "-o", "name"]));
+    assert!(
+        names.lines().any(|l| l == "namespace/kube-system"),
+        "{names}"
+    );
+
+    let jsonpath = ok_stdout(&fleet.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={.items[*].spec.nodeName}",
+    ]));
+    assert_eq!(jsonpath.trim(), "member1-node-1");
+
+    let columns = ok_stdout(&fleet.kubectl(&[
+        "get",
+        "nodes",
+        "-o",
+        "custom-columns=N:.metadata.name,IP:.status.addresses[0].address",
+    ]));
+    assert!(
+        columns.starts_with("N") && columns.contains("10.0.0.10"),
+        "{columns}"
+    );
+
+    // Other kinds with their own columns.
+    let deploy = kubectl_stdin(
+        &fleet,
+        &["apply", "-f", "-"],
+        "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: default
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: web
+        image: nginx:1.27
+",
+    );
+    ok_stdout(&deploy);
+    let deployments = ok_stdout(&fleet.kubectl(&["get", "deploy", "-n", "default"]));
+    assert!(
+        deployments.contains("UP-TO-DATE") && deployments.contains("2/2"),
+        "{deployments}"
+    );
+}
+
+#[test]
+fn apply_client_side_then_server_side() {
+    let fleet = TestFleet::start(1);
+    let created = kubectl_stdin(&fleet, &["apply", "-f", "-"], CONFIGMAP_YAML);
+    assert!(ok_stdout(&created).contains("configmap/app-config created"));
+
+    let changed = CONFIGMAP_YAML.replace("color: blue", "color: green");
+    let configured = kubectl_stdin(&fleet, &["apply", "-f", "-"], &changed);
+    assert!(ok_stdout(&configured).contains("configmap/app-config configured"));
+    let color = ok_stdout(&fleet.kubectl(&[
+        "get",
+        "cm",
+        "app-config",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={.data.color}",
+    ]));
+    assert_eq!(color, "green");
+
+    let server_side = CONFIGMAP_YAML.replace("app-config", "ssa-config");
+    let applied = kubectl_stdin(&fleet, &["apply", "--server-side", "-f", "-"], &server_side);
+    assert!(ok_stdout(&applied).contains("configmap/ssa-config serverside-applied"));
+    let again = kubectl_stdin(
+        &fleet,
+        &["apply", "--server-side", "-f", "-"],
+        &server_side.replace("color: blue", "color: red"),
+    );
+    ok_stdout(&again);
+    let color = ok_stdout(&fleet.kubectl(&[
+        "get",
+        "cm",
+        "ssa-config",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={.data.color}",
+    ]));
+    assert_eq!(color, "red");
+}
+
+#[test]
+fn patch_with_merge_strategic_and_json() {
+    let fleet = TestFleet::start(1);
+    ok_stdout(&kubectl_stdin(
+        &fleet,
+        &["apply", "-f", "-"],
+        CONFIGMAP_YAML,
+    ));
+    ok_stdout(&fleet.kubectl(&[
+        "patch",
+        "cm",
+        "app-config",
+        "-n",
+        "default",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"size":"L"}}"#,
+    ]));
+    ok_stdout(&fleet.kubectl(&[
+        "patch",
+        "cm",
+        "app-config",
+        "-n",
+        "default",
+        "--type",
+        "strategic",
+        "-p",
+        r#"{"metadata":{"labels":{"patched":"smp"}}}"#,
+    ]));
+    ok_stdout(&fleet.kubectl(&[
+        "patch",
+        "cm",
+        "app-config",
+        "-n",
+        "default",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/data/color","value":"black"}]"#,
+    ]));
+    let out =
+        ok_stdout(&fleet.kubectl(&["get", "cm", "app-config", "-n", "default", "-o", "json"]));
+    let cm: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(cm["data"]["size"], "L");
+    assert_eq!(cm["data"]["color"], "black");
+    assert_eq!(cm["metadata"]["labels"]["patched"], "smp");
+    assert_eq!(cm["metadata"]["labels"]["app"], "demo");
+
+    // Strategic merge of a pod's containers merges by name.
+    ok_stdout(&fleet.kubectl(&[
+        "patch",
+        "pod",
+        "hello",
+        "-n",
+        "default",
+        "--type",
+        "strategic",
+        "-p",
+        r#"{"spec":{"containers":[{"name":"main","image":"busybox:1.38"}]}}"#,
+    ]));
+    let image = ok_stdout(&fleet.kubectl(&[
+        "get",
+        "pod",
+        "hello",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={.spec.containers[0].image}",
+    ]));
+    assert_eq!(image, "busybox:1.38");
+
+    // A json patch whose test fails is a 422 that kubectl reports.
+    let failed = fleet.kubectl(&[
+        "patch",
+        "cm",
+        "app-config",
+        "-n",
+        "default",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"test","path":"/data/color","value":"WRONG"}]"#,
+    ]);
+    assert!(!failed.status.success());
+    assert!(
+        stderr(&failed).contains("the server rejected our request"),
+        "{}",
+        stderr(&failed)
+    );
+}
+
+#[test]
+fn delete_removes_the_object() {
+    let fleet = TestFleet::start(1);
+    ok_stdout(&kubectl_stdin(
+        &fleet,
+        &["apply", "-f", "-"],
+        CONFIGMAP_YAML,
+    ));
+    let out = ok_stdout(&fleet.kubectl(&["delete", "cm", "app-config", "-n", "default"]));
+    assert!(out.contains("configmap \"app-config\" deleted"), "{out}");
+    let gone = fleet.kubectl(&["get", "cm", "app-config", "-n", "default"]);
+    assert!(!gone.status.success());
+    assert!(
+        stderr(&gone).contains("configmaps \"app-config\" not found"),
+        "{}",
+        stderr(&gone)
+    );
+    // Pods and namespaces go too (the sim deletes at once).
+    ok_stdout(&fleet.kubectl(&["delete", "pod", "hello", "-n", "default"]));
+    ok_stdout(&fleet.kubectl(&["create", "namespace", "scratch"]));
+    ok_stdout(&fleet.kubectl(&["delete", "namespace", "scratch"]));
+    let ns = fleet.kubectl(&["get", "ns", "scratch"]);
+    assert!(!ns.status.success());
+}
+
+#[test]
+fn get_watch_shows_a_change_made_by_another_client() {
+    let fleet = TestFleet::start(1);
+    ok_stdout(&kubectl_stdin(
+        &fleet,
+        &["apply", "-f", "-"],
+        CONFIGMAP_YAML,
+    ));
+    let mut watch = fleet.kubectl_spawn(&["get", "cm", "-n", "default", "-w"]);
+    let mut lines = LineReader::new(watch.stdout.take().expect("stdout"));
+    lines.wait_line("the initial row", Duration::from_secs(20), |l| {
+        l.starts_with("app-config")
+    });
+    // Another client (a second kubectl) creates an object; the watch prints it.
+    ok_stdout(&fleet.kubectl(&[
+        "create",
+        "cm",
+        "from-other-client",
+        "-n",
+        "default",
+        "--from-literal=a=b",
+    ]));
+    let row = lines.wait_line("the new object's row", Duration::from_secs(20), |l| {
+        l.starts_with("from-other-client")
+    });
+    assert!(row.contains('1'), "DATA column: {row}");
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
+
+#[test]
+fn logs_and_follow() {
+    let fleet = TestFleet::start(1);
+    let logs = ok_stdout(&fleet.kubectl(&["logs", "hello", "-n", "default"]));
+    assert!(
+        logs.contains("log line 1 from default/hello container main"),
+        "{logs}"
+    );
+    let tail = ok_stdout(&fleet.kubectl(&["logs", "hello", "-n", "default", "--tail=2"]));
+    assert_eq!(tail.lines().count(), 2, "{tail}");
+    let bad = fleet.kubectl(&["logs", "hello", "-n", "default", "-c", "nope"]);
+    assert!(
+        stderr(&bad).contains("container nope is not valid for pod hello"),
+        "{}",
+        stderr(&bad)
+    );
+
+    let mut follow = fleet.kubectl_spawn(&["logs", "-f", "hello", "-n", "default"]);
+    let mut lines = LineReader::new(follow.stdout.take().expect("stdout"));
+    // Lines keep arriving after the initial five.
+    lines.wait_line("line 7", Duration::from_secs(20), |l| {
+        l.starts_with("log line 7 ")
+    });
+    lines.wait_line("line 9", Duration::from_secs(20), |l| {
+        l.starts_with("log line 9 ")
+    });
+    let _ = follow.kill();
+    let _ = follow.wait();
+}
+
+#[test]
+fn auth_whoami_and_impersonation() {
+    let fleet = TestFleet::start(1);
+    let me = ok_stdout(&fleet.kubectl(&["auth", "whoami", "-o", "json"]));
+    let review: serde_json::Value = serde_json::from_str(&me).expect("JSON");
+    assert_eq!(review["status"]["userInfo"]["username"], "admin");
+    let groups = review["status"]["userInfo"]["groups"].to_string();
+    assert!(
+        groups.contains("system:masters") && groups.contains("system:authenticated"),
+        "{groups}"
+    );
+
+    let as_bob =
+        ok_stdout(&fleet.kubectl(&["auth", "whoami", "--as", "bob", "--as-group", "devs"]));
+    assert!(
+        as_bob.contains("bob") && as_bob.contains("devs"),
+        "{as_bob}"
+    );
+
+    // bob may read configmaps but not pods.
+    ok_stdout(&fleet.kubectl(&["get", "cm", "-n", "default", "--as", "bob"]));
+    let pods = fleet.kubectl(&["get", "pods", "-n", "default", "--as", "bob"]);
+    assert!(
+        stderr(&pods).contains("User \"bob\" cannot list resource \"pods\""),
+        "{}",
+        stderr(&pods)
+    );
+
+    // alice (token) may not impersonate anyone.
+    let alice_kubeconfig = alice_kubeconfig(&fleet);
+    let denied = common::kubectl_with(
+        &alice_kubeconfig,
+        &fleet.cache_dir(),
+        &["auth", "whoami", "--as", "bob"],
+        &[],
+    );
+    assert!(!denied.status.success());
+    assert!(
+        stderr(&denied).contains("User \"alice\" cannot impersonate resource \"users\""),
+        "{}",
+        stderr(&denied)
+    );
+}
+
+/// A kubeconfig for member1 authenticating as alice with her token.
+fn alice_kubeconfig(fleet: &TestFleet) -> std::path::PathBuf {
+    let path = fleet.tempdir.path().join("alice.kubeconfig");
+    let ca = fleet.dir().join("pki/fleet-ca.crt");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: m\n  cluster:\n    server: {}\n    certificate-authority: {}\ncontexts:\n- name: m\n  context: {{cluster: m, user: alice}}\ncurrent-context: m\nusers:\n- name: alice\n  user:\n    token: {}\n",
+        fleet.member_url(0),
+        ca.display(),
+        fleet.token("alice")
+    );
+    std::fs::write(&path, text).expect("write kubeconfig");
+    path
+}
+
+#[test]
+fn alice_is_forbidden_outside_dev() {
+    let fleet = TestFleet::start(1);
+    let kubeconfig = alice_kubeconfig(&fleet);
+    let allowed = common::kubectl_with(
+        &kubeconfig,
+        &fleet.cache_dir(),
+        &["get", "pods", "-n", "dev"],
+        &[],
+    );
+    assert!(allowed.status.success(), "{}", stderr(&allowed));
+    let denied = common::kubectl_with(
+        &kubeconfig,
+        &fleet.cache_dir(),
+        &["get", "pods", "-n", "default"],
+        &[],
+    );
+    assert!(!denied.status.success());
+    assert!(
+        stderr(&denied).contains(
+            "pods is forbidden: User \"alice\" cannot list resource \"pods\" in API group \"\" in the namespace \"default\""
+        ),
+        "{}",
+        stderr(&denied)
+    );
+    let create = common::kubectl_with(
+        &kubeconfig,
+        &fleet.cache_dir(),
+        &["create", "cm", "x", "-n", "dev"],
+        &[],
+    );
+    assert!(
+        stderr(&create).contains("cannot create resource \"configmaps\""),
+        "{}",
+        stderr(&create)
+    );
+}
+
+#[test]
+fn bad_input_gets_kubernetes_errors() {
+    let fleet = TestFleet::start(1);
+    let malformed = kubectl_stdin(
+        &fleet,
+        &[
+            "create",
+            "--raw",
+            "/api/v1/namespaces/default/configmaps",
+            "-f",
+            "-",
+        ],
+        r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"broken""#,
+    );
+    assert!(!malformed.status.success());
+    let err = stderr(&malformed);
+    assert!(err.contains("BadRequest") || err.contains("400"), "{err}");
+    assert!(err.contains("json parse error"), "{err}");
+
+    let unknown = fleet.kubectl(&["get", "widgets"]);
+    assert!(!unknown.status.success());
+    assert!(
+        stderr(&unknown).contains("the server doesn't have a resource type \"widgets\""),
+        "{}",
+        stderr(&unknown)
+    );
+    let missing_ns = fleet.kubectl(&["create", "cm", "x", "-n", "no-such-namespace"]);
+    assert!(
+        stderr(&missing_ns).contains("namespaces \"no-such-namespace\" not found"),
+        "{}",
+        stderr(&missing_ns)
+    );
+}
+
+#[test]
+fn paging_with_chunk_size() {
+    let fleet = TestFleet::start_with(1, 50, 0.0, Default::default());
+    let out = ok_stdout(&fleet.kubectl(&[
+        "get",
+        "cm",
+        "-A",
+        "--chunk-size=7",
+        "-l",
+        "fleetgate.io/load=true",
+        "-o",
+        "name",
+    ]));
+    assert_eq!(out.lines().count(), 50, "{out}");
+    let verbose = fleet.kubectl(&["get", "cm", "-n", "load-3", "--chunk-size=2", "-v=6"]);
+    let trace = stderr(&verbose);
+    assert!(
+        trace.contains("continue="),
+        "kubectl followed continue tokens: {trace}"
+    );
+    assert_eq!(ok_stdout(&verbose).lines().count(), 6, "header + 5 rows");
+}
+
+#[test]
+fn generated_files_follow_the_contract() {
+    let fleet = TestFleet::start(2);
+    let dir = fleet.dir();
+    for file in [
+        "kubeconfig",
+        "gateway.yaml",
+        "gateway.kubeconfig",
+        "clusters/member1.yaml",
+        "clusters/member2.yaml",
+        "users/tokens.csv",
+        "users/alice.crt",
+        "users/alice.key",
+        "users/alice.token",
+        "pki/fleet-ca.crt",
+        "pki/gateway-ca.crt",
+    ] {
+        assert!(dir.join(file).is_file(), "{file} missing");
+    }
+    let contexts = ok_stdout(&fleet.kubectl(&["config", "get-contexts", "-o", "name"]));
+    assert_eq!(
+        contexts.lines().collect::<Vec<_>>(),
+        vec!["member1", "member2"]
+    );
+    let node = ok_stdout(&fleet.kubectl(&["--context", "member2", "get", "nodes", "-o", "name"]));
+    assert!(node.contains("member2-node-1"), "{node}");
+    let csv = std::fs::read_to_string(dir.join("users/tokens.csv")).expect("tokens.csv");
+    assert!(
+        csv.lines().any(|l| l.contains(",alice,alice-uid,\"devs\"")),
+        "{csv}"
+    );
+    let cluster = std::fs::read_to_string(dir.join("clusters/member1.yaml")).expect("cluster");
+    assert!(
+        cluster.contains("kind: Cluster") && cluster.contains(&fleet.member_url(0)),
+        "{cluster}"
+    );
+
+    // The Cluster object's token may impersonate (what the gateway does) but nothing else.
+    let token = cluster
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .expect("token")
+        .trim_matches('\'')
+        .trim_matches('"')
+        .to_string();
+    let path = fleet.tempdir.path().join("gw.kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: m\n  cluster:\n    server: {}\n    certificate-authority: {}\ncontexts:\n- name: m\n  context: {{cluster: m, user: gw}}\ncurrent-context: m\nusers:\n- name: gw\n  user:\n    token: {token}\n",
+            fleet.member_url(0),
+            dir.join("pki/fleet-ca.crt").display()
+        ),
+    )
+    .expect("kubeconfig");
+    let as_self = common::kubectl_with(
+        &path,
+        &fleet.cache_dir(),
+        &["get", "cm", "-n", "default"],
+        &[],
+    );
+    assert!(
+        stderr(&as_self).contains("User \"fleetgate-gateway\" cannot list"),
+        "{}",
+        stderr(&as_self)
+    );
+    let as_admin = common::kubectl_with(
+        &path,
+        &fleet.cache_dir(),
+        &[
+            "get",
+            "cm",
+            "-n",
+            "default",
+            "--as",
+            "admin",
+            "--as-group",
+            "system:masters",
+        ],
+        &[],
+    );
+    assert!(as_admin.status.success(), "{}", stderr(&as_admin));
+}
+
+#[test]
+fn stop_member_closes_only_that_member() {
+    let fleet = TestFleet::start(2);
+    ok_stdout(&fleet.kubectl(&["--context", "member1", "get", "ns"]));
+    let addr = fleet.handle().member_addrs()[0];
+    fleet.runtime.block_on(fleet.handle().stop_member(0));
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "member1 still accepts connections"
+    );
+    ok_stdout(&fleet.kubectl(&["--context", "member2", "get", "ns"]));
+}
