@@ -245,13 +245,8 @@ where
     )
     .await
     {
-        Ok(next) => {
-            if close {
-                Next::Close
-            } else {
-                next
-            }
-        }
+        // The body was read: whether to keep the connection is the client's and member's call.
+        Ok(next) => next,
         Err(Failure::Answer(err)) => {
             let code = err.code_and_reason().0;
             ctx.metrics

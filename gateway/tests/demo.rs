@@ -1,0 +1,165 @@
+//! `fleetgate demo` as a newcomer runs it: one command, then kubectl with the kubeconfig it wrote,
+//! reaching every simulated member through the gateway, and a clean stop on SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn kubectl(
+    kubeconfig: &std::path::Path,
+    cache: &std::path::Path,
+    args: &[&str],
+) -> std::process::Output {
+    Command::new("/usr/bin/kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--cache-dir")
+        .arg(cache)
+        .args(args)
+        .output()
+        .expect("kubectl runs")
+}
+
+#[test]
+fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut demo = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+        .args([
+            "demo",
+            "--clusters",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for the ready line (the demo's readiness signal), bounded by the process itself.
+    let mut lines = BufReader::new(demo.stdout.take().unwrap()).lines();
+    let ready = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("ready"))
+        .expect("demo printed a ready line");
+    std::thread::spawn(move || for _ in lines {});
+    assert!(ready.contains("https://127.0.0.1:"), "{ready}");
+
+    let kubeconfig = dir.path().join("kubeconfig");
+    let cache = dir.path().join("kube-cache");
+    let config = std::fs::read_to_string(&kubeconfig).unwrap();
+    assert!(
+        !config.contains("127.0.0.1:0/"),
+        "the kubeconfig names the bound port:\n{config}"
+    );
+    assert!(config.contains("current-context: member1"), "{config}");
+
+    for context in ["member1", "member2"] {
+        let out = kubectl(
+            &kubeconfig,
+            &cache,
+            &["--context", context, "get", "namespaces", "-o", "name"],
+        );
+        assert!(
+            out.status.success(),
+            "{context}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let names = String::from_utf8_lossy(&out.stdout);
+        assert!(names.contains("namespace/default"), "{context}: {names}");
+        let server = kubectl(
+            &kubeconfig,
+            &cache,
+            &[
+                "--context",
+                context,
+                "config",
+                "view",
+                "--minify",
+                "-o",
+                "jsonpath={.clusters[0].cluster.server}",
+            ],
+        );
+        let server = String::from_utf8_lossy(&server.stdout);
+        assert!(
+            server.ends_with(&format!("/clusters/{context}")),
+            "{context} goes through the gateway: {server}"
+        );
+    }
+    // The member sees the user the gateway authenticated, not the gateway's own credential.
+    let whoami = kubectl(
+        &kubeconfig,
+        &cache,
+        &[
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ],
+    );
+    assert!(
+        whoami.status.success(),
+        "{}",
+        String::from_utf8_lossy(&whoami.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&whoami.stdout), "admin");
+    // A write through the gateway lands on that member only.
+    let out = kubectl(
+        &kubeconfig,
+        &cache,
+        &[
+            "--context",
+            "member2",
+            "create",
+            "configmap",
+            "demo-only-on-2",
+            "--from-literal=a=b",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let on1 = kubectl(
+        &kubeconfig,
+        &cache,
+        &["--context", "member1", "get", "configmap", "demo-only-on-2"],
+    );
+    assert!(!on1.status.success());
+    assert!(
+        String::from_utf8_lossy(&on1.stderr).contains("NotFound"),
+        "{}",
+        String::from_utf8_lossy(&on1.stderr)
+    );
+
+    // SIGTERM stops the demo, gateway included, promptly and cleanly.
+    let pid = demo.id() as libc::pid_t;
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) on our own child's pid with a valid signal touches no memory.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = demo.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "demo did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "demo exit: {status}");
+    let after = kubectl(
+        &kubeconfig,
+        &cache,
+        &["get", "namespaces", "--request-timeout=2s"],
+    );
+    assert!(
+        !after.status.success(),
+        "the gateway is gone after the demo stops"
+    );
+}

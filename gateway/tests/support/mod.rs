@@ -1,0 +1,598 @@
+//! Test harness for the gateway's socket-level tests: a generated PKI, a recording raw-HTTP
+//! upstream ("member") whose behaviour depends on the path, the real `fleetgate serve` process
+//! with a config written for them, and TLS / plaintext clients that speak raw bytes.
+//!
+//! Readiness is always a signal (the `ready` line, a bound listener), never a sleep; ports are
+//! always 127.0.0.1:0.
+
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::broadcast;
+
+/// A CA, the gateway's serving certificate and client certificates it signed.
+pub struct Pki {
+    pub ca_pem: String,
+    pub serving_cert_pem: String,
+    pub serving_key_pem: String,
+    pub client_cert_pem: String,
+    pub client_key_pem: String,
+}
+
+impl Pki {
+    pub fn generate() -> Pki {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "fleetgate-test-ca");
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
+
+        let serving_key = KeyPair::generate().unwrap();
+        let mut serving = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        serving
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        serving
+            .distinguished_name
+            .push(DnType::CommonName, "fleetgate");
+        let serving_cert = serving.signed_by(&serving_key, &ca).unwrap();
+
+        let client_key = KeyPair::generate().unwrap();
+        let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+        client.distinguished_name.push(DnType::CommonName, "alice");
+        client
+            .distinguished_name
+            .push(DnType::OrganizationName, "devs");
+        client.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let client_cert = client.signed_by(&client_key, &ca).unwrap();
+        Pki {
+            ca_pem: ca.pem(),
+            serving_cert_pem: serving_cert.pem(),
+            serving_key_pem: serving_key.serialize_pem(),
+            client_cert_pem: client_cert.pem(),
+            client_key_pem: client_key.serialize_pem(),
+        }
+    }
+
+    /// A rustls client trusting the CA; with the client certificate when `with_cert`.
+    pub fn client_config(&self, with_cert: bool) -> Arc<rustls::ClientConfig> {
+        let provider = fleetgate_config_watcher::crypto_provider();
+        let mut roots = rustls::RootCertStore::empty();
+        for c in fleetgate_config_watcher::parse_certs(self.ca_pem.as_bytes()).unwrap() {
+            roots.add(c).unwrap();
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let mut config = if with_cert {
+            builder
+                .with_client_auth_cert(
+                    fleetgate_config_watcher::parse_certs(self.client_cert_pem.as_bytes()).unwrap(),
+                    fleetgate_config_watcher::parse_key(self.client_key_pem.as_bytes()).unwrap(),
+                )
+                .unwrap()
+        } else {
+            builder.with_no_client_auth()
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Arc::new(config)
+    }
+}
+
+/// What the upstream saw: one request head (as text) and its body.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+/// A raw HTTP/1.1 member: records every request; the path picks the behaviour:
+/// `/watch...` streams events sent with [`Upstream::emit`]; `/big?bytes=N` sends N bytes chunked;
+/// `/slow` never answers; `/late-watch` answers after 1.5 s; `/closed` sends a close-delimited
+/// body; `/drop` closes without answering; anything else echoes the request as JSON.
+pub struct Upstream {
+    pub address: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Recorded>>>,
+    pub connections: Arc<AtomicUsize>,
+    events: broadcast::Sender<String>,
+}
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (events, _) = broadcast::channel(1024);
+        let (s, c, e) = (seen.clone(), connections.clone(), events.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                c.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(serve_upstream(stream, s.clone(), e.clone()));
+            }
+        });
+        Upstream {
+            address,
+            seen,
+            connections,
+            events,
+        }
+    }
+
+    /// Sends one watch event line to every open `/watch` stream.
+    pub fn emit(&self, line: &str) {
+        let _ = self.events.send(line.to_string());
+    }
+
+    pub fn watchers(&self) -> usize {
+        self.events.receiver_count()
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Some(end + 4);
+        }
+        let mut chunk = [0u8; 4096];
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+async fn serve_upstream(
+    mut stream: TcpStream,
+    seen: Arc<Mutex<Vec<Recorded>>>,
+    events: broadcast::Sender<String>,
+) {
+    let mut buf = Vec::new();
+    loop {
+        let Some(end) = read_head(&mut stream, &mut buf).await else {
+            return;
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        buf.drain(..end);
+        let lower = head.to_ascii_lowercase();
+        let mut body = Vec::new();
+        if let Some(cl) = lower
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+        {
+            let len: usize = cl.trim().parse().unwrap();
+            while buf.len() < len {
+                let mut chunk = vec![0u8; 65536];
+                let n = stream.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    return;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            body = buf.drain(..len).collect();
+        } else if lower.contains("transfer-encoding: chunked") {
+            while !buf.windows(5).any(|w| w == b"0\r\n\r\n") {
+                let mut chunk = vec![0u8; 65536];
+                let n = stream.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    return;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let end = buf.windows(5).position(|w| w == b"0\r\n\r\n").unwrap() + 5;
+            body = buf.drain(..end).collect();
+        }
+        seen.lock().unwrap().push(Recorded {
+            head: head.clone(),
+            body: body.clone(),
+        });
+        let target = head.split(' ').nth(1).unwrap_or("/").to_string();
+        let path = target.split('?').next().unwrap_or("/").to_string();
+        let ok = if path.ends_with("/watch") {
+            let mut rx = events.subscribe();
+            let mut probe = [0u8; 16];
+            if stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    event = rx.recv() => {
+                        let Ok(line) = event else { let _ = stream.write_all(b"0\r\n\r\n").await; break };
+                        let data = format!("{line}\n");
+                        let chunk = format!("{:x}\r\n{data}\r\n", data.len());
+                        if stream.write_all(chunk.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    n = stream.read(&mut probe) => {
+                        if matches!(n, Ok(0) | Err(_)) { return; }
+                    }
+                }
+            }
+            true
+        } else if path.ends_with("/big") {
+            let bytes: usize = target
+                .split("bytes=")
+                .nth(1)
+                .and_then(|v| v.split('&').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let mut ok = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .await
+                .is_ok();
+            let piece = vec![b'x'; 64 * 1024];
+            let mut left = bytes;
+            while ok && left > 0 {
+                let n = left.min(piece.len());
+                let mut frame = format!("{n:x}\r\n").into_bytes();
+                frame.extend_from_slice(&piece[..n]);
+                frame.extend_from_slice(b"\r\n");
+                ok = stream.write_all(&frame).await.is_ok();
+                left -= n;
+            }
+            ok && stream.write_all(b"0\r\n\r\n").await.is_ok()
+        } else if path.ends_with("/slow") {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            return;
+        } else if path.ends_with("/late-watch") {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
+                .await
+                .is_ok()
+        } else if path.ends_with("/closed") {
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil close")
+                .await;
+            return;
+        } else if path.ends_with("/drop") {
+            return;
+        } else {
+            let echo = serde_json::json!({
+                "head": head,
+                "body": String::from_utf8_lossy(&body),
+            })
+            .to_string();
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nKeep-Alive: timeout=5\r\nX-Upstream: yes\r\nContent-Length: {}\r\n\r\n{echo}",
+                echo.len()
+            );
+            stream.write_all(response.as_bytes()).await.is_ok()
+        };
+        if !ok {
+            return;
+        }
+    }
+}
+
+/// A TCP listener that accepts and never speaks: a TLS upstream whose handshake never ends.
+pub async fn silent_listener() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    address
+}
+
+/// A port nothing listens on.
+pub fn closed_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// A running `fleetgate serve`.
+pub struct Gateway {
+    pub child: Child,
+    pub https: SocketAddr,
+    pub http: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub pki: Arc<Pki>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The clusters of a test config: `member` (the recording upstream), `stopped` (nothing
+/// listening), `stalled` (TLS upstream that never answers the handshake).
+pub fn write_config(dir: &Path, pki: &Pki, member: SocketAddr, stalled: SocketAddr) -> PathBuf {
+    std::fs::write(dir.join("ca.crt"), &pki.ca_pem).unwrap();
+    std::fs::write(dir.join("gw.crt"), &pki.serving_cert_pem).unwrap();
+    std::fs::write(dir.join("gw.key"), &pki.serving_key_pem).unwrap();
+    let gateway = r#"apiVersion: fleetgate.io/v1alpha1
+kind: Gateway
+metadata:
+  name: fleetgate
+spec:
+  workers: 2
+  listeners:
+    - name: https
+      address: 127.0.0.1:0
+      tls: true
+    - name: http
+      address: 127.0.0.1:0
+      tls: false
+  tls:
+    certFile: ca-dir/gw.crt
+    keyFile: ca-dir/gw.key
+    clientCAFile: ca-dir/ca.crt
+  admin:
+    address: 127.0.0.1:0
+  routing:
+    ocmStyle: true
+  limits:
+    maxHeadBytes: 8192
+    maxHeaders: 32
+    connectTimeoutSeconds: 0.5
+    responseHeadTimeoutSeconds: 0.5
+"#
+    .replace("ca-dir/", "");
+    let clusters = format!(
+        r#"apiVersion: fleetgate.io/v1alpha1
+kind: Cluster
+metadata:
+  name: member
+spec:
+  server: http://{member}/prefix
+  credentials:
+    token: gateway-token
+---
+apiVersion: fleetgate.io/v1alpha1
+kind: Cluster
+metadata:
+  name: stopped
+spec:
+  server: http://{stopped}
+  credentials:
+    token: gateway-token
+---
+apiVersion: fleetgate.io/v1alpha1
+kind: Cluster
+metadata:
+  name: stalled
+spec:
+  server: https://{stalled}
+  caFile: ca.crt
+  credentials:
+    token: gateway-token
+"#,
+        stopped = closed_port()
+    );
+    std::fs::write(dir.join("gateway.yaml"), gateway).unwrap();
+    std::fs::write(dir.join("clusters.yaml"), clusters).unwrap();
+    dir.to_path_buf()
+}
+
+impl Gateway {
+    /// Starts `fleetgate serve` on `config` with the given driver and waits for its `ready` line.
+    pub fn start(config: &Path, driver: &str, dir: tempfile::TempDir, pki: Arc<Pki>) -> Gateway {
+        let stderr = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .args(["--driver", driver])
+            .env("RUST_LOG", "fleetgate=debug")
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        assert!(
+            line.contains("ready"),
+            "no ready line: {line:?}; log: {}",
+            std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
+        );
+        let field = |name: &str| -> SocketAddr {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(&format!("{name}=")))
+                .unwrap_or_else(|| panic!("{name} missing in {line:?}"))
+                .parse()
+                .unwrap()
+        };
+        Gateway {
+            https: field("https"),
+            http: field("http"),
+            admin: field("admin"),
+            child,
+            dir,
+            pki,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
+    }
+
+    /// Resident memory of the gateway process, in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    /// A TLS connection with alice's client certificate.
+    pub async fn tls(&self) -> tokio_rustls::client::TlsStream<TcpStream> {
+        let tcp = TcpStream::connect(self.https).await.unwrap();
+        tcp.set_nodelay(true).unwrap();
+        tokio_rustls::TlsConnector::from(self.pki.client_config(true))
+            .connect(
+                rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+                tcp,
+            )
+            .await
+            .unwrap()
+    }
+
+    /// A plaintext connection to the benchmark listener.
+    pub async fn plain(&self) -> TcpStream {
+        TcpStream::connect(self.http).await.unwrap()
+    }
+}
+
+/// Starts an upstream and a gateway in front of it (driver `epoll` or `uring`).
+pub async fn setup(driver: &str) -> (Upstream, Gateway) {
+    let upstream = Upstream::start().await;
+    let stalled = silent_listener().await;
+    let pki = Arc::new(Pki::generate());
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &pki, upstream.address, stalled);
+    let gateway = tokio::task::block_in_place(|| Gateway::start(&config, driver, dir, pki));
+    (upstream, gateway)
+}
+
+/// The drivers every socket-level test runs under.
+pub const DRIVERS: [&str; 2] = ["epoll", "uring"];
+
+/// A parsed response.
+#[derive(Debug)]
+pub struct Response {
+    pub code: u16,
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<String> {
+        let prefix = format!("{}:", name.to_ascii_lowercase());
+        self.head.lines().find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with(&prefix)
+                .then(|| l[prefix.len()..].trim().to_string())
+        })
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// Reads one response (Content-Length, chunked with the framing removed, or until close).
+/// `None` if the connection closed before a head.
+pub async fn read_response<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    carry: &mut Vec<u8>,
+) -> Option<Response> {
+    loop {
+        if let Some(end) = carry.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&carry[..end + 4]).into_owned();
+            carry.drain(..end + 4);
+            let code: u16 = head.split(' ').nth(1)?.parse().ok()?;
+            if (100..200).contains(&code) {
+                continue;
+            }
+            let lower = head.to_ascii_lowercase();
+            let mut body = Vec::new();
+            if let Some(cl) = lower
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+            {
+                let len: usize = cl.trim().parse().unwrap();
+                while carry.len() < len {
+                    if !fill(stream, carry).await {
+                        break;
+                    }
+                }
+                body = carry.drain(..len.min(carry.len())).collect();
+            } else if lower.contains("transfer-encoding: chunked") {
+                loop {
+                    let line_end = loop {
+                        if let Some(p) = carry.windows(2).position(|w| w == b"\r\n") {
+                            break p;
+                        }
+                        if !fill(stream, carry).await {
+                            return Some(Response { code, head, body });
+                        }
+                    };
+                    let size_text = String::from_utf8_lossy(&carry[..line_end]).into_owned();
+                    let size =
+                        usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
+                            .unwrap();
+                    while carry.len() < line_end + 2 + size + 2 {
+                        if !fill(stream, carry).await {
+                            return Some(Response { code, head, body });
+                        }
+                    }
+                    body.extend_from_slice(&carry[line_end + 2..line_end + 2 + size]);
+                    carry.drain(..line_end + 2 + size + 2);
+                    if size == 0 {
+                        break;
+                    }
+                }
+            } else if !(code == 204 || code == 304) {
+                while fill(stream, carry).await {}
+                body = std::mem::take(carry);
+            }
+            return Some(Response { code, head, body });
+        }
+        if !fill(stream, carry).await {
+            return None;
+        }
+    }
+}
+
+async fn fill<S: AsyncRead + Unpin>(stream: &mut S, carry: &mut Vec<u8>) -> bool {
+    let mut chunk = vec![0u8; 64 * 1024];
+    match stream.read(&mut chunk).await {
+        Ok(0) | Err(_) => false,
+        Ok(n) => {
+            carry.extend_from_slice(&chunk[..n]);
+            true
+        }
+    }
+}
+
+/// Sends `request` on a fresh connection and reads one response.
+pub async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    request: &[u8],
+) -> Option<Response> {
+    stream.write_all(request).await.ok()?;
+    stream.flush().await.ok()?;
+    let mut carry = Vec::new();
+    read_response(&mut stream, &mut carry).await
+}
