@@ -5,9 +5,38 @@
 //! The API router (`sim::api`) authenticates and authorizes the request and checks that the pod
 //! exists, then hands it here with [`serve`]. This module negotiates the upgrade, answers 101 (or a
 //! 400/403 Status when the request cannot be served) and runs the session on the upgraded
-//! connection in a task of its own. It never touches the object store.
+//! connection in a task of its own. It never touches the object store. The HTTP/1.1 connection
+//! must be served with upgrades enabled (`serve_connection(..).with_upgrades()`).
+//!
+//! Layout: `spdy` (frames and the connection), `tunnel` (WebSocket as a byte stream), `exec`
+//! (exec/attach sessions), `portforward`, and the simulated container: `process` (its streams),
+//! `shell` (its programs), `tar`, `fs` (its files), `status` (the Status documents).
+
+mod exec;
+mod fs;
+mod portforward;
+mod process;
+mod shell;
+mod spdy;
+mod status;
+mod tar;
+mod tunnel;
+
+use hyper::header::{
+    HeaderMap, HeaderValue, CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY,
+    SEC_WEBSOCKET_PROTOCOL, UPGRADE,
+};
+use hyper::StatusCode;
+use hyper_util::rt::TokioIo;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tokio_tungstenite::WebSocketStream;
+use tracing::{debug, info};
 
 use crate::sim::body::SimBody;
+use exec::ChannelVersion;
+
+pub use spdy::SpdyError;
 
 /// What the client asked for, parsed by the router from the path and query.
 #[derive(Debug, Clone)]
@@ -33,17 +62,293 @@ pub struct StreamRequest {
     pub tty: bool,
 }
 
+/// The SPDY stream protocols we speak for exec/attach, most preferred first. Like kubelet, v5
+/// is not offered over SPDY (its only addition, the stdin close signal, is a WebSocket matter).
+const SPDY_EXEC_PROTOCOLS: &[(&str, ChannelVersion)] = &[
+    ("v4.channel.k8s.io", ChannelVersion::V4),
+    ("v3.channel.k8s.io", ChannelVersion::V3),
+    ("v2.channel.k8s.io", ChannelVersion::V2),
+    ("channel.k8s.io", ChannelVersion::V2),
+];
+const SPDY_PORT_FORWARD_PROTOCOL: &str = "portforward.k8s.io";
+const WEBSOCKET_EXEC_PROTOCOLS: &[(&str, ChannelVersion)] = &[
+    ("v5.channel.k8s.io", ChannelVersion::V5),
+    ("v4.channel.k8s.io", ChannelVersion::V4),
+];
+const WEBSOCKET_PORT_FORWARD_PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
+
 /// Negotiates the upgrade for `req` and, on success, spawns the session. Returns the response to
 /// send: 101 Switching Protocols, or a Kubernetes Status error (400 when no known protocol or no
 /// upgrade was offered).
 pub fn serve(
-    req: hyper::Request<hyper::body::Incoming>,
+    mut req: hyper::Request<hyper::body::Incoming>,
     target: StreamRequest,
 ) -> hyper::Response<SimBody> {
-    let _ = (req, target);
-    let mut resp = hyper::Response::new(crate::sim::body::full(
-        r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"streaming is not implemented yet","reason":"BadRequest","code":400}"#,
-    ));
-    *resp.status_mut() = hyper::StatusCode::BAD_REQUEST;
+    if let Some(problem) = invalid_request(&target) {
+        return status::bad_request(problem);
+    }
+    let headers = req.headers();
+    let wants_upgrade = header_tokens(headers, CONNECTION.as_str())
+        .iter()
+        .any(|t| t.eq_ignore_ascii_case("upgrade"));
+    let upgrade = header_tokens(headers, UPGRADE.as_str());
+    if !wants_upgrade || upgrade.is_empty() {
+        return status::bad_request("Upgrade request required");
+    }
+    let plan = if upgrade.iter().any(|u| u.eq_ignore_ascii_case("websocket")) {
+        negotiate_websocket(headers, &target)
+    } else if upgrade.iter().any(|u| u.eq_ignore_ascii_case("SPDY/3.1")) {
+        negotiate_spdy(headers, &target)
+    } else {
+        Err(boxed_bad_request(&format!(
+            "unable to upgrade: unsupported protocol {:?}",
+            upgrade.join(", ")
+        )))
+    };
+    let (plan, response) = match plan {
+        Ok(ok) => ok,
+        Err(response) => return *response,
+    };
+    info!(
+        namespace = %target.namespace,
+        pod = %target.pod,
+        kind = ?target.kind,
+        protocol = plan.protocol_name(),
+        "streaming session upgrading"
+    );
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let upgraded = match on_upgrade.await {
+            Ok(u) => TokioIo::new(u),
+            Err(error) => {
+                debug!(%error, "connection was not upgraded");
+                return;
+            }
+        };
+        run_session(plan, upgraded, target).await;
+    });
+    response
+}
+
+/// What kubelet and the apiserver refuse before any upgrade.
+fn invalid_request(target: &StreamRequest) -> Option<&'static str> {
+    match &target.kind {
+        StreamKind::Exec { command } if command.is_empty() => {
+            Some("you must specify at least one command for the container")
+        }
+        StreamKind::Exec { .. } | StreamKind::Attach
+            if !target.stdin && !target.stdout && !target.stderr =>
+        {
+            Some("you must specify at least 1 of stdin, stdout, stderr")
+        }
+        StreamKind::Exec { .. } if target.tty && target.stderr => {
+            // kubectl never sends this; kubelet rejects it the same way.
+            Some("stdout, stderr and tty cannot all be set")
+        }
+        _ => None,
+    }
+}
+
+/// The session to run once the connection is upgraded.
+enum SessionPlan {
+    SpdyExec(ChannelVersion),
+    SpdyPortForward,
+    WebSocketExec(ChannelVersion),
+    WebSocketPortForward,
+}
+
+impl SessionPlan {
+    fn protocol_name(&self) -> &'static str {
+        match self {
+            SessionPlan::SpdyExec(_) => "spdy",
+            SessionPlan::SpdyPortForward => "spdy-portforward",
+            SessionPlan::WebSocketExec(ChannelVersion::V5) => "websocket-v5",
+            SessionPlan::WebSocketExec(_) => "websocket-v4",
+            SessionPlan::WebSocketPortForward => "websocket-spdy-portforward",
+        }
+    }
+}
+
+async fn run_session(
+    plan: SessionPlan,
+    io: TokioIo<hyper::upgrade::Upgraded>,
+    target: StreamRequest,
+) {
+    match plan {
+        SessionPlan::SpdyExec(version) => exec::serve_spdy(io, target, version).await,
+        SessionPlan::SpdyPortForward => {
+            let ports = port_list(&target);
+            portforward::serve_spdy(io, target.pod, ports).await
+        }
+        SessionPlan::WebSocketExec(version) => {
+            let ws =
+                WebSocketStream::from_raw_socket(io, Role::Server, Some(websocket_config())).await;
+            exec::serve_websocket(ws, target, version).await
+        }
+        SessionPlan::WebSocketPortForward => {
+            let ws =
+                WebSocketStream::from_raw_socket(io, Role::Server, Some(websocket_config())).await;
+            let pipe = tunnel::websocket_as_bytes(ws);
+            let ports = port_list(&target);
+            portforward::serve_spdy(pipe, target.pod, ports).await
+        }
+    }
+}
+
+fn websocket_config() -> WebSocketConfig {
+    // client-go writes stdin in 32 KiB chunks; a few MiB per message is plenty.
+    WebSocketConfig::default()
+        .max_message_size(Some(16 << 20))
+        .max_frame_size(Some(16 << 20))
+}
+
+fn port_list(target: &StreamRequest) -> Vec<u16> {
+    match &target.kind {
+        StreamKind::PortForward { ports } => ports.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// All comma-separated values of every occurrence of header `name`, trimmed.
+fn header_tokens(headers: &HeaderMap, name: &str) -> Vec<String> {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+fn switching(headers: &[(&'static str, String)]) -> hyper::Response<SimBody> {
+    let mut resp = hyper::Response::new(crate::sim::body::empty());
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    for (name, value) in headers {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            resp.headers_mut().append(*name, v);
+        }
+    }
     resp
+}
+
+/// The plan and its 101, or the refusal to send instead (boxed: a response is large).
+type Negotiated = Result<(SessionPlan, hyper::Response<SimBody>), Box<hyper::Response<SimBody>>>;
+
+fn negotiate_spdy(headers: &HeaderMap, target: &StreamRequest) -> Negotiated {
+    let offered = header_tokens(headers, "x-stream-protocol-version");
+    let (plan, chosen) = match target.kind {
+        StreamKind::PortForward { .. } => {
+            if !offered.is_empty() && !offered.iter().any(|p| p == SPDY_PORT_FORWARD_PROTOCOL) {
+                return Err(Box::new(refuse_protocols(
+                    &offered,
+                    &[SPDY_PORT_FORWARD_PROTOCOL],
+                )));
+            }
+            (SessionPlan::SpdyPortForward, SPDY_PORT_FORWARD_PROTOCOL)
+        }
+        _ => {
+            if offered.is_empty() {
+                // A client that offers nothing gets the first protocol (kubelet does the same).
+                (SessionPlan::SpdyExec(ChannelVersion::V2), "")
+            } else {
+                let found = offered.iter().find_map(|p| {
+                    SPDY_EXEC_PROTOCOLS
+                        .iter()
+                        .find(|(name, _)| name == p)
+                        .copied()
+                });
+                match found {
+                    Some((name, version)) => (SessionPlan::SpdyExec(version), name),
+                    None => {
+                        let ours: Vec<&str> = SPDY_EXEC_PROTOCOLS.iter().map(|(n, _)| *n).collect();
+                        return Err(Box::new(refuse_protocols(&offered, &ours)));
+                    }
+                }
+            }
+        }
+    };
+    let mut reply = vec![
+        ("connection", "Upgrade".to_string()),
+        ("upgrade", "SPDY/3.1".to_string()),
+    ];
+    if !chosen.is_empty() {
+        reply.push(("x-stream-protocol-version", chosen.to_string()));
+    }
+    Ok((plan, switching(&reply)))
+}
+
+fn boxed_bad_request(message: &str) -> Box<hyper::Response<SimBody>> {
+    Box::new(status::bad_request(message))
+}
+
+fn refuse_protocols(offered: &[String], ours: &[&str]) -> hyper::Response<SimBody> {
+    let mut resp = status::error_response(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        &format!(
+            "unable to upgrade: unable to negotiate protocol: client supports {offered:?}, server accepts {ours:?}"
+        ),
+    );
+    for p in ours {
+        if let Ok(v) = HeaderValue::from_str(p) {
+            resp.headers_mut()
+                .append("x-accepted-stream-protocol-versions", v);
+        }
+    }
+    resp
+}
+
+fn negotiate_websocket(headers: &HeaderMap, target: &StreamRequest) -> Negotiated {
+    let Some(key) = headers.get(SEC_WEBSOCKET_KEY) else {
+        return Err(boxed_bad_request(
+            "websocket upgrade without Sec-WebSocket-Key",
+        ));
+    };
+    let version_ok = header_tokens(headers, "sec-websocket-version")
+        .iter()
+        .any(|v| v == "13");
+    if !version_ok {
+        return Err(boxed_bad_request(
+            "websocket upgrade requires Sec-WebSocket-Version: 13",
+        ));
+    }
+    let offered = header_tokens(headers, SEC_WEBSOCKET_PROTOCOL.as_str());
+    let (plan, chosen) = match target.kind {
+        StreamKind::PortForward { .. } => {
+            if !offered.iter().any(|p| p == WEBSOCKET_PORT_FORWARD_PROTOCOL) {
+                return Err(boxed_bad_request(&format!(
+                    "unable to upgrade: port-forward over WebSocket needs subprotocol {WEBSOCKET_PORT_FORWARD_PROTOCOL}, client offered {offered:?}"
+                )));
+            }
+            (
+                SessionPlan::WebSocketPortForward,
+                WEBSOCKET_PORT_FORWARD_PROTOCOL,
+            )
+        }
+        _ => {
+            let found = offered.iter().find_map(|p| {
+                WEBSOCKET_EXEC_PROTOCOLS
+                    .iter()
+                    .find(|(name, _)| name == p)
+                    .copied()
+            });
+            match found {
+                Some((name, version)) => (SessionPlan::WebSocketExec(version), name),
+                None => {
+                    return Err(boxed_bad_request(&format!(
+                        "unable to upgrade: no supported WebSocket subprotocol in {offered:?} (supported: v5.channel.k8s.io, v4.channel.k8s.io)"
+                    )))
+                }
+            }
+        }
+    };
+    let accept = derive_accept_key(key.as_bytes());
+    let reply = [
+        (CONNECTION.as_str(), "Upgrade".to_string()),
+        (UPGRADE.as_str(), "websocket".to_string()),
+        (SEC_WEBSOCKET_ACCEPT.as_str(), accept),
+        (SEC_WEBSOCKET_PROTOCOL.as_str(), chosen.to_string()),
+    ];
+    Ok((plan, switching(&reply)))
 }
