@@ -1,0 +1,340 @@
+//! exec, attach, port-forward and cp as kubectl does them against a simulated member, over
+//! WebSocket (kubectl's default) and over SPDY/3.1 (`KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false`,
+//! `KUBECTL_PORT_FORWARD_WEBSOCKETS=false`). Each test checks what a user would: the output,
+//! the bytes echoed back, kubectl's exit code, a file copied in and out unchanged.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::{ok_stdout, stderr, LineReader, TestFleet, KUBECTL};
+
+/// The two ways kubectl can carry exec/attach/cp.
+const REMOTE_COMMAND: [(&str, &[(&str, &str)]); 2] = [
+    ("websocket", &[]),
+    ("spdy", &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]),
+];
+
+/// The two ways kubectl can carry port-forward.
+const PORT_FORWARD: [(&str, &[(&str, &str)]); 2] = [
+    ("websocket", &[]),
+    ("spdy", &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]),
+];
+
+/// Runs kubectl with `input` on stdin, written from another thread so that a large input and a
+/// large output cannot deadlock on full pipes. Bounded: kubectl is killed after 60 s.
+fn kubectl_io(fleet: &TestFleet, args: &[&str], env: &[(&str, &str)], input: &[u8]) -> Output {
+    let mut cmd = Command::new(KUBECTL);
+    cmd.arg("--kubeconfig")
+        .arg(fleet.kubeconfig())
+        .arg("--cache-dir")
+        .arg(fleet.cache_dir())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn kubectl");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        // kubectl may exit before reading everything (e.g. a failed exec); that is not our error.
+        let _ = stdin.write_all(&input);
+    });
+    let pid = child.id();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if done_rx.recv_timeout(Duration::from_secs(60)).is_err() {
+            // A hung session must fail the test, not hang it.
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
+    });
+    let output = child.wait_with_output().expect("kubectl output");
+    let _ = done_tx.send(());
+    let _ = watchdog.join();
+    let _ = writer.join();
+    output
+}
+
+fn stdout_bytes(output: &Output) -> &[u8] {
+    assert!(
+        output.status.success(),
+        "kubectl failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    &output.stdout
+}
+
+/// What kubectl logs at `-v=8` for the 101 of each protocol: proof that it did not fall back
+/// from WebSocket to SPDY (which it does silently when a WebSocket upgrade fails).
+fn expected_101_headers(protocol: &str, port_forward: bool) -> &'static [&'static str] {
+    match (protocol, port_forward) {
+        ("websocket", false) => &[
+            "Upgrade: websocket",
+            "Sec-Websocket-Protocol: v5.channel.k8s.io",
+        ],
+        ("websocket", true) => &[
+            "Upgrade: websocket",
+            "Sec-Websocket-Protocol: SPDY/3.1+portforward.k8s.io",
+        ],
+        (_, false) => &[
+            "Upgrade: SPDY/3.1",
+            "X-Stream-Protocol-Version: v4.channel.k8s.io",
+        ],
+        (_, true) => &[
+            "Upgrade: SPDY/3.1",
+            "X-Stream-Protocol-Version: portforward.k8s.io",
+        ],
+    }
+}
+
+fn assert_switched(log: &str, protocol: &str, port_forward: bool) {
+    // Only the response headers count: the request carries the same names.
+    let Some(at) = log.find("101 Switching Protocols") else {
+        panic!("no 101 over {protocol}:\n{log}");
+    };
+    let response: Vec<&str> = log[at..].lines().take(8).collect();
+    let response = response.join("\n");
+    for header in expected_101_headers(protocol, port_forward) {
+        assert!(
+            response.contains(header),
+            "{header:?} missing from the 101 over {protocol}:\n{response}"
+        );
+    }
+}
+
+#[test]
+fn exec_echo_over_websocket_and_spdy() {
+    let fleet = TestFleet::start(1);
+    for (protocol, env) in REMOTE_COMMAND {
+        let traced = fleet.kubectl_env(
+            &[
+                "exec", "hello", "-n", "default", "-v=8", "--", "echo", "traced",
+            ],
+            env,
+        );
+        assert_eq!(ok_stdout(&traced), "traced\n", "over {protocol}");
+        assert_switched(&stderr(&traced), protocol, false);
+        let out = fleet.kubectl_env(
+            &[
+                "exec", "hello", "-n", "default", "--", "echo", "hi", "there",
+            ],
+            env,
+        );
+        assert_eq!(ok_stdout(&out), "hi there\n", "over {protocol}");
+        let out = fleet.kubectl_env(&["exec", "hello", "-n", "default", "--", "hostname"], env);
+        assert_eq!(ok_stdout(&out), "hello\n", "over {protocol}");
+    }
+}
+
+#[test]
+fn exec_stdin_is_echoed_by_cat_and_ends_at_eof() {
+    let fleet = TestFleet::start(1);
+    // 1 MiB of a pattern that is not all one byte, so reordering or loss would show.
+    let big: Vec<u8> = (0..1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    for (protocol, env) in REMOTE_COMMAND {
+        let small = kubectl_io(
+            &fleet,
+            &["exec", "-i", "hello", "-n", "default", "--", "cat"],
+            env,
+            b"hello\nworld\n",
+        );
+        assert_eq!(stdout_bytes(&small), b"hello\nworld\n", "over {protocol}");
+        let large = kubectl_io(
+            &fleet,
+            &["exec", "-i", "hello", "-n", "default", "--", "cat"],
+            env,
+            &big,
+        );
+        let got = stdout_bytes(&large);
+        assert_eq!(got.len(), big.len(), "over {protocol}");
+        assert!(
+            got == big.as_slice(),
+            "1 MiB came back different over {protocol}"
+        );
+        let counted = kubectl_io(
+            &fleet,
+            &["exec", "-i", "hello", "-n", "default", "--", "wc", "-c"],
+            env,
+            &big,
+        );
+        assert_eq!(
+            String::from_utf8_lossy(stdout_bytes(&counted)).trim(),
+            "1048576",
+            "over {protocol}"
+        );
+    }
+}
+
+#[test]
+fn exit_codes_and_stderr_reach_kubectl() {
+    let fleet = TestFleet::start(1);
+    for (protocol, env) in REMOTE_COMMAND {
+        let out = fleet.kubectl_env(
+            &["exec", "hello", "-n", "default", "--", "sh", "-c", "exit 3"],
+            env,
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "over {protocol}: {}",
+            stderr(&out)
+        );
+        let out = fleet.kubectl_env(
+            &[
+                "exec",
+                "hello",
+                "-n",
+                "default",
+                "--",
+                "sh",
+                "-c",
+                "echo out; echo err >&2; exit 5",
+            ],
+            env,
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(5),
+            "over {protocol}: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "out\n",
+            "over {protocol}"
+        );
+        assert!(
+            stderr(&out).contains("err"),
+            "over {protocol}: {}",
+            stderr(&out)
+        );
+        let out = fleet.kubectl_env(&["exec", "hello", "-n", "default", "--", "false"], env);
+        assert_eq!(out.status.code(), Some(1), "over {protocol}");
+        let out = fleet.kubectl_env(&["exec", "hello", "-n", "default", "--", "foo"], env);
+        assert!(!out.status.success(), "over {protocol}");
+        assert!(
+            stderr(&out).contains(r#"exec: "foo": executable file not found in $PATH"#),
+            "over {protocol}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn attach_echoes_stdin() {
+    let fleet = TestFleet::start(1);
+    for (protocol, env) in REMOTE_COMMAND {
+        let out = kubectl_io(
+            &fleet,
+            &["attach", "-i", "hello", "-n", "default"],
+            env,
+            b"line one\nline two\n",
+        );
+        let text = String::from_utf8_lossy(stdout_bytes(&out)).into_owned();
+        assert!(
+            text.contains("line one\nline two\n"),
+            "over {protocol}: {text:?}"
+        );
+    }
+}
+
+#[test]
+fn port_forward_echoes_bytes_over_websocket_and_spdy() {
+    let fleet = TestFleet::start(1);
+    for (protocol, env) in PORT_FORWARD {
+        let mut cmd = Command::new(KUBECTL);
+        cmd.arg("--kubeconfig")
+            .arg(fleet.kubeconfig())
+            .arg("--cache-dir")
+            .arg(fleet.cache_dir())
+            .args([
+                "port-forward",
+                "-n",
+                "default",
+                "pod/hello",
+                ":8080",
+                "--address",
+                "127.0.0.1",
+                "-v=8",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn kubectl port-forward");
+        let mut lines = LineReader::new(child.stdout.take().expect("stdout"));
+        // Drained on a thread so kubectl's -v=8 log never fills the pipe.
+        let mut log_pipe = child.stderr.take().expect("stderr");
+        let log = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = log_pipe.read_to_string(&mut text);
+            text
+        });
+        let line = lines.wait_line("the Forwarding line", Duration::from_secs(30), |l| {
+            l.starts_with("Forwarding from 127.0.0.1:")
+        });
+        let port: u16 = line["Forwarding from 127.0.0.1:".len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        // Two connections one after the other, and a payload larger than one SPDY frame.
+        for round in 0..2 {
+            let mut conn =
+                TcpStream::connect(("127.0.0.1", port)).expect("connect to the forwarded port");
+            conn.set_read_timeout(Some(Duration::from_secs(20)))
+                .unwrap();
+            let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7 + round) as u8).collect();
+            conn.write_all(&payload).unwrap();
+            let mut echoed = vec![0u8; payload.len()];
+            conn.read_exact(&mut echoed).expect("read the echo");
+            assert!(
+                echoed == payload,
+                "echo differs over {protocol}, round {round}"
+            );
+            conn.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut rest = Vec::new();
+            let _ = conn.read_to_end(&mut rest);
+            assert!(rest.is_empty(), "nothing after the echo over {protocol}");
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_switched(&log.join().expect("log reader"), protocol, true);
+    }
+}
+
+#[test]
+fn cp_copies_a_file_in_and_back_out() {
+    let fleet = TestFleet::start(1);
+    let local = fleet.tempdir.path();
+    let content: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(local.join("in.bin"), &content).unwrap();
+    for (protocol, env) in REMOTE_COMMAND {
+        let remote = format!("default/hello:/tmp/{protocol}.bin");
+        let src = local.join("in.bin");
+        let back = local.join(format!("back-{protocol}.bin"));
+        ok_stdout(&fleet.kubectl_env(&["cp", src.to_str().unwrap(), &remote], env));
+        let listed = ok_stdout(
+            &fleet.kubectl_env(&["exec", "hello", "-n", "default", "--", "ls", "/tmp"], env),
+        );
+        assert!(
+            listed.contains(&format!("{protocol}.bin")),
+            "over {protocol}: {listed}"
+        );
+        ok_stdout(&fleet.kubectl_env(&["cp", &remote, back.to_str().unwrap()], env));
+        let copied = std::fs::read(&back).expect("copied file");
+        assert!(
+            copied == content,
+            "cp round trip changed the file over {protocol}"
+        );
+    }
+}
