@@ -370,7 +370,7 @@ fn auth_whoami_and_impersonation() {
     let denied = common::kubectl_with(
         &alice_kubeconfig,
         &fleet.cache_dir(),
-        &["auth", "whoami", "--as", "bob"],
+        &["get", "cm", "-n", "dev", "--as", "bob"],
         &[],
     );
     assert!(!denied.status.success());

@@ -389,9 +389,18 @@ async fn route_and_serve(
             if method != Method::POST {
                 return Err(ApiError::method_not_allowed());
             }
+            let content_type = header_str(&req, header::CONTENT_TYPE)
+                .unwrap_or("")
+                .to_string();
             let body = read_body(req.into_body()).await?;
-            let review: Value = serde_json::from_slice(&body)
-                .map_err(|_| ApiError::unsupported_media_type_body())?;
+            // `kubectl auth can-i` sends the review as protobuf.
+            let review: Value = if crate::sim::protobuf::is_protobuf(&content_type) {
+                crate::sim::protobuf::decode(&body)
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?
+            } else {
+                serde_json::from_slice(&body)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding review: {e}")))?
+            };
             Ok(json_response(
                 StatusCode::CREATED,
                 &self_subject_access_review(user, review),

@@ -19,6 +19,7 @@ pub mod objects;
 pub mod openapi;
 pub mod patch;
 pub mod pki;
+pub mod protobuf;
 pub mod resources;
 pub mod selectors;
 pub mod server;

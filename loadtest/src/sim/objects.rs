@@ -340,6 +340,14 @@ fn parse_object_body(
         })?,
         "application/yaml" => serde_yaml::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error converting YAML to JSON: {e}")))?,
+        // kubectl's generators (create configmap, run, ...) send built-in kinds as protobuf.
+        crate::sim::protobuf::MEDIA_TYPE => match crate::sim::protobuf::decode(body) {
+            Ok(v) => v,
+            Err(crate::sim::protobuf::DecodeError::UnknownKind(_)) => {
+                return Err(ApiError::unsupported_media_type_body())
+            }
+            Err(e) => return Err(ApiError::bad_request(e.to_string())),
+        },
         _ => return Err(ApiError::unsupported_media_type_body()),
     };
     if !value.is_object() {

@@ -4,9 +4,11 @@
 //! the recording (Surprise 7): `text/plain; charset=utf-8`, `Etag`, `Accept-Ranges`, `Vary`,
 //! `Cache-Control: public, immutable` for hashed URLs, 304 on `If-None-Match`.
 //!
-//! There is no protobuf encoding: a request that accepts only protobuf gets 406, and kubectl then
-//! falls back to JSON documents or to server-side validation (checked by the apply tests). Called by
-//! the router for `/openapi/...` paths.
+//! The protobuf form of `/openapi/v2` (what kubectl's client-side validator fetches, and without
+//! which `kubectl apply` refuses to run) is a minimal gnostic `Document` holding only `swagger`
+//! and `info`: kubectl then finds no model for a kind and skips client-side validation, relying on
+//! `fieldValidation=Strict` at the server, while strategic-merge patches use the v3 documents.
+//! Called by the router for `/openapi/...` paths.
 
 use std::sync::OnceLock;
 
@@ -107,6 +109,15 @@ pub fn serve(
     } else {
         return Err(ApiError::PageNotFound);
     };
+    if path == "/openapi/v2" && accepts_v2_protobuf(accept) {
+        return Ok(finish(
+            base_response(StatusCode::OK, Some("application/octet-stream"), ctx)
+                .header(header::ACCEPT_RANGES, "bytes")
+                .header(header::VARY, "Accept-Encoding")
+                .header(header::VARY, "Accept"),
+            minimal_v2_protobuf(),
+        ));
+    }
     if !accepts_json(accept) {
         return Err(ApiError::NotAcceptable { discovery: false });
     }
@@ -146,6 +157,34 @@ pub fn serve(
         }
     }
     Ok(resp)
+}
+
+fn accepts_v2_protobuf(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| {
+        a.split(',').next().is_some_and(|first| {
+            first
+                .trim()
+                .starts_with("application/com.github.proto-openapi.spec.v2")
+        })
+    })
+}
+
+/// A gnostic `openapi_v2.Document` with `swagger: "2.0"` (field 1) and `info` (field 2:
+/// title = 1, version = 2), protobuf-encoded.
+fn minimal_v2_protobuf() -> Bytes {
+    fn field(out: &mut Vec<u8>, number: u8, bytes: &[u8]) {
+        out.push((number << 3) | 2);
+        // Every field here is shorter than 128 bytes: a one-byte varint length.
+        out.push(bytes.len() as u8);
+        out.extend_from_slice(bytes);
+    }
+    let mut info = Vec::new();
+    field(&mut info, 1, b"Kubernetes");
+    field(&mut info, 2, b"v1.24.0");
+    let mut doc = Vec::new();
+    field(&mut doc, 1, b"2.0");
+    field(&mut doc, 2, &info);
+    Bytes::from(doc)
 }
 
 fn start_time() -> std::time::SystemTime {

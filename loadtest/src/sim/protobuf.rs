@@ -176,6 +176,26 @@ const DEPLOYMENT: &[Field] = &[
     f(2, "spec", Ty::Msg(DEPLOYMENT_SPEC)),
 ];
 
+const RESOURCE_ATTRIBUTES: &[Field] = &[
+    f(1, "namespace", Ty::Str),
+    f(2, "verb", Ty::Str),
+    f(3, "group", Ty::Str),
+    f(4, "version", Ty::Str),
+    f(5, "resource", Ty::Str),
+    f(6, "subresource", Ty::Str),
+    f(7, "name", Ty::Str),
+];
+const NON_RESOURCE_ATTRIBUTES: &[Field] = &[f(1, "path", Ty::Str), f(2, "verb", Ty::Str)];
+const SELF_SUBJECT_ACCESS_REVIEW_SPEC: &[Field] = &[
+    f(1, "resourceAttributes", Ty::Msg(RESOURCE_ATTRIBUTES)),
+    f(2, "nonResourceAttributes", Ty::Msg(NON_RESOURCE_ATTRIBUTES)),
+];
+/// What `kubectl auth can-i` sends.
+const SELF_SUBJECT_ACCESS_REVIEW: &[Field] = &[
+    f(1, "metadata", Ty::Msg(OBJECT_META)),
+    f(2, "spec", Ty::Msg(SELF_SUBJECT_ACCESS_REVIEW_SPEC)),
+];
+
 /// The schema of each kind the simulated members read as protobuf.
 fn schema(api_version: &str, kind: &str) -> Option<&'static [Field]> {
     Some(match (api_version, kind) {
@@ -186,6 +206,7 @@ fn schema(api_version: &str, kind: &str) -> Option<&'static [Field]> {
         ("v1", "Service") => SERVICE,
         ("v1", "Pod") => POD,
         ("apps/v1", "Deployment") => DEPLOYMENT,
+        ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => SELF_SUBJECT_ACCESS_REVIEW,
         _ => return None,
     })
 }

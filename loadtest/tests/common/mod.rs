@@ -147,8 +147,7 @@ pub fn kubectl_with(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let output = cmd.output().expect("run kubectl");
-    output
+    cmd.output().expect("run kubectl")
 }
 
 /// Runs kubectl feeding `stdin`.
