@@ -1,23 +1,180 @@
-//! `fleetgate demo`: the simulated fleet and the gateway in one command. Placeholder until the
-//! lead puts the real command here (the lead owns this file).
+//! `fleetgate demo`: a simulated fleet and the gateway in front of it, in one command, so a
+//! newcomer can point kubectl at a fleet without any cluster.
+//!
+//! The fleet (`fleetgate_loadtest::sim`, built on hyper/tokio and sharing no HTTP code with the
+//! gateway) runs on a tokio runtime in this process; the gateway runs as a child process
+//! (`fleetgate serve --config DIR`) exactly as an operator would run it, so the demo exercises the
+//! real command. This is the only place the gateway crate touches the simulated fleet.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{anyhow, bail, Context};
 
 /// Arguments of `fleetgate demo`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
-    /// Where to write the fleet's files and `kubeconfig`.
+    /// Where the fleet's files and the kubeconfig are written.
     #[arg(long)]
-    pub dir: std::path::PathBuf,
-    /// How many member clusters to simulate.
+    pub dir: PathBuf,
+    /// Simulated member clusters.
     #[arg(long, default_value_t = 3)]
     pub clusters: usize,
-    /// The gateway's listen address.
+    /// The gateway's address (port 0 picks a free port; the kubeconfig gets the real one).
     #[arg(long, default_value = "127.0.0.1:8443")]
     pub listen: String,
+    /// ConfigMaps created per member (spread over namespaces load-0..load-9).
+    #[arg(long, default_value_t = 20)]
+    pub objects: usize,
+    /// Gateway shards (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub workers: usize,
 }
 
-/// Runs the demo.
+/// Runs the demo until SIGINT or SIGTERM.
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let _ = args;
-    println!("not yet");
+    if args.clusters == 0 {
+        bail!("--clusters must be at least 1");
+    }
+    args.listen
+        .parse::<SocketAddr>()
+        .with_context(|| format!("--listen {:?} is not an IP:port address", args.listen))?;
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let fleet = rt.block_on(fleetgate_loadtest::sim::start_fleet(
+        fleetgate_loadtest::sim::FleetOptions {
+            dir: args.dir.clone(),
+            clusters: args.clusters,
+            objects: args.objects,
+            churn_per_sec: 0.0,
+            gateway_listen: Some(args.listen.clone()),
+        },
+    ))?;
+    // The fleet's own kubeconfig goes straight to the members; keep it beside the gateway's.
+    std::fs::copy(
+        args.dir.join("kubeconfig"),
+        args.dir.join("direct.kubeconfig"),
+    )?;
+
+    let mut gateway = start_gateway(&args)?;
+    let bound = match wait_ready(&mut gateway) {
+        Ok(addr) => addr,
+        Err(e) => {
+            let _ = gateway.kill();
+            return Err(e);
+        }
+    };
+    write_kubeconfig(&args.dir, &args.listen, &bound.to_string())?;
+    let kubeconfig = args.dir.join("kubeconfig");
+    println!(
+        "ready: {} simulated member clusters behind https://{bound}/clusters/{{member1..member{}}}; \
+         export KUBECONFIG={}",
+        args.clusters,
+        args.clusters,
+        kubeconfig.display()
+    );
+    std::io::stdout().flush()?;
+
+    // A thread owns the child and reports its exit; the runtime waits for that or a signal.
+    let pid = gateway.id();
+    let (exited_tx, exited_rx) = tokio::sync::oneshot::channel();
+    let waiter = std::thread::spawn(move || {
+        let status = gateway.wait();
+        let _ = exited_tx.send(status);
+    });
+    let outcome = rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut exited = exited_rx;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+            status = &mut exited => {
+                return Ok::<_, anyhow::Error>(Some(format!("{:?}", status)));
+            }
+        }
+        // Ask the gateway to stop, give it a few seconds to drain, then insist.
+        signal(pid, libc::SIGTERM);
+        if tokio::time::timeout(std::time::Duration::from_secs(5), &mut exited)
+            .await
+            .is_err()
+        {
+            signal(pid, libc::SIGKILL);
+        }
+        Ok(None)
+    })?;
+    let _ = waiter.join();
+    rt.block_on(fleet.shutdown());
+    match outcome {
+        Some(status) => Err(anyhow!("the gateway exited unexpectedly ({status})")),
+        None => Ok(()),
+    }
+}
+
+fn start_gateway(args: &DemoArgs) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("finding the fleetgate binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("serve").arg("--config").arg(&args.dir);
+    if args.workers > 0 {
+        cmd.arg("--workers").arg(args.workers.to_string());
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    cmd.spawn().context("starting `fleetgate serve`")
+}
+
+/// Reads the gateway's stdout up to its `ready` line and returns the address of its first
+/// non-admin listener; later lines are passed through on a thread of their own.
+fn wait_ready(child: &mut Child) -> anyhow::Result<SocketAddr> {
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("no stdout from the gateway"))?;
+    let mut lines = BufReader::new(stdout).lines();
+    for line in lines.by_ref() {
+        let line = line?;
+        if !line.contains("ready") {
+            println!("{line}");
+            continue;
+        }
+        let addr = line
+            .split_whitespace()
+            .filter_map(|tok| tok.split_once('='))
+            .filter(|(key, _)| *key != "admin")
+            .find_map(|(_, v)| v.trim_end_matches(',').parse::<SocketAddr>().ok())
+            .ok_or_else(|| {
+                anyhow!("the gateway's ready line names no listener address: {line:?}")
+            })?;
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                println!("{line}");
+            }
+        });
+        return Ok(addr);
+    }
+    bail!("the gateway exited before it was ready (see its log above)")
+}
+
+/// DIR/kubeconfig: the sim's gateway kubeconfig, with the address the gateway really bound.
+fn write_kubeconfig(dir: &Path, listen: &str, bound: &str) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(dir.join("gateway.kubeconfig"))?;
+    let text = text.replace(&format!("https://{listen}/"), &format!("https://{bound}/"));
+    let tmp = dir.join(".kubeconfig.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, dir.join("kubeconfig"))?;
     Ok(())
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) on the pid of our own child with a valid signal number touches no memory.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
 }
