@@ -10,7 +10,8 @@ use std::net::TcpStream;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{ok_stdout, stderr, LineReader, TestFleet, KUBECTL};
+use common::{ok_stdout, stderr, wait_for, LineReader, TestFleet, KUBECTL};
+use fleetgate_loadtest::sim;
 
 /// The two ways kubectl can carry exec/attach/cp.
 const REMOTE_COMMAND: [(&str, &[(&str, &str)]); 2] = [
@@ -337,4 +338,107 @@ fn cp_copies_a_file_in_and_back_out() {
             "cp round trip changed the file over {protocol}"
         );
     }
+}
+
+#[test]
+fn closing_the_client_mid_exec_ends_the_session() {
+    let fleet = TestFleet::start(1);
+    ok_stdout(&fleet.kubectl(&["run", "sleeper", "-n", "default", "--image=busybox"]));
+    for (protocol, env) in REMOTE_COMMAND {
+        assert_eq!(sim::stream::active_sessions("default", "sleeper"), 0);
+        let mut cmd = Command::new(KUBECTL);
+        cmd.arg("--kubeconfig")
+            .arg(fleet.kubeconfig())
+            .arg("--cache-dir")
+            .arg(fleet.cache_dir())
+            .args([
+                "exec", "sleeper", "-n", "default", "--", "sleep", "infinity",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn kubectl exec");
+        wait_for("the exec session to open", Duration::from_secs(30), || {
+            (sim::stream::active_sessions("default", "sleeper") == 1).then_some(())
+        });
+        child.kill().expect("kill kubectl");
+        let _ = child.wait();
+        wait_for(
+            &format!("the {protocol} session to end after kubectl was killed"),
+            Duration::from_secs(15),
+            || (sim::stream::active_sessions("default", "sleeper") == 0).then_some(()),
+        );
+    }
+}
+
+#[test]
+fn exec_with_a_terminal_runs_an_interactive_shell() {
+    let fleet = TestFleet::start(1);
+    for (protocol, env) in REMOTE_COMMAND {
+        // `script` gives kubectl a pseudo-terminal, so `-t` is honoured.
+        let kubectl = format!(
+            "{KUBECTL} --kubeconfig {} --cache-dir {} exec -it hello -n default -- sh",
+            fleet.kubeconfig().display(),
+            fleet.cache_dir().display()
+        );
+        let mut cmd = Command::new("script");
+        cmd.args(["-qec", &kubectl, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn script");
+        let mut keyboard = child.stdin.take().expect("stdin");
+        keyboard.write_all(b"echo tty-$HOSTNAME\rexit 4\r").unwrap();
+        let mut screen = LineReader::new(child.stdout.take().expect("stdout"));
+        // `$HOSTNAME` expanded by the pod's shell, not by ours: proof the line ran remotely.
+        screen.wait_line("the command's output", Duration::from_secs(30), |l| {
+            l.trim_end() == "tty-hello"
+        });
+        screen.wait_line("kubectl's exit report", Duration::from_secs(30), |l| {
+            l.contains("command terminated with exit code 4")
+        });
+        let status = child.wait().expect("script exit");
+        drop(keyboard);
+        assert_eq!(
+            status.code(),
+            Some(4),
+            "over {protocol}: {:#?}",
+            screen.seen
+        );
+        assert!(
+            screen.seen.iter().any(|l| l.starts_with("# ")),
+            "no prompt over {protocol}: {:#?}",
+            screen.seen
+        );
+    }
+}
+
+#[test]
+fn exec_without_an_upgrade_is_a_bad_request_status() {
+    let fleet = TestFleet::start(1);
+    let addr = fleet.handle().member_addrs()[0];
+    let token = fleet.token("admin");
+    let ca = fleet.fleet_ca_pem();
+    let (parts, body) = fleet.runtime.block_on(async {
+        let req = http::Request::post(
+            "/api/v1/namespaces/default/pods/hello/exec?command=echo&command=hi&stdout=true",
+        )
+        .header("host", "127.0.0.1")
+        .header("authorization", format!("Bearer {token}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+        common::raw::request(addr, &ca, req).await
+    });
+    assert_eq!(parts.status, 400);
+    let status: serde_json::Value = serde_json::from_slice(&body).expect("Status JSON");
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["reason"], "BadRequest");
+    assert_eq!(status["code"], 400);
+    assert_eq!(status["message"], "Upgrade request required");
 }

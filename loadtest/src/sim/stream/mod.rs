@@ -22,6 +22,9 @@ mod status;
 mod tar;
 mod tunnel;
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
 use hyper::header::{
     HeaderMap, HeaderValue, CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY,
     SEC_WEBSOCKET_PROTOCOL, UPGRADE,
@@ -117,7 +120,9 @@ pub fn serve(
         "streaming session upgrading"
     );
     let on_upgrade = hyper::upgrade::on(&mut req);
+    let guard = SessionGuard::enter(&target);
     tokio::spawn(async move {
+        let _guard = guard;
         let upgraded = match on_upgrade.await {
             Ok(u) => TokioIo::new(u),
             Err(error) => {
@@ -128,6 +133,49 @@ pub fn serve(
         run_session(plan, upgraded, target).await;
     });
     response
+}
+
+/// Streaming sessions running now, by `namespace/pod`, across every member of this process.
+static ACTIVE_SESSIONS: OnceLock<Mutex<HashMap<String, usize>>> = OnceLock::new();
+
+fn active_sessions_map() -> std::sync::MutexGuard<'static, HashMap<String, usize>> {
+    ACTIVE_SESSIONS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// How many exec / attach / port-forward sessions of `namespace/pod` are open right now in this
+/// process (counted from the 101 until the session has closed its connection). Tests use it to
+/// see that a client going away, directly or through the gateway, ends the member's session.
+pub fn active_sessions(namespace: &str, pod: &str) -> usize {
+    active_sessions_map()
+        .get(&format!("{namespace}/{pod}"))
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Counts one session in [`active_sessions`] for as long as it lives.
+struct SessionGuard(String);
+
+impl SessionGuard {
+    fn enter(target: &StreamRequest) -> Self {
+        let key = format!("{}/{}", target.namespace, target.pod);
+        *active_sessions_map().entry(key.clone()).or_insert(0) += 1;
+        SessionGuard(key)
+    }
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        let mut map = active_sessions_map();
+        if let Some(count) = map.get_mut(&self.0) {
+            *count -= 1;
+            if *count == 0 {
+                map.remove(&self.0);
+            }
+        }
+    }
 }
 
 /// What kubelet and the apiserver refuse before any upgrade.
