@@ -10,7 +10,7 @@
 //! answered in order. Called by `tls`/`shard` for each accepted connection; generic over the stream
 //! type so the same code serves TLS and plaintext sockets.
 
-use std::io;
+use std::io::{self, Write as _};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -27,7 +27,7 @@ use crate::http1::{
     BodyKind, BodyProgress, Head, HeadError, HeadLimits,
 };
 use crate::identity::{self, ClientIdentity};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ShardMetrics};
 use crate::route::{self, Route};
 use crate::upstream::{connect, ShardPool, UpstreamConn};
 
@@ -53,6 +53,7 @@ pub struct ShardContext {
     pub table: SharedTable,
     pub pool: ShardPool,
     pub metrics: Arc<Metrics>,
+    pub metrics_cache: ShardMetrics,
 }
 
 /// Per-connection state reused for every request on it.
@@ -249,8 +250,13 @@ where
         Ok(next) => next,
         Err(Failure::Answer(err)) => {
             let code = err.code_and_reason().0;
-            ctx.metrics
-                .record_request(&cluster.name, verb, code, started.elapsed());
+            ctx.metrics_cache.record(
+                &ctx.metrics,
+                (cluster.id, &cluster.name),
+                verb,
+                code,
+                started.elapsed(),
+            );
             let close = close || err.must_close();
             respond_error(down, &err, close).await;
             if close {
@@ -314,7 +320,8 @@ fn build_upstream_head(
         out.extend_from_slice(value);
         out.extend_from_slice(b", ");
     }
-    out.extend_from_slice(peer.ip().to_string().as_bytes());
+    // Formats straight into the buffer: no allocation per request.
+    let _ = write!(out, "{}", peer.ip());
     out.extend_from_slice(b"\r\n");
     identity::push_upstream_identity(out, cluster, identity);
     out.extend_from_slice(b"\r\n");
@@ -426,8 +433,13 @@ where
     down.out.clear();
     write_response_head(&mut down.out, &down.response, client_close);
     let code = down.response.code;
-    ctx.metrics
-        .record_request(&cluster.name, verb, code, started.elapsed());
+    ctx.metrics_cache.record(
+        &ctx.metrics,
+        (cluster.id, &cluster.name),
+        verb,
+        code,
+        started.elapsed(),
+    );
     let mut progress = BodyProgress::new(kind);
     let first = progress
         .take(&conn.buf)
@@ -597,7 +609,7 @@ async fn read_response_head(
 /// Writes the status line and the end-to-end headers of a member's response.
 fn write_response_head(out: &mut Vec<u8>, response: &Head, close: bool) {
     out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(response.code.to_string().as_bytes());
+    let _ = write!(out, "{:03}", response.code);
     out.push(b' ');
     out.extend_from_slice(response.reason());
     out.extend_from_slice(b"\r\n");

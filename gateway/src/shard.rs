@@ -20,7 +20,7 @@ use rustls::ServerConfig;
 use tracing::{debug, error};
 
 use crate::identity::ClientIdentity;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ShardMetrics};
 use crate::proxy::{serve_http1, ShardContext};
 use crate::upstream::ShardPool;
 
@@ -86,6 +86,7 @@ pub fn spawn_shard(
                     table,
                     pool: ShardPool::new(POOL_MAX_IDLE, POOL_IDLE_TIMEOUT),
                     metrics,
+                    metrics_cache: ShardMetrics::default(),
                 });
                 for listener in listeners {
                     match monoio::net::TcpListener::from_std(listener.socket) {
