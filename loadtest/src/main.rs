@@ -1,4 +1,4 @@
-//! `fleetgate-loadtest`: the simulated fleet (`sim`) and, later, the load driver (`run`).
+//! `fleetgate-loadtest`: the simulated fleet (`sim`) and the load driver (`run`).
 //!
 //! Thin: parses the command line, starts the library's pieces on a tokio runtime, prints the
 //! `ready` line of the command-line contract, and runs until SIGINT / SIGTERM.
@@ -25,6 +25,8 @@ struct Cli {
 enum Command {
     /// Run N simulated member clusters (kube-apiserver-compatible) until SIGINT / SIGTERM.
     Sim(SimArgs),
+    /// Run a load scenario against targets, charging each target process's CPU and memory.
+    Run(fleetgate_loadtest::run::RunArgs),
 }
 
 #[derive(Args, Debug)]
@@ -63,6 +65,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Sim(args) => run_sim(args),
+        Command::Run(args) => fleetgate_loadtest::run::run(args).map(|_| ()),
     }
 }
 

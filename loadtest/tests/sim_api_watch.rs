@@ -1,0 +1,333 @@
+//! Watch streams and the wire details kubectl does not show, checked with a raw HTTPS client:
+//! resume from a resourceVersion, 410 Expired as an ERROR event inside a 200 stream, one chunk
+//! per live event, BOOKMARKs, timeoutSeconds, the apiserver's headers, 401 / 500 shapes, and h2.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::raw;
+use common::TestFleet;
+use fleetgate_loadtest::sim::SimTuning;
+use http_body_util::{BodyExt, Full};
+use serde_json::Value;
+
+fn post_configmap(name: &str, token: &str, labels: &str) -> http::Request<Full<Bytes>> {
+    let body = format!(
+        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","labels":{labels}}},"data":{{"k":"v"}}}}"#
+    );
+    http::Request::post("/api/v1/namespaces/default/configmaps")
+        .header("host", "127.0.0.1")
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("request")
+}
+
+/// Reads the next body frame with a deadline.
+async fn next_frame(body: &mut hyper::body::Incoming) -> Option<Bytes> {
+    let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("a frame within 10 s")?;
+    frame.ok()?.into_data().ok()
+}
+
+#[test]
+fn watch_resumes_from_a_resource_version_one_chunk_per_event() {
+    let fleet = TestFleet::start(1);
+    let addr = fleet.handle().member_addrs()[0];
+    let ca = fleet.fleet_ca_pem();
+    let token = fleet.token("admin");
+    fleet.runtime.block_on(async {
+        let (parts, body) = raw::request(
+            addr,
+            &ca,
+            raw::get("/api/v1/namespaces/default/configmaps", &token),
+        )
+        .await;
+        assert_eq!(parts.status, 200);
+        for header in [
+            "audit-id",
+            "cache-control",
+            "x-kubernetes-pf-flowschema-uid",
+        ] {
+            assert!(parts.headers.contains_key(header), "missing {header}");
+        }
+        let list: Value = serde_json::from_slice(&body).expect("list JSON");
+        assert_eq!(list["kind"], "ConfigMapList");
+        let list_rv = list["metadata"]["resourceVersion"]
+            .as_str()
+            .expect("rv")
+            .to_string();
+
+        // Two writes after the list; a watch from the list RV replays both, in order.
+        for name in ["w1", "w2"] {
+            let (parts, _) = raw::request(addr, &ca, post_configmap(name, &token, "{}")).await;
+            assert_eq!(parts.status, 201);
+        }
+        let resp = raw::request_streaming(
+            addr,
+            &ca,
+            raw::get(
+                &format!(
+                    "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={list_rv}"
+                ),
+                &token,
+            ),
+        )
+        .await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["content-type"], "application/json");
+        let mut body = resp.into_body();
+        let mut replayed = String::new();
+        while replayed.lines().count() < 2 {
+            replayed.push_str(&String::from_utf8_lossy(
+                &next_frame(&mut body).await.expect("event"),
+            ));
+        }
+        let names: Vec<String> = replayed
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).expect("event JSON"))
+            .map(|e| {
+                assert_eq!(e["type"], "ADDED");
+                e["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(names, vec!["w1", "w2"]);
+
+        // A live change arrives as exactly one chunk holding one event.
+        let (parts, _) = raw::request(addr, &ca, post_configmap("w3", &token, "{}")).await;
+        assert_eq!(parts.status, 201);
+        let chunk = next_frame(&mut body).await.expect("live event");
+        let text = String::from_utf8_lossy(&chunk);
+        assert!(
+            text.ends_with('\n') && text.matches('\n').count() == 1,
+            "{text:?}"
+        );
+        let event: Value = serde_json::from_str(text.trim()).expect("event");
+        assert_eq!(event["object"]["metadata"]["name"], "w3");
+        assert_eq!(event["object"]["kind"], "ConfigMap");
+    });
+}
+
+#[test]
+fn too_old_resource_version_is_an_error_event_in_a_200_stream() {
+    let tuning = SimTuning {
+        history_window: 5,
+        ..SimTuning::default()
+    };
+    let fleet = TestFleet::start_with(1, 0, 0.0, tuning);
+    let addr = fleet.handle().member_addrs()[0];
+    let ca = fleet.fleet_ca_pem();
+    let token = fleet.token("admin");
+    fleet.runtime.block_on(async {
+        for i in 0..12 {
+            let (parts, _) = raw::request(
+                addr,
+                &ca,
+                post_configmap(&format!("churn-{i}"), &token, "{}"),
+            )
+            .await;
+            assert_eq!(parts.status, 201);
+        }
+        let (parts, body) = raw::request(
+            addr,
+            &ca,
+            raw::get(
+                "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=2",
+                &token,
+            ),
+        )
+        .await;
+        assert_eq!(parts.status, 200, "410 travels inside a 200 stream");
+        let text = String::from_utf8_lossy(&body);
+        let event: Value =
+            serde_json::from_str(text.trim()).expect("one ERROR event, then the end");
+        assert_eq!(event["type"], "ERROR");
+        assert_eq!(event["object"]["code"], 410);
+        assert_eq!(event["object"]["reason"], "Expired");
+        assert!(event["object"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("too old resource version: 2 ("));
+
+        // An unparseable resourceVersion is a 500, as recorded.
+        let (parts, _) = raw::request(
+            addr,
+            &ca,
+            raw::get(
+                "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=abc",
+                &token,
+            ),
+        )
+        .await;
+        assert_eq!(parts.status, 500);
+    });
+}
+
+#[test]
+fn bookmarks_and_timeout_end_the_stream() {
+    let fleet = TestFleet::start(1);
+    let addr = fleet.handle().member_addrs()[0];
+    let ca = fleet.fleet_ca_pem();
+    let token = fleet.token("admin");
+    fleet.runtime.block_on(async {
+        let rv = fleet.handle().member(0).expect("member").store.current_rv();
+        let started = std::time::Instant::now();
+        let resp = raw::request_streaming(
+            addr,
+            &ca,
+            raw::get(
+                &format!(
+                    "/api/v1/namespaces/default/configmaps?watch=1&allowWatchBookmarks=true&labelSelector=app%3Dno-match&resourceVersion={rv}&timeoutSeconds=3"
+                ),
+                &token,
+            ),
+        )
+        .await;
+        // A change the selector filters out moves the RV: a BOOKMARK reports it before the end.
+        let (parts, _) = raw::request(addr, &ca, post_configmap("unrelated", &token, "{}")).await;
+        assert_eq!(parts.status, 201);
+        let body = tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect())
+            .await
+            .expect("the stream ends at timeoutSeconds")
+            .expect("body")
+            .to_bytes();
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_millis(2500) && elapsed < Duration::from_secs(8), "{elapsed:?}");
+        let text = String::from_utf8_lossy(&body);
+        let event: Value = serde_json::from_str(text.trim()).expect("one BOOKMARK");
+        assert_eq!(event["type"], "BOOKMARK");
+        assert_eq!(event["object"]["kind"], "ConfigMap");
+        let bookmark_rv: u64 = event["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .expect("rv");
+        assert!(bookmark_rv > rv);
+    });
+}
+
+#[test]
+fn identity_errors_have_the_recorded_shapes() {
+    let fleet = TestFleet::start(1);
+    let addr = fleet.handle().member_addrs()[0];
+    let ca = fleet.fleet_ca_pem();
+    let admin = fleet.token("admin");
+    fleet.runtime.block_on(async {
+        // No credential: 401 Status, no APF headers.
+        let req = http::Request::get("/api/v1/namespaces/default/configmaps")
+            .header("host", "127.0.0.1")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let (parts, body) = raw::request(addr, &ca, req).await;
+        assert_eq!(parts.status, 401);
+        assert!(!parts.headers.contains_key("x-kubernetes-pf-flowschema-uid"));
+        let status: Value = serde_json::from_slice(&body).expect("Status");
+        assert_eq!(status["reason"], "Unauthorized");
+
+        // Impersonate-Group without Impersonate-User: a text 500.
+        let req = http::Request::get("/api/v1/namespaces/default/configmaps")
+            .header("host", "127.0.0.1")
+            .header("authorization", format!("Bearer {admin}"))
+            .header("impersonate-group", "devs")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let (parts, body) = raw::request(addr, &ca, req).await;
+        assert_eq!(parts.status, 500);
+        assert_eq!(parts.headers["content-type"], "text/plain; charset=utf-8");
+        assert!(String::from_utf8_lossy(&body).contains("without impersonating a user"));
+
+        // Impersonation with uid and extra reaches selfsubjectreviews.
+        let req = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+            .header("host", "127.0.0.1")
+            .header("authorization", format!("Bearer {admin}"))
+            .header("impersonate-user", "carol")
+            .header("impersonate-group", "ops")
+            .header("impersonate-uid", "carol-uid")
+            .header("impersonate-extra-scopes", "view")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(
+                br#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#,
+            )))
+            .expect("request");
+        let (parts, body) = raw::request(addr, &ca, req).await;
+        assert_eq!(parts.status, 201);
+        let review: Value = serde_json::from_slice(&body).expect("review");
+        let info = &review["status"]["userInfo"];
+        assert_eq!(info["username"], "carol");
+        assert_eq!(info["uid"], "carol-uid");
+        assert_eq!(info["extra"]["scopes"][0], "view");
+        assert_eq!(
+            info["groups"],
+            serde_json::json!(["ops", "system:authenticated"])
+        );
+
+        // Unknown group: plain-text 404; unknown resource in a known group: JSON Status 404.
+        let (parts, body) = raw::request(
+            addr,
+            &ca,
+            raw::get("/apis/nosuch.example.com/v1/widgets", &admin),
+        )
+        .await;
+        assert_eq!(parts.status, 404);
+        assert_eq!(&body[..], b"404 page not found\n");
+        let (parts, body) = raw::request(
+            addr,
+            &ca,
+            raw::get("/api/v1/namespaces/default/nosuchresources", &admin),
+        )
+        .await;
+        assert_eq!(parts.status, 404);
+        let status: Value = serde_json::from_slice(&body).expect("Status");
+        assert_eq!(
+            status["message"],
+            "the server could not find the requested resource"
+        );
+    });
+}
+
+#[test]
+fn http2_by_alpn_serves_discovery_and_watches() {
+    let fleet = TestFleet::start(1);
+    let addr = fleet.handle().member_addrs()[0];
+    let ca = fleet.fleet_ca_pem();
+    let token = fleet.token("admin");
+    fleet.runtime.block_on(async {
+        let tls = raw::connect(addr, &ca, true).await;
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tls),
+        )
+        .await
+        .expect("h2 handshake");
+        tokio::spawn(conn);
+        let req = http::Request::get(format!("https://{addr}/api"))
+            .header("authorization", format!("Bearer {token}"))
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let resp = sender.send_request(req).await.expect("h2 request");
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        let doc: Value = serde_json::from_slice(&body).expect("APIVersions");
+        assert_eq!(doc["kind"], "APIVersions");
+
+        let req = http::Request::get(format!(
+            "https://{addr}/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=0&timeoutSeconds=1"
+        ))
+        .header("authorization", format!("Bearer {token}"))
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+        let resp = sender.send_request(req).await.expect("h2 watch");
+        let body = tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect())
+            .await
+            .expect("watch ends")
+            .expect("body")
+            .to_bytes();
+        assert!(body.is_empty() || String::from_utf8_lossy(&body).contains("ADDED"));
+    });
+}
