@@ -1,0 +1,129 @@
+//! A smoke run of the load driver (`fleetgate-loadtest run`) against a simulated member: every
+//! scenario for about a second with a tiny load, checked through its JSON output, so the harness
+//! that produces the benchmark figures never rots. Not a performance test: no figure is compared.
+
+mod common;
+
+use std::process::Command;
+
+use common::TestFleet;
+
+fn run(fleet: &TestFleet, args: &[&str]) -> serde_json::Value {
+    let json = fleet.tempdir.path().join(format!("{}.json", args[1]));
+    let target = format!(
+        "member1=kubeconfig:{}:member1",
+        fleet.kubeconfig().display()
+    );
+    // The fleet runs inside this test process, so this process is the one charged.
+    let pid = format!("member1={}", std::process::id());
+    let out = Command::new(env!("CARGO_BIN_EXE_fleetgate-loadtest"))
+        .arg("run")
+        .args(args)
+        .args([
+            "--target",
+            &target,
+            "--pid",
+            &pid,
+            "--duration",
+            "1s",
+            "--warmup",
+            "300ms",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("fleetgate-loadtest runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.lines().any(|l| l.starts_with("member1")),
+        "a result row:\n{table}"
+    );
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    results[0].clone()
+}
+
+#[test]
+fn every_scenario_runs_and_reports_its_figures() {
+    let fleet = TestFleet::start_with(1, 20, 40.0, Default::default());
+
+    let r = run(
+        &fleet,
+        &[
+            "--scenario",
+            "small-get",
+            "--connections",
+            "2",
+            "--path",
+            "/api/v1/namespaces/load-0/configmaps/load-cm-0",
+        ],
+    );
+    assert!(r["requests"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["errors"], 0, "{r}");
+    assert!(r["cpu_us_per_request"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(
+        r["p99_us"].as_f64().unwrap() >= r["p50_us"].as_f64().unwrap(),
+        "{r}"
+    );
+
+    let r = run(
+        &fleet,
+        &["--scenario", "big-list", "--path", "/api/v1/configmaps"],
+    );
+    assert!(
+        r["bytes"].as_u64().unwrap() > 20 * 1000,
+        "20 objects of ~1 KiB: {r}"
+    );
+    assert!(r["cpu_ms_per_mb"].as_f64().is_some(), "{r}");
+
+    let r = run(
+        &fleet,
+        &[
+            "--scenario",
+            "watch-idle",
+            "--watches",
+            "20",
+            "--path",
+            "/api/v1/namespaces/kube-public/configmaps?watch=1",
+        ],
+    );
+    assert_eq!(r["watches"], 20, "{r}");
+    assert!(r["kib_per_watch"].as_f64().is_some(), "{r}");
+
+    // The churn (40 updates/s) stamps each update; every watch sees them with a latency.
+    let r = run(
+        &fleet,
+        &[
+            "--scenario",
+            "watch-events",
+            "--watches",
+            "3",
+            "--path",
+            "/api/v1/configmaps",
+        ],
+    );
+    assert!(r["events"].as_u64().unwrap() > 0, "{r}");
+    let p50 = r["p50_us"].as_f64().unwrap();
+    assert!(
+        p50 > 0.0 && p50 < 1_000_000.0,
+        "event latency on loopback is under a second: {r}"
+    );
+
+    // Bad input is a clear error, not a hang.
+    let out = Command::new(env!("CARGO_BIN_EXE_fleetgate-loadtest"))
+        .args([
+            "run",
+            "--scenario",
+            "nope",
+            "--target",
+            "x=http://127.0.0.1:1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
