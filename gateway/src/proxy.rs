@@ -301,7 +301,13 @@ fn build_upstream_head(
     if let Route::Cluster { rest, query, .. } = route::route(head.target(), ocm_style) {
         route::push_upstream_target(out, &cluster.upstream.path_prefix, rest, query);
     }
-    out.extend_from_slice(b" HTTP/1.1\r\n");
+    // An HTTP/1.0 client is forwarded as HTTP/1.0, so the member answers without chunked
+    // framing, which such a client could not read.
+    if head.minor_version == 0 {
+        out.extend_from_slice(b" HTTP/1.0\r\n");
+    } else {
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+    }
     push_header(out, b"Host", cluster.upstream.authority.as_bytes());
     for (name, value) in head.headers() {
         if name.eq_ignore_ascii_case(b"host")

@@ -413,3 +413,67 @@ async fn clients_without_a_certificate_are_refused_and_metrics_count_requests() 
         assert!(text.ends_with("# EOF\n"));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_pass_through_as_framed_and_special_requests_are_handled() {
+    for driver in DRIVERS {
+        let (upstream, gw) = setup(driver).await;
+        // A chunked body reaches the member with its framing untouched (extensions included),
+        // and the gateway answers `Expect: 100-continue` itself.
+        let chunked = b"3;note=\"a b\"\r\nabc\r\n5\r\ndefgh\r\n0\r\nX-Trailer: t\r\n\r\n";
+        let mut tls = gw.tls().await;
+        tls.write_all(
+            b"POST /clusters/member/api/v1/namespaces/n/configmaps HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut interim = vec![0u8; 25];
+        tls.read_exact(&mut interim).await.unwrap();
+        assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n", "{driver}");
+        tls.write_all(chunked).await.unwrap();
+        let mut carry = Vec::new();
+        let response = read_response(&mut tls, &mut carry).await.unwrap();
+        assert_eq!(response.code, 200, "{driver}");
+        let seen = upstream.requests();
+        let last = seen.last().unwrap();
+        assert_eq!(
+            last.body,
+            chunked.to_vec(),
+            "{driver}: chunked framing was changed"
+        );
+        assert!(last.head.contains("Transfer-Encoding: chunked\r\n"));
+        assert!(
+            !last.head.to_ascii_lowercase().contains("expect:"),
+            "{driver}: Expect forwarded"
+        );
+
+        // HEAD: no body is expected even though the member announces a length.
+        tls.write_all(b"HEAD /clusters/member/api HTTP/1.1\r\nHost: gw\r\n\r\nGET /clusters/member/after-head HTTP/1.1\r\nHost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        let mut head_only = Vec::new();
+        while !head_only.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut chunk = [0u8; 1];
+            tls.read_exact(&mut chunk).await.unwrap();
+            head_only.push(chunk[0]);
+        }
+        assert!(String::from_utf8_lossy(&head_only).starts_with("HTTP/1.1 200 OK"));
+        let mut carry = Vec::new();
+        let after = read_response(&mut tls, &mut carry).await.unwrap();
+        assert!(after.json()["head"]
+            .as_str()
+            .unwrap()
+            .starts_with("GET /prefix/after-head "));
+
+        // An HTTP/1.0 client gets a body it can read (no chunked framing) and a close.
+        let old = exchange(
+            gw.plain().await,
+            b"GET /clusters/member/big?bytes=70000 HTTP/1.0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        assert_eq!(old.code, 200);
+        assert_eq!(old.header("transfer-encoding"), None, "{driver}");
+        assert_eq!(old.body.len(), 70000, "{driver}");
+    }
+}

@@ -197,15 +197,19 @@ async fn serve_upstream(
             }
             body = buf.drain(..len).collect();
         } else if lower.contains("transfer-encoding: chunked") {
-            while !buf.windows(5).any(|w| w == b"0\r\n\r\n") {
+            // The gateway's own scanner finds the end (trailers included); the body is recorded
+            // with its framing, as it came over the wire.
+            let mut scanner = fleetgate::http1::ChunkedScanner::new();
+            let mut end = scanner.scan(&buf).unwrap();
+            while !scanner.is_done() {
                 let mut chunk = vec![0u8; 65536];
                 let n = stream.read(&mut chunk).await.unwrap_or(0);
                 if n == 0 {
                     return;
                 }
                 buf.extend_from_slice(&chunk[..n]);
+                end += scanner.scan(&buf[end..]).unwrap();
             }
-            let end = buf.windows(5).position(|w| w == b"0\r\n\r\n").unwrap() + 5;
             body = buf.drain(..end).collect();
         }
         seen.lock().unwrap().push(Recorded {
@@ -247,6 +251,14 @@ async fn serve_upstream(
                 .and_then(|v| v.split('&').next())
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
+            if head.contains(" HTTP/1.0\r\n") {
+                // An HTTP/1.0 request gets a close-delimited answer, as Go's server gives it.
+                let _ = stream
+                    .write_all(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n")
+                    .await;
+                let _ = stream.write_all(&vec![b'x'; bytes]).await;
+                return;
+            }
             let mut ok = stream
                 .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
                 .await
