@@ -586,3 +586,87 @@ fn stop_member_closes_only_that_member() {
     );
     ok_stdout(&fleet.kubectl(&["--context", "member2", "get", "ns"]));
 }
+
+#[test]
+fn deployments_scale_and_roll_out() {
+    let fleet = TestFleet::start(1);
+    ok_stdout(&fleet.kubectl(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=nginx:1",
+        "-n",
+        "default",
+    ]));
+    ok_stdout(&fleet.kubectl(&["scale", "deploy", "web", "--replicas=3", "-n", "default"]));
+    let ready = ok_stdout(&fleet.kubectl(&[
+        "get",
+        "deploy",
+        "web",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={.status.readyReplicas}",
+    ]));
+    assert_eq!(ready, "3");
+    ok_stdout(&fleet.kubectl(&[
+        "set",
+        "image",
+        "deploy/web",
+        "nginx=nginx:2",
+        "-n",
+        "default",
+    ]));
+    let status = ok_stdout(&fleet.kubectl(&[
+        "rollout",
+        "status",
+        "deploy/web",
+        "-n",
+        "default",
+        "--timeout=10s",
+    ]));
+    assert!(status.contains("successfully rolled out"), "{status}");
+}
+
+#[test]
+fn fleetgate_objects_apply_and_list() {
+    let fleet = TestFleet::start(1);
+    let objects = "apiVersion: fleetgate.io/v1alpha1
+kind: Cluster
+metadata:
+  name: east
+  labels: {env: dev}
+spec:
+  server: https://10.0.0.1:6443
+---
+apiVersion: fleetgate.io/v1alpha1
+kind: AccessPolicy
+metadata:
+  name: devs
+spec:
+  subjects: [{kind: Group, name: devs}]
+";
+    let out = ok_stdout(&kubectl_stdin(&fleet, &["apply", "-f", "-"], objects));
+    assert!(out.contains("cluster.fleetgate.io/east created"), "{out}");
+    let changed = objects.replace("env: dev", "env: prod");
+    ok_stdout(&kubectl_stdin(&fleet, &["apply", "-f", "-"], &changed));
+    let env = ok_stdout(&fleet.kubectl(&[
+        "get",
+        "clusters.fleetgate.io",
+        "east",
+        "-o",
+        "jsonpath={.metadata.labels.env}",
+    ]));
+    assert_eq!(env, "prod");
+    let names = ok_stdout(&fleet.kubectl(&["get", "accesspolicies", "-o", "name"]));
+    assert_eq!(names.trim(), "accesspolicy.fleetgate.io/devs");
+    let can = fleet.kubectl(&[
+        "auth",
+        "can-i",
+        "list",
+        "clusters.fleetgate.io",
+        "--as",
+        "bob",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&can.stdout).trim(), "no");
+}

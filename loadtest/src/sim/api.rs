@@ -531,6 +531,23 @@ async fn serve_resource(
             let target = stream_request(info.query, &pod, kind)?;
             Ok(crate::sim::stream::serve(req, target))
         }
+        ("get", Some("scale")) => {
+            let object = objects::get_object(info, res, ns, name.unwrap_or(""))?;
+            Ok(objects::respond_scale(info, &object))
+        }
+        ("update" | "patch", Some("scale")) => {
+            let content_type = header_str(&req, header::CONTENT_TYPE).map(str::to_string);
+            let body = read_body(req.into_body()).await?;
+            objects::change_scale(
+                info,
+                res,
+                ns,
+                name.unwrap_or(""),
+                verb,
+                content_type.as_deref(),
+                &body,
+            )
+        }
         ("get", _) => {
             let object = objects::get_object(info, res, ns, name.unwrap_or(""))?;
             Ok(objects::respond_object(info, res, StatusCode::OK, &object))

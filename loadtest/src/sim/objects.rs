@@ -1141,6 +1141,85 @@ pub fn delete_collection(
     Ok(json_response(StatusCode::OK, &body, &info.ctx))
 }
 
+/// The `autoscaling/v1` Scale of a deployment.
+fn scale_of(object: &Value) -> Value {
+    let meta = &object["metadata"];
+    let selector = object["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
+            "resourceVersion": meta["resourceVersion"], "creationTimestamp": meta["creationTimestamp"],
+        },
+        "spec": {"replicas": object["spec"]["replicas"].as_i64().unwrap_or(1)},
+        "status": {"replicas": object["status"]["replicas"].as_i64().unwrap_or(0), "selector": selector},
+    })
+}
+
+/// GET `deployments/{name}/scale`.
+pub fn respond_scale(info: &RequestInfo<'_>, object: &Value) -> Response<SimBody> {
+    json_response(StatusCode::OK, &scale_of(object), &info.ctx)
+}
+
+/// PUT or PATCH `deployments/{name}/scale` (what `kubectl scale` sends): sets spec.replicas;
+/// the sim's controller makes every replica ready at once.
+#[allow(clippy::too_many_arguments)] // the request's parts, kept apart so handlers stay sync
+pub fn change_scale(
+    info: &RequestInfo<'_>,
+    res: &ResourceInfo,
+    ns: Option<&str>,
+    name: &str,
+    verb: &str,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<Response<SimBody>, ApiError> {
+    let patch_type = if verb == "patch" {
+        Some(
+            content_type
+                .and_then(PatchType::from_content_type)
+                .ok_or_else(ApiError::unsupported_media_type_patch)?,
+        )
+    } else {
+        None
+    };
+    let result = info
+        .member
+        .store
+        .mutate(res.store_key(), ns.unwrap_or(""), name, |current| {
+            let Some(current) = current else {
+                return Err(ApiError::grouped_not_found(res.group, res.plural, name));
+            };
+            let scale = scale_of(current);
+            let next_scale = match patch_type {
+                Some(kind) => patch::apply_patch(kind, &scale, body).map_err(patch_error)?,
+                None => serde_json::from_slice(body)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding Scale: {e}")))?,
+            };
+            let replicas = next_scale["spec"]["replicas"]
+                .as_i64()
+                .filter(|r| *r >= 0)
+                .ok_or_else(|| ApiError::invalid("spec.replicas must be a non-negative integer"))?;
+            let mut next = current.as_ref().clone();
+            next["spec"]["replicas"] = json!(replicas);
+            let generation = next["metadata"]["generation"].as_i64().unwrap_or(1);
+            next["metadata"]["generation"] = json!(generation + 1);
+            deployment_status(&mut next);
+            Ok(Mutation::Put(next))
+        })?;
+    let (_, stored) =
+        result.ok_or_else(|| ApiError::grouped_not_found(res.group, res.plural, name))?;
+    Ok(json_response(StatusCode::OK, &scale_of(&stored), &info.ctx))
+}
+
 /// A compact JSON encoding of an object (used by watch for non-shared encodings).
 pub fn encode_compact(value: &Value) -> Bytes {
     encode_json(value, false)

@@ -170,7 +170,14 @@ pub static RESOURCES: &[ResourceInfo] = &[
         namespaced: true,
         short_names: &["deploy"],
         categories: &["all"],
-        subresources: &[status("Deployment")],
+        subresources: &[
+            Subresource {
+                name: "scale",
+                kind: "Scale",
+                verbs: STATUS_VERBS,
+            },
+            status("Deployment"),
+        ],
         has_generation: true,
         storage_version_hash: "8aSe+NMegvE=",
     },
@@ -256,13 +263,19 @@ impl ResourceInfo {
         }
         let mut entries = vec![main];
         for sub in self.subresources {
-            entries.push(json!({
+            let mut entry = json!({
                 "name": format!("{}/{}", self.plural, sub.name),
                 "singularName": "",
                 "namespaced": self.namespaced,
                 "kind": sub.kind,
                 "verbs": sub.verbs,
-            }));
+            });
+            if sub.name == "scale" {
+                // Scale lives in another group, and discovery says so (as apps/v1 does).
+                entry["group"] = json!("autoscaling");
+                entry["version"] = json!("v1");
+            }
+            entries.push(entry);
         }
         entries
     }
