@@ -442,3 +442,60 @@ fn exec_without_an_upgrade_is_a_bad_request_status() {
     assert_eq!(status["code"], 400);
     assert_eq!(status["message"], "Upgrade request required");
 }
+
+#[test]
+fn websocket_v4_client_gets_channels_and_exit_status() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::{handshake::client::generate_key, Message};
+
+    let fleet = TestFleet::start(1);
+    let addr = fleet.handle().member_addrs()[0];
+    let token = fleet.token("admin");
+    let ca = fleet.fleet_ca_pem();
+    let (protocol, stdout, stderr, status) = fleet.runtime.block_on(async {
+        let tls = common::raw::connect(addr, &ca, false).await;
+        let req = http::Request::get(
+            "wss://127.0.0.1/api/v1/namespaces/default/pods/hello/exec?command=sh&command=-c\
+             &command=echo%20hi%3B%20echo%20oops%20%3E%262%3B%20exit%202&stdout=true&stderr=true",
+        )
+        .header("host", "127.0.0.1")
+        .header("authorization", format!("Bearer {token}"))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", generate_key())
+        .header("sec-websocket-protocol", "v4.channel.k8s.io")
+        .body(())
+        .unwrap();
+        let (mut ws, resp) = tokio_tungstenite::client_async(req, tls)
+            .await
+            .expect("websocket handshake");
+        let protocol = resp.headers()["sec-websocket-protocol"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let (mut stdout, mut stderr, mut status) = (Vec::new(), Vec::new(), Vec::new());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while let Ok(Some(message)) = tokio::time::timeout_at(deadline, ws.next()).await {
+            match message.expect("websocket message") {
+                Message::Binary(data) => match data.split_first() {
+                    Some((1, rest)) => stdout.extend_from_slice(rest),
+                    Some((2, rest)) => stderr.extend_from_slice(rest),
+                    Some((3, rest)) => status.extend_from_slice(rest),
+                    other => panic!("unexpected message {other:?}"),
+                },
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        (protocol, stdout, stderr, status)
+    });
+    assert_eq!(protocol, "v4.channel.k8s.io");
+    assert_eq!(stdout, b"hi\n");
+    assert_eq!(stderr, b"oops\n");
+    let status: serde_json::Value = serde_json::from_slice(&status).expect("Status on channel 3");
+    assert_eq!(status["status"], "Failure");
+    assert_eq!(status["reason"], "NonZeroExitCode");
+    assert_eq!(status["details"]["causes"][0]["reason"], "ExitCode");
+    assert_eq!(status["details"]["causes"][0]["message"], "2");
+}

@@ -205,7 +205,7 @@ where
                     rx,
                     move |chunk| {
                         let writer = writer.clone();
-                        async move { writer.write(&chunk).await.is_ok() }
+                        async move { writer.write(chunk).await.is_ok() }
                     },
                     move || async move {
                         let _ = finisher.finish().await;
@@ -245,14 +245,14 @@ where
     }
     info!(pod = %target.pod, exit = ?exit, "exec finished");
     if let Some(error) = streams.error.take() {
-        write_status(&error.writer, &version.status_bytes(&exit)).await;
+        write_status(&error.writer, version.status_bytes(&exit)).await;
     }
     session.close(CLOSE_GRACE).await;
 }
 
-async fn write_status(writer: &StreamWriter, status: &[u8]) {
+async fn write_status(writer: &StreamWriter, status: Vec<u8>) {
     if !status.is_empty() {
-        let _ = writer.write(status).await;
+        let _ = writer.write(Bytes::from(status)).await;
     }
     let _ = writer.finish().await;
 }

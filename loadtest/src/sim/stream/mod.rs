@@ -90,6 +90,11 @@ pub fn serve(
     if let Some(problem) = invalid_request(&target) {
         return status::bad_request(problem);
     }
+    if req.version() != hyper::Version::HTTP_11 {
+        // h2 has no Upgrade (and kubectl always streams over HTTP/1.1): what Go's apiserver
+        // sees there is a request without upgrade headers.
+        return status::bad_request("Upgrade request required");
+    }
     let headers = req.headers();
     let wants_upgrade = header_tokens(headers, CONNECTION.as_str())
         .iter()

@@ -71,7 +71,7 @@ async fn echo(mut data: IncomingStream, error: StreamWriter, port: Option<u16>) 
     let mut bytes = 0usize;
     while let Some(chunk) = data.data.recv().await {
         bytes += chunk.len();
-        if data.writer.write(&chunk).await.is_err() {
+        if data.writer.write(chunk).await.is_err() {
             return;
         }
     }

@@ -879,7 +879,14 @@ async fn cat(args: &[String], stdin: &mut Stdin, out: &Sink, err: &Sink, st: &Sh
             }
             continue;
         }
-        let content = fs::lock(&st.ctx.fs).read_file(&st.resolve(file));
+        let path = st.resolve(file);
+        if let Some(device) = Device::at(&path) {
+            if device.copy_to(out, None).await.is_err() {
+                return 1;
+            }
+            continue;
+        }
+        let content = fs::lock(&st.ctx.fs).read_file(&path);
         match content {
             Ok(data) => {
                 if out.write(&data).await.is_err() {
@@ -893,6 +900,53 @@ async fn cat(args: &[String], stdin: &mut Stdin, out: &Sink, err: &Sink, st: &Sh
         }
     }
     code
+}
+
+/// The character devices of the pod: endless sources for throughput tests
+/// (`head -c 100000000 /dev/zero`), and the empty `/dev/null`.
+#[derive(Debug, Clone, Copy)]
+enum Device {
+    Null,
+    Zero,
+    Random,
+}
+
+impl Device {
+    fn at(path: &str) -> Option<Device> {
+        match path {
+            "/dev/null" => Some(Device::Null),
+            "/dev/zero" => Some(Device::Zero),
+            "/dev/urandom" | "/dev/random" => Some(Device::Random),
+            _ => None,
+        }
+    }
+
+    /// Writes `limit` bytes of the device (all of it when `None`) to `out`.
+    async fn copy_to(
+        self,
+        out: &Sink,
+        limit: Option<usize>,
+    ) -> Result<(), super::process::BrokenPipe> {
+        const CHUNK: usize = 32 * 1024;
+        if let Device::Null = self {
+            return Ok(());
+        }
+        let zeros = Bytes::from(vec![0u8; CHUNK]);
+        let mut left = limit.unwrap_or(usize::MAX);
+        while left > 0 {
+            let n = left.min(CHUNK);
+            match self {
+                Device::Random => {
+                    let mut chunk = vec![0u8; n];
+                    rand::Rng::fill(&mut rand::rng(), chunk.as_mut_slice());
+                    out.write(&chunk).await?;
+                }
+                _ => out.write(&zeros[..n]).await?,
+            }
+            left -= n;
+        }
+        Ok(())
+    }
 }
 
 async fn printenv(name: &str, args: &[String], out: &Sink, st: &ShellState) -> i32 {
@@ -1180,6 +1234,14 @@ async fn head(args: &[String], stdin: &mut Stdin, out: &Sink, err: &Sink, st: &S
         }
         i += 1;
     }
+    if let Some(device) = file.and_then(|f| Device::at(&st.resolve(f))) {
+        // Endless sources: only a byte count makes sense (`head -c N /dev/zero`).
+        let limit = bytes.unwrap_or(lines * 4096);
+        return match device.copy_to(out, Some(limit)).await {
+            Ok(()) => 0,
+            Err(_) => 1,
+        };
+    }
     if let Some(limit) = bytes {
         // Stream, so `head -c N` ends after N bytes even on an endless input.
         if file.is_none() {
@@ -1372,6 +1434,17 @@ pub(crate) mod tests {
         )
         .await;
         assert!(out.contains("No such file or directory"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn endless_devices_stream_through_pipelines() {
+        let (exit, out, _) = run(
+            &["sh", "-c", "head -c 100000 /dev/zero | wc -c; cat /dev/urandom | head -c 5 | wc -c; cat /dev/null"],
+            b"",
+            context("p4", false),
+        )
+        .await;
+        assert_eq!((exit, out.as_str()), (ProcessExit::Code(0), "100000\n5\n"));
     }
 
     #[tokio::test]

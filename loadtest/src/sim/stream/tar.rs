@@ -170,6 +170,9 @@ async fn create(
             }
         }
     };
+    if code != 0 {
+        messages.push("tar: Exiting with failure status due to previous errors\n".to_string());
+    }
     for message in messages {
         let _ = err.write_str(&message).await;
     }

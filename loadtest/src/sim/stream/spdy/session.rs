@@ -47,14 +47,16 @@ pub(crate) struct StreamWriter {
 pub(crate) struct ConnectionClosed;
 
 impl StreamWriter {
-    /// Sends `data` as one or more DATA frames.
-    pub(crate) async fn write(&self, data: &[u8]) -> Result<(), ConnectionClosed> {
-        for chunk in data.chunks(MAX_DATA_FRAME) {
+    /// Sends `data` as one or more DATA frames, slicing it rather than copying.
+    pub(crate) async fn write(&self, data: Bytes) -> Result<(), ConnectionClosed> {
+        let mut rest = data;
+        while !rest.is_empty() {
+            let chunk = rest.split_to(rest.len().min(MAX_DATA_FRAME));
             self.tx
                 .send(Outgoing::Frame(Frame::Data {
                     stream_id: self.id,
                     flags: 0,
-                    data: Bytes::copy_from_slice(chunk),
+                    data: chunk,
                 }))
                 .await
                 .map_err(|_| ConnectionClosed)?;
@@ -392,7 +394,7 @@ mod tests {
         let got = stream.data.recv().await.unwrap();
         assert_eq!(&got[..], b"ping");
         assert!(stream.data.recv().await.is_none(), "FIN must end the data");
-        stream.writer.write(&got).await.unwrap();
+        stream.writer.write(got).await.unwrap();
         stream.writer.finish().await.unwrap();
         assert_eq!(
             client.next().await,
