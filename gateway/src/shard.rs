@@ -17,7 +17,7 @@ use std::time::Duration;
 use fleetgate_config_watcher::SharedTable;
 use monoio::io::IntoPollIo;
 use rustls::ServerConfig;
-use tracing::{debug, error};
+use tracing::{debug, error, warn};
 
 use crate::identity::ClientIdentity;
 use crate::metrics::{Metrics, ShardMetrics};
@@ -50,10 +50,17 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 fn block_on_driver<F: Future<Output = ()>>(driver: Driver, future: F) -> io::Result<()> {
     use monoio::{FusionDriver, IoUringDriver, LegacyDriver, RuntimeBuilder};
     match driver {
-        Driver::Auto => RuntimeBuilder::<FusionDriver>::new()
-            .enable_timer()
-            .build()?
-            .block_on(future),
+        Driver::Auto => match RuntimeBuilder::<FusionDriver>::new().enable_timer().build() {
+            Ok(mut runtime) => runtime.block_on(future),
+            // io_uring is present but refused (typically the memlock limit): epoll still works.
+            Err(e) => {
+                warn!(error = %e, "io_uring runtime could not start; using epoll");
+                RuntimeBuilder::<LegacyDriver>::new()
+                    .enable_timer()
+                    .build()?
+                    .block_on(future)
+            }
+        },
         Driver::Uring => RuntimeBuilder::<IoUringDriver>::new()
             .enable_timer()
             .build()?
