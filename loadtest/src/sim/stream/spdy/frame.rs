@@ -573,6 +573,53 @@ mod tests {
     }
 
     #[test]
+    fn garbage_and_mutated_frames_never_panic() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut encoder = FrameEncoder::new().unwrap();
+        let mut valid = BytesMut::new();
+        for id in [1u32, 3, 5] {
+            encoder
+                .encode(
+                    &Frame::SynStream {
+                        stream_id: id,
+                        associated_to: 0,
+                        priority: 0,
+                        flags: 0,
+                        headers: vec![("streamtype".into(), "stdin".into())],
+                    },
+                    &mut valid,
+                )
+                .unwrap();
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for round in 0..3000 {
+            let input: Vec<u8> = if round % 2 == 0 {
+                let len = rng.random_range(0..64);
+                (0..len).map(|_| rng.random()).collect()
+            } else {
+                let mut bytes = valid.to_vec();
+                for _ in 0..rng.random_range(1..4) {
+                    let at = rng.random_range(0..bytes.len());
+                    bytes[at] = rng.random();
+                }
+                bytes
+            };
+            rt.block_on(async {
+                let mut reader = FrameReader::new(input.as_slice());
+                for _ in 0..16 {
+                    match reader.read_frame().await {
+                        Ok(Some(_)) => {}
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+            });
+        }
+    }
+
+    #[test]
     fn truncated_frame_is_an_error_not_a_clean_eof() {
         let mut encoder = FrameEncoder::new().unwrap();
         let mut wire = BytesMut::new();
