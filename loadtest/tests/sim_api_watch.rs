@@ -331,3 +331,59 @@ fn http2_by_alpn_serves_discovery_and_watches() {
         assert!(body.is_empty() || String::from_utf8_lossy(&body).contains("ADDED"));
     });
 }
+
+fn merge_patch(name: &str, token: &str, patch: &'static str) -> http::Request<Full<Bytes>> {
+    http::Request::patch(format!("/api/v1/namespaces/default/configmaps/{name}"))
+        .header("host", "127.0.0.1")
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/merge-patch+json")
+        .body(Full::new(Bytes::from_static(patch.as_bytes())))
+        .expect("request")
+}
+
+#[test]
+fn selector_watch_sees_objects_enter_and_leave() {
+    let fleet = TestFleet::start(1);
+    let addr = fleet.handle().member_addrs()[0];
+    let ca = fleet.fleet_ca_pem();
+    let token = fleet.token("admin");
+    fleet.runtime.block_on(async {
+        let (parts, _) = raw::request(
+            addr,
+            &ca,
+            post_configmap("mover", &token, r#"{"team":"a"}"#),
+        )
+        .await;
+        assert_eq!(parts.status, 201);
+        let resp = raw::request_streaming(
+            addr,
+            &ca,
+            raw::get(
+                "/api/v1/namespaces/default/configmaps?watch=1&labelSelector=team%3Da",
+                &token,
+            ),
+        )
+        .await;
+        let mut body = resp.into_body();
+        let mut events = Vec::new();
+        let mut next_event = |chunk: Bytes| {
+            let event: Value = serde_json::from_slice(&chunk).expect("event");
+            event["type"].as_str().unwrap_or("").to_string()
+        };
+        events.push(next_event(next_frame(&mut body).await.expect("initial")));
+        for patch in [
+            r#"{"data":{"k":"v2"}}"#,
+            r#"{"metadata":{"labels":{"team":"b"}}}"#,
+            r#"{"data":{"k":"v3"}}"#,
+            r#"{"metadata":{"labels":{"team":"a"}}}"#,
+        ] {
+            let (parts, _) = raw::request(addr, &ca, merge_patch("mover", &token, patch)).await;
+            assert_eq!(parts.status, 200);
+        }
+        while events.len() < 4 {
+            events.push(next_event(next_frame(&mut body).await.expect("event")));
+        }
+        // The change made while the object did not match is not shown.
+        assert_eq!(events, vec!["ADDED", "MODIFIED", "DELETED", "ADDED"]);
+    });
+}

@@ -45,6 +45,9 @@ pub struct StoredEvent {
     pub name: String,
     /// The object after the change (for DELETED: the last state, with the deletion RV).
     pub object: Arc<Value>,
+    /// For MODIFIED: the object before the change, so that a filtered watch can turn the event
+    /// into ADDED or DELETED when the object starts or stops matching its selectors.
+    pub previous: Option<Arc<Value>>,
     json_line: OnceLock<Bytes>,
 }
 
@@ -65,6 +68,7 @@ impl StoredEvent {
             namespace,
             name,
             object,
+            previous: None,
             json_line: OnceLock::new(),
         }
     }
@@ -293,7 +297,11 @@ impl Store {
         } else {
             table.insert(key, object.clone());
         }
-        let event = Arc::new(StoredEvent::new(rv, event_type, resource, object.clone()));
+        let mut event = StoredEvent::new(rv, event_type, resource, object.clone());
+        if event_type == EventType::Modified {
+            event.previous = current;
+        }
+        let event = Arc::new(event);
         state.history.push_back(event.clone());
         while state.history.len() > state.history_capacity {
             if let Some(dropped) = state.history.pop_front() {

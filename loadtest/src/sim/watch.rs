@@ -22,7 +22,7 @@ use crate::sim::body::SimBody;
 use crate::sim::objects::Selectors;
 use crate::sim::resources::ResourceInfo;
 use crate::sim::status::{base_response, ApiError};
-use crate::sim::store::StoredEvent;
+use crate::sim::store::{EventType, StoredEvent};
 use crate::sim::table::{self, IncludeObject, OutputFormat, TableOptions};
 
 /// How a watcher encodes events.
@@ -54,18 +54,36 @@ struct WatchState {
 }
 
 impl WatchState {
-    fn matches(&self, event: &StoredEvent) -> bool {
-        event.resource == self.resource.store_key()
-            && self
+    /// What this watcher sees of `event`: None (filtered out), or the event type to send. A
+    /// MODIFIED event becomes ADDED or DELETED when the object starts or stops matching the
+    /// selectors, as the apiserver's watch cache does.
+    fn visible_as(&self, event: &StoredEvent) -> Option<EventType> {
+        if event.resource != self.resource.store_key()
+            || self
                 .namespace
                 .as_deref()
-                .is_none_or(|ns| ns == event.namespace)
-            && self.selectors.matches(&event.object)
+                .is_some_and(|ns| ns != event.namespace)
+        {
+            return None;
+        }
+        let now = self.selectors.matches(&event.object);
+        match (&event.previous, event.event_type) {
+            (Some(previous), EventType::Modified) => {
+                match (self.selectors.matches(previous), now) {
+                    (true, true) => Some(EventType::Modified),
+                    (false, true) => Some(EventType::Added),
+                    (true, false) => Some(EventType::Deleted),
+                    (false, false) => None,
+                }
+            }
+            (_, event_type) => now.then_some(event_type),
+        }
     }
 
-    fn encode(&mut self, event: &StoredEvent) -> Bytes {
+    fn encode(&mut self, event: &StoredEvent, seen_as: EventType) -> Bytes {
         match &mut self.encoding {
-            Encoding::Json => event.json_line(),
+            Encoding::Json if seen_as == event.event_type => event.json_line(),
+            Encoding::Json => event_line(seen_as.as_str(), &event.object),
             Encoding::Table {
                 version,
                 include,
@@ -82,7 +100,7 @@ impl WatchState {
                     },
                 );
                 *columns_sent = true;
-                event_line(event.event_type.as_str(), &doc)
+                event_line(seen_as.as_str(), &doc)
             }
         }
     }
@@ -124,9 +142,9 @@ impl WatchState {
         }
         while let Some(event) = self.initial.pop_front() {
             self.last_seen_rv = self.last_seen_rv.max(event.rv);
-            if self.matches(&event) {
+            if let Some(seen_as) = self.visible_as(&event) {
                 self.last_sent_rv = self.last_sent_rv.max(event.rv);
-                return Some(self.encode(&event));
+                return Some(self.encode(&event, seen_as));
             }
         }
         loop {
@@ -136,9 +154,9 @@ impl WatchState {
                 received = self.receiver.recv() => match received {
                     Ok(event) => {
                         self.last_seen_rv = self.last_seen_rv.max(event.rv);
-                        if self.matches(&event) {
+                        if let Some(seen_as) = self.visible_as(&event) {
                             self.last_sent_rv = event.rv;
-                            return Some(self.encode(&event));
+                            return Some(self.encode(&event, seen_as));
                         }
                     }
                     Err(RecvError::Lagged(skipped)) => {
