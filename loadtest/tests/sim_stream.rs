@@ -499,3 +499,86 @@ fn websocket_v4_client_gets_channels_and_exit_status() {
     assert_eq!(status["details"]["causes"][0]["reason"], "ExitCode");
     assert_eq!(status["details"]["causes"][0]["message"], "2");
 }
+
+#[test]
+fn websocket_channel_port_forward_announces_ports_and_echoes() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{handshake::client::generate_key, Message};
+
+    let fleet = TestFleet::start(1);
+    let addr = fleet.handle().member_addrs()[0];
+    let token = fleet.token("admin");
+    let ca = fleet.fleet_ca_pem();
+    fleet.runtime.block_on(async {
+        let tls = common::raw::connect(addr, &ca, false).await;
+        let req = http::Request::get(
+            "wss://127.0.0.1/api/v1/namespaces/default/pods/hello/portforward?ports=8080,9090",
+        )
+        .header("host", "127.0.0.1")
+        .header("authorization", format!("Bearer {token}"))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", generate_key())
+        .header("sec-websocket-protocol", "v4.channel.k8s.io")
+        .body(())
+        .unwrap();
+        let (mut ws, resp) = tokio_tungstenite::client_async(req, tls)
+            .await
+            .expect("websocket handshake");
+        assert_eq!(
+            resp.headers()["sec-websocket-protocol"],
+            "v4.channel.k8s.io"
+        );
+        let mut next = async || -> Vec<u8> {
+            loop {
+                let message = tokio::time::timeout(Duration::from_secs(20), ws.next())
+                    .await
+                    .expect("a message in time")
+                    .expect("open")
+                    .expect("message");
+                if let Message::Binary(data) = message {
+                    return data.to_vec();
+                }
+            }
+        };
+        // Data and error channel of each port, each starting with the port (little-endian).
+        let mut greetings = Vec::new();
+        for _ in 0..4 {
+            greetings.push(next().await);
+        }
+        greetings.sort();
+        assert_eq!(
+            greetings,
+            vec![
+                vec![0, 0x90, 0x1f],
+                vec![1, 0x90, 0x1f],
+                vec![2, 0x82, 0x23],
+                vec![3, 0x82, 0x23]
+            ]
+        );
+        drop(next);
+        ws.send(Message::Binary(b"\x00first port".to_vec().into()))
+            .await
+            .unwrap();
+        ws.send(Message::Binary(b"\x02second port".to_vec().into()))
+            .await
+            .unwrap();
+        let mut echoes = Vec::new();
+        while echoes.len() < 2 {
+            let message = tokio::time::timeout(Duration::from_secs(20), ws.next())
+                .await
+                .expect("an echo in time")
+                .expect("open")
+                .expect("message");
+            if let Message::Binary(data) = message {
+                echoes.push(data.to_vec());
+            }
+        }
+        assert_eq!(
+            echoes,
+            vec![b"\x00first port".to_vec(), b"\x02second port".to_vec()]
+        );
+        ws.close(None).await.unwrap();
+    });
+}

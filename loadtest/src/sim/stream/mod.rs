@@ -79,6 +79,8 @@ const WEBSOCKET_EXEC_PROTOCOLS: &[(&str, ChannelVersion)] = &[
     ("v4.channel.k8s.io", ChannelVersion::V4),
 ];
 const WEBSOCKET_PORT_FORWARD_PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
+/// The older port-forward over WebSocket: channels per port (kube-rs, the Python client).
+const WEBSOCKET_CHANNEL_PORT_FORWARD_PROTOCOL: &str = "v4.channel.k8s.io";
 
 /// Negotiates the upgrade for `req` and, on success, spawns the session. Returns the response to
 /// send: 101 Switching Protocols, or a Kubernetes Status error (400 when no known protocol or no
@@ -208,6 +210,7 @@ enum SessionPlan {
     SpdyPortForward,
     WebSocketExec(ChannelVersion),
     WebSocketPortForward,
+    WebSocketChannelPortForward,
 }
 
 impl SessionPlan {
@@ -218,6 +221,7 @@ impl SessionPlan {
             SessionPlan::WebSocketExec(ChannelVersion::V5) => "websocket-v5",
             SessionPlan::WebSocketExec(_) => "websocket-v4",
             SessionPlan::WebSocketPortForward => "websocket-spdy-portforward",
+            SessionPlan::WebSocketChannelPortForward => "websocket-channel-portforward",
         }
     }
 }
@@ -237,6 +241,12 @@ async fn run_session(
             let ws =
                 WebSocketStream::from_raw_socket(io, Role::Server, Some(websocket_config())).await;
             exec::serve_websocket(ws, target, version).await
+        }
+        SessionPlan::WebSocketChannelPortForward => {
+            let ws =
+                WebSocketStream::from_raw_socket(io, Role::Server, Some(websocket_config())).await;
+            let ports = port_list(&target);
+            portforward::serve_websocket_channels(ws, target.pod, ports).await
         }
         SessionPlan::WebSocketPortForward => {
             let ws =
@@ -368,16 +378,32 @@ fn negotiate_websocket(headers: &HeaderMap, target: &StreamRequest) -> Negotiate
     }
     let offered = header_tokens(headers, SEC_WEBSOCKET_PROTOCOL.as_str());
     let (plan, chosen) = match target.kind {
-        StreamKind::PortForward { .. } => {
-            if !offered.iter().any(|p| p == WEBSOCKET_PORT_FORWARD_PROTOCOL) {
+        StreamKind::PortForward { ref ports } => {
+            if offered.iter().any(|p| p == WEBSOCKET_PORT_FORWARD_PROTOCOL) {
+                (
+                    SessionPlan::WebSocketPortForward,
+                    WEBSOCKET_PORT_FORWARD_PROTOCOL,
+                )
+            } else if offered.is_empty()
+                || offered
+                    .iter()
+                    .any(|p| p == WEBSOCKET_CHANNEL_PORT_FORWARD_PROTOCOL)
+            {
+                if ports.is_empty() {
+                    // kubelet needs the ports up front in this protocol: one channel pair each.
+                    return Err(boxed_bad_request("query parameter \"port\" is required"));
+                }
+                let chosen = if offered.is_empty() {
+                    ""
+                } else {
+                    WEBSOCKET_CHANNEL_PORT_FORWARD_PROTOCOL
+                };
+                (SessionPlan::WebSocketChannelPortForward, chosen)
+            } else {
                 return Err(boxed_bad_request(&format!(
-                    "unable to upgrade: port-forward over WebSocket needs subprotocol {WEBSOCKET_PORT_FORWARD_PROTOCOL}, client offered {offered:?}"
+                    "unable to upgrade: no supported port-forward subprotocol in {offered:?} (supported: {WEBSOCKET_PORT_FORWARD_PROTOCOL}, {WEBSOCKET_CHANNEL_PORT_FORWARD_PROTOCOL})"
                 )));
             }
-            (
-                SessionPlan::WebSocketPortForward,
-                WEBSOCKET_PORT_FORWARD_PROTOCOL,
-            )
         }
         _ => {
             let found = offered.iter().find_map(|p| {
@@ -397,11 +423,13 @@ fn negotiate_websocket(headers: &HeaderMap, target: &StreamRequest) -> Negotiate
         }
     };
     let accept = derive_accept_key(key.as_bytes());
-    let reply = [
+    let mut reply = vec![
         (CONNECTION.as_str(), "Upgrade".to_string()),
         (UPGRADE.as_str(), "websocket".to_string()),
         (SEC_WEBSOCKET_ACCEPT.as_str(), accept),
-        (SEC_WEBSOCKET_PROTOCOL.as_str(), chosen.to_string()),
     ];
+    if !chosen.is_empty() {
+        reply.push((SEC_WEBSOCKET_PROTOCOL.as_str(), chosen.to_string()));
+    }
     Ok((plan, switching(&reply)))
 }

@@ -4,12 +4,20 @@
 //! the data stream back on it, and when the client half-closes the data stream we finish ours and
 //! the error stream (empty: no error), so kubectl tears that connection down cleanly.
 //!
+//! The older WebSocket channel protocol (`v4.channel.k8s.io` on `pods/portforward`, used by
+//! kube-rs and the Python client) is served here too, by [`serve_websocket_channels`].
+//!
 //! Called by `stream::serve` after the 101; runs until the client closes the connection.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
 use tracing::{debug, info};
 
 use super::spdy::frame::header;
@@ -78,4 +86,59 @@ async fn echo(mut data: IncomingStream, error: StreamWriter, port: Option<u16>) 
     debug!(?port, bytes, "forwarded connection closed by the client");
     let _ = data.writer.finish().await;
     let _ = error.finish().await;
+}
+
+/// Runs a port-forward session in the older WebSocket channel protocol (`v4.channel.k8s.io`, or
+/// no subprotocol), which kube-rs and the Python client use: port `i` of the request has data
+/// channel `2i` and error channel `2i+1`; the server first sends each channel's port number
+/// (two bytes, little-endian), then echoes every payload received on a data channel back on it.
+/// There is one connection per port and no half-close: the session ends when the client closes.
+pub(crate) async fn serve_websocket_channels<S>(
+    ws: WebSocketStream<S>,
+    pod: String,
+    ports: Vec<u16>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut ws_tx, mut ws_rx) = ws.split();
+    let mut greeting = Vec::with_capacity(ports.len() * 2);
+    for (index, port) in ports.iter().enumerate() {
+        let [lo, hi] = port.to_le_bytes();
+        let data_channel = (index * 2) as u8;
+        greeting.push(Message::Binary(vec![data_channel, lo, hi].into()));
+        greeting.push(Message::Binary(vec![data_channel + 1, lo, hi].into()));
+    }
+    for message in greeting {
+        if ws_tx.send(message).await.is_err() {
+            return;
+        }
+    }
+    let mut bytes = 0usize;
+    while let Some(message) = ws_rx.next().await {
+        let data = match message {
+            Ok(Message::Binary(data)) => data,
+            Ok(Message::Close(_)) | Err(_) => break,
+            Ok(_) => continue,
+        };
+        let Some((&channel, payload)) = data.split_first() else {
+            continue;
+        };
+        let is_data_channel = channel % 2 == 0 && usize::from(channel / 2) < ports.len();
+        if !is_data_channel || payload.is_empty() {
+            continue;
+        }
+        bytes += payload.len();
+        // The echo is the same message: channel byte and payload.
+        if ws_tx.send(Message::Binary(data)).await.is_err() {
+            break;
+        }
+    }
+    info!(%pod, ?ports, bytes, "port-forward (websocket channels) session ended");
+    let _ = ws_tx
+        .send(Message::Close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        })))
+        .await;
+    let _ = ws_tx.close().await;
 }
