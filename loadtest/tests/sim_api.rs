@@ -660,6 +660,30 @@ spec:
     assert_eq!(env, "prod");
     let names = ok_stdout(&fleet.kubectl(&["get", "accesspolicies", "-o", "name"]));
     assert_eq!(names.trim(), "accesspolicy.fleetgate.io/devs");
+    // CRD manifests (as in deploy/) apply and become Established.
+    let crd = "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: clusters.fleetgate.io
+spec:
+  group: fleetgate.io
+  scope: Cluster
+  names: {plural: clusters, singular: cluster, kind: Cluster, listKind: ClusterList}
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+";
+    ok_stdout(&kubectl_stdin(&fleet, &["apply", "-f", "-"], crd));
+    ok_stdout(&fleet.kubectl(&[
+        "wait",
+        "--for",
+        "condition=established",
+        "--timeout=10s",
+        "crd/clusters.fleetgate.io",
+    ]));
     let can = fleet.kubectl(&[
         "auth",
         "can-i",

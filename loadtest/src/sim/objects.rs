@@ -648,6 +648,30 @@ fn apply_create_defaults(member: &Member, res: &ResourceInfo, object: &mut Value
     if res.plural == "deployments" {
         deployment_status(object);
     }
+    if res.plural == "customresourcedefinitions" {
+        crd_status(object, &now);
+    }
+}
+
+/// A CRD is Established at once (so `kubectl wait --for condition=established` returns). The
+/// sim stores CRDs but serves only its built-in resources: the fleetgate.io kinds exist already.
+fn crd_status(object: &mut Value, now: &str) {
+    let names = object["spec"]["names"].clone();
+    let condition = |t: &str, reason: &str| json!({"type": t, "status": "True", "lastTransitionTime": now, "reason": reason, "message": ""});
+    let stored: Vec<Value> = object["spec"]["versions"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter(|v| v["storage"] == true)
+                .map(|v| v["name"].clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    object["status"] = json!({
+        "conditions": [condition("NamesAccepted", "NoConflicts"), condition("Established", "InitialNamesAccepted")],
+        "acceptedNames": names,
+        "storedVersions": stored,
+    });
 }
 
 fn node_ip(member: &Member, node: &str) -> String {

@@ -182,6 +182,18 @@ pub static RESOURCES: &[ResourceInfo] = &[
         storage_version_hash: "8aSe+NMegvE=",
     },
     ResourceInfo {
+        group: "apiextensions.k8s.io",
+        version: "v1",
+        plural: "customresourcedefinitions",
+        kind: "CustomResourceDefinition",
+        namespaced: false,
+        short_names: &["crd", "crds"],
+        categories: &["api-extensions"],
+        subresources: &[status("CustomResourceDefinition")],
+        has_generation: true,
+        storage_version_hash: "jfWCUB31mvA=",
+    },
+    ResourceInfo {
         group: "fleetgate.io",
         version: "v1alpha1",
         plural: "accesspolicies",
@@ -299,6 +311,7 @@ pub fn find_kind(group: &str, kind: &str) -> Option<&'static ResourceInfo> {
 /// (group, version) in the order `/apis` lists them.
 pub static GROUP_VERSIONS: &[(&str, &str)] = &[
     ("apps", "v1"),
+    ("apiextensions.k8s.io", "v1"),
     ("authentication.k8s.io", "v1"),
     ("authorization.k8s.io", "v1"),
     ("fleetgate.io", "v1alpha1"),
