@@ -366,7 +366,7 @@ fn selector_watch_sees_objects_enter_and_leave() {
         .await;
         let mut body = resp.into_body();
         let mut events = Vec::new();
-        let mut next_event = |chunk: Bytes| {
+        let next_event = |chunk: Bytes| {
             let event: Value = serde_json::from_slice(&chunk).expect("event");
             event["type"].as_str().unwrap_or("").to_string()
         };
