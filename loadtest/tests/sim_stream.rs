@@ -502,7 +502,7 @@ fn websocket_v4_client_gets_channels_and_exit_status() {
 
 #[test]
 fn websocket_channel_port_forward_announces_ports_and_echoes() {
-    use futures_util::{SinkExt, StreamExt};
+    use futures_util::SinkExt;
     use tokio_tungstenite::tungstenite::{handshake::client::generate_key, Message};
 
     let fleet = TestFleet::start(1);
@@ -530,22 +530,10 @@ fn websocket_channel_port_forward_announces_ports_and_echoes() {
             resp.headers()["sec-websocket-protocol"],
             "v4.channel.k8s.io"
         );
-        let mut next = async || -> Vec<u8> {
-            loop {
-                let message = tokio::time::timeout(Duration::from_secs(20), ws.next())
-                    .await
-                    .expect("a message in time")
-                    .expect("open")
-                    .expect("message");
-                if let Message::Binary(data) = message {
-                    return data.to_vec();
-                }
-            }
-        };
         // Data and error channel of each port, each starting with the port (little-endian).
         let mut greetings = Vec::new();
         for _ in 0..4 {
-            greetings.push(next().await);
+            greetings.push(next_binary(&mut ws).await);
         }
         greetings.sort();
         assert_eq!(
@@ -557,28 +545,35 @@ fn websocket_channel_port_forward_announces_ports_and_echoes() {
                 vec![3, 0x82, 0x23]
             ]
         );
-        drop(next);
         ws.send(Message::Binary(b"\x00first port".to_vec().into()))
             .await
             .unwrap();
         ws.send(Message::Binary(b"\x02second port".to_vec().into()))
             .await
             .unwrap();
-        let mut echoes = Vec::new();
-        while echoes.len() < 2 {
-            let message = tokio::time::timeout(Duration::from_secs(20), ws.next())
-                .await
-                .expect("an echo in time")
-                .expect("open")
-                .expect("message");
-            if let Message::Binary(data) = message {
-                echoes.push(data.to_vec());
-            }
-        }
+        let echoes = vec![next_binary(&mut ws).await, next_binary(&mut ws).await];
         assert_eq!(
             echoes,
             vec![b"\x00first port".to_vec(), b"\x02second port".to_vec()]
         );
         ws.close(None).await.unwrap();
     });
+}
+
+/// The next binary message of a WebSocket, within 20 s.
+async fn next_binary<S>(ws: &mut tokio_tungstenite::WebSocketStream<S>) -> Vec<u8>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::StreamExt;
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(20), ws.next())
+            .await
+            .expect("a message in time")
+            .expect("connection open")
+            .expect("a message");
+        if let tokio_tungstenite::tungstenite::Message::Binary(data) = message {
+            return data.to_vec();
+        }
+    }
 }
