@@ -577,3 +577,52 @@ where
         }
     }
 }
+
+#[test]
+fn stopping_port_forward_ends_the_session() {
+    let fleet = TestFleet::start(1);
+    ok_stdout(&fleet.kubectl(&["run", "forwarded", "-n", "default", "--image=busybox"]));
+    for (protocol, env) in PORT_FORWARD {
+        let mut cmd = Command::new(KUBECTL);
+        cmd.arg("--kubeconfig")
+            .arg(fleet.kubeconfig())
+            .arg("--cache-dir")
+            .arg(fleet.cache_dir())
+            .args(["port-forward", "-n", "default", "pod/forwarded", ":7000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn kubectl port-forward");
+        let mut lines = LineReader::new(child.stdout.take().expect("stdout"));
+        let line = lines.wait_line("the Forwarding line", Duration::from_secs(30), |l| {
+            l.starts_with("Forwarding from 127.0.0.1:")
+        });
+        let port: u16 = line["Forwarding from 127.0.0.1:".len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port");
+        // kubectl dials the member lazily on some paths; a round trip proves the session is up.
+        let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        conn.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        conn.write_all(b"x").unwrap();
+        let mut one = [0u8; 1];
+        conn.read_exact(&mut one).expect("echo");
+        assert_eq!(
+            sim::stream::active_sessions("default", "forwarded"),
+            1,
+            "over {protocol}"
+        );
+        child.kill().expect("kill kubectl");
+        let _ = child.wait();
+        wait_for(
+            &format!("the {protocol} port-forward session to end"),
+            Duration::from_secs(15),
+            || (sim::stream::active_sessions("default", "forwarded") == 0).then_some(()),
+        );
+    }
+}
