@@ -694,3 +694,57 @@ spec:
     ]);
     assert_eq!(String::from_utf8_lossy(&can.stdout).trim(), "no");
 }
+
+#[test]
+fn a_stored_crd_registers_its_resource() {
+    let fleet = TestFleet::start(1);
+    let crd = "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: clusters.cluster.karmada.io
+spec:
+  group: cluster.karmada.io
+  scope: Cluster
+  names: {plural: clusters, singular: cluster, kind: Cluster, listKind: ClusterList}
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+";
+    ok_stdout(&kubectl_stdin(&fleet, &["apply", "-f", "-"], crd));
+    let karmada_cluster = "apiVersion: cluster.karmada.io/v1alpha1
+kind: Cluster
+metadata:
+  name: member-a
+spec:
+  apiEndpoint: https://10.0.0.5:6443
+  syncMode: Push
+";
+    let out = ok_stdout(&kubectl_stdin(
+        &fleet,
+        &["apply", "-f", "-"],
+        karmada_cluster,
+    ));
+    assert!(
+        out.contains("cluster.cluster.karmada.io/member-a created"),
+        "{out}"
+    );
+    let endpoint = ok_stdout(&fleet.kubectl(&[
+        "get",
+        "clusters.cluster.karmada.io",
+        "member-a",
+        "-o",
+        "jsonpath={.spec.apiEndpoint}",
+    ]));
+    assert_eq!(endpoint, "https://10.0.0.5:6443");
+    // The built-in fleetgate.io clusters are a separate resource.
+    let ours = ok_stdout(&fleet.kubectl(&["get", "clusters.fleetgate.io", "-o", "name"]));
+    assert!(ours.trim().is_empty(), "{ours}");
+    // Deleting the CRD unregisters the resource.
+    ok_stdout(&fleet.kubectl(&["delete", "crd", "clusters.cluster.karmada.io"]));
+    let gone = fleet.kubectl(&["get", "--raw", "/apis/cluster.karmada.io/v1alpha1/clusters"]);
+    assert!(!gone.status.success());
+}

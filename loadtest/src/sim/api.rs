@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use crate::sim::auth::{self, AuthError, RequestAttributes, UserInfo};
 use crate::sim::body::SimBody;
 use crate::sim::member::Member;
-use crate::sim::resources::{self, ResourceInfo};
+use crate::sim::resources::{Registry, ResourceInfo};
 use crate::sim::status::{error_response, json_response, qualified, ApiError, Flow, ResponseCtx};
 use crate::sim::stream::{StreamKind, StreamRequest};
 use crate::sim::table::{negotiate, OutputFormat};
@@ -158,7 +158,7 @@ fn impersonation_error(error: AuthError, path: &str) -> ApiError {
     }
 }
 
-fn parse_route(path: &str) -> Result<Route, ApiError> {
+fn parse_route(registry: &Registry, path: &str) -> Result<Route, ApiError> {
     let trimmed = path.trim_end_matches('/');
     let segments: Vec<&str> = trimmed.split('/').skip(1).collect();
     match segments.as_slice() {
@@ -169,21 +169,21 @@ fn parse_route(path: &str) -> Result<Route, ApiError> {
             group: String::new(),
             version: "v1".into(),
         }),
-        ["api", "v1", rest @ ..] => parse_resource_path("", "v1", rest),
+        ["api", "v1", rest @ ..] => parse_resource_path(registry, "", "v1", rest),
         ["api", ..] => Err(ApiError::PageNotFound),
         ["apis"] => Ok(Route::Groups),
         ["apis", group] => {
-            if resources::group_exists(group) {
+            if registry.group_exists(group) {
                 Ok(Route::Group(group.to_string()))
             } else {
                 Err(ApiError::PageNotFound)
             }
         }
         ["apis", group, version, rest @ ..] => {
-            if !resources::group_exists(group) {
+            if !registry.group_exists(group) {
                 return Err(ApiError::PageNotFound);
             }
-            if !resources::group_version_exists(group, version) {
+            if !registry.group_version_exists(group, version) {
                 return Err(ApiError::resource_not_found());
             }
             match (*group, rest) {
@@ -197,14 +197,19 @@ fn parse_route(path: &str) -> Result<Route, ApiError> {
                 ("authorization.k8s.io", ["selfsubjectaccessreviews"]) => {
                     Ok(Route::SelfSubjectAccessReview)
                 }
-                _ => parse_resource_path(group, version, rest),
+                _ => parse_resource_path(registry, group, version, rest),
             }
         }
         _ => Err(ApiError::PageNotFound),
     }
 }
 
-fn parse_resource_path(group: &str, version: &str, rest: &[&str]) -> Result<Route, ApiError> {
+fn parse_resource_path(
+    registry: &Registry,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+) -> Result<Route, ApiError> {
     let (namespace, rest) = match rest {
         ["namespaces", ns, resource, more @ ..] => (Some(ns.to_string()), {
             let mut v = vec![*resource];
@@ -219,7 +224,9 @@ fn parse_resource_path(group: &str, version: &str, rest: &[&str]) -> Result<Rout
         [plural, name, sub] => (*plural, Some(name.to_string()), Some(sub.to_string())),
         _ => return Err(ApiError::resource_not_found()),
     };
-    let info = resources::find(group, version, plural).ok_or_else(ApiError::resource_not_found)?;
+    let info = registry
+        .find(group, version, plural)
+        .ok_or_else(ApiError::resource_not_found)?;
     if namespace.is_some() && !info.namespaced {
         return Err(ApiError::resource_not_found());
     }
@@ -295,7 +302,7 @@ async fn route_and_serve(
     req: Request<Incoming>,
 ) -> Result<Response<SimBody>, ApiError> {
     let path = req.uri().path().to_string();
-    let route = parse_route(&path)?;
+    let route = parse_route(&member.registry, &path)?;
     let method = req.method().clone();
     let accept = header_str(&req, header::ACCEPT).map(str::to_string);
     let get_only = |m: &Method| -> Result<(), ApiError> {
@@ -342,7 +349,7 @@ async fn route_and_serve(
             let format = discovery_format()?;
             Ok(objects::encode(
                 StatusCode::OK,
-                &discovery::api_groups(),
+                &discovery::api_groups(&member.registry),
                 format,
                 &ctx,
             ))
@@ -350,7 +357,8 @@ async fn route_and_serve(
         Route::Group(group) => {
             get_only(&method)?;
             let format = discovery_format()?;
-            let doc = discovery::api_group(&group).ok_or(ApiError::PageNotFound)?;
+            let doc =
+                discovery::api_group(&member.registry, &group).ok_or(ApiError::PageNotFound)?;
             Ok(objects::encode(StatusCode::OK, &doc, format, &ctx))
         }
         Route::ResourceList { group, version } => {
@@ -358,7 +366,7 @@ async fn route_and_serve(
             let format = discovery_format()?;
             Ok(objects::encode(
                 StatusCode::OK,
-                &discovery::resource_list(&group, &version),
+                &discovery::resource_list(&member.registry, &group, &version),
                 format,
                 &ctx,
             ))
@@ -510,6 +518,28 @@ async fn serve_resource(
             name,
         },
     )?;
+    let result = dispatch(info, &rp, verb, req).await;
+    if res.plural == "customresourcedefinitions" && !matches!(verb, "get" | "list" | "watch") {
+        let crds = info
+            .member
+            .store
+            .list(res.store_key(), None, None, None, |_| true)
+            .items;
+        info.member.registry.sync_crds(&crds);
+    }
+    result
+}
+
+async fn dispatch(
+    info: &RequestInfo<'_>,
+    rp: &ResourcePath,
+    verb: &str,
+    req: Request<Incoming>,
+) -> Result<Response<SimBody>, ApiError> {
+    let res = rp.info;
+    let ns = rp.namespace.as_deref();
+    let name = rp.name.as_deref();
+    let sub = rp.subresource.as_deref();
     match (verb, sub) {
         ("watch", _) => watch::serve(info, res, ns),
         ("list", _) => objects::list(info, res, ns),

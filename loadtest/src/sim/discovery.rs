@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 
-use crate::sim::resources::{self, RESOURCES};
+use crate::sim::resources::{self, Registry};
 
 /// `/version`: always indented, no trailing newline (Surprise 1).
 pub fn version() -> Value {
@@ -40,8 +40,9 @@ fn group_entry(group: &str, version: &str) -> Value {
 }
 
 /// `/apis`.
-pub fn api_groups() -> Value {
-    let groups: Vec<Value> = resources::GROUP_VERSIONS
+pub fn api_groups(registry: &Registry) -> Value {
+    let groups: Vec<Value> = registry
+        .group_versions()
         .iter()
         .map(|(g, v)| group_entry(g, v))
         .collect();
@@ -49,11 +50,12 @@ pub fn api_groups() -> Value {
 }
 
 /// `/apis/<group>`.
-pub fn api_group(group: &str) -> Option<Value> {
-    let (g, v) = resources::GROUP_VERSIONS
-        .iter()
-        .find(|(g, _)| *g == group)?;
-    let mut entry = group_entry(g, v);
+pub fn api_group(registry: &Registry, group: &str) -> Option<Value> {
+    let (g, v) = registry
+        .group_versions()
+        .into_iter()
+        .find(|(g, _)| g == group)?;
+    let mut entry = group_entry(&g, &v);
     if let Some(map) = entry.as_object_mut() {
         let mut out = serde_json::Map::new();
         out.insert("kind".into(), json!("APIGroup"));
@@ -65,9 +67,10 @@ pub fn api_group(group: &str) -> Option<Value> {
 }
 
 /// `/api/v1` (no apiVersion field) or `/apis/<g>/<v>`.
-pub fn resource_list(group: &str, version: &str) -> Value {
-    let mut entries: Vec<Value> = RESOURCES
-        .iter()
+pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Value {
+    let mut entries: Vec<Value> = registry
+        .all()
+        .into_iter()
         .filter(|r| r.group == group && r.version == version)
         .flat_map(|r| r.discovery_entries())
         .collect();

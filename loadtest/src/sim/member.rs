@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::sim::auth::TokenAuthenticator;
+use crate::sim::resources::Registry;
 use crate::sim::store::Store;
 
 /// Knobs that tests and the CLI may turn; `Default` is what `start_fleet` uses.
@@ -35,6 +36,8 @@ pub struct Member {
     /// `member1`, `member2`, ...
     pub name: String,
     pub store: Store,
+    /// Built-in resources plus those registered by stored CRDs.
+    pub registry: Registry,
     pub tokens: TokenAuthenticator,
     pub tuning: SimTuning,
     /// Names of the seeded nodes, where new pods are "scheduled".
@@ -56,6 +59,7 @@ impl Member {
         Self {
             name,
             store,
+            registry: Registry::default(),
             tokens,
             tuning,
             node_names,

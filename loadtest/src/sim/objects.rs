@@ -18,7 +18,7 @@ use crate::sim::api::RequestInfo;
 use crate::sim::body::SimBody;
 use crate::sim::member::Member;
 use crate::sim::patch::{self, PatchError, PatchType};
-use crate::sim::resources::{self, ResourceInfo};
+use crate::sim::resources::ResourceInfo;
 use crate::sim::selectors::{FieldSelector, LabelSelector};
 use crate::sim::status::{
     bytes_response, encode_json, json_response, success_status, ApiError, ResponseCtx,
@@ -1097,7 +1097,7 @@ pub fn delete(
 
 /// Removes every namespaced object in namespace `ns` (the namespace controller's job).
 fn delete_namespace_contents(member: &Member, ns: &str) {
-    for res in resources::RESOURCES.iter().filter(|r| r.namespaced) {
+    for res in member.registry.all().into_iter().filter(|r| r.namespaced) {
         let page = member
             .store
             .list(res.store_key(), Some(ns), None, None, |_| true);

@@ -4,6 +4,8 @@
 //!
 //! Pure data and lookups; never touches the store or the network. Called by `discovery` and `api`.
 
+use std::sync::{Arc, RwLock};
+
 use serde_json::{json, Value};
 
 /// One resource kind (a collection), e.g. core/v1 `pods`.
@@ -12,6 +14,9 @@ pub struct ResourceInfo {
     pub group: &'static str,
     pub version: &'static str,
     pub plural: &'static str,
+    /// The store's key for this resource's objects (the plural for built-in resources,
+    /// `plural.group` for resources registered by a CRD, so they never collide).
+    pub key: &'static str,
     pub kind: &'static str,
     pub namespaced: bool,
     pub short_names: &'static [&'static str],
@@ -60,6 +65,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         group: "",
         version: "v1",
         plural: "configmaps",
+        key: "configmaps",
         kind: "ConfigMap",
         namespaced: true,
         short_names: &["cm"],
@@ -72,6 +78,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         group: "",
         version: "v1",
         plural: "events",
+        key: "events",
         kind: "Event",
         namespaced: true,
         short_names: &["ev"],
@@ -84,6 +91,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         group: "",
         version: "v1",
         plural: "namespaces",
+        key: "namespaces",
         kind: "Namespace",
         namespaced: false,
         short_names: &["ns"],
@@ -96,6 +104,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         group: "",
         version: "v1",
         plural: "nodes",
+        key: "nodes",
         kind: "Node",
         namespaced: false,
         short_names: &["no"],
@@ -108,6 +117,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         group: "",
         version: "v1",
         plural: "pods",
+        key: "pods",
         kind: "Pod",
         namespaced: true,
         short_names: &["po"],
@@ -142,6 +152,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         group: "",
         version: "v1",
         plural: "secrets",
+        key: "secrets",
         kind: "Secret",
         namespaced: true,
         short_names: &[],
@@ -154,6 +165,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         group: "",
         version: "v1",
         plural: "services",
+        key: "services",
         kind: "Service",
         namespaced: true,
         short_names: &["svc"],
@@ -166,6 +178,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         group: "apps",
         version: "v1",
         plural: "deployments",
+        key: "deployments",
         kind: "Deployment",
         namespaced: true,
         short_names: &["deploy"],
@@ -185,6 +198,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         group: "apiextensions.k8s.io",
         version: "v1",
         plural: "customresourcedefinitions",
+        key: "customresourcedefinitions",
         kind: "CustomResourceDefinition",
         namespaced: false,
         short_names: &["crd", "crds"],
@@ -197,6 +211,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         group: "fleetgate.io",
         version: "v1alpha1",
         plural: "accesspolicies",
+        key: "accesspolicies",
         kind: "AccessPolicy",
         namespaced: false,
         short_names: &[],
@@ -209,6 +224,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         group: "fleetgate.io",
         version: "v1alpha1",
         plural: "clusters",
+        key: "clusters",
         kind: "Cluster",
         namespaced: false,
         short_names: &[],
@@ -221,6 +237,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         group: "fleetgate.io",
         version: "v1alpha1",
         plural: "gateways",
+        key: "gateways",
         kind: "Gateway",
         namespaced: false,
         short_names: &[],
@@ -243,7 +260,7 @@ impl ResourceInfo {
 
     /// The store's key for this resource's objects.
     pub fn store_key(&self) -> &'static str {
-        self.plural
+        self.key
     }
 
     pub fn has_subresource(&self, name: &str) -> bool {
@@ -279,7 +296,7 @@ impl ResourceInfo {
                 "name": format!("{}/{}", self.plural, sub.name),
                 "singularName": "",
                 "namespaced": self.namespaced,
-                "kind": sub.kind,
+                "kind": if sub.kind.is_empty() { self.kind } else { sub.kind },
                 "verbs": sub.verbs,
             });
             if sub.name == "scale" {
@@ -300,13 +317,6 @@ pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resourc
         .find(|r| r.group == group && r.version == version && r.plural == plural)
 }
 
-/// The resource with `kind` in `group`, if served.
-pub fn find_kind(group: &str, kind: &str) -> Option<&'static ResourceInfo> {
-    RESOURCES
-        .iter()
-        .find(|r| r.group == group && r.kind == kind)
-}
-
 /// Groups besides core with the resources the store serves, plus the review-only groups.
 /// (group, version) in the order `/apis` lists them.
 pub static GROUP_VERSIONS: &[(&str, &str)] = &[
@@ -316,19 +326,6 @@ pub static GROUP_VERSIONS: &[(&str, &str)] = &[
     ("authorization.k8s.io", "v1"),
     ("fleetgate.io", "v1alpha1"),
 ];
-
-/// Whether `/apis/<group>` exists.
-pub fn group_exists(group: &str) -> bool {
-    GROUP_VERSIONS.iter().any(|(g, _)| *g == group)
-}
-
-/// Whether `/apis/<group>/<version>` exists.
-pub fn group_version_exists(group: &str, version: &str) -> bool {
-    (group.is_empty() && version == "v1")
-        || GROUP_VERSIONS
-            .iter()
-            .any(|(g, v)| *g == group && *v == version)
-}
 
 /// Discovery entries of the review-only groups (they have no stored objects).
 pub fn review_entries(group: &str) -> Vec<Value> {
@@ -340,5 +337,135 @@ pub fn review_entries(group: &str) -> Vec<Value> {
             json!({"name":"selfsubjectaccessreviews","singularName":"","namespaced":false,"kind":"SelfSubjectAccessReview","verbs":["create"]}),
         ],
         _ => Vec::new(),
+    }
+}
+
+/// The resources one member serves: the built-in table plus those registered by stored CRDs.
+///
+/// A registered resource's strings are leaked (`&'static`), so that it is used exactly like a
+/// built-in one; a sim registers a handful of CRDs in its lifetime, and re-registering the same
+/// CRD reuses the existing entry.
+#[derive(Default)]
+pub struct Registry {
+    dynamic: RwLock<Vec<&'static ResourceInfo>>,
+}
+
+/// The status subresource of a custom resource.
+static CRD_STATUS: &[Subresource] = &[Subresource {
+    name: "status",
+    kind: "",
+    verbs: STATUS_VERBS,
+}];
+
+fn leak(s: &str) -> &'static str {
+    Box::leak(s.to_string().into_boxed_str())
+}
+
+fn leak_list(values: &Value) -> &'static [&'static str] {
+    let list: Vec<&'static str> = values
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).map(leak).collect())
+        .unwrap_or_default();
+    Box::leak(list.into_boxed_slice())
+}
+
+impl Registry {
+    fn dynamic(&self) -> Vec<&'static ResourceInfo> {
+        self.dynamic
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Every resource, built-in first.
+    pub fn all(&self) -> Vec<&'static ResourceInfo> {
+        RESOURCES.iter().chain(self.dynamic()).collect()
+    }
+
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&'static ResourceInfo> {
+        find(group, version, plural).or_else(|| {
+            self.dynamic()
+                .into_iter()
+                .find(|r| r.group == group && r.version == version && r.plural == plural)
+        })
+    }
+
+    /// (group, version) pairs of `/apis`, built-in first.
+    pub fn group_versions(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = GROUP_VERSIONS
+            .iter()
+            .map(|(g, v)| (g.to_string(), v.to_string()))
+            .collect();
+        for r in self.dynamic() {
+            let pair = (r.group.to_string(), r.version.to_string());
+            if !out.contains(&pair) {
+                out.push(pair);
+            }
+        }
+        out
+    }
+
+    pub fn group_exists(&self, group: &str) -> bool {
+        self.group_versions().iter().any(|(g, _)| g == group)
+    }
+
+    pub fn group_version_exists(&self, group: &str, version: &str) -> bool {
+        (group.is_empty() && version == "v1")
+            || self
+                .group_versions()
+                .iter()
+                .any(|(g, v)| g == group && v == version)
+    }
+
+    /// Rebuilds the registered resources from the stored CRDs (after any CRD write).
+    pub fn sync_crds(&self, crds: &[Arc<Value>]) {
+        let existing = self.dynamic();
+        let mut wanted: Vec<&'static ResourceInfo> = Vec::new();
+        for crd in crds {
+            let spec = &crd["spec"];
+            let (Some(group), Some(plural), Some(kind)) = (
+                spec["group"].as_str(),
+                spec["names"]["plural"].as_str(),
+                spec["names"]["kind"].as_str(),
+            ) else {
+                continue;
+            };
+            let namespaced = spec["scope"].as_str() == Some("Namespaced");
+            for version in spec["versions"].as_array().into_iter().flatten() {
+                let Some(name) = version["name"].as_str() else {
+                    continue;
+                };
+                if version["served"] == false || find(group, name, plural).is_some() {
+                    continue;
+                }
+                let has_status = version["subresources"]["status"].is_object();
+                let reuse = existing.iter().find(|r| {
+                    r.group == group
+                        && r.version == name
+                        && r.plural == plural
+                        && r.kind == kind
+                        && r.namespaced == namespaced
+                        && r.has_status_subresource() == has_status
+                });
+                let info = match reuse {
+                    Some(info) => *info,
+                    None => &*Box::leak(Box::new(ResourceInfo {
+                        group: leak(group),
+                        version: leak(name),
+                        plural: leak(plural),
+                        key: leak(&format!("{plural}.{group}")),
+                        kind: leak(kind),
+                        namespaced,
+                        short_names: leak_list(&spec["names"]["shortNames"]),
+                        categories: leak_list(&spec["names"]["categories"]),
+                        subresources: if has_status { CRD_STATUS } else { &[] },
+                        has_generation: true,
+                        storage_version_hash: "",
+                    })),
+                };
+                wanted.push(info);
+            }
+        }
+        *self.dynamic.write().unwrap_or_else(|e| e.into_inner()) = wanted;
     }
 }
