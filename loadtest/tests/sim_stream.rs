@@ -337,6 +337,17 @@ fn cp_copies_a_file_in_and_back_out() {
             copied == content,
             "cp round trip changed the file over {protocol}"
         );
+        // With retries kubectl runs `sh -c 'tar cf - F | tail -c+N'` in the pod.
+        let retried = local.join(format!("retried-{protocol}.bin"));
+        ok_stdout(&fleet.kubectl_env(
+            &["cp", "--retries=2", &remote, retried.to_str().unwrap()],
+            env,
+        ));
+        let copied = std::fs::read(&retried).expect("copied file (retries)");
+        assert!(
+            copied == content,
+            "cp --retries changed the file over {protocol}"
+        );
     }
 }
 

@@ -28,7 +28,7 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 const PROGRAMS: &[&str] = &[
     "sh", "bash", "ash", "echo", "cat", "true", "false", "env", "printenv", "hostname", "ls",
     "date", "pwd", "test", "[", "sleep", "mkdir", "rm", "touch", "head", "wc", "seq", "uname",
-    "id", "whoami", "stty", "tar",
+    "id", "whoami", "stty", "tar", "tail",
 ];
 
 /// Runs `argv` as the process of an exec session and reports how it ended.
@@ -685,6 +685,7 @@ fn run_program<'a>(
             "touch" => touch(args, err, st).await,
             "head" => head(args, stdin, out, err, st).await,
             "wc" => wc(args, stdin, out, err, st).await,
+            "tail" => tail(args, stdin, out, err, st).await,
             "seq" => seq(args, out, err).await,
             "stty" => {
                 let size = *st.ctx.terminal_size.borrow();
@@ -1289,6 +1290,81 @@ async fn head(args: &[String], stdin: &mut Stdin, out: &Sink, err: &Sink, st: &S
     }
 }
 
+/// `tail -c +N` (from byte N on: what `kubectl cp --retries` runs), `tail -c N`, `tail -n N`.
+async fn tail(args: &[String], stdin: &mut Stdin, out: &Sink, err: &Sink, st: &ShellState) -> i32 {
+    let mut spec: Option<(char, String)> = None;
+    let mut file = None;
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        if let Some(rest) = arg.strip_prefix("-c").or_else(|| arg.strip_prefix("-n")) {
+            let unit = if arg.starts_with("-c") { 'c' } else { 'n' };
+            let value = if rest.is_empty() {
+                i += 1;
+                args.get(i).cloned().unwrap_or_default()
+            } else {
+                rest.to_string()
+            };
+            spec = Some((unit, value));
+        } else if arg != "-" {
+            file = Some(arg);
+        }
+        i += 1;
+    }
+    let (unit, value) = spec.unwrap_or(('n', "10".to_string()));
+    let from_start = value.starts_with('+');
+    let Ok(count) = value.trim_start_matches('+').parse::<usize>() else {
+        let _ = err
+            .write_str(&format!("tail: invalid number '{value}'\n"))
+            .await;
+        return 1;
+    };
+    if unit == 'c' && from_start && file.is_none() {
+        // Streamed: skip the first N-1 bytes, copy the rest as it comes.
+        let mut skip = count.saturating_sub(1);
+        while let Some(chunk) = stdin.read().await {
+            let start = skip.min(chunk.len());
+            skip -= start;
+            if out.write(&chunk[start..]).await.is_err() {
+                return 1;
+            }
+        }
+        return 0;
+    }
+    let data = match file {
+        Some(f) => match read_pod_file(st, f) {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = err.write_str(&format!("tail: {f}: {e}\n")).await;
+                return 1;
+            }
+        },
+        None => stdin.read_to_end().await,
+    };
+    let start = match (unit, from_start) {
+        ('c', true) => count.saturating_sub(1).min(data.len()),
+        ('c', false) => data.len().saturating_sub(count),
+        (_, true) => data
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+            .nth(count.saturating_sub(2))
+            .map_or(if count <= 1 { 0 } else { data.len() }, |(i, _)| i + 1),
+        (_, false) => {
+            let body = data.strip_suffix(b"\n").unwrap_or(&data);
+            let mut newlines = body.iter().enumerate().rev().filter(|(_, b)| **b == b'\n');
+            match count {
+                0 => data.len(),
+                n => newlines.nth(n - 1).map_or(0, |(i, _)| i + 1),
+            }
+        }
+    };
+    match out.write(&data[start..]).await {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
 /// Reads a pod file; the lock is released before the caller awaits anything.
 fn read_pod_file(st: &ShellState, file: &str) -> Result<Vec<u8>, FsError> {
     fs::lock(&st.ctx.fs).read_file(&st.resolve(file))
@@ -1481,6 +1557,22 @@ pub(crate) mod tests {
         )
         .await;
         assert_eq!((exit, out.as_str()), (ProcessExit::Code(0), "100000\n5\n"));
+    }
+
+    #[tokio::test]
+    async fn tail_variants() {
+        let ctx = context("p5", false);
+        let (_, out, _) = run(
+            &[
+                "sh",
+                "-c",
+                "seq 5 | tail -n 2; echo abcdef | tail -c+3; seq 3 | tail -c 2; seq 4 | tail -n +3",
+            ],
+            b"",
+            ctx,
+        )
+        .await;
+        assert_eq!(out, "4\n5\ncdef\n3\n3\n4\n");
     }
 
     #[tokio::test]
