@@ -196,34 +196,38 @@ where
     };
     // A request whose body the gateway will not read leaves the connection unusable.
     let close = wants_close(&down.head) || body != BodyKind::Empty;
-    let (cluster, ocm_style) = {
+    // Decide with the table loaded, answer after dropping it: a table guard is never held
+    // across an await.
+    let decision = {
         let table = ctx.table.load();
         let ocm_style = table.gateway().ocm_style;
         match route::route(down.head.target(), ocm_style) {
-            Route::Health(_) => {
-                let reply = if close { HEALTH_OK_CLOSE } else { HEALTH_OK };
-                let ok = down.io.write_all(reply).await.is_ok() && down.io.flush().await.is_ok();
-                return if ok && !close {
-                    Next::KeepAlive
-                } else {
-                    Next::Close
-                };
-            }
-            Route::NotFound => {
-                let path = String::from_utf8_lossy(down.head.target()).into_owned();
-                respond_error(down, &GatewayError::NoRoute { path }, close).await;
-                return if close { Next::Close } else { Next::KeepAlive };
-            }
+            Route::Health(_) => Err(None),
+            Route::NotFound => Err(Some(GatewayError::NoRoute {
+                path: String::from_utf8_lossy(down.head.target()).into_owned(),
+            })),
             Route::Cluster { name, .. } => match table.cluster(name) {
-                Some(cluster) => (cluster.clone(), ocm_style),
-                None => {
-                    let err = GatewayError::UnknownCluster {
-                        name: name.to_string(),
-                    };
-                    respond_error(down, &err, close).await;
-                    return if close { Next::Close } else { Next::KeepAlive };
-                }
+                Some(cluster) => Ok((cluster.clone(), ocm_style)),
+                None => Err(Some(GatewayError::UnknownCluster {
+                    name: name.to_string(),
+                })),
             },
+        }
+    };
+    let (cluster, ocm_style) = match decision {
+        Ok(found) => found,
+        Err(None) => {
+            let reply = if close { HEALTH_OK_CLOSE } else { HEALTH_OK };
+            let ok = down.io.write_all(reply).await.is_ok() && down.io.flush().await.is_ok();
+            return if ok && !close {
+                Next::KeepAlive
+            } else {
+                Next::Close
+            };
+        }
+        Err(Some(err)) => {
+            respond_error(down, &err, close).await;
+            return if close { Next::Close } else { Next::KeepAlive };
         }
     };
     let Route::Cluster { rest, query, .. } = route::route(down.head.target(), ocm_style) else {

@@ -389,13 +389,21 @@ async fn clients_without_a_certificate_are_refused_and_metrics_count_requests() 
             assert_eq!(r.unwrap().code, 200);
         }
         let _ = exchange(gw.tls().await, &get("/clusters/stopped/api/v1/pods", "")).await;
-        let metrics = exchange(
-            tokio::net::TcpStream::connect(gw.admin).await.unwrap(),
-            b"GET /metrics HTTP/1.1\r\nHost: admin\r\n\r\n",
-        )
-        .await
-        .unwrap();
-        let text = String::from_utf8(metrics.body).unwrap();
+        // The gauges settle just after the client has its response: scrape until they do.
+        let mut text = String::new();
+        for _ in 0..100 {
+            let metrics = exchange(
+                tokio::net::TcpStream::connect(gw.admin).await.unwrap(),
+                b"GET /metrics HTTP/1.1\r\nHost: admin\r\n\r\n",
+            )
+            .await
+            .unwrap();
+            text = String::from_utf8(metrics.body).unwrap();
+            if text.contains("fleetgate_open_streams 0") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert!(
             text.contains(
                 "fleetgate_requests_total{cluster=\"member\",verb=\"list\",code=\"200\"} 3"
