@@ -39,6 +39,8 @@ const HEAD_READ_TIMEOUT: Duration = Duration::from_secs(30);
 const BODY_STALL_TIMEOUT: Duration = Duration::from_secs(120);
 /// Read-buffer growth step for bodies.
 const READ_CHUNK: usize = 32 * 1024;
+/// Read size for long-running streams (watch, `logs -f`), which mostly sit idle.
+const IDLE_STREAM_BUFFER: usize = 4 * 1024;
 /// Limits on response heads from members (larger than the client's: members are trusted more
 /// and send long `Warning` and audit headers).
 const RESPONSE_HEAD_LIMITS: HeadLimits = HeadLimits {
@@ -84,7 +86,7 @@ pub async fn serve_http1<S>(
 {
     let mut down = Downstream {
         io,
-        buf: BytesMut::with_capacity(8 * 1024),
+        buf: BytesMut::with_capacity(4 * 1024),
         scanned: 0,
         head: Head::default(),
         response: Head::default(),
@@ -651,8 +653,13 @@ where
             .flush()
             .await
             .map_err(|_| Failure::Abort("client flush failed"))?;
-        conn.buf.reserve(READ_CHUNK);
         let read = if long_running {
+            // A watch or log stream is idle most of the time: keep its buffer small, and give
+            // back a large one a burst (a watch replay) left behind.
+            if conn.buf.is_empty() && conn.buf.capacity() > IDLE_STREAM_BUFFER * 4 {
+                conn.buf = BytesMut::new();
+            }
+            conn.buf.reserve(IDLE_STREAM_BUFFER);
             // Pipelined bytes from the client are kept, within the head limit.
             let watch_client = down.buf.len() < RESPONSE_HEAD_LIMITS.max_head_bytes;
             down.buf.reserve(1024);
@@ -664,6 +671,7 @@ where
                 },
             }
         } else {
+            conn.buf.reserve(READ_CHUNK);
             conn.io.read_buf(&mut conn.buf).await
         };
         match read {

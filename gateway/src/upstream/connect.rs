@@ -81,8 +81,6 @@ pub struct UpstreamConn {
     _open: GaugeGuard,
 }
 
-/// The initial read buffer: large enough that a big LIST streams in few reads.
-const READ_BUFFER: usize = 32 * 1024;
 
 /// Opens a connection to `cluster` (TCP and, for https, the TLS handshake) within `timeout`.
 pub async fn connect(
@@ -110,7 +108,9 @@ pub async fn connect(
     match monoio::time::timeout(timeout, attempt).await {
         Ok(Ok(io)) => Ok(UpstreamConn {
             io,
-            buf: BytesMut::with_capacity(READ_BUFFER),
+            // Grown by the driver as it reads: a big LIST gets large reads, an idle watch a
+            // small buffer.
+            buf: BytesMut::new(),
             cluster_id: cluster.id,
             idle_since: Instant::now(),
             reused: false,
