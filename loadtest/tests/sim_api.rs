@@ -272,6 +272,17 @@ fn delete_removes_the_object() {
     // Pods and namespaces go too (the sim deletes at once).
     ok_stdout(&fleet.kubectl(&["delete", "pod", "hello", "-n", "default"]));
     ok_stdout(&fleet.kubectl(&["create", "namespace", "scratch"]));
+    // Like kube-controller-manager, the sim publishes the cluster CA in every new namespace.
+    let ca = ok_stdout(&fleet.kubectl(&[
+        "get",
+        "cm",
+        "kube-root-ca.crt",
+        "-n",
+        "scratch",
+        "-o",
+        "jsonpath={.data.ca\\.crt}",
+    ]));
+    assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
     ok_stdout(&fleet.kubectl(&["delete", "namespace", "scratch"]));
     let ns = fleet.kubectl(&["get", "ns", "scratch"]);
     assert!(!ns.status.success());
@@ -487,7 +498,11 @@ fn paging_with_chunk_size() {
         trace.contains("continue="),
         "kubectl followed continue tokens: {trace}"
     );
-    assert_eq!(ok_stdout(&verbose).lines().count(), 6, "header + 5 rows");
+    assert_eq!(
+        ok_stdout(&verbose).lines().count(),
+        7,
+        "header + 5 load objects + kube-root-ca.crt"
+    );
 }
 
 #[test]

@@ -50,8 +50,8 @@ fn sim_command_prints_ready_and_serves_until_sigterm() {
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).lines().count(),
-        2,
-        "20 objects over 10 namespaces"
+        3,
+        "20 objects over 10 namespaces, plus kube-root-ca.crt"
     );
     for file in [
         "gateway.yaml",

@@ -34,6 +34,22 @@ fn put(member: &Member, plural: &'static str, object: Value) {
         .mutate::<()>(plural, &ns, &name, |_| Ok(Mutation::Put(object)));
 }
 
+/// Creates `kube-root-ca.crt` in namespace `ns` (kube-controller-manager's job in a real
+/// cluster; benchmarks GET it as a typical small object).
+pub fn publish_root_ca(member: &Member, ns: &str) {
+    put(
+        member,
+        "configmaps",
+        json!({
+            "kind": "ConfigMap", "apiVersion": "v1",
+            "metadata": {"name": "kube-root-ca.crt", "namespace": ns, "uid": uuid::Uuid::new_v4().to_string(),
+                         "creationTimestamp": now_rfc3339(),
+                         "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters."}},
+            "data": {"ca.crt": member.root_ca_pem},
+        }),
+    );
+}
+
 fn namespace(name: &str) -> Value {
     json!({
         "kind": "Namespace", "apiVersion": "v1",
@@ -55,13 +71,14 @@ pub fn load_object_key(index: usize) -> (String, String) {
 /// Seeds `member` with the system objects and `objects` load ConfigMaps.
 pub fn seed(member: &Member, objects: usize) {
     let now = now_rfc3339();
-    for ns in ["default", "kube-system", "kube-public", "dev"] {
+    let mut namespaces: Vec<String> = ["default", "kube-system", "kube-public", "dev"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    namespaces.extend((0..LOAD_NAMESPACES.min(objects)).map(|i| format!("load-{i}")));
+    for ns in &namespaces {
         put(member, "namespaces", namespace(ns));
-    }
-    if objects > 0 {
-        for i in 0..LOAD_NAMESPACES.min(objects) {
-            put(member, "namespaces", namespace(&format!("load-{i}")));
-        }
+        publish_root_ca(member, ns);
     }
     for (i, node) in member.node_names.iter().enumerate() {
         put(

@@ -44,6 +44,9 @@ pub struct Member {
     pub node_names: Vec<String>,
     /// `127.0.0.1:port`, as `/api` reports it.
     pub server_address: String,
+    /// PEM of the CA that signs this member's serving certificate; published in every namespace
+    /// as ConfigMap `kube-root-ca.crt`, as kube-controller-manager does.
+    pub root_ca_pem: String,
     next_ip: AtomicU32,
 }
 
@@ -54,6 +57,7 @@ impl Member {
         tuning: SimTuning,
         node_names: Vec<String>,
         server_address: String,
+        root_ca_pem: String,
     ) -> Self {
         let store = Store::new(tuning.history_window);
         Self {
@@ -64,6 +68,7 @@ impl Member {
             tuning,
             node_names,
             server_address,
+            root_ca_pem,
             next_ip: AtomicU32::new(2),
         }
     }

@@ -184,6 +184,7 @@ pub async fn start_fleet_with_tuning(
             tuning.clone(),
             nodes,
             member_addrs[i].to_string(),
+            creds.fleet_ca.cert_pem.clone(),
         ));
         load::seed(&member, opts.objects);
         servers.push(MemberServer::spawn(member.clone(), listener, tls.clone())?);

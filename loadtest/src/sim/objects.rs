@@ -804,6 +804,9 @@ fn insert_new(
         })?
         .map(|(_, o)| o)
         .ok_or_else(|| ApiError::already_exists(res.group, res.plural, &name))?;
+    if res.plural == "namespaces" {
+        crate::sim::load::publish_root_ca(member, &name);
+    }
     Ok(respond_object(info, res, StatusCode::CREATED, &stored))
 }
 
