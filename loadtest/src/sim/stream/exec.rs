@@ -237,13 +237,13 @@ where
         _ = peer_gone.wait_for(|gone| *gone) => None,
     };
     let Some(exit) = exit else {
-        info!(pod = %target.pod, "exec client went away; process stopped");
+        debug!(pod = %target.pod, "exec client went away; process stopped");
         return;
     };
     for p in pumps {
         let _ = p.await;
     }
-    info!(pod = %target.pod, exit = ?exit, "exec finished");
+    debug!(pod = %target.pod, exit = ?exit, "exec finished");
     if let Some(error) = streams.error.take() {
         write_status(&error.writer, version.status_bytes(&exit)).await;
     }
@@ -376,7 +376,7 @@ pub(crate) async fn serve_websocket<S>(
         _ = gone_rx.wait_for(|gone| *gone) => None,
     };
     let Some(exit) = exit else {
-        info!(pod = %target.pod, "exec client went away; process stopped");
+        debug!(pod = %target.pod, "exec client went away; process stopped");
         drop(out_tx);
         let _ = writer.await;
         return;
@@ -384,7 +384,7 @@ pub(crate) async fn serve_websocket<S>(
     for p in pumps {
         let _ = p.await;
     }
-    info!(pod = %target.pod, exit = ?exit, "exec finished");
+    debug!(pod = %target.pod, exit = ?exit, "exec finished");
     let mut status = vec![CHANNEL_ERROR];
     status.extend_from_slice(&version.status_bytes(&exit));
     let _ = out_tx.send(Message::Binary(status.into())).await;

@@ -34,7 +34,7 @@ use hyper_util::rt::TokioIo;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::WebSocketStream;
-use tracing::{debug, info};
+use tracing::debug;
 
 use crate::sim::body::SimBody;
 use exec::ChannelVersion;
@@ -119,7 +119,7 @@ pub fn serve(
         Ok(ok) => ok,
         Err(response) => return *response,
     };
-    info!(
+    debug!(
         namespace = %target.namespace,
         pod = %target.pod,
         kind = ?target.kind,

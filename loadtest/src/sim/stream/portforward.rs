@@ -18,7 +18,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
-use tracing::{debug, info};
+use tracing::debug;
 
 use super::spdy::frame::header;
 use super::spdy::session::{IncomingStream, Session, StreamWriter};
@@ -70,7 +70,7 @@ where
             }
         }
     }
-    info!(%pod, "port-forward session ended");
+    debug!(%pod, "port-forward session ended");
     session.close(Duration::ZERO).await;
 }
 
@@ -133,7 +133,7 @@ pub(crate) async fn serve_websocket_channels<S>(
             break;
         }
     }
-    info!(%pod, ?ports, bytes, "port-forward (websocket channels) session ended");
+    debug!(%pod, ?ports, bytes, "port-forward (websocket channels) session ended");
     let _ = ws_tx
         .send(Message::Close(Some(CloseFrame {
             code: CloseCode::Normal,

@@ -7,6 +7,8 @@
 //! here buffers without bound: channels are bounded, so a client that stops reading stops the
 //! process.
 
+use std::sync::{Arc, Mutex};
+
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 
@@ -66,6 +68,8 @@ pub(crate) enum Sink {
     /// To a file of the pod filesystem (a `>` or `>>` redirection; the file is created or
     /// truncated when the redirection is set up, so every write appends).
     File { fs: PodFs, path: String },
+    /// Into memory, for the shell's `$(...)` (bounded by what the inner command writes).
+    Buffer(Arc<Mutex<Vec<u8>>>),
     /// Nowhere (`> /dev/null`, or a stream the client did not ask for).
     Discard,
 }
@@ -95,6 +99,13 @@ impl Sink {
                 // The redirection created the file; a concurrent `rm` may have removed its
                 // directory since, which a real process would not notice either.
                 let _ = fs::lock(fs).write_file(path, data, true);
+                Ok(())
+            }
+            Sink::Buffer(buffer) => {
+                buffer
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .extend_from_slice(data);
                 Ok(())
             }
             Sink::Discard => Ok(()),

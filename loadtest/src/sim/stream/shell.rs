@@ -198,6 +198,20 @@ fn split_script(script: &str) -> Vec<ListItem> {
                     current.push(chars[i + 1]);
                     i += 1;
                 }
+                '$' if chars.get(i + 1) == Some(&'(') => {
+                    // A command substitution is one piece of the stage, whatever it contains.
+                    let end = matching_paren(&chars, i + 1).unwrap_or(chars.len() - 1);
+                    current.extend(&chars[i..=end]);
+                    i = end;
+                }
+                '`' => {
+                    let end = chars[i + 1..]
+                        .iter()
+                        .position(|&c| c == '`')
+                        .map_or(chars.len() - 1, |p| p + i + 1);
+                    current.extend(&chars[i..=end]);
+                    i = end;
+                }
                 '#' if current.is_empty() || current.ends_with(char::is_whitespace) => {
                     while i < chars.len() && chars[i] != '\n' {
                         i += 1;
@@ -240,6 +254,8 @@ fn split_script(script: &str) -> Vec<ListItem> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Token {
     Word(String),
+    /// An unquoted word with `*` or `?`: expanded against the pod filesystem.
+    Glob(String),
     /// A redirection operator: `>`, `>>`, `<`, `2>`, `2>>`, `2>&1`, `>&2`.
     Redirect(String),
 }
@@ -254,7 +270,12 @@ fn tokenize(raw: &str, st: &ShellState) -> Result<Vec<Token>, String> {
     let finish =
         |tokens: &mut Vec<Token>, word: &mut String, in_word: &mut bool, quoted: &mut bool| {
             if *in_word {
-                tokens.push(Token::Word(std::mem::take(word)));
+                let text = std::mem::take(word);
+                if !*quoted && text.contains(['*', '?']) {
+                    tokens.push(Token::Glob(text));
+                } else {
+                    tokens.push(Token::Word(text));
+                }
             }
             *in_word = false;
             *quoted = false;
@@ -302,6 +323,7 @@ fn tokenize(raw: &str, st: &ShellState) -> Result<Vec<Token>, String> {
                     if next != '\n' {
                         word.push(next);
                         in_word = true;
+                        quoted = true;
                     }
                     i += 1;
                 }
@@ -490,7 +512,8 @@ async fn run_stage(
     err: &Sink,
     st: &mut ShellState,
 ) -> Flow {
-    let tokens = match tokenize(raw, st) {
+    let expanded = substitute_commands(raw, st, err).await;
+    let tokens = match tokenize(&expanded, st) {
         Ok(t) => t,
         Err(message) => {
             let _ = err
@@ -507,11 +530,12 @@ async fn run_stage(
     while let Some(token) = tokens.next() {
         match token {
             Token::Word(w) => argv.push(w),
+            Token::Glob(pattern) => argv.extend(expand_glob(&pattern, st)),
             Token::Redirect(op) if op == "2>&1" => err_sink = out.clone(),
             Token::Redirect(op) if op == ">&2" => out = err_sink.clone(),
             Token::Redirect(op) if op == ">&1" => {}
             Token::Redirect(op) => {
-                let Some(Token::Word(target)) = tokens.next() else {
+                let Some(Token::Word(target) | Token::Glob(target)) = tokens.next() else {
                     let _ = err
                         .write_str("sh: syntax error: unexpected redirection\n")
                         .await;
@@ -542,6 +566,166 @@ async fn run_stage(
     match fixed_stdin {
         Some(mut own) => run_program(argv, &mut own, &out, &err_sink, st).await,
         None => run_program(argv, stdin, &out, &err_sink, st).await,
+    }
+}
+
+/// The index of the `)` closing the `(` at `open`, skipping quoted text.
+fn matching_paren(chars: &[char], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let (mut single, mut double) = (false, false);
+    let mut i = open;
+    while i < chars.len() {
+        match chars[i] {
+            '\'' if !double => single = !single,
+            '"' if !single => double = !double,
+            '\\' if !single => i += 1,
+            '(' if !single && !double => depth += 1,
+            ')' if !single && !double => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Replaces every `$(...)` and `` `...` `` outside single quotes with the output of running it
+/// (trailing newlines removed), escaped so that the tokenizer takes it as text: inside double
+/// quotes it stays one word, outside it is split at whitespace, as in sh.
+fn substitute_commands<'a>(
+    raw: &'a str,
+    st: &'a mut ShellState,
+    err: &'a Sink,
+) -> BoxFuture<'a, String> {
+    Box::pin(async move {
+        if !raw.contains("$(") && !raw.contains('`') {
+            return raw.to_string();
+        }
+        let chars: Vec<char> = raw.chars().collect();
+        let mut out = String::with_capacity(raw.len());
+        let (mut single, mut double) = (false, false);
+        let mut i = 0;
+        while i < chars.len() {
+            let c = chars[i];
+            if single {
+                out.push(c);
+                single = c != '\'';
+                i += 1;
+                continue;
+            }
+            let inner_end = match c {
+                '$' if chars.get(i + 1) == Some(&'(') => {
+                    matching_paren(&chars, i + 1).map(|end| (i + 2, end))
+                }
+                '`' => chars[i + 1..]
+                    .iter()
+                    .position(|&c| c == '`')
+                    .map(|p| (i + 1, i + 1 + p)),
+                _ => None,
+            };
+            match (c, inner_end) {
+                (_, Some((start, end))) => {
+                    let inner: String = chars[start..end].iter().collect();
+                    let output = capture_output(&inner, st, err).await;
+                    // `NAME=$(...)` is not split into words, as in sh.
+                    let current_word = out.rsplit(char::is_whitespace).next().unwrap_or("");
+                    let assignment = !double && is_assignment(current_word);
+                    for ch in output.trim_end_matches('\n').chars() {
+                        if assignment && ch == '\n' {
+                            // A backslash-newline would be a line continuation.
+                            out.push_str("'\n'");
+                            continue;
+                        }
+                        let special = if double {
+                            matches!(ch, '\\' | '"' | '$' | '`')
+                        } else {
+                            assignment
+                                || (!ch.is_whitespace() && "\\'\";&|<>()#*?~$` ".contains(ch))
+                        };
+                        if special {
+                            out.push('\\');
+                        }
+                        out.push(ch);
+                    }
+                    i = end + 1;
+                    continue;
+                }
+                ('\\', None) => {
+                    out.push(c);
+                    if let Some(&next) = chars.get(i + 1) {
+                        out.push(next);
+                        i += 1;
+                    }
+                }
+                ('\'', None) if !double => {
+                    single = true;
+                    out.push(c);
+                }
+                ('"', None) => {
+                    double = !double;
+                    out.push(c);
+                }
+                _ => out.push(c),
+            }
+            i += 1;
+        }
+        out
+    })
+}
+
+/// Runs `script` in a subshell with no input and returns what it wrote on stdout.
+async fn capture_output(script: &str, st: &mut ShellState, err: &Sink) -> String {
+    let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = Sink::Buffer(buffer.clone());
+    let mut subshell = st.clone();
+    let mut no_input = Stdin::empty();
+    let flow = run_script(script, &mut no_input, &sink, err, &mut subshell).await;
+    st.last_status = flow.code();
+    let bytes = buffer
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Expands a pattern whose last component has `*` or `?` against the pod filesystem; with no
+/// match the pattern stays as written, as in sh.
+fn expand_glob(pattern: &str, st: &ShellState) -> Vec<String> {
+    let (dir_part, name_pattern) = match pattern.rfind('/') {
+        Some(i) => (&pattern[..=i], &pattern[i + 1..]),
+        None => ("", pattern),
+    };
+    if dir_part.contains(['*', '?']) {
+        return vec![pattern.to_string()];
+    }
+    let dir = st.resolve(if dir_part.is_empty() { "." } else { dir_part });
+    let names = fs::lock(&st.ctx.fs).list(&dir).unwrap_or_default();
+    let matches: Vec<String> = names
+        .into_iter()
+        .filter(|name| !name.starts_with('.') || name_pattern.starts_with('.'))
+        .filter(|name| wildcard_match(name_pattern.as_bytes(), name.as_bytes()))
+        .map(|name| format!("{dir_part}{name}"))
+        .collect();
+    if matches.is_empty() {
+        vec![pattern.to_string()]
+    } else {
+        matches
+    }
+}
+
+fn wildcard_match(pattern: &[u8], text: &[u8]) -> bool {
+    match (pattern.split_first(), text.split_first()) {
+        (None, None) => true,
+        (Some((b'*', rest)), _) => {
+            wildcard_match(rest, text) || (!text.is_empty() && wildcard_match(pattern, &text[1..]))
+        }
+        (Some((b'?', rest)), Some((_, text_rest))) => wildcard_match(rest, text_rest),
+        (Some((p, rest)), Some((t, text_rest))) if p == t => wildcard_match(rest, text_rest),
+        _ => false,
     }
 }
 
@@ -1557,6 +1741,20 @@ pub(crate) mod tests {
         )
         .await;
         assert_eq!((exit, out.as_str()), (ProcessExit::Code(0), "100000\n5\n"));
+    }
+
+    #[tokio::test]
+    async fn command_substitution_and_globs() {
+        let ctx = context("p6", false);
+        let script = "mkdir -p /g && touch /g/a.txt /g/b.txt /g/c.log; echo /g/*.txt; \
+                      cd /g; echo *.log x?txt; echo \"host=$(hostname)\" `echo a; echo b`; \
+                      n=$(echo 'one two;three'); echo \"[$n]\"; echo '*'";
+        let (exit, out, err) = run(&["sh", "-c", script], b"", ctx).await;
+        assert_eq!(exit, ProcessExit::Code(0), "{err}");
+        assert_eq!(
+            out,
+            "/g/a.txt /g/b.txt\nc.log x?txt\nhost=p6 a b\n[one two;three]\n*\n"
+        );
     }
 
     #[tokio::test]
