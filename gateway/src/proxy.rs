@@ -519,10 +519,7 @@ where
                 // the request, and the client gets a 400 and a close.
                 Failure::Answer(GatewayError::BadRequest { reason: e.0 })
             })?;
-            conn.io
-                .write_all(&down.buf[..n])
-                .await
-                .map_err(|_| Failure::Abort("member closed while the request body was sent"))?;
+            conn.io.write_all(&down.buf[..n]).await.map_err(closed)?;
             down.buf.advance(n);
         }
         if progress.is_done() {
@@ -534,10 +531,8 @@ where
             _ => return Err(Failure::Abort("client went away during the request body")),
         }
     }
-    conn.io
-        .flush()
-        .await
-        .map_err(|_| Failure::Abort("member closed while the request body was sent"))
+    // Nothing has gone to the client yet, so a member failure is still answered with a Status.
+    conn.io.flush().await.map_err(closed)
 }
 
 /// Reads the member's response head (skipping interim 1xx responses) within the response-head

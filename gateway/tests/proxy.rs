@@ -485,3 +485,37 @@ async fn request_bodies_pass_through_as_framed_and_special_requests_are_handled(
         assert_eq!(old.body.len(), 70000, "{driver}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_the_member_closed_is_not_used_for_the_next_request() {
+    for driver in DRIVERS {
+        let (upstream, gw) = setup(driver).await;
+        let mut tls = gw.tls().await;
+        let mut carry = Vec::new();
+        tls.write_all(b"GET /clusters/member/close-when-idle HTTP/1.1\r\nHost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(read_response(&mut tls, &mut carry).await.unwrap().code, 200);
+        // The member closes that connection after 50 ms; the gateway's pool still holds it.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        // A POST with a body cannot be replayed, so it must not go out on the dead connection.
+        tls.write_all(b"POST /clusters/member/api/v1/namespaces/n/configmaps HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\n{}")
+            .await
+            .unwrap();
+        let response = read_response(&mut tls, &mut carry).await.unwrap();
+        assert_eq!(
+            response.code,
+            200,
+            "{driver}: {:?}",
+            String::from_utf8_lossy(&response.body)
+        );
+        assert_eq!(upstream.requests().last().unwrap().body, b"{}");
+        assert_eq!(
+            upstream
+                .connections
+                .load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "{driver}"
+        );
+    }
+}

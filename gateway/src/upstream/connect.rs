@@ -81,6 +81,21 @@ pub struct UpstreamConn {
     _open: GaugeGuard,
 }
 
+impl UpstreamConn {
+    /// Whether the member closed this idle connection (or sent something unasked): one
+    /// non-blocking read attempt. A pooled connection that fails this is dropped instead of
+    /// carrying a request the member will never answer, which matters for requests that cannot
+    /// be replayed (a POST whose body was already sent).
+    pub fn closed_while_idle(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        let mut buf = ReadBuf::new(&mut probe);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        // Ready means end of stream, an error, or bytes nobody asked for: unusable either way.
+        Pin::new(&mut self.io)
+            .poll_read(&mut cx, &mut buf)
+            .is_ready()
+    }
+}
 
 /// Opens a connection to `cluster` (TCP and, for https, the TLS handshake) within `timeout`.
 pub async fn connect(

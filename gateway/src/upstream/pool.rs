@@ -12,6 +12,9 @@ use ahash::AHashMap;
 
 use super::UpstreamConn;
 
+/// Idle time after which a pooled connection is checked before it is reused.
+const PROBE_AFTER: Duration = Duration::from_millis(500);
+
 /// Idle connections per cluster route on one shard.
 pub struct ShardPool {
     idle: RefCell<AHashMap<u64, Vec<UpstreamConn>>>,
@@ -35,10 +38,18 @@ impl ShardPool {
     pub fn take(&self, cluster_id: u64) -> Option<UpstreamConn> {
         let mut idle = self.idle.borrow_mut();
         let conns = idle.get_mut(&cluster_id)?;
-        while let Some(conn) = conns.pop() {
-            if conn.idle_since.elapsed() < self.idle_timeout {
-                return Some(conn);
+        while let Some(mut conn) = conns.pop() {
+            let idle = conn.idle_since.elapsed();
+            if idle >= self.idle_timeout {
+                continue;
             }
+            // A connection idle for a while may have been closed by the member; one that was
+            // returned a moment ago is used without the extra read attempt (the common case
+            // under load).
+            if idle >= PROBE_AFTER && conn.closed_while_idle() {
+                continue;
+            }
+            return Some(conn);
         }
         None
     }

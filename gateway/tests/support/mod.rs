@@ -290,6 +290,14 @@ async fn serve_upstream(
             return;
         } else if path.ends_with("/drop") {
             return;
+        } else if path.ends_with("/close-when-idle") {
+            // Answers as keep-alive, then closes the idle connection, as members and load
+            // balancers in front of them do.
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            return;
         } else {
             let echo = serde_json::json!({
                 "head": head,
