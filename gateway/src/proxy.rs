@@ -160,7 +160,14 @@ async fn respond_error<S: AsyncWrite + Unpin>(
         Side::Upstream | Side::Internal => warn!(error = %err, "request failed"),
     }
     let response = err.to_response(close);
-    if down.io.write_all(&response).await.is_ok() {
+    // A response to HEAD has no body (its Content-Length still says how long it would be).
+    let response = if down.head.method() == b"HEAD" {
+        let end = crate::http1::find_head_end(&response, 0).unwrap_or(response.len());
+        &response[..end]
+    } else {
+        &response[..]
+    };
+    if down.io.write_all(response).await.is_ok() {
         let _ = down.io.flush().await;
     }
 }
@@ -219,7 +226,10 @@ where
     let (cluster, ocm_style) = match decision {
         Ok(found) => found,
         Err(None) => {
-            let reply = if close { HEALTH_OK_CLOSE } else { HEALTH_OK };
+            let mut reply = if close { HEALTH_OK_CLOSE } else { HEALTH_OK };
+            if down.head.method() == b"HEAD" {
+                reply = &reply[..reply.len() - 2];
+            }
             let ok = down.io.write_all(reply).await.is_ok() && down.io.flush().await.is_ok();
             return if ok && !close {
                 Next::KeepAlive
