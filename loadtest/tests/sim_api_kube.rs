@@ -133,3 +133,36 @@ fn kube_rs_configmap_lifecycle_with_watcher() {
         watch_task.abort();
     });
 }
+
+#[test]
+fn kube_rs_streaming_list_watcher_initialises() {
+    let fleet = TestFleet::start_with(1, 20, 0.0, Default::default());
+    let kubeconfig_path = fleet.kubeconfig();
+    fleet.runtime.block_on(async move {
+        let kubeconfig = Kubeconfig::read_from(&kubeconfig_path).expect("kubeconfig");
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("config");
+        let client = Client::try_from(config).expect("client");
+        let api: Api<ConfigMap> = Api::all(client);
+        // sendInitialEvents=true: the initial objects, then a BOOKMARK marking their end.
+        let config = watcher::Config::default()
+            .labels("fleetgate.io/load=true")
+            .streaming_lists();
+        let mut stream = watcher(api, config).boxed();
+        let mut initial = 0;
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), stream.next())
+                .await
+                .expect("watcher event within 10 s")
+                .expect("stream open")
+                .expect("event");
+            match event {
+                watcher::Event::InitApply(_) => initial += 1,
+                watcher::Event::InitDone => break,
+                _ => {}
+            }
+        }
+        assert_eq!(initial, 20);
+    });
+}

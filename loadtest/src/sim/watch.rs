@@ -42,6 +42,9 @@ struct WatchState {
     initial: VecDeque<Arc<StoredEvent>>,
     /// A final ERROR event (410) to send, then end.
     error: Option<Bytes>,
+    /// `sendInitialEvents=true` (watch-list): a BOOKMARK annotated
+    /// `k8s.io/initial-events-end` follows the initial events, at this resourceVersion.
+    initial_events_end: Option<u64>,
     receiver: tokio::sync::broadcast::Receiver<Arc<StoredEvent>>,
     encoding: Encoding,
     deadline: Option<Instant>,
@@ -146,6 +149,19 @@ impl WatchState {
                 self.last_sent_rv = self.last_sent_rv.max(event.rv);
                 return Some(self.encode(&event, seen_as));
             }
+        }
+        if let Some(rv) = self.initial_events_end.take() {
+            self.last_sent_rv = self.last_sent_rv.max(rv);
+            let object = json!({
+                "kind": self.resource.kind,
+                "apiVersion": self.resource.api_version(),
+                "metadata": {
+                    "resourceVersion": rv.to_string(),
+                    "creationTimestamp": null,
+                    "annotations": {"k8s.io/initial-events-end": "true"},
+                },
+            });
+            return Some(event_line("BOOKMARK", &object));
         }
         loop {
             let deadline = self.deadline;
@@ -253,12 +269,15 @@ pub fn serve(
                 )
             }
         };
+    let initial_events_end =
+        (info.query.flag("sendInitialEvents") && from_rv.is_none()).then_some(start_rv);
     let mut state = WatchState {
         resource,
         namespace: namespace.map(str::to_string),
         selectors,
         initial: initial.into(),
         error,
+        initial_events_end,
         receiver,
         encoding,
         deadline,
