@@ -852,7 +852,7 @@ fn run_program<'a>(
                 };
                 write_line(out, &text).await
             }
-            "date" => date(args, out).await,
+            "date" => date(args, out, err).await,
             "ls" => ls(args, out, err, st).await,
             "test" => test(args, st),
             "[" => {
@@ -1154,12 +1154,21 @@ async fn printenv(name: &str, args: &[String], out: &Sink, st: &ShellState) -> i
     }
 }
 
-async fn date(args: &[String], out: &Sink) -> i32 {
+async fn date(args: &[String], out: &Sink, err: &Sink) -> i32 {
+    use std::fmt::Write as _;
     let now = chrono::Utc::now();
-    let text = match args.iter().find(|a| a.starts_with('+')) {
-        Some(format) => now.format(&format[1..]).to_string(),
-        None => now.format("%a %b %e %H:%M:%S UTC %Y").to_string(),
-    };
+    let format = args
+        .iter()
+        .find_map(|a| a.strip_prefix('+'))
+        .unwrap_or("%a %b %e %H:%M:%S UTC %Y");
+    // chrono reports an unknown specifier as a formatting error (`to_string` would panic).
+    let mut text = String::new();
+    if write!(text, "{}", now.format(format)).is_err() {
+        let _ = err
+            .write_str(&format!("date: invalid date format '{format}'\n"))
+            .await;
+        return 1;
+    }
     write_line(out, &text).await
 }
 
@@ -1755,6 +1764,39 @@ pub(crate) mod tests {
             out,
             "/g/a.txt /g/b.txt\nc.log x?txt\nhost=p6 a b\n[one two;three]\n*\n"
         );
+    }
+
+    #[tokio::test]
+    async fn date_formats_and_rejects_bad_ones() {
+        let (exit, out, _) = run(&["date", "+%Y"], b"", context("p7", false)).await;
+        assert_eq!(exit, ProcessExit::Code(0));
+        assert_eq!(out.trim().len(), 4);
+        let (exit, _, err) = run(&["date", "+%Q%"], b"", context("p7", false)).await;
+        assert_eq!(exit, ProcessExit::Code(1));
+        assert!(err.contains("invalid date format"));
+    }
+
+    #[tokio::test]
+    async fn random_scripts_never_panic_or_hang() {
+        use rand::{Rng, SeedableRng};
+        const PIECES: &[&str] = &[
+            "echo", "cat", "true", "false", "ls", "test", "[", "]", "tail", "head", "-c", "'",
+            "\"", "$", "(", ")", "`", ";", "&", "&&", "|", "||", ">", ">>", "<", "2>&1", "*", "?",
+            "\\", " ", "\n", "x", "=", "{", "}", "#", "~", "/tmp", "é", "$?", "${", "sh", "-c",
+            "1",
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for _ in 0..400 {
+            let script: String = (0..rng.random_range(1..14))
+                .map(|_| PIECES[rng.random_range(0..PIECES.len())])
+                .collect();
+            let ran = tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                run(&["sh", "-c", &script], b"in", context("fuzz", false)),
+            )
+            .await;
+            assert!(ran.is_ok(), "script hung: {script:?}");
+        }
     }
 
     #[tokio::test]
