@@ -367,6 +367,37 @@ fn auth_whoami_and_impersonation() {
         "{as_bob}"
     );
 
+    // can-i (protobuf SelfSubjectAccessReview / RulesReview) agrees with what the member enforces.
+    let yes = fleet.kubectl(&[
+        "auth",
+        "can-i",
+        "get",
+        "configmaps",
+        "-n",
+        "default",
+        "--as",
+        "bob",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&yes.stdout).trim(), "yes");
+    let no = fleet.kubectl(&[
+        "auth",
+        "can-i",
+        "delete",
+        "configmaps",
+        "-n",
+        "default",
+        "--as",
+        "bob",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&no.stdout).trim(), "no");
+    let rules = ok_stdout(&fleet.kubectl(&["auth", "can-i", "--list", "--as", "bob"]));
+    assert!(
+        rules
+            .lines()
+            .any(|l| l.starts_with("configmaps ") && l.contains("[get list watch]")),
+        "{rules}"
+    );
+
     // bob may read configmaps but not pods.
     ok_stdout(&fleet.kubectl(&["get", "cm", "-n", "default", "--as", "bob"]));
     let pods = fleet.kubectl(&["get", "pods", "-n", "default", "--as", "bob"]);

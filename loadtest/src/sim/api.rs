@@ -87,6 +87,7 @@ enum Route {
     OpenApi,
     SelfSubjectReview(String),
     SelfSubjectAccessReview,
+    SelfSubjectRulesReview,
     Resource(ResourcePath),
 }
 
@@ -196,6 +197,9 @@ fn parse_route(registry: &Registry, path: &str) -> Result<Route, ApiError> {
                 }
                 ("authorization.k8s.io", ["selfsubjectaccessreviews"]) => {
                     Ok(Route::SelfSubjectAccessReview)
+                }
+                ("authorization.k8s.io", ["selfsubjectrulesreviews"]) => {
+                    Ok(Route::SelfSubjectRulesReview)
                 }
                 _ => parse_resource_path(registry, group, version, rest),
             }
@@ -393,10 +397,11 @@ async fn route_and_serve(
                 &ctx,
             ))
         }
-        Route::SelfSubjectAccessReview => {
+        Route::SelfSubjectAccessReview | Route::SelfSubjectRulesReview => {
             if method != Method::POST {
                 return Err(ApiError::method_not_allowed());
             }
+            let rules = matches!(route, Route::SelfSubjectRulesReview);
             let content_type = header_str(&req, header::CONTENT_TYPE)
                 .unwrap_or("")
                 .to_string();
@@ -409,11 +414,12 @@ async fn route_and_serve(
                 serde_json::from_slice(&body)
                     .map_err(|e| ApiError::bad_request(format!("error decoding review: {e}")))?
             };
-            Ok(json_response(
-                StatusCode::CREATED,
-                &self_subject_access_review(user, review),
-                &ctx,
-            ))
+            let answer = if rules {
+                self_subject_rules_review(user, &review)
+            } else {
+                self_subject_access_review(user, review)
+            };
+            Ok(json_response(StatusCode::CREATED, &answer, &ctx))
         }
         Route::Resource(rp) => {
             let format = match negotiate(accept.as_deref()) {
@@ -449,6 +455,23 @@ fn self_subject_review(user: &UserInfo, version: &str) -> Value {
         "apiVersion": format!("authentication.k8s.io/{version}"),
         "metadata": {"creationTimestamp": objects::now_rfc3339()},
         "status": {"userInfo": Value::Object(user_info)},
+    })
+}
+
+/// `kubectl auth can-i --list`: the rules of the allow list that apply in the namespace.
+fn self_subject_rules_review(user: &UserInfo, review: &Value) -> Value {
+    let namespace = review["spec"]["namespace"].as_str().unwrap_or("");
+    let (resource_rules, non_resource_rules) = auth::rules_for(user, namespace);
+    json!({
+        "kind": "SelfSubjectRulesReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "metadata": {"creationTimestamp": null},
+        "spec": {},
+        "status": {
+            "resourceRules": resource_rules,
+            "nonResourceRules": non_resource_rules,
+            "incomplete": false,
+        },
     })
 }
 

@@ -193,6 +193,51 @@ pub fn authorize(user: &UserInfo, attrs: &RequestAttributes<'_>) -> bool {
     false
 }
 
+/// The allow list of [`authorize`] as RBAC-style rules in `namespace`, for
+/// SelfSubjectRulesReview (`kubectl auth can-i --list`). Kept next to `authorize` so both change
+/// together.
+pub fn rules_for(
+    user: &UserInfo,
+    namespace: &str,
+) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    use serde_json::json;
+    let read = json!(["get", "list", "watch"]);
+    let mut resource_rules = vec![
+        json!({
+            "verbs": ["create"],
+            "apiGroups": ["authentication.k8s.io"],
+            "resources": ["selfsubjectreviews"],
+        }),
+        json!({
+            "verbs": ["create"],
+            "apiGroups": ["authorization.k8s.io"],
+            "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+        }),
+    ];
+    let mut non_resource_rules = vec![json!({
+        "verbs": ["get"],
+        "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/openapi", "/openapi/*", "/version", "/version/"],
+    })];
+    if user.in_group(MASTERS_GROUP) {
+        resource_rules.push(json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}));
+        non_resource_rules.push(json!({"verbs": ["*"], "nonResourceURLs": ["*"]}));
+        return (resource_rules, non_resource_rules);
+    }
+    if user.name == GATEWAY_USER {
+        return (resource_rules, non_resource_rules);
+    }
+    if user.name == "bob" {
+        resource_rules.push(json!({"verbs": read, "apiGroups": [""], "resources": ["configmaps"]}));
+    }
+    if (user.name == "alice" || user.in_group("devs")) && namespace == "dev" {
+        resource_rules.push(json!({"verbs": read, "apiGroups": ["*"], "resources": ["*"]}));
+    }
+    if user.in_group("ops") {
+        resource_rules.push(json!({"verbs": read, "apiGroups": ["*"], "resources": ["*"]}));
+    }
+    (resource_rules, non_resource_rules)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

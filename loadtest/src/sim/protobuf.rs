@@ -196,6 +196,13 @@ const SELF_SUBJECT_ACCESS_REVIEW: &[Field] = &[
     f(2, "spec", Ty::Msg(SELF_SUBJECT_ACCESS_REVIEW_SPEC)),
 ];
 
+const SELF_SUBJECT_RULES_REVIEW_SPEC: &[Field] = &[f(1, "namespace", Ty::Str)];
+/// What `kubectl auth can-i --list` sends.
+const SELF_SUBJECT_RULES_REVIEW: &[Field] = &[
+    f(1, "metadata", Ty::Msg(OBJECT_META)),
+    f(2, "spec", Ty::Msg(SELF_SUBJECT_RULES_REVIEW_SPEC)),
+];
+
 /// The schema of each kind the simulated members read as protobuf.
 fn schema(api_version: &str, kind: &str) -> Option<&'static [Field]> {
     Some(match (api_version, kind) {
@@ -207,6 +214,7 @@ fn schema(api_version: &str, kind: &str) -> Option<&'static [Field]> {
         ("v1", "Pod") => POD,
         ("apps/v1", "Deployment") => DEPLOYMENT,
         ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => SELF_SUBJECT_ACCESS_REVIEW,
+        ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => SELF_SUBJECT_RULES_REVIEW,
         _ => return None,
     })
 }

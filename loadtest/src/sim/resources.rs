@@ -335,6 +335,7 @@ pub fn review_entries(group: &str) -> Vec<Value> {
         ],
         "authorization.k8s.io" => vec![
             json!({"name":"selfsubjectaccessreviews","singularName":"","namespaced":false,"kind":"SelfSubjectAccessReview","verbs":["create"]}),
+            json!({"name":"selfsubjectrulesreviews","singularName":"","namespaced":false,"kind":"SelfSubjectRulesReview","verbs":["create"]}),
         ],
         _ => Vec::new(),
     }
