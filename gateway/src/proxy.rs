@@ -455,12 +455,22 @@ where
     down.out.clear();
     write_response_head(&mut down.out, &down.response, client_close);
     let code = down.response.code;
+    let elapsed = started.elapsed();
     ctx.metrics_cache.record(
         &ctx.metrics,
         (cluster.id, &cluster.name),
         verb,
         code,
-        started.elapsed(),
+        elapsed,
+    );
+    debug!(
+        shard = ctx.shard,
+        cluster = %cluster.name,
+        verb,
+        code,
+        head_us = elapsed.as_micros() as u64,
+        long_running,
+        "response head relayed"
     );
     let mut progress = BodyProgress::new(kind);
     let first = progress
