@@ -637,3 +637,58 @@ fn stopping_port_forward_ends_the_session() {
         );
     }
 }
+
+#[test]
+fn upgrades_without_a_protocol_in_common_are_refused_with_a_status() {
+    let fleet = TestFleet::start(1);
+    let addr = fleet.handle().member_addrs()[0];
+    let token = fleet.token("admin");
+    let ca = fleet.fleet_ca_pem();
+    let exec = "/api/v1/namespaces/default/pods/hello/exec?command=echo&stdout=true";
+    let request = |headers: &[(&str, &str)]| {
+        let mut req = http::Request::post(exec)
+            .header("host", "127.0.0.1")
+            .header("authorization", format!("Bearer {token}"))
+            .header("connection", "Upgrade");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    // SPDY with only unknown stream protocols: 403, and the ones we accept are listed.
+    let (parts, body) = fleet.runtime.block_on(common::raw::request(
+        addr,
+        &ca,
+        request(&[
+            ("upgrade", "SPDY/3.1"),
+            ("x-stream-protocol-version", "v9.channel.k8s.io"),
+        ]),
+    ));
+    assert_eq!(parts.status, 403);
+    let accepted: Vec<&str> = parts
+        .headers
+        .get_all("x-accepted-stream-protocol-versions")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert!(accepted.contains(&"v4.channel.k8s.io"), "{accepted:?}");
+    let status: serde_json::Value = serde_json::from_slice(&body).expect("Status JSON");
+    assert_eq!(status["reason"], "Forbidden");
+    // WebSocket with an unknown subprotocol: 400, no Sec-WebSocket-Accept.
+    let (parts, body) = fleet.runtime.block_on(common::raw::request(
+        addr,
+        &ca,
+        request(&[
+            ("upgrade", "websocket"),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("sec-websocket-protocol", "base64.channel.k8s.io"),
+        ]),
+    ));
+    assert_eq!(parts.status, 400);
+    assert!(parts.headers.get("sec-websocket-accept").is_none());
+    let status: serde_json::Value = serde_json::from_slice(&body).expect("Status JSON");
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["reason"], "BadRequest");
+}
