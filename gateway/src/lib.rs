@@ -5,7 +5,8 @@
 //! `tls` (handshake, identity, ALPN dispatch), `http1` (the codec), `proxy` (the per-connection
 //! driver), `route` (which cluster), `identity` (what the member is told about the user),
 //! `upstream` (connections and pools), with `error` (every Status the gateway writes), `metrics`
-//! and `admin` beside them, and `serve` / `demo` as commands. The library never prints except
+//! and `admin` beside them, `runtime` (timeouts and races, the only runtime services the protocol
+//! code uses), and `serve` / `demo` as commands. The library never prints except
 //! the commands' `ready` lines.
 
 pub mod admin;
@@ -17,6 +18,7 @@ pub mod listener;
 pub mod metrics;
 pub mod proxy;
 pub mod route;
+pub mod runtime;
 pub mod serve;
 pub mod shard;
 pub mod tls;

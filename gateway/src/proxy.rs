@@ -29,6 +29,7 @@ use crate::http1::{
 use crate::identity::{self, ClientIdentity};
 use crate::metrics::{Metrics, ShardMetrics};
 use crate::route::{self, Route};
+use crate::runtime::{self, First};
 use crate::upstream::{connect, ShardPool, UpstreamConn};
 
 /// How long a kept-alive client connection may sit idle between requests.
@@ -143,7 +144,7 @@ async fn read_request_head<S: AsyncRead + Unpin>(
             HEAD_READ_TIMEOUT
         };
         down.buf.reserve(4096);
-        match monoio::time::timeout(wait, down.io.read_buf(&mut down.buf)).await {
+        match runtime::timeout(wait, down.io.read_buf(&mut down.buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Ok(false),
             Ok(Ok(_)) => {}
         }
@@ -546,7 +547,7 @@ where
             break;
         }
         down.buf.reserve(READ_CHUNK);
-        match monoio::time::timeout(BODY_STALL_TIMEOUT, down.io.read_buf(&mut down.buf)).await {
+        match runtime::timeout(BODY_STALL_TIMEOUT, down.io.read_buf(&mut down.buf)).await {
             Ok(Ok(n)) if n > 0 => {}
             _ => return Err(Failure::Abort("client went away during the request body")),
         }
@@ -622,7 +623,7 @@ async fn read_response_head(
     let result = if long_running {
         read_head.await
     } else {
-        match monoio::time::timeout(limits.response_head_timeout, read_head).await {
+        match runtime::timeout(limits.response_head_timeout, read_head).await {
             Ok(result) => result,
             Err(_) => Err(GatewayError::ResponseHeadTimeout {
                 cluster: name(),
@@ -678,12 +679,19 @@ where
             // Pipelined bytes from the client are kept, within the head limit.
             let watch_client = down.buf.len() < RESPONSE_HEAD_LIMITS.max_head_bytes;
             down.buf.reserve(1024);
-            monoio::select! {
-                r = conn.io.read_buf(&mut conn.buf) => r,
-                r = down.io.read_buf(&mut down.buf), if watch_client => match r {
-                    Ok(0) | Err(_) => return Err(Failure::Abort("client closed during a stream")),
-                    Ok(_) => continue,
-                },
+            let client = async {
+                if watch_client {
+                    down.io.read_buf(&mut down.buf).await
+                } else {
+                    std::future::pending().await
+                }
+            };
+            match runtime::race(conn.io.read_buf(&mut conn.buf), client).await {
+                First::Left(read) => read,
+                First::Right(Ok(0) | Err(_)) => {
+                    return Err(Failure::Abort("client closed during a stream"))
+                }
+                First::Right(Ok(_)) => continue,
             }
         } else {
             conn.buf.reserve(READ_CHUNK);

@@ -134,7 +134,7 @@ async fn accept_loop(
             Err(e) => {
                 // Out of file descriptors and the like: keep accepting after a pause.
                 error!(shard = ctx.shard, listener = %name, error = %e, "accept failed");
-                monoio::time::sleep(Duration::from_millis(50)).await;
+                crate::runtime::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };

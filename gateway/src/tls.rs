@@ -73,7 +73,7 @@ pub async fn dispatch(
     tcp: TcpStreamPoll,
     peer: SocketAddr,
 ) {
-    let mut tls = match monoio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+    let mut tls = match crate::runtime::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(error)) => {
             debug!(%peer, %error, "TLS handshake failed");

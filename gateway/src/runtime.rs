@@ -1,0 +1,50 @@
+//! The few runtime services the protocol code needs, behind runtime-neutral names: a timeout and
+//! a race of two futures. Today they run on monoio's timer; swapping the runtime means changing
+//! this module, `shard`, `listener` and `upstream::connect`, not the codec or the proxy.
+//!
+//! Called by `proxy` and `tls`. Must only be used on a shard thread (monoio's timer is
+//! per-runtime).
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::Poll;
+use std::time::Duration;
+
+/// The deadline passed before the future finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elapsed;
+
+/// Runs `future` for at most `duration`.
+pub async fn timeout<F: Future>(duration: Duration, future: F) -> Result<F::Output, Elapsed> {
+    monoio::time::timeout(duration, future)
+        .await
+        .map_err(|_| Elapsed)
+}
+
+/// Waits for `duration`.
+pub async fn sleep(duration: Duration) {
+    monoio::time::sleep(duration).await
+}
+
+/// Which of two raced futures finished first.
+pub enum First<A, B> {
+    Left(A),
+    Right(B),
+}
+
+/// Polls both futures and returns the first output, dropping the other future (both must be
+/// cancel-safe: readiness-based reads are). `left` is polled first, so it wins a tie.
+pub async fn race<A: Future, B: Future>(left: A, right: B) -> First<A::Output, B::Output> {
+    let mut left = pin!(left);
+    let mut right = pin!(right);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = left.as_mut().poll(cx) {
+            return Poll::Ready(First::Left(out));
+        }
+        if let Poll::Ready(out) = right.as_mut().poll(cx) {
+            return Poll::Ready(First::Right(out));
+        }
+        Poll::Pending
+    })
+    .await
+}
