@@ -692,3 +692,52 @@ fn upgrades_without_a_protocol_in_common_are_refused_with_a_status() {
     assert_eq!(status["kind"], "Status");
     assert_eq!(status["reason"], "BadRequest");
 }
+
+#[test]
+fn websocket_v4_stdin_may_come_in_text_frames() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::{handshake::client::generate_key, Message};
+
+    let fleet = TestFleet::start(1);
+    let addr = fleet.handle().member_addrs()[0];
+    let token = fleet.token("admin");
+    let ca = fleet.fleet_ca_pem();
+    let stdout = fleet.runtime.block_on(async {
+        let tls = common::raw::connect(addr, &ca, false).await;
+        let req = http::Request::get(
+            "wss://127.0.0.1/api/v1/namespaces/default/pods/hello/exec?command=head\
+             &command=-c&command=5&stdin=true&stdout=true&stderr=true",
+        )
+        .header("host", "127.0.0.1")
+        .header("authorization", format!("Bearer {token}"))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", generate_key())
+        .header("sec-websocket-protocol", "v4.channel.k8s.io")
+        .body(())
+        .unwrap();
+        let (mut ws, _) = tokio_tungstenite::client_async(req, tls)
+            .await
+            .expect("websocket handshake");
+        // What the Python client does: `chr(0) + data` sent as a text frame.
+        ws.send(Message::Text("\u{0}hello world".into()))
+            .await
+            .unwrap();
+        let mut stdout = Vec::new();
+        loop {
+            let message = next_binary(&mut ws).await;
+            match message.split_first() {
+                Some((1, rest)) => stdout.extend_from_slice(rest),
+                Some((3, status)) => {
+                    let status: serde_json::Value = serde_json::from_slice(status).unwrap();
+                    assert_eq!(status["status"], "Success");
+                    break;
+                }
+                other => panic!("unexpected message {other:?}"),
+            }
+        }
+        stdout
+    });
+    assert_eq!(stdout, b"hello");
+}

@@ -298,8 +298,11 @@ pub(crate) async fn serve_websocket<S>(
         while let Some(message) = ws_rx.next().await {
             let data = match message {
                 Ok(Message::Binary(data)) => data,
+                // The Python client sends `chr(channel) + text` as text frames; like Go's
+                // wsstream, the binary protocols take a text frame's bytes as they are.
+                Ok(Message::Text(text)) => Bytes::from(text),
                 Ok(Message::Close(_)) | Err(_) => break,
-                // Pings are answered by tungstenite; text (base64 protocols) is not offered.
+                // Pings are answered by tungstenite.
                 Ok(_) => continue,
             };
             let Some((&channel, payload)) = data.split_first() else {

@@ -117,6 +117,8 @@ pub(crate) async fn serve_websocket_channels<S>(
     while let Some(message) = ws_rx.next().await {
         let data = match message {
             Ok(Message::Binary(data)) => data,
+            // Text frames carry the same bytes (the Python client sends them).
+            Ok(Message::Text(text)) => bytes::Bytes::from(text),
             Ok(Message::Close(_)) | Err(_) => break,
             Ok(_) => continue,
         };
