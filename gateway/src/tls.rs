@@ -2,7 +2,8 @@
 //! (serving certificate, required client certificates verified against the client CA, ALPN), and
 //! the per-connection handshake that yields the client's identity and the protocol to speak.
 //!
-//! The handshake runs on the readiness-based (`poll-io`) monoio socket with tokio-rustls, so the
+//! The handshake runs with tokio-rustls on the readiness-based (`poll-io`) socket `shard` hands
+//! over (any `AsyncRead + AsyncWrite` stream; this module names no runtime type), so the
 //! same accepted stream can go to the HTTP/1.1 driver now and to the `h2` crate when ALPN says
 //! `h2` (issue 4): [`dispatch`] is that branch point. Never does HTTP itself. Called by `shard`
 //! for every connection accepted on a TLS listener.
@@ -13,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetgate_config_watcher::{crypto_provider, parse_certs, parse_key, ServingTls};
-use monoio::net::tcp::stream_poll::TcpStreamPoll;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tracing::debug;
@@ -67,12 +67,14 @@ pub fn server_config(tls: Option<&ServingTls>) -> Result<Arc<ServerConfig>, TlsS
 }
 
 /// Runs the handshake on an accepted socket and hands the stream to the protocol ALPN chose.
-pub async fn dispatch(
+pub async fn dispatch<S>(
     ctx: Rc<ShardContext>,
     acceptor: tokio_rustls::TlsAcceptor,
-    tcp: TcpStreamPoll,
+    tcp: S,
     peer: SocketAddr,
-) {
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let mut tls = match crate::runtime::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(error)) => {
