@@ -49,6 +49,22 @@ fn get_in_every_output_format() {
         assert!(namespaces.contains(ns), "{namespaces}");
     }
 
+    // A new pod is scheduled and started, with the events a kubelet records.
+    ok_stdout(&fleet.kubectl(&["run", "web", "--image=nginx:1.27", "-n", "default"]));
+    let described = ok_stdout(&fleet.kubectl(&["describe", "pod", "web", "-n", "default"]));
+    assert!(described.contains("Running"), "{described}");
+    for reason in ["Scheduled", "Pulled", "Created", "Started"] {
+        assert!(
+            described.contains(reason),
+            "missing event {reason}: {described}"
+        );
+    }
+    let events = ok_stdout(&fleet.kubectl(&["get", "events", "-n", "default"]));
+    assert!(
+        events.contains("pod/web") && events.contains("Started container web"),
+        "{events}"
+    );
+
     let json_out =
         ok_stdout(&fleet.kubectl(&["get", "pod", "hello", "-n", "default", "-o", "json"]));
     let pod: serde_json::Value = serde_json::from_str(&json_out).expect("pod JSON");
@@ -73,6 +89,8 @@ fn get_in_every_output_format() {
         "pods",
         "-n",
         "default",
+        "-l",
+        "app=hello",
         "-o",
         "jsonpath={.items[*].spec.nodeName}",
     ]));

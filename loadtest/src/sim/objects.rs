@@ -674,6 +674,72 @@ fn crd_status(object: &mut Value, now: &str) {
     });
 }
 
+/// The events a scheduler and kubelet would record for a new pod (`kubectl describe pod`,
+/// `kubectl get events`).
+fn record_pod_start_events(member: &Member, pod: &Value) {
+    let meta = &pod["metadata"];
+    let ns = meta["namespace"].as_str().unwrap_or("default");
+    let pod_name = meta["name"].as_str().unwrap_or("");
+    let node = pod["spec"]["nodeName"].as_str().unwrap_or("");
+    let now = now_rfc3339();
+    let mut events = vec![(
+        "Scheduled".to_string(),
+        format!("Successfully assigned {ns}/{pod_name} to {node}"),
+        json!({"component": "default-scheduler"}),
+        None,
+    )];
+    for container in pod["spec"]["containers"].as_array().into_iter().flatten() {
+        let cname = container["name"].as_str().unwrap_or("");
+        let image = container["image"].as_str().unwrap_or("");
+        let path = Some(format!("spec.containers{{{cname}}}"));
+        let kubelet = json!({"component": "kubelet", "host": node});
+        events.push((
+            "Pulled".into(),
+            format!("Container image \"{image}\" already present on machine"),
+            kubelet.clone(),
+            path.clone(),
+        ));
+        events.push((
+            "Created".into(),
+            format!("Created container {cname}"),
+            kubelet.clone(),
+            path.clone(),
+        ));
+        events.push((
+            "Started".into(),
+            format!("Started container {cname}"),
+            kubelet,
+            path,
+        ));
+    }
+    // Names sort in the order the events happened, as the real ones (hex nanoseconds) do.
+    let base = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    for (i, (reason, message, source, field_path)) in events.into_iter().enumerate() {
+        let name = format!("{pod_name}.{:016x}", base + i as u64);
+        let mut involved = json!({
+            "kind": "Pod", "namespace": ns, "name": pod_name, "uid": meta["uid"],
+            "apiVersion": "v1", "resourceVersion": meta["resourceVersion"],
+        });
+        if let Some(path) = field_path {
+            involved["fieldPath"] = json!(path);
+        }
+        let event = json!({
+            "kind": "Event", "apiVersion": "v1",
+            "metadata": {"name": name, "namespace": ns, "uid": uuid::Uuid::new_v4().to_string(), "creationTimestamp": now},
+            "involvedObject": involved,
+            "reason": reason, "message": message, "source": source,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1, "type": "Normal",
+            "eventTime": null, "reportingComponent": "", "reportingInstance": "",
+        });
+        let _ = member
+            .store
+            .mutate::<()>("events", ns, &name, |_| Ok(Mutation::Put(event)));
+    }
+}
+
 fn node_ip(member: &Member, node: &str) -> String {
     let index = member
         .node_names
@@ -806,6 +872,9 @@ fn insert_new(
         .ok_or_else(|| ApiError::already_exists(res.group, res.plural, &name))?;
     if res.plural == "namespaces" {
         crate::sim::load::publish_root_ca(member, &name);
+    }
+    if res.plural == "pods" {
+        record_pod_start_events(member, &stored);
     }
     Ok(respond_object(info, res, StatusCode::CREATED, &stored))
 }

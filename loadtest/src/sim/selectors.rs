@@ -238,6 +238,15 @@ impl FieldSelector {
                 ("type", "secrets") => &["type"],
                 ("involvedObject.name", "events") => &["involvedObject", "name"],
                 ("involvedObject.kind", "events") => &["involvedObject", "kind"],
+                ("involvedObject.namespace", "events") => &["involvedObject", "namespace"],
+                ("involvedObject.uid", "events") => &["involvedObject", "uid"],
+                ("involvedObject.apiVersion", "events") => &["involvedObject", "apiVersion"],
+                ("involvedObject.resourceVersion", "events") => {
+                    &["involvedObject", "resourceVersion"]
+                }
+                ("involvedObject.fieldPath", "events") => &["involvedObject", "fieldPath"],
+                ("reason", "events") => &["reason"],
+                ("type", "events") => &["type"],
                 (other, "pods") => {
                     return Err(SelectorError(format!(
                         "{other:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\", \"spec.nodeName\", \"status.phase\""
