@@ -187,11 +187,23 @@ impl ChunkedScanner {
     /// Scans `input`, returning how many leading bytes belong to this body. Fewer than
     /// `input.len()` only once the body is done. Chunk data is skipped in bulk.
     pub fn scan(&mut self, input: &[u8]) -> Result<usize, FramingError> {
+        self.scan_data(input, |_| {})
+    }
+
+    /// Like [`scan`](Self::scan), and also reports where the chunk data (the payload without
+    /// framing) lies in `input`, for a consumer that needs the decoded body (an h2 stream fed
+    /// from an HTTP/1.1 member). The ranges come in order and never overlap.
+    pub fn scan_data(
+        &mut self,
+        input: &[u8],
+        mut on_data: impl FnMut(std::ops::Range<usize>),
+    ) -> Result<usize, FramingError> {
         let mut i = 0;
         while i < input.len() {
             if self.state == State::Data {
                 let take =
                     (input.len() - i).min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+                on_data(i..i + take);
                 i += take;
                 self.remaining -= take as u64;
                 if self.remaining == 0 {

@@ -112,6 +112,26 @@ proptest! {
     }
 
     #[test]
+    fn chunked_data_ranges_decode_the_body_at_any_split(
+        chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..8),
+        ext in any::<bool>(),
+        cut in 0usize..4000,
+    ) {
+        let body = chunked_encode(&chunks, ext);
+        let at = cut.min(body.len());
+        let mut scanner = ChunkedScanner::new();
+        let mut decoded = Vec::new();
+        let first = &body[..at];
+        let n = scanner.scan_data(first, |r| decoded.extend_from_slice(&first[r])).unwrap();
+        prop_assert_eq!(n, at);
+        let rest = &body[at..];
+        let m = scanner.scan_data(rest, |r| decoded.extend_from_slice(&rest[r])).unwrap();
+        prop_assert_eq!(n + m, body.len());
+        prop_assert!(scanner.is_done());
+        prop_assert_eq!(decoded, chunks.concat());
+    }
+
+    #[test]
     fn chunked_scanner_never_panics(input in proptest::collection::vec(any::<u8>(), 0..400)) {
         let mut scanner = ChunkedScanner::new();
         if let Ok(n) = scanner.scan(&input) {
