@@ -130,6 +130,13 @@ spec:
 ",
     );
     ok_stdout(&deploy);
+    // kubectl create serviceaccount sends protobuf; every namespace has `default`.
+    ok_stdout(&fleet.kubectl(&["create", "serviceaccount", "robot", "-n", "default"]));
+    let accounts = ok_stdout(&fleet.kubectl(&["get", "sa", "-n", "default", "-o", "name"]));
+    assert_eq!(
+        accounts.lines().collect::<Vec<_>>(),
+        vec!["serviceaccount/default", "serviceaccount/robot"]
+    );
     let deployments = ok_stdout(&fleet.kubectl(&["get", "deploy", "-n", "default"]));
     assert!(
         deployments.contains("UP-TO-DATE") && deployments.contains("2/2"),

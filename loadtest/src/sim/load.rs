@@ -34,9 +34,19 @@ fn put(member: &Member, plural: &'static str, object: Value) {
         .mutate::<()>(plural, &ns, &name, |_| Ok(Mutation::Put(object)));
 }
 
-/// Creates `kube-root-ca.crt` in namespace `ns` (kube-controller-manager's job in a real
-/// cluster; benchmarks GET it as a typical small object).
+/// Creates what kube-controller-manager adds to every namespace: ConfigMap `kube-root-ca.crt`
+/// (benchmarks GET it as a typical small object) and ServiceAccount `default`.
 pub fn publish_root_ca(member: &Member, ns: &str) {
+    // The token controller's `default` service account comes with every namespace too.
+    put(
+        member,
+        "serviceaccounts",
+        json!({
+            "kind": "ServiceAccount", "apiVersion": "v1",
+            "metadata": {"name": "default", "namespace": ns, "uid": uuid::Uuid::new_v4().to_string(),
+                         "creationTimestamp": now_rfc3339()},
+        }),
+    );
     put(
         member,
         "configmaps",
