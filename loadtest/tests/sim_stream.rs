@@ -741,3 +741,58 @@ fn websocket_v4_stdin_may_come_in_text_frames() {
     });
     assert_eq!(stdout, b"hello");
 }
+
+/// Opens a WebSocket to `path` on member 1 offering `protocol`, as admin.
+async fn websocket_to(
+    fleet: &TestFleet,
+    path: &str,
+    protocol: &str,
+) -> tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    use tokio_tungstenite::tungstenite::handshake::client::generate_key;
+    let tls = common::raw::connect(
+        fleet.handle().member_addrs()[0],
+        &fleet.fleet_ca_pem(),
+        false,
+    )
+    .await;
+    let req = http::Request::get(format!("wss://127.0.0.1{path}"))
+        .header("host", "127.0.0.1")
+        .header("authorization", format!("Bearer {}", fleet.token("admin")))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", generate_key())
+        .header("sec-websocket-protocol", protocol)
+        .body(())
+        .unwrap();
+    let (ws, _) = tokio_tungstenite::client_async(req, tls)
+        .await
+        .expect("websocket handshake");
+    ws
+}
+
+#[test]
+fn tty_with_stderr_requested_merges_stderr_into_stdout() {
+    // The Python client sends tty=true together with stderr=true; kubelet drops stderr then.
+    let fleet = TestFleet::start(1);
+    let output = fleet.runtime.block_on(async {
+        let mut ws = websocket_to(
+            &fleet,
+            "/api/v1/namespaces/default/pods/hello/exec?command=sh&command=-c\
+             &command=echo%20out%3B%20echo%20err%20%3E%262&stdout=true&stderr=true&tty=true",
+            "v4.channel.k8s.io",
+        )
+        .await;
+        let mut stdout = Vec::new();
+        loop {
+            let message = next_binary(&mut ws).await;
+            match message.split_first() {
+                Some((1, rest)) => stdout.extend_from_slice(rest),
+                Some((3, _)) => break,
+                other => panic!("unexpected message {other:?}"),
+            }
+        }
+        stdout
+    });
+    assert_eq!(output, b"out\r\nerr\r\n");
+}

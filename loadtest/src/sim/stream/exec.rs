@@ -139,6 +139,7 @@ where
         }
     };
     // The client announces one stream per flag it set, plus error (v2+) and resize (v3+, tty).
+    // With a terminal stderr is part of stdout; kubelet then ignores a stderr request.
     let want_stderr = target.stderr && !target.tty;
     let want_resize = target.tty && version != ChannelVersion::V2;
     let expected = 1

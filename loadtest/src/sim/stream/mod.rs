@@ -196,10 +196,6 @@ fn invalid_request(target: &StreamRequest) -> Option<&'static str> {
         {
             Some("you must specify at least 1 of stdin, stdout, stderr")
         }
-        StreamKind::Exec { .. } if target.tty && target.stderr => {
-            // kubectl never sends this; kubelet rejects it the same way.
-            Some("stdout, stderr and tty cannot all be set")
-        }
         _ => None,
     }
 }
