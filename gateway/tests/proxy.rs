@@ -540,3 +540,46 @@ async fn a_pooled_connection_the_member_closed_is_not_used_for_the_next_request(
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_keep_alive_clients_are_all_answered() {
+    for driver in DRIVERS {
+        let (upstream, gw) = setup(driver).await;
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for client in 0..64 {
+            let address = gw.http;
+            tasks.push(tokio::spawn(async move {
+                let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+                let mut carry = Vec::new();
+                for i in 0..20 {
+                    let request = format!(
+                        "GET /clusters/member/api/v1/namespaces/c{client}/configmaps/r{i} HTTP/1.1\r\nHost: gw\r\n\r\n"
+                    );
+                    stream.write_all(request.as_bytes()).await.unwrap();
+                    let response = read_response(&mut stream, &mut carry).await.unwrap();
+                    assert_eq!(response.code, 200);
+                    let head = response.json()["head"].as_str().unwrap().to_string();
+                    // Every answer belongs to the request it answers.
+                    assert!(head.contains(&format!("/c{client}/configmaps/r{i} ")), "{head}");
+                }
+            }));
+        }
+        for task in tasks {
+            tokio::time::timeout(Duration::from_secs(60), task)
+                .await
+                .expect("a client hung")
+                .unwrap();
+        }
+        assert_eq!(upstream.requests().len(), 64 * 20, "{driver}");
+        // Member connections are reused across requests: at most one per concurrent client.
+        let opened = upstream
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            opened <= 64,
+            "{driver}: {opened} member connections for 64 clients"
+        );
+        assert!(started.elapsed() < Duration::from_secs(60));
+    }
+}
