@@ -213,11 +213,27 @@ pub fn list(
         }
         None => None,
     };
-    if let Some(rv) = info
+    let rv_match = info
+        .query
+        .get("resourceVersionMatch")
+        .filter(|m| !m.is_empty());
+    let rv_param = info
         .query
         .get("resourceVersion")
-        .filter(|rv| !rv.is_empty())
-    {
+        .filter(|rv| !rv.is_empty());
+    if rv_match.is_some() && rv_param.is_none() {
+        return Err(ApiError::status(
+            422,
+            "Invalid",
+            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+        )
+        .with_details(json!({"group": "meta.k8s.io", "kind": "ListOptions", "causes": [{
+            "reason": "FieldValueForbidden",
+            "message": "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+            "field": "resourceVersionMatch",
+        }]})));
+    }
+    if let Some(rv) = rv_param {
         if rv.parse::<u64>().is_err() {
             return Err(ApiError::status(
                 500,
@@ -427,7 +443,7 @@ fn validate(res: &ResourceInfo, object: &Value) -> Result<(), ApiError> {
     if !is_dns_subdomain(name) {
         causes.push((
             "metadata.name".to_string(),
-            format!("Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
+            format!("Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"),
             "FieldValueInvalid",
         ));
     }
@@ -440,7 +456,7 @@ fn validate(res: &ResourceInfo, object: &Value) -> Result<(), ApiError> {
                 {
                     causes.push((
                         format!("data[{key}]"),
-                        format!("Invalid value: {key:?}: a valid config key must consist of alphanumeric characters, '-', '_' or '.'"),
+                        format!("Invalid value: {key:?}: a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"),
                         "FieldValueInvalid",
                     ));
                 }
@@ -467,7 +483,7 @@ fn validate(res: &ResourceInfo, object: &Value) -> Result<(), ApiError> {
                     } else if !is_dns_subdomain(cname) || cname.contains('.') {
                         causes.push((
                             format!("spec.containers[{i}].name"),
-                            format!("Invalid value: {cname:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character"),
+                            format!("Invalid value: {cname:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"),
                             "FieldValueInvalid",
                         ));
                     }

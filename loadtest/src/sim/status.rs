@@ -179,7 +179,7 @@ impl ApiError {
         Self::status(
             415,
             "UnsupportedMediaType",
-            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml",
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf",
         )
     }
 
