@@ -120,6 +120,9 @@ async fn read_request_head<S: AsyncRead + Unpin>(
         max_head_bytes: limits.max_head_bytes,
         max_headers: limits.max_headers,
     };
+    // Once a head has started it must be complete within HEAD_READ_TIMEOUT in total, however
+    // slowly its bytes trickle in.
+    let mut head_deadline = (!down.buf.is_empty()).then(|| Instant::now() + HEAD_READ_TIMEOUT);
     loop {
         match parse_request(
             &mut down.buf,
@@ -138,10 +141,13 @@ async fn read_request_head<S: AsyncRead + Unpin>(
             }
             Err(HeadError::Invalid(reason)) => return Err(GatewayError::BadRequest { reason }),
         }
-        let wait = if down.buf.is_empty() {
-            CLIENT_IDLE_TIMEOUT
-        } else {
-            HEAD_READ_TIMEOUT
+        let wait = match head_deadline {
+            None if down.buf.is_empty() => CLIENT_IDLE_TIMEOUT,
+            None => {
+                head_deadline = Some(Instant::now() + HEAD_READ_TIMEOUT);
+                HEAD_READ_TIMEOUT
+            }
+            Some(deadline) => deadline.saturating_duration_since(Instant::now()),
         };
         down.buf.reserve(4096);
         match runtime::timeout(wait, down.io.read_buf(&mut down.buf)).await {
