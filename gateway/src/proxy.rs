@@ -546,7 +546,17 @@ where
                 // the request, and the client gets a 400 and a close.
                 Failure::Answer(GatewayError::BadRequest { reason: e.0 })
             })?;
-            conn.io.write_all(&down.buf[..n]).await.map_err(closed)?;
+            // A member that stops reading the body (it answered early, or hangs) must not hold
+            // the client forever.
+            match runtime::timeout(BODY_STALL_TIMEOUT, conn.io.write_all(&down.buf[..n])).await {
+                Ok(written) => written.map_err(closed)?,
+                Err(_) => {
+                    return Err(Failure::Answer(GatewayError::UpstreamProtocol {
+                        cluster: cluster.name.to_string(),
+                        reason: "stopped reading the request body",
+                    }))
+                }
+            }
             down.buf.advance(n);
         }
         if progress.is_done() {
