@@ -229,6 +229,22 @@ fn identity_errors_have_the_recorded_shapes() {
         let status: Value = serde_json::from_slice(&body).expect("Status");
         assert_eq!(status["reason"], "Unauthorized");
 
+        // Health and /version are public; everything else needs a credential.
+        for (path, code) in [
+            ("/healthz", 200),
+            ("/readyz", 200),
+            ("/livez", 200),
+            ("/version", 200),
+            ("/api", 401),
+        ] {
+            let req = http::Request::get(path)
+                .header("host", "127.0.0.1")
+                .body(Full::new(Bytes::new()))
+                .expect("request");
+            let (parts, _) = raw::request(addr, &ca, req).await;
+            assert_eq!(parts.status.as_u16(), code, "{path}");
+        }
+
         // Impersonate-Group without Impersonate-User: a text 500.
         let req = http::Request::get("/api/v1/namespaces/default/configmaps")
             .header("host", "127.0.0.1")

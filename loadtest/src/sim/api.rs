@@ -105,9 +105,22 @@ pub async fn handle(
     let mut ctx = ResponseCtx::new(&user_agent, query.get("pretty"));
     let path = req.uri().path().to_string();
 
-    // Authentication: the verified client certificate, else a known bearer token.
+    // Health endpoints answer anyone (system:public-info-viewer in a real cluster).
+    if let Some(resp) = health(&path, &ctx) {
+        return resp;
+    }
+    // Authentication: the verified client certificate, else a known bearer token. Without any
+    // credential only /version is public, as system:public-info-viewer allows it.
     let caller = match authenticate(&member, cert_user.as_deref(), &req) {
         Some(user) => user,
+        None if path == "/version" && !req.headers().contains_key(header::AUTHORIZATION) => {
+            UserInfo {
+                name: "system:anonymous".into(),
+                uid: String::new(),
+                groups: vec!["system:unauthenticated".into()],
+                extra: BTreeMap::new(),
+            }
+        }
         None => return error_response(&ApiError::unauthorized(), &ctx),
     };
     let user = match auth::impersonate(&caller, req.headers()) {
@@ -124,6 +137,22 @@ pub async fn handle(
         Ok(resp) => resp,
         Err(error) => error_response(&error, &ctx),
     }
+}
+
+/// `/healthz`, `/livez`, `/readyz` (and their `/...` checks): `ok`, for anyone.
+fn health(path: &str, ctx: &ResponseCtx) -> Option<Response<SimBody>> {
+    let base = path.trim_end_matches('/');
+    let healthy = ["/healthz", "/livez", "/readyz"]
+        .iter()
+        .any(|p| base == *p || base.starts_with(&format!("{p}/")));
+    healthy.then(|| {
+        crate::sim::status::bytes_response(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            Bytes::from_static(b"ok"),
+            ctx,
+        )
+    })
 }
 
 fn header_str<B>(req: &Request<B>, name: header::HeaderName) -> Option<&str> {
