@@ -32,6 +32,13 @@ fn line(namespace: &str, pod: &str, container: &str, n: u64, timestamps: bool) -
 /// Serves the log of `pod`.
 pub fn serve(info: &RequestInfo<'_>, pod: &Value) -> Result<Response<SimBody>, ApiError> {
     let container = resolve_container(pod, info.query.get("container"))?;
+    if info.query.flag("previous") {
+        // Sim containers never restart, so there is no previous instance to read.
+        return Err(ApiError::bad_request(format!(
+            "previous terminated container {container:?} in pod {:?} not found",
+            pod["metadata"]["name"].as_str().unwrap_or("")
+        )));
+    }
     let namespace = pod["metadata"]["namespace"]
         .as_str()
         .unwrap_or("")
