@@ -19,6 +19,7 @@ rounds=${ROUNDS:-3}
 scenarios=("$@"); [ ${#scenarios[@]} -gt 0 ] || scenarios=(small-get)
 mkdir -p "$out"
 work=$(mktemp -d /tmp/fleetgate-bench.XXXXXX)
+chmod 755 "$work"  # the nginx workers (www-data) read the upstream's files from here
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
