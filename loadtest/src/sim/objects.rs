@@ -767,14 +767,20 @@ fn node_ip(member: &Member, node: &str) -> String {
 
 /// A Ready node's status.
 pub fn node_status(now: &str, ip: &str) -> Value {
+    let machine_id = uuid::Uuid::new_v4().simple().to_string();
     json!({
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": now, "lastTransitionTime": now}],
         "addresses": [{"type": "InternalIP", "address": ip}],
+        // Every NodeSystemInfo field: clients with strict models (the Python client) require them.
         "nodeInfo": {
-            "kubeletVersion": "v1.24.0+fleetgate-sim",
-            "osImage": "fleetgate simulated node",
+            "machineID": machine_id,
+            "systemUUID": machine_id,
+            "bootID": machine_id,
             "kernelVersion": "6.0.0-sim",
+            "osImage": "fleetgate simulated node",
             "containerRuntimeVersion": "sim://1.0",
+            "kubeletVersion": "v1.24.0+fleetgate-sim",
+            "kubeProxyVersion": "v1.24.0+fleetgate-sim",
             "operatingSystem": "linux",
             "architecture": "amd64",
         },
