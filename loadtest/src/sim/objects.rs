@@ -20,9 +20,7 @@ use crate::sim::member::Member;
 use crate::sim::patch::{self, PatchError, PatchType};
 use crate::sim::resources::ResourceInfo;
 use crate::sim::selectors::{FieldSelector, LabelSelector};
-use crate::sim::status::{
-    bytes_response, encode_json, json_response, success_status, ApiError, ResponseCtx,
-};
+use crate::sim::status::{bytes_response, json_response, success_status, ApiError, ResponseCtx};
 use crate::sim::store::Mutation;
 use crate::sim::table::{self, IncludeObject, OutputFormat, TableOptions};
 
@@ -1336,9 +1334,4 @@ pub fn change_scale(
     let (_, stored) =
         result.ok_or_else(|| ApiError::grouped_not_found(res.group, res.plural, name))?;
     Ok(json_response(StatusCode::OK, &scale_of(&stored), &info.ctx))
-}
-
-/// A compact JSON encoding of an object (used by watch for non-shared encodings).
-pub fn encode_compact(value: &Value) -> Bytes {
-    encode_json(value, false)
 }

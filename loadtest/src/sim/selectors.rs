@@ -271,14 +271,6 @@ impl FieldSelector {
         self.requirements.is_empty()
     }
 
-    /// The single name an `metadata.name=X` selector pins, if any (for `get NAME -w`).
-    pub fn pinned_name(&self) -> Option<&str> {
-        self.requirements
-            .iter()
-            .find(|r| r.equal && r.path == ["metadata", "name"])
-            .map(|r| r.value.as_str())
-    }
-
     pub fn matches(&self, object: &Value) -> bool {
         self.requirements.iter().all(|req| {
             let mut node = object;

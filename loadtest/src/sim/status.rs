@@ -7,7 +7,7 @@
 //! Never decides what happened; handlers do. Called by the router and its handlers.
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, Response, StatusCode};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -365,9 +365,4 @@ pub fn error_response(error: &ApiError, ctx: &ResponseCtx) -> Response<SimBody> 
 /// A Success Status (DELETE of most resources).
 pub fn success_status(details: Value) -> Value {
     json!({"kind":"Status","apiVersion":"v1","metadata":{},"status":"Success","details":details})
-}
-
-/// A header value that is known to be valid.
-pub fn header_value(value: &str) -> HeaderValue {
-    HeaderValue::from_str(value).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
