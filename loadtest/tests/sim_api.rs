@@ -646,7 +646,7 @@ fn generated_files_follow_the_contract() {
 }
 
 #[test]
-fn stop_member_closes_only_that_member() {
+fn stop_member_closes_only_that_member_and_restart_brings_it_back() {
     let fleet = TestFleet::start(2);
     ok_stdout(&fleet.kubectl(&["--context", "member1", "get", "ns"]));
     let addr = fleet.handle().member_addrs()[0];
@@ -655,6 +655,13 @@ fn stop_member_closes_only_that_member() {
         std::net::TcpStream::connect(addr).is_err(),
         "member1 still accepts connections"
     );
+    // Back on the same address, with its objects.
+    fleet
+        .runtime
+        .block_on(fleet.handle().restart_member(0))
+        .expect("restart member1");
+    let nodes = ok_stdout(&fleet.kubectl(&["--context", "member1", "get", "nodes", "-o", "name"]));
+    assert!(nodes.contains("member1-node-1"), "{nodes}");
     ok_stdout(&fleet.kubectl(&["--context", "member2", "get", "ns"]));
 }
 

@@ -91,6 +91,18 @@ impl FleetHandle {
         }
     }
 
+    /// Starts member `index` again after [`FleetHandle::stop_member`], on the same address and
+    /// with the same objects (its churn, if any, stays stopped).
+    pub async fn restart_member(&self, index: usize) -> std::io::Result<()> {
+        match self.servers.get(index) {
+            Some(server) => server.restart().await,
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no member {index}"),
+            )),
+        }
+    }
+
     /// The in-memory state of member `index` (for tests and the loadtest driver).
     pub fn member(&self, index: usize) -> Option<&Arc<Member>> {
         self.members.get(index)

@@ -57,11 +57,18 @@ pub fn tls_config(
     Ok(Arc::new(config))
 }
 
-/// A running member listener.
+/// One running accept loop and the switch that stops it.
+struct Running {
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// A member's listener: running, or stopped and restartable on the same address.
 pub struct MemberServer {
     pub addr: SocketAddr,
-    shutdown: watch::Sender<bool>,
-    task: std::sync::Mutex<Option<JoinHandle<()>>>,
+    member: Arc<Member>,
+    tls: Arc<ServerConfig>,
+    running: std::sync::Mutex<Option<Running>>,
 }
 
 impl MemberServer {
@@ -72,27 +79,65 @@ impl MemberServer {
         tls: Arc<ServerConfig>,
     ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
+        let server = Self {
+            addr,
+            member,
+            tls,
+            running: std::sync::Mutex::new(None),
+        };
+        server.run(listener);
+        Ok(server)
+    }
+
+    fn run(&self, listener: TcpListener) {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let task = tokio::spawn(accept_loop(
-            member,
+            self.member.clone(),
             listener,
-            TlsAcceptor::from(tls),
+            TlsAcceptor::from(self.tls.clone()),
             shutdown_rx,
         ));
-        Ok(Self {
-            addr,
-            shutdown,
-            task: std::sync::Mutex::new(Some(task)),
-        })
+        let previous = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(Running { shutdown, task });
+        if let Some(previous) = previous {
+            // Not reachable through `restart` (it refuses a running server); stop it anyway.
+            let _ = previous.shutdown.send(true);
+        }
     }
 
     /// Closes the listener and every connection; returns once they are closed.
     pub async fn stop(&self) {
-        let _ = self.shutdown.send(true);
-        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(task) = task {
-            let _ = task.await;
+        let running = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(running) = running {
+            let _ = running.shutdown.send(true);
+            let _ = running.task.await;
         }
+    }
+
+    /// Listens again on the same address after [`MemberServer::stop`], with the same objects.
+    /// Fails if the server is running or the port has been taken meanwhile.
+    pub async fn restart(&self) -> std::io::Result<()> {
+        if self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "the member is running",
+            ));
+        }
+        let listener = TcpListener::bind(self.addr).await?;
+        self.run(listener);
+        Ok(())
     }
 }
 
