@@ -38,7 +38,7 @@ pub enum GatewayError {
     NoRoute { path: String },
     #[error("Impersonate-* headers are not allowed through the gateway: it impersonates the authenticated user itself")]
     ClientImpersonation,
-    #[error("protocol upgrades ({protocol}) are not supported by this gateway yet; exec, attach and port-forward need them")]
+    #[error("upgrading to {protocol:?} is not supported: the gateway carries SPDY/3.1 and websocket upgrades (exec, attach, port-forward)")]
     UpgradeNotSupported { protocol: String },
     #[error("cluster {cluster:?} is tunnel-connected, which this gateway does not serve yet")]
     TunnelNotSupported { cluster: String },

@@ -4,7 +4,8 @@
 //! The modules follow a request's way: `listener` and `shard` (sockets and per-core runtimes),
 //! `tls` (handshake, identity, ALPN dispatch), `http1` (the codec), `proxy` (the per-connection
 //! driver), `route` (which cluster), `identity` (what the member is told about the user),
-//! `upstream` (connections and pools), with `error` (every Status the gateway writes), `metrics`
+//! `upstream` (connections and pools), `splice` (upgraded
+//! streams after a 101), with `error` (every Status the gateway writes), `metrics`
 //! and `admin` beside them, `runtime` (timeouts and races, the only runtime services the protocol
 //! code uses), and `serve` / `demo` as commands. The library never prints except
 //! the commands' `ready` lines.
@@ -21,5 +22,6 @@ pub mod route;
 pub mod runtime;
 pub mod serve;
 pub mod shard;
+pub mod splice;
 pub mod tls;
 pub mod upstream;

@@ -53,6 +53,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: Family<LatencyLabels, Histogram, fn() -> Histogram>,
     open_streams: Gauge,
+    upgraded_streams: Gauge,
     client_connections: Gauge,
     upstream_connections: Family<ClusterLabels, Gauge>,
 }
@@ -65,6 +66,7 @@ impl Metrics {
             latency_histogram,
         );
         let open_streams = Gauge::default();
+        let upgraded_streams = Gauge::default();
         let client_connections = Gauge::default();
         let upstream_connections = Family::<ClusterLabels, Gauge>::default();
         registry.register(
@@ -83,6 +85,11 @@ impl Metrics {
             open_streams.clone(),
         );
         registry.register(
+            "upgraded_streams",
+            "Upgraded connections (exec, attach, port-forward over SPDY or WebSocket) being spliced now",
+            upgraded_streams.clone(),
+        );
+        registry.register(
             "client_connections",
             "Client connections open now",
             client_connections.clone(),
@@ -97,6 +104,7 @@ impl Metrics {
             requests,
             latency,
             open_streams,
+            upgraded_streams,
             client_connections,
             upstream_connections,
         })
@@ -128,6 +136,11 @@ impl Metrics {
     /// Marks a proxied stream open until the returned guard drops.
     pub fn stream_opened(&self) -> GaugeGuard {
         GaugeGuard::new(self.open_streams.clone())
+    }
+
+    /// Marks an upgraded (spliced) stream open until the returned guard drops.
+    pub fn upgraded_stream_opened(&self) -> GaugeGuard {
+        GaugeGuard::new(self.upgraded_streams.clone())
     }
 
     /// Marks a client connection open until the returned guard drops.

@@ -30,6 +30,7 @@ use crate::identity::{self, ClientIdentity};
 use crate::metrics::{Metrics, ShardMetrics};
 use crate::route::{self, Route};
 use crate::runtime::{self, First};
+use crate::splice::splice;
 use crate::upstream::{connect, ShardPool, UpstreamConn};
 
 /// How long a kept-alive client connection may sit idle between requests.
@@ -317,6 +318,7 @@ fn build_upstream_head(
     peer: SocketAddr,
     identity: &ClientIdentity,
     ocm_style: bool,
+    upgrade: bool,
 ) {
     out.clear();
     out.extend_from_slice(head.method());
@@ -353,6 +355,114 @@ fn build_upstream_head(
     let _ = write!(out, "{}", peer.ip());
     out.extend_from_slice(b"\r\n");
     identity::push_upstream_identity(out, cluster, identity);
+    // Hop-by-hop, yet an upgrade only happens if the member is asked for it on this hop.
+    if upgrade {
+        push_header(out, b"Connection", b"Upgrade");
+        for value in head.values(b"upgrade") {
+            push_header(out, b"Upgrade", value);
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Whether the request asks to switch to a protocol the gateway carries (SPDY/3.1 for exec,
+/// attach and port-forward, WebSocket for the same since kubectl 1.30). Only HTTP/1.1 can
+/// upgrade; an `Upgrade` without `Connection: upgrade` is an ordinary request whose hop-by-hop
+/// `Upgrade` is dropped. Any other protocol (h2c, say) is refused: the gateway would not know
+/// what it relays.
+fn requested_upgrade(head: &Head) -> Result<bool, GatewayError> {
+    if head.minor_version == 0 || !head.has_token(b"connection", b"upgrade") {
+        return Ok(false);
+    }
+    let mut protocols = head
+        .values(b"upgrade")
+        .flat_map(|v| v.split(|b| *b == b','))
+        .map(crate::http1::head::trim)
+        .filter(|p| !p.is_empty())
+        .peekable();
+    if protocols.peek().is_none() {
+        return Ok(false);
+    }
+    match protocols.find(|p| !is_carried_protocol(p)) {
+        None => Ok(true),
+        Some(other) => Err(GatewayError::UpgradeNotSupported {
+            protocol: String::from_utf8_lossy(other).into_owned(),
+        }),
+    }
+}
+
+fn is_carried_protocol(protocol: &[u8]) -> bool {
+    protocol.eq_ignore_ascii_case(b"SPDY/3.1") || protocol.eq_ignore_ascii_case(b"websocket")
+}
+
+/// Relays the member's 101 to the client, then splices the two connections until both close.
+/// The dedicated member connection is dropped at the end; the client connection is closed.
+async fn relay_upgrade<S>(
+    ctx: &ShardContext,
+    down: &mut Downstream<'_, S>,
+    mut conn: UpstreamConn,
+    cluster: &ClusterRoute,
+    verb: &'static str,
+    started: Instant,
+) -> Result<Next, Failure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let elapsed = started.elapsed();
+    ctx.metrics_cache.record(
+        &ctx.metrics,
+        (cluster.id, &cluster.name),
+        verb,
+        101,
+        elapsed,
+    );
+    down.out.clear();
+    write_switching_head(&mut down.out, &down.response);
+    down.io
+        .write_all(&down.out)
+        .await
+        .map_err(|_| Failure::Abort("client write failed"))?;
+    down.io
+        .flush()
+        .await
+        .map_err(|_| Failure::Abort("client flush failed"))?;
+    let _upgraded = ctx.metrics.upgraded_stream_opened();
+    debug!(
+        shard = ctx.shard,
+        cluster = %cluster.name,
+        protocol = %String::from_utf8_lossy(down.response.value(b"upgrade").unwrap_or_default()),
+        head_us = elapsed.as_micros() as u64,
+        "upgraded; splicing"
+    );
+    // Bytes the client sent past its head, and the member past its 101, go first.
+    let client_pending = std::mem::take(&mut down.buf);
+    let member_pending = std::mem::take(&mut conn.buf);
+    match splice(&mut *down.io, &mut conn.io, client_pending, member_pending).await {
+        Ok(totals) => debug!(
+            cluster = %cluster.name,
+            client_to_member = totals.client_to_member,
+            member_to_client = totals.member_to_client,
+            "upgraded stream closed"
+        ),
+        Err(error) => debug!(cluster = %cluster.name, %error, "upgraded stream failed"),
+    }
+    Ok(Next::Close)
+}
+
+/// Writes a 101 as the member sent it, keeping the `Connection: Upgrade` and `Upgrade` fields
+/// (hop-by-hop, but they are what the client checks) and dropping the other hop-by-hop ones.
+fn write_switching_head(out: &mut Vec<u8>, response: &Head) {
+    out.extend_from_slice(b"HTTP/1.1 101 ");
+    out.extend_from_slice(response.reason());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in response.headers() {
+        if name.eq_ignore_ascii_case(b"connection")
+            || name.eq_ignore_ascii_case(b"upgrade")
+            || !is_hop_by_hop(response, name)
+        {
+            push_header(out, name, value);
+        }
+    }
     out.extend_from_slice(b"\r\n");
 }
 
@@ -385,13 +495,13 @@ where
         .into());
     }
     identity::check_request(&down.head)?;
-    if let Some(protocol) = down.head.value(b"upgrade") {
-        if down.head.has_token(b"connection", b"upgrade") {
-            return Err(GatewayError::UpgradeNotSupported {
-                protocol: String::from_utf8_lossy(protocol).into_owned(),
-            }
-            .into());
+    let upgrade = requested_upgrade(&down.head)?;
+    if upgrade && body != BodyKind::Empty {
+        // Where such a body would end and the upgraded bytes begin is anyone's guess.
+        return Err(GatewayError::BadRequest {
+            reason: "an upgrade request must not carry a body",
         }
+        .into());
     }
     let ocm_style = ctx.table.load().gateway().ocm_style;
     build_upstream_head(
@@ -401,6 +511,7 @@ where
         peer,
         identity,
         ocm_style,
+        upgrade,
     );
     let expect_continue =
         body != BodyKind::Empty && down.head.has_token(b"expect", b"100-continue");
@@ -409,21 +520,29 @@ where
 
     let mut attempt_on_fresh = false;
     let mut conn = loop {
-        let mut conn = match (attempt_on_fresh, ctx.pool.take(cluster.id)) {
-            (false, Some(conn)) => conn,
-            _ => connect(cluster, limits.connect_timeout, &ctx.metrics).await?,
+        // An upgrade gets a dedicated connection: after the 101 it is no longer HTTP, so it must
+        // neither come from the pool nor go back to it.
+        let pooled = if attempt_on_fresh || upgrade {
+            None
+        } else {
+            ctx.pool.take(cluster.id)
+        };
+        let mut conn = match pooled {
+            Some(conn) => conn,
+            None => connect(cluster, limits.connect_timeout, &ctx.metrics).await?,
         };
         let reused = conn.reused;
         let sent = send_request(down, &mut conn, cluster, body, expect_continue).await;
         let outcome = match sent {
             Ok(()) => {
+                // An upgrade has no head timeout beyond the connect one (as for watches).
                 read_response_head(
                     cluster,
                     &mut conn,
                     &mut down.response,
-                    long_running,
+                    long_running || upgrade,
                     limits,
-                    method_is_head,
+                    upgrade,
                 )
                 .await
             }
@@ -440,6 +559,9 @@ where
             Err(e) => return Err(e),
         }
     };
+    if upgrade && down.response.code == 101 {
+        return relay_upgrade(ctx, down, conn, cluster, verb, started).await;
+    }
 
     let kind = match response_body(
         &down.response,
@@ -455,8 +577,12 @@ where
             .into());
         }
     };
-    let client_close = wants_close(&down.head) || kind == BodyKind::CloseDelimited;
-    let upstream_reusable = kind != BodyKind::CloseDelimited && !wants_close(&down.response);
+    // A refused upgrade (the member's 400 or 403 Status) is relayed as it came, then both
+    // connections close: the client may already have sent bytes meant for the new protocol, and
+    // the dedicated member connection never joins the pool.
+    let client_close = wants_close(&down.head) || kind == BodyKind::CloseDelimited || upgrade;
+    let upstream_reusable =
+        kind != BodyKind::CloseDelimited && !wants_close(&down.response) && !upgrade;
 
     // The response head, then whatever body bytes already arrived, in one write.
     down.out.clear();
@@ -580,15 +706,15 @@ async fn read_response_head(
     response: &mut Head,
     long_running: bool,
     limits: Limits,
-    method_is_head: bool,
+    switch_requested: bool,
 ) -> Result<(), Failure> {
-    let _ = method_is_head;
     let name = || cluster.name.to_string();
     let read_head = async {
         let mut scanned = 0;
         let mut received_any = !conn.buf.is_empty();
         loop {
             match parse_response(&mut conn.buf, &mut scanned, RESPONSE_HEAD_LIMITS, response) {
+                Ok(true) if response.code == 101 && switch_requested => return Ok(()),
                 Ok(true) if response.code == 101 => {
                     return Err(GatewayError::UpstreamProtocol {
                         cluster: name(),

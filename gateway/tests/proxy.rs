@@ -118,11 +118,13 @@ async fn failures_are_clear_statuses_and_other_members_keep_working() {
         let (code, _, message) = status_of(
             &ask(
                 "/clusters/member/api/v1/namespaces/a/pods/p/exec",
-                "Upgrade: websocket\r\nConnection: Upgrade\r\n",
+                "Upgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\n",
             )
             .await,
         );
+        // The gateway carries SPDY/3.1 and WebSocket upgrades only.
         assert_eq!(code, 501, "{message}");
+        assert!(message.contains("h2c"), "{message}");
         // A long-running request is not cut by the 0.5 s response-head timeout.
         let late = ask("/clusters/member/late-watch?watch=true", "").await;
         assert_eq!((late.code, late.body.as_slice()), (200, &b"late"[..]));
