@@ -1,0 +1,639 @@
+//! kubectl exec, attach, port-forward and cp THROUGH `fleetgate serve` against the simulated
+//! fleet, over WebSocket (kubectl's default) and over SPDY/3.1 (`KUBECTL_REMOTE_COMMAND_WEBSOCKETS
+//! =false`, `KUBECTL_PORT_FORWARD_WEBSOCKETS=false`). Each test checks what a user would: the
+//! output, exit codes, bytes echoed back, a file copied in and out unchanged, the 101 of the
+//! intended protocol in kubectl's `-v=8` log (kubectl silently falls back from WebSocket to SPDY),
+//! a killed kubectl ending the member's session, and a member's refusal relayed as its Status.
+//! Real processes: the fleet runs in this test process (its own tokio runtime), the gateway and
+//! kubectl are child processes. Pod names differ per test: the session counter is per process.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use fleetgate_loadtest::sim::{self, start_fleet, FleetHandle, FleetOptions};
+
+/// The two ways kubectl can carry exec/attach/cp.
+const REMOTE_COMMAND: [(&str, &[(&str, &str)]); 2] = [
+    ("websocket", &[]),
+    ("spdy", &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]),
+];
+
+/// The two ways kubectl can carry port-forward.
+const PORT_FORWARD: [(&str, &[(&str, &str)]); 2] = [
+    ("websocket", &[]),
+    ("spdy", &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]),
+];
+
+struct Fleet {
+    runtime: tokio::runtime::Runtime,
+    handle: Option<FleetHandle>,
+    gateway: Child,
+    dir: tempfile::TempDir,
+    https: String,
+    admin: String,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let _ = self.gateway.kill();
+        let _ = self.gateway.wait();
+        if let Some(handle) = self.handle.take() {
+            self.runtime.block_on(handle.shutdown());
+        }
+    }
+}
+
+fn start() -> Fleet {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = runtime
+        .block_on(start_fleet(FleetOptions {
+            dir: dir.path().to_path_buf(),
+            clusters: 1,
+            objects: 5,
+            churn_per_sec: 0.0,
+            gateway_listen: None,
+        }))
+        .unwrap();
+    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+        .args(["serve", "--workers", "2", "--config"])
+        .arg(dir.path())
+        .env("RUST_LOG", "fleetgate=debug")
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(gateway.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.contains("ready"),
+        "gateway did not start: {line:?} {}",
+        std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
+    );
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .unwrap()
+            .to_string()
+    };
+    let (https, admin) = (field("https="), field("admin="));
+    Fleet {
+        runtime,
+        handle: Some(handle),
+        gateway,
+        dir,
+        https,
+        admin,
+    }
+}
+
+impl Fleet {
+    fn kubectl_command(&self, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig")
+            .arg(self.dir.path().join("gateway.kubeconfig"))
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("kube-cache"))
+            .args(["--context", "member1"])
+            .args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// Runs kubectl with `input` on stdin, written from another thread so a large input and a
+    /// large output cannot deadlock on full pipes. Bounded: kubectl is killed after 60 s.
+    fn kubectl_io(&self, args: &[&str], env: &[(&str, &str)], input: &[u8]) -> Output {
+        let mut child = self
+            .kubectl_command(args, env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn kubectl");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let input = input.to_vec();
+        let writer = std::thread::spawn(move || {
+            // kubectl may exit before reading everything (a failed exec); not our error.
+            let _ = stdin.write_all(&input);
+        });
+        let pid = child.id();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            if done_rx.recv_timeout(Duration::from_secs(60)).is_err() {
+                // A hung session must fail the test, not hang it.
+                let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            }
+        });
+        let output = child.wait_with_output().expect("kubectl output");
+        let _ = done_tx.send(());
+        let _ = watchdog.join();
+        let _ = writer.join();
+        output
+    }
+
+    fn kubectl(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.kubectl_io(args, env, b"")
+    }
+
+    fn ok(&self, args: &[&str], env: &[(&str, &str)]) -> Vec<u8> {
+        let out = self.kubectl(args, env);
+        self.success(&out, args);
+        out.stdout
+    }
+
+    fn success(&self, out: &Output, what: &[&str]) {
+        assert!(
+            out.status.success(),
+            "kubectl {what:?} failed ({}): {}\ngateway log:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+    }
+
+    fn log(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().rev().take(30).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
+    /// The gateway's `fleetgate_upgraded_streams` gauge, from its admin listener.
+    fn upgraded_streams(&self) -> i64 {
+        let mut conn = TcpStream::connect(&self.admin).expect("admin listener");
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        conn.read_to_string(&mut text).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("fleetgate_upgraded_streams "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no upgraded_streams gauge in {text}"))
+    }
+
+    /// A TLS client to the gateway as the fleet's admin user (its gateway client certificate).
+    fn admin_tls_config(&self) -> std::sync::Arc<rustls::ClientConfig> {
+        let read = |p: &str| std::fs::read(self.dir.path().join(p)).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        for c in fleetgate_config_watcher::parse_certs(&read("pki/gateway-ca.crt")).unwrap() {
+            roots.add(c).unwrap();
+        }
+        let mut config = rustls::ClientConfig::builder_with_provider(
+            fleetgate_config_watcher::crypto_provider(),
+        )
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            fleetgate_config_watcher::parse_certs(&read("users/admin.crt")).unwrap(),
+            fleetgate_config_watcher::parse_key(&read("users/admin.key")).unwrap(),
+        )
+        .unwrap();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        std::sync::Arc::new(config)
+    }
+}
+
+/// Polls `condition` every 20 ms until it holds, failing the test after `deadline`.
+fn wait_for(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !condition() {
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Lines of a child's pipe, read on a thread so a test can wait for one with a deadline.
+struct LineReader {
+    rx: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl LineReader {
+    fn new(pipe: impl Read + Send + 'static) -> Self {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        LineReader {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    fn wait_line(&mut self, what: &str, deadline: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + deadline;
+        loop {
+            match self
+                .rx
+                .recv_timeout(end.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!("timed out waiting for {what}; lines: {:#?}", self.seen),
+            }
+        }
+    }
+}
+
+/// What kubectl logs at `-v=8` for the 101 of each protocol.
+fn expected_101_headers(protocol: &str, port_forward: bool) -> &'static [&'static str] {
+    match (protocol, port_forward) {
+        ("websocket", false) => &[
+            "Upgrade: websocket",
+            "Sec-Websocket-Protocol: v5.channel.k8s.io",
+        ],
+        ("websocket", true) => &[
+            "Upgrade: websocket",
+            "Sec-Websocket-Protocol: SPDY/3.1+portforward.k8s.io",
+        ],
+        (_, false) => &[
+            "Upgrade: SPDY/3.1",
+            "X-Stream-Protocol-Version: v4.channel.k8s.io",
+        ],
+        (_, true) => &[
+            "Upgrade: SPDY/3.1",
+            "X-Stream-Protocol-Version: portforward.k8s.io",
+        ],
+    }
+}
+
+/// kubectl's log shows a 101 of `protocol` through the gateway (not a fallback).
+fn assert_switched(log: &str, protocol: &str, port_forward: bool) {
+    let Some(at) = log.find("101 Switching Protocols") else {
+        panic!("no 101 over {protocol}:\n{log}");
+    };
+    let response = log[at..].lines().take(8).collect::<Vec<_>>().join("\n");
+    for header in expected_101_headers(protocol, port_forward) {
+        assert!(
+            response.contains(header),
+            "{header:?} missing from the 101 over {protocol}:\n{response}"
+        );
+    }
+    assert!(
+        log.contains("/clusters/member1/"),
+        "not through the gateway:\n{log}"
+    );
+}
+
+#[test]
+fn exec_output_and_exit_codes_come_through_the_gateway_over_websocket_and_spdy() {
+    let fleet = start();
+    for (protocol, env) in REMOTE_COMMAND {
+        let traced = fleet.kubectl(
+            &[
+                "exec", "hello", "-n", "default", "-v=8", "--", "echo", "traced",
+            ],
+            env,
+        );
+        fleet.success(&traced, &["exec", "-v=8"]);
+        assert_eq!(traced.stdout, b"traced\n", "over {protocol}");
+        assert_switched(&String::from_utf8_lossy(&traced.stderr), protocol, false);
+        let out = fleet.ok(&["exec", "hello", "-n", "default", "--", "hostname"], env);
+        assert_eq!(out, b"hello\n", "over {protocol}");
+
+        let out = fleet.kubectl(
+            &["exec", "hello", "-n", "default", "--", "sh", "-c", "exit 3"],
+            env,
+        );
+        assert_eq!(out.status.code(), Some(3), "over {protocol}: {out:?}");
+        let out = fleet.kubectl(
+            &[
+                "exec",
+                "hello",
+                "-n",
+                "default",
+                "--",
+                "sh",
+                "-c",
+                "echo out; echo err >&2; exit 5",
+            ],
+            env,
+        );
+        assert_eq!(out.status.code(), Some(5), "over {protocol}: {out:?}");
+        assert_eq!(out.stdout, b"out\n", "over {protocol}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("err"),
+            "over {protocol}: {out:?}"
+        );
+    }
+    // Every session ended, and the gauge says so.
+    wait_for("upgraded streams to close", Duration::from_secs(10), || {
+        fleet.upgraded_streams() == 0
+    });
+}
+
+#[test]
+fn exec_stdin_of_one_mib_comes_back_unchanged_through_the_gateway() {
+    let fleet = start();
+    // A pattern that is not all one byte, so reordering or loss would show.
+    let big: Vec<u8> = (0..1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    for (protocol, env) in REMOTE_COMMAND {
+        let args = ["exec", "-i", "hello", "-n", "default", "--", "cat"];
+        let small = fleet.kubectl_io(&args, env, b"hello\nworld\n");
+        fleet.success(&small, &args);
+        assert_eq!(small.stdout, b"hello\nworld\n", "over {protocol}");
+        let large = fleet.kubectl_io(&args, env, &big);
+        fleet.success(&large, &args);
+        assert_eq!(large.stdout.len(), big.len(), "over {protocol}");
+        assert!(
+            large.stdout == big,
+            "1 MiB came back different over {protocol}"
+        );
+        let counted = fleet.kubectl_io(
+            &["exec", "-i", "hello", "-n", "default", "--", "wc", "-c"],
+            env,
+            &big,
+        );
+        fleet.success(&counted, &["wc -c"]);
+        assert_eq!(
+            String::from_utf8_lossy(&counted.stdout).trim(),
+            "1048576",
+            "over {protocol}"
+        );
+    }
+}
+
+#[test]
+fn attach_echoes_stdin_through_the_gateway() {
+    let fleet = start();
+    for (protocol, env) in REMOTE_COMMAND {
+        let args = ["attach", "-i", "hello", "-n", "default"];
+        let out = fleet.kubectl_io(&args, env, b"line one\nline two\n");
+        fleet.success(&out, &args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("line one\nline two\n"),
+            "over {protocol}: {text:?}"
+        );
+    }
+}
+
+#[test]
+fn port_forward_round_trips_bytes_through_the_gateway() {
+    let fleet = start();
+    for (protocol, env) in PORT_FORWARD {
+        let mut child = fleet
+            .kubectl_command(
+                &[
+                    "port-forward",
+                    "-n",
+                    "default",
+                    "pod/hello",
+                    ":8080",
+                    "--address",
+                    "127.0.0.1",
+                    "-v=8",
+                ],
+                env,
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn kubectl port-forward");
+        let mut lines = LineReader::new(child.stdout.take().expect("stdout"));
+        let mut log_pipe = child.stderr.take().expect("stderr");
+        let log = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = log_pipe.read_to_string(&mut text);
+            text
+        });
+        let line = lines.wait_line("the Forwarding line", Duration::from_secs(30), |l| {
+            l.starts_with("Forwarding from 127.0.0.1:")
+        });
+        let port: u16 = line["Forwarding from 127.0.0.1:".len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        // Two connections one after the other, each larger than one SPDY frame.
+        for round in 0..2u32 {
+            let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            conn.set_read_timeout(Some(Duration::from_secs(20)))
+                .unwrap();
+            let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7 + round) as u8).collect();
+            conn.write_all(&payload).unwrap();
+            let mut echoed = vec![0u8; payload.len()];
+            conn.read_exact(&mut echoed).expect("read the echo");
+            assert!(
+                echoed == payload,
+                "echo differs over {protocol}, round {round}"
+            );
+            conn.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut rest = Vec::new();
+            let _ = conn.read_to_end(&mut rest);
+            assert!(rest.is_empty(), "nothing after the echo over {protocol}");
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_switched(&log.join().expect("log reader"), protocol, true);
+    }
+}
+
+#[test]
+fn cp_copies_a_file_in_and_back_out_through_the_gateway() {
+    let fleet = start();
+    let local = fleet.dir.path().join("cp");
+    std::fs::create_dir_all(&local).unwrap();
+    let content: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    let src: PathBuf = local.join("in.bin");
+    std::fs::write(&src, &content).unwrap();
+    for (protocol, env) in REMOTE_COMMAND {
+        let remote = format!("default/hello:/tmp/{protocol}.bin");
+        let back = local.join(format!("back-{protocol}.bin"));
+        fleet.ok(&["cp", src.to_str().unwrap(), &remote], env);
+        let listed = fleet.ok(&["exec", "hello", "-n", "default", "--", "ls", "/tmp"], env);
+        assert!(
+            String::from_utf8_lossy(&listed).contains(&format!("{protocol}.bin")),
+            "over {protocol}: {listed:?}"
+        );
+        fleet.ok(&["cp", &remote, back.to_str().unwrap()], env);
+        let copied = std::fs::read(&back).expect("copied file");
+        assert!(
+            copied == content,
+            "cp round trip changed the file over {protocol}"
+        );
+    }
+}
+
+#[test]
+fn killing_kubectl_mid_exec_ends_the_member_session() {
+    let fleet = start();
+    fleet.ok(
+        &["run", "gw-sleeper", "-n", "default", "--image=busybox"],
+        &[],
+    );
+    for (protocol, env) in REMOTE_COMMAND {
+        assert_eq!(sim::stream::active_sessions("default", "gw-sleeper"), 0);
+        let mut child = fleet
+            .kubectl_command(
+                &[
+                    "exec",
+                    "gw-sleeper",
+                    "-n",
+                    "default",
+                    "--",
+                    "sleep",
+                    "infinity",
+                ],
+                env,
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn kubectl exec");
+        wait_for("the exec session to open", Duration::from_secs(30), || {
+            sim::stream::active_sessions("default", "gw-sleeper") == 1
+        });
+        assert_eq!(fleet.upgraded_streams(), 1, "over {protocol}");
+        child.kill().expect("kill kubectl");
+        let _ = child.wait();
+        wait_for(
+            &format!("the {protocol} member session to end after kubectl was killed"),
+            Duration::from_secs(15),
+            || sim::stream::active_sessions("default", "gw-sleeper") == 0,
+        );
+        wait_for(
+            "the gateway to drop the stream",
+            Duration::from_secs(10),
+            || fleet.upgraded_streams() == 0,
+        );
+    }
+}
+
+#[test]
+fn exec_with_a_terminal_runs_an_interactive_shell_through_the_gateway() {
+    let fleet = start();
+    for (protocol, env) in REMOTE_COMMAND {
+        // `script` gives kubectl a pseudo-terminal, so `-t` is honoured.
+        let kubectl = format!(
+            "kubectl --kubeconfig {} --cache-dir {} --context member1 exec -it hello -n default -- sh",
+            fleet.dir.path().join("gateway.kubeconfig").display(),
+            fleet.dir.path().join("kube-cache").display()
+        );
+        let mut cmd = Command::new("script");
+        cmd.args(["-qec", &kubectl, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn script");
+        let mut keyboard = child.stdin.take().expect("stdin");
+        keyboard.write_all(b"echo tty-$HOSTNAME\rexit 4\r").unwrap();
+        let mut screen = LineReader::new(child.stdout.take().expect("stdout"));
+        // `$HOSTNAME` expanded by the pod's shell: proof the line ran remotely.
+        screen.wait_line("the command's output", Duration::from_secs(30), |l| {
+            l.trim_end() == "tty-hello"
+        });
+        screen.wait_line("kubectl's exit report", Duration::from_secs(30), |l| {
+            l.contains("command terminated with exit code 4")
+        });
+        let status = child.wait().expect("script exit");
+        drop(keyboard);
+        assert_eq!(
+            status.code(),
+            Some(4),
+            "over {protocol}: {:#?}",
+            screen.seen
+        );
+    }
+}
+
+#[test]
+fn a_member_refusing_an_upgrade_is_relayed_as_its_status() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fleet = start();
+    let config = fleet.admin_tls_config();
+    let exec =
+        "/clusters/member1/api/v1/namespaces/default/pods/hello/exec?command=echo&stdout=true";
+    let cases: [(&str, u16, &str); 3] = [
+        // SPDY without a stream protocol in common: the member's 403.
+        (
+            "Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v9.channel.k8s.io\r\n",
+            403,
+            "Forbidden",
+        ),
+        // WebSocket with an unknown subprotocol: the member's 400.
+        (
+            "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: base64.channel.k8s.io\r\n",
+            400,
+            "BadRequest",
+        ),
+        // A pod that does not exist.
+        ("Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n", 404, "NotFound"),
+    ];
+    for (index, (headers, code, reason)) in cases.into_iter().enumerate() {
+        let path = if index == 2 {
+            exec.replace("/hello/", "/no-such-pod/")
+        } else {
+            exec.to_string()
+        };
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\n{headers}Content-Length: 0\r\n\r\n"
+        );
+        let answer = fleet.runtime.block_on(async {
+            let tcp = tokio::net::TcpStream::connect(&fleet.https).await.unwrap();
+            let mut tls = tokio_rustls::TlsConnector::from(config.clone())
+                .connect(
+                    rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap(),
+                    tcp,
+                )
+                .await
+                .expect("TLS to the gateway");
+            tls.write_all(request.as_bytes()).await.unwrap();
+            let mut answer = Vec::new();
+            // The gateway closes the connection after relaying a refused upgrade.
+            tokio::time::timeout(Duration::from_secs(20), tls.read_to_end(&mut answer))
+                .await
+                .expect("the gateway closed the connection")
+                .ok();
+            String::from_utf8_lossy(&answer).into_owned()
+        });
+        let (head, body) = answer
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("no response head: {answer:?}"));
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {code} ")),
+            "case {index}: {head}"
+        );
+        assert!(
+            !head.to_ascii_lowercase().contains("sec-websocket-accept"),
+            "case {index}: {head}"
+        );
+        let json_start = body.find('{').unwrap_or(0);
+        let json_end = body.rfind('}').map_or(body.len(), |e| e + 1);
+        let status: serde_json::Value = serde_json::from_str(&body[json_start..json_end])
+            .unwrap_or_else(|e| panic!("case {index}: not a Status ({e}): {body:?}"));
+        assert_eq!(status["kind"], "Status", "case {index}");
+        assert_eq!(status["reason"], reason, "case {index}: {status}");
+    }
+    assert_eq!(fleet.upgraded_streams(), 0);
+}
