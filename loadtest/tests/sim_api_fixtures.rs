@@ -258,3 +258,52 @@ fn recorded_error_statuses_match() {
         assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
     });
 }
+
+#[test]
+fn malformed_object_shapes_are_400_not_dropped_connections() {
+    let fleet = TestFleet::start(1);
+    let addr = fleet.handle().member_addrs()[0];
+    let ca = fleet.fleet_ca_pem();
+    let token = fleet.token("admin");
+    fleet.runtime.block_on(async {
+        for (path, body) in [
+            (
+                "/api/v1/namespaces/default/configmaps",
+                r#"{"metadata":{"name":"x","labels":"not-a-map"}}"#,
+            ),
+            (
+                "/api/v1/namespaces/default/configmaps",
+                r#"{"metadata":"nope"}"#,
+            ),
+            (
+                "/api/v1/namespaces/default/pods",
+                r#"{"metadata":{"name":"p"},"spec":{"containers":"main"}}"#,
+            ),
+            (
+                "/api/v1/namespaces",
+                r#"{"metadata":{"name":"n"},"spec":"x"}"#,
+            ),
+            (
+                "/apis/apps/v1/namespaces/default/deployments",
+                r#"{"metadata":{"name":"d"},"spec":[1]}"#,
+            ),
+        ] {
+            let req = http::Request::post(path)
+                .header("host", "127.0.0.1")
+                .header("authorization", format!("Bearer {token}"))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from_static(body.as_bytes())))
+                .expect("request");
+            let (parts, body_bytes) = raw::request(addr, &ca, req).await;
+            assert_eq!(parts.status, 400, "{path} {body}");
+            let status: Value = serde_json::from_slice(&body_bytes).expect("Status");
+            assert!(
+                status["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("cannot unmarshal"),
+                "{status}"
+            );
+        }
+    });
+}

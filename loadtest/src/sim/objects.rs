@@ -18,7 +18,7 @@ use crate::sim::api::RequestInfo;
 use crate::sim::body::SimBody;
 use crate::sim::member::Member;
 use crate::sim::patch::{self, PatchError, PatchType};
-use crate::sim::resources::ResourceInfo;
+use crate::sim::resources::{self, ResourceInfo};
 use crate::sim::selectors::{FieldSelector, LabelSelector};
 use crate::sim::status::{bytes_response, json_response, success_status, ApiError, ResponseCtx};
 use crate::sim::store::Mutation;
@@ -375,7 +375,88 @@ fn parse_object_body(
 }
 
 /// A body of the wrong kind for the URL is a 400; a missing kind defaults from the URL.
+/// The object's fields have the types the apiserver would decode them into (where the sim reads
+/// or writes them), so that a malformed body is a 400 and never reaches code that assumes a map.
+fn check_shape(res: &ResourceInfo, value: &Value) -> Result<(), ApiError> {
+    let wrong = |path: &str, found: &Value, want: &str| {
+        ApiError::bad_request(format!(
+            "{kind} in version {version:?} cannot be handled as a {kind}: json: cannot unmarshal {found} into Go struct field {path} of type {want}",
+            kind = res.kind,
+            version = res.version,
+            found = json_type(found),
+        ))
+    };
+    let object_or_null = |v: &Value| v.is_null() || v.is_object();
+    let meta = &value["metadata"];
+    if !object_or_null(meta) {
+        return Err(wrong("ObjectMeta.metadata", meta, "v1.ObjectMeta"));
+    }
+    for field in [
+        "name",
+        "namespace",
+        "generateName",
+        "resourceVersion",
+        "uid",
+    ] {
+        let v = &meta[field];
+        if !(v.is_null() || v.is_string()) {
+            return Err(wrong(&format!("ObjectMeta.metadata.{field}"), v, "string"));
+        }
+    }
+    for field in ["labels", "annotations"] {
+        let v = &meta[field];
+        if !object_or_null(v) {
+            return Err(wrong(
+                &format!("ObjectMeta.metadata.{field}"),
+                v,
+                "map[string]string",
+            ));
+        }
+        if let Some(bad) = v
+            .as_object()
+            .and_then(|m| m.values().find(|x| !x.is_string()))
+        {
+            return Err(wrong(
+                &format!("ObjectMeta.metadata.{field}"),
+                bad,
+                "string",
+            ));
+        }
+    }
+    let built_in = resources::find(res.group, res.version, res.plural).is_some()
+        && !res.group.ends_with("fleetgate.io");
+    if built_in {
+        for field in ["spec", "status"] {
+            if !object_or_null(&value[field]) {
+                return Err(wrong(
+                    &format!("{}.{field}", res.kind),
+                    &value[field],
+                    "object",
+                ));
+            }
+        }
+        for (path, list) in [
+            ("containers", &value["spec"]["containers"]),
+            ("ports", &value["spec"]["ports"]),
+        ] {
+            let ok = list.is_null()
+                || list
+                    .as_array()
+                    .is_some_and(|items| items.iter().all(Value::is_object));
+            if !ok {
+                return Err(wrong(
+                    &format!("{}.spec.{path}", res.kind),
+                    list,
+                    "[]object",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check_kind(res: &ResourceInfo, value: &Value) -> Result<(), ApiError> {
+    check_shape(res, value)?;
     if let Some(kind) = value["kind"].as_str().filter(|k| !k.is_empty()) {
         if kind != res.kind {
             return Err(ApiError::bad_request(format!(
