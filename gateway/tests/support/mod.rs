@@ -274,6 +274,9 @@ async fn serve_upstream(
                 left -= n;
             }
             ok && stream.write_all(b"0\r\n\r\n").await.is_ok()
+        } else if path.ends_with("/echo-upgrade") || path.ends_with("/upgrade-then-close") {
+            upgraded_member(stream, buf, &head, path.ends_with("/echo-upgrade"), &seen).await;
+            return;
         } else if path.ends_with("/slow") {
             tokio::time::sleep(Duration::from_secs(10)).await;
             return;
@@ -313,6 +316,71 @@ async fn serve_upstream(
         if !ok {
             return;
         }
+    }
+}
+
+/// A member after an upgrade. It answers 101 with the first bytes of the new protocol in the
+/// same write. `/echo-upgrade` then echoes every byte (the client's early bytes, sent with its
+/// head, first) and, at the client's end of stream, sends `bye` and closes: proof that a client
+/// half-close reaches it and its last bytes still reach the client. `/upgrade-then-close` sends
+/// `last`, shuts down its write side at once, and records what the client still sends (as a
+/// request with head `after-close`) until the client closes too.
+async fn upgraded_member(
+    mut stream: TcpStream,
+    mut early: Vec<u8>,
+    head: &str,
+    echo: bool,
+    seen: &Arc<Mutex<Vec<Recorded>>>,
+) {
+    let protocol = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("upgrade:")
+                .then(|| l["upgrade:".len()..].trim().to_string())
+        })
+        .unwrap_or_default();
+    let switch = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: {protocol}\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\nSec-WebSocket-Protocol: v5.channel.k8s.io\r\n\
+         X-Stream-Protocol-Version: v4.channel.k8s.io\r\nKeep-Alive: timeout=5\r\n\r\nmember-first:"
+    );
+    if stream.write_all(switch.as_bytes()).await.is_err() {
+        return;
+    }
+    if echo {
+        if stream.write_all(&early).await.is_err() {
+            return;
+        }
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) => break,
+                Ok(n) => {
+                    if stream.write_all(&chunk[..n]).await.is_err() {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+        let _ = stream.write_all(b"bye").await;
+        let _ = stream.shutdown().await;
+    } else {
+        if stream.write_all(b"last").await.is_err() || stream.shutdown().await.is_err() {
+            return;
+        }
+        let mut chunk = vec![0u8; 64 * 1024];
+        while let Ok(n) = stream.read(&mut chunk).await {
+            if n == 0 {
+                break;
+            }
+            early.extend_from_slice(&chunk[..n]);
+        }
+        seen.lock().unwrap().push(Recorded {
+            head: "after-close".to_string(),
+            body: early,
+        });
     }
 }
 
