@@ -316,6 +316,37 @@ mod tests {
     }
 
     #[test]
+    fn no_input_makes_the_parsers_panic() {
+        // Every string of up to four characters over the selector alphabet.
+        let alphabet: Vec<char> = "a=!(), in".chars().collect();
+        let mut inputs = vec![String::new()];
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for prefix in &inputs {
+                for c in &alphabet {
+                    next.push(format!("{prefix}{c}"));
+                }
+            }
+            inputs.extend(next.clone());
+            inputs = inputs
+                .into_iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+        }
+        let object = obj(json!({"a": "a"}));
+        for input in &inputs {
+            if let Ok(selector) = LabelSelector::parse(input) {
+                let _ = selector.matches(&object);
+            }
+            if let Ok(selector) = FieldSelector::parse(input, "pods") {
+                let _ = selector.matches(&object);
+            }
+        }
+        assert!(inputs.len() > 1000);
+    }
+
+    #[test]
     fn bad_label_selector_is_an_error() {
         let err = LabelSelector::parse("app===x!").unwrap_err();
         assert_eq!(
