@@ -403,3 +403,26 @@ fn selector_watch_sees_objects_enter_and_leave() {
         assert_eq!(events, vec!["ADDED", "MODIFIED", "DELETED", "ADDED"]);
     });
 }
+
+#[test]
+fn small_bodies_have_content_length_large_ones_are_chunked() {
+    let fleet = TestFleet::start(1);
+    let addr = fleet.handle().member_addrs()[0];
+    let ca = fleet.fleet_ca_pem();
+    let token = fleet.token("admin");
+    fleet.runtime.block_on(async {
+        let (parts, body) = raw::request(addr, &ca, raw::get("/api", &token)).await;
+        assert_eq!(
+            parts.headers["content-length"],
+            body.len().to_string().as_str()
+        );
+        assert!(!parts.headers.contains_key("transfer-encoding"));
+        // kube-root-ca.crt in every namespace: the list is larger than 2 KiB.
+        let (parts, body) = raw::request(addr, &ca, raw::get("/api/v1/configmaps", &token)).await;
+        assert!(body.len() > 2048, "{}", body.len());
+        assert_eq!(parts.headers["transfer-encoding"], "chunked");
+        assert!(!parts.headers.contains_key("content-length"));
+        let list: Value = serde_json::from_slice(&body).expect("whole list");
+        assert_eq!(list["kind"], "ConfigMapList");
+    });
+}

@@ -17,7 +17,7 @@ use http::{header, Response, StatusCode};
 use sha2::{Digest, Sha512};
 
 use crate::sim::body::SimBody;
-use crate::sim::status::{base_response, finish, ApiError, ResponseCtx};
+use crate::sim::status::{base_response, finish_with_length, ApiError, ResponseCtx};
 
 static V2_GZ: &[u8] = include_bytes!("../../assets/openapi/openapi-v2.json.gz");
 static V3_CORE_GZ: &[u8] = include_bytes!("../../assets/openapi/openapi-v3-api-v1.json.gz");
@@ -87,7 +87,7 @@ pub fn serve(
             }
         }
         let body = serde_json::to_vec(&serde_json::json!({ "paths": paths })).unwrap_or_default();
-        return Ok(finish(
+        return Ok(finish_with_length(
             base_response(StatusCode::OK, Some("text/plain; charset=utf-8"), ctx)
                 .header(header::ACCEPT_RANGES, "bytes")
                 .header(header::LAST_MODIFIED, httpdate::fmt_http_date(start_time())),
@@ -100,7 +100,7 @@ pub fn serve(
         match v3(rest) {
             Some(doc) => (doc, ""),
             None => {
-                return Ok(finish(
+                return Ok(finish_with_length(
                     base_response(StatusCode::NOT_FOUND, None, ctx),
                     Bytes::new(),
                 ))
@@ -110,7 +110,7 @@ pub fn serve(
         return Err(ApiError::PageNotFound);
     };
     if path == "/openapi/v2" && accepts_v2_protobuf(accept) {
-        return Ok(finish(
+        return Ok(finish_with_length(
             base_response(StatusCode::OK, Some("application/octet-stream"), ctx)
                 .header(header::ACCEPT_RANGES, "bytes")
                 .header(header::VARY, "Accept-Encoding")
@@ -138,11 +138,11 @@ pub fn serve(
             .header(header::EXPIRES, httpdate::fmt_http_date(expires));
     }
     if if_none_match == Some(etag.as_str()) {
-        let mut resp = finish(builder, Bytes::new());
+        let mut resp = finish_with_length(builder, Bytes::new());
         *resp.status_mut() = StatusCode::NOT_MODIFIED;
         return Ok(resp);
     }
-    let mut resp = finish(builder, doc.body.clone());
+    let mut resp = finish_with_length(builder, doc.body.clone());
     if hash.is_some() {
         // `public, immutable` replaces the default no-cache set by base_response.
         let headers = resp.headers_mut();

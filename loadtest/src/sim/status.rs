@@ -319,12 +319,34 @@ pub fn bytes_response(
     finish(base_response(status, Some(content_type), ctx), body)
 }
 
+/// Bodies up to this size go out with `Content-Length`; larger ones chunked, as Go's net/http
+/// does behind the apiserver (Surprise 3), so that proxies meet both framings on ordinary GETs.
+const CONTENT_LENGTH_LIMIT: usize = 2048;
+
+/// Finishes a response with a whole body: `Content-Length` when small, chunked when large.
 pub fn finish(builder: http::response::Builder, body: Bytes) -> Response<SimBody> {
-    builder.body(full(body)).unwrap_or_else(|_| {
-        let mut resp = Response::new(full(Bytes::new()));
-        *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-        resp
-    })
+    if body.len() > CONTENT_LENGTH_LIMIT {
+        let frame = Ok::<_, std::io::Error>(http_body::Frame::data(body));
+        let unsized_body =
+            http_body_util::StreamBody::new(futures_util::stream::once(std::future::ready(frame)));
+        return builder
+            .body(http_body_util::BodyExt::boxed(unsized_body))
+            .unwrap_or_else(|_| internal_error());
+    }
+    finish_with_length(builder, body)
+}
+
+/// Finishes a response with `Content-Length` whatever its size (the OpenAPI handlers do).
+pub fn finish_with_length(builder: http::response::Builder, body: Bytes) -> Response<SimBody> {
+    builder
+        .body(full(body))
+        .unwrap_or_else(|_| internal_error())
+}
+
+fn internal_error() -> Response<SimBody> {
+    let mut resp = Response::new(full(Bytes::new()));
+    *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    resp
 }
 
 /// The one mapping from an error to the response a client sees.
