@@ -6,14 +6,18 @@
 //! parsing) and happen off the hot path; the data path only ever loads the published table.
 
 mod error;
+mod file_source;
 mod load;
 pub mod objects;
+mod reload;
 mod settings;
 mod table;
 
 pub use error::ConfigError;
+pub use file_source::{watch_config_path, FileWatcher, WatchError, DEBOUNCE_MAX, DEBOUNCE_QUIET};
 pub use load::{check_cluster_name, load_path, RESERVED_CLUSTER_NAMES};
 pub use objects::ConnectMode;
+pub use reload::{ReloadFailure, ReloadOutcome, ReloadStatus, TablePublisher};
 pub use settings::{ClusterConfig, Config, GatewaySettings, Limits, ListenerSettings, ServingTls};
 pub use table::{
     crypto_provider, parse_certs, parse_key, parse_server, ClusterRoute, RouteTable, UpstreamTarget,

@@ -1,0 +1,221 @@
+//! Publishing a new configuration: the one place where a loaded (or failed) configuration becomes
+//! the routing table the data path reads, and where the outcome is recorded for operators.
+//!
+//! Every source (the watched file path, the Kubernetes API) hands its result to a
+//! [`TablePublisher`]. A valid configuration that differs from the serving one is built into a new
+//! [`RouteTable`] (generation + 1) and swapped in whole; an invalid one leaves the last good table
+//! serving and is reported three ways: a tracing error naming file / object / field, the counters
+//! of [`ReloadStatus`] (the gateway's `/metrics`) and its last error (`/readyz?verbose`).
+//!
+//! Building runs on the caller's thread, never on a shard: the data path only ever does one
+//! `ArcSwap::load` per request and never waits for anything here.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use tracing::{error, info, warn};
+
+use crate::error::ConfigError;
+use crate::settings::{ClusterConfig, Config};
+use crate::table::RouteTable;
+use crate::SharedTable;
+
+/// What the last reload attempts did. Shared (in an `Arc`) between the sources that write it and
+/// the gateway's admin listener that reads it; never touched by a request.
+#[derive(Debug, Default)]
+pub struct ReloadStatus {
+    published: AtomicU64,
+    failed: AtomicU64,
+    /// The error of the last attempt when it failed; `None` once a later attempt succeeds.
+    /// A plain mutex: written by a source thread, read by the admin thread, never by a shard.
+    last_error: Mutex<Option<ReloadFailure>>,
+}
+
+/// A failed reload as the operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadFailure {
+    /// The error, naming the file or object and the field.
+    pub message: String,
+    /// When the attempt failed (seconds since the Unix epoch).
+    pub at_unix_seconds: u64,
+}
+
+impl ReloadStatus {
+    pub fn new() -> Arc<ReloadStatus> {
+        Arc::new(ReloadStatus::default())
+    }
+
+    /// Tables published by reloads (the initial table is not counted).
+    pub fn published(&self) -> u64 {
+        self.published.load(Ordering::Relaxed)
+    }
+
+    /// Reload attempts rejected because the configuration was invalid.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// The error of the last attempt, if the last attempt failed.
+    pub fn last_error(&self) -> Option<ReloadFailure> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    fn record_success(&self) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+    }
+
+    fn record_failure(&self, message: String) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        let at_unix_seconds = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(ReloadFailure {
+            message,
+            at_unix_seconds,
+        });
+    }
+
+    /// OpenMetrics lines (without `# EOF`) for the gateway's `/metrics`: reloads by result, whether
+    /// the last attempt failed, and the generation of the serving table.
+    pub fn openmetrics_lines(&self, serving_generation: u64) -> String {
+        let failing = u8::from(self.last_error().is_some());
+        format!(
+            "# HELP fleetgate_config_reloads Configuration reloads, by result (failure: the last good table kept serving).\n\
+             # TYPE fleetgate_config_reloads counter\n\
+             fleetgate_config_reloads_total{{result=\"success\"}} {}\n\
+             fleetgate_config_reloads_total{{result=\"failure\"}} {}\n\
+             # HELP fleetgate_config_last_reload_failed 1 while the last reload attempt was rejected.\n\
+             # TYPE fleetgate_config_last_reload_failed gauge\n\
+             fleetgate_config_last_reload_failed {failing}\n\
+             # HELP fleetgate_config_generation Generation of the routing table being served.\n\
+             # TYPE fleetgate_config_generation gauge\n\
+             fleetgate_config_generation {serving_generation}\n",
+            self.published(),
+            self.failed(),
+        )
+    }
+}
+
+/// What one reload did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    /// A new table was published with this generation.
+    Published { generation: u64 },
+    /// The configuration equals the serving one; nothing was swapped.
+    Unchanged,
+    /// The configuration was invalid; the last good table keeps serving.
+    Rejected,
+}
+
+/// Turns loaded configurations into published routing tables. Cheap to clone; one per source.
+#[derive(Debug, Clone)]
+pub struct TablePublisher {
+    table: SharedTable,
+    status: Arc<ReloadStatus>,
+}
+
+impl TablePublisher {
+    pub fn new(table: SharedTable, status: Arc<ReloadStatus>) -> TablePublisher {
+        TablePublisher { table, status }
+    }
+
+    pub fn status(&self) -> &Arc<ReloadStatus> {
+        &self.status
+    }
+
+    pub fn table(&self) -> &SharedTable {
+        &self.table
+    }
+
+    /// Validates and publishes `loaded` (the result of loading a source). Blocking (certificate
+    /// parsing): call it from a source's own thread.
+    pub fn publish(&self, source: &str, loaded: Result<Config, ConfigError>) -> ReloadOutcome {
+        let config = match loaded {
+            Ok(config) => config,
+            Err(err) => return self.reject(source, &err),
+        };
+        let serving = self.table.load();
+        if *serving.config() == config {
+            self.status.record_success();
+            return ReloadOutcome::Unchanged;
+        }
+        let generation = serving.generation() + 1;
+        let table = match RouteTable::build_generation(&config, generation) {
+            Ok(table) => table,
+            Err(err) => return self.reject(source, &err),
+        };
+        warn_on_restart_only_changes(serving.config(), &config);
+        let (added, changed, removed) = cluster_diff(serving.config(), &config);
+        // Only this publisher (one per source) swaps, so nothing can slip in between the load
+        // above and this store.
+        self.table.store(Arc::new(table));
+        self.status.published.fetch_add(1, Ordering::Relaxed);
+        self.status.record_success();
+        info!(
+            source,
+            generation,
+            clusters = config.clusters.len(),
+            added,
+            changed,
+            removed,
+            "routing table published"
+        );
+        ReloadOutcome::Published { generation }
+    }
+
+    fn reject(&self, source: &str, err: &ConfigError) -> ReloadOutcome {
+        let serving = self.table.load().generation();
+        error!(
+            source,
+            error = %err,
+            serving_generation = serving,
+            "configuration rejected; the last good routing table keeps serving"
+        );
+        self.status.record_failure(err.to_string());
+        ReloadOutcome::Rejected
+    }
+}
+
+/// Counts clusters added, changed and removed between two configurations (for the log line).
+fn cluster_diff(old: &Config, new: &Config) -> (usize, usize, usize) {
+    let old_by_name: ahash::AHashMap<&str, &ClusterConfig> =
+        old.clusters.iter().map(|c| (c.name.as_str(), c)).collect();
+    let new_by_name: ahash::AHashMap<&str, &ClusterConfig> =
+        new.clusters.iter().map(|c| (c.name.as_str(), c)).collect();
+    let added = new_by_name
+        .keys()
+        .filter(|name| !old_by_name.contains_key(*name))
+        .count();
+    let changed = new_by_name
+        .iter()
+        .filter(|(name, c)| old_by_name.get(*name).is_some_and(|o| o != *c))
+        .count();
+    let removed = old_by_name
+        .keys()
+        .filter(|name| !new_by_name.contains_key(*name))
+        .count();
+    (added, changed, removed)
+}
+
+/// Listeners, serving TLS, shards and the admin address are bound once at start; a change to
+/// them is published (limits and routing options apply) but only takes effect on a restart.
+fn warn_on_restart_only_changes(old: &Config, new: &Config) {
+    let (o, n) = (&old.gateway, &new.gateway);
+    if o.listeners != n.listeners || o.tls != n.tls || o.workers != n.workers || o.admin != n.admin
+    {
+        warn!(
+            gateway = %n.name,
+            "Gateway listeners, TLS, workers or admin address changed: these apply on the next restart"
+        );
+    }
+}

@@ -1,0 +1,178 @@
+//! The file source as an operator uses it: files added, changed, removed, broken and fixed in a
+//! watched directory; a Kubernetes ConfigMap mount's symlink swap; an editor's atomic rename over a
+//! single config file; a burst of writes. Every wait polls the published table with a deadline.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use fleetgate_config_watcher::{
+    load_path, watch_config_path, ReloadStatus, RouteTable, SharedTable, TablePublisher,
+};
+
+const GATEWAY: &str = "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: gw\nspec:\n  listeners:\n  - address: 127.0.0.1:0\n    tls: false\n";
+
+fn cluster(name: &str, port: u16) -> String {
+    format!(
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\nspec:\n  server: http://127.0.0.1:{port}\n  credentials:\n    token: tok-{name}\n"
+    )
+}
+
+fn start(
+    path: &Path,
+) -> (
+    SharedTable,
+    Arc<ReloadStatus>,
+    fleetgate_config_watcher::FileWatcher,
+) {
+    let config = load_path(path).unwrap();
+    let table: SharedTable = Arc::new(ArcSwap::from_pointee(RouteTable::build(&config).unwrap()));
+    let status = ReloadStatus::new();
+    let watcher =
+        watch_config_path(path, TablePublisher::new(table.clone(), status.clone())).unwrap();
+    (table, status, watcher)
+}
+
+/// Polls `check` until it holds or 3 s pass; returns how long it took.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !check() {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "timed out waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    start.elapsed()
+}
+
+fn port_of(table: &SharedTable, name: &str) -> Option<u16> {
+    table.load().cluster(name).map(|c| c.upstream.port)
+}
+
+#[test]
+fn directory_changes_are_published_and_a_broken_file_keeps_the_last_good_table() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
+    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1001)).unwrap();
+    let (table, status, _watcher) = start(dir.path());
+    assert_eq!(table.load().generation(), 1);
+    let alpha_id = table.load().cluster("alpha").unwrap().id;
+
+    // Added.
+    std::fs::create_dir(dir.path().join("more")).unwrap();
+    std::fs::write(dir.path().join("more/b.yaml"), cluster("beta", 2001)).unwrap();
+    let took = eventually("beta added", || port_of(&table, "beta") == Some(2001));
+    assert!(took < Duration::from_secs(1), "beta took {took:?}");
+    assert_eq!(table.load().generation(), 2);
+    // The unchanged cluster keeps its id, so the data path keeps its pool.
+    assert_eq!(table.load().cluster("alpha").unwrap().id, alpha_id);
+
+    // Changed.
+    std::fs::write(dir.path().join("more/b.yaml"), cluster("beta", 2002)).unwrap();
+    eventually("beta changed", || port_of(&table, "beta") == Some(2002));
+
+    // Broken: the old table keeps serving, the error names the file.
+    let generation = table.load().generation();
+    std::fs::write(
+        dir.path().join("more/b.yaml"),
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: beta\nspec:\n  server: ftp://x\n",
+    )
+    .unwrap();
+    eventually("the broken file reported", || status.last_error().is_some());
+    let failure = status.last_error().unwrap();
+    assert!(
+        failure.message.contains("b.yaml")
+            && failure.message.contains("Cluster beta")
+            && failure.message.contains("spec.server"),
+        "{failure:?}"
+    );
+    assert_eq!(status.failed(), 1);
+    assert_eq!(table.load().generation(), generation);
+    assert_eq!(port_of(&table, "beta"), Some(2002));
+    let metrics = status.openmetrics_lines(generation);
+    assert!(metrics.contains("fleetgate_config_reloads_total{result=\"failure\"} 1"));
+    assert!(metrics.contains("fleetgate_config_last_reload_failed 1"));
+
+    // Removed (which also fixes the broken state).
+    std::fs::remove_file(dir.path().join("more/b.yaml")).unwrap();
+    eventually("beta removed", || port_of(&table, "beta").is_none());
+    assert!(status.last_error().is_none());
+    assert_eq!(port_of(&table, "alpha"), Some(1001));
+    assert_eq!(table.load().cluster("alpha").unwrap().id, alpha_id);
+}
+
+#[test]
+fn a_configmap_mount_symlink_swap_is_a_change() {
+    // How the kubelet updates a mounted ConfigMap: the files are symlinks through `..data`,
+    // which is re-pointed at a new timestamped directory by an atomic rename.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let v1 = root.join("..2026_11_22_v1");
+    std::fs::create_dir(&v1).unwrap();
+    std::fs::write(v1.join("gateway.yaml"), GATEWAY).unwrap();
+    std::fs::write(v1.join("clusters.yaml"), cluster("alpha", 1001)).unwrap();
+    std::os::unix::fs::symlink("..2026_11_22_v1", root.join("..data")).unwrap();
+    for f in ["gateway.yaml", "clusters.yaml"] {
+        std::os::unix::fs::symlink(format!("..data/{f}"), root.join(f)).unwrap();
+    }
+    let (table, _status, _watcher) = start(root);
+    assert_eq!(port_of(&table, "alpha"), Some(1001));
+
+    let v2 = root.join("..2026_11_22_v2");
+    std::fs::create_dir(&v2).unwrap();
+    std::fs::write(v2.join("gateway.yaml"), GATEWAY).unwrap();
+    std::fs::write(
+        v2.join("clusters.yaml"),
+        format!("{}---\n{}", cluster("alpha", 1002), cluster("gamma", 3001)),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("..2026_11_22_v2", root.join("..data_tmp")).unwrap();
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+    std::fs::remove_dir_all(&v1).unwrap();
+    eventually("the swapped ConfigMap served", || {
+        port_of(&table, "alpha") == Some(1002) && port_of(&table, "gamma") == Some(3001)
+    });
+}
+
+#[test]
+fn a_single_file_replaced_by_rename_is_a_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fleetgate.yaml");
+    std::fs::write(&file, format!("{GATEWAY}---\n{}", cluster("alpha", 1001))).unwrap();
+    // An unrelated file beside it must not matter.
+    std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+    let (table, status, _watcher) = start(&file);
+
+    let tmp = dir.path().join(".fleetgate.yaml.swp");
+    std::fs::write(&tmp, format!("{GATEWAY}---\n{}", cluster("alpha", 1002))).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    eventually("the renamed file served", || {
+        port_of(&table, "alpha") == Some(1002)
+    });
+    assert_eq!(status.published(), 1);
+}
+
+#[test]
+fn a_burst_of_writes_is_debounced_into_few_reloads() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
+    let (table, status, _watcher) = start(dir.path());
+    for i in 0..50u16 {
+        std::fs::write(
+            dir.path().join(format!("c{}.yaml", i % 5)),
+            cluster(&format!("c{}", i % 5), 4000 + i),
+        )
+        .unwrap();
+    }
+    eventually("the last write served", || {
+        (45..50).all(|i| port_of(&table, &format!("c{}", i % 5)) == Some(4000 + i))
+    });
+    assert!(
+        status.published() <= 5,
+        "{} tables published for one burst",
+        status.published()
+    );
+    assert!(status.last_error().is_none());
+}
