@@ -3,6 +3,10 @@
 //!
 //! It runs on its own blocking thread, off the shards, so a slow scraper never delays the data
 //! path. It never proxies anything. Called by `serve`.
+//!
+//! With a live configuration source, `/metrics` also carries the reload counters and
+//! `/readyz?verbose` shows the serving table's generation and the last rejected change (the
+//! gateway stays ready: the last good table keeps serving).
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -11,10 +15,24 @@ use std::time::Duration;
 
 use tracing::debug;
 
+use fleetgate_config_watcher::{ReloadStatus, SharedTable};
+
 use crate::metrics::Metrics;
 
+/// What the admin listener reports about the configuration: the serving table and, when a source
+/// reloads it, that source's status.
+#[derive(Clone)]
+pub struct ConfigView {
+    pub table: SharedTable,
+    pub reload: Option<Arc<ReloadStatus>>,
+}
+
 /// Serves the admin endpoints on `listener` from a new thread.
-pub fn spawn_admin(listener: TcpListener, metrics: Arc<Metrics>) -> io::Result<()> {
+pub fn spawn_admin(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    config: Option<ConfigView>,
+) -> io::Result<()> {
     listener.set_nonblocking(false)?;
     std::thread::Builder::new()
         .name("fleetgate-admin".into())
@@ -22,7 +40,7 @@ pub fn spawn_admin(listener: TcpListener, metrics: Arc<Metrics>) -> io::Result<(
             for stream in listener.incoming() {
                 match stream {
                     Ok(stream) => {
-                        if let Err(error) = answer(stream, &metrics) {
+                        if let Err(error) = answer(stream, &metrics, config.as_ref()) {
                             debug!(%error, "admin request failed");
                         }
                     }
@@ -33,7 +51,7 @@ pub fn spawn_admin(listener: TcpListener, metrics: Arc<Metrics>) -> io::Result<(
     Ok(())
 }
 
-fn answer(mut stream: TcpStream, metrics: &Metrics) -> io::Result<()> {
+fn answer(mut stream: TcpStream, metrics: &Metrics, config: Option<&ConfigView>) -> io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
@@ -50,12 +68,20 @@ fn answer(mut stream: TcpStream, metrics: &Metrics) -> io::Result<()> {
         Ok(_) => request.path.unwrap_or("/"),
         Err(_) => "",
     };
-    let path = path.split('?').next().unwrap_or_default();
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    let verbose = query
+        .split('&')
+        .any(|p| p == "verbose" || p.starts_with("verbose="));
     let (status, content_type, body) = match path {
         "/metrics" => (
             "200 OK",
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.encode(),
+            metrics_text(metrics, config),
+        ),
+        "/readyz" if verbose => (
+            "200 OK",
+            "text/plain; charset=utf-8",
+            readyz_verbose(config),
         ),
         "/healthz" | "/readyz" | "/livez" => ("200 OK", "text/plain; charset=utf-8", "ok".into()),
         _ => (
@@ -71,4 +97,45 @@ fn answer(mut stream: TcpStream, metrics: &Metrics) -> io::Result<()> {
     stream.write_all(head.as_bytes())?;
     stream.write_all(body.as_bytes())?;
     stream.flush()
+}
+
+/// The data path's metrics, then the reload metrics, then the one `# EOF`.
+fn metrics_text(metrics: &Metrics, config: Option<&ConfigView>) -> String {
+    let text = metrics.encode();
+    let Some(ConfigView {
+        table,
+        reload: Some(reload),
+    }) = config
+    else {
+        return text;
+    };
+    let body = text.strip_suffix("# EOF\n").unwrap_or(&text);
+    format!(
+        "{body}{}# EOF\n",
+        reload.openmetrics_lines(table.load().generation())
+    )
+}
+
+/// Kubernetes-style verbose readiness: one `[+]` line per check, then the verdict.
+fn readyz_verbose(config: Option<&ConfigView>) -> String {
+    let mut out = String::from("[+]ping ok\n");
+    if let Some(view) = config {
+        let table = view.table.load();
+        out.push_str(&format!(
+            "[+]routing-table ok: generation {}, {} clusters\n",
+            table.generation(),
+            table.clusters().count()
+        ));
+        match view.reload.as_ref().and_then(|r| r.last_error()) {
+            Some(failure) => out.push_str(&format!(
+                "[+]config-reload: last change rejected, generation {} keeps serving: {}\n",
+                table.generation(),
+                failure.message.replace('\n', " ")
+            )),
+            None if view.reload.is_some() => out.push_str("[+]config-reload ok\n"),
+            None => {}
+        }
+    }
+    out.push_str("readyz check passed\n");
+    out
 }

@@ -1,6 +1,8 @@
 //! `fleetgate serve`: loads the configuration, builds the routing table behind its `ArcSwap`,
 //! binds every listener, starts the shards and the admin listener, prints one `ready` line with
-//! the bound addresses, and runs until SIGINT or SIGTERM.
+//! the bound addresses, and runs until SIGINT or SIGTERM. Once the first table serves, the
+//! config-watcher's file source follows the `--config` path and publishes into the same
+//! `SharedTable`; the shards see a new table from their next request.
 //!
 //! [`start`] is the library entry the `demo` command and tests can use to run a gateway in
 //! process; [`run`] is the CLI command. Neither touches a request.
@@ -11,7 +13,9 @@ use std::sync::{mpsc, Arc};
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
-use fleetgate_config_watcher::{load_path, RouteTable, SharedTable};
+use fleetgate_config_watcher::{
+    load_path, watch_config_path, ReloadStatus, RouteTable, SharedTable, TablePublisher,
+};
 use tracing::info;
 
 use crate::listener::bind_reuseport;
@@ -81,6 +85,16 @@ impl std::fmt::Debug for Metrics {
 /// Binds every listener, starts the shards and the admin listener, and returns once every shard
 /// accepts connections.
 pub fn start(table: SharedTable, options: StartOptions) -> anyhow::Result<RunningGateway> {
+    start_with_reload(table, options, None)
+}
+
+/// Like [`start`], for a table that a configuration source reloads: the admin listener reports
+/// `reload` in `/metrics` and `/readyz?verbose`.
+pub fn start_with_reload(
+    table: SharedTable,
+    options: StartOptions,
+    reload: Option<Arc<ReloadStatus>>,
+) -> anyhow::Result<RunningGateway> {
     let gateway = table.load().gateway().clone();
     let workers = match options.workers.filter(|w| *w > 0) {
         Some(w) => w,
@@ -124,7 +138,14 @@ pub fn start(table: SharedTable, options: StartOptions) -> anyhow::Result<Runnin
             let socket = std::net::TcpListener::bind(address)
                 .with_context(|| format!("binding the admin listener on {address}"))?;
             let local = socket.local_addr()?;
-            crate::admin::spawn_admin(socket, metrics.clone())?;
+            crate::admin::spawn_admin(
+                socket,
+                metrics.clone(),
+                Some(crate::admin::ConfigView {
+                    table: table.clone(),
+                    reload,
+                }),
+            )?;
             Some(local)
         }
         None => None,
@@ -167,13 +188,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         "routing table built"
     );
     let table: SharedTable = Arc::new(ArcSwap::from_pointee(table));
-    let running = start(
-        table,
+    let reload = ReloadStatus::new();
+    let running = start_with_reload(
+        table.clone(),
         StartOptions {
             workers: args.workers,
             driver: args.driver,
         },
+        Some(reload.clone()),
     )?;
+    // Watching starts before `ready` is printed, and checks once after the watch is in place, so
+    // no change made after the first load is missed.
+    let _watcher = watch_config_path(&args.config, TablePublisher::new(table, reload))
+        .context("watching the configuration for changes")?;
     {
         use std::io::Write;
         let mut stdout = std::io::stdout().lock();

@@ -1,0 +1,378 @@
+//! Live reload through a real `fleetgate serve` process watching the simulated fleet's directory:
+//! clusters are added, changed and removed (files renamed in, rewritten, deleted) while a client
+//! keeps sending requests to an unchanged cluster, and a broken file is written. The client must
+//! see zero failures; each change must be served within one second (polled with a deadline); a
+//! removed cluster answers 404; the broken file keeps the last good table and shows in
+//! `/readyz?verbose` and `/metrics`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+
+struct Fleet {
+    runtime: tokio::runtime::Runtime,
+    handle: Option<FleetHandle>,
+    gateway: Child,
+    dir: tempfile::TempDir,
+    https: SocketAddr,
+    admin: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let _ = self.gateway.kill();
+        let _ = self.gateway.wait();
+        if let Some(handle) = self.handle.take() {
+            self.runtime.block_on(handle.shutdown());
+        }
+    }
+}
+
+/// Parks a cluster file: the gateway's loader only reads `*.yaml` / `*.yml`.
+fn park(dir: &Path, name: &str) {
+    std::fs::rename(cluster_file(dir, name), parked_file(dir, name)).unwrap();
+}
+
+fn unpark(dir: &Path, name: &str) {
+    std::fs::rename(parked_file(dir, name), cluster_file(dir, name)).unwrap();
+}
+
+fn cluster_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("clusters/{name}.yaml"))
+}
+
+fn parked_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("clusters/{name}.parked"))
+}
+
+/// A fleet of `clusters` members; the gateway starts serving only `member1` (the others parked).
+fn start(clusters: usize) -> Fleet {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = runtime
+        .block_on(start_fleet(FleetOptions {
+            dir: dir.path().to_path_buf(),
+            clusters,
+            objects: 2,
+            churn_per_sec: 0.0,
+            gateway_listen: None,
+        }))
+        .unwrap();
+    for k in 2..=clusters {
+        park(dir.path(), &format!("member{k}"));
+    }
+    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+        .args(["serve", "--workers", "2", "--config"])
+        .arg(dir.path())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(gateway.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.contains("ready"),
+        "gateway did not start: {line:?} {}",
+        std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
+    );
+    let field = |name: &str| -> SocketAddr {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (https, admin) = (field("https="), field("admin="));
+    let tls = client_config(dir.path());
+    Fleet {
+        runtime,
+        handle: Some(handle),
+        gateway,
+        dir,
+        https,
+        admin,
+        tls,
+    }
+}
+
+/// The `admin` user of the fleet's gateway CA (allowed everything), trusting the gateway CA.
+fn client_config(dir: &Path) -> Arc<rustls::ClientConfig> {
+    let read = |p: &str| std::fs::read(dir.join(p)).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in fleetgate_config_watcher::parse_certs(&read("pki/gateway-ca.crt")).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(fleetgate_config_watcher::crypto_provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(
+                fleetgate_config_watcher::parse_certs(&read("users/admin.crt")).unwrap(),
+                fleetgate_config_watcher::parse_key(&read("users/admin.key")).unwrap(),
+            )
+            .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+/// One keep-alive HTTP/1.1 connection to the gateway.
+async fn connect(addr: SocketAddr, tls: Arc<rustls::ClientConfig>) -> std::io::Result<Sender> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
+/// GET `path`; the status code and the body.
+async fn get(sender: &mut Sender, path: &str) -> Result<(u16, String), String> {
+    sender.ready().await.map_err(|e| e.to_string())?;
+    let request = http::Request::get(path)
+        .header("host", "127.0.0.1")
+        .body(Empty::new())
+        .unwrap();
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+impl Fleet {
+    fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A fresh connection and one GET (as a new kubectl would do).
+    fn get_once(&self, path: &str) -> (u16, String) {
+        let (addr, tls) = (self.https, self.tls.clone());
+        let path = path.to_owned();
+        self.runtime.block_on(async move {
+            let mut sender = connect(addr, tls).await.unwrap();
+            get(&mut sender, &path).await.unwrap()
+        })
+    }
+
+    /// Polls `path` until it answers `code`; panics after `within`. Returns how long it took.
+    fn answers_within(&self, path: &str, code: u16, within: Duration) -> Duration {
+        let start = Instant::now();
+        loop {
+            let (status, body) = self.get_once(path);
+            if status == code {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < within,
+                "{path} still answers {status} (not {code}) after {within:?}: {body}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn admin_get(&self, path: &str) -> String {
+        let mut stream = std::net::TcpStream::connect(self.admin).unwrap();
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: admin\r\n\r\n").unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).unwrap();
+        text
+    }
+
+    fn log(&self) -> String {
+        let log = std::fs::read_to_string(self.dir().join("gateway.log")).unwrap_or_default();
+        log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+    }
+}
+
+/// Requests to one cluster in a loop over keep-alive connections (a new connection every 50
+/// requests), bounded in count and time, counting answers that are not 200.
+struct Load {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    failures: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn start_load(fleet: &Fleet, path: &'static str) -> Load {
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(Mutex::new(Vec::new()));
+    let (addr, tls) = (fleet.https, fleet.tls.clone());
+    let (s, o, f) = (stop.clone(), ok.clone(), failures.clone());
+    let task = fleet.runtime.spawn(async move {
+        let started = Instant::now();
+        let mut sent = 0u64;
+        while !s.load(Ordering::Relaxed)
+            && sent < 20_000
+            && started.elapsed() < Duration::from_secs(60)
+        {
+            let mut sender = match connect(addr, tls.clone()).await {
+                Ok(sender) => sender,
+                Err(e) => {
+                    f.lock().unwrap().push(format!("connect: {e}"));
+                    continue;
+                }
+            };
+            for _ in 0..50 {
+                if s.load(Ordering::Relaxed) {
+                    break;
+                }
+                sent += 1;
+                match get(&mut sender, path).await {
+                    Ok((200, _)) => {
+                        o.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok((code, body)) => f.lock().unwrap().push(format!("{code}: {body}")),
+                    Err(e) => {
+                        f.lock().unwrap().push(e);
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    Load {
+        stop,
+        ok,
+        failures,
+        task,
+    }
+}
+
+const UNCHANGED: &str = "/clusters/member1/api/v1/namespaces/default";
+const WITHIN: Duration = Duration::from_secs(1);
+
+fn path_of(member: &str) -> String {
+    format!("/clusters/{member}/api/v1/namespaces/default")
+}
+
+#[test]
+fn clusters_follow_the_watched_directory_while_requests_keep_succeeding() {
+    let fleet = start(3);
+    assert_eq!(fleet.get_once(UNCHANGED).0, 200);
+    assert_eq!(fleet.get_once(&path_of("member2")).0, 404);
+    let load = start_load(&fleet, UNCHANGED);
+
+    // Added: member2's file appears (renamed in, as `mv` or `kubectl cp` would).
+    unpark(fleet.dir(), "member2");
+    let took = fleet.answers_within(&path_of("member2"), 200, WITHIN);
+    eprintln!("member2 added, served after {took:?}");
+
+    // Changed: member2's token rewritten to one the member refuses, then back.
+    let good = std::fs::read_to_string(cluster_file(fleet.dir(), "member2")).unwrap();
+    let token_line = good
+        .lines()
+        .find(|l| l.trim_start().starts_with("token:"))
+        .unwrap()
+        .to_owned();
+    let indent = &token_line[..token_line.len() - token_line.trim_start().len()];
+    let bad = good.replace(&token_line, &format!("{indent}token: not-a-valid-token"));
+    std::fs::write(cluster_file(fleet.dir(), "member2"), bad).unwrap();
+    fleet.answers_within(&path_of("member2"), 401, WITHIN);
+    std::fs::write(cluster_file(fleet.dir(), "member2"), &good).unwrap();
+    fleet.answers_within(&path_of("member2"), 200, WITHIN);
+
+    // A second cluster added while the first is served.
+    unpark(fleet.dir(), "member3");
+    fleet.answers_within(&path_of("member3"), 200, WITHIN);
+
+    // Removed.
+    std::fs::remove_file(cluster_file(fleet.dir(), "member2")).unwrap();
+    fleet.answers_within(&path_of("member2"), 404, WITHIN);
+    let (_, body) = fleet.get_once(&path_of("member2"));
+    assert!(body.contains("\"kind\":\"Status\""), "{body}");
+
+    // Broken: the last good table keeps serving; the error is visible to the operator.
+    std::fs::write(
+        fleet.dir().join("clusters/broken.yaml"),
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: member9\nspec:\n  server: https://127.0.0.1:1\n  caFile: does-not-exist.crt\n",
+    )
+    .unwrap();
+    let start = Instant::now();
+    let verbose = loop {
+        let text = fleet.admin_get("/readyz?verbose");
+        if text.contains("rejected") {
+            break text;
+        }
+        assert!(start.elapsed() < WITHIN, "no reload error shown: {text}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(verbose.starts_with("HTTP/1.1 200"), "{verbose}");
+    assert!(
+        verbose.contains("broken.yaml")
+            && verbose.contains("Cluster member9")
+            && verbose.contains("spec.caData/caFile"),
+        "{verbose}"
+    );
+    assert_eq!(fleet.get_once(&path_of("member3")).0, 200);
+    assert_eq!(fleet.get_once(&path_of("member9")).0, 404);
+    let metrics = fleet.admin_get("/metrics");
+    assert!(
+        metrics.contains("fleetgate_config_reloads_total{result=\"failure\"} 1")
+            && metrics.contains("fleetgate_config_last_reload_failed 1")
+            && metrics.trim_end().ends_with("# EOF"),
+        "{metrics}"
+    );
+    assert!(
+        fleet.log().contains("broken.yaml"),
+        "the log names the file: {}",
+        fleet.log()
+    );
+
+    // Fixed by removing the broken file: the error clears.
+    std::fs::remove_file(fleet.dir().join("clusters/broken.yaml")).unwrap();
+    let start = Instant::now();
+    while !fleet
+        .admin_get("/readyz?verbose")
+        .contains("config-reload ok")
+    {
+        assert!(start.elapsed() < WITHIN, "the reload error did not clear");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    load.stop.store(true, Ordering::Relaxed);
+    fleet.runtime.block_on(load.task).unwrap();
+    let failures = load.failures.lock().unwrap().clone();
+    let ok = load.ok.load(Ordering::Relaxed);
+    assert!(
+        failures.is_empty(),
+        "{} failed requests on the unchanged cluster (of {}): {:?}",
+        failures.len(),
+        ok + failures.len() as u64,
+        &failures[..failures.len().min(5)]
+    );
+    assert!(ok >= 20, "only {ok} requests ran during the changes");
+}
