@@ -446,6 +446,31 @@ fn auth_whoami_and_impersonation() {
         "{}",
         stderr(&denied)
     );
+    // whoami --as from alice is refused too (kubectl words any 403 of the review its own way);
+    // without --as she sees herself.
+    let whoami_as = common::kubectl_with(
+        &alice_kubeconfig,
+        &fleet.cache_dir(),
+        &["auth", "whoami", "--as", "bob"],
+        &[],
+    );
+    assert!(!whoami_as.status.success());
+    assert!(
+        stderr(&whoami_as).contains("do not have permission"),
+        "{}",
+        stderr(&whoami_as)
+    );
+    let herself = common::kubectl_with(
+        &alice_kubeconfig,
+        &fleet.cache_dir(),
+        &["auth", "whoami"],
+        &[],
+    );
+    let out = String::from_utf8_lossy(&herself.stdout);
+    assert!(
+        out.contains("alice") && out.contains("devs") && out.contains("alice-uid"),
+        "{out}"
+    );
 }
 
 /// A kubeconfig for member1 authenticating as alice with her token.
