@@ -7,6 +7,7 @@
 
 mod error;
 mod file_source;
+pub mod karmada;
 mod load;
 pub mod objects;
 mod reload;

@@ -9,6 +9,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::ConfigError;
+use crate::karmada::{
+    karmada_cluster_config, KarmadaClusterObject, SecretData, SecretObject, KARMADA_API_VERSION,
+    KARMADA_CLUSTER_KIND,
+};
 use crate::objects::{AccessPolicyObject, ClusterObject, GatewayObject, GatewaySpec, API_VERSION};
 use crate::settings::{
     ClusterConfig, Config, GatewaySettings, Limits, ListenerSettings, ServingTls,
@@ -26,6 +30,9 @@ pub fn load_path(path: &Path) -> Result<Config, ConfigError> {
     let mut gateways = Vec::new();
     let mut clusters = Vec::new();
     let mut policies = Vec::new();
+    // Karmada clusters are resolved once every Secret of every file is known.
+    let mut karmada_clusters = Vec::new();
+    let mut secrets = std::collections::BTreeMap::new();
     for file in &files {
         let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
             path: file.clone(),
@@ -54,32 +61,60 @@ pub fn load_path(path: &Path) -> Result<Config, ConfigError> {
             let api_version = value
                 .get("apiVersion")
                 .and_then(|v| v.as_str())
-                .unwrap_or("");
-            if api_version != API_VERSION {
-                return Err(parse_err(format!(
-                    "{kind}: apiVersion {api_version:?} is not {API_VERSION:?}"
-                )));
-            }
+                .unwrap_or("")
+                .to_owned();
             let origin = file.display().to_string();
-            match kind.as_str() {
-                "Gateway" => {
+            match (api_version.as_str(), kind.as_str()) {
+                (API_VERSION, "Gateway") => {
                     let obj: GatewayObject = serde_yaml::from_value(value)
                         .map_err(|e| parse_err(format!("Gateway: {e}")))?;
                     gateways.push(resolve_gateway(obj, base, &origin)?);
                 }
-                "Cluster" => {
+                (API_VERSION, "Cluster") => {
                     let obj: ClusterObject = serde_yaml::from_value(value)
                         .map_err(|e| parse_err(format!("Cluster: {e}")))?;
                     clusters.push(resolve_cluster(obj, base, &origin)?);
                 }
-                "AccessPolicy" => {
+                (API_VERSION, "AccessPolicy") => {
                     let obj: AccessPolicyObject = serde_yaml::from_value(value)
                         .map_err(|e| parse_err(format!("AccessPolicy: {e}")))?;
                     policies.push(obj);
                 }
-                other => return Err(parse_err(format!("unknown kind {other:?}"))),
+                (KARMADA_API_VERSION, "Cluster") => {
+                    let obj: KarmadaClusterObject = serde_yaml::from_value(value)
+                        .map_err(|e| parse_err(format!("{KARMADA_CLUSTER_KIND}: {e}")))?;
+                    karmada_clusters.push((obj, origin));
+                }
+                ("v1", "Secret") => {
+                    let obj: SecretObject = serde_yaml::from_value(value)
+                        .map_err(|e| parse_err(format!("Secret: {e}")))?;
+                    let secret = SecretData::from_object(&obj, &origin)?;
+                    let key = (secret.namespace.clone(), secret.name.clone());
+                    if secrets.insert(key, secret).is_some() {
+                        return Err(ConfigError::Set(format!(
+                            "{origin}: Secret {}/{} is defined twice",
+                            obj.metadata.namespace.as_deref().unwrap_or("default"),
+                            obj.metadata.name
+                        )));
+                    }
+                }
+                (API_VERSION, other) => return Err(parse_err(format!("unknown kind {other:?}"))),
+                (other_version, other_kind) => {
+                    return Err(parse_err(format!(
+                        "{other_kind}: apiVersion {other_version:?} is not {API_VERSION:?} \
+                         (nor a {KARMADA_API_VERSION} Cluster or a v1 Secret)"
+                    )))
+                }
             }
         }
+    }
+    let find_secret = |namespace: &str, name: &str| {
+        secrets
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    };
+    for (obj, origin) in &karmada_clusters {
+        clusters.push(karmada_cluster_config(obj, origin, &find_secret)?);
     }
     let gateway = match gateways.len() {
         1 => gateways.remove(0),
@@ -300,12 +335,10 @@ fn resolve_cluster(
         (None, None) => None,
     };
     if let Some(t) = &token {
-        if t.is_empty() || t.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
-            return Err(invalid(
-                "spec.credentials.token",
-                "must be non-empty printable ASCII without spaces".into(),
-            ));
-        }
+        check_token(t).map_err(|m| invalid("spec.credentials.token", m))?;
+    }
+    if let Some(url) = spec.proxy_url.as_deref().filter(|u| !u.is_empty()) {
+        check_proxy_url(url).map_err(|m| invalid("spec.proxyURL", m))?;
     }
     let client_cert_pem = pem_field(c.client_cert_data, c.client_cert_file, base)
         .map_err(|m| invalid("spec.credentials.clientCertData/clientCertFile", m))?;
@@ -330,6 +363,7 @@ fn resolve_cluster(
         impersonation: spec.impersonation,
         mode: spec.mode,
         proxy_url: spec.proxy_url,
+        proxy_headers: spec.proxy_header,
     })
 }
 
@@ -355,6 +389,29 @@ fn check_address(addr: &str) -> Result<(), String> {
     addr.parse::<std::net::SocketAddr>()
         .map(|_| ())
         .map_err(|e| format!("{addr:?} is not an IP:port address: {e}"))
+}
+
+/// A bearer token goes into a header: non-empty printable ASCII without spaces.
+pub(crate) fn check_token(token: &str) -> Result<(), String> {
+    if token.is_empty() || token.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+        return Err("must be non-empty printable ASCII without spaces".into());
+    }
+    Ok(())
+}
+
+/// An egress proxy is `http://`, `https://` or `socks5://` with a host.
+pub(crate) fn check_proxy_url(url: &str) -> Result<(), String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https" | "socks5") => {}
+        _ => return Err(format!("{url:?}: the scheme must be http, https or socks5")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok(())
 }
 
 /// A cluster name is a DNS-1123 label and not reserved.

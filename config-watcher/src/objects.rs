@@ -148,6 +148,9 @@ pub struct ClusterSpec {
     pub mode: ConnectMode,
     #[serde(default, rename = "proxyURL")]
     pub proxy_url: Option<String>,
+    /// Headers sent to the egress proxy on CONNECT.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub proxy_header: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -91,6 +91,8 @@ pub struct ClusterConfig {
     pub impersonation: bool,
     pub mode: ConnectMode,
     pub proxy_url: Option<String>,
+    /// Headers sent to the egress proxy on CONNECT (Karmada's `proxyHeader`).
+    pub proxy_headers: BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for ClusterConfig {

@@ -41,6 +41,8 @@ pub struct ClusterRoute {
     pub impersonation: bool,
     pub mode: ConnectMode,
     pub proxy_url: Option<String>,
+    /// Headers for the egress proxy's CONNECT (Karmada's `proxyHeader`).
+    pub proxy_headers: BTreeMap<String, String>,
     /// Digest of the resolved spec; changes whenever anything about this cluster changes.
     pub id: u64,
 }
@@ -188,6 +190,7 @@ fn build_route(c: &ClusterConfig) -> Result<ClusterRoute, ConfigError> {
     c.client_key_pem.hash(&mut h);
     c.impersonation.hash(&mut h);
     c.proxy_url.hash(&mut h);
+    c.proxy_headers.hash(&mut h);
     format!("{:?}", c.mode).hash(&mut h);
     Ok(ClusterRoute {
         name: Arc::from(c.name.as_str()),
@@ -199,6 +202,7 @@ fn build_route(c: &ClusterConfig) -> Result<ClusterRoute, ConfigError> {
         impersonation: c.impersonation,
         mode: c.mode,
         proxy_url: c.proxy_url.clone(),
+        proxy_headers: c.proxy_headers.clone(),
         id: h.finish(),
     })
 }
