@@ -89,8 +89,9 @@ def test_watch_sees_a_change_made_by_another_client(demo):
     assert time.monotonic() - started < 10
 
 
-def test_exec_over_websocket_straight_to_a_member(demo):
-    core = api(demo, "member1", "direct.kubeconfig")
+@pytest.mark.parametrize("kubeconfig", ["direct.kubeconfig", "kubeconfig"])
+def test_exec_over_websocket(demo, kubeconfig):
+    core = api(demo, "member1", kubeconfig)
     pod = next(p for p in core.list_pod_for_all_namespaces().items if p.status.phase == "Running")
     out = stream(core.connect_get_namespaced_pod_exec, pod.metadata.name, pod.metadata.namespace,
                  command=["echo", "hello", "python"], stderr=True, stdin=False, stdout=True, tty=False)
