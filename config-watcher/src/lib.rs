@@ -8,6 +8,7 @@
 mod error;
 mod file_source;
 pub mod karmada;
+mod kube_source;
 mod load;
 pub mod objects;
 mod reload;
@@ -16,6 +17,7 @@ mod table;
 
 pub use error::ConfigError;
 pub use file_source::{watch_config_path, FileWatcher, WatchError, DEBOUNCE_MAX, DEBOUNCE_QUIET};
+pub use kube_source::{watch_kube_api, KubeSourceError, KubeSourceOptions, KubeWatcher};
 pub use load::{check_cluster_name, load_path, RESERVED_CLUSTER_NAMES};
 pub use objects::ConnectMode;
 pub use reload::{ReloadFailure, ReloadOutcome, ReloadStatus, TablePublisher};

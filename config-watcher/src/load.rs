@@ -177,7 +177,7 @@ fn config_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     Ok(out)
 }
 
-fn resolve_gateway(
+pub(crate) fn resolve_gateway(
     obj: GatewayObject,
     base: &Path,
     origin: &str,
@@ -299,7 +299,7 @@ fn resolve_gateway(
     })
 }
 
-fn resolve_cluster(
+pub(crate) fn resolve_cluster(
     obj: ClusterObject,
     base: &Path,
     origin: &str,
@@ -434,7 +434,7 @@ pub fn check_cluster_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_unique_names(clusters: &[ClusterConfig]) -> Result<(), ConfigError> {
+pub(crate) fn check_unique_names(clusters: &[ClusterConfig]) -> Result<(), ConfigError> {
     let mut seen = std::collections::HashMap::new();
     for c in clusters {
         if let Some(first) = seen.insert(c.name.as_str(), c.origin.as_str()) {

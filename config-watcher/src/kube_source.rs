@@ -1,0 +1,455 @@
+//! The Kubernetes API source: follows `fleetgate.io/v1alpha1` Clusters, Gateways and
+//! AccessPolicies, Karmada `cluster.karmada.io/v1alpha1` Clusters and the Secrets they reference in
+//! a management cluster, and publishes a routing table through a [`TablePublisher`] on every
+//! change.
+//!
+//! kube-rs needs tokio; the shards run monoio. So the source runs on a thread of its own with a
+//! current-thread tokio runtime, one kube-rs runtime watcher per kind feeding one channel, and the
+//! table is published into the same `ArcSwap` the shards read: the data path never waits for it.
+//!
+//! A watcher's view is empty until its initial list is done (DESIGN.md): objects of an `Init` ..
+//! `InitDone` round are buffered and swapped in whole on `InitDone`, and nothing is published until
+//! every watched kind has completed its first list, so a half-listed fleet is never served (a
+//! table without the clusters not listed yet would answer 404 for them). After that, every
+//! `Apply`, `Delete` and re-list rebuilds the configuration; events already queued are applied
+//! first, so a burst costs one rebuild.
+//!
+//! Objects read from the API may not name local files (`caFile`, `tokenFile`, ...): a management
+//! cluster's user must not make the gateway read its own files and send them to a server of their
+//! choosing. Created by `fleetgate serve` (or tests); never touched by a request.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::thread::JoinHandle;
+
+use futures_util::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::error::ConfigError;
+use crate::karmada::{
+    karmada_cluster_config, KarmadaClusterObject, SecretData, SecretObject, KARMADA_API_VERSION,
+    KARMADA_CLUSTER_KIND,
+};
+use crate::load::{check_unique_names, resolve_cluster, resolve_gateway};
+use crate::objects::{AccessPolicyObject, ClusterObject, GatewayObject, API_VERSION};
+use crate::reload::TablePublisher;
+use crate::settings::{Config, GatewaySettings};
+
+/// What the API source follows.
+#[derive(Debug, Clone)]
+pub struct KubeSourceOptions {
+    /// `fleetgate.io/v1alpha1` Clusters, Gateways and AccessPolicies (their CRDs must exist).
+    pub fleetgate: bool,
+    /// Karmada `cluster.karmada.io/v1alpha1` Clusters and the Secrets they reference (the CRD
+    /// must exist).
+    pub karmada: bool,
+    /// Where referenced Secrets live; `None` watches Secrets in every namespace (which needs
+    /// cluster-wide `list`/`watch` on secrets). Karmada keeps them in `karmada-cluster`.
+    pub secrets_namespace: Option<String>,
+    /// The Gateway settings used while the API holds no Gateway object (the listeners are
+    /// bound from the local configuration at start anyway).
+    pub fallback_gateway: Option<GatewaySettings>,
+}
+
+/// Why the API source could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeSourceError {
+    #[error("cannot build the tokio runtime of the Kubernetes API source")]
+    Runtime(#[source] std::io::Error),
+    #[error("cannot create the Kubernetes client")]
+    Client(#[source] kube::Error),
+    #[error("cannot start the Kubernetes API source thread")]
+    Thread(#[source] std::io::Error),
+    #[error("nothing to watch: enable fleetgate or karmada objects")]
+    NothingToWatch,
+}
+
+/// A running API source. Dropping it stops the watchers (the thread ends at its next event).
+pub struct KubeWatcher {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _thread: JoinHandle<()>,
+}
+
+impl Drop for KubeWatcher {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl std::fmt::Debug for KubeWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KubeWatcher")
+    }
+}
+
+/// The kinds the source follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Cluster,
+    Gateway,
+    AccessPolicy,
+    KarmadaCluster,
+    Secret,
+}
+
+impl Kind {
+    fn resource(self) -> ApiResource {
+        let (group, version, kind, plural) = match self {
+            Kind::Cluster => ("fleetgate.io", "v1alpha1", "Cluster", "clusters"),
+            Kind::Gateway => ("fleetgate.io", "v1alpha1", "Gateway", "gateways"),
+            Kind::AccessPolicy => ("fleetgate.io", "v1alpha1", "AccessPolicy", "accesspolicies"),
+            Kind::KarmadaCluster => ("cluster.karmada.io", "v1alpha1", "Cluster", "clusters"),
+            Kind::Secret => ("", "v1", "Secret", "secrets"),
+        };
+        ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: if group.is_empty() {
+                version.into()
+            } else {
+                format!("{group}/{version}")
+            },
+            kind: kind.into(),
+            plural: plural.into(),
+        }
+    }
+}
+
+/// Starts following the API that `client_config` reaches. Returns at once; the first table is
+/// published when every kind has been listed.
+pub fn watch_kube_api(
+    client_config: kube::Config,
+    options: KubeSourceOptions,
+    publisher: TablePublisher,
+) -> Result<KubeWatcher, KubeSourceError> {
+    let mut kinds = Vec::new();
+    if options.fleetgate {
+        kinds.extend([Kind::Cluster, Kind::Gateway, Kind::AccessPolicy]);
+    }
+    if options.karmada {
+        kinds.extend([Kind::KarmadaCluster, Kind::Secret]);
+    }
+    if kinds.is_empty() {
+        return Err(KubeSourceError::NothingToWatch);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(KubeSourceError::Runtime)?;
+    // The client is built here so a bad configuration fails the caller, not the thread.
+    let client = {
+        let _guard = runtime.enter();
+        kube::Client::try_from(client_config).map_err(KubeSourceError::Client)?
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let thread = std::thread::Builder::new()
+        .name("fleetgate-kube-source".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                tokio::select! {
+                    () = follow(client, kinds, options, publisher) => {}
+                    _ = stop_rx => debug!("Kubernetes API source stopped"),
+                }
+            });
+        })
+        .map_err(KubeSourceError::Thread)?;
+    Ok(KubeWatcher {
+        stop: Some(stop_tx),
+        _thread: thread,
+    })
+}
+
+/// The objects seen so far, by kind and `namespace/name`, as JSON.
+#[derive(Default)]
+struct Objects {
+    current: BTreeMap<Kind, BTreeMap<String, serde_json::Value>>,
+    /// Objects of a re-list in progress, swapped in on `InitDone`.
+    listing: BTreeMap<Kind, BTreeMap<String, serde_json::Value>>,
+    listed: BTreeSet<Kind>,
+}
+
+fn key(obj: &DynamicObject) -> String {
+    format!(
+        "{}/{}",
+        obj.metadata.namespace.as_deref().unwrap_or(""),
+        obj.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// The object as JSON, with `apiVersion` and `kind` set (list items from the API lack them).
+fn to_json(kind: Kind, obj: DynamicObject) -> serde_json::Value {
+    let resource = kind.resource();
+    let mut value = serde_json::to_value(obj).unwrap_or_default();
+    if let Some(map) = value.as_object_mut() {
+        map.insert("apiVersion".into(), resource.api_version.into());
+        map.insert("kind".into(), resource.kind.into());
+    }
+    value
+}
+
+impl Objects {
+    /// Applies one watcher event; true when the visible set changed.
+    fn apply(&mut self, kind: Kind, event: Event<DynamicObject>) -> bool {
+        match event {
+            Event::Init => {
+                self.listing.insert(kind, BTreeMap::new());
+                false
+            }
+            Event::InitApply(obj) => {
+                let k = key(&obj);
+                self.listing
+                    .entry(kind)
+                    .or_default()
+                    .insert(k, to_json(kind, obj));
+                false
+            }
+            Event::InitDone => {
+                let listed = self.listing.remove(&kind).unwrap_or_default();
+                self.current.insert(kind, listed);
+                self.listed.insert(kind);
+                true
+            }
+            Event::Apply(obj) => {
+                let k = key(&obj);
+                self.current
+                    .entry(kind)
+                    .or_default()
+                    .insert(k, to_json(kind, obj));
+                true
+            }
+            Event::Delete(obj) => {
+                let k = key(&obj);
+                self.current.entry(kind).or_default().remove(&k).is_some()
+            }
+        }
+    }
+
+    fn of(&self, kind: Kind) -> impl Iterator<Item = &serde_json::Value> {
+        self.current.get(&kind).into_iter().flat_map(|m| m.values())
+    }
+}
+
+async fn follow(
+    client: kube::Client,
+    kinds: Vec<Kind>,
+    options: KubeSourceOptions,
+    publisher: TablePublisher,
+) {
+    let (events_tx, mut events_rx) = mpsc::unbounded_channel();
+    for &kind in &kinds {
+        let resource = kind.resource();
+        let api: Api<DynamicObject> = match (kind, &options.secrets_namespace) {
+            (Kind::Secret, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+            _ => Api::all_with(client.clone(), &resource),
+        };
+        let tx = events_tx.clone();
+        tokio::spawn(async move {
+            let mut stream = watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(event) => {
+                        if tx.send((kind, event)).is_err() {
+                            return;
+                        }
+                    }
+                    // The watcher retries with backoff; until the list succeeds the kind stays
+                    // unlisted and nothing is published from a partial view.
+                    Err(error) => warn!(?kind, %error, "Kubernetes API watch failed; retrying"),
+                }
+            }
+        });
+    }
+    drop(events_tx);
+    let mut objects = Objects::default();
+    let mut dirty = false;
+    let mut first_published = false;
+    while let Some((kind, event)) = events_rx.recv().await {
+        dirty |= objects.apply(kind, event);
+        // Apply everything already queued before rebuilding: one rebuild per burst.
+        while let Ok((kind, event)) = events_rx.try_recv() {
+            dirty |= objects.apply(kind, event);
+        }
+        if !dirty || !kinds.iter().all(|k| objects.listed.contains(k)) {
+            continue;
+        }
+        dirty = false;
+        if !first_published {
+            first_published = true;
+            info!(kinds = ?kinds, "Kubernetes API source: initial lists done");
+        }
+        let config = build_config(&objects, &options);
+        publisher.publish("kubernetes-api", config);
+    }
+}
+
+fn origin(kind: Kind, value: &serde_json::Value) -> String {
+    let name = value["metadata"]["name"].as_str().unwrap_or("");
+    let resource = kind.resource();
+    match value["metadata"]["namespace"].as_str() {
+        Some(ns) => format!("api:{}.{}/{ns}/{name}", resource.plural, resource.group),
+        None if resource.group.is_empty() => format!("api:{}/{name}", resource.plural),
+        None => format!("api:{}.{}/{name}", resource.plural, resource.group),
+    }
+}
+
+/// Keeps what the wire types take: API objects also carry `status` and server-set metadata.
+fn wire_shape(value: &serde_json::Value, fields: &[&str]) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for field in fields {
+        if let Some(v) = value.get(*field) {
+            out.insert((*field).to_owned(), v.clone());
+        }
+    }
+    serde_json::Value::Object(out)
+}
+
+/// A `...File` field anywhere under `spec`, if any.
+fn file_reference(value: &serde_json::Value, path: &str) -> Option<String> {
+    match value {
+        serde_json::Value::Object(map) => map.iter().find_map(|(k, v)| {
+            let here = format!("{path}.{k}");
+            if k.ends_with("File") && !v.is_null() {
+                Some(here)
+            } else {
+                file_reference(v, &here)
+            }
+        }),
+        _ => None,
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    kind: Kind,
+    value: &serde_json::Value,
+    fields: &[&str],
+) -> Result<T, ConfigError> {
+    let origin = origin(kind, value);
+    serde_json::from_value(wire_shape(value, fields)).map_err(|e| ConfigError::Parse {
+        path: origin.into(),
+        index: 0,
+        message: format!("{}: {e}", kind.resource().kind),
+    })
+}
+
+fn no_file_references(
+    kind: Kind,
+    kind_name: &'static str,
+    value: &serde_json::Value,
+) -> Result<(), ConfigError> {
+    match file_reference(&value["spec"], "spec") {
+        None => Ok(()),
+        Some(field) => Err(ConfigError::Invalid {
+            origin: origin(kind, value),
+            kind: kind_name,
+            name: value["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+            field: "spec",
+            message: format!(
+                "{field}: objects read from the Kubernetes API cannot name local files; use the Data form"
+            ),
+        }),
+    }
+}
+
+/// Builds a configuration from the objects seen (blocking work is only certificate parsing).
+fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config, ConfigError> {
+    // File references are refused above, so the base directory is never read.
+    let no_base = Path::new("/nonexistent");
+    let mut gateways = Vec::new();
+    for value in objects.of(Kind::Gateway) {
+        no_file_references(Kind::Gateway, "Gateway", value)?;
+        let obj: GatewayObject = parse(
+            Kind::Gateway,
+            value,
+            &["apiVersion", "kind", "metadata", "spec"],
+        )?;
+        gateways.push(resolve_gateway(
+            obj,
+            no_base,
+            &origin(Kind::Gateway, value),
+        )?);
+    }
+    let gateway = match gateways.len() {
+        0 => options.fallback_gateway.clone().ok_or_else(|| {
+            ConfigError::Set(
+                "no fleetgate.io Gateway object in the API and no local Gateway to fall back on"
+                    .into(),
+            )
+        })?,
+        1 => gateways.remove(0),
+        n => {
+            return Err(ConfigError::Set(format!(
+                "{n} fleetgate.io Gateway objects in the API; exactly one is allowed"
+            )))
+        }
+    };
+    let mut clusters = Vec::new();
+    for value in objects.of(Kind::Cluster) {
+        no_file_references(Kind::Cluster, "Cluster", value)?;
+        let obj: ClusterObject = parse(
+            Kind::Cluster,
+            value,
+            &["apiVersion", "kind", "metadata", "spec"],
+        )?;
+        debug_assert_eq!(obj.api_version, API_VERSION);
+        clusters.push(resolve_cluster(
+            obj,
+            no_base,
+            &origin(Kind::Cluster, value),
+        )?);
+    }
+    let mut secrets = BTreeMap::new();
+    for value in objects.of(Kind::Secret) {
+        let obj: SecretObject = parse(
+            Kind::Secret,
+            value,
+            &["apiVersion", "kind", "metadata", "data", "type"],
+        )?;
+        let secret = SecretData::from_object(&obj, &origin(Kind::Secret, value))?;
+        secrets.insert((secret.namespace.clone(), secret.name.clone()), secret);
+    }
+    let find_secret = |namespace: &str, name: &str| {
+        secrets
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    };
+    for value in objects.of(Kind::KarmadaCluster) {
+        let obj: KarmadaClusterObject = parse(
+            Kind::KarmadaCluster,
+            value,
+            &["apiVersion", "kind", "metadata", "spec"],
+        )?;
+        debug_assert_eq!(obj.api_version, KARMADA_API_VERSION);
+        let origin = origin(Kind::KarmadaCluster, value);
+        clusters.push(karmada_cluster_config(&obj, &origin, &find_secret).map_err(
+            |e| match e {
+                ConfigError::Invalid { .. } => e,
+                other => ConfigError::Set(format!("{KARMADA_CLUSTER_KIND}: {other}")),
+            },
+        )?);
+    }
+    check_unique_names(&clusters)?;
+    let mut policies = Vec::new();
+    for value in objects.of(Kind::AccessPolicy) {
+        let obj: AccessPolicyObject = parse(
+            Kind::AccessPolicy,
+            value,
+            &["apiVersion", "kind", "metadata", "spec"],
+        )?;
+        policies.push(obj);
+    }
+    // A stable order, whatever order the API listed objects in.
+    clusters.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Config {
+        gateway,
+        clusters,
+        policies,
+    })
+}
