@@ -5,6 +5,7 @@
 //! This crate never imports the data path. Loading and building block (file reads, certificate
 //! parsing) and happen off the hot path; the data path only ever loads the published table.
 
+pub mod crd;
 mod error;
 mod file_source;
 pub mod karmada;
@@ -15,6 +16,7 @@ mod reload;
 mod settings;
 mod table;
 
+pub use crd::crd_manifests;
 pub use error::ConfigError;
 pub use file_source::{watch_config_path, FileWatcher, WatchError, DEBOUNCE_MAX, DEBOUNCE_QUIET};
 pub use kube_source::{watch_kube_api, KubeSourceError, KubeSourceOptions, KubeWatcher};

@@ -6,7 +6,11 @@
 
 use std::collections::BTreeMap;
 
+use kube::CustomResource;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::crd::{preserve_unknown_fields, ObjectStatus};
 
 /// The API version every fleetgate object carries.
 pub const API_VERSION: &str = "fleetgate.io/v1alpha1";
@@ -51,7 +55,18 @@ pub struct GatewayObject {
     pub spec: GatewaySpec,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// How the gateway listens and limits its clients: listeners, serving TLS, admin listener,
+/// limits, authentication. (Also the `gateways.fleetgate.io` CRD schema; the derive generates
+/// the `Gateway` root type.)
+#[derive(CustomResource, JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "fleetgate.io",
+    version = "v1alpha1",
+    kind = "Gateway",
+    plural = "gateways",
+    status = "ObjectStatus",
+    doc = "fleetgate's listeners, TLS, admin listener, limits and authentication settings"
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewaySpec {
     /// Shards (threads); 0 or absent: one per core.
@@ -59,20 +74,21 @@ pub struct GatewaySpec {
     pub workers: usize,
     #[serde(default)]
     pub listeners: Vec<ListenerSpec>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<GatewayTlsSpec>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin: Option<AdminSpec>,
     #[serde(default)]
     pub routing: RoutingSpec,
     #[serde(default)]
     pub limits: LimitsSpec,
     /// Authentication settings (token file, OIDC); read by the identity layer.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown_fields")]
     pub auth: Option<serde_json::Value>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ListenerSpec {
     #[serde(default)]
@@ -83,26 +99,32 @@ pub struct ListenerSpec {
     pub tls: bool,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewayTlsSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_data: Option<String>,
     #[serde(rename = "clientCAFile")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_ca_file: Option<String>,
     #[serde(rename = "clientCAData")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_ca_data: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AdminSpec {
     pub address: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RoutingSpec {
     /// Also serve `/{cluster}/...` (OCM cluster-proxy user-server style).
@@ -110,12 +132,16 @@ pub struct RoutingSpec {
     pub ocm_style: bool,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LimitsSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_head_bytes: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_headers: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_timeout_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_head_timeout_seconds: Option<f64>,
 }
 
@@ -131,11 +157,26 @@ pub struct ClusterObject {
     pub status: Option<serde_json::Value>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// How the gateway reaches one member cluster: its API server, CA, credentials, impersonation,
+/// connect mode and egress proxy. (Also the `clusters.fleetgate.io` CRD schema; the derive
+/// generates the `Cluster` root type.)
+#[derive(CustomResource, JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "fleetgate.io",
+    version = "v1alpha1",
+    kind = "Cluster",
+    plural = "clusters",
+    status = "ObjectStatus",
+    doc = "A member cluster fleetgate routes to: its API server, CA, credentials and connect mode",
+    printcolumn = r#"{"name":"Server","type":"string","jsonPath":".spec.server"}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSpec {
     pub server: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<String>,
     #[serde(default, rename = "insecureSkipTLSVerify")]
     pub insecure_skip_tls_verify: bool,
@@ -146,26 +187,32 @@ pub struct ClusterSpec {
     pub impersonation: bool,
     #[serde(default)]
     pub mode: ConnectMode,
-    #[serde(default, rename = "proxyURL")]
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "proxyURL")]
     pub proxy_url: Option<String>,
     /// Headers sent to the egress proxy on CONNECT.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub proxy_header: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterCredentials {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_cert_data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_cert_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_key_data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_key_file: Option<String>,
 }
 
 /// How the gateway reaches a member.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ConnectMode {
     /// The gateway dials the member's server URL.
     #[default]

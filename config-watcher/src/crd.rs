@@ -1,0 +1,92 @@
+//! The CustomResourceDefinitions of fleetgate's objects, generated from the same Rust types the
+//! loader parses (kube's `CustomResource` derive on `ClusterSpec` and `GatewaySpec`, JSON Schema
+//! by schemars), so the manifests in `deploy/crds.yaml` cannot drift from what fleetgate accepts.
+//! A test compares the committed file with [`crd_manifests`]; regenerate it with
+//! `cargo run -p fleetgate-config-watcher --example crds > deploy/crds.yaml`.
+//!
+//! Only builds values; never talks to a cluster.
+
+use std::borrow::Cow;
+
+use kube::core::CustomResourceExt;
+use kube::CustomResource;
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+
+/// The schema of a field that holds free-form JSON (kept as written, not pruned by the API
+/// server).
+pub fn preserve_unknown_fields(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// The status every fleetgate object carries: whether the gateway accepted it.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<StatusCondition>,
+}
+
+/// A Kubernetes-style condition (`Ready`: `True` when the object is served, `False` with the
+/// validation message when it was rejected).
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// The spec of `kind: AccessPolicy`. Its rules belong to the identity layer, which compiles them;
+/// the CRD keeps them as written.
+#[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "fleetgate.io",
+    version = "v1alpha1",
+    kind = "AccessPolicy",
+    plural = "accesspolicies",
+    status = "ObjectStatus",
+    doc = "Who (users, groups) may reach which clusters with which verbs, resources and namespaces"
+)]
+pub struct AccessPolicySpec {
+    #[serde(flatten)]
+    pub rules: serde_json::Map<String, serde_json::Value>,
+}
+
+impl JsonSchema for AccessPolicySpec {
+    fn schema_name() -> Cow<'static, str> {
+        "AccessPolicySpec".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        preserve_unknown_fields(generator)
+    }
+}
+
+/// Every fleetgate CRD as one YAML stream (`---` between documents), in a fixed order.
+pub fn crd_manifests() -> String {
+    let crds = [
+        crate::objects::Cluster::crd(),
+        crate::objects::Gateway::crd(),
+        AccessPolicy::crd(),
+    ];
+    let mut out = String::from(
+        "# Generated from the Rust types by `cargo run -p fleetgate-config-watcher --example crds`.\n# Do not edit: config-watcher/tests/crds.rs fails when this file is out of date.\n",
+    );
+    for crd in crds {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&crd).expect("a CRD serializes"));
+    }
+    out
+}

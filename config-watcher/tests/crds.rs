@@ -1,0 +1,79 @@
+//! `deploy/crds.yaml` is generated from the Rust types; this fails when it is out of date, and
+//! checks that the manifests are CustomResourceDefinitions the API server would take for the
+//! objects fleetgate reads (same group, kinds, cluster scope, a status subresource).
+
+use fleetgate_config_watcher::crd_manifests;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde::Deserialize;
+
+const REGENERATE: &str = "cargo run -p fleetgate-config-watcher --example crds > deploy/crds.yaml";
+
+fn committed() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds.yaml");
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}; run `{REGENERATE}`"))
+}
+
+#[test]
+fn deploy_crds_yaml_is_up_to_date() {
+    let generated = crd_manifests();
+    let committed = committed();
+    if generated != committed {
+        let first_difference = generated
+            .lines()
+            .zip(committed.lines())
+            .position(|(a, b)| a != b)
+            .map_or("(one is a prefix of the other)".to_owned(), |i| {
+                format!("line {}", i + 1)
+            });
+        panic!(
+            "deploy/crds.yaml is out of date (first difference at {first_difference}); run `{REGENERATE}`"
+        );
+    }
+}
+
+#[test]
+fn the_manifests_are_the_crds_of_the_objects_fleetgate_reads() {
+    let mut kinds = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(&committed()) {
+        let crd = CustomResourceDefinition::deserialize(document).unwrap();
+        assert_eq!(crd.spec.group, "fleetgate.io");
+        assert_eq!(crd.spec.scope, "Cluster");
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1alpha1");
+        assert!(version.served && version.storage);
+        assert!(version
+            .subresources
+            .as_ref()
+            .is_some_and(|s| s.status.is_some()));
+        let schema = version
+            .schema
+            .as_ref()
+            .unwrap()
+            .open_api_v3_schema
+            .as_ref()
+            .unwrap();
+        assert!(schema.properties.as_ref().unwrap().contains_key("spec"));
+        kinds.push(crd.spec.names.kind.clone());
+    }
+    assert_eq!(kinds, ["Cluster", "Gateway", "AccessPolicy"]);
+}
+
+#[test]
+fn a_cluster_object_as_documented_is_an_instance_of_the_crd_type() {
+    // The same YAML the file loader takes parses as the CRD's Rust type.
+    let yaml = "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: member1\n  labels:\n    env: dev\nspec:\n  server: https://10.0.0.1:6443\n  insecureSkipTLSVerify: true\n  credentials:\n    token: abc\n  impersonation: true\n  mode: Tunnel\n  proxyURL: http://proxy:3128\n";
+    let cluster: fleetgate_config_watcher::objects::Cluster = serde_yaml::from_str(yaml).unwrap();
+    assert_eq!(cluster.spec.server, "https://10.0.0.1:6443");
+    assert_eq!(
+        cluster.spec.mode,
+        fleetgate_config_watcher::ConnectMode::Tunnel
+    );
+    assert_eq!(cluster.spec.credentials.token.as_deref(), Some("abc"));
+    // A typo is refused, as the loader refuses it.
+    assert!(
+        serde_yaml::from_str::<fleetgate_config_watcher::objects::Cluster>(
+            &yaml.replace("proxyURL", "proxyUrl")
+        )
+        .is_err()
+    );
+}
