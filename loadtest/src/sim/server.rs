@@ -203,7 +203,10 @@ async fn serve_connection(
     let service = service_fn(move |req| {
         let member = member.clone();
         let cert_user = cert_user.clone();
-        async move { Ok::<_, Infallible>(api::handle(member, cert_user, req).await) }
+        // Boxed: hyper keeps the in-flight service future inside the connection's own state, so
+        // an unboxed handler would make every idle connection (every idle watch) as large as the
+        // largest request state; boxed, it costs a pointer while no request is in flight.
+        Box::pin(async move { Ok::<_, Infallible>(api::handle(member, cert_user, req).await) })
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().title_case_headers(true);
