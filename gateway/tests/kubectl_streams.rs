@@ -511,7 +511,13 @@ fn killing_kubectl_mid_exec_ends_the_member_session() {
         wait_for("the exec session to open", Duration::from_secs(30), || {
             sim::stream::active_sessions("default", "gw-sleeper") == 1
         });
-        assert_eq!(fleet.upgraded_streams(), 1, "over {protocol}");
+        // The member counts its session at the 101; the gateway's gauge follows once it has
+        // relayed that 101, so wait for it rather than read it at once.
+        wait_for(
+            &format!("the gateway to count the {protocol} stream"),
+            Duration::from_secs(10),
+            || fleet.upgraded_streams() == 1,
+        );
         child.kill().expect("kill kubectl");
         let _ = child.wait();
         wait_for(
