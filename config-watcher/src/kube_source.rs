@@ -66,6 +66,36 @@ pub enum KubeSourceError {
     Thread(#[source] std::io::Error),
     #[error("nothing to watch: enable fleetgate or karmada objects")]
     NothingToWatch,
+    #[error("cannot use the kubeconfig {path}")]
+    Kubeconfig {
+        path: std::path::PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+}
+
+/// Reads a kubeconfig (and context, default: its current context) into a client configuration,
+/// for callers that do not depend on kube themselves. Blocking (it may run an exec plugin).
+pub fn kube_client_config(
+    kubeconfig: &Path,
+    context: Option<&str>,
+) -> Result<kube::Config, KubeSourceError> {
+    let kubeconfig_error = |source| KubeSourceError::Kubeconfig {
+        path: kubeconfig.to_owned(),
+        source,
+    };
+    let file = kube::config::Kubeconfig::read_from(kubeconfig).map_err(kubeconfig_error)?;
+    let options = kube::config::KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..Default::default()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(KubeSourceError::Runtime)?;
+    runtime
+        .block_on(kube::Config::from_custom_kubeconfig(file, &options))
+        .map_err(kubeconfig_error)
 }
 
 /// A running API source. Dropping it stops the watchers (the thread ends at its next event).

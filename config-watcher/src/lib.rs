@@ -19,7 +19,9 @@ mod table;
 pub use crd::crd_manifests;
 pub use error::ConfigError;
 pub use file_source::{watch_config_path, FileWatcher, WatchError, DEBOUNCE_MAX, DEBOUNCE_QUIET};
-pub use kube_source::{watch_kube_api, KubeSourceError, KubeSourceOptions, KubeWatcher};
+pub use kube_source::{
+    kube_client_config, watch_kube_api, KubeSourceError, KubeSourceOptions, KubeWatcher,
+};
 pub use load::{check_cluster_name, load_path, RESERVED_CLUSTER_NAMES};
 pub use objects::ConnectMode;
 pub use reload::{ReloadFailure, ReloadOutcome, ReloadStatus, TablePublisher};

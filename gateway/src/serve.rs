@@ -14,7 +14,8 @@ use std::sync::{mpsc, Arc};
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use fleetgate_config_watcher::{
-    load_path, watch_config_path, ReloadStatus, RouteTable, SharedTable, TablePublisher,
+    kube_client_config, load_path, watch_config_path, watch_kube_api, KubeSourceOptions,
+    ReloadStatus, RouteTable, SharedTable, TablePublisher,
 };
 use tracing::info;
 
@@ -34,6 +35,30 @@ pub struct ServeArgs {
     /// The monoio driver of the shards.
     #[arg(long, value_enum, default_value_t = Driver::Auto)]
     pub driver: Driver,
+    /// Follow Cluster objects in the management cluster this kubeconfig reaches (instead of the
+    /// Cluster objects under --config, which then only gives the Gateway).
+    #[arg(long)]
+    pub management_kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context of the management cluster (default: its current context).
+    #[arg(long)]
+    pub management_context: Option<String>,
+    /// Which Cluster objects to follow in the management cluster.
+    #[arg(long, value_enum, default_value_t = ManagementObjects::Fleetgate)]
+    pub management_objects: ManagementObjects,
+    /// The namespace of the Secrets Karmada Clusters reference.
+    #[arg(long, default_value = "karmada-cluster")]
+    pub secrets_namespace: String,
+}
+
+/// The objects `serve` follows in a management cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ManagementObjects {
+    /// fleetgate.io Clusters, Gateways and AccessPolicies.
+    Fleetgate,
+    /// Karmada cluster.karmada.io Clusters and their Secrets.
+    Karmada,
+    /// Both.
+    Both,
 }
 
 /// How to start a gateway.
@@ -179,8 +204,12 @@ pub fn start_with_reload(
 
 /// The `serve` command.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let config = load_path(&args.config)
+    let mut config = load_path(&args.config)
         .with_context(|| format!("loading the configuration from {}", args.config.display()))?;
+    if args.management_kubeconfig.is_some() {
+        // The management cluster is the one source of clusters; the first table has none.
+        config.clusters.clear();
+    }
     let table = RouteTable::build(&config).context("building the routing table")?;
     info!(
         clusters = table.clusters().count(),
@@ -197,10 +226,32 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         Some(reload.clone()),
     )?;
-    // Watching starts before `ready` is printed, and checks once after the watch is in place, so
-    // no change made after the first load is missed.
-    let _watcher = watch_config_path(&args.config, TablePublisher::new(table, reload))
-        .context("watching the configuration for changes")?;
+    let publisher = TablePublisher::new(table, reload.clone());
+    let _sources = match &args.management_kubeconfig {
+        None => {
+            // Watching starts before `ready` is printed, and checks once after the watch is in
+            // place, so no change made after the first load is missed.
+            let watcher = watch_config_path(&args.config, publisher)
+                .context("watching the configuration for changes")?;
+            (Some(watcher), None)
+        }
+        Some(kubeconfig) => {
+            let client = kube_client_config(kubeconfig, args.management_context.as_deref())?;
+            let objects = args.management_objects;
+            let source = watch_kube_api(
+                client,
+                KubeSourceOptions {
+                    fleetgate: objects != ManagementObjects::Karmada,
+                    karmada: objects != ManagementObjects::Fleetgate,
+                    secrets_namespace: Some(args.secrets_namespace.clone()),
+                    fallback_gateway: Some(config.gateway.clone()),
+                },
+                publisher,
+            )?;
+            wait_for_first_table(&reload);
+            (None, Some(source))
+        }
+    };
     {
         use std::io::Write;
         let mut stdout = std::io::stdout().lock();
@@ -210,6 +261,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     wait_for_shutdown_signal()?;
     info!("shutting down");
     Ok(())
+}
+
+/// Waits (at most 30 s) until the management cluster's objects are listed and published, so that
+/// `ready` means the clusters are served; after that the gateway reports ready anyway, serving
+/// what it has, and the reload status says why.
+fn wait_for_first_table(reload: &ReloadStatus) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while reload.published() == 0 && reload.last_error().is_none() {
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(
+                "the management cluster's objects are not listed yet; serving without them"
+            );
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Blocks until SIGINT or SIGTERM.

@@ -376,3 +376,92 @@ fn clusters_follow_the_watched_directory_while_requests_keep_succeeding() {
     );
     assert!(ok >= 20, "only {ok} requests ran during the changes");
 }
+
+fn kubectl(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(dir.join("kubeconfig"))
+        .args(["--context", "member1", "--request-timeout", "20s"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The simulated fleet's member1 as the management cluster: `kubectl apply` of a Cluster object
+/// there is what makes member2 reachable through `serve --management-kubeconfig`.
+#[test]
+fn clusters_follow_the_management_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = runtime
+        .block_on(start_fleet(FleetOptions {
+            dir: dir.path().to_path_buf(),
+            clusters: 2,
+            objects: 2,
+            churn_per_sec: 0.0,
+            gateway_listen: None,
+        }))
+        .unwrap();
+    let member2 = cluster_file(dir.path(), "member2");
+    let member2 = member2.to_str().unwrap();
+    kubectl(dir.path(), &["apply", "-f", member2]);
+
+    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+        .args(["serve", "--workers", "1", "--config"])
+        .arg(dir.path().join("gateway.yaml"))
+        .arg("--management-kubeconfig")
+        .arg(dir.path().join("kubeconfig"))
+        .args(["--management-context", "member1"])
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(gateway.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let field = |name: &str| -> SocketAddr {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .parse()
+            .unwrap()
+    };
+    let fleet = Fleet {
+        https: field("https="),
+        admin: field("admin="),
+        tls: client_config(dir.path()),
+        runtime,
+        handle: Some(handle),
+        gateway,
+        dir,
+    };
+    // `ready` comes after the first list: member2 is served at once, member1 (not in the
+    // management cluster) is not.
+    assert_eq!(
+        fleet.get_once(&path_of("member2")).0,
+        200,
+        "{}",
+        fleet.log()
+    );
+    assert_eq!(fleet.get_once(&path_of("member1")).0, 404);
+
+    let member1 = cluster_file(fleet.dir(), "member1");
+    kubectl(fleet.dir(), &["apply", "-f", member1.to_str().unwrap()]);
+    fleet.answers_within(&path_of("member1"), 200, WITHIN);
+    kubectl(fleet.dir(), &["delete", "clusters.fleetgate.io", "member2"]);
+    fleet.answers_within(&path_of("member2"), 404, WITHIN);
+    let verbose = fleet.admin_get("/readyz?verbose");
+    assert!(verbose.contains("config-reload ok"), "{verbose}");
+}
