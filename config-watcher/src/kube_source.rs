@@ -14,6 +14,10 @@
 //! `Apply`, `Delete` and re-list rebuilds the configuration; events already queued are applied
 //! first, so a burst costs one rebuild.
 //!
+//! Each fleetgate Cluster object gets a `Ready` condition in its status: `True` when the serving
+//! table holds it as written, `False` with the validation message (or the other object that made
+//! the change fail). Karmada's objects are never written to.
+//!
 //! Objects read from the API may not name local files (`caFile`, `tokenFile`, ...): a management
 //! cluster's user must not make the gateway read its own files and send them to a server of their
 //! choosing. Created by `fleetgate serve` (or tests); never touched by a request.
@@ -317,7 +321,134 @@ async fn follow(
         }
         let config = build_config(&objects, &options);
         publisher.publish("kubernetes-api", config);
+        write_cluster_conditions(&client, &objects, &publisher).await;
     }
+}
+
+/// The `Ready` condition a fleetgate Cluster object should carry now: `True` when the serving
+/// table holds it as written, `False` with the reason otherwise.
+fn desired_condition(
+    value: &serde_json::Value,
+    publisher: &TablePublisher,
+) -> (&'static str, &'static str, String) {
+    let table = publisher.table().load();
+    let resolved = no_file_references(Kind::Cluster, "Cluster", value)
+        .and_then(|()| {
+            parse::<ClusterObject>(
+                Kind::Cluster,
+                value,
+                &["apiVersion", "kind", "metadata", "spec"],
+            )
+        })
+        .and_then(|obj| {
+            let origin = origin(Kind::Cluster, value);
+            resolve_cluster(obj, Path::new("/nonexistent"), &origin)
+        })
+        .and_then(|cluster| {
+            // Certificates and keys are only parsed when a table is built.
+            let alone = Config {
+                gateway: table.gateway().clone(),
+                clusters: vec![cluster.clone()],
+                policies: Vec::new(),
+            };
+            crate::table::RouteTable::build(&alone).map(|_| cluster)
+        });
+    match resolved {
+        Err(err) => ("False", "Invalid", err.to_string()),
+        Ok(cluster) if table.config().clusters.contains(&cluster) => (
+            "True",
+            "Served",
+            format!("served in routing table generation {}", table.generation()),
+        ),
+        Ok(_) => (
+            "False",
+            "NotServed",
+            match publisher.status().last_error() {
+                Some(failure) => format!(
+                    "valid, but the configuration was rejected because of another object: {}",
+                    failure.message
+                ),
+                None => "valid, not served yet".to_owned(),
+            },
+        ),
+    }
+}
+
+/// Writes the `Ready` condition of every fleetgate Cluster object whose condition changed.
+/// Karmada's objects are left alone: their status belongs to Karmada's controllers. An
+/// unchanged condition is never rewritten, so the status write (itself a watch event) settles.
+async fn write_cluster_conditions(
+    client: &kube::Client,
+    objects: &Objects,
+    publisher: &TablePublisher,
+) {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &Kind::Cluster.resource());
+    for value in objects.of(Kind::Cluster) {
+        let (status, reason, message) = desired_condition(value, publisher);
+        let current = value["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
+        if current.is_some_and(|c| {
+            c["status"] == status && c["reason"] == reason && c["message"] == message.as_str()
+        }) {
+            continue;
+        }
+        let Some(name) = value["metadata"]["name"].as_str() else {
+            continue;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let transition = match current {
+            Some(c) if c["status"] == status => c["lastTransitionTime"].clone(),
+            _ => serde_json::Value::String(rfc3339(now)),
+        };
+        let patch = serde_json::json!({"status": {"conditions": [{
+            "type": "Ready",
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": transition,
+            "observedGeneration": value["metadata"]["generation"],
+        }]}});
+        let params = kube::api::PatchParams::default();
+        let written = match api
+            .patch_status(name, &params, &kube::api::Patch::Merge(&patch))
+            .await
+        {
+            // Without a status subresource (an older CRD), status is part of the object.
+            Err(kube::Error::Api(e)) if e.code == 404 => api
+                .patch(name, &params, &kube::api::Patch::Merge(&patch))
+                .await
+                .map(|_| ()),
+            other => other.map(|_| ()),
+        };
+        if let Err(error) = written {
+            warn!(cluster = name, %error, "cannot write the Ready condition");
+        }
+    }
+}
+
+/// `2026-11-22T12:00:00Z` from seconds since the Unix epoch (the format of Kubernetes times).
+fn rfc3339(unix_seconds: i64) -> String {
+    let days = unix_seconds.div_euclid(86_400);
+    let secs = unix_seconds.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
 }
 
 fn origin(kind: Kind, value: &serde_json::Value) -> String {
@@ -482,4 +613,16 @@ fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config
         clusters,
         policies,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339;
+
+    #[test]
+    fn kubernetes_times() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    }
 }

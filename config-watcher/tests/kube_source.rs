@@ -121,6 +121,33 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// Polls the object's `Ready` condition until it has `status`; returns the condition.
+async fn ready_condition(management: &Management, name: &str, status: &str) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let object = management.clusters().get(name).await.unwrap();
+        let condition = object.data["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+            .cloned();
+        if let Some(c) = condition.filter(|c| c["status"] == status) {
+            assert!(
+                c["lastTransitionTime"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with('Z')),
+                "{c}"
+            );
+            return c;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{name}: no Ready={status} condition: {}",
+            object.data["status"]
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn authorization(table: &SharedTable, name: &str) -> Option<String> {
     table
         .load()
@@ -316,6 +343,15 @@ fn clusters_and_karmada_clusters_follow_the_management_cluster() {
         );
         assert_eq!(table.load().generation(), generation);
         assert_eq!(port(&table, "extra"), Some(2));
+        // The objects say so in their status: the broken one why, the served ones that they are.
+        let broken = ready_condition(&management, "broken", "False").await;
+        assert_eq!(broken["reason"], "Invalid");
+        assert!(
+            broken["message"].as_str().unwrap().contains("spec.server"),
+            "{broken}"
+        );
+        let served = ready_condition(&management, "fg-member2", "True").await;
+        assert_eq!(served["reason"], "Served");
         management.delete(&management.clusters(), "broken").await;
         eventually("the error cleared", || status.last_error().is_none()).await;
 
