@@ -40,6 +40,8 @@ pub enum GatewayError {
     ClientImpersonation,
     #[error("upgrading to {protocol:?} is not supported: the gateway carries SPDY/3.1 and websocket upgrades (exec, attach, port-forward)")]
     UpgradeNotSupported { protocol: String },
+    #[error("{protocol:?} cannot be carried over h2: exec, attach and port-forward need an HTTP/1.1 connection")]
+    UpgradeOverH2 { protocol: String },
     #[error("cluster {cluster:?} is tunnel-connected, which this gateway does not serve yet")]
     TunnelNotSupported { cluster: String },
     #[error("cluster {cluster:?} is unavailable: connecting to {address} timed out")]
@@ -78,7 +80,8 @@ impl GatewayError {
             | UnknownCluster { .. }
             | NoRoute { .. }
             | ClientImpersonation
-            | UpgradeNotSupported { .. } => Side::Downstream,
+            | UpgradeNotSupported { .. }
+            | UpgradeOverH2 { .. } => Side::Downstream,
             ConnectTimeout { .. }
             | Connect { .. }
             | ResponseHeadTimeout { .. }
@@ -97,7 +100,7 @@ impl GatewayError {
             VersionNotSupported => (505, "BadRequest"),
             UnknownCluster { .. } | NoRoute { .. } => (404, "NotFound"),
             ClientImpersonation => (403, "Forbidden"),
-            UpgradeNotSupported { .. } => (501, "NotImplemented"),
+            UpgradeNotSupported { .. } | UpgradeOverH2 { .. } => (501, "NotImplemented"),
             TunnelNotSupported { .. } | ConnectTimeout { .. } | Connect { .. } => {
                 (503, "ServiceUnavailable")
             }

@@ -2,7 +2,8 @@
 //! the `fleetgate` binary's commands.
 //!
 //! The modules follow a request's way: `listener` and `shard` (sockets and per-core runtimes),
-//! `tls` (handshake, identity, ALPN dispatch), `http1` (the codec), `proxy` (the per-connection
+//! `tls` (handshake, identity, ALPN dispatch), `http1` (the codec), `http2` (h2 clients, each stream proxied
+//! as an HTTP/1.1 member request), `proxy` (the per-connection
 //! driver), `route` (which cluster), `identity` (what the member is told about the user),
 //! `upstream` (connections and pools), `splice` (upgraded
 //! streams after a 101), with `error` (every Status the gateway writes), `metrics`
@@ -14,6 +15,7 @@ pub mod admin;
 pub mod demo;
 pub mod error;
 pub mod http1;
+pub mod http2;
 pub mod identity;
 pub mod listener;
 pub mod metrics;

@@ -40,9 +40,9 @@ const HEAD_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a request body may stall between two reads.
 const BODY_STALL_TIMEOUT: Duration = Duration::from_secs(120);
 /// Read-buffer growth step for bodies.
-const READ_CHUNK: usize = 32 * 1024;
+pub(crate) const READ_CHUNK: usize = 32 * 1024;
 /// Read size for long-running streams (watch, `logs -f`), which mostly sit idle.
-const IDLE_STREAM_BUFFER: usize = 4 * 1024;
+pub(crate) const IDLE_STREAM_BUFFER: usize = 4 * 1024;
 /// Limits on response heads from members (larger than the client's: members are trusted more
 /// and send long `Warning` and audit headers).
 const RESPONSE_HEAD_LIMITS: HeadLimits = HeadLimits {
@@ -297,7 +297,7 @@ where
 }
 
 /// How a proxied request failed.
-enum Failure {
+pub(crate) enum Failure {
     /// Nothing was sent to the client yet: answer with a Status.
     Answer(GatewayError),
     /// The response had started (or the client is gone): the only safe thing is to close.
@@ -700,7 +700,7 @@ where
 
 /// Reads the member's response head (skipping interim 1xx responses) within the response-head
 /// timeout, unless the request is long-running.
-async fn read_response_head(
+pub(crate) async fn read_response_head(
     cluster: &ClusterRoute,
     conn: &mut UpstreamConn,
     response: &mut Head,

@@ -1,5 +1,5 @@
-//! The few runtime services the protocol code needs, behind runtime-neutral names: a timeout and
-//! a race of two futures. Today they run on monoio's timer; swapping the runtime means changing
+//! The few runtime services the protocol code needs, behind runtime-neutral names: a timeout, a
+//! race of two futures and spawning a local task. Today they run on monoio's timer; swapping the runtime means changing
 //! this module, `shard`, `listener` and `upstream::connect`, not the codec or the proxy.
 //!
 //! Called by `proxy` and `tls`. Must only be used on a shard thread (monoio's timer is
@@ -24,6 +24,12 @@ pub async fn timeout<F: Future>(duration: Duration, future: F) -> Result<F::Outp
 /// Waits for `duration`.
 pub async fn sleep(duration: Duration) {
     monoio::time::sleep(duration).await
+}
+
+/// Runs `future` as a task of its own on this shard (h2 streams). It is not `Send`: it stays on
+/// the shard that spawned it.
+pub fn spawn<F: Future + 'static>(future: F) {
+    drop(monoio::spawn(future));
 }
 
 /// Which of two raced futures finished first.

@@ -40,7 +40,7 @@ pub enum TlsSetupError {
 }
 
 /// The server configuration for TLS listeners: the Gateway's certificate, client certificates
-/// required and verified against its client CA, ALPN `http/1.1`.
+/// required and verified against its client CA, ALPN `h2` and `http/1.1`.
 pub fn server_config(tls: Option<&ServingTls>) -> Result<Arc<ServerConfig>, TlsSetupError> {
     let tls = tls.ok_or(TlsSetupError::NoServingTls)?;
     let pem_error = |what| move |reason| TlsSetupError::Pem { what, reason };
@@ -61,8 +61,9 @@ pub fn server_config(tls: Option<&ServingTls>) -> Result<Arc<ServerConfig>, TlsS
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
         .with_single_cert(certs, key)?;
-    // h2 joins here in issue 4, ahead of http/1.1.
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // h2 first: kubectl and client-go take it when offered, and switch to HTTP/1.1 themselves
+    // for exec, attach and port-forward.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 
@@ -73,7 +74,7 @@ pub async fn dispatch<S>(
     tcp: S,
     peer: SocketAddr,
 ) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
     let mut tls = match crate::runtime::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
@@ -97,8 +98,10 @@ pub async fn dispatch<S>(
         },
         None => return,
     };
-    // The protocol branch: only http/1.1 is offered today; issue 4 routes `Some(b"h2")` to the
-    // h2 server here.
-    let _protocol = session.alpn_protocol();
-    serve_http1(ctx, &mut tls, peer, &identity).await;
+    // The protocol branch: h2 when the client chose it, HTTP/1.1 otherwise (also without ALPN).
+    if session.alpn_protocol() == Some(b"h2") {
+        crate::http2::serve_h2(ctx, tls, peer, identity).await;
+    } else {
+        serve_http1(ctx, &mut tls, peer, &identity).await;
+    }
 }

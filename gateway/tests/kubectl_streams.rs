@@ -643,3 +643,40 @@ fn a_member_refusing_an_upgrade_is_relayed_as_its_status() {
     }
     assert_eq!(fleet.upgraded_streams(), 0);
 }
+
+#[test]
+fn kubectl_get_and_watch_ride_h2_through_the_gateway() {
+    let fleet = start();
+    let table = String::from_utf8(fleet.ok(&["get", "pods", "-n", "default"], &[])).unwrap();
+    assert!(table.contains("hello"), "{table}");
+    let mut watch = fleet
+        .kubectl_command(
+            &["get", "configmaps", "-n", "default", "-w", "-o", "name"],
+            &[],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn kubectl get -w");
+    let mut lines = LineReader::new(watch.stdout.take().expect("stdout"));
+    // The watch is open once the initial list is printed; then a change arrives as an event.
+    fleet.ok(&["create", "configmap", "h2-before", "-n", "default"], &[]);
+    lines.wait_line("the initial list", Duration::from_secs(30), |l| {
+        l == "configmap/h2-before"
+    });
+    fleet.ok(&["create", "configmap", "h2-watched", "-n", "default"], &[]);
+    lines.wait_line("the watch event", Duration::from_secs(30), |l| {
+        l == "configmap/h2-watched"
+    });
+    let _ = watch.kill();
+    let _ = watch.wait();
+    // kubectl negotiated h2 (the gateway logs each h2 connection at debug level).
+    let log = std::fs::read_to_string(fleet.dir.path().join("gateway.log")).unwrap_or_default();
+    assert!(
+        log.contains("h2 connection"),
+        "no h2 connection:\n{}",
+        fleet.log()
+    );
+    assert!(log.contains("h2 response head relayed"), "{}", fleet.log());
+}

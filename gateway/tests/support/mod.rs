@@ -563,11 +563,24 @@ impl Gateway {
 
 /// Starts an upstream and a gateway in front of it (driver `epoll` or `uring`).
 pub async fn setup(driver: &str) -> (Upstream, Gateway) {
+    setup_with_connect_timeout(driver, "0.5").await
+}
+
+/// Like [`setup`], with `connectTimeoutSeconds` set to `seconds` (tests that dial hundreds of
+/// member connections at once on a debug build need more than the default 0.5 s).
+pub async fn setup_with_connect_timeout(driver: &str, seconds: &str) -> (Upstream, Gateway) {
     let upstream = Upstream::start().await;
     let stalled = silent_listener().await;
     let pki = Arc::new(Pki::generate());
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &pki, upstream.address, stalled);
+    let gateway_yaml = dir.path().join("gateway.yaml");
+    let text = std::fs::read_to_string(&gateway_yaml).unwrap();
+    let text = text.replace(
+        "connectTimeoutSeconds: 0.5",
+        &format!("connectTimeoutSeconds: {seconds}"),
+    );
+    std::fs::write(&gateway_yaml, text).unwrap();
     let gateway = tokio::task::block_in_place(|| Gateway::start(&config, driver, dir, pki));
     (upstream, gateway)
 }

@@ -1,0 +1,531 @@
+//! h2 to clients: the server side of an HTTP/2 connection (ALPN `h2` on a TLS listener), with
+//! every stream proxied to the member as an HTTP/1.1 request on the shard's upstream pool.
+//!
+//! Runs the `h2` crate (its denial-of-service limits configured: reset floods, pending-accept
+//! resets, header list size, send buffer) on the same readiness-based stream the HTTP/1.1 driver
+//! gets (DESIGN.md's notes on h2 over monoio). Each stream is its own task on the shard. Bodies
+//! are never collected: a member read is sent as DATA only as the client's flow-control window
+//! grants capacity, and the next member read waits for that, so a slow reader never makes the
+//! gateway buffer more than one read per stream, and one slow stream never stalls the others.
+//! Chunked member bodies are decoded without copying (`ChunkedScanner::scan_data` ranges sliced
+//! out of the read buffer). A client reset ends the stream at once and drops its member
+//! connection, so a watch's upstream is released. Upgrades cannot ride h2 (no `Connection`
+//! header, and kubectl uses HTTP/1.1 for them): an extended CONNECT gets a Status. Routing,
+//! identity and errors are the same as `proxy`'s. Called by `tls::dispatch` when ALPN says `h2`.
+
+use std::future::poll_fn;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use fleetgate_config_watcher::{ClusterRoute, ConnectMode};
+use h2::server::SendResponse;
+use h2::{RecvStream, SendStream};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tracing::{debug, warn};
+
+use crate::error::{GatewayError, Side};
+use crate::http1::{
+    is_hop_by_hop, push_header, response_body, BodyKind, BodyProgress, ChunkedScanner, Head,
+};
+use crate::identity::{self, ClientIdentity};
+use crate::proxy::{read_response_head, Failure, ShardContext, IDLE_STREAM_BUFFER, READ_CHUNK};
+use crate::route::{self, Route};
+use crate::runtime::{self, First};
+use crate::upstream::{connect, UpstreamConn};
+
+/// Streams a client may have open at once on one connection: informer-heavy clients (one watch
+/// per resource kind) must not be starved.
+pub const MAX_CONCURRENT_STREAMS: u32 = 1000;
+/// Per-stream receive window (request bodies): what a client may send ahead of the member.
+const STREAM_WINDOW: u32 = 256 * 1024;
+/// Connection receive window.
+const CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
+/// Most bytes queued for sending per stream beyond what the client's window allows.
+const SEND_BUFFER: usize = 64 * 1024;
+/// Reset floods (CVE-2023-44487 "rapid reset"): streams reset before they were accepted.
+const MAX_PENDING_ACCEPT_RESETS: usize = 64;
+/// Streams the gateway may reset for protocol errors before it gives up on the connection.
+const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+/// How long the h2 preface and settings exchange may take.
+const H2_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves one h2 client connection until it closes: accepts streams and proxies each in its own
+/// task on this shard.
+pub async fn serve_h2<S>(ctx: Rc<ShardContext>, io: S, peer: SocketAddr, identity: ClientIdentity)
+where
+    S: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    let limits = ctx.table.load().gateway().limits;
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_header_list_size(u32::try_from(limits.max_head_bytes).unwrap_or(u32::MAX))
+        .max_send_buffer_size(SEND_BUFFER)
+        .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS)
+        .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS));
+    let mut connection =
+        match runtime::timeout(H2_HANDSHAKE_TIMEOUT, builder.handshake::<S, Bytes>(io)).await {
+            Ok(Ok(connection)) => connection,
+            Ok(Err(error)) => {
+                debug!(%peer, %error, "h2 handshake failed");
+                return;
+            }
+            Err(_) => {
+                debug!(%peer, "h2 handshake timed out");
+                return;
+            }
+        };
+    debug!(%peer, user = %identity.user, "h2 connection");
+    let identity = Rc::new(identity);
+    // Accepting also drives the connection (frames of every stream move only while it is polled).
+    while let Some(accepted) = connection.accept().await {
+        match accepted {
+            Ok((request, respond)) => {
+                runtime::spawn(serve_stream(
+                    ctx.clone(),
+                    request,
+                    respond,
+                    peer,
+                    identity.clone(),
+                ));
+            }
+            Err(error) => {
+                debug!(%peer, %error, "h2 connection ended with an error");
+                break;
+            }
+        }
+    }
+}
+
+/// Proxies one stream and answers its failure, if any.
+async fn serve_stream(
+    ctx: Rc<ShardContext>,
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    peer: SocketAddr,
+    identity: Rc<ClientIdentity>,
+) {
+    let started = Instant::now();
+    let _stream = ctx.metrics.stream_opened();
+    match proxy_stream(&ctx, request, &mut respond, peer, &identity, started).await {
+        Ok(()) => {}
+        Err(Failure::Answer(err)) => {
+            match err.side() {
+                Side::Downstream => debug!(error = %err, "refused h2 request"),
+                Side::Upstream | Side::Internal => warn!(error = %err, "h2 request failed"),
+            }
+            let (code, _) = err.code_and_reason();
+            let body = Bytes::from(err.status_body());
+            let response = Response::builder()
+                .status(code)
+                .header("content-type", "application/json")
+                .header("cache-control", "no-cache, private")
+                .header("content-length", body.len())
+                .body(())
+                .unwrap_or_default();
+            if let Ok(mut send) = respond.send_response(response, false) {
+                let _ = send_flow_controlled(&mut send, body, true).await;
+            }
+        }
+        Err(Failure::Abort(reason)) => {
+            debug!(reason, "h2 stream reset mid-response");
+            respond.send_reset(h2::Reason::INTERNAL_ERROR);
+        }
+    }
+}
+
+/// What the route table says about a request target.
+enum Decision {
+    Health,
+    Cluster(Arc<ClusterRoute>, bool),
+}
+
+fn decide(ctx: &ShardContext, target: &[u8]) -> Result<Decision, GatewayError> {
+    let table = ctx.table.load();
+    let ocm_style = table.gateway().ocm_style;
+    match route::route(target, ocm_style) {
+        Route::Health(_) => Ok(Decision::Health),
+        Route::NotFound => Err(GatewayError::NoRoute {
+            path: String::from_utf8_lossy(target).into_owned(),
+        }),
+        Route::Cluster { name, .. } => match table.cluster(name) {
+            Some(cluster) => Ok(Decision::Cluster(cluster.clone(), ocm_style)),
+            None => Err(GatewayError::UnknownCluster {
+                name: name.to_string(),
+            }),
+        },
+    }
+}
+
+async fn proxy_stream(
+    ctx: &ShardContext,
+    request: Request<RecvStream>,
+    respond: &mut SendResponse<Bytes>,
+    peer: SocketAddr,
+    identity: &ClientIdentity,
+    started: Instant,
+) -> Result<(), Failure> {
+    let (parts, mut body) = request.into_parts();
+    if parts.method == Method::CONNECT {
+        let protocol = parts
+            .extensions
+            .get::<h2::ext::Protocol>()
+            .map_or("CONNECT", |p| p.as_str())
+            .to_string();
+        return Err(GatewayError::UpgradeOverH2 { protocol }.into());
+    }
+    if parts
+        .headers
+        .keys()
+        .any(|name| name.as_str().starts_with("impersonate-"))
+    {
+        return Err(GatewayError::ClientImpersonation.into());
+    }
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .as_bytes();
+    let (cluster, ocm_style) = match decide(ctx, target)? {
+        Decision::Health => {
+            let response = Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "text/plain; charset=utf-8")
+                .header("content-length", 2)
+                .body(())
+                .unwrap_or_default();
+            let head_only = parts.method == Method::HEAD;
+            let mut send = respond
+                .send_response(response, head_only)
+                .map_err(|_| Failure::Abort("client reset"))?;
+            if !head_only {
+                send_flow_controlled(&mut send, Bytes::from_static(b"ok"), true)
+                    .await
+                    .map_err(|_| Failure::Abort("client reset"))?;
+            }
+            return Ok(());
+        }
+        Decision::Cluster(cluster, ocm_style) => (cluster, ocm_style),
+    };
+    if cluster.mode == ConnectMode::Tunnel {
+        return Err(GatewayError::TunnelNotSupported {
+            cluster: cluster.name.to_string(),
+        }
+        .into());
+    }
+    let Route::Cluster { rest, query, .. } = route::route(target, ocm_style) else {
+        return Err(GatewayError::NoRoute {
+            path: String::from_utf8_lossy(target).into_owned(),
+        }
+        .into());
+    };
+    let method = parts.method.as_str().as_bytes();
+    let verb = route::kube_verb(method, rest, query);
+    let long_running = route::is_long_running(rest, query);
+    let limits = ctx.table.load().gateway().limits;
+
+    // The request body: forwarded with the client's Content-Length, or chunked when it has none.
+    let request_body = if body.is_end_stream() {
+        BodyKind::Empty
+    } else {
+        match parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            Some(n) => BodyKind::Length(n),
+            None => BodyKind::Chunked,
+        }
+    };
+    let mut head = Vec::with_capacity(1024);
+    head.extend_from_slice(method);
+    head.push(b' ');
+    route::push_upstream_target(&mut head, &cluster.upstream.path_prefix, rest, query);
+    head.extend_from_slice(b" HTTP/1.1\r\n");
+    push_header(&mut head, b"Host", cluster.upstream.authority.as_bytes());
+    let mut forwarded_for = Vec::new();
+    for (name, value) in &parts.headers {
+        let name_bytes = name.as_str().as_bytes();
+        if name == http::header::HOST
+            || name == http::header::CONTENT_LENGTH
+            || name == http::header::TRANSFER_ENCODING
+            || name == http::header::EXPECT
+            || name == http::header::TE
+            || name == http::header::CONNECTION
+            || identity::is_identity_header(name_bytes)
+        {
+            continue;
+        }
+        if name_bytes == b"x-forwarded-for" {
+            forwarded_for.extend_from_slice(value.as_bytes());
+            forwarded_for.extend_from_slice(b", ");
+            continue;
+        }
+        push_header(&mut head, name_bytes, value.as_bytes());
+    }
+    match request_body {
+        BodyKind::Length(n) => {
+            let _ = write!(head, "Content-Length: {n}\r\n");
+        }
+        BodyKind::Chunked => push_header(&mut head, b"Transfer-Encoding", b"chunked"),
+        _ => {}
+    }
+    head.extend_from_slice(b"X-Forwarded-For: ");
+    head.extend_from_slice(&forwarded_for);
+    let _ = write!(head, "{}\r\n", peer.ip());
+    identity::push_upstream_identity(&mut head, &cluster, identity);
+    head.extend_from_slice(b"\r\n");
+
+    let can_replay = request_body == BodyKind::Empty
+        && matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
+    let mut response = Head::default();
+    let mut attempt_on_fresh = false;
+    let mut conn = loop {
+        let pooled = if attempt_on_fresh {
+            None
+        } else {
+            ctx.pool.take(cluster.id)
+        };
+        let mut conn = match pooled {
+            Some(conn) => conn,
+            None => connect(&cluster, limits.connect_timeout, &ctx.metrics).await?,
+        };
+        let reused = conn.reused;
+        let mut outcome = send_request(&mut conn, &cluster, &head, request_body, &mut body).await;
+        if outcome.is_ok() {
+            outcome = read_response_head(
+                &cluster,
+                &mut conn,
+                &mut response,
+                long_running,
+                limits,
+                false,
+            )
+            .await;
+        }
+        match outcome {
+            Ok(()) => break conn,
+            Err(Failure::Answer(GatewayError::UpstreamClosed { .. }))
+                if reused && can_replay && !attempt_on_fresh =>
+            {
+                attempt_on_fresh = true;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let kind = response_body(
+        &response,
+        if parts.method == Method::HEAD {
+            b"HEAD"
+        } else {
+            b"GET"
+        },
+    )
+    .map_err(|e| GatewayError::UpstreamProtocol {
+        cluster: cluster.name.to_string(),
+        reason: e.0,
+    })?;
+    let mut builder = Response::builder().status(response.code);
+    for (name, value) in response.headers() {
+        if is_hop_by_hop(&response, name) || name.eq_ignore_ascii_case(b"transfer-encoding") {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+        {
+            builder = builder.header(name, value);
+        }
+    }
+    let reply = builder
+        .body(())
+        .map_err(|_| GatewayError::UpstreamProtocol {
+            cluster: cluster.name.to_string(),
+            reason: "response head not representable in h2",
+        })?;
+    let elapsed = started.elapsed();
+    ctx.metrics_cache.record(
+        &ctx.metrics,
+        (cluster.id, &cluster.name),
+        verb,
+        response.code,
+        elapsed,
+    );
+    debug!(
+        shard = ctx.shard,
+        cluster = %cluster.name,
+        verb,
+        code = response.code,
+        head_us = elapsed.as_micros() as u64,
+        long_running,
+        "h2 response head relayed"
+    );
+    let mut progress = BodyProgress::new(kind);
+    let mut send = respond
+        .send_response(reply, progress.is_done())
+        .map_err(|_| Failure::Abort("client reset"))?;
+    if progress.is_done() {
+        if conn.buf.is_empty() && !member_wants_close(&response) {
+            ctx.pool.put(conn);
+        }
+        return Ok(());
+    }
+    relay_body(&mut conn, &mut send, &mut progress, long_running).await?;
+    let reusable = kind != BodyKind::CloseDelimited && !member_wants_close(&response);
+    if reusable && conn.buf.is_empty() && progress.is_done() {
+        ctx.pool.put(conn);
+    }
+    Ok(())
+}
+
+fn member_wants_close(response: &Head) -> bool {
+    response.has_token(b"connection", b"close")
+}
+
+/// Sends the request head and the body from the client's h2 stream, releasing the client's
+/// window only as the member takes the bytes.
+async fn send_request(
+    conn: &mut UpstreamConn,
+    cluster: &ClusterRoute,
+    head: &[u8],
+    kind: BodyKind,
+    body: &mut RecvStream,
+) -> Result<(), Failure> {
+    let closed = |e: std::io::Error| {
+        Failure::Answer(GatewayError::UpstreamClosed {
+            cluster: cluster.name.to_string(),
+            source: Some(e),
+        })
+    };
+    conn.io.write_all(head).await.map_err(closed)?;
+    if kind != BodyKind::Empty {
+        while let Some(data) = body.data().await {
+            let data = data.map_err(|_| Failure::Abort("client reset the request body"))?;
+            let n = data.len();
+            if kind == BodyKind::Chunked {
+                if n == 0 {
+                    continue;
+                }
+                let mut size = Vec::with_capacity(12);
+                let _ = write!(size, "{n:x}\r\n");
+                conn.io.write_all(&size).await.map_err(closed)?;
+                conn.io.write_all(&data).await.map_err(closed)?;
+                conn.io.write_all(b"\r\n").await.map_err(closed)?;
+            } else {
+                conn.io.write_all(&data).await.map_err(closed)?;
+            }
+            let _ = body.flow_control().release_capacity(n);
+        }
+        if kind == BodyKind::Chunked {
+            conn.io.write_all(b"0\r\n\r\n").await.map_err(closed)?;
+        }
+    }
+    conn.io.flush().await.map_err(closed)
+}
+
+/// Relays the member's response body as DATA frames, one member read at a time, each sent only
+/// as the client's window allows. A client reset during a long-running stream ends it at once.
+async fn relay_body(
+    conn: &mut UpstreamConn,
+    send: &mut SendStream<Bytes>,
+    progress: &mut BodyProgress,
+    long_running: bool,
+) -> Result<(), Failure> {
+    let abort = |_| Failure::Abort("client reset the stream");
+    let mut scanner = match progress {
+        BodyProgress::Chunked(_) => Some(ChunkedScanner::new()),
+        _ => None,
+    };
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    loop {
+        if !conn.buf.is_empty() {
+            if let Some(scanner) = scanner.as_mut() {
+                ranges.clear();
+                let consumed = scanner
+                    .scan_data(&conn.buf, |r| ranges.push(r))
+                    .map_err(|_| Failure::Abort("invalid chunked framing from member"))?;
+                let read = conn.buf.split_to(consumed).freeze();
+                if scanner.is_done() {
+                    *progress = BodyProgress::Done;
+                }
+                for range in ranges.drain(..) {
+                    send_flow_controlled(send, read.slice(range), false)
+                        .await
+                        .map_err(abort)?;
+                }
+            } else {
+                let n = progress
+                    .take(&conn.buf)
+                    .map_err(|_| Failure::Abort("invalid framing from member"))?;
+                let piece = conn.buf.split_to(n).freeze();
+                send_flow_controlled(send, piece, false)
+                    .await
+                    .map_err(abort)?;
+            }
+        }
+        if progress.is_done() {
+            send.send_data(Bytes::new(), true).map_err(abort)?;
+            return Ok(());
+        }
+        // Whatever was split off went to h2; a fresh small buffer for an idle stream.
+        let want = if long_running {
+            IDLE_STREAM_BUFFER
+        } else {
+            READ_CHUNK
+        };
+        if conn.buf.capacity() < want {
+            conn.buf = BytesMut::with_capacity(want);
+        }
+        let read = if long_running {
+            let reset = poll_fn(|cx| send.poll_reset(cx));
+            match runtime::race(conn.io.read_buf(&mut conn.buf), reset).await {
+                First::Left(read) => read,
+                First::Right(_) => return Err(Failure::Abort("client reset during a stream")),
+            }
+        } else {
+            conn.io.read_buf(&mut conn.buf).await
+        };
+        match read {
+            Ok(0) | Err(_) => {
+                if matches!(progress, BodyProgress::UntilClose) {
+                    send.send_data(Bytes::new(), true).map_err(abort)?;
+                    *progress = BodyProgress::Done;
+                    return Ok(());
+                }
+                return Err(Failure::Abort("member closed inside the response body"));
+            }
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Sends `data` on `send` as the peer's flow-control window grants capacity.
+async fn send_flow_controlled(
+    send: &mut SendStream<Bytes>,
+    mut data: Bytes,
+    end_of_stream: bool,
+) -> Result<(), h2::Error> {
+    while !data.is_empty() {
+        send.reserve_capacity(data.len());
+        match poll_fn(|cx| send.poll_capacity(cx)).await {
+            None => return Err(h2::Error::from(h2::Reason::CANCEL)),
+            Some(Err(e)) => return Err(e),
+            Some(Ok(0)) => continue,
+            Some(Ok(granted)) => {
+                let piece = data.split_to(granted.min(data.len()));
+                send.send_data(piece, false)?;
+            }
+        }
+    }
+    if end_of_stream {
+        send.send_data(Bytes::new(), true)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,281 @@
+//! Socket-level tests of h2 clients (ALPN `h2` on the TLS listener) against a recording member,
+//! each run under both monoio drivers: requests and bodies proxied with the gateway's identity,
+//! watch events delivered at once and a reset watch releasing its member stream, 1000 concurrent
+//! streams on one connection, a stalled reader not growing gateway memory while other streams on
+//! the same connection keep flowing, and client impersonation refused with a Status.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use support::{setup, setup_with_connect_timeout, Gateway, DRIVERS};
+
+/// An h2 connection to the gateway as alice; its driver runs as a tokio task.
+async fn h2_client(gw: &Gateway) -> SendRequest<Bytes> {
+    let mut config = (*gw.pki.client_config(true)).clone();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(gw.https).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    // As Go's transport does: a connection window far larger than a stream's, so one stream
+    // the application does not read cannot use up the whole connection's window.
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(64 * 1024)
+        .initial_connection_window_size(64 * 1024 * 1024)
+        .handshake::<_, Bytes>(tls)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+fn request(method: &str, path: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method(method)
+        .uri(format!("https://gw{path}"))
+        .body(())
+        .unwrap()
+}
+
+/// Reads a whole response body, releasing flow-control capacity as it goes.
+async fn body_of(mut body: h2::RecvStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(data) = body.data().await {
+        let data = data.expect("body data");
+        let _ = body.flow_control().release_capacity(data.len());
+        out.extend_from_slice(&data);
+    }
+    out
+}
+
+async fn get(client: &SendRequest<Bytes>, path: &str) -> (u16, Vec<u8>) {
+    let mut client = client.clone().ready().await.expect("ready");
+    let (response, _) = client.send_request(request("GET", path), true).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(30), response)
+        .await
+        .expect("response in time")
+        .expect("response");
+    let code = response.status().as_u16();
+    (code, body_of(response.into_body()).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_requests_bodies_and_watches_are_proxied() {
+    for driver in DRIVERS {
+        let (upstream, gw) = setup(driver).await;
+        let client = h2_client(&gw).await;
+        let (code, body) = get(&client, "/clusters/member/api/v1/pods?limit=1").await;
+        assert_eq!(code, 200, "{driver}");
+        let echo: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let head = echo["head"].as_str().unwrap();
+        assert!(
+            head.starts_with("GET /prefix/api/v1/pods?limit=1 HTTP/1.1\r\n"),
+            "{driver}: {head}"
+        );
+        assert!(
+            head.contains("Impersonate-User: alice\r\n"),
+            "{driver}: {head}"
+        );
+
+        // A body without a length goes to the member chunked; one with a length as it is.
+        let mut sender = client.clone().ready().await.unwrap();
+        let (response, mut stream) = sender
+            .send_request(
+                request("POST", "/clusters/member/api/v1/namespaces/n/configmaps"),
+                false,
+            )
+            .unwrap();
+        stream
+            .send_data(Bytes::from_static(b"{\"a\":"), false)
+            .unwrap();
+        stream.send_data(Bytes::from_static(b"1}"), true).unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 200, "{driver}");
+        let echo: serde_json::Value =
+            serde_json::from_slice(&body_of(response.into_body()).await).unwrap();
+        assert_eq!(
+            echo["body"], "5\r\n{\"a\":\r\n2\r\n1}\r\n0\r\n\r\n",
+            "{driver}"
+        );
+
+        // Health and errors.
+        assert_eq!(
+            get(&client, "/healthz").await,
+            (200, b"ok".to_vec()),
+            "{driver}"
+        );
+        let (code, body) = get(&client, "/clusters/nope/api").await;
+        assert_eq!(code, 404, "{driver}");
+        let status: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(status["kind"], "Status", "{driver}");
+        assert_eq!(status["reason"], "NotFound", "{driver}");
+
+        // A watch: each event arrives at once; resetting the stream frees the member stream.
+        let mut sender = client.clone().ready().await.unwrap();
+        let (response, _) = sender
+            .send_request(
+                request("GET", "/clusters/member/api/v1/watch?watch=true"),
+                true,
+            )
+            .unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 200, "{driver}");
+        let mut body = response.into_body();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while upstream.watchers() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{driver}: watch never reached the member"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for i in 0..3 {
+            let sent = Instant::now();
+            upstream.emit(&format!("{{\"type\":\"ADDED\",\"n\":{i}}}"));
+            let data = tokio::time::timeout(Duration::from_secs(5), body.data())
+                .await
+                .expect("event in time")
+                .unwrap()
+                .unwrap();
+            let _ = body.flow_control().release_capacity(data.len());
+            assert_eq!(
+                &data[..],
+                format!("{{\"type\":\"ADDED\",\"n\":{i}}}\n").as_bytes()
+            );
+            assert!(
+                sent.elapsed() < Duration::from_secs(1),
+                "{driver}: event late"
+            );
+        }
+        drop(body); // resets the stream (RST_STREAM CANCEL)
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while upstream.watchers() != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{driver}: the member watch outlived the reset stream"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The connection still serves.
+        assert_eq!(
+            get(&client, "/clusters/member/api").await.0,
+            200,
+            "{driver}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_streams_on_one_connection_are_all_answered() {
+    for driver in DRIVERS {
+        // Each stream dials its own member connection at once.
+        let (_upstream, gw) = setup_with_connect_timeout(driver, "10").await;
+        let client = h2_client(&gw).await;
+        // All 1000 are opened before any answer is read.
+        let mut pending = Vec::new();
+        for i in 0..1000 {
+            let mut sender = client.clone().ready().await.unwrap();
+            let (response, _) = sender
+                .send_request(
+                    request(
+                        "GET",
+                        &format!("/clusters/member/late-watch?watch=true&i={i}"),
+                    ),
+                    true,
+                )
+                .unwrap();
+            pending.push(response);
+        }
+        let started = Instant::now();
+        let mut answered = 0;
+        for response in pending {
+            let response = tokio::time::timeout(Duration::from_secs(20), response)
+                .await
+                .unwrap_or_else(|_| panic!("{driver}: stream {answered} unanswered: {}", gw.log()))
+                .expect("response");
+            assert_eq!(response.status(), 200, "{driver}");
+            assert_eq!(body_of(response.into_body()).await, b"late", "{driver}");
+            answered += 1;
+        }
+        assert_eq!(answered, 1000);
+        // The member holds each answer 1.5 s: concurrent streams finish in a few of those, not
+        // 1000 of them.
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{driver}: {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_h2_reader_does_not_grow_gateway_memory_or_stall_other_streams() {
+    for driver in DRIVERS {
+        let (_upstream, gw) = setup(driver).await;
+        let client = h2_client(&gw).await;
+        assert_eq!(
+            get(&client, "/clusters/member/big?bytes=1048576")
+                .await
+                .1
+                .len(),
+            1 << 20
+        );
+        let before = gw.rss_kib();
+        // 200 MB asked for, never read: only the flow-control window may leave the member.
+        let mut sender = client.clone().ready().await.unwrap();
+        let (response, _) = sender
+            .send_request(request("GET", "/clusters/member/big?bytes=209715200"), true)
+            .unwrap();
+        let stalled = response.await.unwrap();
+        assert_eq!(stalled.status(), 200);
+        for _ in 0..20 {
+            // Other streams on the same connection keep flowing meanwhile.
+            assert_eq!(
+                get(&client, "/clusters/member/api").await.0,
+                200,
+                "{driver}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let growth_kib = gw.rss_kib().saturating_sub(before);
+        assert!(
+            growth_kib < 16 * 1024,
+            "{driver}: gateway RSS grew by {growth_kib} KiB behind a stalled reader"
+        );
+        drop(stalled);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impersonation_over_h2_is_refused_with_a_status() {
+    for driver in DRIVERS {
+        let (upstream, gw) = setup(driver).await;
+        let client = h2_client(&gw).await;
+        // Client impersonation headers are refused on h2 as on HTTP/1.1.
+        let mut sender = client.clone().ready().await.unwrap();
+        let mut impersonating = request("GET", "/clusters/member/api");
+        impersonating
+            .headers_mut()
+            .insert("impersonate-user", "root".parse().unwrap());
+        let (response, _) = sender.send_request(impersonating, true).unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 403, "{driver}");
+        let status: serde_json::Value =
+            serde_json::from_slice(&body_of(response.into_body()).await).unwrap();
+        assert_eq!(status["reason"], "Forbidden", "{driver}");
+        assert!(
+            upstream.requests().is_empty(),
+            "{driver}: a refused request reached the member"
+        );
+    }
+}
