@@ -150,7 +150,7 @@ impl TablePublisher {
             return ReloadOutcome::Unchanged;
         }
         let generation = serving.generation() + 1;
-        let table = match RouteTable::build_generation(&config, generation) {
+        let table = match RouteTable::rebuild(&serving, &config, generation) {
             Ok(table) => table,
             Err(err) => return self.reject(source, &err),
         };

@@ -80,9 +80,44 @@ impl RouteTable {
 
     /// Like [`RouteTable::build`], stamping the table with `generation` (the reload counter).
     pub fn build_generation(config: &Config, generation: u64) -> Result<RouteTable, ConfigError> {
+        Self::build_reusing(None, config, generation)
+    }
+
+    /// Builds the table that follows `previous`: a cluster whose resolved configuration did not
+    /// change keeps its route (the same `Arc`, nothing parsed again), so a reload costs in
+    /// proportion to what changed, not to the size of the fleet.
+    pub fn rebuild(
+        previous: &RouteTable,
+        config: &Config,
+        generation: u64,
+    ) -> Result<RouteTable, ConfigError> {
+        Self::build_reusing(Some(previous), config, generation)
+    }
+
+    fn build_reusing(
+        previous: Option<&RouteTable>,
+        config: &Config,
+        generation: u64,
+    ) -> Result<RouteTable, ConfigError> {
+        let unchanged: ahash::AHashMap<&str, &ClusterConfig> = previous
+            .map(|p| {
+                p.config
+                    .clusters
+                    .iter()
+                    .map(|c| (c.name.as_str(), c))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut tls_configs = TlsConfigCache::default();
         let mut clusters = ahash::AHashMap::with_capacity(config.clusters.len());
         for c in &config.clusters {
-            let route = Arc::new(build_route(c)?);
+            let reused = previous
+                .filter(|_| unchanged.get(c.name.as_str()) == Some(&c))
+                .and_then(|p| p.clusters.get(c.name.as_str()).cloned());
+            let route = match reused {
+                Some(route) => route,
+                None => Arc::new(build_route(c, &mut tls_configs)?),
+            };
             clusters.insert(route.name.clone(), route);
         }
         Ok(RouteTable {
@@ -155,7 +190,46 @@ pub fn parse_server(server: &str) -> Result<UpstreamTarget, String> {
     })
 }
 
-fn build_route(c: &ClusterConfig) -> Result<ClusterRoute, ConfigError> {
+/// TLS client configurations already built during one table build, by what they are made of:
+/// clusters that share a CA and credentials (a fleet signed by one CA, all with tokens) share one
+/// configuration instead of parsing the same PEM thousands of times.
+#[derive(Default)]
+struct TlsConfigCache {
+    built: ahash::AHashMap<TlsConfigKey, Arc<rustls::ClientConfig>>,
+}
+
+#[derive(PartialEq, Eq, Hash)]
+struct TlsConfigKey {
+    ca_pem: Option<Vec<u8>>,
+    insecure_skip_tls_verify: bool,
+    client_cert_pem: Option<Vec<u8>>,
+    client_key_pem: Option<Vec<u8>>,
+}
+
+impl TlsConfigCache {
+    fn get_or_build(
+        &mut self,
+        c: &ClusterConfig,
+    ) -> Result<Arc<rustls::ClientConfig>, (&'static str, String)> {
+        let key = TlsConfigKey {
+            ca_pem: c.ca_pem.clone(),
+            insecure_skip_tls_verify: c.insecure_skip_tls_verify,
+            client_cert_pem: c.client_cert_pem.clone(),
+            client_key_pem: c.client_key_pem.clone(),
+        };
+        if let Some(config) = self.built.get(&key) {
+            return Ok(config.clone());
+        }
+        let config = Arc::new(client_config(c)?);
+        self.built.insert(key, config.clone());
+        Ok(config)
+    }
+}
+
+fn build_route(
+    c: &ClusterConfig,
+    tls_configs: &mut TlsConfigCache,
+) -> Result<ClusterRoute, ConfigError> {
     let invalid = |field: &'static str, message: String| ConfigError::Invalid {
         origin: c.origin.clone(),
         kind: "Cluster",
@@ -171,9 +245,11 @@ fn build_route(c: &ClusterConfig) -> Result<ClusterRoute, ConfigError> {
         )
     })?;
     let tls_client = if upstream.tls {
-        Some(Arc::new(
-            client_config(c).map_err(|(field, m)| invalid(field, m))?,
-        ))
+        Some(
+            tls_configs
+                .get_or_build(c)
+                .map_err(|(field, m)| invalid(field, m))?,
+        )
     } else {
         None
     };

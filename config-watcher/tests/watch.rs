@@ -176,3 +176,47 @@ fn a_burst_of_writes_is_debounced_into_few_reloads() {
     );
     assert!(status.last_error().is_none());
 }
+
+#[test]
+fn a_rebuild_reuses_the_routes_of_unchanged_clusters_and_shares_tls_configs() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
+    let mut config = load_path(dir.path()).unwrap();
+    let template = {
+        std::fs::write(
+            dir.path().join("c.yaml"),
+            "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: a\nspec:\n  server: https://127.0.0.1:1\n  insecureSkipTLSVerify: true\n  credentials:\n    token: t\n",
+        )
+        .unwrap();
+        load_path(dir.path()).unwrap().clusters.remove(0)
+    };
+    for name in ["a", "b", "c"] {
+        let mut c = template.clone();
+        c.name = name.to_owned();
+        config.clusters.push(c);
+    }
+    let first = RouteTable::build(&config).unwrap();
+    let tls = |t: &RouteTable, n: &str| t.cluster(n).unwrap().tls_client.clone().unwrap();
+    // One TLS configuration for three clusters with the same trust and credentials.
+    assert!(Arc::ptr_eq(&tls(&first, "a"), &tls(&first, "c")));
+
+    config.clusters[1].token = Some("rotated".to_owned());
+    let second = RouteTable::rebuild(&first, &config, 2).unwrap();
+    assert!(Arc::ptr_eq(
+        first.cluster("a").unwrap(),
+        second.cluster("a").unwrap()
+    ));
+    assert!(!Arc::ptr_eq(
+        first.cluster("b").unwrap(),
+        second.cluster("b").unwrap()
+    ));
+    assert_ne!(
+        first.cluster("b").unwrap().id,
+        second.cluster("b").unwrap().id
+    );
+    assert_eq!(
+        second.cluster("b").unwrap().authorization.as_deref(),
+        Some("Bearer rotated")
+    );
+    assert_eq!(second.generation(), 2);
+}
