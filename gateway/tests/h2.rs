@@ -2,7 +2,7 @@
 //! each run under both monoio drivers: requests and bodies proxied with the gateway's identity,
 //! watch events delivered at once and a reset watch releasing its member stream, 1000 concurrent
 //! streams on one connection, a stalled reader not growing gateway memory while other streams on
-//! the same connection keep flowing, and client impersonation refused with a Status.
+//! the same connection keep flowing, and client impersonation and CONNECT refused with a Status.
 
 mod support;
 
@@ -257,7 +257,7 @@ async fn a_stalled_h2_reader_does_not_grow_gateway_memory_or_stall_other_streams
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn impersonation_over_h2_is_refused_with_a_status() {
+async fn impersonation_and_connect_over_h2_are_refused_with_a_status() {
     for driver in DRIVERS {
         let (upstream, gw) = setup(driver).await;
         let client = h2_client(&gw).await;
@@ -273,6 +273,23 @@ async fn impersonation_over_h2_is_refused_with_a_status() {
         let status: serde_json::Value =
             serde_json::from_slice(&body_of(response.into_body()).await).unwrap();
         assert_eq!(status["reason"], "Forbidden", "{driver}");
+        // exec / attach / port-forward cannot ride h2: a CONNECT gets a Status, not a tunnel.
+        let mut sender = client.clone().ready().await.unwrap();
+        let connect = http::Request::builder()
+            .method("CONNECT")
+            .uri("gw:443")
+            .body(())
+            .unwrap();
+        let (response, _) = sender.send_request(connect, false).unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 501, "{driver}");
+        let status: serde_json::Value =
+            serde_json::from_slice(&body_of(response.into_body()).await).unwrap();
+        assert_eq!(status["kind"], "Status", "{driver}");
+        assert!(
+            status["message"].as_str().unwrap().contains("HTTP/1.1"),
+            "{driver}: {status}"
+        );
         assert!(
             upstream.requests().is_empty(),
             "{driver}: a refused request reached the member"
