@@ -211,8 +211,11 @@ where
             return Next::Close;
         }
     };
-    // A request whose body the gateway will not read leaves the connection unusable.
-    let close = wants_close(&down.head) || body != BodyKind::Empty;
+    // A request whose body the gateway will not read leaves the connection unusable, and so does
+    // an upgrade that fails: the client may already be sending bytes of the new protocol.
+    let close = wants_close(&down.head)
+        || body != BodyKind::Empty
+        || down.head.has_token(b"connection", b"upgrade");
     // Decide with the table loaded, answer after dropping it: a table guard is never held
     // across an await.
     let decision = {

@@ -221,5 +221,27 @@ async fn an_upgrade_the_member_does_not_switch_is_relayed_and_closes() {
         assert_eq!(refused.code, 400, "{driver}");
         assert_eq!(refused.json()["kind"], "Status", "{driver}");
         assert_eq!(upstream.requests().len(), before, "{driver}");
+        // An upgrade to a member that cannot be reached: a Status, then the connection closes
+        // (bytes of the new protocol may follow the head).
+        let mut tls = gw.tls().await;
+        tls.write_all(
+            b"POST /clusters/stopped/api/v1/namespaces/a/pods/p/exec HTTP/1.1\r\nHost: gw\r\n\
+              Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\nGET / HTTP/1.1\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut carry = Vec::new();
+        let unreachable = read_response(&mut tls, &mut carry).await.unwrap();
+        assert_eq!(unreachable.code, 503, "{driver}");
+        assert_eq!(unreachable.json()["kind"], "Status", "{driver}");
+        let mut more = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), tls.read_to_end(&mut more))
+            .await
+            .expect("the gateway closed the connection")
+            .ok();
+        assert!(
+            carry.is_empty() && more.is_empty(),
+            "{driver}: bytes after a failed upgrade were read as a request"
+        );
     }
 }
