@@ -20,27 +20,40 @@ fn kubectl(
         .expect("kubectl runs")
 }
 
+/// The demo process, killed when the test ends however it ends, so a failed assertion never leaves
+/// a fleet and a gateway running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
-    let mut demo = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-        .args([
-            "demo",
-            "--clusters",
-            "2",
-            "--listen",
-            "127.0.0.1:0",
-            "--workers",
-            "1",
-            "--dir",
-        ])
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut demo = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+            .args([
+                "demo",
+                "--clusters",
+                "2",
+                "--listen",
+                "127.0.0.1:0",
+                "--workers",
+                "1",
+                "--dir",
+            ])
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     // Wait for the ready line (the demo's readiness signal), bounded by the process itself.
-    let mut lines = BufReader::new(demo.stdout.take().unwrap()).lines();
+    let mut lines = BufReader::new(demo.0.stdout.take().unwrap()).lines();
     let ready = lines
         .by_ref()
         .map_while(Result::ok)
@@ -138,7 +151,7 @@ fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
     );
 
     // SIGTERM stops the demo, gateway included, promptly and cleanly.
-    let pid = demo.id() as libc::pid_t;
+    let pid = demo.0.id() as libc::pid_t;
     #[allow(unsafe_code)]
     // SAFETY: kill(2) on our own child's pid with a valid signal touches no memory.
     unsafe {
@@ -146,7 +159,7 @@ fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
-        if let Some(s) = demo.try_wait().unwrap() {
+        if let Some(s) = demo.0.try_wait().unwrap() {
             break s;
         }
         assert!(Instant::now() < deadline, "demo did not stop on SIGTERM");
