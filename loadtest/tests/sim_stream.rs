@@ -72,41 +72,11 @@ fn stdout_bytes(output: &Output) -> &[u8] {
     &output.stdout
 }
 
-/// What kubectl logs at `-v=8` for the 101 of each protocol: proof that it did not fall back
-/// from WebSocket to SPDY (which it does silently when a WebSocket upgrade fails).
-fn expected_101_headers(protocol: &str, port_forward: bool) -> &'static [&'static str] {
-    match (protocol, port_forward) {
-        ("websocket", false) => &[
-            "Upgrade: websocket",
-            "Sec-Websocket-Protocol: v5.channel.k8s.io",
-        ],
-        ("websocket", true) => &[
-            "Upgrade: websocket",
-            "Sec-Websocket-Protocol: SPDY/3.1+portforward.k8s.io",
-        ],
-        (_, false) => &[
-            "Upgrade: SPDY/3.1",
-            "X-Stream-Protocol-Version: v4.channel.k8s.io",
-        ],
-        (_, true) => &[
-            "Upgrade: SPDY/3.1",
-            "X-Stream-Protocol-Version: portforward.k8s.io",
-        ],
-    }
-}
-
 fn assert_switched(log: &str, protocol: &str, port_forward: bool) {
-    // Only the response headers count: the request carries the same names.
-    let Some(at) = log.find("101 Switching Protocols") else {
-        panic!("no 101 over {protocol}:\n{log}");
-    };
-    let response: Vec<&str> = log[at..].lines().take(8).collect();
-    let response = response.join("\n");
-    for header in expected_101_headers(protocol, port_forward) {
-        assert!(
-            response.contains(header),
-            "{header:?} missing from the 101 over {protocol}:\n{response}"
-        );
+    if let Err(e) =
+        fleetgate_loadtest::sim::stream::trace::kubectl_switched(log, protocol, port_forward)
+    {
+        panic!("{e}");
     }
 }
 

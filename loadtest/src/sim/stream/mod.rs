@@ -20,6 +20,7 @@ mod shell;
 mod spdy;
 mod status;
 mod tar;
+pub mod trace;
 mod tunnel;
 
 use std::collections::HashMap;
