@@ -31,7 +31,7 @@ enum Command {
     /// Run N simulated member clusters (kube-apiserver-compatible) until SIGINT / SIGTERM.
     Sim(SimArgs),
     /// Run a load scenario against targets, charging each target process's CPU and memory.
-    Run(fleetgate_loadtest::run::RunArgs),
+    Run(Box<fleetgate_loadtest::run::RunArgs>),
 }
 
 #[derive(Args, Debug)]
@@ -57,6 +57,11 @@ struct SimArgs {
     /// Watch events each member keeps for resume; older resourceVersions get 410 Expired.
     #[arg(long, default_value_t = 10_000)]
     history_window: usize,
+    /// Also serve every member in plain HTTP on a second 127.0.0.1 port (for proxies whose
+    /// upstream leg is plain HTTP/1.1, as the benchmark peers'); printed as a `plaintext:` line
+    /// before `ready` and written to DIR/plaintext-members (one `NAME=http://ADDR` a line).
+    #[arg(long)]
+    plaintext: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -70,7 +75,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Sim(args) => run_sim(args),
-        Command::Run(args) => fleetgate_loadtest::run::run(args).map(|_| ()),
+        Command::Run(args) => fleetgate_loadtest::run::run(*args).map(|_| ()),
     }
 }
 
@@ -97,6 +102,20 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         .await?;
         let addrs: Vec<String> = fleet.member_addrs().iter().map(|a| a.to_string()).collect();
         let mut stdout = std::io::stdout();
+        if args.plaintext {
+            let plain: Vec<String> = fleet
+                .serve_plaintext()
+                .await?
+                .iter()
+                .enumerate()
+                .map(|(i, a)| format!("member{}=http://{a}", i + 1))
+                .collect();
+            std::fs::write(
+                fleet.dir().join("plaintext-members"),
+                plain.iter().map(|l| format!("{l}\n")).collect::<String>(),
+            )?;
+            writeln!(stdout, "plaintext: {}", plain.join(" "))?;
+        }
         writeln!(
             stdout,
             "ready: {} members listening ({}); kubeconfig {}",

@@ -28,8 +28,9 @@ pub struct Target {
     pub authority: String,
     pub path_prefix: String,
     pub tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
-    /// Extra request header lines (`Authorization: ...\r\n`), already formatted.
-    pub auth_lines: String,
+    /// Extra request headers sent on every request: the kubeconfig's bearer token, then every
+    /// `--header` of the command line.
+    pub headers: Vec<(String, String)>,
 }
 
 /// TLS material given on the command line for `NAME=URL` targets.
@@ -38,6 +39,22 @@ pub struct TlsOptions {
     pub ca: Option<std::path::PathBuf>,
     pub insecure: bool,
     pub alpn_h2: bool,
+    /// `Name: value` headers added to every request of every target (`--header`).
+    pub headers: Vec<(String, String)>,
+}
+
+/// Parses one `--header 'Name: value'`.
+pub fn parse_header(spec: &str) -> anyhow::Result<(String, String)> {
+    let (name, value) = spec
+        .split_once(':')
+        .ok_or_else(|| anyhow!("--header {spec:?} is not 'Name: value'"))?;
+    let name = name.trim();
+    let value = value.trim();
+    http::HeaderName::from_bytes(name.as_bytes())
+        .with_context(|| format!("--header {spec:?}: bad header name"))?;
+    http::HeaderValue::from_str(value)
+        .with_context(|| format!("--header {spec:?}: bad header value"))?;
+    Ok((name.to_owned(), value.to_owned()))
 }
 
 impl Target {
@@ -57,7 +74,7 @@ impl Target {
             Some(p) => Some(std::fs::read(p).with_context(|| format!("reading {}", p.display()))?),
             None => None,
         };
-        build_target(name, rest, ca.as_deref(), None, String::new(), opts)
+        build_target(name, rest, ca.as_deref(), None, Vec::new(), opts)
     }
 
     /// Opens a connection (TCP, then TLS when the target is https).
@@ -82,11 +99,24 @@ impl Target {
 
     /// The bytes of a GET request for `path` (relative to the target's base URL).
     pub fn get_request(&self, path: &str, accept: &str) -> Vec<u8> {
-        format!(
-            "GET {}{} HTTP/1.1\r\nHost: {}\r\nUser-Agent: fleetgate-loadtest/0.1\r\nAccept: {}\r\n{}\r\n",
-            self.path_prefix, path, self.authority, accept, self.auth_lines
-        )
-        .into_bytes()
+        let mut request = format!(
+            "GET {}{} HTTP/1.1\r\nHost: {}\r\nUser-Agent: fleetgate-loadtest/0.1\r\nAccept: {}\r\n",
+            self.path_prefix, path, self.authority, accept
+        );
+        for (name, value) in &self.headers {
+            request.push_str(name);
+            request.push_str(": ");
+            request.push_str(value);
+            request.push_str("\r\n");
+        }
+        request.push_str("\r\n");
+        request.into_bytes()
+    }
+
+    /// The full URL of `path` on this target (for clients that take a URI: h2, WebSocket).
+    pub fn url(&self, path: &str) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}{}{}", self.authority, self.path_prefix, path)
     }
 }
 
@@ -95,9 +125,10 @@ fn build_target(
     url: &str,
     ca_pem: Option<&[u8]>,
     client: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
-    auth_lines: String,
+    mut headers: Vec<(String, String)>,
     opts: &TlsOptions,
 ) -> anyhow::Result<Target> {
+    headers.extend(opts.headers.iter().cloned());
     let uri: http::Uri = url
         .parse()
         .with_context(|| format!("target {name}: bad URL {url:?}"))?;
@@ -154,7 +185,7 @@ fn build_target(
         authority,
         path_prefix: uri.path().trim_end_matches('/').to_owned(),
         tls,
-        auth_lines,
+        headers,
     })
 }
 
@@ -225,14 +256,14 @@ fn from_kubeconfig(
         )),
         _ => None,
     };
-    let mut auth_lines = String::new();
+    let mut headers = Vec::new();
     if let Some(t) = user["token"].as_str() {
-        auth_lines = format!("Authorization: Bearer {t}\r\n");
+        headers.push(("Authorization".to_owned(), format!("Bearer {t}")));
     } else if let Some(f) = user["tokenFile"].as_str() {
-        auth_lines = format!(
-            "Authorization: Bearer {}\r\n",
-            std::fs::read_to_string(base.join(f))?.trim()
-        );
+        headers.push((
+            "Authorization".to_owned(),
+            format!("Bearer {}", std::fs::read_to_string(base.join(f))?.trim()),
+        ));
     }
     let insecure = opts.insecure
         || cluster["insecure-skip-tls-verify"]
@@ -242,7 +273,7 @@ fn from_kubeconfig(
         insecure,
         ..opts.clone()
     };
-    build_target(name, server, ca.as_deref(), client, auth_lines, &opts)
+    build_target(name, server, ca.as_deref(), client, headers, &opts)
 }
 
 #[derive(Debug)]

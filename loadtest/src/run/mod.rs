@@ -4,11 +4,20 @@
 //! per watch), because wall-clock throughput on a shared 2-core machine is noise (BENCHMARKS.md).
 //!
 //! The driver is a tokio runtime with as many threads as `--threads` (default 1) and its own
-//! HTTP/1.1 client (`client`), so it can be pinned to one core beside the upstream.
+//! HTTP/1.1 client (`client`), so it can be pinned to one core beside the upstream; the h2 and
+//! WebSocket scenarios use the h2 crate and tokio-tungstenite over the same connections.
+//!
+//! Output: a table on stdout, `--json FILE`, `--chart FILE.svg` (`chart`), and a progress bar on
+//! stderr when it is a terminal (`progress`). Never prints anything else on stdout.
 
+pub mod chart;
 pub mod client;
+mod exec;
+mod h2load;
 pub mod procstat;
+mod progress;
 mod scenarios;
+mod storm;
 
 use std::time::Duration;
 
@@ -21,7 +30,7 @@ use procstat::ProcWatch;
 /// Command-line arguments of `run`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// small-get, watch-idle, watch-events or big-list.
+    /// small-get, small-get-h2, big-list, watch-idle, watch-events, exec-stream, reload-storm.
     #[arg(long)]
     pub scenario: String,
     /// NAME=URL or NAME=kubeconfig:PATH[:CONTEXT]; repeat for each target, measured in order.
@@ -36,9 +45,29 @@ pub struct RunArgs {
     /// Warm-up before each measurement (connections open, caches warm).
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub warmup: Duration,
-    /// Client connections (small-get, big-list).
+    /// Client connections (small-get, small-get-h2, reload-storm).
     #[arg(long, default_value_t = 50)]
     pub connections: usize,
+    /// Concurrent streams per h2 connection (small-get-h2), or concurrent exec sessions
+    /// (exec-stream).
+    #[arg(long, default_value_t = 10)]
+    pub streams: usize,
+    /// `Name: value`, added to every request of every target (e.g. an Authorization header).
+    #[arg(long = "header")]
+    pub headers: Vec<String>,
+    /// reload-storm: the configuration directory the gateway watches (`fleetgate serve --config
+    /// DIR`); the driver writes and removes `loadtest-storm-*.yaml` files in it.
+    #[arg(long)]
+    pub config_dir: Option<std::path::PathBuf>,
+    /// reload-storm: configuration changes written per second.
+    #[arg(long, default_value_t = 100.0)]
+    pub changes_per_sec: f64,
+    /// reload-storm: the gateway's admin URL (http://HOST:PORT), to read the reload counter.
+    #[arg(long)]
+    pub admin_url: Option<String>,
+    /// exec-stream: bytes per stdin message.
+    #[arg(long, default_value_t = 32 * 1024)]
+    pub chunk_bytes: usize,
     /// Open watch streams (watch-idle, watch-events).
     #[arg(long, default_value_t = 1000)]
     pub watches: usize,
@@ -60,6 +89,9 @@ pub struct RunArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Draw the main figure of the scenario per target as an SVG bar chart here.
+    #[arg(long)]
+    pub chart: Option<std::path::PathBuf>,
 }
 
 /// What one target did in one scenario. Fields that do not apply are None.
@@ -84,6 +116,18 @@ pub struct TargetResult {
     pub idle_cpu_percent: Option<f64>,
     pub events: Option<u64>,
     pub cpu_us_per_event: Option<f64>,
+    /// h2 streams per connection, or exec sessions.
+    pub streams: Option<usize>,
+    /// reload-storm: configuration changes the driver wrote during the measured phase.
+    pub changes_written: Option<u64>,
+    /// reload-storm: reloads the gateway reported applying (its /metrics counter), if readable.
+    pub reloads_applied: Option<u64>,
+    /// reload-storm: reloads the gateway rejected during the storm.
+    pub reloads_failed: Option<u64>,
+    /// reload-storm: the same load without the storm, just before it.
+    pub p50_no_storm_us: Option<f64>,
+    pub p99_no_storm_us: Option<f64>,
+    pub cpu_us_per_request_no_storm: Option<f64>,
 }
 
 /// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
@@ -120,6 +164,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         std::fs::write(path, serde_json::to_vec_pretty(&results)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    if let Some(path) = &args.chart {
+        chart::write_svg(path, &args.scenario, &results)
+            .with_context(|| format!("drawing {}", path.display()))?;
+    }
     Ok(results)
 }
 
@@ -127,7 +175,12 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
     let opts = TlsOptions {
         ca: args.ca.clone(),
         insecure: args.insecure,
-        alpn_h2: false,
+        alpn_h2: args.scenario == "small-get-h2",
+        headers: args
+            .headers
+            .iter()
+            .map(|h| client::parse_header(h))
+            .collect::<anyhow::Result<_>>()?,
     };
     let targets: Vec<Target> = args
         .targets
@@ -142,22 +195,53 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         let pid: u32 = pid.parse().with_context(|| format!("--pid {p:?}"))?;
         pids.insert(name.to_owned(), ProcWatch::new(pid)?);
     }
+    if !SCENARIOS.contains(&args.scenario.as_str()) {
+        bail!(
+            "unknown scenario {:?} ({})",
+            args.scenario,
+            SCENARIOS.join(", ")
+        );
+    }
     let mut results = Vec::new();
     for target in &targets {
         let proc_watch = pids.get(&target.name);
         tracing::info!(target = %target.name, scenario = %args.scenario, "measuring");
+        let bar =
+            progress::TargetProgress::start(&target.name, &args.scenario, expected_time(args));
         let r = match args.scenario.as_str() {
-            "small-get" => scenarios::small_get(args, target, proc_watch).await?,
-            "big-list" => scenarios::big_list(args, target, proc_watch).await?,
-            "watch-idle" => scenarios::watch_idle(args, target, proc_watch).await?,
-            "watch-events" => scenarios::watch_events(args, target, proc_watch).await?,
-            other => {
-                bail!("unknown scenario {other:?} (small-get, big-list, watch-idle, watch-events)")
-            }
+            "small-get" => scenarios::small_get(args, target, proc_watch).await,
+            "small-get-h2" => h2load::small_get_h2(args, target, proc_watch).await,
+            "big-list" => scenarios::big_list(args, target, proc_watch).await,
+            "watch-idle" => scenarios::watch_idle(args, target, proc_watch).await,
+            "watch-events" => scenarios::watch_events(args, target, proc_watch).await,
+            "exec-stream" => exec::exec_stream(args, target, proc_watch).await,
+            "reload-storm" => storm::reload_storm(args, target, proc_watch).await,
+            _ => unreachable!("checked against SCENARIOS above"),
         };
-        results.push(r);
+        bar.finish();
+        results.push(r?);
     }
     Ok(results)
+}
+
+/// Every scenario `--scenario` accepts.
+pub const SCENARIOS: &[&str] = &[
+    "small-get",
+    "small-get-h2",
+    "big-list",
+    "watch-idle",
+    "watch-events",
+    "exec-stream",
+    "reload-storm",
+];
+
+/// Roughly how long one target takes, for the progress bar.
+fn expected_time(args: &RunArgs) -> Duration {
+    match args.scenario.as_str() {
+        // measured twice: without, then with the storm
+        "reload-storm" => (args.warmup + args.duration) * 2,
+        _ => args.warmup + args.duration,
+    }
 }
 
 fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
@@ -165,25 +249,59 @@ fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// Prints one row per target.
+/// A scenario-specific table column: its title and how to print it.
+type Column = (&'static str, fn(&TargetResult) -> String);
+
+/// Prints one row per target: the columns every scenario fills, then the scenario's own.
 pub fn print_table(results: &[TargetResult]) {
-    println!(
-        "{:<12} {:>10} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10}",
-        "target",
-        "requests",
-        "errors",
-        "req/s",
-        "cpu us/req",
-        "p50 us",
-        "p99 us",
-        "MB/s",
-        "KiB/watch",
-        "events",
-        "cpu us/ev"
+    let scenario = results.first().map(|r| r.scenario.as_str()).unwrap_or("");
+    let extra: &[Column] = match scenario {
+        "big-list" | "exec-stream" => &[
+            ("MB/s", |r| fmt_opt(r.mb_per_sec, 1)),
+            ("cpu ms/MB", |r| fmt_opt(r.cpu_ms_per_mb, 2)),
+            ("peak RSS KiB", |r| fmt_opt(r.rss_peak_kib, 0)),
+        ],
+        "watch-idle" => &[
+            ("watches", |r| {
+                r.watches.map(|w| w.to_string()).unwrap_or_default()
+            }),
+            ("KiB/watch", |r| fmt_opt(r.kib_per_watch, 2)),
+            ("idle cpu %", |r| fmt_opt(r.idle_cpu_percent, 2)),
+        ],
+        "watch-events" => &[
+            ("events", |r| {
+                r.events.map(|e| e.to_string()).unwrap_or_default()
+            }),
+            ("cpu us/ev", |r| fmt_opt(r.cpu_us_per_event, 1)),
+        ],
+        "reload-storm" => &[
+            ("p99 quiet", |r| fmt_opt(r.p99_no_storm_us, 0)),
+            ("us/req quiet", |r| {
+                fmt_opt(r.cpu_us_per_request_no_storm, 1)
+            }),
+            ("changes", |r| {
+                r.changes_written.map(|c| c.to_string()).unwrap_or_default()
+            }),
+            ("reloads", |r| {
+                fmt_opt(r.reloads_applied.map(|v| v as f64), 0)
+            }),
+            ("rejected", |r| {
+                fmt_opt(r.reloads_failed.map(|v| v as f64), 0)
+            }),
+        ],
+        _ => &[],
+    };
+    let mut header = format!(
+        "{:<16} {:>10} {:>7} {:>10} {:>10} {:>9} {:>9}",
+        "target", "requests", "errors", "req/s", "cpu us/req", "p50 us", "p99 us"
     );
+    for (name, _) in extra {
+        header.push_str(&format!(" {name:>12}"));
+    }
+    println!("{header}");
     for r in results {
-        println!(
-            "{:<12} {:>10} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10}",
+        let mut row = format!(
+            "{:<16} {:>10} {:>7} {:>10} {:>10} {:>9} {:>9}",
             r.target,
             r.requests,
             r.errors,
@@ -191,13 +309,11 @@ pub fn print_table(results: &[TargetResult]) {
             fmt_opt(r.cpu_us_per_request, 1),
             fmt_opt(r.p50_us, 0),
             fmt_opt(r.p99_us, 0),
-            fmt_opt(r.mb_per_sec, 1),
-            fmt_opt(r.kib_per_watch, 2),
-            r.events
-                .map(|e| e.to_string())
-                .unwrap_or_else(|| "-".into()),
-            fmt_opt(r.cpu_us_per_event, 1),
         );
+        for (_, value) in extra {
+            row.push_str(&format!(" {:>12}", value(r)));
+        }
+        println!("{row}");
     }
 }
 

@@ -14,7 +14,7 @@ use super::client::{HttpConn, Target};
 use super::procstat::ProcWatch;
 use super::{RunArgs, TargetResult};
 
-fn new_hist() -> Histogram<u64> {
+pub(super) fn new_hist() -> Histogram<u64> {
     // 1 us .. 100 s, 3 significant digits.
     Histogram::new_with_bounds(1, 100_000_000, 3).expect("valid histogram bounds")
 }
@@ -109,7 +109,7 @@ async fn open_conns(target: &Target, n: usize) -> anyhow::Result<Vec<HttpConn>> 
     Ok(conns)
 }
 
-fn cpu_now(pw: Option<&ProcWatch>) -> anyhow::Result<Option<Duration>> {
+pub(super) fn cpu_now(pw: Option<&ProcWatch>) -> anyhow::Result<Option<Duration>> {
     pw.map(|p| p.cpu()).transpose()
 }
 

@@ -68,6 +68,8 @@ pub struct FleetHandle {
     servers: Vec<MemberServer>,
     members: Vec<Arc<Member>>,
     churn_tasks: Vec<JoinHandle<()>>,
+    /// The plain-HTTP listeners, once [`FleetHandle::serve_plaintext`] started them.
+    plain_servers: std::sync::Mutex<Vec<MemberServer>>,
 }
 
 impl FleetHandle {
@@ -108,12 +110,41 @@ impl FleetHandle {
         self.members.get(index)
     }
 
+    /// Starts a second, plain-HTTP listener for every member on 127.0.0.1:0 (the sim's
+    /// `--plaintext`), serving the same objects; returns their addresses, member1 first. For
+    /// proxies whose upstream leg is plain HTTP/1.1; clients authenticate with bearer tokens.
+    /// Calling it again starts no more listeners and returns the same addresses.
+    pub async fn serve_plaintext(&self) -> std::io::Result<Vec<SocketAddr>> {
+        let mut started = Vec::new();
+        if self
+            .plain_servers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+        {
+            for member in &self.members {
+                let listener = TcpListener::bind("127.0.0.1:0").await?;
+                started.push(MemberServer::spawn_plaintext(member.clone(), listener)?);
+            }
+        }
+        let mut plain = self.plain_servers.lock().unwrap_or_else(|e| e.into_inner());
+        if plain.is_empty() {
+            *plain = started;
+        }
+        Ok(plain.iter().map(|s| s.addr).collect())
+    }
+
     /// Stops every member.
     pub async fn shutdown(self) {
         for task in &self.churn_tasks {
             task.abort();
         }
         for server in &self.servers {
+            server.stop().await;
+        }
+        let plain =
+            std::mem::take(&mut *self.plain_servers.lock().unwrap_or_else(|e| e.into_inner()));
+        for server in &plain {
             server.stop().await;
         }
     }
@@ -213,6 +244,7 @@ pub async fn start_fleet_with_tuning(
         servers,
         members,
         churn_tasks,
+        plain_servers: std::sync::Mutex::new(Vec::new()),
     })
 }
 

@@ -1,6 +1,9 @@
 //! The listener of one simulated member: TCP accept, TLS (rustls, ALPN `h2` and `http/1.1`, an
 //! optional client certificate verified against the fleet CA), then hyper's HTTP/1.1 + h2 server
 //! with upgrades enabled (exec / attach / port-forward), each request handed to `api::handle`.
+//! A member may also get a second, plain-HTTP listener (`MemberServer::spawn_plaintext`, the
+//! sim's `--plaintext`): the same handler without TLS, so proxies whose upstream leg is plain
+//! HTTP/1.1 (the benchmark peers) can reach it; identity then comes from bearer tokens only.
 //!
 //! Owns the connection tasks, so stopping a member closes its listener and every connection it
 //! accepted. Never parses a request itself. Called by `sim::start_fleet`.
@@ -67,7 +70,8 @@ struct Running {
 pub struct MemberServer {
     pub addr: SocketAddr,
     member: Arc<Member>,
-    tls: Arc<ServerConfig>,
+    /// None: the plain-HTTP listener.
+    tls: Option<Arc<ServerConfig>>,
     running: std::sync::Mutex<Option<Running>>,
 }
 
@@ -77,6 +81,19 @@ impl MemberServer {
         member: Arc<Member>,
         listener: TcpListener,
         tls: Arc<ServerConfig>,
+    ) -> std::io::Result<Self> {
+        Self::spawn_with(member, listener, Some(tls))
+    }
+
+    /// Starts serving `member` on `listener` in plain HTTP (HTTP/1.1, h2 with prior knowledge).
+    pub fn spawn_plaintext(member: Arc<Member>, listener: TcpListener) -> std::io::Result<Self> {
+        Self::spawn_with(member, listener, None)
+    }
+
+    fn spawn_with(
+        member: Arc<Member>,
+        listener: TcpListener,
+        tls: Option<Arc<ServerConfig>>,
     ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let server = Self {
@@ -94,7 +111,7 @@ impl MemberServer {
         let task = tokio::spawn(accept_loop(
             self.member.clone(),
             listener,
-            TlsAcceptor::from(self.tls.clone()),
+            self.tls.clone().map(TlsAcceptor::from),
             shutdown_rx,
         ));
         let previous = self
@@ -144,7 +161,7 @@ impl MemberServer {
 async fn accept_loop(
     member: Arc<Member>,
     listener: TcpListener,
-    acceptor: TlsAcceptor,
+    acceptor: Option<TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut connections = JoinSet::new();
@@ -162,7 +179,14 @@ async fn accept_loop(
                     }
                 };
                 let _ = tcp.set_nodelay(true);
-                connections.spawn(serve_connection(member.clone(), acceptor.clone(), tcp, peer));
+                match &acceptor {
+                    Some(acceptor) => {
+                        connections.spawn(serve_connection(member.clone(), acceptor.clone(), tcp, peer));
+                    }
+                    None => {
+                        connections.spawn(serve_http(member.clone(), None, tcp, peer));
+                    }
+                }
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
@@ -200,6 +224,18 @@ async fn serve_connection(
             let groups: Vec<&str> = subject.organizations.iter().map(String::as_str).collect();
             Arc::new(UserInfo::new(&subject.common_name, "", &groups))
         });
+    serve_http(member, cert_user, tls, peer).await;
+}
+
+/// Serves HTTP/1.1 and h2 (with upgrades) on an established connection, TLS or plain.
+async fn serve_http<Io>(
+    member: Arc<Member>,
+    cert_user: Option<Arc<UserInfo>>,
+    io: Io,
+    peer: SocketAddr,
+) where
+    Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = service_fn(move |req| {
         let member = member.clone();
         let cert_user = cert_user.clone();
@@ -212,7 +248,7 @@ async fn serve_connection(
     builder.http1().title_case_headers(true);
     builder.http2().max_concurrent_streams(100_000);
     if let Err(error) = builder
-        .serve_connection_with_upgrades(TokioIo::new(tls), service)
+        .serve_connection_with_upgrades(TokioIo::new(io), service)
         .await
     {
         tracing::debug!(%peer, %error, "connection ended with an error");

@@ -1,0 +1,105 @@
+//! `--chart FILE.svg`: one bar per target for the scenario's main figure (the per-unit cost the
+//! goals of issue 7 are stated in), drawn with plotters' SVG backend. Text is laid out by
+//! plotters' estimate, so no font files are needed. Reads results only; measures nothing.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use super::TargetResult;
+
+/// The figure a scenario's chart shows, its axis label, and how to read it from a result.
+pub fn main_figure(scenario: &str) -> (&'static str, fn(&TargetResult) -> Option<f64>) {
+    match scenario {
+        "small-get" | "small-get-h2" | "reload-storm" => {
+            ("CPU us per request (lower is better)", |r| {
+                r.cpu_us_per_request
+            })
+        }
+        "big-list" | "exec-stream" => ("CPU ms per MB (lower is better)", |r| r.cpu_ms_per_mb),
+        "watch-idle" => ("KiB of memory per open watch (lower is better)", |r| {
+            r.kib_per_watch
+        }),
+        "watch-events" => ("event latency p99, us (lower is better)", |r| r.p99_us),
+        _ => ("requests per second", |r| r.req_per_sec),
+    }
+}
+
+/// Draws the chart. Targets without the figure (no `--pid`) get no bar but keep their slot.
+pub fn write_svg(path: &Path, scenario: &str, results: &[TargetResult]) -> anyhow::Result<()> {
+    let (label, figure) = main_figure(scenario);
+    let values: Vec<(String, f64)> = results
+        .iter()
+        .map(|r| (r.target.clone(), figure(r).unwrap_or(0.0)))
+        .collect();
+    let max = values.iter().map(|(_, v)| *v).fold(0.0_f64, f64::max);
+    let top = if max > 0.0 { max * 1.15 } else { 1.0 };
+    let width = (160 + 110 * values.len().max(1)) as u32;
+    let root = SVGBackend::new(path, (width, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let n = values.len().max(1) as i32;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("fleetgate-loadtest: {scenario}"),
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0..n, 0.0..top)?;
+    let names: Vec<String> = values.iter().map(|(n, _)| n.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .y_desc(label)
+        .x_labels(values.len().max(1))
+        .x_label_formatter(&|i| names.get(*i as usize).cloned().unwrap_or_default())
+        .draw()?;
+    chart.draw_series(values.iter().enumerate().map(|(i, (name, v))| {
+        let colour = if name.starts_with("fleetgate") {
+            RGBColor(0x1f, 0x77, 0xb4)
+        } else {
+            RGBColor(0x99, 0x99, 0x99)
+        };
+        let mut bar = Rectangle::new([(i as i32, 0.0), (i as i32 + 1, *v)], colour.filled());
+        bar.set_margin(0, 0, 12, 12);
+        bar
+    }))?;
+    chart.draw_series(values.iter().enumerate().map(|(i, (_, v))| {
+        Text::new(
+            format!("{v:.1}"),
+            (i as i32, *v + top * 0.02),
+            ("sans-serif", 14).into_font(),
+        )
+    }))?;
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_one_bar_per_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.svg");
+        let results = vec![
+            TargetResult {
+                target: "haproxy".into(),
+                cpu_us_per_request: Some(30.0),
+                ..Default::default()
+            },
+            TargetResult {
+                target: "fleetgate".into(),
+                cpu_us_per_request: Some(25.0),
+                ..Default::default()
+            },
+        ];
+        write_svg(&path, "small-get", &results).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.starts_with("<svg"), "{svg}");
+        assert!(svg.contains("haproxy") && svg.contains("fleetgate"));
+        assert!(svg.contains("30.0") && svg.contains("25.0"));
+    }
+}
