@@ -40,6 +40,7 @@ fn main() {
             client_cert_pem: None,
             client_key_pem: None,
             impersonation: true,
+            pass_through: false,
             mode: ConnectMode::Direct,
             proxy_url: None,
             proxy_headers: Default::default(),

@@ -6,10 +6,7 @@
 //!
 //! Only builds values; never talks to a cluster.
 
-use std::borrow::Cow;
-
 use kube::core::CustomResourceExt;
-use kube::CustomResource;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 
@@ -48,38 +45,12 @@ pub struct StatusCondition {
     pub observed_generation: Option<i64>,
 }
 
-/// The spec of `kind: AccessPolicy`. Its rules belong to the identity layer, which compiles them;
-/// the CRD keeps them as written.
-#[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[kube(
-    group = "fleetgate.io",
-    version = "v1alpha1",
-    kind = "AccessPolicy",
-    plural = "accesspolicies",
-    status = "ObjectStatus",
-    doc = "Who (users, groups) may reach which clusters with which verbs, resources and namespaces"
-)]
-pub struct AccessPolicySpec {
-    #[serde(flatten)]
-    pub rules: serde_json::Map<String, serde_json::Value>,
-}
-
-impl JsonSchema for AccessPolicySpec {
-    fn schema_name() -> Cow<'static, str> {
-        "AccessPolicySpec".into()
-    }
-
-    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-        preserve_unknown_fields(generator)
-    }
-}
-
 /// Every fleetgate CRD as one YAML stream (`---` between documents), in a fixed order.
 pub fn crd_manifests() -> String {
     let crds = [
         crate::objects::Cluster::crd(),
         crate::objects::Gateway::crd(),
-        AccessPolicy::crd(),
+        crate::objects::AccessPolicy::crd(),
     ];
     let mut out = String::from(
         "# Generated from the Rust types by `cargo run -p fleetgate-config-watcher --example crds`.\n# Do not edit: config-watcher/tests/crds.rs fails when this file is out of date.\n",

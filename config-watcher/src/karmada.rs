@@ -272,6 +272,7 @@ pub fn karmada_cluster_config(
         client_cert_pem: None,
         client_key_pem: None,
         impersonation: true,
+        pass_through: false,
         mode: ConnectMode::Direct,
         proxy_url,
         proxy_headers: spec.proxy_header.clone(),

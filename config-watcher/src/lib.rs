@@ -5,6 +5,7 @@
 //! This crate never imports the data path. Loading and building block (file reads, certificate
 //! parsing) and happen off the hot path; the data path only ever loads the published table.
 
+pub mod auth;
 pub mod crd;
 mod error;
 mod file_source;
@@ -12,6 +13,7 @@ pub mod karmada;
 mod kube_source;
 mod load;
 pub mod objects;
+pub mod policy;
 mod reload;
 mod settings;
 mod table;

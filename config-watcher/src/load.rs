@@ -304,6 +304,7 @@ pub(crate) fn resolve_cluster(
     base: &Path,
     origin: &str,
 ) -> Result<ClusterConfig, ConfigError> {
+    let auth = crate::auth::resolve_auth(auth, base).map_err(|(field, m)| invalid(field, m))?;
     let name = obj.metadata.name.clone();
     let invalid = |field: &'static str, message: String| ConfigError::Invalid {
         origin: origin.to_owned(),
@@ -415,6 +416,7 @@ pub(crate) fn check_proxy_url(url: &str) -> Result<(), String> {
 }
 
 /// A cluster name is a DNS-1123 label and not reserved.
+        pass_through: spec.auth_mode == crate::objects::ClusterAuthMode::PassThrough,
 pub fn check_cluster_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 63

@@ -10,7 +10,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::crd::{preserve_unknown_fields, ObjectStatus};
+use crate::crd::ObjectStatus;
 
 /// The API version every fleetgate object carries.
 pub const API_VERSION: &str = "fleetgate.io/v1alpha1";
@@ -82,10 +82,76 @@ pub struct GatewaySpec {
     pub routing: RoutingSpec,
     #[serde(default)]
     pub limits: LimitsSpec,
-    /// Authentication settings (token file, OIDC); read by the identity layer.
+    /// h2 settings for client connections.
+    #[serde(default)]
+    pub http2: Http2Spec,
+    /// Authentication (client certificates, token file, OIDC) and authorization mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "preserve_unknown_fields")]
-    pub auth: Option<serde_json::Value>,
+    pub auth: Option<AuthSpec>,
+}
+
+/// `spec.auth` of the Gateway: how clients prove who they are and whether AccessPolicy objects
+/// decide what they may do. Client certificates (against `spec.tls.clientCA*`) are always
+/// accepted; the methods here are added to them.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AuthSpec {
+    /// Static bearer tokens in kube-apiserver's `--token-auth-file` CSV format
+    /// (`token,user,uid,"group1,group2"`), relative to the file that names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    /// OpenID Connect ID tokens (JWTs) as bearer tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oidc: Option<OidcSpec>,
+    /// `AccessPolicy` (default): deny unless a policy grants. `AlwaysAllow`: every authenticated
+    /// request is allowed (benchmarks only; logged as a warning).
+    #[serde(default)]
+    pub authorization_mode: AuthorizationMode,
+}
+
+/// Whether AccessPolicy objects are enforced.
+#[derive(JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AuthorizationMode {
+    #[default]
+    AccessPolicy,
+    AlwaysAllow,
+}
+
+/// `spec.auth.oidc`: an OIDC issuer whose ID tokens the gateway accepts (the same knobs as
+/// kube-apiserver's `--oidc-*` flags).
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OidcSpec {
+    /// Must equal the token's `iss` claim.
+    #[serde(rename = "issuerURL")]
+    pub issuer_url: String,
+    /// The client id: the token's `aud` must contain it (or one of `audiences`).
+    #[serde(default, rename = "clientID", skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audiences: Vec<String>,
+    /// A JWKS document (`{"keys": [...]}`) on disk, relative to the file that names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_file: Option<String>,
+    /// A JWKS document fetched (and refreshed) off the hot path.
+    #[serde(default, rename = "jwksURL", skip_serializing_if = "Option::is_none")]
+    pub jwks_url: Option<String>,
+    /// How often `jwksURL` is fetched again (default 300 seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_refresh_seconds: Option<u64>,
+    /// The claim naming the user (default `sub`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username_claim: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username_prefix: Option<String>,
+    /// A claim holding a string or an array of strings: the user's groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups_claim: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups_prefix: Option<String>,
+    /// A claim holding the user's uid (sent as `Impersonate-Uid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid_claim: Option<String>,
 }
 
 #[derive(JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -143,6 +209,24 @@ pub struct LimitsSpec {
     pub connect_timeout_seconds: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_head_timeout_seconds: Option<f64>,
+    /// How long an HTTP/1.1 keep-alive connection may wait for its next request (0: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_seconds: Option<f64>,
+    /// How long in-flight requests may run after SIGINT/SIGTERM before they are cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_grace_seconds: Option<f64>,
+}
+
+/// h2 settings for client connections (`spec.http2`); a change applies to new connections.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Http2Spec {
+    /// Streams one client connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_streams: Option<u32>,
+    /// A connection without an open stream for this long gets GOAWAY and is closed (0: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_seconds: Option<f64>,
 }
 
 /// `kind: Cluster`.
@@ -185,6 +269,10 @@ pub struct ClusterSpec {
     /// Impersonate the gateway's user on the member (default true).
     #[serde(default = "default_true")]
     pub impersonation: bool,
+    /// `Impersonate` (default): the gateway authenticates with `credentials` and impersonates
+    /// the client. `PassThrough`: the client's own bearer token goes to the member (OCM style).
+    #[serde(default)]
+    pub auth_mode: ClusterAuthMode,
     #[serde(default)]
     pub mode: ConnectMode,
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "proxyURL")]
@@ -221,16 +309,105 @@ pub enum ConnectMode {
     Tunnel,
 }
 
-/// `kind: AccessPolicy`. Kept as raw JSON until the identity layer compiles it; the loader only
-/// checks that it is an object with a name.
+/// Who speaks to a member: the gateway (impersonating the client) or the client itself.
+#[derive(JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClusterAuthMode {
+    #[default]
+    Impersonate,
+    PassThrough,
+}
+
+/// `kind: AccessPolicy`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AccessPolicyObject {
     pub api_version: String,
     pub kind: String,
     pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: serde_json::Value,
+    pub spec: AccessPolicySpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
+}
+
+/// Who (users, groups) may reach which clusters (names, label selector) with which verbs,
+/// optionally narrowed to resources and namespaces. Policies only grant; anything no policy
+/// grants is denied. (Also the `accesspolicies.fleetgate.io` CRD schema.)
+#[derive(CustomResource, JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "fleetgate.io",
+    version = "v1alpha1",
+    kind = "AccessPolicy",
+    plural = "accesspolicies",
+    status = "ObjectStatus",
+    doc = "Who (users, groups) may reach which clusters with which verbs, resources and namespaces"
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AccessPolicySpec {
+    pub subjects: Vec<PolicySubject>,
+    pub clusters: PolicyClusters,
+    pub rules: Vec<PolicyRule>,
+}
+
+/// A user or a group, by name (as authentication names them).
+#[derive(JsonSchema, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicySubject {
+    pub kind: SubjectKind,
+    pub name: String,
+}
+
+#[derive(JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SubjectKind {
+    User,
+    Group,
+}
+
+/// The clusters a policy covers: those named, plus those its selector matches (`names: ["*"]`
+/// is every cluster).
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyClusters {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+/// A Kubernetes label selector.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+/// `{key, operator: In|NotIn|Exists|DoesNotExist, values}`.
+#[derive(JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelectorRequirement {
+    pub key: String,
+    pub operator: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+/// Verbs granted on the covered clusters, optionally narrowed. Verbs: get list watch create
+/// update patch delete deletecollection exec attach portforward proxy impersonate, or `*`.
+/// `resources`: `pods`, `deployments.apps`, `pods/log`, `*` (absent: all); for `impersonate`
+/// they are `users`, `groups`, `uids`, `userextras/KEY`. `namespaces` (absent: all, including
+/// cluster-scoped resources). `resourceNames` narrows `impersonate` to those identities.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyRule {
+    pub verbs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_names: Option<Vec<String>>,
 }
 
 fn default_true() -> bool {

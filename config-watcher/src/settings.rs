@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::auth::AuthSettings;
 use crate::objects::{AccessPolicyObject, ConnectMode};
 
 /// A whole configuration: one Gateway, any number of Clusters and AccessPolicies.
@@ -25,8 +26,9 @@ pub struct GatewaySettings {
     pub admin: Option<String>,
     pub ocm_style: bool,
     pub limits: Limits,
-    /// The `spec.auth` block as written, for the identity layer.
-    pub auth: Option<serde_json::Value>,
+    pub http2: Http2Settings,
+    /// The `spec.auth` block, resolved (token file read, OIDC defaulted).
+    pub auth: AuthSettings,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -62,6 +64,10 @@ pub struct Limits {
     pub max_headers: usize,
     pub connect_timeout: Duration,
     pub response_head_timeout: Duration,
+    /// How long an HTTP/1.1 keep-alive connection may wait for its next request; `None`: no limit.
+    pub idle_timeout: Option<Duration>,
+    /// How long in-flight requests may run after SIGINT/SIGTERM before the process exits anyway.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for Limits {
@@ -71,6 +77,32 @@ impl Default for Limits {
             max_headers: 128,
             connect_timeout: Duration::from_secs(5),
             response_head_timeout: Duration::from_secs(60),
+            idle_timeout: Some(Duration::from_secs(300)),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// h2 settings for client connections (`spec.http2`, resolved).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Http2Settings {
+    /// SETTINGS_MAX_CONCURRENT_STREAMS sent to every client.
+    pub max_concurrent_streams: u32,
+    /// A connection without an open stream for this long gets GOAWAY; `None`: never.
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Http2Settings {
+    /// The most `maxConcurrentStreams` may be: beyond this a single client could hold more
+    /// stream tasks than a shard should carry for one connection.
+    pub const MAX_CONCURRENT_STREAMS_LIMIT: u32 = 100_000;
+}
+
+impl Default for Http2Settings {
+    fn default() -> Self {
+        Http2Settings {
+            max_concurrent_streams: 1000,
+            idle_timeout: Some(Duration::from_secs(300)),
         }
     }
 }
@@ -89,6 +121,8 @@ pub struct ClusterConfig {
     pub client_cert_pem: Option<Vec<u8>>,
     pub client_key_pem: Option<Vec<u8>>,
     pub impersonation: bool,
+    /// `spec.authMode: PassThrough`: the client's bearer token goes to the member as it is.
+    pub pass_through: bool,
     pub mode: ConnectMode,
     pub proxy_url: Option<String>,
     /// Headers sent to the egress proxy on CONNECT (Karmada's `proxyHeader`).

@@ -40,6 +40,8 @@ pub struct ClusterRoute {
     pub authorization: Option<String>,
     pub impersonation: bool,
     pub mode: ConnectMode,
+    /// The client's bearer token goes to the member instead of the gateway's credentials.
+    pub pass_through: bool,
     pub proxy_url: Option<String>,
     /// Headers for the egress proxy's CONNECT (Karmada's `proxyHeader`).
     pub proxy_headers: BTreeMap<String, String>,
@@ -73,6 +75,8 @@ pub struct RouteTable {
 
 impl RouteTable {
     /// Builds a table from a validated configuration. Fails (naming the cluster and field) when a
+    /// Authenticators and the compiled AccessPolicy objects (identity layer).
+    access: Arc<crate::policy::AccessControl>,
     /// certificate or key does not parse.
     pub fn build(config: &Config) -> Result<RouteTable, ConfigError> {
         Self::build_generation(config, 1)
@@ -132,7 +136,16 @@ impl RouteTable {
     #[inline]
     pub fn cluster(&self, name: &str) -> Option<&Arc<ClusterRoute>> {
         self.clusters.get(name)
+        let access =
+            crate::policy::AccessControl::build(config).map_err(|e| ConfigError::Invalid {
+                origin: "AccessPolicy".into(),
+                kind: "AccessPolicy",
+                name: e.policy.clone(),
+                field: e.field,
+                message: e.message.clone(),
+            })?;
     }
+            access: Arc::new(access),
 
     /// Every cluster, in no particular order.
     pub fn clusters(&self) -> impl Iterator<Item = &Arc<ClusterRoute>> {
@@ -151,6 +164,11 @@ impl RouteTable {
     pub fn generation(&self) -> u64 {
         self.generation
     }
+    /// Authentication and authorization as compiled with this table.
+    pub fn access(&self) -> &Arc<crate::policy::AccessControl> {
+        &self.access
+    }
+
 }
 
 /// Parses a cluster's `spec.server` URL into an upstream target.
@@ -294,6 +312,7 @@ pub fn parse_certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<_, _>>()
         .map_err(|e| format!("bad PEM certificate: {e}"))?;
+    c.pass_through.hash(&mut h);
     if certs.is_empty() {
         return Err("no CERTIFICATE block in the PEM".into());
     }
@@ -305,6 +324,7 @@ pub fn parse_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
     PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("bad PEM private key: {e}"))
 }
 
+        pass_through: c.pass_through,
 fn client_config(c: &ClusterConfig) -> Result<rustls::ClientConfig, (&'static str, String)> {
     let builder = rustls::ClientConfig::builder_with_provider(crypto_provider())
         .with_safe_default_protocol_versions()

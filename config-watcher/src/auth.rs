@@ -1,0 +1,392 @@
+//! Authentication settings, resolved and compiled: the Gateway's `spec.auth` with its token file
+//! read and parsed (kube-apiserver's `--token-auth-file` CSV), its OIDC settings defaulted and
+//! its JWKS parsed into public keys the data path can verify signatures with.
+//!
+//! Builds values off the hot path (at load and at every table build); the data path only looks
+//! up a token in [`Authenticators::tokens`] and reads the OIDC keys. Never logs a token: the
+//! `Debug` impls redact them. Called by `load` (resolve) and `policy` (compile with the table).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+
+use crate::objects::{AuthSpec, AuthorizationMode};
+
+/// Who a client is, once authenticated: the user name, groups, and (when the method knows
+/// them) uid and extra attributes, as Kubernetes' `user.Info`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Identity {
+    pub user: String,
+    pub groups: Vec<String>,
+    pub uid: Option<String>,
+    /// Extra attributes (`Impersonate-Extra-KEY`), in key order.
+    pub extra: Vec<(String, Vec<String>)>,
+}
+
+/// The Gateway's `spec.auth`, resolved.
+#[derive(Clone, PartialEq, Default)]
+pub struct AuthSettings {
+    /// Entries of the token file (empty without one).
+    pub tokens: Vec<StaticToken>,
+    pub oidc: Option<OidcSettings>,
+    pub authorization_mode: AuthorizationMode,
+}
+
+impl std::fmt::Debug for AuthSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthSettings")
+            .field("tokens", &self.tokens.len())
+            .field("oidc", &self.oidc)
+            .field("authorization_mode", &self.authorization_mode)
+            .finish()
+    }
+}
+
+/// One line of the token file.
+#[derive(Clone, PartialEq)]
+pub struct StaticToken {
+    pub token: String,
+    pub identity: Identity,
+}
+
+/// `spec.auth.oidc`, defaulted. `jwks` is the JWKS document read from `jwksFile`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OidcSettings {
+    pub issuer: String,
+    pub audiences: Vec<String>,
+    pub jwks: Option<String>,
+    pub jwks_url: Option<String>,
+    pub jwks_refresh: Duration,
+    pub username_claim: String,
+    pub username_prefix: String,
+    pub groups_claim: Option<String>,
+    pub groups_prefix: String,
+    pub uid_claim: Option<String>,
+}
+
+/// Resolves `spec.auth` (files relative to `base`). Errors name the field.
+pub(crate) fn resolve_auth(
+    spec: Option<AuthSpec>,
+    base: &Path,
+) -> Result<AuthSettings, (&'static str, String)> {
+    let Some(spec) = spec else {
+        return Ok(AuthSettings::default());
+    };
+    let tokens = match &spec.token_file {
+        None => Vec::new(),
+        Some(file) => {
+            let text = std::fs::read_to_string(base.join(file))
+                .map_err(|e| ("spec.auth.tokenFile", format!("{file}: {e}")))?;
+            parse_token_csv(&text).map_err(|m| ("spec.auth.tokenFile", format!("{file}: {m}")))?
+        }
+    };
+    let oidc = match spec.oidc {
+        None => None,
+        Some(o) => {
+            if o.issuer_url.is_empty() {
+                return Err(("spec.auth.oidc.issuerURL", "is required".into()));
+            }
+            let mut audiences = o.audiences;
+            if let Some(id) = o.client_id {
+                audiences.insert(0, id);
+            }
+            if audiences.is_empty() {
+                return Err((
+                    "spec.auth.oidc.clientID",
+                    "a client id (or audiences) is required".into(),
+                ));
+            }
+            let jwks = match (&o.jwks_file, &o.jwks_url) {
+                (Some(_), Some(_)) => {
+                    return Err((
+                        "spec.auth.oidc.jwksFile",
+                        "set jwksFile or jwksURL, not both".into(),
+                    ))
+                }
+                (None, None) => {
+                    return Err((
+                        "spec.auth.oidc.jwksFile",
+                        "jwksFile or jwksURL is required".into(),
+                    ))
+                }
+                (Some(file), None) => {
+                    let text = std::fs::read_to_string(base.join(file))
+                        .map_err(|e| ("spec.auth.oidc.jwksFile", format!("{file}: {e}")))?;
+                    parse_jwks(&text).map_err(|m| ("spec.auth.oidc.jwksFile", m))?;
+                    Some(text)
+                }
+                (None, Some(url)) => {
+                    let uri: http::Uri = url
+                        .parse()
+                        .map_err(|e| ("spec.auth.oidc.jwksURL", format!("{url:?}: {e}")))?;
+                    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+                        return Err((
+                            "spec.auth.oidc.jwksURL",
+                            format!("{url:?}: the scheme must be https or http"),
+                        ));
+                    }
+                    None
+                }
+            };
+            Some(OidcSettings {
+                issuer: o.issuer_url,
+                audiences,
+                jwks,
+                jwks_url: o.jwks_url,
+                jwks_refresh: Duration::from_secs(o.jwks_refresh_seconds.unwrap_or(300).max(1)),
+                username_claim: o.username_claim.unwrap_or_else(|| "sub".into()),
+                username_prefix: o.username_prefix.unwrap_or_default(),
+                groups_claim: o.groups_claim,
+                groups_prefix: o.groups_prefix.unwrap_or_default(),
+                uid_claim: o.uid_claim,
+            })
+        }
+    };
+    Ok(AuthSettings {
+        tokens,
+        oidc,
+        authorization_mode: spec.authorization_mode,
+    })
+}
+
+/// Parses kube-apiserver's token file: `token,user,uid[,"group1,group2"]` per line, with CSV
+/// quoting; blank lines and `#` comments are skipped.
+pub fn parse_token_csv(text: &str) -> Result<Vec<StaticToken>, String> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fields = split_csv_line(line).map_err(|m| format!("line {}: {m}", index + 1))?;
+        if fields.len() < 3 {
+            return Err(format!(
+                "line {}: at least token, user and uid are required",
+                index + 1
+            ));
+        }
+        let token = fields[0].trim().to_owned();
+        if token.is_empty() || fields[1].trim().is_empty() {
+            return Err(format!("line {}: empty token or user", index + 1));
+        }
+        if !seen.insert(token.clone()) {
+            return Err(format!("line {}: a token is listed twice", index + 1));
+        }
+        let groups = fields
+            .get(3)
+            .map(|g| {
+                g.split(',')
+                    .map(str::trim)
+                    .filter(|g| !g.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let uid = fields[2].trim();
+        out.push(StaticToken {
+            token,
+            identity: Identity {
+                user: fields[1].trim().to_owned(),
+                groups,
+                uid: (!uid.is_empty()).then(|| uid.to_owned()),
+                extra: Vec::new(),
+            },
+        });
+    }
+    Ok(out)
+}
+
+fn split_csv_line(line: &str) -> Result<Vec<String>, &'static str> {
+    let mut fields = Vec::new();
+    let mut field = String::new();
+    let mut chars = line.chars().peekable();
+    let mut quoted = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                chars.next();
+                field.push('"');
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => fields.push(std::mem::take(&mut field)),
+            c => field.push(c),
+        }
+    }
+    if quoted {
+        return Err("unterminated quote");
+    }
+    fields.push(field);
+    Ok(fields)
+}
+
+/// A JWT signing algorithm the gateway verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JwtAlgorithm {
+    Rs256,
+    Es256,
+}
+
+impl JwtAlgorithm {
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "RS256" => Some(JwtAlgorithm::Rs256),
+            "ES256" => Some(JwtAlgorithm::Es256),
+            _ => None,
+        }
+    }
+}
+
+/// One public key of a JWKS, in the form ring verifies with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Jwk {
+    pub kid: Option<String>,
+    pub algorithm: JwtAlgorithm,
+    /// RS256: the modulus; ES256: the uncompressed point (`04 || x || y`).
+    pub n_or_point: Vec<u8>,
+    /// RS256: the exponent; ES256: empty.
+    pub e: Vec<u8>,
+}
+
+/// Parses a JWKS document; keys of other types or uses are skipped, none usable is an error.
+pub fn parse_jwks(text: &str) -> Result<Vec<Jwk>, String> {
+    let doc: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let keys = doc
+        .get("keys")
+        .and_then(|k| k.as_array())
+        .ok_or("no \"keys\" array")?;
+    let b64 = |v: Option<&serde_json::Value>| -> Option<Vec<u8>> {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(v?.as_str()?.trim_end_matches('='))
+            .ok()
+    };
+    let mut out = Vec::new();
+    for key in keys {
+        if key
+            .get("use")
+            .and_then(|u| u.as_str())
+            .is_some_and(|u| u != "sig")
+        {
+            continue;
+        }
+        let kid = key.get("kid").and_then(|k| k.as_str()).map(str::to_owned);
+        match key.get("kty").and_then(|k| k.as_str()) {
+            Some("RSA") => {
+                if let (Some(n), Some(e)) = (b64(key.get("n")), b64(key.get("e"))) {
+                    out.push(Jwk {
+                        kid,
+                        algorithm: JwtAlgorithm::Rs256,
+                        n_or_point: n,
+                        e,
+                    });
+                }
+            }
+            Some("EC") if key.get("crv").and_then(|c| c.as_str()) == Some("P-256") => {
+                if let (Some(x), Some(y)) = (b64(key.get("x")), b64(key.get("y"))) {
+                    if x.len() == 32 && y.len() == 32 {
+                        let mut point = Vec::with_capacity(65);
+                        point.push(4);
+                        point.extend_from_slice(&x);
+                        point.extend_from_slice(&y);
+                        out.push(Jwk {
+                            kid,
+                            algorithm: JwtAlgorithm::Es256,
+                            n_or_point: point,
+                            e: Vec::new(),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if out.is_empty() {
+        return Err("no RSA or P-256 signing key in the JWKS".into());
+    }
+    Ok(out)
+}
+
+/// What the data path authenticates with: the token file as a map, the OIDC settings with
+/// their keys. Built with every table.
+#[derive(Default)]
+pub struct Authenticators {
+    pub tokens: ahash::AHashMap<String, Arc<Identity>>,
+    pub oidc: Option<OidcVerifierConfig>,
+}
+
+impl std::fmt::Debug for Authenticators {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticators")
+            .field("tokens", &self.tokens.len())
+            .field("oidc", &self.oidc.as_ref().map(|o| &o.settings.issuer))
+            .finish()
+    }
+}
+
+/// OIDC settings plus the keys currently trusted (swapped when `jwksURL` is fetched again).
+pub struct OidcVerifierConfig {
+    pub settings: OidcSettings,
+    pub keys: Arc<arc_swap::ArcSwap<Vec<Jwk>>>,
+}
+
+impl Authenticators {
+    pub(crate) fn build(settings: &AuthSettings) -> Authenticators {
+        let tokens = settings
+            .tokens
+            .iter()
+            .map(|t| (t.token.clone(), Arc::new(t.identity.clone())))
+            .collect();
+        let oidc = settings.oidc.as_ref().map(|o| {
+            // Validated at load: a jwksFile document parses.
+            let keys = o
+                .jwks
+                .as_deref()
+                .and_then(|text| parse_jwks(text).ok())
+                .unwrap_or_default();
+            OidcVerifierConfig {
+                settings: o.clone(),
+                keys: Arc::new(arc_swap::ArcSwap::from_pointee(keys)),
+            }
+        });
+        Authenticators { tokens, oidc }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_file_lines_parse_like_kube_apiserver() {
+        let tokens = parse_token_csv(
+            "# comment\nt1,alice,alice-uid,\"devs,ops\"\n\nt2,bob,bob-uid\nt3,carol,,\"\"\n",
+        )
+        .unwrap();
+        assert_eq!(tokens.len(), 3);
+        assert_eq!(tokens[0].identity.user, "alice");
+        assert_eq!(tokens[0].identity.groups, vec!["devs", "ops"]);
+        assert_eq!(tokens[0].identity.uid.as_deref(), Some("alice-uid"));
+        assert!(tokens[1].identity.groups.is_empty());
+        assert_eq!(tokens[2].identity.uid, None);
+        assert!(parse_token_csv("t1,alice,u\nt1,bob,u\n").is_err());
+        assert!(parse_token_csv("t1,alice\n").is_err());
+        assert!(parse_token_csv("t1,alice,u,\"open\n").is_err());
+    }
+
+    #[test]
+    fn jwks_keeps_rsa_and_p256_keys() {
+        let jwks = r#"{"keys":[
+            {"kty":"EC","crv":"P-256","kid":"a","x":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA","y":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"},
+            {"kty":"RSA","kid":"b","n":"AQAB","e":"AQAB"},
+            {"kty":"oct","k":"AAAA"}]}"#;
+        let keys = parse_jwks(jwks).unwrap();
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys[0].algorithm, JwtAlgorithm::Es256);
+        assert_eq!(keys[0].n_or_point.len(), 65);
+        assert_eq!(keys[1].kid.as_deref(), Some("b"));
+        assert!(parse_jwks(r#"{"keys":[]}"#).is_err());
+    }
+}
