@@ -13,9 +13,11 @@ use crate::karmada::{
     karmada_cluster_config, KarmadaClusterObject, SecretData, SecretObject, KARMADA_API_VERSION,
     KARMADA_CLUSTER_KIND,
 };
-use crate::objects::{AccessPolicyObject, ClusterObject, GatewayObject, GatewaySpec, API_VERSION};
+use crate::objects::{
+    AccessPolicyObject, ClusterObject, GatewayObject, GatewaySpec, Http2Spec, API_VERSION,
+};
 use crate::settings::{
-    ClusterConfig, Config, GatewaySettings, Limits, ListenerSettings, ServingTls,
+    ClusterConfig, Config, GatewaySettings, Http2Settings, Limits, ListenerSettings, ServingTls,
 };
 
 /// Cluster names that would clash with gateway or Kubernetes paths in the OCM `/{name}/...` style.
@@ -197,6 +199,7 @@ pub(crate) fn resolve_gateway(
         admin,
         routing,
         limits,
+        http2,
         auth,
     } = obj.spec;
     if listeners.is_empty() {
@@ -274,7 +277,21 @@ pub(crate) fn resolve_gateway(
             "spec.limits.responseHeadTimeoutSeconds",
             defaults.response_head_timeout,
         )?,
+        idle_timeout: optional_seconds(limits.idle_timeout_seconds, defaults.idle_timeout)
+            .map_err(|m| invalid("spec.limits.idleTimeoutSeconds", m))?,
+        shutdown_grace: match limits.shutdown_grace_seconds {
+            None => defaults.shutdown_grace,
+            // 0 is allowed: in-flight requests are cut at once.
+            Some(s) if s.is_finite() && s >= 0.0 => std::time::Duration::from_secs_f64(s),
+            Some(s) => {
+                return Err(invalid(
+                    "spec.limits.shutdownGraceSeconds",
+                    format!("{s} is not a number of seconds (0 or more)"),
+                ))
+            }
+        },
     };
+    let http2 = resolve_http2(http2).map_err(|(field, message)| invalid(field, message))?;
     if limits.max_head_bytes < 1024 {
         return Err(invalid(
             "spec.limits.maxHeadBytes",
@@ -295,7 +312,44 @@ pub(crate) fn resolve_gateway(
         admin: admin.map(|a| a.address),
         ocm_style: routing.ocm_style,
         limits,
+        http2,
         auth,
+    })
+}
+
+/// A timeout where 0 means "none": `Ok(None)` for 0, `default` when absent.
+fn optional_seconds(
+    value: Option<f64>,
+    default: Option<std::time::Duration>,
+) -> Result<Option<std::time::Duration>, String> {
+    match value {
+        None => Ok(default),
+        Some(s) if s == 0.0 => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 => Ok(Some(std::time::Duration::from_secs_f64(s))),
+        Some(s) => Err(format!("{s} is not a number of seconds (0 for none)")),
+    }
+}
+
+/// `spec.http2` with defaults applied; an error names the field.
+fn resolve_http2(spec: Http2Spec) -> Result<Http2Settings, (&'static str, String)> {
+    let defaults = Http2Settings::default();
+    let max_concurrent_streams = spec
+        .max_concurrent_streams
+        .unwrap_or(defaults.max_concurrent_streams);
+    if !(1..=Http2Settings::MAX_CONCURRENT_STREAMS_LIMIT).contains(&max_concurrent_streams) {
+        return Err((
+            "spec.http2.maxConcurrentStreams",
+            format!(
+                "{max_concurrent_streams} is not between 1 and {}",
+                Http2Settings::MAX_CONCURRENT_STREAMS_LIMIT
+            ),
+        ));
+    }
+    let idle_timeout = optional_seconds(spec.idle_timeout_seconds, defaults.idle_timeout)
+        .map_err(|m| ("spec.http2.idleTimeoutSeconds", m))?;
+    Ok(Http2Settings {
+        max_concurrent_streams,
+        idle_timeout,
     })
 }
 
