@@ -12,11 +12,13 @@
 //! the commands' `ready` lines.
 
 pub mod admin;
+pub mod certs;
 pub mod demo;
 pub mod error;
 pub mod http1;
 pub mod http2;
 pub mod identity;
+pub mod kubeconfig;
 pub mod listener;
 pub mod metrics;
 pub mod proxy;

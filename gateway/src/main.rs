@@ -23,6 +23,10 @@ enum Command {
     Serve(fleetgate::serve::ServeArgs),
     /// Run simulated member clusters and the gateway in front of them.
     Demo(fleetgate::demo::DemoArgs),
+    /// The gateway's CA: create it (init) and issue client certificates (issue).
+    Certs(fleetgate::certs::CertsArgs),
+    /// Write a kubeconfig with one context per cluster a user may reach through the gateway.
+    Kubeconfig(fleetgate::kubeconfig::KubeconfigArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -36,5 +40,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => fleetgate::serve::run(args),
         Command::Demo(args) => fleetgate::demo::run(args),
+        Command::Certs(args) => fleetgate::certs::run(args),
+        Command::Kubeconfig(args) => fleetgate::kubeconfig::run(args),
     }
 }
