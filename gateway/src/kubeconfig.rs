@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use base64::Engine as _;
+use fleetgate_config_watcher::policy::CompiledPolicy;
 use fleetgate_config_watcher::{load_path, Config};
 use serde::Serialize;
 
@@ -54,14 +55,17 @@ pub struct KubeconfigArgs {
     pub ttl: Duration,
 }
 
-/// The clusters `user` (with `groups`) may reach, in the configuration's order. The one place
-/// the kubeconfig asks the access policy.
-///
-/// The policy compiler (issue 6's AccessPolicy) has not landed when this was written: until it
-/// does, every configured cluster is reachable. Switching is this one call.
-pub fn reachable_clusters(config: &Config, user: &str, groups: &[String]) -> Vec<String> {
-    let _ = (user, groups);
-    config.clusters.iter().map(|c| c.name.clone()).collect()
+/// The clusters `user` (with `groups`) may reach, sorted: the access policy's answer (any verb
+/// on the cluster), compiled from the configuration exactly as `serve` compiles it. The one
+/// place the kubeconfig asks the policy; a policy that does not compile is an error here, not an
+/// empty kubeconfig.
+pub fn reachable_clusters(
+    config: &Config,
+    user: &str,
+    groups: &[String],
+) -> anyhow::Result<Vec<String>> {
+    let policy = CompiledPolicy::compile(config).context("compiling the access policies")?;
+    Ok(policy.reachable_clusters(user, groups))
 }
 
 /// Which contexts the kubeconfig gets: the requested clusters (each must be reachable), or every
@@ -230,7 +234,7 @@ pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
     check_server_url(&args.server)?;
     let config = load_path(&args.config)
         .with_context(|| format!("loading the configuration from {}", args.config.display()))?;
-    let reachable = reachable_clusters(&config, &args.user, &args.groups);
+    let reachable = reachable_clusters(&config, &args.user, &args.groups)?;
     let clusters = choose_clusters(&reachable, &args.clusters)?;
     let server_ca = read_server_ca(&args)?;
     let issuer = certs::load_issuer(

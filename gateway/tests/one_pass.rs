@@ -1,0 +1,487 @@
+//! One-pass credentials end to end: `fleetgate certs init`, `certs issue` and `fleetgate
+//! kubeconfig` against a real `fleetgate serve` in front of the simulated fleet, configured with
+//! nothing but the generated CA and serving certificate, the fleet's Cluster objects and two
+//! AccessPolicies. The generated kubeconfig must work with kubectl as it is (no flags, no
+//! insecure TLS) for every context, and hold exactly the contexts the policies allow.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
+
+const FLEETGATE: &str = env!("CARGO_BIN_EXE_fleetgate");
+
+/// The fleet (in this process), the gateway (a child) and the working directory.
+struct Setup {
+    runtime: tokio::runtime::Runtime,
+    fleet: Option<FleetHandle>,
+    gateway: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if let Some(mut gateway) = self.gateway.take() {
+            let _ = gateway.kill();
+            let _ = gateway.wait();
+        }
+        if let Some(fleet) = self.fleet.take() {
+            self.runtime.block_on(fleet.shutdown());
+        }
+    }
+}
+
+impl Setup {
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn log(&self) -> String {
+        let log = std::fs::read_to_string(self.path("gateway.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+}
+
+fn fleetgate(args: &[&str]) -> Output {
+    Command::new(FLEETGATE)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap()
+}
+
+fn fleetgate_ok(args: &[&str]) -> String {
+    let out = fleetgate(args);
+    assert!(
+        out.status.success(),
+        "fleetgate {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// Policies: group `ops` may do anything on the `env: dev` clusters (member1, member3); user
+/// `erin` may read member2 only.
+const POLICIES: &str = r#"
+apiVersion: fleetgate.io/v1alpha1
+kind: AccessPolicy
+metadata:
+  name: ops-on-dev
+spec:
+  subjects:
+    - kind: Group
+      name: ops
+  clusters:
+    selector:
+      matchLabels:
+        env: dev
+  rules:
+    - verbs: ["*"]
+---
+apiVersion: fleetgate.io/v1alpha1
+kind: AccessPolicy
+metadata:
+  name: erin-reads-member2
+spec:
+  subjects:
+    - kind: User
+      name: erin
+  clusters:
+    names: ["member2"]
+  rules:
+    - verbs: ["*"]
+"#;
+
+/// Starts three simulated members, writes the certs and a config that uses them, and starts
+/// `fleetgate serve` on it. Returns the setup and the gateway's https address.
+fn start() -> (Setup, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let fleet_dir = dir.path().join("fleet");
+    let fleet = runtime
+        .block_on(start_fleet(FleetOptions {
+            dir: fleet_dir.clone(),
+            clusters: 3,
+            objects: 2,
+            churn_per_sec: 0.0,
+            gateway_listen: None,
+        }))
+        .unwrap();
+    let mut setup = Setup {
+        runtime,
+        fleet: Some(fleet),
+        gateway: None,
+        dir,
+    };
+
+    // certs init: every file reported, keys 0600, nothing secret printed.
+    let certs = setup.path("certs");
+    let out = fleetgate_ok(&["certs", "init", "--dir", certs.to_str().unwrap()]);
+    for file in [
+        "ca.crt",
+        "ca.key",
+        "serving-ca.crt",
+        "serving-ca.key",
+        "gateway.crt",
+        "gateway.key",
+    ] {
+        assert!(out.contains(file), "init did not report {file}: {out}");
+        assert!(certs.join(file).exists(), "{file} missing");
+    }
+    assert!(!out.contains("PRIVATE KEY"), "init printed a key: {out}");
+    for key in ["ca.key", "serving-ca.key", "gateway.key"] {
+        assert_eq!(mode(&certs.join(key)), 0o600, "{key}");
+    }
+    // A second init would replace the CA and orphan every certificate it issued.
+    let again = fleetgate(&["certs", "init", "--dir", certs.to_str().unwrap()]);
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("--force"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+
+    // The gateway's configuration: the generated certificates, the fleet's clusters, policies.
+    let conf = setup.path("conf");
+    std::fs::create_dir_all(conf.join("clusters")).unwrap();
+    for entry in std::fs::read_dir(fleet_dir.join("clusters")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), conf.join("clusters").join(entry.file_name())).unwrap();
+    }
+    let gateway_yaml = format!(
+        r#"apiVersion: fleetgate.io/v1alpha1
+kind: Gateway
+metadata:
+  name: fleetgate
+spec:
+  workers: 1
+  listeners:
+    - name: https
+      address: 127.0.0.1:0
+  tls:
+    certFile: {certs}/gateway.crt
+    keyFile: {certs}/gateway.key
+    clientCAFile: {certs}/ca.crt
+"#,
+        certs = certs.display()
+    );
+    std::fs::write(conf.join("gateway.yaml"), gateway_yaml).unwrap();
+    std::fs::write(conf.join("policies.yaml"), POLICIES).unwrap();
+
+    let log = std::fs::File::create(setup.path("gateway.log")).unwrap();
+    let mut gateway = Command::new(FLEETGATE)
+        .args(["serve", "--config"])
+        .arg(&conf)
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(gateway.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    setup.gateway = Some(gateway);
+    assert!(
+        line.contains("ready"),
+        "gateway did not start: {line:?}\n{}",
+        setup.log()
+    );
+    let https = line
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("https="))
+        .unwrap()
+        .to_string();
+    (setup, https)
+}
+
+fn kubectl(kubeconfig: &Path, context: &str, args: &[&str]) -> Output {
+    Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--context", context, "--request-timeout", "20s"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn kubectl_ok(setup: &Setup, kubeconfig: &Path, context: &str, args: &[&str]) -> String {
+    let out = kubectl(kubeconfig, context, args);
+    assert!(
+        out.status.success(),
+        "kubectl --context {context} {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        setup.log()
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The contexts of a kubeconfig, and its current context.
+fn contexts(kubeconfig: &Path) -> (Vec<String>, String) {
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(kubeconfig).unwrap()).unwrap();
+    let names = doc["contexts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect();
+    (names, doc["current-context"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn generated_kubeconfig_reaches_exactly_the_allowed_clusters_with_kubectl() {
+    let (setup, https) = start();
+    let server = format!("https://{https}");
+    let certs = setup.path("certs");
+    let conf = setup.path("conf");
+    let out_file = setup.path("dana.kubeconfig");
+    let printed = fleetgate_ok(&[
+        "kubeconfig",
+        "--server",
+        &server,
+        "--user",
+        "dana",
+        "--group",
+        "ops",
+        "--group",
+        "devs",
+        "--certs-dir",
+        certs.to_str().unwrap(),
+        "--config",
+        conf.to_str().unwrap(),
+        "--ttl",
+        "1h",
+        "--out",
+        out_file.to_str().unwrap(),
+    ]);
+    assert!(!printed.contains("PRIVATE KEY"), "{printed}");
+    assert_eq!(mode(&out_file), 0o600);
+    let text = std::fs::read_to_string(&out_file).unwrap();
+    for field in [
+        "client-certificate-data",
+        "client-key-data",
+        "certificate-authority-data",
+    ] {
+        assert!(text.contains(field), "kubeconfig lacks {field}:\n{text}");
+    }
+    // Group ops reaches the env=dev clusters only.
+    let (names, current) = contexts(&out_file);
+    assert_eq!(names, vec!["member1".to_string(), "member3".to_string()]);
+    assert_eq!(current, "member1");
+
+    for context in &names {
+        let whoami = kubectl_ok(
+            &setup,
+            &out_file,
+            context,
+            &["auth", "whoami", "-o", "json"],
+        );
+        let review: serde_json::Value = serde_json::from_str(&whoami).unwrap();
+        let user = &review["status"]["userInfo"];
+        assert_eq!(user["username"], "dana", "{context}: {whoami}");
+        let groups: Vec<&str> = user["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|g| g.as_str())
+            .collect();
+        assert!(
+            groups.contains(&"ops") && groups.contains(&"devs"),
+            "{context}: both O attributes must reach the member: {groups:?}"
+        );
+        let namespaces = kubectl_ok(&setup, &out_file, context, &["get", "ns", "-o", "name"]);
+        assert!(
+            namespaces.lines().any(|l| l == "namespace/default"),
+            "{context}: {namespaces}"
+        );
+    }
+    // The current context is used when none is given.
+    let plain = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&out_file)
+        .args([
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), "dana");
+
+    // A cluster the user may not reach is refused, by name, and no file is written.
+    let refused_file = setup.path("refused.kubeconfig");
+    let refused = fleetgate(&[
+        "kubeconfig",
+        "--server",
+        &server,
+        "--user",
+        "dana",
+        "--group",
+        "ops",
+        "--cluster",
+        "member1",
+        "--cluster",
+        "member2",
+        "--certs-dir",
+        certs.to_str().unwrap(),
+        "--config",
+        conf.to_str().unwrap(),
+        "--out",
+        refused_file.to_str().unwrap(),
+    ]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("member2"), "{stderr}");
+    assert!(!refused_file.exists());
+
+    // --cluster narrows to what was asked; erin (no groups) gets member2 only.
+    let erin_file = setup.path("erin.kubeconfig");
+    fleetgate_ok(&[
+        "kubeconfig",
+        "--server",
+        &server,
+        "--user",
+        "erin",
+        "--certs-dir",
+        certs.to_str().unwrap(),
+        "--config",
+        conf.to_str().unwrap(),
+        "--out",
+        erin_file.to_str().unwrap(),
+    ]);
+    let (names, current) = contexts(&erin_file);
+    assert_eq!(names, vec!["member2".to_string()]);
+    assert_eq!(current, "member2");
+    let whoami = kubectl_ok(
+        &setup,
+        &erin_file,
+        "member2",
+        &[
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ],
+    );
+    assert_eq!(whoami, "erin");
+}
+
+#[test]
+fn issued_certificate_authenticates_with_kubectl_flags() {
+    let (setup, https) = start();
+    let certs = setup.path("certs");
+    let issued = setup.path("issued");
+    let out = fleetgate_ok(&[
+        "certs",
+        "issue",
+        "--dir",
+        certs.to_str().unwrap(),
+        "--user",
+        "dana",
+        "--group",
+        "ops",
+        "--ttl",
+        "2h",
+        "--out-dir",
+        issued.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("dana.crt") && out.contains("dana.key"),
+        "{out}"
+    );
+    assert!(!out.contains("PRIVATE KEY"), "{out}");
+    assert_eq!(mode(&issued.join("dana.key")), 0o600);
+    // Issuing over an existing key needs --force.
+    let again = fleetgate(&[
+        "certs",
+        "issue",
+        "--dir",
+        certs.to_str().unwrap(),
+        "--user",
+        "dana",
+        "--out-dir",
+        issued.to_str().unwrap(),
+    ]);
+    assert!(!again.status.success());
+
+    let whoami = Command::new("kubectl")
+        .arg(format!("--server=https://{https}/clusters/member1"))
+        .arg(format!(
+            "--certificate-authority={}",
+            certs.join("serving-ca.crt").display()
+        ))
+        .arg(format!(
+            "--client-certificate={}",
+            issued.join("dana.crt").display()
+        ))
+        .arg(format!(
+            "--client-key={}",
+            issued.join("dana.key").display()
+        ))
+        .args(["--kubeconfig", "/dev/null", "auth", "whoami", "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        whoami.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&whoami.stderr),
+        setup.log()
+    );
+    let review: serde_json::Value = serde_json::from_slice(&whoami.stdout).unwrap();
+    assert_eq!(review["status"]["userInfo"]["username"], "dana");
+
+    // A certificate from another CA is not accepted by this gateway.
+    let other = setup.path("other");
+    fleetgate_ok(&[
+        "certs",
+        "init",
+        "--dir",
+        other.to_str().unwrap(),
+        "--no-serving",
+    ]);
+    fleetgate_ok(&[
+        "certs",
+        "issue",
+        "--dir",
+        other.to_str().unwrap(),
+        "--user",
+        "dana",
+        "--group",
+        "system:masters",
+    ]);
+    let forged = Command::new("kubectl")
+        .arg(format!("--server=https://{https}/clusters/member1"))
+        .arg(format!(
+            "--certificate-authority={}",
+            certs.join("serving-ca.crt").display()
+        ))
+        .arg(format!(
+            "--client-certificate={}",
+            other.join("dana.crt").display()
+        ))
+        .arg(format!("--client-key={}", other.join("dana.key").display()))
+        .args(["--kubeconfig", "/dev/null", "get", "ns"])
+        .output()
+        .unwrap();
+    assert!(
+        !forged.status.success(),
+        "a certificate of another CA was accepted"
+    );
+}
