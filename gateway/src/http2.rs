@@ -11,8 +11,13 @@
 //! out of the read buffer). A client reset ends the stream at once and drops its member
 //! connection, so a watch's upstream is released. Upgrades cannot ride h2 (no `Connection`
 //! header, and kubectl uses HTTP/1.1 for them): an extended CONNECT gets a Status. Routing,
-//! identity and errors are the same as `proxy`'s. Called by `tls::dispatch` when ALPN says `h2`.
+//! identity and errors are the same as `proxy`'s. The Gateway's `spec.http2` gives the streams a
+//! client may open at once and the idle timeout, read when the connection starts: a connection
+//! with no open stream for that long, or any connection when the gateway drains, gets
+//! GOAWAY(NO_ERROR) (graceful: open streams finish, new ones are refused) and closes. Called by
+//! `tls::dispatch` when ALPN says `h2`.
 
+use std::cell::Cell;
 use std::future::poll_fn;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -38,9 +43,6 @@ use crate::route::{self, Route};
 use crate::runtime::{self, First};
 use crate::upstream::{connect, UpstreamConn};
 
-/// Streams a client may have open at once on one connection: informer-heavy clients (one watch
-/// per resource kind) must not be starved.
-pub const MAX_CONCURRENT_STREAMS: u32 = 1000;
 /// Per-stream receive window (request bodies): what a client may send ahead of the member.
 const STREAM_WINDOW: u32 = 256 * 1024;
 /// Connection receive window.
@@ -53,6 +55,79 @@ const MAX_PENDING_ACCEPT_RESETS: usize = 64;
 const MAX_LOCAL_ERROR_RESETS: usize = 1024;
 /// How long the h2 preface and settings exchange may take.
 const H2_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// After GOAWAY, how long a connection without open streams may take to close (the client
+/// answers the GOAWAY's PING, then the final GOAWAY goes out); a client that never does is
+/// dropped.
+const GOAWAY_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The streams open on one h2 connection, for its idle timeout: a connection is idle only while
+/// none is open (an open watch or a slow request keeps it busy).
+#[derive(Default)]
+struct OpenStreams {
+    open: Cell<usize>,
+    idle_since: Cell<Option<Instant>>,
+}
+
+impl OpenStreams {
+    fn opened(self: &Rc<Self>) -> StreamGuard {
+        self.open.set(self.open.get() + 1);
+        StreamGuard(self.clone())
+    }
+
+    /// How long the connection has had no open stream; `None` while one is open.
+    fn idle_for(&self, now: Instant) -> Option<Duration> {
+        if self.open.get() > 0 {
+            return None;
+        }
+        Some(now.saturating_duration_since(self.idle_since.get().unwrap_or(now)))
+    }
+}
+
+/// One open stream; dropped when its task ends.
+struct StreamGuard(Rc<OpenStreams>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        let open = self.0.open.get() - 1;
+        self.0.open.set(open);
+        if open == 0 {
+            self.0.idle_since.set(Some(Instant::now()));
+        }
+    }
+}
+
+/// Why a connection is being closed with GOAWAY.
+#[derive(Debug, Clone, Copy)]
+enum GoAway {
+    Idle,
+    Drain,
+}
+
+/// Resolves when the connection should get GOAWAY: the gateway drains, or no stream has been
+/// open for `idle_timeout`. Checks the streams once per timeout period at most (one timer per
+/// connection, not one per stream).
+async fn go_away_reason(
+    shutdown: &crate::shutdown::Shutdown,
+    streams: &OpenStreams,
+    idle_timeout: Option<Duration>,
+) -> GoAway {
+    let idle = async {
+        let Some(timeout) = idle_timeout else {
+            return std::future::pending().await;
+        };
+        loop {
+            match streams.idle_for(Instant::now()) {
+                Some(idle) if idle >= timeout => return,
+                Some(idle) => runtime::sleep(timeout - idle).await,
+                None => runtime::sleep(timeout).await,
+            }
+        }
+    };
+    match runtime::race(shutdown.drain_started(), idle).await {
+        First::Left(()) => GoAway::Drain,
+        First::Right(()) => GoAway::Idle,
+    }
+}
 
 /// Serves one h2 client connection until it closes: accepts streams and proxies each in its own
 /// task on this shard.
@@ -60,10 +135,14 @@ pub async fn serve_h2<S>(ctx: Rc<ShardContext>, io: S, peer: SocketAddr, identit
 where
     S: AsyncRead + AsyncWrite + Unpin + 'static,
 {
-    let limits = ctx.table.load().gateway().limits;
+    // Read once per connection: a reload that changes them applies to new connections.
+    let (limits, settings) = {
+        let table = ctx.table.load();
+        (table.gateway().limits, table.gateway().http2)
+    };
     let mut builder = h2::server::Builder::new();
     builder
-        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .max_concurrent_streams(settings.max_concurrent_streams)
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_header_list_size(u32::try_from(limits.max_head_bytes).unwrap_or(u32::MAX))
@@ -84,9 +163,10 @@ where
         };
     debug!(%peer, user = %identity.user, "h2 connection");
     let identity = Rc::new(identity);
-    // Accepting also drives the connection (frames of every stream move only while it is polled).
-    while let Some(accepted) = connection.accept().await {
-        match accepted {
+    let streams = Rc::new(OpenStreams::default());
+    streams.idle_since.set(Some(Instant::now()));
+    let accept_stream =
+        |accepted: Result<(Request<RecvStream>, SendResponse<Bytes>), h2::Error>| match accepted {
             Ok((request, respond)) => {
                 runtime::spawn(serve_stream(
                     ctx.clone(),
@@ -94,11 +174,50 @@ where
                     respond,
                     peer,
                     identity.clone(),
+                    streams.opened(),
                 ));
+                true
             }
             Err(error) => {
                 debug!(%peer, %error, "h2 connection ended with an error");
-                break;
+                false
+            }
+        };
+    // Pinned once: its timer and drain wait live as long as the connection, not one accept.
+    let mut go_away = std::pin::pin!(go_away_reason(
+        &ctx.shutdown,
+        &streams,
+        settings.idle_timeout
+    ));
+    // Accepting also drives the connection (frames of every stream move only while it is polled).
+    let reason = loop {
+        match runtime::race(connection.accept(), go_away.as_mut()).await {
+            First::Left(Some(accepted)) => {
+                if !accept_stream(accepted) {
+                    return;
+                }
+            }
+            First::Left(None) => return,
+            First::Right(reason) => break reason,
+        }
+    };
+    // GOAWAY(NO_ERROR) with a PING, then the final GOAWAY naming the last stream served: the
+    // streams already open finish, new ones are refused, and the connection closes after them.
+    debug!(%peer, ?reason, open_streams = streams.open.get(), "h2 GOAWAY");
+    connection.graceful_shutdown();
+    loop {
+        match runtime::timeout(GOAWAY_CLOSE_TIMEOUT, connection.accept()).await {
+            Ok(Some(accepted)) => {
+                if !accept_stream(accepted) {
+                    return;
+                }
+            }
+            Ok(None) => return,
+            // Streams still run: keep driving them (the drain's grace period bounds this).
+            Err(_) if streams.open.get() > 0 => {}
+            Err(_) => {
+                debug!(%peer, "h2 client did not complete the close; dropping the connection");
+                return;
             }
         }
     }
@@ -111,6 +230,7 @@ async fn serve_stream(
     mut respond: SendResponse<Bytes>,
     peer: SocketAddr,
     identity: Rc<ClientIdentity>,
+    _open: StreamGuard,
 ) {
     let started = Instant::now();
     let _stream = ctx.metrics.stream_opened();

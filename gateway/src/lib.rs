@@ -26,6 +26,7 @@ pub mod route;
 pub mod runtime;
 pub mod serve;
 pub mod shard;
+pub mod shutdown;
 pub mod splice;
 pub mod tls;
 pub mod upstream;

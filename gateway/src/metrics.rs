@@ -143,6 +143,11 @@ impl Metrics {
         GaugeGuard::new(self.upgraded_streams.clone())
     }
 
+    /// Requests and streams in flight now (for the drain's log lines).
+    pub fn open_streams(&self) -> i64 {
+        self.open_streams.get()
+    }
+
     /// Marks a client connection open until the returned guard drops.
     pub fn client_connected(&self) -> GaugeGuard {
         GaugeGuard::new(self.client_connections.clone())

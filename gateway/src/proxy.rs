@@ -33,8 +33,6 @@ use crate::runtime::{self, First};
 use crate::splice::splice;
 use crate::upstream::{connect, ShardPool, UpstreamConn};
 
-/// How long a kept-alive client connection may sit idle between requests.
-const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a request head may take to arrive once it has started (slow-loris defense).
 const HEAD_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a request body may stall between two reads.
@@ -58,6 +56,8 @@ pub struct ShardContext {
     pub pool: ShardPool,
     pub metrics: Arc<Metrics>,
     pub metrics_cache: ShardMetrics,
+    /// Graceful shutdown: shared by every shard.
+    pub shutdown: Arc<crate::shutdown::Shutdown>,
 }
 
 /// Per-connection state reused for every request on it.
@@ -96,7 +96,7 @@ pub async fn serve_http1<S>(
     };
     loop {
         let limits = ctx.table.load().gateway().limits;
-        match read_request_head(&mut down, limits).await {
+        match read_request_head(&mut down, limits, &ctx.shutdown).await {
             Ok(true) => {}
             Ok(false) => break,
             Err(err) => {
@@ -112,10 +112,12 @@ pub async fn serve_http1<S>(
     let _ = down.io.shutdown().await;
 }
 
-/// Reads until a whole request head is parsed. `Ok(false)`: the client closed or idled out.
+/// Reads until a whole request head is parsed. `Ok(false)`: the client closed, idled out
+/// (`limits.idle_timeout` between requests), or the connection is idle while the gateway drains.
 async fn read_request_head<S: AsyncRead + Unpin>(
     down: &mut Downstream<'_, S>,
     limits: Limits,
+    shutdown: &crate::shutdown::Shutdown,
 ) -> Result<bool, GatewayError> {
     let head_limits = HeadLimits {
         max_head_bytes: limits.max_head_bytes,
@@ -142,18 +144,36 @@ async fn read_request_head<S: AsyncRead + Unpin>(
             }
             Err(HeadError::Invalid(reason)) => return Err(GatewayError::BadRequest { reason }),
         }
+        let idle = head_deadline.is_none() && down.buf.is_empty();
         let wait = match head_deadline {
-            None if down.buf.is_empty() => CLIENT_IDLE_TIMEOUT,
+            None if idle => limits.idle_timeout,
             None => {
                 head_deadline = Some(Instant::now() + HEAD_READ_TIMEOUT);
-                HEAD_READ_TIMEOUT
+                Some(HEAD_READ_TIMEOUT)
             }
-            Some(deadline) => deadline.saturating_duration_since(Instant::now()),
+            Some(deadline) => Some(deadline.saturating_duration_since(Instant::now())),
         };
         down.buf.reserve(4096);
-        match runtime::timeout(wait, down.io.read_buf(&mut down.buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Ok(false),
-            Ok(Ok(_)) => {}
+        let read = async {
+            match wait {
+                Some(wait) => runtime::timeout(wait, down.io.read_buf(&mut down.buf))
+                    .await
+                    .ok(),
+                None => Some(down.io.read_buf(&mut down.buf).await),
+            }
+        };
+        let read = if idle {
+            // Between requests: a drain closes the connection now (a started head is read on).
+            match runtime::race(read, shutdown.drain_started()).await {
+                First::Left(read) => read,
+                First::Right(()) => return Ok(false),
+            }
+        } else {
+            read.await
+        };
+        match read {
+            Some(Ok(0)) | Some(Err(_)) | None => return Ok(false),
+            Some(Ok(_)) => {}
         }
     }
 }
@@ -583,7 +603,11 @@ where
     // A refused upgrade (the member's 400 or 403 Status) is relayed as it came, then both
     // connections close: the client may already have sent bytes meant for the new protocol, and
     // the dedicated member connection never joins the pool.
-    let client_close = wants_close(&down.head) || kind == BodyKind::CloseDelimited || upgrade;
+    // While draining, a response tells the client this connection ends with it.
+    let client_close = wants_close(&down.head)
+        || kind == BodyKind::CloseDelimited
+        || upgrade
+        || ctx.shutdown.is_draining();
     let upstream_reusable =
         kind != BodyKind::CloseDelimited && !wants_close(&down.response) && !upgrade;
 

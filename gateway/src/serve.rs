@@ -4,6 +4,11 @@
 //! config-watcher's file source follows the `--config` path and publishes into the same
 //! `SharedTable`; the shards see a new table from their next request.
 //!
+//! On SIGINT or SIGTERM it drains (`shutdown`): the shards stop accepting, h2 clients get GOAWAY,
+//! idle HTTP/1.1 connections close, and in-flight requests may finish for `limits.shutdownGraceSeconds`;
+//! then the process exits 0, cutting whatever is left (watches, exec sessions). A second signal
+//! exits at once.
+//!
 //! [`start`] is the library entry the `demo` command and tests can use to run a gateway in
 //! process; [`run`] is the CLI command. Neither touches a request.
 
@@ -22,6 +27,7 @@ use tracing::info;
 use crate::listener::bind_reuseport;
 use crate::metrics::Metrics;
 use crate::shard::{spawn_shard, Driver, ShardListener};
+use crate::shutdown::Shutdown;
 
 /// Arguments of `fleetgate serve`.
 #[derive(Debug, clap::Args)]
@@ -84,6 +90,8 @@ pub struct RunningGateway {
     pub admin: Option<SocketAddr>,
     pub metrics: Arc<Metrics>,
     pub workers: usize,
+    /// Begin a graceful shutdown with `shutdown.begin()`; `shutdown.all_closed()` says when it is done.
+    pub shutdown: Arc<Shutdown>,
 }
 
 impl RunningGateway {
@@ -175,6 +183,7 @@ pub fn start_with_reload(
         }
         None => None,
     };
+    let shutdown = Shutdown::new();
     let (started_tx, started_rx) = mpsc::channel();
     for (index, listeners) in per_shard.into_iter().enumerate() {
         spawn_shard(
@@ -183,6 +192,7 @@ pub fn start_with_reload(
             listeners,
             table.clone(),
             metrics.clone(),
+            shutdown.clone(),
             started_tx.clone(),
         )?;
     }
@@ -199,6 +209,7 @@ pub fn start_with_reload(
         admin,
         metrics,
         workers,
+        shutdown,
     })
 }
 
@@ -226,7 +237,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         Some(reload.clone()),
     )?;
-    let publisher = TablePublisher::new(table, reload.clone());
+    let publisher = TablePublisher::new(table.clone(), reload.clone());
     let _sources = match &args.management_kubeconfig {
         None => {
             // Watching starts before `ready` is printed, and checks once after the watch is in
@@ -258,9 +269,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         writeln!(stdout, "{}", running.ready_line())?;
         stdout.flush()?;
     }
-    wait_for_shutdown_signal()?;
-    info!("shutting down");
-    Ok(())
+    run_until_drained(&running, &table)
 }
 
 /// Waits (at most 30 s) until the management cluster's objects are listed and published, so that
@@ -279,17 +288,59 @@ fn wait_for_first_table(reload: &ReloadStatus) {
     }
 }
 
-/// Blocks until SIGINT or SIGTERM.
-fn wait_for_shutdown_signal() -> anyhow::Result<()> {
+/// Blocks until SIGINT or SIGTERM, then drains the gateway: returns once every client connection
+/// has closed or the grace period is over. A second signal during the drain exits the process at
+/// once (status 128 + the signal number, as a shell reports a signal).
+pub fn run_until_drained(running: &RunningGateway, table: &SharedTable) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        let first = tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        };
+        let grace = table.load().gateway().limits.shutdown_grace;
+        info!(
+            signal = first,
+            connections = running.shutdown.open_connections(),
+            streams = running.metrics.open_streams(),
+            grace_seconds = grace.as_secs_f64(),
+            "drain started: no longer accepting, GOAWAY to h2 clients, idle connections closed"
+        );
+        let started = std::time::Instant::now();
+        running.shutdown.begin();
         tokio::select! {
-            r = tokio::signal::ctrl_c() => r,
-            _ = term.recv() => Ok(()),
+            _ = running.shutdown.all_closed() => {
+                info!(
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "drain finished: every connection closed"
+                );
+            }
+            _ = tokio::time::sleep(grace) => {
+                tracing::warn!(
+                    connections = running.shutdown.open_connections(),
+                    streams = running.metrics.open_streams(),
+                    grace_seconds = grace.as_secs_f64(),
+                    "drain finished: grace period over, cutting the remaining connections"
+                );
+            }
+            _ = interrupt.recv() => exit_on_second_signal("SIGINT", libc::SIGINT, running),
+            _ = terminate.recv() => exit_on_second_signal("SIGTERM", libc::SIGTERM, running),
         }
-    })?;
-    Ok(())
+        Ok::<_, anyhow::Error>(())
+    })
+}
+
+fn exit_on_second_signal(name: &str, number: i32, running: &RunningGateway) -> ! {
+    tracing::warn!(
+        signal = name,
+        connections = running.shutdown.open_connections(),
+        streams = running.metrics.open_streams(),
+        "second signal during the drain: exiting at once"
+    );
+    std::process::exit(128 + number)
 }

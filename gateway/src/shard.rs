@@ -1,8 +1,10 @@
 //! Shards: one OS thread per worker, each running its own monoio runtime (io_uring, epoll, or
 //! io_uring with epoll fallback) and accepting on its own SO_REUSEPORT sockets.
 //!
-//! A shard owns its upstream pool and shares only the routing table (an `ArcSwap`) and the
-//! metrics atomics with the others. This module and `upstream::connect` are where monoio's types
+//! A shard owns its upstream pool and shares only the routing table (an `ArcSwap`), the
+//! metrics atomics and the shutdown state (`shutdown`) with the others. When the drain begins, each
+//! accept loop stops and drops its listening socket; the connections already accepted finish on
+//! their own (see `shutdown`). This module and `upstream::connect` are where monoio's types
 //! live; nothing here parses HTTP. Called by `serve`.
 
 use std::future::Future;
@@ -22,6 +24,7 @@ use tracing::{debug, error, warn};
 use crate::identity::ClientIdentity;
 use crate::metrics::{Metrics, ShardMetrics};
 use crate::proxy::{serve_http1, ShardContext};
+use crate::shutdown::Shutdown;
 use crate::upstream::ShardPool;
 
 /// Which monoio driver the shards run.
@@ -81,6 +84,7 @@ pub fn spawn_shard(
     listeners: Vec<ShardListener>,
     table: SharedTable,
     metrics: Arc<Metrics>,
+    shutdown: Arc<Shutdown>,
     started: mpsc::Sender<io::Result<()>>,
 ) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -94,6 +98,7 @@ pub fn spawn_shard(
                     pool: ShardPool::new(POOL_MAX_IDLE, POOL_IDLE_TIMEOUT),
                     metrics,
                     metrics_cache: ShardMetrics::default(),
+                    shutdown,
                 });
                 for listener in listeners {
                     match monoio::net::TcpListener::from_std(listener.socket) {
@@ -128,8 +133,18 @@ async fn accept_loop(
     tls: Option<Arc<ServerConfig>>,
 ) {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    // Pinned once: the wait for the drain lives as long as the loop, not one accept.
+    let mut drain_started = std::pin::pin!(ctx.shutdown.drain_started());
     loop {
-        let (tcp, peer) = match listener.accept().await {
+        let accepted = match crate::runtime::race(listener.accept(), drain_started.as_mut()).await {
+            crate::runtime::First::Left(accepted) => accepted,
+            crate::runtime::First::Right(()) => {
+                debug!(shard = ctx.shard, listener = %name, "draining: no longer accepting");
+                // Dropping the socket refuses new connections on this shard.
+                return;
+            }
+        };
+        let (tcp, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors and the like: keep accepting after a pause.
@@ -152,12 +167,14 @@ async fn accept_loop(
                 let acceptor = acceptor.clone();
                 monoio::spawn(async move {
                     let _connected = ctx.metrics.client_connected();
+                    let _open = ctx.shutdown.connection_opened();
                     crate::tls::dispatch(ctx.clone(), acceptor, tcp, peer).await;
                 });
             }
             None => {
                 monoio::spawn(async move {
                     let _connected = ctx.metrics.client_connected();
+                    let _open = ctx.shutdown.connection_opened();
                     let mut tcp = tcp;
                     let anonymous = ClientIdentity::anonymous();
                     serve_http1(ctx.clone(), &mut tcp, peer, &anonymous).await;
