@@ -23,7 +23,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
-use crate::load::{check_cluster_name, check_proxy_url, check_token};
+use crate::load::{check_cluster_name, check_proxy_headers, check_proxy_url, check_token};
 use crate::objects::{ConnectMode, ObjectMeta};
 use crate::settings::ClusterConfig;
 
@@ -241,26 +241,8 @@ pub fn karmada_cluster_config(
     if let Some(url) = &proxy_url {
         check_proxy_url(url).map_err(|m| invalid("spec.proxyURL", m))?;
     }
-    if !spec.proxy_header.is_empty() && proxy_url.is_none() {
-        return Err(invalid(
-            "spec.proxyHeader",
-            "proxy headers need spec.proxyURL".into(),
-        ));
-    }
-    for (header, value) in &spec.proxy_header {
-        http::HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
-            invalid(
-                "spec.proxyHeader",
-                format!("{header:?} is not a header name"),
-            )
-        })?;
-        http::HeaderValue::from_str(value).map_err(|_| {
-            invalid(
-                "spec.proxyHeader",
-                format!("the value of {header:?} is not a header value"),
-            )
-        })?;
-    }
+    check_proxy_headers(proxy_url.as_deref(), &spec.proxy_header)
+        .map_err(|m| invalid("spec.proxyHeader", m))?;
     Ok(ClusterConfig {
         name: name.clone(),
         labels: obj.metadata.labels.clone(),

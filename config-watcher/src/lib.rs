@@ -15,6 +15,7 @@ mod load;
 pub mod objects;
 pub mod policy;
 mod reload;
+pub mod retirement;
 mod settings;
 mod table;
 
@@ -27,9 +28,11 @@ pub use kube_source::{
 pub use load::{check_cluster_name, load_path, RESERVED_CLUSTER_NAMES};
 pub use objects::ConnectMode;
 pub use reload::{ReloadFailure, ReloadOutcome, ReloadStatus, TablePublisher};
+pub use retirement::{RetirementListener, RouteRetirement};
 pub use settings::{ClusterConfig, Config, GatewaySettings, Limits, ListenerSettings, ServingTls};
 pub use table::{
-    crypto_provider, parse_certs, parse_key, parse_server, ClusterRoute, RouteTable, UpstreamTarget,
+    crypto_provider, egress_proxy, parse_certs, parse_key, parse_server, ClusterRoute, EgressProxy,
+    RouteTable, UpstreamTarget,
 };
 
 /// The routing table as the data path holds it: swapped whole on a change, loaded once per request.

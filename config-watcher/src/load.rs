@@ -392,9 +392,12 @@ pub(crate) fn resolve_cluster(
     if let Some(t) = &token {
         check_token(t).map_err(|m| invalid("spec.credentials.token", m))?;
     }
-    if let Some(url) = spec.proxy_url.as_deref().filter(|u| !u.is_empty()) {
+    let proxy_url = spec.proxy_url.filter(|u| !u.is_empty());
+    if let Some(url) = proxy_url.as_deref() {
         check_proxy_url(url).map_err(|m| invalid("spec.proxyURL", m))?;
     }
+    check_proxy_headers(proxy_url.as_deref(), &spec.proxy_header)
+        .map_err(|m| invalid("spec.proxyHeader", m))?;
     let client_cert_pem = pem_field(c.client_cert_data, c.client_cert_file, base)
         .map_err(|m| invalid("spec.credentials.clientCertData/clientCertFile", m))?;
     let client_key_pem = pem_field(c.client_key_data, c.client_key_file, base)
@@ -417,7 +420,7 @@ pub(crate) fn resolve_cluster(
         client_key_pem,
         impersonation: spec.impersonation,
         mode: spec.mode,
-        proxy_url: spec.proxy_url,
+        proxy_url,
         proxy_headers: spec.proxy_header,
     })
 }
@@ -454,14 +457,22 @@ pub(crate) fn check_token(token: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// An egress proxy is `http://`, `https://` or `socks5://` with a host.
+/// An egress proxy is an `http://` URL with a host (optionally `user:password@`): the gateway
+/// opens an HTTP CONNECT tunnel through it. `https://` and `socks5://` proxies are refused here,
+/// with that reason, rather than accepted and then failing on every request.
 pub(crate) fn check_proxy_url(url: &str) -> Result<(), String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
     match uri.scheme_str() {
-        Some("http" | "https" | "socks5") => {}
-        _ => return Err(format!("{url:?}: the scheme must be http, https or socks5")),
+        Some("http") => {}
+        Some("https" | "socks5" | "socks5h") => {
+            return Err(format!(
+                "{url:?}: only http:// egress proxies (HTTP CONNECT) are supported, not {}://",
+                uri.scheme_str().unwrap_or_default()
+            ))
+        }
+        _ => return Err(format!("{url:?}: the scheme must be http")),
     }
     if uri.host().is_none_or(str::is_empty) {
         return Err(format!("{url:?} has no host"));
@@ -486,6 +497,29 @@ pub fn check_cluster_name(name: &str) -> Result<(), String> {
     }
     if RESERVED_CLUSTER_NAMES.contains(&name) {
         return Err(format!("{name:?} is reserved"));
+    }
+    if uri
+        .path_and_query()
+        .is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty())
+    {
+        return Err(format!("{url:?}: a proxy URL has no path or query"));
+    }
+    Ok(())
+}
+
+/// `proxyHeader`: header names and values the CONNECT request can carry, and only with a proxy.
+pub(crate) fn check_proxy_headers(
+    proxy_url: Option<&str>,
+    headers: &std::collections::BTreeMap<String, String>,
+) -> Result<(), String> {
+    if !headers.is_empty() && proxy_url.is_none() {
+        return Err("proxy headers need spec.proxyURL".into());
+    }
+    for (header, value) in headers {
+        http::HeaderName::from_bytes(header.as_bytes())
+            .map_err(|_| format!("{header:?} is not a header name"))?;
+        http::HeaderValue::from_str(value)
+            .map_err(|_| format!("the value of {header:?} is not a header value"))?;
     }
     Ok(())
 }

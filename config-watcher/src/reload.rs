@@ -158,7 +158,11 @@ impl TablePublisher {
         let (added, changed, removed) = cluster_diff(serving.config(), &config);
         // Only this publisher (one per source) swaps, so nothing can slip in between the load
         // above and this store.
-        self.table.store(Arc::new(table));
+        let table = Arc::new(table);
+        self.table.store(table.clone());
+        // Only now, with the new table serving: a stream that ends because its route retired
+        // and re-requests at once finds the new route (or the 404), never the old one.
+        let retired = serving.retire_routes_missing_from(&table);
         self.status.published.fetch_add(1, Ordering::Relaxed);
         self.status.record_success();
         info!(
@@ -168,6 +172,7 @@ impl TablePublisher {
             added,
             changed,
             removed,
+            retired,
             "routing table published"
         );
         ReloadOutcome::Published { generation }

@@ -14,6 +14,7 @@ use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerNam
 
 use crate::error::ConfigError;
 use crate::objects::ConnectMode;
+use crate::retirement::RouteRetirement;
 use crate::settings::{ClusterConfig, Config, GatewaySettings};
 
 /// Where a member's API server is.
@@ -28,6 +29,88 @@ pub struct UpstreamTarget {
     pub path_prefix: String,
 }
 
+/// An HTTP proxy the gateway tunnels through (CONNECT) to reach a member, with the CONNECT
+/// request prepared at table build so a connect formats nothing.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EgressProxy {
+    /// The proxy URL without its credentials, for logs and error messages.
+    pub url: String,
+    pub host: String,
+    pub port: u16,
+    /// `CONNECT member:port HTTP/1.1`, `Host`, the `proxyHeader` fields, and
+    /// `Proxy-Authorization: Basic ...` when the URL carries `user:password@`.
+    pub connect_request: Vec<u8>,
+}
+
+impl std::fmt::Debug for EgressProxy {
+    // The CONNECT request may carry credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressProxy")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Prepares the tunnel through `url` to `target` (the URL was validated by the loader).
+pub fn egress_proxy(
+    url: &str,
+    headers: &BTreeMap<String, String>,
+    target: &UpstreamTarget,
+) -> Result<EgressProxy, String> {
+    use base64::Engine as _;
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!(
+            "{url:?}: only http:// egress proxies (HTTP CONNECT) are supported"
+        ));
+    }
+    let authority = uri
+        .authority()
+        .ok_or_else(|| format!("{url:?} has no host"))?
+        .as_str();
+    let (credentials, host_port) = match authority.rsplit_once('@') {
+        Some((user_info, host_port)) => (Some(user_info), host_port),
+        None => (None, authority),
+    };
+    let host = uri
+        .host()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| format!("{url:?} has no host"))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = uri.port_u16().unwrap_or(80);
+    let mut connect_request =
+        format!("CONNECT {0} HTTP/1.1\r\nHost: {0}\r\n", target.authority).into_bytes();
+    for (name, value) in headers {
+        connect_request.extend_from_slice(name.as_bytes());
+        connect_request.extend_from_slice(b": ");
+        connect_request.extend_from_slice(value.as_bytes());
+        connect_request.extend_from_slice(b"\r\n");
+    }
+    let has_authorization = headers
+        .keys()
+        .any(|k| k.eq_ignore_ascii_case("proxy-authorization"));
+    if let (Some(user_info), false) = (credentials, has_authorization) {
+        connect_request.extend_from_slice(b"Proxy-Authorization: Basic ");
+        connect_request.extend_from_slice(
+            base64::engine::general_purpose::STANDARD
+                .encode(user_info)
+                .as_bytes(),
+        );
+        connect_request.extend_from_slice(b"\r\n");
+    }
+    connect_request.extend_from_slice(b"\r\n");
+    Ok(EgressProxy {
+        url: format!("http://{host_port}"),
+        host,
+        port,
+        connect_request,
+    })
+}
+
 /// One member cluster, ready for the data path.
 pub struct ClusterRoute {
     pub name: Arc<str>,
@@ -39,14 +122,19 @@ pub struct ClusterRoute {
     /// The `Authorization` value the gateway sends upstream (`Bearer ...`), None with client certs.
     pub authorization: Option<String>,
     pub impersonation: bool,
-    pub mode: ConnectMode,
     /// The client's bearer token goes to the member instead of the gateway's credentials.
     pub pass_through: bool,
+    pub mode: ConnectMode,
     pub proxy_url: Option<String>,
     /// Headers for the egress proxy's CONNECT (Karmada's `proxyHeader`).
     pub proxy_headers: BTreeMap<String, String>,
+    /// The egress proxy to reach `upstream` through (an HTTP CONNECT tunnel), ready to dial.
+    pub egress_proxy: Option<EgressProxy>,
     /// Digest of the resolved spec; changes whenever anything about this cluster changes.
     pub id: u64,
+    /// Fired when a published table no longer carries this route (the cluster was removed or its
+    /// `id` changed): streams on it end cleanly and its pooled connections close.
+    pub retirement: Arc<RouteRetirement>,
 }
 
 impl std::fmt::Debug for ClusterRoute {
@@ -71,12 +159,12 @@ pub struct RouteTable {
     gateway: GatewaySettings,
     config: Config,
     generation: u64,
+    /// Authenticators and the compiled AccessPolicy objects (identity layer).
+    access: Arc<crate::policy::AccessControl>,
 }
 
 impl RouteTable {
     /// Builds a table from a validated configuration. Fails (naming the cluster and field) when a
-    /// Authenticators and the compiled AccessPolicy objects (identity layer).
-    access: Arc<crate::policy::AccessControl>,
     /// certificate or key does not parse.
     pub fn build(config: &Config) -> Result<RouteTable, ConfigError> {
         Self::build_generation(config, 1)
@@ -120,11 +208,28 @@ impl RouteTable {
                 .and_then(|p| p.clusters.get(c.name.as_str()).cloned());
             let route = match reused {
                 Some(route) => route,
-                None => Arc::new(build_route(c, &mut tls_configs)?),
+                None => {
+                    let route = build_route(c, &mut tls_configs)?;
+                    // Same digest, so the same route (only where it came from changed, say):
+                    // keep the serving one, whose streams and pooled connections stay valid.
+                    match previous.and_then(|p| p.clusters.get(c.name.as_str())) {
+                        Some(serving) if serving.id == route.id => serving.clone(),
+                        _ => Arc::new(route),
+                    }
+                }
             };
             clusters.insert(route.name.clone(), route);
         }
+        let access =
+            crate::policy::AccessControl::build(config).map_err(|e| ConfigError::Invalid {
+                origin: "AccessPolicy".into(),
+                kind: "AccessPolicy",
+                name: e.policy.clone(),
+                field: e.field,
+                message: e.message.clone(),
+            })?;
         Ok(RouteTable {
+            access: Arc::new(access),
             clusters,
             gateway: config.gateway.clone(),
             config: config.clone(),
@@ -136,20 +241,16 @@ impl RouteTable {
     #[inline]
     pub fn cluster(&self, name: &str) -> Option<&Arc<ClusterRoute>> {
         self.clusters.get(name)
-        let access =
-            crate::policy::AccessControl::build(config).map_err(|e| ConfigError::Invalid {
-                origin: "AccessPolicy".into(),
-                kind: "AccessPolicy",
-                name: e.policy.clone(),
-                field: e.field,
-                message: e.message.clone(),
-            })?;
     }
-            access: Arc::new(access),
 
     /// Every cluster, in no particular order.
     pub fn clusters(&self) -> impl Iterator<Item = &Arc<ClusterRoute>> {
         self.clusters.values()
+    }
+
+    /// Authentication and authorization as compiled with this table.
+    pub fn access(&self) -> &Arc<crate::policy::AccessControl> {
+        &self.access
     }
 
     pub fn gateway(&self) -> &GatewaySettings {
@@ -164,11 +265,23 @@ impl RouteTable {
     pub fn generation(&self) -> u64 {
         self.generation
     }
-    /// Authentication and authorization as compiled with this table.
-    pub fn access(&self) -> &Arc<crate::policy::AccessControl> {
-        &self.access
-    }
 
+    /// Retires every route of this table that `next` does not carry over (same `Arc`): its
+    /// cluster was removed or its spec changed. Called by the publisher once `next` serves.
+    pub fn retire_routes_missing_from(&self, next: &RouteTable) -> usize {
+        let mut retired = 0;
+        for route in self.clusters.values() {
+            let kept = next
+                .clusters
+                .get(&route.name)
+                .is_some_and(|r| Arc::ptr_eq(r, route));
+            if !kept {
+                route.retirement.retire();
+                retired += 1;
+            }
+        }
+        retired
+    }
 }
 
 /// Parses a cluster's `spec.server` URL into an upstream target.
@@ -271,6 +384,13 @@ fn build_route(
     } else {
         None
     };
+    let egress_proxy = match c.proxy_url.as_deref().filter(|u| !u.is_empty()) {
+        Some(url) => Some(
+            egress_proxy(url, &c.proxy_headers, &upstream)
+                .map_err(|m| invalid("spec.proxyURL", m))?,
+        ),
+        None => None,
+    };
     let authorization = c.token.as_ref().map(|t| format!("Bearer {t}"));
     let mut h = std::collections::hash_map::DefaultHasher::new();
     // DefaultHasher::new() uses fixed keys, so the id is stable across rebuilds and processes.
@@ -283,6 +403,7 @@ fn build_route(
     c.client_cert_pem.hash(&mut h);
     c.client_key_pem.hash(&mut h);
     c.impersonation.hash(&mut h);
+    c.pass_through.hash(&mut h);
     c.proxy_url.hash(&mut h);
     c.proxy_headers.hash(&mut h);
     format!("{:?}", c.mode).hash(&mut h);
@@ -294,10 +415,13 @@ fn build_route(
         server_name,
         authorization,
         impersonation: c.impersonation,
+        pass_through: c.pass_through,
         mode: c.mode,
         proxy_url: c.proxy_url.clone(),
         proxy_headers: c.proxy_headers.clone(),
+        egress_proxy,
         id: h.finish(),
+        retirement: Arc::new(RouteRetirement::new()),
     })
 }
 
@@ -312,7 +436,6 @@ pub fn parse_certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<_, _>>()
         .map_err(|e| format!("bad PEM certificate: {e}"))?;
-    c.pass_through.hash(&mut h);
     if certs.is_empty() {
         return Err("no CERTIFICATE block in the PEM".into());
     }
@@ -324,7 +447,6 @@ pub fn parse_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
     PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("bad PEM private key: {e}"))
 }
 
-        pass_through: c.pass_through,
 fn client_config(c: &ClusterConfig) -> Result<rustls::ClientConfig, (&'static str, String)> {
     let builder = rustls::ClientConfig::builder_with_provider(crypto_provider())
         .with_safe_default_protocol_versions()

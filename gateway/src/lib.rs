@@ -22,6 +22,7 @@ pub mod kubeconfig;
 pub mod listener;
 pub mod metrics;
 pub mod proxy;
+pub mod retired;
 pub mod route;
 pub mod runtime;
 pub mod serve;

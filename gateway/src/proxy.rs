@@ -28,6 +28,7 @@ use crate::http1::{
 };
 use crate::identity::{self, ClientIdentity};
 use crate::metrics::{Metrics, ShardMetrics};
+use crate::retired::{retired_end, RetiredEnd, FINISH_CHUNK_WITHIN, LAST_CHUNK};
 use crate::route::{self, Route};
 use crate::runtime::{self, First};
 use crate::splice::splice;
@@ -460,11 +461,21 @@ where
     // Bytes the client sent past its head, and the member past its 101, go first.
     let client_pending = std::mem::take(&mut down.buf);
     let member_pending = std::mem::take(&mut conn.buf);
-    match splice(&mut *down.io, &mut conn.io, client_pending, member_pending).await {
+    let retired = cluster.retirement.listen();
+    match splice(
+        &mut *down.io,
+        &mut conn.io,
+        client_pending,
+        member_pending,
+        retired,
+    )
+    .await
+    {
         Ok(totals) => debug!(
             cluster = %cluster.name,
             client_to_member = totals.client_to_member,
             member_to_client = totals.member_to_client,
+            retired = totals.retired,
             "upgraded stream closed"
         ),
         Err(error) => debug!(cluster = %cluster.name, %error, "upgraded stream failed"),
@@ -823,7 +834,8 @@ fn write_response_head(out: &mut Vec<u8>, response: &Head, close: bool) {
 
 /// Streams the rest of a response body to the client, one flush per member read. For
 /// long-running responses it also watches the client: a client that closes ends the stream at
-/// once instead of at the next event.
+/// once instead of at the next event; and it watches the route: once the route is retired (its
+/// cluster removed or changed) the stream ends cleanly at a chunk boundary (`retired`).
 async fn stream_response_body<S>(
     down: &mut Downstream<'_, S>,
     conn: &mut UpstreamConn,
@@ -833,12 +845,46 @@ async fn stream_response_body<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    // Registered with the route on the first idle wait; afterwards one atomic load per poll.
+    // Borrowed, not cloned: no shared reference count touched per response.
+    let retirement = &*conn.retirement;
+    let mut retired = retirement.listen();
+    let mut finish_chunk_by: Option<Instant> = None;
     while !progress.is_done() {
         down.io
             .flush()
             .await
             .map_err(|_| Failure::Abort("client flush failed"))?;
-        let read = if long_running {
+        if long_running && retirement.is_retired() {
+            match retired_end(progress) {
+                RetiredEnd::Done => break,
+                RetiredEnd::LastChunk => {
+                    down.io
+                        .write_all(LAST_CHUNK)
+                        .await
+                        .map_err(|_| Failure::Abort("client write failed"))?;
+                    *progress = BodyProgress::Done;
+                    break;
+                }
+                RetiredEnd::Close => {
+                    *progress = BodyProgress::Done;
+                    break;
+                }
+                RetiredEnd::Cut => return Err(Failure::Abort("route retired mid-body")),
+                RetiredEnd::FinishChunk => {
+                    finish_chunk_by.get_or_insert_with(|| Instant::now() + FINISH_CHUNK_WITHIN);
+                }
+            }
+        }
+        let read = if let Some(deadline) = finish_chunk_by {
+            // Retired inside a chunk: the rest of it, briefly, then the last chunk.
+            conn.buf.reserve(IDLE_STREAM_BUFFER);
+            let left = deadline.saturating_duration_since(Instant::now());
+            match runtime::timeout(left, conn.io.read_buf(&mut conn.buf)).await {
+                Ok(read) => read,
+                Err(_) => return Err(Failure::Abort("route retired inside a chunk")),
+            }
+        } else if long_running {
             // A watch or log stream is idle most of the time: keep its buffer small, and give
             // back a large one a burst (a watch replay) left behind.
             if conn.buf.is_empty() && conn.buf.capacity() > IDLE_STREAM_BUFFER * 4 {
@@ -855,12 +901,15 @@ where
                     std::future::pending().await
                 }
             };
-            match runtime::race(conn.io.read_buf(&mut conn.buf), client).await {
-                First::Left(read) => read,
-                First::Right(Ok(0) | Err(_)) => {
+            let member_or_client = runtime::race(conn.io.read_buf(&mut conn.buf), client);
+            match runtime::race(member_or_client, &mut retired).await {
+                First::Left(First::Left(read)) => read,
+                First::Left(First::Right(Ok(0) | Err(_))) => {
                     return Err(Failure::Abort("client closed during a stream"))
                 }
-                First::Right(Ok(_)) => continue,
+                First::Left(First::Right(Ok(_))) => continue,
+                // Checked at the top of the loop.
+                First::Right(()) => continue,
             }
         } else {
             conn.buf.reserve(READ_CHUNK);

@@ -8,10 +8,12 @@
 //! from the buffer that read them. A side's end of stream becomes `shutdown(write)` on the other
 //! side (half-close), and the other direction keeps flowing; an error on either side ends the
 //! whole splice, and the caller drops both connections. There is never a timeout here: an exec
-//! session may sit idle for hours. Runtime-neutral (tokio's I/O traits on readiness streams);
+//! session may sit idle for hours. The one other end is the route's retirement (its cluster was
+//! removed or its credentials changed): the splice stops at once and the caller closes both
+//! connections, as a member restart would. Runtime-neutral (tokio's I/O traits on readiness streams);
 //! never parses anything. Called by `proxy` once a 101 has been relayed.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -28,6 +30,8 @@ const SPLICE_BUFFER: usize = 16 * 1024;
 pub struct SpliceTotals {
     pub client_to_member: u64,
     pub member_to_client: u64,
+    /// The session was cut because its route was retired, not closed by either side.
+    pub retired: bool,
 }
 
 /// Why a splice ended early.
@@ -168,19 +172,24 @@ impl Direction {
 /// Copies bytes between `client` and `member` both ways until both directions have ended,
 /// writing `client_pending` to the member and `member_pending` to the client first. End of stream
 /// on one side shuts down the other side's write half; an error on either side ends the splice
-/// (the caller then drops both connections).
-pub async fn splice<C, M>(
+/// (the caller then drops both connections). `retired` completing (the route's
+/// `RetirementListener`) ends the splice too, with [`SpliceTotals::retired`] set.
+pub async fn splice<C, M, R>(
     client: &mut C,
     member: &mut M,
     client_pending: BytesMut,
     member_pending: BytesMut,
+    retired: R,
 ) -> Result<SpliceTotals, SpliceError>
 where
     C: AsyncRead + AsyncWrite + Unpin + ?Sized,
     M: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    R: Future<Output = ()>,
 {
     let mut upward = Direction::new(client_pending);
     let mut downward = Direction::new(member_pending);
+    let mut retired = std::pin::pin!(retired);
+    let mut cut = false;
     poll_fn(|cx| {
         let up = upward.poll_copy(cx, Pin::new(&mut *client), Pin::new(&mut *member));
         if let Poll::Ready(Err(step)) = up {
@@ -198,6 +207,9 @@ where
         }
         if up.is_ready() && down.is_ready() {
             Poll::Ready(Ok(()))
+        } else if retired.as_mut().poll(cx).is_ready() {
+            cut = true;
+            Poll::Ready(Ok(()))
         } else {
             Poll::Pending
         }
@@ -206,5 +218,6 @@ where
     Ok(SpliceTotals {
         client_to_member: upward.total,
         member_to_client: downward.total,
+        retired: cut,
     })
 }

@@ -1,6 +1,11 @@
 //! Dialing a member cluster: TCP connect and TLS handshake under one connect timeout, giving an
 //! [`UpstreamConn`] (the stream, its read buffer, and bookkeeping for the pool).
 //!
+//! A cluster with an egress proxy (`spec.proxyURL`, Karmada's `proxyURL`) is reached through an
+//! HTTP CONNECT tunnel: TCP to the proxy, the CONNECT request the table prepared (with the
+//! `proxyHeader` fields), a 2xx answer, then TLS to the member inside the tunnel; any other answer
+//! fails the connect with an error naming the proxy and its answer.
+//!
 //! Runtime-specific (monoio) and never called off a shard thread. Called by `proxy` through
 //! [`connect`] when the shard's pool has no idle connection for the cluster.
 
@@ -11,10 +16,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use fleetgate_config_watcher::ClusterRoute;
+use fleetgate_config_watcher::{ClusterRoute, EgressProxy, RouteRetirement};
 use monoio::io::IntoPollIo;
 use monoio::net::tcp::stream_poll::TcpStreamPoll;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::error::GatewayError;
 use crate::metrics::{GaugeGuard, Metrics};
@@ -73,6 +78,9 @@ pub struct UpstreamConn {
     /// The [`ClusterRoute::id`] it was opened for: a pool key, so a changed cluster spec never
     /// reuses a connection made with old credentials.
     pub cluster_id: u64,
+    /// The route's retirement flag: the pool closes the connection once the route it was made
+    /// for has left the serving table.
+    pub retirement: Arc<RouteRetirement>,
     /// When it went back to the pool.
     pub idle_since: Instant,
     /// Whether it has carried a request before (a failure on a reused connection may be the
@@ -104,11 +112,30 @@ pub async fn connect(
     metrics: &Arc<Metrics>,
 ) -> Result<UpstreamConn, GatewayError> {
     let target = &cluster.upstream;
-    let address = format!("{}:{}", target.host, target.port);
+    let address = match &cluster.egress_proxy {
+        None => format!("{}:{}", target.host, target.port),
+        Some(proxy) => format!(
+            "{}:{} through the egress proxy {}",
+            target.host, target.port, proxy.url
+        ),
+    };
     let attempt = async {
-        let tcp = monoio::net::TcpStream::connect((target.host.as_str(), target.port)).await?;
-        tcp.set_nodelay(true)?;
-        let tcp = tcp.into_poll_io()?;
+        let tcp = match &cluster.egress_proxy {
+            None => {
+                let tcp =
+                    monoio::net::TcpStream::connect((target.host.as_str(), target.port)).await?;
+                tcp.set_nodelay(true)?;
+                tcp.into_poll_io()?
+            }
+            Some(proxy) => {
+                let tcp =
+                    monoio::net::TcpStream::connect((proxy.host.as_str(), proxy.port)).await?;
+                tcp.set_nodelay(true)?;
+                let mut tcp = tcp.into_poll_io()?;
+                open_tunnel(&mut tcp, proxy).await?;
+                tcp
+            }
+        };
         if !target.tls {
             return Ok(UpstreamIo::Plain(tcp));
         }
@@ -127,6 +154,7 @@ pub async fn connect(
             // small buffer.
             buf: BytesMut::new(),
             cluster_id: cluster.id,
+            retirement: cluster.retirement.clone(),
             idle_since: Instant::now(),
             reused: false,
             _open: metrics.upstream_connected(&cluster.name),
@@ -141,4 +169,65 @@ pub async fn connect(
             address,
         }),
     }
+}
+
+/// The longest CONNECT answer head accepted from an egress proxy.
+const MAX_PROXY_HEAD: usize = 16 * 1024;
+
+/// Asks `proxy` for a tunnel (the prepared CONNECT request) and reads its answer head. A 2xx
+/// leaves `stream` as a byte pipe to the member; anything else is an error naming the answer.
+async fn open_tunnel(stream: &mut TcpStreamPoll, proxy: &EgressProxy) -> io::Result<()> {
+    stream.write_all(&proxy.connect_request).await?;
+    stream.flush().await?;
+    let mut head = Vec::with_capacity(512);
+    let end = loop {
+        if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        if head.len() > MAX_PROXY_HEAD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the egress proxy's answer to CONNECT is longer than {MAX_PROXY_HEAD} bytes"
+                ),
+            ));
+        }
+        head.reserve(512);
+        if stream.read_buf(&mut head).await? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the egress proxy closed the connection before answering CONNECT",
+            ));
+        }
+    };
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut response = httparse::Response::new(&mut headers);
+    match response.parse(&head[..end]) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the egress proxy's answer to CONNECT is not an HTTP response",
+            ))
+        }
+    }
+    let code = response.code.unwrap_or(0);
+    if !(200..300).contains(&code) {
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            format!(
+                "the egress proxy answered {code} {} to CONNECT",
+                response.reason.unwrap_or_default()
+            ),
+        ));
+    }
+    if end < head.len() {
+        // Bytes past a 2xx head would be the member's, before the gateway's TLS hello: no proxy
+        // does that, and passing them on would mean trusting them.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the egress proxy sent bytes after its answer to CONNECT",
+        ));
+    }
+    Ok(())
 }

@@ -4,11 +4,20 @@
 //! dies on the shard that opened it. It never checks a connection's health (the driver retries a
 //! request that fails on a reused connection once) and only holds connections the driver returned
 //! after a clean, complete response.
+//!
+//! Connections of a retired route (its cluster removed or changed: see
+//! `fleetgate_config_watcher::retirement`) are closed by a sweep: on the next touch of the pool
+//! after a retirement anywhere in the process (one atomic load per touch tells), and by a small
+//! task the pool starts on its shard at its first `put`, which sleeps until a retirement happens,
+//! so an idle shard closes them too.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use ahash::AHashMap;
+use fleetgate_config_watcher::retirement::retirements;
+use tracing::debug;
 
 use super::UpstreamConn;
 
@@ -17,7 +26,9 @@ const PROBE_AFTER: Duration = Duration::from_millis(500);
 
 /// Idle connections per cluster route on one shard.
 pub struct ShardPool {
-    idle: RefCell<AHashMap<u64, Vec<UpstreamConn>>>,
+    idle: Rc<IdleConns>,
+    /// Whether the retirement sweeper task runs on this shard yet.
+    sweeper_started: Cell<bool>,
     max_idle_per_cluster: usize,
     idle_timeout: Duration,
 }
@@ -28,7 +39,11 @@ impl ShardPool {
     /// one under us).
     pub fn new(max_idle_per_cluster: usize, idle_timeout: Duration) -> Self {
         ShardPool {
-            idle: RefCell::new(AHashMap::new()),
+            idle: Rc::new(IdleConns {
+                by_cluster: RefCell::new(AHashMap::new()),
+                swept_at_epoch: Cell::new(retirements().epoch()),
+            }),
+            sweeper_started: Cell::new(false),
             max_idle_per_cluster,
             idle_timeout,
         }
@@ -36,7 +51,8 @@ impl ShardPool {
 
     /// The most recently returned, unexpired idle connection for `cluster_id`.
     pub fn take(&self, cluster_id: u64) -> Option<UpstreamConn> {
-        let mut idle = self.idle.borrow_mut();
+        self.idle.sweep_if_retired();
+        let mut idle = self.idle.by_cluster.borrow_mut();
         let conns = idle.get_mut(&cluster_id)?;
         while let Some(mut conn) = conns.pop() {
             let idle = conn.idle_since.elapsed();
@@ -56,10 +72,18 @@ impl ShardPool {
 
     /// Returns a connection after a clean, complete response.
     pub fn put(&self, mut conn: UpstreamConn) {
+        if conn.retirement.is_retired() {
+            // Its route left the table while the response streamed: nobody will ask for it.
+            return;
+        }
+        if !self.sweeper_started.replace(true) {
+            crate::runtime::spawn(sweep_on_retirement(Rc::downgrade(&self.idle)));
+        }
+        self.idle.sweep_if_retired();
         let now = Instant::now();
         conn.idle_since = now;
         conn.reused = true;
-        let mut idle = self.idle.borrow_mut();
+        let mut idle = self.idle.by_cluster.borrow_mut();
         // Drop expired connections of every cluster now and then, so routes removed from the
         // table do not keep sockets open.
         if idle.len() > 8 {
@@ -78,6 +102,55 @@ impl ShardPool {
 
     /// Idle connections held now (for tests and metrics).
     pub fn idle_count(&self) -> usize {
-        self.idle.borrow().values().map(Vec::len).sum()
+        self.idle.by_cluster.borrow().values().map(Vec::len).sum()
+    }
+}
+
+/// The idle connections, shared between the pool and its sweeper task (same shard).
+struct IdleConns {
+    by_cluster: RefCell<AHashMap<u64, Vec<UpstreamConn>>>,
+    /// The process-wide retirement epoch this pool last swept at.
+    swept_at_epoch: Cell<u64>,
+}
+
+impl IdleConns {
+    /// Closes the connections of retired routes if any route was retired since the last sweep.
+    /// One atomic load when nothing was.
+    fn sweep_if_retired(&self) {
+        let epoch = retirements().epoch();
+        if epoch == self.swept_at_epoch.get() {
+            return;
+        }
+        let Ok(mut idle) = self.by_cluster.try_borrow_mut() else {
+            // A borrow in progress on this shard (cannot happen across an await); the next
+            // touch sweeps.
+            return;
+        };
+        self.swept_at_epoch.set(epoch);
+        let before: usize = idle.values().map(Vec::len).sum();
+        idle.retain(|_, conns| {
+            conns.retain(|c| !c.retirement.is_retired());
+            !conns.is_empty()
+        });
+        let closed = before - idle.values().map(Vec::len).sum::<usize>();
+        if closed > 0 {
+            debug!(closed, "closed idle upstream connections of retired routes");
+        }
+    }
+}
+
+/// Sleeps until a route is retired anywhere in the process, then sweeps this shard's pool; ends
+/// when the pool is dropped (with its shard).
+async fn sweep_on_retirement(idle: std::rc::Weak<IdleConns>) {
+    loop {
+        let seen = match idle.upgrade() {
+            Some(idle) => idle.swept_at_epoch.get(),
+            None => return,
+        };
+        retirements().changed_since(seen).await;
+        match idle.upgrade() {
+            Some(idle) => idle.sweep_if_retired(),
+            None => return,
+        }
     }
 }

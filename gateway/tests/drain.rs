@@ -1,0 +1,677 @@
+//! Draining a changed or removed cluster through a real `fleetgate serve` process watching the
+//! simulated fleet's directory. While a client keeps sending requests to an unchanged cluster
+//! (member2), member1's file is rewritten (a changed token) or removed, and the test checks what
+//! a user would see: member1's open watches (HTTP/1.1 chunked and h2) end cleanly (the chunked
+//! body's last chunk, the h2 END_STREAM: no error on the client) within one second, its pooled
+//! connections close, an exec session on it is closed, and new requests meet the new route (401
+//! with the refused token, 404 once removed); member2's watch keeps receiving events and its
+//! requests see zero failures.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fleetgate_loadtest::sim::{self, start_fleet, FleetHandle, FleetOptions};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::sync::mpsc;
+
+/// How soon after the file changes a watch of the changed cluster must have ended.
+const WITHIN: Duration = Duration::from_secs(1);
+
+struct Fleet {
+    runtime: tokio::runtime::Runtime,
+    handle: Option<FleetHandle>,
+    gateway: Child,
+    dir: tempfile::TempDir,
+    https: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let _ = self.gateway.kill();
+        let _ = self.gateway.wait();
+        if let Some(handle) = self.handle.take() {
+            self.runtime.block_on(handle.shutdown());
+        }
+    }
+}
+
+fn start() -> Fleet {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = runtime
+        .block_on(start_fleet(FleetOptions {
+            dir: dir.path().to_path_buf(),
+            clusters: 2,
+            objects: 2,
+            churn_per_sec: 0.0,
+            gateway_listen: None,
+        }))
+        .unwrap();
+    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+        .args(["serve", "--workers", "2", "--config"])
+        .arg(dir.path())
+        .env("RUST_LOG", "info,fleetgate::upstream=debug")
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(gateway.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.contains("ready"),
+        "gateway did not start: {line:?} {}",
+        std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
+    );
+    let field = |name: &str| -> SocketAddr {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    Fleet {
+        https: field("https="),
+        admin: field("admin="),
+        runtime,
+        handle: Some(handle),
+        gateway,
+        dir,
+    }
+}
+
+fn cluster_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("clusters/{name}.yaml"))
+}
+
+/// The fleet's `admin` user (allowed everything), trusting the gateway CA, offering `alpn`.
+fn client_config(dir: &Path, alpn: &[u8]) -> Arc<rustls::ClientConfig> {
+    let read = |p: &str| std::fs::read(dir.join(p)).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in fleetgate_config_watcher::parse_certs(&read("pki/gateway-ca.crt")).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(fleetgate_config_watcher::crypto_provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(
+                fleetgate_config_watcher::parse_certs(&read("users/admin.crt")).unwrap(),
+                fleetgate_config_watcher::parse_key(&read("users/admin.key")).unwrap(),
+            )
+            .unwrap();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    Arc::new(config)
+}
+
+async fn tls_connect(
+    addr: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+}
+
+/// HTTP/1.1 or h2: the same request either way.
+enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+impl Sender {
+    async fn connect(fleet: &FleetAddrs, h2: bool) -> std::io::Result<Sender> {
+        let alpn: &[u8] = if h2 { b"h2" } else { b"http/1.1" };
+        let stream = tls_connect(fleet.https, client_config(&fleet.dir, alpn)).await?;
+        let io = TokioIo::new(stream);
+        if h2 {
+            let (sender, connection) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                    .await
+                    .map_err(std::io::Error::other)?;
+            tokio::spawn(connection);
+            Ok(Sender::H2(sender))
+        } else {
+            let (sender, connection) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(std::io::Error::other)?;
+            tokio::spawn(connection);
+            Ok(Sender::H1(sender))
+        }
+    }
+
+    async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> Result<http::Response<hyper::body::Incoming>, String> {
+        // HTTP/1.1 in origin form with a Host header; h2 with :scheme and :authority.
+        let uri = match self {
+            Sender::H1(_) => path.to_owned(),
+            Sender::H2(_) => format!("https://127.0.0.1{path}"),
+        };
+        let mut request = http::Request::builder().method(method).uri(uri);
+        if let Sender::H1(_) = self {
+            request = request.header("host", "127.0.0.1");
+        }
+        let request = request
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .unwrap();
+        match self {
+            Sender::H1(s) => {
+                s.ready().await.map_err(|e| e.to_string())?;
+                s.send_request(request).await.map_err(|e| e.to_string())
+            }
+            Sender::H2(s) => {
+                s.ready().await.map_err(|e| e.to_string())?;
+                s.send_request(request).await.map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// A whole request: the status code and the body.
+    async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> Result<(u16, String), String> {
+        let response = self.send(method, path, body).await?;
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+}
+
+/// What the test's tokio tasks need of the fleet.
+#[derive(Clone)]
+struct FleetAddrs {
+    https: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Fleet {
+    fn addrs(&self) -> FleetAddrs {
+        FleetAddrs {
+            https: self.https,
+            dir: self.dir.path().to_path_buf(),
+        }
+    }
+
+    /// A fresh connection and one request (as a new kubectl would do).
+    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let addrs = self.addrs();
+        let (method, path, body) = (method.to_owned(), path.to_owned(), body.to_owned());
+        self.runtime.block_on(async move {
+            let mut sender = Sender::connect(&addrs, false).await.unwrap();
+            sender.request(&method, &path, &body).await.unwrap()
+        })
+    }
+
+    fn admin_get(&self, path: &str) -> String {
+        let mut stream = std::net::TcpStream::connect(self.admin).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).unwrap();
+        text
+    }
+
+    /// A gauge of the gateway's `/metrics` (0 when the series is absent).
+    fn gauge(&self, series: &str) -> i64 {
+        let metrics = self.admin_get("/metrics");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn upstream_connections(&self, cluster: &str) -> i64 {
+        self.gauge(&format!(
+            "fleetgate_upstream_connections{{cluster=\"{cluster}\"}} "
+        ))
+    }
+
+    fn log(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default();
+        log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
+    }
+
+    fn kubectl(&self, context: &str) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig")
+            .arg(self.dir.path().join("gateway.kubeconfig"))
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("kube-cache"))
+            .args(["--context", context, "--request-timeout", "20s"]);
+        cmd
+    }
+}
+
+/// Polls `condition` every 20 ms until it holds, failing the test after `deadline`.
+fn wait_for(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !condition() {
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+/// What a watch task reports.
+#[derive(Debug)]
+enum WatchEvent {
+    /// The response head arrived with this status.
+    Head(u16),
+    /// A piece of the body.
+    Data(String),
+    /// The body ended: `Ok` when cleanly (last chunk, END_STREAM), `Err` with hyper's error.
+    End(Result<(), String>),
+}
+
+/// An open watch, read by a task of the fleet's runtime.
+struct Watch {
+    events: mpsc::UnboundedReceiver<WatchEvent>,
+    seen: String,
+}
+
+impl Watch {
+    fn open(fleet: &Fleet, path: &str, h2: bool) -> Watch {
+        let (tx, events) = mpsc::unbounded_channel();
+        let addrs = fleet.addrs();
+        let target = path.to_owned();
+        fleet.runtime.spawn(async move {
+            let mut sender = match Sender::connect(&addrs, h2).await {
+                Ok(sender) => sender,
+                Err(e) => {
+                    let _ = tx.send(WatchEvent::End(Err(e.to_string())));
+                    return;
+                }
+            };
+            let response = match sender.send("GET", &target, "").await {
+                Ok(response) => response,
+                Err(e) => {
+                    let _ = tx.send(WatchEvent::End(Err(e)));
+                    return;
+                }
+            };
+            let _ = tx.send(WatchEvent::Head(response.status().as_u16()));
+            let mut body = response.into_body();
+            loop {
+                match body.frame().await {
+                    None => {
+                        let _ = tx.send(WatchEvent::End(Ok(())));
+                        return;
+                    }
+                    Some(Err(e)) => {
+                        let _ = tx.send(WatchEvent::End(Err(format!("{e:?}"))));
+                        return;
+                    }
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            let text = String::from_utf8_lossy(&data).into_owned();
+                            let _ = tx.send(WatchEvent::Data(text));
+                        }
+                    }
+                }
+            }
+        });
+        let mut watch = Watch {
+            events,
+            seen: String::new(),
+        };
+        match watch.next(Duration::from_secs(10)) {
+            Some(WatchEvent::Head(200)) => {}
+            other => panic!("watch {path} did not start: {other:?}"),
+        }
+        watch
+    }
+
+    fn next(&mut self, within: Duration) -> Option<WatchEvent> {
+        let deadline = Instant::now() + within;
+        loop {
+            match self.events.try_recv() {
+                Ok(WatchEvent::Data(text)) => {
+                    self.seen.push_str(&text);
+                    return Some(WatchEvent::Data(text));
+                }
+                Ok(event) => return Some(event),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits for the end of the body within `within`, returning how it ended.
+    fn end(&mut self, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next(left) {
+                Some(WatchEvent::End(how)) => return how,
+                Some(_) => continue,
+                None => panic!(
+                    "the watch did not end within {within:?}; it saw: {}",
+                    self.seen
+                ),
+            }
+        }
+    }
+
+    /// Waits for a piece of the body containing `needle`, failing if the watch ends first.
+    fn saw(&mut self, needle: &str, within: Duration) {
+        if self.seen.contains(needle) {
+            return;
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next(left) {
+                Some(WatchEvent::Data(_)) if self.seen.contains(needle) => return,
+                Some(WatchEvent::End(how)) => {
+                    panic!("the watch ended ({how:?}) before {needle}: {}", self.seen)
+                }
+                Some(_) => continue,
+                None => panic!(
+                    "no {needle} within {within:?}; the watch saw: {}",
+                    self.seen
+                ),
+            }
+        }
+    }
+}
+
+/// GETs to one cluster in a loop over keep-alive connections, bounded in count and time,
+/// counting answers that are not 200.
+struct Load {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    failures: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    fn start(fleet: &Fleet, path: &'static str) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let addrs = fleet.addrs();
+        let (s, o, f) = (stop.clone(), ok.clone(), failures.clone());
+        let task = fleet.runtime.spawn(async move {
+            let started = Instant::now();
+            let mut sent = 0u64;
+            while !s.load(Ordering::Relaxed)
+                && sent < 20_000
+                && started.elapsed() < Duration::from_secs(60)
+            {
+                let mut sender = match Sender::connect(&addrs, false).await {
+                    Ok(sender) => sender,
+                    Err(e) => {
+                        f.lock().unwrap().push(format!("connect: {e}"));
+                        continue;
+                    }
+                };
+                for _ in 0..50 {
+                    if s.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    sent += 1;
+                    match sender.request("GET", path, "").await {
+                        Ok((200, _)) => {
+                            o.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok((code, body)) => f.lock().unwrap().push(format!("{code}: {body}")),
+                        Err(e) => {
+                            f.lock().unwrap().push(e);
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        Load {
+            stop,
+            ok,
+            failures,
+            task,
+        }
+    }
+
+    fn finish(self, fleet: &Fleet) {
+        self.stop.store(true, Ordering::Relaxed);
+        fleet.runtime.block_on(self.task).unwrap();
+        let failures = self.failures.lock().unwrap().clone();
+        let ok = self.ok.load(Ordering::Relaxed);
+        assert!(
+            failures.is_empty(),
+            "{} failed requests on the unchanged cluster (of {}): {:?}",
+            failures.len(),
+            ok + failures.len() as u64,
+            &failures[..failures.len().min(5)]
+        );
+        assert!(ok >= 20, "only {ok} requests ran during the changes");
+    }
+}
+
+const UNCHANGED: &str = "/clusters/member2/api/v1/namespaces/default";
+const CHANGED: &str = "/clusters/member1/api/v1/namespaces/default";
+
+fn configmaps(member: &str) -> String {
+    format!("/clusters/{member}/api/v1/namespaces/default/configmaps")
+}
+
+fn watch_path(member: &str) -> String {
+    format!("{}?watch=true", configmaps(member))
+}
+
+/// Creates a ConfigMap on `member` through the gateway.
+fn create_configmap(fleet: &Fleet, member: &str, name: &str) {
+    let body = format!(
+        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}"}},"data":{{"k":"v"}}}}"#
+    );
+    let (code, text) = fleet.request("POST", &configmaps(member), &body);
+    assert_eq!(code, 201, "{text}");
+}
+
+/// Rewrites member1's token to one the member refuses: a spec change of member1 alone.
+fn change_token(fleet: &Fleet) {
+    let file = cluster_file(fleet.dir.path(), "member1");
+    let good = std::fs::read_to_string(&file).unwrap();
+    let token_line = good
+        .lines()
+        .find(|l| l.trim_start().starts_with("token:"))
+        .unwrap()
+        .to_owned();
+    let indent = &token_line[..token_line.len() - token_line.trim_start().len()];
+    let bad = good.replace(&token_line, &format!("{indent}token: not-a-valid-token"));
+    std::fs::write(&file, bad).unwrap();
+}
+
+#[test]
+fn a_changed_cluster_ends_its_watches_cleanly_and_closes_its_pooled_connections() {
+    let fleet = start();
+    let (code, body) = fleet.request("GET", CHANGED, "");
+    assert_eq!(code, 200, "{body}");
+    let load = Load::start(&fleet, UNCHANGED);
+    // Pooled connections to member1 on the gateway.
+    for _ in 0..4 {
+        assert_eq!(fleet.request("GET", CHANGED, "").0, 200);
+    }
+    assert!(fleet.upstream_connections("member1") >= 1);
+
+    let mut changed_h1 = Watch::open(&fleet, &watch_path("member1"), false);
+    let mut changed_h2 = Watch::open(&fleet, &watch_path("member1"), true);
+    let mut unchanged_h1 = Watch::open(&fleet, &watch_path("member2"), false);
+    let mut unchanged_h2 = Watch::open(&fleet, &watch_path("member2"), true);
+    // The watches run: an event reaches each.
+    create_configmap(&fleet, "member1", "before-change");
+    create_configmap(&fleet, "member2", "before-change");
+    for watch in [
+        &mut changed_h1,
+        &mut changed_h2,
+        &mut unchanged_h1,
+        &mut unchanged_h2,
+    ] {
+        watch.saw("before-change", Duration::from_secs(5));
+    }
+
+    let changed_at = Instant::now();
+    change_token(&fleet);
+    assert_eq!(
+        changed_h1.end(WITHIN.saturating_sub(changed_at.elapsed())),
+        Ok(()),
+        "the HTTP/1.1 watch of the changed cluster must end with its last chunk\n{}",
+        fleet.log()
+    );
+    assert_eq!(
+        changed_h2.end(WITHIN.saturating_sub(changed_at.elapsed()) + Duration::from_millis(50)),
+        Ok(()),
+        "the h2 watch of the changed cluster must end with END_STREAM\n{}",
+        fleet.log()
+    );
+    eprintln!(
+        "member1's watches ended {:?} after the change",
+        changed_at.elapsed()
+    );
+    // No connection made with the old token is left, pooled or streaming.
+    wait_for(
+        "member1's upstream connections to close",
+        Duration::from_secs(1),
+        || fleet.upstream_connections("member1") == 0,
+    );
+    // A new request meets the new spec: the member refuses the new token.
+    assert_eq!(fleet.request("GET", CHANGED, "").0, 401);
+
+    // member2's watches are the same streams as before and still carry events.
+    create_configmap(&fleet, "member2", "after-change");
+    unchanged_h1.saw("after-change", Duration::from_secs(5));
+    unchanged_h2.saw("after-change", Duration::from_secs(5));
+    assert!(fleet.upstream_connections("member2") >= 1);
+    load.finish(&fleet);
+}
+
+#[test]
+fn a_removed_cluster_ends_its_watches_and_exec_sessions() {
+    let fleet = start();
+    let run = fleet
+        .kubectl("member1")
+        .args(["run", "drain-sleeper", "-n", "default", "--image=busybox"])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let load = Load::start(&fleet, UNCHANGED);
+    let mut exec = fleet
+        .kubectl("member1")
+        .args([
+            "exec",
+            "drain-sleeper",
+            "-n",
+            "default",
+            "--",
+            "sleep",
+            "infinity",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the exec session to open", Duration::from_secs(30), || {
+        sim::stream::active_sessions("default", "drain-sleeper") == 1
+    });
+    wait_for(
+        "the gateway to count the exec stream",
+        Duration::from_secs(10),
+        || fleet.gauge("fleetgate_upgraded_streams ") == 1,
+    );
+    let mut removed = Watch::open(&fleet, &watch_path("member1"), false);
+    let mut unchanged = Watch::open(&fleet, &watch_path("member2"), false);
+
+    let removed_at = Instant::now();
+    std::fs::remove_file(cluster_file(fleet.dir.path(), "member1")).unwrap();
+    assert_eq!(
+        removed.end(WITHIN),
+        Ok(()),
+        "the watch of the removed cluster must end with its last chunk\n{}",
+        fleet.log()
+    );
+    eprintln!(
+        "member1's watch ended {:?} after the removal",
+        removed_at.elapsed()
+    );
+    // The exec session is closed: kubectl exits, the member's session ends.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = exec.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = exec.kill();
+            panic!(
+                "kubectl exec still runs 10 s after its cluster was removed\n{}",
+                fleet.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!(
+        "kubectl exec exited ({status}) {:?} after the removal",
+        removed_at.elapsed()
+    );
+    wait_for(
+        "the member's exec session to end",
+        Duration::from_secs(10),
+        || sim::stream::active_sessions("default", "drain-sleeper") == 0,
+    );
+    assert_eq!(fleet.gauge("fleetgate_upgraded_streams "), 0);
+    wait_for(
+        "member1's upstream connections to close",
+        Duration::from_secs(1),
+        || fleet.upstream_connections("member1") == 0,
+    );
+    let (code, body) = fleet.request("GET", CHANGED, "");
+    assert_eq!(code, 404, "{body}");
+
+    create_configmap(&fleet, "member2", "after-removal");
+    unchanged.saw("after-removal", Duration::from_secs(5));
+    load.finish(&fleet);
+}
