@@ -256,6 +256,19 @@ fn mistakes_name_the_karmada_object_and_field() {
     )]));
     assert_eq!(at, "Cluster.cluster.karmada.io member1 spec.proxyURL");
 
+    // A socks5 or https proxy: refused at validation, saying why (only HTTP CONNECT is carried).
+    for url in ["socks5://proxy:1080", "https://proxy:3128"] {
+        let (at, message) = invalid(load(&[(
+            "c.yaml",
+            karmada_cluster(
+                "member1",
+                &format!("  insecureSkipTLSVerification: true\n  proxyURL: {url}\n"),
+            ),
+        )]));
+        assert_eq!(at, "Cluster.cluster.karmada.io member1 spec.proxyURL");
+        assert!(message.contains("only http:// egress proxies"), "{message}");
+    }
+
     // Secret data that is not base64.
     let (at, message) = invalid(load(&[(
         "s.yaml",
