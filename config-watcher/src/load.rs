@@ -201,6 +201,7 @@ pub(crate) fn resolve_gateway(
         limits,
         http2,
         auth,
+        audit,
     } = obj.spec;
     if listeners.is_empty() {
         return Err(invalid(
@@ -304,6 +305,19 @@ pub(crate) fn resolve_gateway(
             "must be at least 8".into(),
         ));
     }
+    let audit = match audit {
+        None => None,
+        Some(a) if a.path.is_empty() => {
+            return Err(invalid("spec.audit.path", "a path is required".into()))
+        }
+        Some(a) if a.queue == Some(0) => {
+            return Err(invalid("spec.audit.queue", "must be at least 1".into()))
+        }
+        Some(a) => Some(crate::settings::AuditSettings {
+            path: base.join(&a.path),
+            queue: a.queue.unwrap_or(8192),
+        }),
+    };
     Ok(GatewaySettings {
         name,
         workers,
@@ -314,6 +328,7 @@ pub(crate) fn resolve_gateway(
         limits,
         http2,
         auth,
+        audit,
     })
 }
 
@@ -353,6 +368,10 @@ fn resolve_http2(spec: Http2Spec) -> Result<Http2Settings, (&'static str, String
     })
 }
 
+    };
+        }
+    };
+    };
 pub(crate) fn resolve_cluster(
     obj: ClusterObject,
     base: &Path,
@@ -373,6 +392,10 @@ pub(crate) fn resolve_cluster(
     let ca_pem = pem_field(spec.ca_data, spec.ca_file, base)
         .map_err(|m| invalid("spec.caData/caFile", m))?;
     let c = spec.credentials;
+        None => None,
+        }
+    };
+    };
     let token = match (c.token, c.token_file) {
         (Some(_), Some(_)) => {
             return Err(invalid(
@@ -402,6 +425,7 @@ pub(crate) fn resolve_cluster(
         .map_err(|m| invalid("spec.credentials.clientCertData/clientCertFile", m))?;
     let client_key_pem = pem_field(c.client_key_data, c.client_key_file, base)
         .map_err(|m| invalid("spec.credentials.clientKeyData/clientKeyFile", m))?;
+    };
     if client_cert_pem.is_some() != client_key_pem.is_some() {
         return Err(invalid(
             "spec.credentials",

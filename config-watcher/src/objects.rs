@@ -88,6 +88,21 @@ pub struct GatewaySpec {
     /// Authentication (client certificates, token file, OIDC) and authorization mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AuthSpec>,
+    /// The audit log (`audit.k8s.io/v1` Event JSON lines); off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditSpec>,
+}
+
+/// `spec.audit` of the Gateway: where audit events go.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AuditSpec {
+    /// The file events are appended to (created 0600), relative to the file that names it.
+    pub path: String,
+    /// Events that may wait for the writer (default 8192); beyond that they are dropped and
+    /// counted, never waited for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<usize>,
 }
 
 /// `spec.auth` of the Gateway: how clients prove who they are and whether AccessPolicy objects
@@ -297,6 +312,20 @@ pub struct ClusterCredentials {
     pub client_key_data: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_key_file: Option<String>,
+    /// A `v1` Secret holding the credentials under the keys Kubernetes uses: `token`, `ca.crt`,
+    /// `tls.crt` and `tls.key` (instead of the fields above). Read from the config files'
+    /// Secrets, or watched in the management cluster (a rotated Secret rebuilds the table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretReference>,
+}
+
+/// A reference to a `v1` Secret; `namespace` defaults to `default`.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretReference {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 /// How the gateway reaches a member.

@@ -29,6 +29,15 @@ pub struct GatewaySettings {
     pub http2: Http2Settings,
     /// The `spec.auth` block, resolved (token file read, OIDC defaulted).
     pub auth: AuthSettings,
+    /// The audit log (`spec.audit`); None: off.
+    pub audit: Option<AuditSettings>,
+}
+
+/// `spec.audit`, resolved: an absolute (or working-directory relative) path and a queue size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditSettings {
+    pub path: std::path::PathBuf,
+    pub queue: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -12,6 +12,7 @@
 //! the commands' `ready` lines.
 
 pub mod admin;
+pub mod audit;
 pub mod certs;
 pub mod demo;
 pub mod error;

@@ -56,6 +56,9 @@ pub struct Metrics {
     upgraded_streams: Gauge,
     client_connections: Gauge,
     upstream_connections: Family<ClusterLabels, Gauge>,
+    /// Audit events written / dropped because the writer was behind (the `audit` module).
+    pub audit_events: Counter,
+    pub audit_events_dropped: Counter,
 }
 
 impl Metrics {
@@ -69,6 +72,18 @@ impl Metrics {
         let upgraded_streams = Gauge::default();
         let client_connections = Gauge::default();
         let upstream_connections = Family::<ClusterLabels, Gauge>::default();
+        let audit_events = Counter::default();
+        let audit_events_dropped = Counter::default();
+        registry.register(
+            "audit_events",
+            "Audit events written to the audit log",
+            audit_events.clone(),
+        );
+        registry.register(
+            "audit_events_dropped",
+            "Audit events dropped because the audit writer was behind (the queue was full)",
+            audit_events_dropped.clone(),
+        );
         registry.register(
             "requests",
             "Requests answered, by member cluster, Kubernetes verb and HTTP code",
@@ -107,6 +122,8 @@ impl Metrics {
             upgraded_streams,
             client_connections,
             upstream_connections,
+            audit_events,
+            audit_events_dropped,
         })
     }
 

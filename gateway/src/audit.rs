@@ -1,0 +1,668 @@
+//! The audit log: one JSON line per answered request, in kube-apiserver's `audit.k8s.io/v1`
+//! `Event` format at level `Metadata` and stage `ResponseComplete`, so tools that read a
+//! kube-apiserver audit log read the gateway's.
+//!
+//! Kept off the hot path: a shard only copies what it knows of the request (method, target, user
+//! agent, identity, address, times, code) into a boxed record and `try_send`s it into a bounded
+//! channel. When the channel is full the record is dropped and counted
+//! (`fleetgate_audit_events_dropped`); a shard never blocks on the log and never does file I/O.
+//! One writer thread derives the rest (cluster, verb, objectRef, auditID, timestamps), serializes
+//! and writes through a buffered writer, flushing at least once a second. Built by `serve` from
+//! the Gateway's `spec.audit`; records come from `proxy` (HTTP/1.1, upgrades when the session ends)
+//! and `http2` (each stream) where a response ends.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use fleetgate_config_watcher::SharedTable;
+use prometheus_client::metrics::counter::Counter;
+use serde::Serialize;
+use tracing::{info, warn};
+
+use crate::http1::Head;
+use crate::identity::ClientIdentity;
+use crate::metrics::Metrics;
+use crate::route::{self, Route};
+
+/// The writer flushes at least this often while it has unflushed lines.
+pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// Records that may wait for the writer when the Gateway does not say.
+pub const DEFAULT_QUEUE: usize = 8192;
+
+/// What a shard knows of a request when its response ends.
+#[derive(Debug, Clone)]
+pub struct AuditRequest {
+    pub method: http::Method,
+    /// The request target exactly as the client sent it (path and query).
+    pub target: String,
+    pub user_agent: Option<String>,
+    /// Who the client authenticated as; None when it did not (a 401, or a refusal before
+    /// authentication).
+    pub user: Option<Arc<ClientIdentity>>,
+    /// Who the client acts as, when a policy let it impersonate (client `Impersonate-*`).
+    pub impersonated: Option<Arc<ClientIdentity>>,
+    pub source_ip: IpAddr,
+}
+
+impl AuditRequest {
+    /// From an HTTP/1.1 request head; the identity is added with [`AuditRequest::identity`].
+    pub fn from_head(head: &Head, peer: SocketAddr) -> AuditRequest {
+        AuditRequest {
+            method: http::Method::from_bytes(head.method()).unwrap_or(http::Method::GET),
+            target: String::from_utf8_lossy(head.target()).into_owned(),
+            user_agent: head
+                .value(b"user-agent")
+                .map(|v| String::from_utf8_lossy(v).into_owned()),
+            user: None,
+            impersonated: None,
+            source_ip: peer.ip(),
+        }
+    }
+
+    /// From an h2 request; the identity is added with [`AuditRequest::identity`].
+    pub fn from_parts<B>(request: &http::Request<B>, peer: SocketAddr) -> AuditRequest {
+        AuditRequest {
+            method: request.method().clone(),
+            target: request
+                .uri()
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_string(),
+            user_agent: request
+                .headers()
+                .get(http::header::USER_AGENT)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+            user: None,
+            impersonated: None,
+            source_ip: peer.ip(),
+        }
+    }
+
+    /// Who authenticated, and who the member was told about: when they differ, the client
+    /// impersonated (a policy allowed it) and the event says so in `impersonatedUser`.
+    pub fn identity(
+        mut self,
+        authenticated: Option<&Arc<ClientIdentity>>,
+        acting_as: Option<&Arc<ClientIdentity>>,
+    ) -> AuditRequest {
+        self.user = authenticated.cloned();
+        self.impersonated = match (authenticated, acting_as) {
+            (Some(a), Some(b)) if Arc::ptr_eq(a, b) || a == b => None,
+            (_, acting_as) => acting_as.cloned(),
+        };
+        self
+    }
+}
+
+/// How the response ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A response with this code was sent completely (for an upgrade: the session ended).
+    Complete(u16),
+    /// The exchange was cut short: the code of the response head if one was sent, and why.
+    Aborted(Option<u16>, &'static str),
+}
+
+/// One record in the channel: boxed so a slot is a pointer.
+struct Record {
+    request: AuditRequest,
+    received: SystemTime,
+    latency: Duration,
+    outcome: Outcome,
+}
+
+enum Message {
+    Record(Box<Record>),
+    /// Flush and acknowledge (shutdown, tests).
+    Flush(SyncSender<()>),
+}
+
+/// The shards' handle on the audit log: cheap to clone, never blocks.
+#[derive(Clone)]
+pub struct AuditLog {
+    sender: SyncSender<Message>,
+    dropped: Counter,
+}
+
+impl std::fmt::Debug for AuditLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditLog")
+            .field("dropped", &self.dropped.get())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the audit log could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("opening the audit log {}", .path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("starting the audit writer thread")]
+    Thread(#[source] io::Error),
+}
+
+impl AuditLog {
+    /// Opens `path` for appending (created 0600 if missing: the log names users) and starts the
+    /// writer thread. `queue` records may wait for it; beyond that they are dropped and counted
+    /// (`fleetgate_audit_events_dropped`; `fleetgate_audit_events` counts lines written).
+    pub fn start(
+        path: &Path,
+        queue: usize,
+        table: SharedTable,
+        metrics: &Metrics,
+    ) -> Result<AuditLog, AuditError> {
+        let dropped = metrics.audit_events_dropped.clone();
+        let written = metrics.audit_events.clone();
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|source| AuditError::Open {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let (sender, receiver) = mpsc::sync_channel(queue.max(1));
+        let writer = Writer {
+            out: BufWriter::with_capacity(64 * 1024, file),
+            path: path.to_path_buf(),
+            table,
+            written,
+            line: Vec::with_capacity(1024),
+        };
+        std::thread::Builder::new()
+            .name("fleetgate-audit".into())
+            .spawn(move || writer.run(receiver))
+            .map_err(AuditError::Thread)?;
+        info!(path = %path.display(), queue, "audit log open");
+        Ok(AuditLog { sender, dropped })
+    }
+
+    /// Queues one event; drops (and counts) it when the writer is behind. Never blocks.
+    pub fn record(&self, request: AuditRequest, started: Instant, outcome: Outcome) {
+        let latency = started.elapsed();
+        let received = SystemTime::now()
+            .checked_sub(latency)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let record = Box::new(Record {
+            request,
+            received,
+            latency,
+            outcome,
+        });
+        match self.sender.try_send(Message::Record(record)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.dropped.inc();
+            }
+        }
+    }
+
+    /// Blocks (up to `timeout`) until every event queued before the call is written and flushed.
+    /// For shutdown and tests, never for a shard.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let (ack, done) = mpsc::sync_channel(1);
+        let deadline = Instant::now() + timeout;
+        let mut message = Message::Flush(ack);
+        loop {
+            match self.sender.try_send(message) {
+                Ok(()) => break,
+                Err(TrySendError::Full(m)) if Instant::now() < deadline => {
+                    message = m;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => return false,
+            }
+        }
+        done.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .is_ok()
+    }
+}
+
+/// The writer thread's state.
+struct Writer {
+    out: BufWriter<File>,
+    path: PathBuf,
+    table: SharedTable,
+    written: Counter,
+    line: Vec<u8>,
+}
+
+impl Writer {
+    fn run(mut self, receiver: Receiver<Message>) {
+        // Set while lines sit in the buffer: when they must reach the file at the latest.
+        let mut flush_by: Option<Instant> = None;
+        let mut failing = false;
+        loop {
+            let message = match flush_by {
+                None => match receiver.recv() {
+                    Ok(m) => m,
+                    Err(_) => break,
+                },
+                Some(deadline) => {
+                    match receiver.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                    {
+                        Ok(m) => m,
+                        Err(RecvTimeoutError::Timeout) => {
+                            self.flush(&mut failing);
+                            flush_by = None;
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                }
+            };
+            match message {
+                Message::Record(record) => {
+                    self.line.clear();
+                    self.serialize(&record);
+                    match self.out.write_all(&self.line) {
+                        Ok(()) => {
+                            self.written.inc();
+                            failing = false;
+                        }
+                        Err(error) => {
+                            if !failing {
+                                warn!(path = %self.path.display(), %error, "audit log write failed");
+                            }
+                            failing = true;
+                        }
+                    }
+                    flush_by.get_or_insert_with(|| Instant::now() + FLUSH_INTERVAL);
+                }
+                Message::Flush(ack) => {
+                    self.flush(&mut failing);
+                    flush_by = None;
+                    let _ = ack.send(());
+                }
+            }
+        }
+        self.flush(&mut failing);
+    }
+
+    fn flush(&mut self, failing: &mut bool) {
+        if let Err(error) = self.out.flush() {
+            if !*failing {
+                warn!(path = %self.path.display(), %error, "audit log flush failed");
+            }
+            *failing = true;
+        }
+    }
+
+    fn serialize(&mut self, record: &Record) {
+        let ocm_style = self.table.load().gateway().ocm_style;
+        let event = event(record, ocm_style, uuid::Uuid::new_v4());
+        // Serializing plain strings and numbers cannot fail.
+        let _ = serde_json::to_writer(&mut self.line, &event);
+        self.line.push(b'\n');
+    }
+}
+
+/// `audit.k8s.io/v1` Event, the fields written at level Metadata.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Event<'a> {
+    kind: &'static str,
+    api_version: &'static str,
+    level: &'static str,
+    #[serde(rename = "auditID")]
+    audit_id: String,
+    stage: &'static str,
+    #[serde(rename = "requestURI")]
+    request_uri: &'a str,
+    verb: &'static str,
+    user: UserInfo<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    impersonated_user: Option<UserInfo<'a>>,
+    #[serde(rename = "sourceIPs")]
+    source_ips: [String; 1],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user_agent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    object_ref: Option<ObjectRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_status: Option<ResponseStatus>,
+    request_received_timestamp: String,
+    stage_timestamp: String,
+    annotations: Annotations<'a>,
+}
+
+#[derive(Serialize)]
+struct UserInfo<'a> {
+    username: &'a str,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    groups: &'a [String],
+}
+
+impl UserInfo<'_> {
+    /// A request refused before (or for lack of) authentication: Kubernetes' anonymous user.
+    const UNAUTHENTICATED: UserInfo<'static> = UserInfo {
+        username: "system:anonymous",
+        groups: &[],
+    };
+}
+
+impl<'a> From<&'a ClientIdentity> for UserInfo<'a> {
+    fn from(identity: &'a ClientIdentity) -> Self {
+        UserInfo {
+            username: &identity.user,
+            groups: &identity.groups,
+        }
+    }
+}
+
+/// What the request is about, as kube-apiserver's request info names it.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRef {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub resource: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub api_group: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub api_version: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub subresource: String,
+}
+
+#[derive(Serialize)]
+struct ResponseStatus {
+    metadata: Empty,
+    code: u16,
+}
+
+#[derive(Serialize)]
+struct Empty {}
+
+#[derive(Serialize)]
+struct Annotations<'a> {
+    #[serde(
+        rename = "fleetgate.io/cluster",
+        skip_serializing_if = "Option::is_none"
+    )]
+    cluster: Option<&'a str>,
+    #[serde(rename = "fleetgate.io/latency-us")]
+    latency_us: String,
+    #[serde(
+        rename = "fleetgate.io/aborted",
+        skip_serializing_if = "Option::is_none"
+    )]
+    aborted: Option<&'static str>,
+}
+
+fn event(record: &Record, ocm_style: bool, audit_id: uuid::Uuid) -> Event<'_> {
+    let request = &record.request;
+    let method = request.method.as_str();
+    let (cluster, verb, object_ref) = match route::route(request.target.as_bytes(), ocm_style) {
+        Route::Cluster { name, rest, query } => (
+            Some(name),
+            route::kube_verb(method.as_bytes(), rest, query),
+            object_ref(rest),
+        ),
+        // Not a member's path: kube-apiserver's verb for non-resource requests is the method.
+        _ => (None, non_resource_verb(&request.method), None),
+    };
+    let (code, aborted) = match record.outcome {
+        Outcome::Complete(code) => (Some(code), None),
+        Outcome::Aborted(code, reason) => (code, Some(reason)),
+    };
+    Event {
+        kind: "Event",
+        api_version: "audit.k8s.io/v1",
+        level: "Metadata",
+        audit_id: audit_id.to_string(),
+        stage: "ResponseComplete",
+        request_uri: &request.target,
+        verb,
+        user: request
+            .user
+            .as_deref()
+            .map_or(UserInfo::UNAUTHENTICATED, UserInfo::from),
+        impersonated_user: request.impersonated.as_deref().map(UserInfo::from),
+        source_ips: [request.source_ip.to_string()],
+        user_agent: request.user_agent.as_deref(),
+        object_ref,
+        response_status: code.map(|code| ResponseStatus {
+            metadata: Empty {},
+            code,
+        }),
+        request_received_timestamp: rfc3339_micros(record.received),
+        stage_timestamp: rfc3339_micros(record.received + record.latency),
+        annotations: Annotations {
+            cluster,
+            latency_us: record.latency.as_micros().to_string(),
+            aborted,
+        },
+    }
+}
+
+/// kube-apiserver's verb for a non-resource request: the lower-cased method.
+fn non_resource_verb(method: &http::Method) -> &'static str {
+    match *method {
+        http::Method::GET => "get",
+        http::Method::HEAD => "head",
+        http::Method::POST => "post",
+        http::Method::PUT => "put",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE => "delete",
+        http::Method::OPTIONS => "options",
+        _ => "other",
+    }
+}
+
+/// The objectRef of a kube path (after the cluster prefix), like kube-apiserver's
+/// RequestInfoFactory: `/api/v1/namespaces/NS/RESOURCE/NAME/SUB` and
+/// `/apis/GROUP/VERSION/...`, with the legacy `/watch/` segment skipped. Discovery and other
+/// non-resource paths have none.
+pub fn object_ref(rest: &[u8]) -> Option<ObjectRef> {
+    let path = std::str::from_utf8(rest).ok()?;
+    let mut segments = path.split('/').filter(|s| !s.is_empty());
+    let mut reference = ObjectRef::default();
+    match segments.next()? {
+        "api" => {}
+        "apis" => reference.api_group = segments.next()?.to_string(),
+        _ => return None,
+    }
+    reference.api_version = segments.next()?.to_string();
+    let mut rest: Vec<&str> = segments.collect();
+    if rest.first() == Some(&"watch") {
+        rest.remove(0);
+    }
+    // namespaces/NS/RESOURCE...: a namespaced resource (namespaces/NS alone is the namespace).
+    if rest.len() >= 3 && rest[0] == "namespaces" {
+        reference.namespace = rest[1].to_string();
+        rest.drain(..2);
+    }
+    let resource = rest.first()?;
+    reference.resource = resource.to_string();
+    if let Some(name) = rest.get(1) {
+        reference.name = name.to_string();
+        if reference.resource == "namespaces" && reference.namespace.is_empty() {
+            // kube-apiserver puts a namespace's own name in objectRef.namespace too.
+            reference.namespace = name.to_string();
+        }
+    }
+    if rest.len() > 2 {
+        reference.subresource = rest[2..].join("/");
+    }
+    Some(reference)
+}
+
+/// RFC 3339 in UTC with microseconds, as kube-apiserver writes audit timestamps.
+fn rfc3339_micros(t: SystemTime) -> String {
+    let t = time::OffsetDateTime::from(t);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.microsecond()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(path: &str) -> Option<ObjectRef> {
+        object_ref(path.as_bytes())
+    }
+
+    #[test]
+    fn object_refs_follow_kube_request_info() {
+        let pod = reference("/api/v1/namespaces/default/pods/web-1/log").unwrap();
+        assert_eq!(
+            pod,
+            ObjectRef {
+                resource: "pods".into(),
+                namespace: "default".into(),
+                name: "web-1".into(),
+                api_group: String::new(),
+                api_version: "v1".into(),
+                subresource: "log".into(),
+            }
+        );
+        let deployments = reference("/apis/apps/v1/namespaces/ns1/deployments").unwrap();
+        assert_eq!(deployments.api_group, "apps");
+        assert_eq!(deployments.resource, "deployments");
+        assert_eq!(deployments.namespace, "ns1");
+        assert!(deployments.name.is_empty());
+        let ns = reference("/api/v1/namespaces/kube-system").unwrap();
+        assert_eq!(
+            (ns.resource.as_str(), ns.name.as_str()),
+            ("namespaces", "kube-system")
+        );
+        assert_eq!(ns.namespace, "kube-system");
+        let watch = reference("/api/v1/watch/namespaces/a/configmaps").unwrap();
+        assert_eq!(
+            (watch.resource.as_str(), watch.namespace.as_str()),
+            ("configmaps", "a")
+        );
+        let nodes = reference("/api/v1/nodes/n1/status").unwrap();
+        assert_eq!(nodes.subresource, "status");
+        assert!(reference("/api").is_none());
+        assert!(reference("/apis/apps/v1").is_none());
+        assert!(reference("/version").is_none());
+        assert!(reference("/openapi/v2").is_none());
+    }
+
+    #[test]
+    fn event_has_the_audit_k8s_io_shape() {
+        let record = Record {
+            request: AuditRequest {
+                method: http::Method::GET,
+                target: "/clusters/member1/api/v1/namespaces/default/pods?limit=500".into(),
+                user_agent: Some("kubectl/v1.32.0".into()),
+                user: Some(Arc::new({
+                    let mut alice = ClientIdentity::anonymous();
+                    alice.user = "alice".into();
+                    alice.groups = vec!["devs".into()];
+                    alice
+                })),
+                impersonated: None,
+                source_ip: "127.0.0.1".parse().unwrap(),
+            },
+            received: SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456),
+            latency: Duration::from_micros(1500),
+            outcome: Outcome::Complete(200),
+        };
+        let line = serde_json::to_value(event(&record, false, uuid::Uuid::nil())).unwrap();
+        assert_eq!(line["kind"], "Event");
+        assert_eq!(line["apiVersion"], "audit.k8s.io/v1");
+        assert_eq!(line["level"], "Metadata");
+        assert_eq!(line["stage"], "ResponseComplete");
+        assert_eq!(line["verb"], "list");
+        assert_eq!(line["user"]["username"], "alice");
+        assert_eq!(line["user"]["groups"][0], "devs");
+        assert_eq!(line["sourceIPs"][0], "127.0.0.1");
+        assert_eq!(line["objectRef"]["resource"], "pods");
+        assert_eq!(line["objectRef"]["namespace"], "default");
+        assert_eq!(line["responseStatus"]["code"], 200);
+        assert_eq!(
+            line["requestReceivedTimestamp"],
+            "2023-11-14T22:13:20.123456Z"
+        );
+        assert_eq!(line["stageTimestamp"], "2023-11-14T22:13:20.124956Z");
+        assert_eq!(line["annotations"]["fleetgate.io/cluster"], "member1");
+        assert_eq!(line["annotations"]["fleetgate.io/latency-us"], "1500");
+        assert!(line.get("impersonatedUser").is_none());
+    }
+
+    #[test]
+    fn an_honoured_impersonation_is_named() {
+        let alice = Arc::new({
+            let mut alice = ClientIdentity::anonymous();
+            alice.user = "alice".into();
+            alice
+        });
+        let bob = Arc::new({
+            let mut bob = ClientIdentity::anonymous();
+            bob.user = "bob".into();
+            bob
+        });
+        let request = AuditRequest {
+            method: http::Method::GET,
+            target: "/clusters/m1/api/v1/namespaces".into(),
+            user_agent: None,
+            user: None,
+            impersonated: None,
+            source_ip: "::1".parse().unwrap(),
+        };
+        let same = request.clone().identity(Some(&alice), Some(&alice));
+        assert!(same.impersonated.is_none());
+        let record = Record {
+            request: request.identity(Some(&alice), Some(&bob)),
+            received: SystemTime::now(),
+            latency: Duration::ZERO,
+            outcome: Outcome::Aborted(None, "client went away"),
+        };
+        let line = serde_json::to_value(event(&record, false, uuid::Uuid::new_v4())).unwrap();
+        assert_eq!(line["user"]["username"], "alice");
+        assert_eq!(line["impersonatedUser"]["username"], "bob");
+        assert!(line.get("responseStatus").is_none());
+        assert_eq!(
+            line["annotations"]["fleetgate.io/aborted"],
+            "client went away"
+        );
+        assert_eq!(line["sourceIPs"][0], "::1");
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_instead_of_blocking() {
+        // A writer that never reads: a channel nobody drains.
+        let (sender, _receiver) = mpsc::sync_channel(2);
+        let log = AuditLog {
+            sender,
+            dropped: Counter::default(),
+        };
+        let request = AuditRequest {
+            method: http::Method::GET,
+            target: "/healthz".into(),
+            user_agent: None,
+            user: None,
+            impersonated: None,
+            source_ip: "127.0.0.1".parse().unwrap(),
+        };
+        for _ in 0..5 {
+            log.record(request.clone(), Instant::now(), Outcome::Complete(200));
+        }
+        assert_eq!(log.dropped.get(), 3);
+    }
+}
