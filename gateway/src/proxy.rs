@@ -59,6 +59,8 @@ pub struct ShardContext {
     pub metrics_cache: ShardMetrics,
     /// Graceful shutdown: shared by every shard.
     pub shutdown: Arc<crate::shutdown::Shutdown>,
+    /// The audit log: one record per response end, when the Gateway has `spec.audit`.
+    pub audit: Option<crate::audit::AuditLog>,
 }
 
 /// Per-connection state reused for every request on it.

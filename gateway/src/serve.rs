@@ -92,6 +92,8 @@ pub struct RunningGateway {
     pub workers: usize,
     /// Begin a graceful shutdown with `shutdown.begin()`; `shutdown.all_closed()` says when it is done.
     pub shutdown: Arc<Shutdown>,
+    /// The audit log, when the Gateway has `spec.audit`: flushed once the drain is over.
+    pub audit: Option<crate::audit::AuditLog>,
 }
 
 impl RunningGateway {
@@ -184,6 +186,13 @@ pub fn start_with_reload(
         None => None,
     };
     let shutdown = Shutdown::new();
+    let audit = match &gateway.audit {
+        Some(audit) => Some(
+            crate::audit::AuditLog::start(&audit.path, audit.queue, table.clone(), &metrics)
+                .context("starting the audit log")?,
+        ),
+        None => None,
+    };
     let (started_tx, started_rx) = mpsc::channel();
     for (index, listeners) in per_shard.into_iter().enumerate() {
         spawn_shard(
@@ -193,6 +202,7 @@ pub fn start_with_reload(
             table.clone(),
             metrics.clone(),
             shutdown.clone(),
+            audit.clone(),
             started_tx.clone(),
         )?;
     }
@@ -210,6 +220,7 @@ pub fn start_with_reload(
         metrics,
         workers,
         shutdown,
+        audit,
     })
 }
 
@@ -269,7 +280,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         writeln!(stdout, "{}", running.ready_line())?;
         stdout.flush()?;
     }
-    run_until_drained(&running, &table)
+    let drained = run_until_drained(&running, &table);
+    if let Some(audit) = &running.audit {
+        audit.flush(std::time::Duration::from_secs(2));
+    }
+    drained
 }
 
 /// Waits (at most 30 s) until the management cluster's objects are listed and published, so that

@@ -85,6 +85,7 @@ pub fn spawn_shard(
     table: SharedTable,
     metrics: Arc<Metrics>,
     shutdown: Arc<Shutdown>,
+    audit: Option<crate::audit::AuditLog>,
     started: mpsc::Sender<io::Result<()>>,
 ) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -99,6 +100,7 @@ pub fn spawn_shard(
                     metrics,
                     metrics_cache: ShardMetrics::default(),
                     shutdown,
+                    audit,
                 });
                 for listener in listeners {
                     match monoio::net::TcpListener::from_std(listener.socket) {
