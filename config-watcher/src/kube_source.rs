@@ -167,7 +167,12 @@ pub fn watch_kube_api(
         kinds.extend([Kind::Cluster, Kind::Gateway, Kind::AccessPolicy]);
     }
     if options.karmada {
-        kinds.extend([Kind::KarmadaCluster, Kind::Secret]);
+        kinds.push(Kind::KarmadaCluster);
+    }
+    // Karmada Clusters and fleetgate Clusters (`spec.credentials.secretRef`) reference Secrets;
+    // watched, so a rotated Secret rebuilds the table.
+    if !kinds.is_empty() {
+        kinds.push(Kind::Secret);
     }
     if kinds.is_empty() {
         return Err(KubeSourceError::NothingToWatch);
@@ -330,6 +335,7 @@ async fn follow(
 fn desired_condition(
     value: &serde_json::Value,
     publisher: &TablePublisher,
+    secrets: &BTreeMap<(String, String), SecretData>,
 ) -> (&'static str, &'static str, String) {
     let table = publisher.table().load();
     let resolved = no_file_references(Kind::Cluster, "Cluster", value)
@@ -342,7 +348,16 @@ fn desired_condition(
         })
         .and_then(|obj| {
             let origin = origin(Kind::Cluster, value);
-            resolve_cluster(obj, Path::new("/nonexistent"), &origin)
+            resolve_cluster(
+                obj,
+                Path::new("/nonexistent"),
+                &origin,
+                &|namespace, name| {
+                    secrets
+                        .get(&(namespace.to_owned(), name.to_owned()))
+                        .cloned()
+                },
+            )
         })
         .and_then(|cluster| {
             // Certificates and keys are only parsed when a table is built.
@@ -383,8 +398,10 @@ async fn write_cluster_conditions(
     publisher: &TablePublisher,
 ) {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &Kind::Cluster.resource());
+    // A Secret that does not parse fails the table build already (and shows there).
+    let secrets = secrets_of(objects).unwrap_or_default();
     for value in objects.of(Kind::Cluster) {
-        let (status, reason, message) = desired_condition(value, publisher);
+        let (status, reason, message) = desired_condition(value, publisher, &secrets);
         let current = value["status"]["conditions"]
             .as_array()
             .and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
@@ -519,6 +536,21 @@ fn no_file_references(
     }
 }
 
+/// The Secrets seen, decoded, by namespace and name.
+fn secrets_of(objects: &Objects) -> Result<BTreeMap<(String, String), SecretData>, ConfigError> {
+    let mut secrets = BTreeMap::new();
+    for value in objects.of(Kind::Secret) {
+        let obj: SecretObject = parse(
+            Kind::Secret,
+            value,
+            &["apiVersion", "kind", "metadata", "data", "type"],
+        )?;
+        let secret = SecretData::from_object(&obj, &origin(Kind::Secret, value))?;
+        secrets.insert((secret.namespace.clone(), secret.name.clone()), secret);
+    }
+    Ok(secrets)
+}
+
 /// Builds a configuration from the objects seen (blocking work is only certificate parsing).
 fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config, ConfigError> {
     // File references are refused above, so the base directory is never read.
@@ -551,6 +583,12 @@ fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config
             )))
         }
     };
+    let secrets = secrets_of(objects)?;
+    let find_secret = |namespace: &str, name: &str| {
+        secrets
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    };
     let mut clusters = Vec::new();
     for value in objects.of(Kind::Cluster) {
         no_file_references(Kind::Cluster, "Cluster", value)?;
@@ -564,23 +602,9 @@ fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config
             obj,
             no_base,
             &origin(Kind::Cluster, value),
+            &find_secret,
         )?);
     }
-    let mut secrets = BTreeMap::new();
-    for value in objects.of(Kind::Secret) {
-        let obj: SecretObject = parse(
-            Kind::Secret,
-            value,
-            &["apiVersion", "kind", "metadata", "data", "type"],
-        )?;
-        let secret = SecretData::from_object(&obj, &origin(Kind::Secret, value))?;
-        secrets.insert((secret.namespace.clone(), secret.name.clone()), secret);
-    }
-    let find_secret = |namespace: &str, name: &str| {
-        secrets
-            .get(&(namespace.to_owned(), name.to_owned()))
-            .cloned()
-    };
     for value in objects.of(Kind::KarmadaCluster) {
         let obj: KarmadaClusterObject = parse(
             Kind::KarmadaCluster,

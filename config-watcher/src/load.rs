@@ -34,6 +34,7 @@ pub fn load_path(path: &Path) -> Result<Config, ConfigError> {
     let mut policies = Vec::new();
     // Karmada clusters are resolved once every Secret of every file is known.
     let mut karmada_clusters = Vec::new();
+    let mut fleetgate_clusters = Vec::new();
     let mut secrets = std::collections::BTreeMap::new();
     for file in &files {
         let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
@@ -75,7 +76,8 @@ pub fn load_path(path: &Path) -> Result<Config, ConfigError> {
                 (API_VERSION, "Cluster") => {
                     let obj: ClusterObject = serde_yaml::from_value(value)
                         .map_err(|e| parse_err(format!("Cluster: {e}")))?;
-                    clusters.push(resolve_cluster(obj, base, &origin)?);
+                    // Resolved once every Secret is known (`spec.credentials.secretRef`).
+                    fleetgate_clusters.push((obj, base.to_path_buf(), origin));
                 }
                 (API_VERSION, "AccessPolicy") => {
                     let obj: AccessPolicyObject = serde_yaml::from_value(value)
@@ -115,6 +117,9 @@ pub fn load_path(path: &Path) -> Result<Config, ConfigError> {
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
     };
+    for (obj, base, origin) in fleetgate_clusters {
+        clusters.push(resolve_cluster(obj, &base, &origin, &find_secret)?);
+    }
     for (obj, origin) in &karmada_clusters {
         clusters.push(karmada_cluster_config(obj, origin, &find_secret)?);
     }
@@ -305,6 +310,7 @@ pub(crate) fn resolve_gateway(
             "must be at least 8".into(),
         ));
     }
+    let auth = crate::auth::resolve_auth(auth, base).map_err(|(field, m)| invalid(field, m))?;
     let audit = match audit {
         None => None,
         Some(a) if a.path.is_empty() => {
@@ -339,7 +345,7 @@ fn optional_seconds(
 ) -> Result<Option<std::time::Duration>, String> {
     match value {
         None => Ok(default),
-        Some(s) if s == 0.0 => Ok(None),
+        Some(0.0) => Ok(None),
         Some(s) if s.is_finite() && s > 0.0 => Ok(Some(std::time::Duration::from_secs_f64(s))),
         Some(s) => Err(format!("{s} is not a number of seconds (0 for none)")),
     }
@@ -368,16 +374,77 @@ fn resolve_http2(spec: Http2Spec) -> Result<Http2Settings, (&'static str, String
     })
 }
 
+/// Looks a `v1` Secret up by namespace and name (the Secrets of the config files, or those the
+/// API source watches).
+pub(crate) type FindSecret<'a> = dyn Fn(&str, &str) -> Option<SecretData> + 'a;
+
+/// The credentials a Cluster's `spec.credentials.secretRef` Secret holds, under the keys
+/// Kubernetes uses for them.
+struct SecretCredentials {
+    token: Option<String>,
+    ca_pem: Option<Vec<u8>>,
+    client_cert_pem: Option<Vec<u8>>,
+    client_key_pem: Option<Vec<u8>>,
+}
+
+fn secret_credentials(
+    reference: &crate::objects::SecretReference,
+    find_secret: &FindSecret<'_>,
+) -> Result<SecretCredentials, String> {
+    let namespace = reference
+        .namespace
+        .as_deref()
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or("default");
+    if reference.name.is_empty() {
+        return Err("a Secret name is required".into());
+    }
+    let secret = find_secret(namespace, &reference.name)
+        .ok_or_else(|| format!("Secret {namespace}/{} not found", reference.name))?;
+    let text = |key: &str| -> Result<Option<String>, String> {
+        secret
+            .values
+            .get(key)
+            .map(|v| {
+                String::from_utf8(v.clone())
+                    .map(|t| t.trim().to_owned())
+                    .map_err(|_| {
+                        format!("Secret {namespace}/{}: {key} is not UTF-8", reference.name)
+                    })
+            })
+            .transpose()
     };
+    let pem = |key: &str| -> Result<Option<Vec<u8>>, String> {
+        match secret.values.get(key) {
+            None => Ok(None),
+            Some(v) if v.windows(11).any(|w| w == b"-----BEGIN ") => Ok(Some(v.clone())),
+            Some(_) => Err(format!(
+                "Secret {namespace}/{}: {key} is not PEM (no -----BEGIN line)",
+                reference.name
+            )),
         }
     };
+    let credentials = SecretCredentials {
+        token: text("token")?,
+        ca_pem: pem("ca.crt")?,
+        client_cert_pem: pem("tls.crt")?,
+        client_key_pem: pem("tls.key")?,
     };
+    if credentials.token.is_none() && credentials.client_cert_pem.is_none() {
+        return Err(format!(
+            "Secret {namespace}/{} has neither a token nor tls.crt/tls.key",
+            reference.name
+        ));
+    }
+    Ok(credentials)
+}
+
 pub(crate) fn resolve_cluster(
     obj: ClusterObject,
     base: &Path,
     origin: &str,
+    find_secret: &FindSecret<'_>,
 ) -> Result<ClusterConfig, ConfigError> {
-    let auth = crate::auth::resolve_auth(auth, base).map_err(|(field, m)| invalid(field, m))?;
     let name = obj.metadata.name.clone();
     let invalid = |field: &'static str, message: String| ConfigError::Invalid {
         origin: origin.to_owned(),
@@ -392,11 +459,39 @@ pub(crate) fn resolve_cluster(
     let ca_pem = pem_field(spec.ca_data, spec.ca_file, base)
         .map_err(|m| invalid("spec.caData/caFile", m))?;
     let c = spec.credentials;
+    let from_secret = match &c.secret_ref {
         None => None,
+        Some(reference) => {
+            let inline = c.token.is_some()
+                || c.token_file.is_some()
+                || c.client_cert_data.is_some()
+                || c.client_cert_file.is_some()
+                || c.client_key_data.is_some()
+                || c.client_key_file.is_some();
+            if inline {
+                return Err(invalid(
+                    "spec.credentials.secretRef",
+                    "credentials come from the Secret or from the fields beside it, not both"
+                        .into(),
+                ));
+            }
+            let found = secret_credentials(reference, find_secret)
+                .map_err(|m| invalid("spec.credentials.secretRef", m))?;
+            if found.ca_pem.is_some() && ca_pem.is_some() {
+                return Err(invalid(
+                    "spec.credentials.secretRef",
+                    "the Secret has a ca.crt and spec.caData/caFile is set too; keep one".into(),
+                ));
+            }
+            Some(found)
         }
     };
+    let (ca_pem, from_secret) = match from_secret {
+        Some(mut found) => (ca_pem.or(found.ca_pem.take()), Some(found)),
+        None => (ca_pem, None),
     };
     let token = match (c.token, c.token_file) {
+        _ if from_secret.is_some() => from_secret.as_ref().and_then(|f| f.token.clone()),
         (Some(_), Some(_)) => {
             return Err(invalid(
                 "spec.credentials",
@@ -421,10 +516,14 @@ pub(crate) fn resolve_cluster(
     }
     check_proxy_headers(proxy_url.as_deref(), &spec.proxy_header)
         .map_err(|m| invalid("spec.proxyHeader", m))?;
-    let client_cert_pem = pem_field(c.client_cert_data, c.client_cert_file, base)
-        .map_err(|m| invalid("spec.credentials.clientCertData/clientCertFile", m))?;
-    let client_key_pem = pem_field(c.client_key_data, c.client_key_file, base)
-        .map_err(|m| invalid("spec.credentials.clientKeyData/clientKeyFile", m))?;
+    let (client_cert_pem, client_key_pem) = match from_secret {
+        Some(found) => (found.client_cert_pem, found.client_key_pem),
+        None => (
+            pem_field(c.client_cert_data, c.client_cert_file, base)
+                .map_err(|m| invalid("spec.credentials.clientCertData/clientCertFile", m))?,
+            pem_field(c.client_key_data, c.client_key_file, base)
+                .map_err(|m| invalid("spec.credentials.clientKeyData/clientKeyFile", m))?,
+        ),
     };
     if client_cert_pem.is_some() != client_key_pem.is_some() {
         return Err(invalid(
@@ -443,6 +542,7 @@ pub(crate) fn resolve_cluster(
         client_cert_pem,
         client_key_pem,
         impersonation: spec.impersonation,
+        pass_through: spec.auth_mode == crate::objects::ClusterAuthMode::PassThrough,
         mode: spec.mode,
         proxy_url,
         proxy_headers: spec.proxy_header,
@@ -501,27 +601,6 @@ pub(crate) fn check_proxy_url(url: &str) -> Result<(), String> {
     if uri.host().is_none_or(str::is_empty) {
         return Err(format!("{url:?} has no host"));
     }
-    Ok(())
-}
-
-/// A cluster name is a DNS-1123 label and not reserved.
-        pass_through: spec.auth_mode == crate::objects::ClusterAuthMode::PassThrough,
-pub fn check_cluster_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if !ok {
-        return Err(format!(
-            "{name:?} is not a DNS-1123 label (lower-case letters, digits, '-', at most 63)"
-        ));
-    }
-    if RESERVED_CLUSTER_NAMES.contains(&name) {
-        return Err(format!("{name:?} is reserved"));
-    }
     if uri
         .path_and_query()
         .is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty())
@@ -544,6 +623,26 @@ pub(crate) fn check_proxy_headers(
             .map_err(|_| format!("{header:?} is not a header name"))?;
         http::HeaderValue::from_str(value)
             .map_err(|_| format!("the value of {header:?} is not a header value"))?;
+    }
+    Ok(())
+}
+
+/// A cluster name is a DNS-1123 label and not reserved.
+pub fn check_cluster_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if !ok {
+        return Err(format!(
+            "{name:?} is not a DNS-1123 label (lower-case letters, digits, '-', at most 63)"
+        ));
+    }
+    if RESERVED_CLUSTER_NAMES.contains(&name) {
+        return Err(format!("{name:?} is reserved"));
     }
     Ok(())
 }

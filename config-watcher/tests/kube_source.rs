@@ -322,6 +322,45 @@ fn clusters_and_karmada_clusters_follow_the_management_cluster() {
         })
         .await;
 
+        // A fleetgate Cluster whose credentials are a Secret (`spec.credentials.secretRef`, the
+        // keys Kubernetes uses): served with the Secret's token and CA, and a rotated Secret
+        // reaches it.
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let creds = |token: &str| {
+            json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "fg-creds", "namespace": "karmada-cluster"},
+                "type": "Opaque",
+                "data": {"token": b64(token), "ca.crt": b64(&ca)},
+            })
+        };
+        management
+            .create(&management.secrets(), creds("secret-token-1"))
+            .await;
+        management
+            .create(
+                &management.clusters(),
+                json!({
+                    "apiVersion": "fleetgate.io/v1alpha1", "kind": "Cluster",
+                    "metadata": {"name": "fg-secret"},
+                    "spec": {"server": server, "credentials": {
+                        "secretRef": {"name": "fg-creds", "namespace": "karmada-cluster"}}},
+                }),
+            )
+            .await;
+        eventually("the Secret's token", || {
+            authorization(&table, "fg-secret").as_deref() == Some("Bearer secret-token-1")
+        })
+        .await;
+        management
+            .replace(&management.secrets(), "fg-creds", creds("secret-token-2"))
+            .await;
+        eventually("the rotated Secret's token", || {
+            authorization(&table, "fg-secret").as_deref() == Some("Bearer secret-token-2")
+        })
+        .await;
+        management.delete(&management.clusters(), "fg-secret").await;
+
         // Broken: the last good table keeps serving and the error names the object and field.
         let generation = table.load().generation();
         management

@@ -415,6 +415,9 @@ fn clusters_follow_the_management_cluster() {
     let member2 = cluster_file(dir.path(), "member2");
     let member2 = member2.to_str().unwrap();
     kubectl(dir.path(), &["apply", "-f", member2]);
+    // The AccessPolicy objects come from the management cluster too (admin's among them).
+    let policies = dir.path().join("policies.yaml");
+    kubectl(dir.path(), &["apply", "-f", policies.to_str().unwrap()]);
 
     let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
     let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
@@ -464,4 +467,75 @@ fn clusters_follow_the_management_cluster() {
     fleet.answers_within(&path_of("member2"), 404, WITHIN);
     let verbose = fleet.admin_get("/readyz?verbose");
     assert!(verbose.contains("config-reload ok"), "{verbose}");
+}
+
+/// A Cluster whose credentials are a `v1` Secret in the watched directory
+/// (`spec.credentials.secretRef`): the token reaches the member, a rotated Secret is used from
+/// the next request (the member refuses a bad token, then accepts the good one again), and a
+/// Secret that goes missing is a rejected change naming the Cluster and the field.
+#[test]
+fn a_cluster_follows_the_secret_its_credentials_reference() {
+    let fleet = start(1);
+    let file = cluster_file(fleet.dir(), "member1");
+    let original = std::fs::read_to_string(&file).unwrap();
+    let parsed: serde_yaml::Value = serde_yaml::from_str(&original).unwrap();
+    let token = parsed["spec"]["credentials"]["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ca = parsed["spec"]["caData"].as_str().unwrap().to_owned();
+    let b64 = |s: &str| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(s)
+    };
+    let secret = |token: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: member1-credentials\n  namespace: fleet\ndata:\n  token: {}\n  ca.crt: {}\n",
+            b64(token),
+            b64(&ca)
+        )
+    };
+    let secret_file = fleet.dir().join("clusters/member1-credentials.yaml");
+    // The Cluster names the Secret instead of holding the token and the CA.
+    let server = parsed["spec"]["server"].as_str().unwrap();
+    let by_reference = format!(
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: member1\nspec:\n  server: {server}\n  impersonation: true\n  credentials:\n    secretRef:\n      name: member1-credentials\n      namespace: fleet\n"
+    );
+    std::fs::write(&secret_file, secret(&token)).unwrap();
+    std::fs::write(&file, by_reference).unwrap();
+    let start = Instant::now();
+    while !fleet
+        .admin_get("/readyz?verbose")
+        .contains("config-reload ok")
+        || fleet.get_once(UNCHANGED).0 != 200
+    {
+        assert!(start.elapsed() < WITHIN * 2, "{}", fleet.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(fleet.get_once(UNCHANGED).0, 200);
+
+    // Rotated to a token the member refuses, then back.
+    std::fs::write(&secret_file, secret("rotated-but-unknown")).unwrap();
+    fleet.answers_within(UNCHANGED, 401, WITHIN);
+    std::fs::write(&secret_file, secret(&token)).unwrap();
+    fleet.answers_within(UNCHANGED, 200, WITHIN);
+
+    // The Secret removed: rejected, the last good table keeps serving.
+    std::fs::remove_file(&secret_file).unwrap();
+    let start = Instant::now();
+    let verbose = loop {
+        let text = fleet.admin_get("/readyz?verbose");
+        if text.contains("rejected") {
+            break text;
+        }
+        assert!(start.elapsed() < WITHIN, "no reload error shown: {text}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        verbose.contains("Cluster member1")
+            && verbose.contains("spec.credentials.secretRef")
+            && verbose.contains("Secret fleet/member1-credentials not found"),
+        "{verbose}"
+    );
+    assert_eq!(fleet.get_once(UNCHANGED).0, 200);
 }
