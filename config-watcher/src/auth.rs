@@ -25,6 +25,52 @@ pub struct Identity {
     pub extra: Vec<(String, Vec<String>)>,
 }
 
+/// Why a verified client certificate still gives no identity.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("client certificate could not be parsed")]
+    Unparsable,
+    #[error("client certificate has no subject common name (the user name)")]
+    NoCommonName,
+}
+
+impl Identity {
+    /// Kubernetes' anonymous user: the identity of a client on a listener that does not
+    /// authenticate (the plaintext benchmark listener).
+    pub fn anonymous() -> Self {
+        Identity {
+            user: crate::policy::ANONYMOUS_USER.to_string(),
+            groups: vec!["system:unauthenticated".to_string()],
+            ..Identity::default()
+        }
+    }
+
+    /// Reads CN (user) and O (groups) from a DER certificate that rustls has already verified,
+    /// as kube-apiserver does.
+    pub fn from_certificate(der: &[u8]) -> Result<Self, IdentityError> {
+        let (_, cert) =
+            x509_parser::parse_x509_certificate(der).map_err(|_| IdentityError::Unparsable)?;
+        let subject = cert.subject();
+        let user = subject
+            .iter_common_name()
+            .next()
+            .and_then(|cn| cn.as_str().ok())
+            .filter(|cn| !cn.is_empty())
+            .ok_or(IdentityError::NoCommonName)?
+            .to_string();
+        let groups = subject
+            .iter_organization()
+            .filter_map(|o| o.as_str().ok())
+            .map(str::to_string)
+            .collect();
+        Ok(Identity {
+            user,
+            groups,
+            ..Identity::default()
+        })
+    }
+}
+
 /// The Gateway's `spec.auth`, resolved.
 #[derive(Clone, PartialEq, Default)]
 pub struct AuthSettings {

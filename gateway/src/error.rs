@@ -38,6 +38,19 @@ pub enum GatewayError {
     NoRoute { path: String },
     #[error("Impersonate-* headers are not allowed through the gateway: it impersonates the authenticated user itself")]
     ClientImpersonation,
+    /// No credential, or one that is expired, wrongly signed or unknown. The message is
+    /// kube-apiserver's (`Unauthorized`): the reason is logged, never shown, and never the token.
+    #[error("Unauthorized")]
+    Unauthorized { reason: &'static str },
+    /// An AccessPolicy did not grant the request (or the impersonation it asks for). The message
+    /// reads like kube-apiserver's Forbidden, plus the cluster.
+    #[error("{message}")]
+    Forbidden {
+        message: String,
+        /// `details.kind` / `details.name` of the Status (the resource and its name).
+        kind: String,
+        name: String,
+    },
     #[error("upgrading to {protocol:?} is not supported: the gateway carries SPDY/3.1 and websocket upgrades (exec, attach, port-forward)")]
     UpgradeNotSupported { protocol: String },
     #[error("{protocol:?} cannot be carried over h2: exec, attach and port-forward need an HTTP/1.1 connection")]
@@ -80,6 +93,8 @@ impl GatewayError {
             | UnknownCluster { .. }
             | NoRoute { .. }
             | ClientImpersonation
+            | Unauthorized { .. }
+            | Forbidden { .. }
             | UpgradeNotSupported { .. }
             | UpgradeOverH2 { .. } => Side::Downstream,
             ConnectTimeout { .. }
@@ -99,7 +114,8 @@ impl GatewayError {
             BadRequest { .. } => (400, "BadRequest"),
             VersionNotSupported => (505, "BadRequest"),
             UnknownCluster { .. } | NoRoute { .. } => (404, "NotFound"),
-            ClientImpersonation => (403, "Forbidden"),
+            ClientImpersonation | Forbidden { .. } => (403, "Forbidden"),
+            Unauthorized { .. } => (401, "Unauthorized"),
             UpgradeNotSupported { .. } | UpgradeOverH2 { .. } => (501, "NotImplemented"),
             TunnelNotSupported { .. } | ConnectTimeout { .. } | Connect { .. } => {
                 (503, "ServiceUnavailable")
@@ -141,6 +157,16 @@ impl GatewayError {
         let details = match self {
             GatewayError::UnknownCluster { name } => {
                 serde_json::json!({ "name": name, "kind": "clusters" })
+            }
+            GatewayError::Forbidden { kind, name, .. } => {
+                let mut details = serde_json::Map::new();
+                if !name.is_empty() {
+                    details.insert("name".into(), name.as_str().into());
+                }
+                if !kind.is_empty() {
+                    details.insert("kind".into(), kind.as_str().into());
+                }
+                serde_json::Value::Object(details)
             }
             _ => serde_json::json!({}),
         };
@@ -188,6 +214,7 @@ pub fn reason_phrase(code: u16) -> &'static str {
     match code {
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
         403 => "Forbidden",
         404 => "Not Found",
         431 => "Request Header Fields Too Large",

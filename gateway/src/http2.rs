@@ -33,6 +33,7 @@ use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
 
+use crate::audit::{AuditRequest, Outcome, StreamAudit};
 use crate::error::{GatewayError, Side};
 use crate::http1::{
     is_hop_by_hop, push_header, response_body, BodyKind, BodyProgress, ChunkedScanner, Head,
@@ -162,7 +163,13 @@ where
             }
         };
     debug!(%peer, user = %identity.user, "h2 connection");
-    let identity = Rc::new(identity);
+    // Who the audit log names when a stream is refused before its identity is decided.
+    let audit_user = ctx
+        .audit
+        .as_ref()
+        .filter(|_| !identity.user.is_empty())
+        .map(|_| Arc::new(identity.clone()));
+    let identity = Rc::new(identity::ConnectionAuth::new(&identity));
     let streams = Rc::new(OpenStreams::default());
     streams.idle_since.set(Some(Instant::now()));
     let accept_stream =
@@ -174,6 +181,7 @@ where
                     respond,
                     peer,
                     identity.clone(),
+                    audit_user.clone(),
                     streams.opened(),
                 ));
                 true
@@ -229,12 +237,45 @@ async fn serve_stream(
     request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     peer: SocketAddr,
-    identity: Rc<ClientIdentity>,
+    identity: Rc<identity::ConnectionAuth>,
+    audit_user: Option<Arc<ClientIdentity>>,
     _open: StreamGuard,
 ) {
     let started = Instant::now();
     let _stream = ctx.metrics.stream_opened();
-    match proxy_stream(&ctx, request, &mut respond, peer, &identity, started).await {
+    let audit_request = ctx
+        .audit
+        .as_ref()
+        .map(|_| AuditRequest::from_parts(&request, peer));
+    let mut audit = StreamAudit {
+        authenticated: audit_user.clone(),
+        acting_as: audit_user,
+        code: None,
+    };
+    let proxied = proxy_stream(
+        &ctx,
+        request,
+        &mut respond,
+        peer,
+        &identity,
+        started,
+        &mut audit,
+    )
+    .await;
+    // Health answers carry no code in `audit` and are not audited.
+    let outcome = match &proxied {
+        Ok(()) => audit.code.map(Outcome::Complete),
+        Err(Failure::Answer(err)) => {
+            let code = err.code_and_reason().0;
+            if code == 401 {
+                audit.authenticated = None;
+                audit.acting_as = None;
+            }
+            Some(Outcome::Complete(code))
+        }
+        Err(Failure::Abort(reason)) => Some(Outcome::Aborted(audit.code, reason)),
+    };
+    match proxied {
         Ok(()) => {}
         Err(Failure::Answer(err)) => {
             match err.side() {
@@ -258,6 +299,10 @@ async fn serve_stream(
             debug!(reason, "h2 stream reset mid-response");
             respond.send_reset(h2::Reason::INTERNAL_ERROR);
         }
+    }
+    if let (Some(log), Some(request), Some(outcome)) = (&ctx.audit, audit_request, outcome) {
+        let request = request.identity(audit.authenticated.as_ref(), audit.acting_as.as_ref());
+        log.record(request, started, outcome);
     }
 }
 
@@ -289,8 +334,9 @@ async fn proxy_stream(
     request: Request<RecvStream>,
     respond: &mut SendResponse<Bytes>,
     peer: SocketAddr,
-    identity: &ClientIdentity,
+    conn_auth: &identity::ConnectionAuth,
     started: Instant,
+    audit: &mut StreamAudit,
 ) -> Result<(), Failure> {
     let (parts, mut body) = request.into_parts();
     if parts.method == Method::CONNECT {
@@ -300,13 +346,6 @@ async fn proxy_stream(
             .map_or("CONNECT", |p| p.as_str())
             .to_string();
         return Err(GatewayError::UpgradeOverH2 { protocol }.into());
-    }
-    if parts
-        .headers
-        .keys()
-        .any(|name| name.as_str().starts_with("impersonate-"))
-    {
-        return Err(GatewayError::ClientImpersonation.into());
     }
     let target = parts
         .uri
@@ -346,6 +385,34 @@ async fn proxy_stream(
         }
         .into());
     };
+    // Who the client is and whether a policy lets it (identity.rs), before anything goes upstream.
+    if !cluster.impersonation
+        && !cluster.pass_through
+        && parts
+            .headers
+            .keys()
+            .any(|name| name.as_str().starts_with("impersonate-"))
+    {
+        return Err(GatewayError::ClientImpersonation.into());
+    }
+    let decided = identity::decide(
+        ctx.table.load().access(),
+        conn_auth,
+        &cluster,
+        parts.method.as_str().as_bytes(),
+        rest,
+        query,
+        || {
+            parts
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+        },
+    )?;
+    if ctx.audit.is_some() {
+        audit.authenticated = decided.authenticated.clone();
+        audit.acting_as = decided.identity.clone();
+    }
     let method = parts.method.as_str().as_bytes();
     let verb = route::kube_verb(method, rest, query);
     let long_running = route::is_long_running(rest, query);
@@ -380,7 +447,7 @@ async fn proxy_stream(
             || name == http::header::EXPECT
             || name == http::header::TE
             || name == http::header::CONNECTION
-            || identity::is_identity_header(name_bytes)
+            || identity::drops_client_header(&cluster, name_bytes)
         {
             continue;
         }
@@ -401,7 +468,7 @@ async fn proxy_stream(
     head.extend_from_slice(b"X-Forwarded-For: ");
     head.extend_from_slice(&forwarded_for);
     let _ = write!(head, "{}\r\n", peer.ip());
-    identity::push_upstream_identity(&mut head, &cluster, identity);
+    identity::push_upstream_identity(&mut head, &cluster, decided.identity.as_deref());
     head.extend_from_slice(b"\r\n");
 
     let can_replay = request_body == BodyKind::Empty
@@ -488,6 +555,7 @@ async fn proxy_stream(
         "h2 response head relayed"
     );
     let mut progress = BodyProgress::new(kind);
+    audit.code = Some(response.code);
     let mut send = respond
         .send_response(reply, progress.is_done())
         .map_err(|_| Failure::Abort("client reset"))?;
@@ -564,7 +632,34 @@ async fn relay_body(
         _ => None,
     };
     let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    // The route's retirement ends a long-running stream with END_STREAM between chunks
+    // (`retired`); borrowed, so no shared count is touched per response.
+    let retirement = &*conn.retirement;
+    let mut retired = retirement.listen();
+    let mut finish_chunk_by: Option<std::time::Instant> = None;
     loop {
+        if long_running && !progress.is_done() && retirement.is_retired() {
+            let end = match (&scanner, &*progress) {
+                (Some(scanner), _) => crate::retired::chunked_end(scanner),
+                (None, progress) => crate::retired::retired_end(progress),
+            };
+            match end {
+                crate::retired::RetiredEnd::Done => {}
+                crate::retired::RetiredEnd::LastChunk | crate::retired::RetiredEnd::Close => {
+                    send.send_data(Bytes::new(), true).map_err(abort)?;
+                    *progress = BodyProgress::Done;
+                    return Ok(());
+                }
+                crate::retired::RetiredEnd::Cut => {
+                    return Err(Failure::Abort("route retired mid-body"))
+                }
+                crate::retired::RetiredEnd::FinishChunk => {
+                    finish_chunk_by.get_or_insert_with(|| {
+                        std::time::Instant::now() + crate::retired::FINISH_CHUNK_WITHIN
+                    });
+                }
+            }
+        }
         if !conn.buf.is_empty() {
             if let Some(scanner) = scanner.as_mut() {
                 ranges.clear();
@@ -603,11 +698,22 @@ async fn relay_body(
         if conn.buf.capacity() < want {
             conn.buf = BytesMut::with_capacity(want);
         }
-        let read = if long_running {
+        let read = if let Some(deadline) = finish_chunk_by {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match runtime::timeout(left, conn.io.read_buf(&mut conn.buf)).await {
+                Ok(read) => read,
+                Err(_) => return Err(Failure::Abort("route retired inside a chunk")),
+            }
+        } else if long_running {
             let reset = poll_fn(|cx| send.poll_reset(cx));
-            match runtime::race(conn.io.read_buf(&mut conn.buf), reset).await {
-                First::Left(read) => read,
-                First::Right(_) => return Err(Failure::Abort("client reset during a stream")),
+            let member_or_reset = runtime::race(conn.io.read_buf(&mut conn.buf), reset);
+            match runtime::race(member_or_reset, &mut retired).await {
+                First::Left(First::Left(read)) => read,
+                First::Left(First::Right(_)) => {
+                    return Err(Failure::Abort("client reset during a stream"))
+                }
+                // Handled at the top of the loop.
+                First::Right(()) => continue,
             }
         } else {
             conn.io.read_buf(&mut conn.buf).await

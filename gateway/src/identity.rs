@@ -1,66 +1,458 @@
-//! The client's identity and how it is carried to a member cluster.
+//! The client's identity per request, the AccessPolicy decision, and how the identity is carried
+//! to a member cluster.
 //!
-//! Sits between routing and the upstream: it reads who the client is (today the subject of the
-//! client certificate rustls verified: CN is the user, each O a group, as Kubernetes does), refuses
-//! client-sent `Impersonate-*` headers (the identity issue will authorize them against policy
-//! instead), drops the client's own `Authorization`, and writes the cluster's credentials plus the
-//! `Impersonate-User` / `Impersonate-Group` headers onto the upstream request. It never does I/O and
-//! never trusts a header for identity. Called by `tls` (at handshake) and `proxy` (per request).
+//! Sits between routing and the upstream. [`decide`] authenticates a request (a bearer token from
+//! the token file, an OIDC JWT, or else the client certificate of the connection; nothing gives a
+//! 401), applies client-sent `Impersonate-*` headers where a policy grants the `impersonate` verb
+//! on those identities, and checks the compiled AccessPolicy for the effective identity (deny by
+//! default, a 403 naming what was denied). [`push_upstream_identity`] then writes the cluster's
+//! credentials and `Impersonate-User` / `-Group` / `-Uid` / `-Extra-*`; on a PassThrough cluster
+//! the client's own `Authorization` goes through instead. Never does I/O, never logs a
+//! credential, and never trusts a header for identity. The common path (certificate, or a token
+//! seen before on the connection) allocates nothing but an `Arc` count. Called by `tls` (at
+//! handshake), `proxy` and `http2` (per request).
 
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use base64::Engine;
+use fleetgate_config_watcher::auth::{Jwk, JwtAlgorithm, OidcVerifierConfig};
+use fleetgate_config_watcher::policy::{AccessControl, RequestAttributes, Verb};
 use fleetgate_config_watcher::ClusterRoute;
+
+pub use fleetgate_config_watcher::auth::{Identity as ClientIdentity, IdentityError};
 
 use crate::error::GatewayError;
 use crate::http1::{push_header, Head};
 
-/// Who the client is, as established at connection time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientIdentity {
-    pub user: String,
-    pub groups: Vec<String>,
+/// What one client connection established for all its requests: the verified certificate's
+/// identity (if any), and the last bearer JWT verified on it (kubectl sends the same token on
+/// every request, so one signature check per connection, until the token expires).
+pub struct ConnectionAuth {
+    certificate: Option<Arc<ClientIdentity>>,
+    jwt_cache: RefCell<Option<CachedJwt>>,
 }
 
-/// Why a verified certificate still gives no identity.
-#[derive(Debug, thiserror::Error)]
-pub enum IdentityError {
-    #[error("client certificate could not be parsed")]
-    Unparsable,
-    #[error("client certificate has no subject common name (the user name)")]
-    NoCommonName,
+struct CachedJwt {
+    token: Box<[u8]>,
+    identity: Arc<ClientIdentity>,
+    expires: u64,
 }
 
-impl ClientIdentity {
-    /// The identity of a client on a listener that does not authenticate (the plaintext
-    /// benchmark listener): Kubernetes' anonymous user, so a member never mistakes such a request
-    /// for the gateway's own.
-    pub fn anonymous() -> Self {
-        ClientIdentity {
-            user: "system:anonymous".to_string(),
-            groups: vec!["system:unauthenticated".to_string()],
+impl ConnectionAuth {
+    /// From the identity `tls` or `shard` established: an empty user means no client
+    /// certificate (a bearer token is then required).
+    pub fn new(identity: &ClientIdentity) -> ConnectionAuth {
+        ConnectionAuth {
+            certificate: (!identity.user.is_empty()).then(|| Arc::new(identity.clone())),
+            jwt_cache: RefCell::new(None),
         }
     }
+}
 
-    /// Reads CN (user) and O (groups) from a DER certificate that rustls has already verified.
-    pub fn from_certificate(der: &[u8]) -> Result<Self, IdentityError> {
-        let (_, cert) =
-            x509_parser::parse_x509_certificate(der).map_err(|_| IdentityError::Unparsable)?;
-        let subject = cert.subject();
-        let user = subject
-            .iter_common_name()
-            .next()
-            .and_then(|cn| cn.as_str().ok())
-            .filter(|cn| !cn.is_empty())
-            .ok_or(IdentityError::NoCommonName)?
-            .to_string();
-        let groups = subject
-            .iter_organization()
-            .filter_map(|o| o.as_str().ok())
-            .map(str::to_string)
-            .collect();
-        Ok(ClientIdentity { user, groups })
+/// The identity a request goes to the member with.
+pub struct Decided {
+    /// Who the member is told about (after honoured client impersonation). None on a
+    /// PassThrough cluster with a token the gateway does not know: the member decides.
+    pub identity: Option<Arc<ClientIdentity>>,
+    /// Who authenticated (differs from `identity` when the client impersonates).
+    pub authenticated: Option<Arc<ClientIdentity>>,
+    /// The client's `Authorization` and `Impersonate-*` headers go to the member unchanged.
+    pub pass_through: bool,
+}
+
+/// Authenticates and authorizes one request for `cluster`. `rest` and `query` are the target
+/// without the cluster prefix; `headers` gives the request's header fields (called twice at most).
+pub fn decide<'h, F, H>(
+    access: &AccessControl,
+    conn: &ConnectionAuth,
+    cluster: &ClusterRoute,
+    method: &[u8],
+    rest: &[u8],
+    query: &[u8],
+    headers: F,
+) -> Result<Decided, GatewayError>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    // As kube-apiserver's union authenticator: the client certificate first (a verified one
+    // wins, whatever else the request carries), then a bearer token. A PassThrough cluster
+    // needs the token itself, whoever the certificate says the client is.
+    let certificate = conn.certificate.as_ref().filter(|_| !cluster.pass_through);
+    let authenticated = match certificate {
+        Some(identity) => Some(identity.clone()),
+        None => {
+            let authorization = headers()
+                .find(|(name, _)| name.eq_ignore_ascii_case(b"authorization"))
+                .map(|(_, value)| value);
+            let Some(value) = authorization else {
+                return Err(GatewayError::Unauthorized {
+                    reason: "no client certificate and no bearer token",
+                });
+            };
+            let Some(token) = bearer_token(value) else {
+                return Err(GatewayError::Unauthorized {
+                    reason: "Authorization is not a bearer token",
+                });
+            };
+            match authenticate_token(access, conn, token) {
+                Ok(identity) => Some(identity),
+                // A token the gateway cannot verify may still be the member's own (OCM style).
+                Err(_) if cluster.pass_through => None,
+                Err(reason) => return Err(GatewayError::Unauthorized { reason }),
+            }
+        }
+    };
+    let attrs = RequestAttributes::parse(method, rest, query);
+    let policy = &access.policy;
+    if cluster.pass_through {
+        // The member authenticates and authorizes the client's own token (and any
+        // Impersonate-* it sends); a token the gateway knows is also held to policy.
+        if let Some(identity) = &authenticated {
+            if !policy.allows(identity, &cluster.name, &attrs) {
+                return Err(forbidden(identity, &cluster.name, &attrs));
+            }
+        }
+        return Ok(Decided {
+            identity: authenticated.clone(),
+            authenticated,
+            pass_through: true,
+        });
+    }
+    let Some(authenticated) = authenticated else {
+        return Err(GatewayError::Unauthorized {
+            reason: "unknown bearer token",
+        });
+    };
+    let identity = match requested_impersonation(headers())? {
+        None => authenticated.clone(),
+        Some(wanted) => {
+            check_impersonation(access, &authenticated, &cluster.name, &wanted)?;
+            Arc::new(wanted)
+        }
+    };
+    if !policy.allows(&identity, &cluster.name, &attrs) {
+        return Err(forbidden(&identity, &cluster.name, &attrs));
+    }
+    Ok(Decided {
+        identity: Some(identity),
+        authenticated: Some(authenticated),
+        pass_through: false,
+    })
+}
+
+/// `Bearer TOKEN` (scheme case-insensitive), else None.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let value = crate::http1::head::trim(value);
+    if value.len() > 7 && value[..7].eq_ignore_ascii_case(b"bearer ") {
+        let token = crate::http1::head::trim(&value[7..]);
+        (!token.is_empty()).then_some(token)
+    } else {
+        None
     }
 }
 
-/// Refuses a request that tries to choose its own identity on the member.
+/// The token file first, then OIDC (with the connection's cache).
+fn authenticate_token(
+    access: &AccessControl,
+    conn: &ConnectionAuth,
+    token: &[u8],
+) -> Result<Arc<ClientIdentity>, &'static str> {
+    let authenticators = &access.authenticators;
+    if let Some(identity) = std::str::from_utf8(token)
+        .ok()
+        .and_then(|t| authenticators.tokens.get(t))
+    {
+        return Ok(identity.clone());
+    }
+    let Some(oidc) = &authenticators.oidc else {
+        return Err("unknown bearer token");
+    };
+    if token.iter().filter(|b| **b == b'.').count() != 2 {
+        return Err("unknown bearer token");
+    }
+    let now = unix_now();
+    if let Some(cached) = conn.jwt_cache.borrow().as_ref() {
+        if *cached.token == *token && cached.expires > now {
+            return Ok(cached.identity.clone());
+        }
+    }
+    let (identity, expires) = verify_jwt(oidc, token, now)?;
+    let identity = Arc::new(identity);
+    *conn.jwt_cache.borrow_mut() = Some(CachedJwt {
+        token: token.into(),
+        identity: identity.clone(),
+        expires,
+    });
+    Ok(identity)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Verifies a compact JWS (RS256 or ES256) against the issuer's keys and reads the identity
+/// from its claims. Returns the identity and the token's expiry (seconds since the epoch).
+pub fn verify_jwt(
+    oidc: &OidcVerifierConfig,
+    token: &[u8],
+    now: u64,
+) -> Result<(ClientIdentity, u64), &'static str> {
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let token = std::str::from_utf8(token).map_err(|_| "token is not text")?;
+    let mut parts = token.splitn(3, '.');
+    let (Some(header), Some(payload), Some(signature)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err("not a JWT");
+    };
+    let header: serde_json::Value = b64
+        .decode(header)
+        .ok()
+        .and_then(|h| serde_json::from_slice(&h).ok())
+        .ok_or("JWT header is not base64url JSON")?;
+    let algorithm = header
+        .get("alg")
+        .and_then(|a| a.as_str())
+        .and_then(JwtAlgorithm::from_name)
+        .ok_or("JWT algorithm is not RS256 or ES256")?;
+    let kid = header.get("kid").and_then(|k| k.as_str());
+    let signature = b64
+        .decode(signature)
+        .map_err(|_| "JWT signature is not base64url")?;
+    let signed = &token.as_bytes()[..header_and_payload_len(token)];
+    let keys = oidc.keys.load();
+    let verified = keys
+        .iter()
+        .filter(|k| k.algorithm == algorithm && (kid.is_none() || k.kid.as_deref() == kid))
+        .any(|key| verify_signature(key, signed, &signature));
+    if !verified {
+        return Err("JWT signature does not verify with any issuer key");
+    }
+    let claims: serde_json::Value = b64
+        .decode(payload)
+        .ok()
+        .and_then(|p| serde_json::from_slice(&p).ok())
+        .ok_or("JWT payload is not base64url JSON")?;
+    let settings = &oidc.settings;
+    if claims.get("iss").and_then(|i| i.as_str()) != Some(settings.issuer.as_str()) {
+        return Err("JWT issuer does not match");
+    }
+    let audience_ok = match claims.get("aud") {
+        Some(serde_json::Value::String(aud)) => settings.audiences.iter().any(|a| a == aud),
+        Some(serde_json::Value::Array(auds)) => auds
+            .iter()
+            .filter_map(|a| a.as_str())
+            .any(|aud| settings.audiences.iter().any(|a| a == aud)),
+        _ => false,
+    };
+    if !audience_ok {
+        return Err("JWT audience does not match the client id");
+    }
+    let expires = claims
+        .get("exp")
+        .and_then(|e| e.as_f64())
+        .ok_or("JWT has no exp")? as u64;
+    if expires <= now {
+        return Err("JWT expired");
+    }
+    if let Some(nbf) = claims.get("nbf").and_then(|n| n.as_f64()) {
+        if nbf as u64 > now {
+            return Err("JWT not valid yet");
+        }
+    }
+    let user = claims
+        .get(&settings.username_claim)
+        .and_then(|u| u.as_str())
+        .filter(|u| !u.is_empty())
+        .ok_or("JWT has no username claim")?;
+    let groups = match settings.groups_claim.as_deref().and_then(|c| claims.get(c)) {
+        Some(serde_json::Value::String(g)) => vec![format!("{}{g}", settings.groups_prefix)],
+        Some(serde_json::Value::Array(gs)) => gs
+            .iter()
+            .filter_map(|g| g.as_str())
+            .map(|g| format!("{}{g}", settings.groups_prefix))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let uid = settings
+        .uid_claim
+        .as_deref()
+        .and_then(|c| claims.get(c))
+        .and_then(|u| u.as_str())
+        .map(str::to_owned);
+    Ok((
+        ClientIdentity {
+            user: format!("{}{user}", settings.username_prefix),
+            groups,
+            uid,
+            extra: Vec::new(),
+        },
+        expires,
+    ))
+}
+
+fn header_and_payload_len(token: &str) -> usize {
+    token.rfind('.').unwrap_or(token.len())
+}
+
+fn verify_signature(key: &Jwk, message: &[u8], signature: &[u8]) -> bool {
+    match key.algorithm {
+        JwtAlgorithm::Rs256 => ring::signature::RsaPublicKeyComponents {
+            n: &key.n_or_point,
+            e: &key.e,
+        }
+        .verify(
+            &ring::signature::RSA_PKCS1_2048_8192_SHA256,
+            message,
+            signature,
+        )
+        .is_ok(),
+        JwtAlgorithm::Es256 => ring::signature::UnparsedPublicKey::new(
+            &ring::signature::ECDSA_P256_SHA256_FIXED,
+            &key.n_or_point,
+        )
+        .verify(message, signature)
+        .is_ok(),
+    }
+}
+
+/// The identity a client asks to act as with `Impersonate-*` headers, if it sends any.
+fn requested_impersonation<'h, H>(headers: H) -> Result<Option<ClientIdentity>, GatewayError>
+where
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let mut wanted: Option<ClientIdentity> = None;
+    let mut user = None;
+    for (name, value) in headers {
+        if !starts_with_ignore_case(name, b"impersonate-") {
+            continue;
+        }
+        let value = std::str::from_utf8(value)
+            .map_err(|_| GatewayError::BadRequest {
+                reason: "an Impersonate-* header is not text",
+            })?
+            .trim();
+        let w = wanted.get_or_insert_with(ClientIdentity::default);
+        let suffix = &name[b"impersonate-".len()..];
+        if suffix.eq_ignore_ascii_case(b"user") {
+            user = Some(value.to_owned());
+        } else if suffix.eq_ignore_ascii_case(b"group") {
+            w.groups.push(value.to_owned());
+        } else if suffix.eq_ignore_ascii_case(b"uid") {
+            w.uid = Some(value.to_owned());
+        } else if starts_with_ignore_case(suffix, b"extra-") {
+            let key = percent_encoding::percent_decode(&suffix[b"extra-".len()..])
+                .decode_utf8_lossy()
+                .to_ascii_lowercase();
+            match w.extra.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, values)) => values.push(value.to_owned()),
+                None => w.extra.push((key, vec![value.to_owned()])),
+            }
+        } else {
+            return Err(GatewayError::BadRequest {
+                reason: "unknown Impersonate-* header",
+            });
+        }
+    }
+    match (wanted, user) {
+        (None, _) => Ok(None),
+        (Some(mut w), Some(user)) if !user.is_empty() => {
+            w.user = user;
+            w.extra.sort();
+            Ok(Some(w))
+        }
+        (Some(_), _) => Err(GatewayError::BadRequest {
+            reason: "Impersonate-Group, -Uid or -Extra without Impersonate-User",
+        }),
+    }
+}
+
+/// Every identity the client asks for must be granted to it with the `impersonate` verb.
+fn check_impersonation(
+    access: &AccessControl,
+    client: &ClientIdentity,
+    cluster: &str,
+    wanted: &ClientIdentity,
+) -> Result<(), GatewayError> {
+    let policy = &access.policy;
+    let deny = |kind: &str, name: &str| {
+        GatewayError::Forbidden {
+        message: format!(
+            "{kind} {name:?} is forbidden: User {:?} cannot impersonate resource {kind:?} in API group \"\" on cluster {cluster:?}",
+            client.user
+        ),
+        kind: kind.to_owned(),
+        name: name.to_owned(),
+    }
+    };
+    if !policy.allows_impersonation(client, cluster, "users", "", &wanted.user) {
+        return Err(deny("users", &wanted.user));
+    }
+    for group in &wanted.groups {
+        if !policy.allows_impersonation(client, cluster, "groups", "", group) {
+            return Err(deny("groups", group));
+        }
+    }
+    if let Some(uid) = &wanted.uid {
+        if !policy.allows_impersonation(client, cluster, "uids", "", uid) {
+            return Err(deny("uids", uid));
+        }
+    }
+    for (key, values) in &wanted.extra {
+        for value in values {
+            if !policy.allows_impersonation(client, cluster, "userextras", key, value) {
+                return Err(deny(&format!("userextras/{key}"), value));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// kube-apiserver's Forbidden message, naming the cluster too.
+fn forbidden(
+    identity: &ClientIdentity,
+    cluster: &str,
+    attrs: &RequestAttributes<'_>,
+) -> GatewayError {
+    let verb = attrs.verb.map_or("unknown", Verb::name);
+    let message = if !attrs.resource_request {
+        format!(
+            "forbidden: User {:?} cannot {verb} path on cluster {cluster:?}: no AccessPolicy grants it anything there",
+            identity.user
+        )
+    } else {
+        let resource = if attrs.subresource.is_empty() {
+            attrs.resource.to_owned()
+        } else {
+            format!("{}/{}", attrs.resource, attrs.subresource)
+        };
+        let subject = if attrs.name.is_empty() {
+            format!("{resource} is forbidden")
+        } else {
+            format!("{resource} {:?} is forbidden", attrs.name)
+        };
+        let scope = if attrs.namespace.is_empty() {
+            " at the cluster scope".to_owned()
+        } else {
+            format!(" in the namespace {:?}", attrs.namespace)
+        };
+        format!(
+            "{subject}: User {:?} cannot {verb} resource {resource:?} in API group {:?}{scope} on cluster {cluster:?}",
+            identity.user, attrs.api_group
+        )
+    };
+    GatewayError::Forbidden {
+        message,
+        kind: attrs.resource.to_owned(),
+        name: attrs.name.to_owned(),
+    }
+}
+
+/// Refuses a request that tries to choose its own identity on a cluster the gateway does not
+/// impersonate on (`impersonation: false`: the member would see the gateway's own identity).
 pub fn check_request(head: &Head) -> Result<(), GatewayError> {
     if head
         .headers()
@@ -75,27 +467,71 @@ fn starts_with_ignore_case(name: &[u8], prefix: &[u8]) -> bool {
     name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix)
 }
 
-/// Whether a client header is dropped because identity headers are the gateway's to write.
+/// Whether a client header is dropped because identity headers are the gateway's to write
+/// (except on a PassThrough cluster, where the client speaks for itself).
 pub fn is_identity_header(name: &[u8]) -> bool {
     name.eq_ignore_ascii_case(b"authorization") || starts_with_ignore_case(name, b"impersonate-")
 }
 
-/// Appends the cluster's credentials and, when the cluster impersonates, the client's identity.
+/// Which client headers to drop on their way to `cluster`.
+pub fn drops_client_header(cluster: &ClusterRoute, name: &[u8]) -> bool {
+    !cluster.pass_through && is_identity_header(name)
+}
+
+/// Appends the cluster's credentials and, when the cluster impersonates, the identity: one
+/// `Impersonate-Group` per group, `Impersonate-Uid` when known, `Impersonate-Extra-KEY` per
+/// value (the key percent-encoded as client-go does). Nothing on a PassThrough cluster.
 pub fn push_upstream_identity(
     out: &mut Vec<u8>,
     cluster: &ClusterRoute,
-    identity: &ClientIdentity,
+    identity: Option<&ClientIdentity>,
 ) {
+    if cluster.pass_through {
+        return;
+    }
     if let Some(authorization) = &cluster.authorization {
         push_header(out, b"Authorization", authorization.as_bytes());
     }
-    if cluster.impersonation {
-        push_header(out, b"Impersonate-User", identity.user.as_bytes());
-        for group in &identity.groups {
-            push_header(out, b"Impersonate-Group", group.as_bytes());
+    let Some(identity) = identity.filter(|_| cluster.impersonation) else {
+        return;
+    };
+    push_header(out, b"Impersonate-User", identity.user.as_bytes());
+    for group in &identity.groups {
+        push_header(out, b"Impersonate-Group", group.as_bytes());
+    }
+    if let Some(uid) = &identity.uid {
+        push_header(out, b"Impersonate-Uid", uid.as_bytes());
+    }
+    for (key, values) in &identity.extra {
+        for value in values {
+            out.extend_from_slice(b"Impersonate-Extra-");
+            out.extend(
+                percent_encoding::utf8_percent_encode(key, EXTRA_KEY_ESCAPES).flat_map(str::bytes),
+            );
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
         }
     }
 }
+
+/// Characters client-go escapes in an `Impersonate-Extra-` key (it keeps only the token
+/// characters of a header name, RFC 7230, and percent-encodes the rest).
+const EXTRA_KEY_ESCAPES: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'!')
+    .remove(b'#')
+    .remove(b'$')
+    .remove(b'&')
+    .remove(b'\'')
+    .remove(b'*')
+    .remove(b'+')
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'^')
+    .remove(b'_')
+    .remove(b'`')
+    .remove(b'|')
+    .remove(b'~');
 
 #[cfg(test)]
 mod tests {
@@ -123,5 +559,46 @@ mod tests {
         let identity = ClientIdentity::from_certificate(cert.der()).unwrap();
         assert_eq!(identity.user, "alice");
         assert_eq!(identity.groups, vec!["devs".to_string()]);
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive_and_needs_a_token() {
+        assert_eq!(bearer_token(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"bearer  abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"Basic abc"), None);
+        assert_eq!(bearer_token(b"Bearer "), None);
+    }
+
+    #[test]
+    fn client_impersonation_headers_are_collected() {
+        let headers: Vec<(&[u8], &[u8])> = vec![
+            (b"Impersonate-User", b"alice"),
+            (b"impersonate-group", b"devs"),
+            (b"Impersonate-Group", b"ops"),
+            (b"Impersonate-Uid", b"u-1"),
+            (b"Impersonate-Extra-Acme.com%2Fproject", b"p1"),
+            (b"Accept", b"*/*"),
+        ];
+        let wanted = requested_impersonation(headers.into_iter())
+            .unwrap()
+            .unwrap();
+        assert_eq!(wanted.user, "alice");
+        assert_eq!(wanted.groups, vec!["devs", "ops"]);
+        assert_eq!(wanted.uid.as_deref(), Some("u-1"));
+        assert_eq!(
+            wanted.extra,
+            vec![("acme.com/project".to_string(), vec!["p1".to_string()])]
+        );
+        let group_only: Vec<(&[u8], &[u8])> = vec![(b"Impersonate-Group", b"devs")];
+        assert!(requested_impersonation(group_only.into_iter()).is_err());
+        let none: Vec<(&[u8], &[u8])> = vec![(b"Accept", b"*/*")];
+        assert!(requested_impersonation(none.into_iter()).unwrap().is_none());
+    }
+
+    #[test]
+    fn extra_keys_are_percent_encoded_like_client_go() {
+        let encoded: String =
+            percent_encoding::utf8_percent_encode("acme.com/project", EXTRA_KEY_ESCAPES).collect();
+        assert_eq!(encoded, "acme.com%2Fproject");
     }
 }

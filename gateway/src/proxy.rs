@@ -21,6 +21,7 @@ use fleetgate_config_watcher::{ClusterRoute, ConnectMode, Limits, SharedTable};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
 
+use crate::audit::{AuditRequest, Outcome};
 use crate::error::{GatewayError, Side};
 use crate::http1::{
     is_hop_by_hop, parse_request, parse_response, push_header, request_body, response_body,
@@ -97,6 +98,13 @@ pub async fn serve_http1<S>(
         response: Head::default(),
         out: Vec::with_capacity(1024),
     };
+    let conn_auth = identity::ConnectionAuth::new(identity);
+    // Who the audit log names when a request is refused before its identity is decided.
+    let audit_user = ctx
+        .audit
+        .as_ref()
+        .filter(|_| !identity.user.is_empty())
+        .map(|_| Arc::new(identity.clone()));
     loop {
         let limits = ctx.table.load().gateway().limits;
         match read_request_head(&mut down, limits, &ctx.shutdown).await {
@@ -107,7 +115,7 @@ pub async fn serve_http1<S>(
                 break;
             }
         }
-        match handle_request(&ctx, &mut down, peer, identity, limits).await {
+        match handle_request(&ctx, &mut down, peer, &conn_auth, audit_user.as_ref(), limits).await {
             Next::KeepAlive => continue,
             Next::Close => break,
         }
@@ -220,7 +228,8 @@ async fn handle_request<S>(
     ctx: &ShardContext,
     down: &mut Downstream<'_, S>,
     peer: SocketAddr,
-    identity: &ClientIdentity,
+    conn_auth: &identity::ConnectionAuth,
+    audit_user: Option<&Arc<ClientIdentity>>,
     limits: Limits,
 ) -> Next
 where
@@ -273,6 +282,8 @@ where
         }
         Err(Some(err)) => {
             respond_error(down, &err, close).await;
+            let outcome = Outcome::Complete(err.code_and_reason().0);
+            audit_response(ctx, &down.head, peer, (audit_user, audit_user), started, outcome);
             return if close { Next::Close } else { Next::KeepAlive };
         }
     };
@@ -280,24 +291,59 @@ where
         return Next::Close;
     };
     let verb = route::kube_verb(down.head.method(), rest, query);
+    // Who the client is and whether a policy lets it: decided with the table loaded (no await).
+    let decided = identity::decide(
+        ctx.table.load().access(),
+        conn_auth,
+        &cluster,
+        down.head.method(),
+        rest,
+        query,
+        || down.head.headers(),
+    );
+    let decided = match decided {
+        Ok(decided) => decided,
+        Err(err) => {
+            let code = err.code_and_reason().0;
+            ctx.metrics_cache.record(
+                &ctx.metrics,
+                (cluster.id, &cluster.name),
+                verb,
+                code,
+                started.elapsed(),
+            );
+            respond_error(down, &err, close).await;
+            // A 401 has no user; a refusal after authentication names the certificate's.
+            let who = audit_user.filter(|_| code != 401);
+            audit_response(ctx, &down.head, peer, (who, who), started, Outcome::Complete(code));
+            return if close { Next::Close } else { Next::KeepAlive };
+        }
+    };
     let long_running = route::is_long_running(rest, query);
     let _stream = ctx.metrics.stream_opened();
-    match proxy_request(
+    // 0 until a member's response head is read: an aborted exchange says whether one was.
+    down.response.code = 0;
+    let proxied = proxy_request(
         ctx,
         down,
         &cluster,
         peer,
-        identity,
+        &decided,
         limits,
         body,
         long_running,
         started,
         verb,
     )
-    .await
-    {
+    .await;
+    let audited = (decided.authenticated.as_ref(), decided.identity.as_ref());
+    match proxied {
         // The body was read: whether to keep the connection is the client's and member's call.
-        Ok(next) => next,
+        Ok(next) => {
+            let outcome = Outcome::Complete(down.response.code);
+            audit_response(ctx, &down.head, peer, audited, started, outcome);
+            next
+        }
         Err(Failure::Answer(err)) => {
             let code = err.code_and_reason().0;
             ctx.metrics_cache.record(
@@ -309,6 +355,7 @@ where
             );
             let close = close || err.must_close();
             respond_error(down, &err, close).await;
+            audit_response(ctx, &down.head, peer, audited, started, Outcome::Complete(code));
             if close {
                 Next::Close
             } else {
@@ -317,8 +364,27 @@ where
         }
         Err(Failure::Abort(reason)) => {
             debug!(cluster = %cluster.name, reason, "connection aborted mid-response");
+            let code = (down.response.code != 0).then_some(down.response.code);
+            let outcome = Outcome::Aborted(code, reason);
+            audit_response(ctx, &down.head, peer, audited, started, outcome);
             Next::Close
         }
+    }
+}
+
+/// Hands the audit log one record for a request whose response ended (nothing when the audit
+/// log is off): who authenticated and who the member was told about, and how it ended.
+fn audit_response(
+    ctx: &ShardContext,
+    head: &Head,
+    peer: SocketAddr,
+    (authenticated, acting_as): (Option<&Arc<ClientIdentity>>, Option<&Arc<ClientIdentity>>),
+    started: Instant,
+    outcome: Outcome,
+) {
+    if let Some(audit) = &ctx.audit {
+        let request = AuditRequest::from_head(head, peer).identity(authenticated, acting_as);
+        audit.record(request, started, outcome);
     }
 }
 
@@ -342,7 +408,7 @@ fn build_upstream_head(
     head: &Head,
     cluster: &ClusterRoute,
     peer: SocketAddr,
-    identity: &ClientIdentity,
+    identity: Option<&ClientIdentity>,
     ocm_style: bool,
     upgrade: bool,
 ) {
@@ -364,7 +430,7 @@ fn build_upstream_head(
         if name.eq_ignore_ascii_case(b"host")
             || name.eq_ignore_ascii_case(b"x-forwarded-for")
             || name.eq_ignore_ascii_case(b"expect")
-            || identity::is_identity_header(name)
+            || identity::drops_client_header(cluster, name)
             || is_hop_by_hop(head, name)
         {
             continue;
@@ -514,7 +580,7 @@ async fn proxy_request<S>(
     down: &mut Downstream<'_, S>,
     cluster: &Arc<ClusterRoute>,
     peer: SocketAddr,
-    identity: &ClientIdentity,
+    decided: &identity::Decided,
     limits: Limits,
     body: BodyKind,
     long_running: bool,
@@ -530,7 +596,10 @@ where
         }
         .into());
     }
-    identity::check_request(&down.head)?;
+    if !cluster.impersonation && !cluster.pass_through {
+        // The member would see the gateway itself: nobody may choose another identity there.
+        identity::check_request(&down.head)?;
+    }
     let upgrade = requested_upgrade(&down.head)?;
     if upgrade && body != BodyKind::Empty {
         // Where such a body would end and the upgraded bytes begin is anyone's guess.
@@ -545,7 +614,7 @@ where
         &down.head,
         cluster,
         peer,
-        identity,
+        decided.identity.as_deref(),
         ocm_style,
         upgrade,
     );

@@ -142,7 +142,7 @@ pub fn start_with_reload(
     for listener in &gateway.listeners {
         let tls = if listener.tls {
             Some(
-                crate::tls::server_config(gateway.tls.as_ref())
+                crate::tls::server_config(&table.load())
                     .with_context(|| format!("TLS for listener {:?}", listener.name))?,
             )
         } else {

@@ -1,6 +1,7 @@
 //! The TLS side of the listener: the rustls server configuration built from the Gateway object
-//! (serving certificate, required client certificates verified against the client CA, ALPN), and
-//! the per-connection handshake that yields the client's identity and the protocol to speak.
+//! (serving certificate, client certificates verified against the client CA: required when they
+//! are the only way to authenticate, optional when bearer tokens are accepted too; ALPN), and
+//! the per-connection handshake that yields the certificate's identity and the protocol to speak.
 //!
 //! The handshake runs with tokio-rustls on the readiness-based (`poll-io`) socket `shard` hands
 //! over (any `AsyncRead + AsyncWrite` stream; this module names no runtime type), so the
@@ -13,7 +14,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetgate_config_watcher::{crypto_provider, parse_certs, parse_key, ServingTls};
+use fleetgate_config_watcher::{crypto_provider, parse_certs, parse_key, RouteTable};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tracing::debug;
@@ -29,7 +30,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum TlsSetupError {
     #[error("the Gateway has a TLS listener but no spec.tls")]
     NoServingTls,
-    #[error("spec.tls has no client CA: TLS listeners require client certificates")]
+    #[error("spec.tls has no client CA: TLS listeners require client certificates (or spec.auth with a tokenFile or oidc)")]
     NoClientCa,
     #[error("invalid {what}: {reason}")]
     Pem { what: &'static str, reason: String },
@@ -39,28 +40,51 @@ pub enum TlsSetupError {
     Verifier(#[from] rustls::server::VerifierBuilderError),
 }
 
+/// Whether clients may authenticate with a bearer token (token file, OIDC, or a PassThrough
+/// cluster), so that a TLS connection without a client certificate is worth accepting.
+pub fn accepts_bearer_tokens(table: &RouteTable) -> bool {
+    let auth = &table.gateway().auth;
+    !auth.tokens.is_empty() || auth.oidc.is_some() || table.clusters().any(|c| c.pass_through)
+}
+
 /// The server configuration for TLS listeners: the Gateway's certificate, client certificates
-/// required and verified against its client CA, ALPN `h2` and `http/1.1`.
-pub fn server_config(tls: Option<&ServingTls>) -> Result<Arc<ServerConfig>, TlsSetupError> {
-    let tls = tls.ok_or(TlsSetupError::NoServingTls)?;
+/// verified against its client CA (optional when bearer tokens are accepted: a request without
+/// any credential then gets a 401 Status instead of a failed handshake), ALPN `h2` and
+/// `http/1.1`. Built at start: a token file or OIDC added by a later reload does not make
+/// certificates optional until the gateway restarts.
+pub fn server_config(table: &RouteTable) -> Result<Arc<ServerConfig>, TlsSetupError> {
+    let tls = table
+        .gateway()
+        .tls
+        .as_ref()
+        .ok_or(TlsSetupError::NoServingTls)?;
+    let bearer = accepts_bearer_tokens(table);
     let pem_error = |what| move |reason| TlsSetupError::Pem { what, reason };
     let certs = parse_certs(&tls.cert_pem).map_err(pem_error("serving certificate"))?;
     let key = parse_key(&tls.key_pem).map_err(pem_error("serving key"))?;
-    let ca_pem = tls
-        .client_ca_pem
-        .as_ref()
-        .ok_or(TlsSetupError::NoClientCa)?;
-    let mut roots = RootCertStore::empty();
-    for ca in parse_certs(ca_pem).map_err(pem_error("client CA"))? {
-        roots.add(ca)?;
-    }
     let provider = crypto_provider();
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build()?;
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(certs, key)?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let builder = match (&tls.client_ca_pem, bearer) {
+        (None, false) => return Err(TlsSetupError::NoClientCa),
+        (None, true) => builder.with_no_client_auth(),
+        (Some(ca_pem), _) => {
+            let mut roots = RootCertStore::empty();
+            for ca in parse_certs(ca_pem).map_err(pem_error("client CA"))? {
+                roots.add(ca)?;
+            }
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+            // Still verified whenever presented; only its absence is left to the HTTP layer.
+            let verifier = if bearer {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            builder.with_client_cert_verifier(verifier.build()?)
+        }
+    };
+    let mut config = builder.with_single_cert(certs, key)?;
     // h2 first: kubectl and client-go take it when offered, and switch to HTTP/1.1 themselves
     // for exec, attach and port-forward.
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
@@ -88,6 +112,8 @@ pub async fn dispatch<S>(
         }
     };
     let (_, session) = tls.get_ref();
+    // No certificate (allowed when bearer tokens are): an empty identity, so every request must
+    // bring a token.
     let identity = match session.peer_certificates().and_then(|c| c.first()) {
         Some(cert) => match ClientIdentity::from_certificate(cert) {
             Ok(identity) => identity,
@@ -96,7 +122,7 @@ pub async fn dispatch<S>(
                 return;
             }
         },
-        None => return,
+        None => ClientIdentity::default(),
     };
     // The protocol branch: h2 when the client chose it, HTTP/1.1 otherwise (also without ALPN).
     if session.alpn_protocol() == Some(b"h2") {

@@ -482,6 +482,20 @@ spec:
   caFile: ca.crt
   credentials:
     token: gateway-token
+---
+# Every test client (the plaintext listener's anonymous user included) may do anything but
+# impersonate: these tests are about the proxy; identity.rs tests policies.
+apiVersion: fleetgate.io/v1alpha1
+kind: AccessPolicy
+metadata:
+  name: everyone
+spec:
+  subjects:
+    - {{kind: Group, name: system:authenticated}}
+    - {{kind: Group, name: system:unauthenticated}}
+  clusters: {{names: ["*"]}}
+  rules:
+    - verbs: [get, list, watch, create, update, patch, delete, deletecollection, exec, attach, portforward, proxy]
 "#,
         stopped = closed_port()
     );

@@ -12,7 +12,14 @@ use base64::Engine;
 use serde_json::{json, Value};
 
 use crate::sim::auth::{UserInfo, MASTERS_GROUP};
-use crate::sim::pki::{CertAuthority, IssuedCert, PkiError};
+use crate::sim::pki::{CertAuthority, IssuedCert, OidcIssuer, PkiError};
+
+/// The `iss` of the sim's OIDC tokens (never fetched: the gateway reads `pki/oidc-jwks.json`).
+pub const OIDC_ISSUER: &str = "https://oidc.fleetgate.test";
+/// The client id (`aud`) of the sim's OIDC tokens.
+pub const OIDC_CLIENT_ID: &str = "fleetgate";
+/// The prefix the gateway puts on OIDC user and group names (`oidc:alice`, `oidc:devs`).
+pub const OIDC_PREFIX: &str = "oidc:";
 
 /// A test user: name, uid, group, token (valid at every member), and a client certificate signed
 /// by the gateway's client CA (for going through the gateway).
@@ -43,6 +50,10 @@ pub struct FleetCredentials {
     /// The token of `fleetgate-gateway`, which may impersonate at the members.
     pub gateway_token: String,
     pub users: Vec<TestUser>,
+    /// Signs the users' ID tokens (`users/NAME.jwt`).
+    pub oidc: OidcIssuer,
+    /// Another key with the same `kid`: signs `users/wrong-key.jwt`, which must be refused.
+    pub oidc_impostor: OidcIssuer,
 }
 
 fn random_token() -> String {
@@ -82,6 +93,8 @@ impl FleetCredentials {
             gateway_serving,
             gateway_token: random_token(),
             users,
+            oidc: OidcIssuer::generate(OIDC_ISSUER, OIDC_CLIENT_ID, "sim-1")?,
+            oidc_impostor: OidcIssuer::generate(OIDC_ISSUER, OIDC_CLIENT_ID, "sim-1")?,
         })
     }
 }
@@ -221,9 +234,22 @@ pub fn write_fleet_files(
                 "clientCAFile": "pki/gateway-ca.crt",
             },
             "admin": {"address": addrs.gateway_admin},
+            "auth": {
+                "tokenFile": "users/tokens.csv",
+                "oidc": {
+                    "issuerURL": OIDC_ISSUER,
+                    "clientID": OIDC_CLIENT_ID,
+                    "jwksFile": "pki/oidc-jwks.json",
+                    "usernamePrefix": OIDC_PREFIX,
+                    "groupsClaim": "groups",
+                    "groupsPrefix": OIDC_PREFIX,
+                    "uidClaim": "uid",
+                },
+            },
         },
     });
     write(&dir.join("gateway.yaml"), &yaml(&gateway))?;
+    write_policies(dir)?;
 
     // gateway.kubeconfig: through the gateway as admin (gateway-CA client certificate).
     let through_gateway: Vec<(String, String)> = member_names
@@ -271,5 +297,115 @@ pub fn write_fleet_files(
         ));
     }
     write_secret(&dir.join("users/tokens.csv"), &csv)?;
+    write_oidc_files(dir, creds)?;
     Ok(())
+}
+
+/// `pki/oidc-jwks.json`, `pki/oidc-signing.key`, `users/NAME.jwt` (valid 24 h), and two tokens
+/// for alice that must be refused: `users/expired.jwt` and `users/wrong-key.jwt`.
+fn write_oidc_files(dir: &Path, creds: &FleetCredentials) -> std::io::Result<()> {
+    let failed = |e: String| std::io::Error::other(e);
+    write(
+        &dir.join("pki/oidc-jwks.json"),
+        &creds.oidc.jwks().to_string(),
+    )?;
+    write_secret(&dir.join("pki/oidc-signing.key"), &creds.oidc.key_pem)?;
+    let now = chrono::Utc::now().timestamp();
+    let claims = |user: &TestUser, expires: i64| {
+        json!({
+            "sub": user.name,
+            "uid": user.uid,
+            "groups": user.group.into_iter().collect::<Vec<_>>(),
+            "iat": now,
+            "nbf": now - 60,
+            "exp": expires,
+        })
+    };
+    for user in &creds.users {
+        let token = creds
+            .oidc
+            .mint(claims(user, now + 24 * 3600))
+            .map_err(failed)?;
+        write_secret(&dir.join(format!("users/{}.jwt", user.name)), &token)?;
+    }
+    if let Some(alice) = creds.users.iter().find(|u| u.name == "alice") {
+        let expired = creds.oidc.mint(claims(alice, now - 3600)).map_err(failed)?;
+        write_secret(&dir.join("users/expired.jwt"), &expired)?;
+        let forged = creds
+            .oidc_impostor
+            .mint(claims(alice, now + 24 * 3600))
+            .map_err(failed)?;
+        write_secret(&dir.join("users/wrong-key.jwt"), &forged)?;
+    }
+    Ok(())
+}
+
+/// `policies.yaml`: the AccessPolicy objects of docs/simulated-fleet.md. `admin` (group
+/// system:masters, which gateway.kubeconfig's user is in) may do everything everywhere.
+fn write_policies(dir: &Path) -> std::io::Result<()> {
+    let groups = |names: &[&str]| -> Vec<Value> {
+        names
+            .iter()
+            .flat_map(|g| [g.to_string(), format!("{OIDC_PREFIX}{g}")])
+            .map(|g| json!({"kind": "Group", "name": g}))
+            .collect()
+    };
+    let users = |names: &[&str]| -> Vec<Value> {
+        names
+            .iter()
+            .flat_map(|u| [u.to_string(), format!("{OIDC_PREFIX}{u}")])
+            .map(|u| json!({"kind": "User", "name": u}))
+            .collect()
+    };
+    let policy = |name: &str, subjects: Vec<Value>, clusters: Value, rules: Value| {
+        json!({
+            "apiVersion": "fleetgate.io/v1alpha1",
+            "kind": "AccessPolicy",
+            "metadata": {"name": name},
+            "spec": {"subjects": subjects, "clusters": clusters, "rules": rules},
+        })
+    };
+    let policies = [
+        policy(
+            "admin",
+            vec![json!({"kind": "Group", "name": MASTERS_GROUP})],
+            json!({"names": ["*"]}),
+            json!([{"verbs": ["*"]}]),
+        ),
+        policy(
+            "devs-read-dev",
+            groups(&["devs"]),
+            json!({"selector": {"matchLabels": {"env": "dev"}}}),
+            json!([{"verbs": ["get", "list", "watch"]}]),
+        ),
+        policy(
+            "bob-default-member1",
+            users(&["bob"]),
+            json!({"names": ["member1"]}),
+            json!([{
+                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+                "namespaces": ["default"],
+            }]),
+        ),
+        policy(
+            "ops-everything-and-impersonate-alice",
+            groups(&["ops"]),
+            json!({"names": ["*"]}),
+            json!([
+                {"verbs": ["get", "list", "watch", "create", "update", "patch", "delete",
+                           "deletecollection", "exec", "attach", "portforward", "proxy"]},
+                {"verbs": ["impersonate"], "resources": ["users"], "resourceNames": ["alice"]},
+                {"verbs": ["impersonate"], "resources": ["groups"], "resourceNames": ["devs"]},
+                {"verbs": ["impersonate"], "resources": ["uids"], "resourceNames": ["alice-uid"]},
+                {"verbs": ["impersonate"], "resources": ["userextras/team"],
+                 "resourceNames": ["blue"]},
+            ]),
+        ),
+    ];
+    let text = policies
+        .iter()
+        .map(yaml)
+        .collect::<Vec<_>>()
+        .join("---\n");
+    write(&dir.join("policies.yaml"), &text)
 }

@@ -19,13 +19,13 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 pub struct PkiError {
     what: String,
     #[source]
-    source: rcgen::Error,
+    source: Box<dyn std::error::Error + Send + Sync>,
 }
 
 fn pki_err(what: &str) -> impl FnOnce(rcgen::Error) -> PkiError + '_ {
     move |source| PkiError {
         what: what.to_owned(),
-        source,
+        source: Box::new(source),
     }
 }
 
@@ -205,6 +205,88 @@ fn der_element(input: &[u8], expected_tag: u8) -> Option<(&[u8], &[u8])> {
 
 fn der_skip(input: &[u8]) -> Option<&[u8]> {
     der_any(input).map(|(_, _, rest)| rest)
+}
+
+/// The simulated fleet's OIDC issuer: an ES256 (P-256) signing key, its JWKS, and the minting of
+/// ID tokens (compact JWS) for the test users. The gateway verifies what it signs.
+pub struct OidcIssuer {
+    key: ring::signature::EcdsaKeyPair,
+    /// The key's PKCS#8 PEM (written to `pki/oidc-signing.key` so tests can mint more tokens).
+    pub key_pem: String,
+    pub kid: String,
+    pub issuer: String,
+    pub client_id: String,
+}
+
+impl OidcIssuer {
+    /// Generates a new signing key for `issuer`; tokens are for `client_id`.
+    pub fn generate(issuer: &str, client_id: &str, kid: &str) -> Result<Self, PkiError> {
+        let err = |source: String| PkiError {
+            what: "OIDC signing".to_owned(),
+            source: source.into(),
+        };
+        let rng = ring::rand::SystemRandom::new();
+        let alg = &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING;
+        let pkcs8 = ring::signature::EcdsaKeyPair::generate_pkcs8(alg, &rng)
+            .map_err(|_| err("key generation failed".into()))?;
+        let key = ring::signature::EcdsaKeyPair::from_pkcs8(alg, pkcs8.as_ref(), &rng)
+            .map_err(|e| err(e.to_string()))?;
+        let key_pem = pem_block("PRIVATE KEY", pkcs8.as_ref());
+        Ok(OidcIssuer {
+            key,
+            key_pem,
+            kid: kid.to_owned(),
+            issuer: issuer.to_owned(),
+            client_id: client_id.to_owned(),
+        })
+    }
+
+    /// The JWKS document (`{"keys": [one EC P-256 key]}`).
+    pub fn jwks(&self) -> serde_json::Value {
+        use ring::signature::KeyPair as _;
+        let b64 = |bytes: &[u8]| {
+            base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, bytes)
+        };
+        // The public key is the uncompressed point 04 || x || y.
+        let point = self.key.public_key().as_ref();
+        serde_json::json!({"keys": [{
+            "kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256", "kid": self.kid,
+            "x": b64(&point[1..33]), "y": b64(&point[33..65]),
+        }]})
+    }
+
+    /// Signs `claims` (iss and aud are added) as an ES256 compact JWS.
+    pub fn mint(&self, mut claims: serde_json::Value) -> Result<String, String> {
+        let b64 = |bytes: &[u8]| {
+            base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, bytes)
+        };
+        if let Some(map) = claims.as_object_mut() {
+            map.entry("iss").or_insert(self.issuer.clone().into());
+            map.entry("aud").or_insert(self.client_id.clone().into());
+        }
+        let header = serde_json::json!({"alg": "ES256", "typ": "JWT", "kid": self.kid});
+        let signed = format!(
+            "{}.{}",
+            b64(header.to_string().as_bytes()),
+            b64(claims.to_string().as_bytes())
+        );
+        let signature = self
+            .key
+            .sign(&ring::rand::SystemRandom::new(), signed.as_bytes())
+            .map_err(|_| "signing a JWT".to_string())?;
+        Ok(format!("{signed}.{}", b64(signature.as_ref())))
+    }
+}
+
+fn pem_block(label: &str, der: &[u8]) -> String {
+    let body = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in body.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
 }
 
 #[cfg(test)]
