@@ -99,6 +99,15 @@ impl AuditRequest {
     }
 }
 
+/// What an h2 stream's driver learns as it goes, for the record at the stream's end: who (once
+/// decided) and the code of the response head it sent.
+#[derive(Debug, Default)]
+pub struct StreamAudit {
+    pub authenticated: Option<Arc<ClientIdentity>>,
+    pub acting_as: Option<Arc<ClientIdentity>>,
+    pub code: Option<u16>,
+}
+
 /// How the response ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
