@@ -77,6 +77,8 @@ kind: Gateway
 metadata: {name: bench}
 spec:
   workers: 1
+  # authentication, policy and impersonation off, as the peers do (no spec.auth = deny anonymous)
+  auth: {authorizationMode: AlwaysAllow}
   listeners:
   - {name: plain, address: "127.0.0.1:$fg_port", tls: false}
   admin: {address: "127.0.0.1:$fg_admin"}
