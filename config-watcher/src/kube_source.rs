@@ -325,7 +325,7 @@ async fn follow(
             info!(kinds = ?kinds, "Kubernetes API source: initial lists done");
         }
         let config = build_config(&objects, &options);
-        publisher.publish("kubernetes-api", config);
+        publisher.publish(crate::reload::API_SOURCE, config);
         write_cluster_conditions(&client, &objects, &publisher).await;
     }
 }

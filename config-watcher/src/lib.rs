@@ -27,7 +27,7 @@ pub use kube_source::{
 };
 pub use load::{check_cluster_name, load_path, RESERVED_CLUSTER_NAMES};
 pub use objects::ConnectMode;
-pub use reload::{ReloadFailure, ReloadOutcome, ReloadStatus, TablePublisher};
+pub use reload::{ReloadFailure, ReloadOutcome, ReloadStatus, TablePublisher, API_SOURCE};
 pub use retirement::{RetirementListener, RouteRetirement};
 pub use settings::{ClusterConfig, Config, GatewaySettings, Limits, ListenerSettings, ServingTls};
 pub use table::{

@@ -2,7 +2,8 @@
 //! the routing table the data path reads, and where the outcome is recorded for operators.
 //!
 //! Every source (the watched file path, the Kubernetes API) hands its result to a
-//! [`TablePublisher`]. A valid configuration that differs from the serving one is built into a new
+//! [`TablePublisher`]; when both run, one merging publisher keeps each source's last good
+//! configuration and publishes their union. A valid configuration that differs from the serving one is built into a new
 //! [`RouteTable`] (generation + 1) and swapped in whole; an invalid one leaves the last good table
 //! serving and is reported three ways: a tracing error naming file / object / field, the counters
 //! of [`ReloadStatus`] (the gateway's `/metrics`) and its last error (`/readyz?verbose`).
@@ -17,9 +18,12 @@ use std::time::SystemTime;
 use tracing::{error, info, warn};
 
 use crate::error::ConfigError;
-use crate::settings::{ClusterConfig, Config};
+use crate::settings::{ClusterConfig, Config, GatewaySettings};
 use crate::table::RouteTable;
 use crate::SharedTable;
+
+/// The source name the Kubernetes API source publishes under.
+pub const API_SOURCE: &str = "kubernetes-api";
 
 /// What the last reload attempts did. Shared (in an `Arc`) between the sources that write it and
 /// the gateway's admin listener that reads it; never touched by a request.
@@ -117,16 +121,86 @@ pub enum ReloadOutcome {
     Rejected,
 }
 
-/// Turns loaded configurations into published routing tables. Cheap to clone; one per source.
+/// Turns loaded configurations into published routing tables. Cheap to clone; one per source,
+/// or one shared by the file and API sources when both run ([`TablePublisher::merging`]).
 #[derive(Debug, Clone)]
 pub struct TablePublisher {
     table: SharedTable,
     status: Arc<ReloadStatus>,
+    /// With two sources: the last good configuration of each, merged into one table.
+    merge: Option<Arc<Mutex<MergedSources>>>,
+}
+
+/// The last good configuration of the file source and of the API source, when both run.
+#[derive(Debug)]
+struct MergedSources {
+    files: Option<Config>,
+    api: Option<Config>,
+    /// The Gateway the API source falls back on while the API holds no Gateway object: seen in
+    /// an API configuration, it means "no Gateway there", and the files' Gateway applies.
+    api_fallback_gateway: GatewaySettings,
+}
+
+impl MergedSources {
+    /// Files and API together: the API's Gateway object when it has one, else the files'; the
+    /// clusters and access policies of both. A cluster defined by both is an error (which one is
+    /// meant cannot be guessed). `None` until both sources have reported once.
+    fn merged(&self) -> Option<Result<Config, ConfigError>> {
+        let (files, api) = (self.files.as_ref()?, self.api.as_ref()?);
+        let gateway = if api.gateway == self.api_fallback_gateway {
+            files.gateway.clone()
+        } else {
+            api.gateway.clone()
+        };
+        let mut clusters = files.clusters.clone();
+        for cluster in &api.clusters {
+            if let Some(local) = files.clusters.iter().find(|c| c.name == cluster.name) {
+                return Some(Err(ConfigError::Set(format!(
+                    "cluster {:?} is defined both in the files ({}) and in the management cluster ({}); \
+                     remove one",
+                    cluster.name, local.origin, cluster.origin
+                ))));
+            }
+            clusters.push(cluster.clone());
+        }
+        clusters.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut policies = files.policies.clone();
+        policies.extend(api.policies.iter().cloned());
+        Some(Ok(Config {
+            gateway,
+            clusters,
+            policies,
+        }))
+    }
 }
 
 impl TablePublisher {
     pub fn new(table: SharedTable, status: Arc<ReloadStatus>) -> TablePublisher {
-        TablePublisher { table, status }
+        TablePublisher {
+            table,
+            status,
+            merge: None,
+        }
+    }
+
+    /// A publisher shared by the file source and the API source ([`API_SOURCE`]): each source's
+    /// last good configuration is kept and the two are merged (see `MergedSources::merged`);
+    /// nothing is published until both have reported once. `api_fallback_gateway` is the
+    /// `KubeSourceOptions::fallback_gateway` the API source was given.
+    pub fn merging(
+        table: SharedTable,
+        status: Arc<ReloadStatus>,
+        api_fallback_gateway: GatewaySettings,
+    ) -> TablePublisher {
+        TablePublisher {
+            table,
+            status,
+            merge: Some(Arc::new(Mutex::new(MergedSources {
+                files: None,
+                api: None,
+                api_fallback_gateway,
+            }))),
+        }
     }
 
     pub fn status(&self) -> &Arc<ReloadStatus> {
@@ -144,6 +218,26 @@ impl TablePublisher {
             Ok(config) => config,
             Err(err) => return self.reject(source, &err),
         };
+        let Some(merge) = &self.merge else {
+            return self.publish_config(source, config);
+        };
+        // Held through the swap: the two sources' threads publish one at a time.
+        let mut merge = merge
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if source == API_SOURCE {
+            merge.api = Some(config);
+        } else {
+            merge.files = Some(config);
+        }
+        match merge.merged() {
+            None => ReloadOutcome::Unchanged,
+            Some(Ok(config)) => self.publish_config(source, config),
+            Some(Err(err)) => self.reject(source, &err),
+        }
+    }
+
+    fn publish_config(&self, source: &str, config: Config) -> ReloadOutcome {
         let serving = self.table.load();
         if *serving.config() == config {
             self.status.record_success();

@@ -229,7 +229,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = load_path(&args.config)
         .with_context(|| format!("loading the configuration from {}", args.config.display()))?;
     if args.management_kubeconfig.is_some() {
-        // The management cluster is the one source of clusters; the first table has none.
+        // The first table is served once the management cluster is listed, merged with the
+        // files (the Gateway and any local objects); until then it has no clusters.
         config.clusters.clear();
     }
     let table = RouteTable::build(&config).context("building the routing table")?;
@@ -248,7 +249,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         Some(reload.clone()),
     )?;
-    let publisher = TablePublisher::new(table.clone(), reload.clone());
+    let publisher = match &args.management_kubeconfig {
+        None => TablePublisher::new(table.clone(), reload.clone()),
+        // Both sources feed one table: the files stay watched beside the management cluster.
+        Some(_) => TablePublisher::merging(table.clone(), reload.clone(), config.gateway.clone()),
+    };
     let _sources = match &args.management_kubeconfig {
         None => {
             // Watching starts before `ready` is printed, and checks once after the watch is in
@@ -268,10 +273,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     secrets_namespace: Some(args.secrets_namespace.clone()),
                     fallback_gateway: Some(config.gateway.clone()),
                 },
-                publisher,
+                publisher.clone(),
             )?;
+            let files = watch_config_path(&args.config, publisher)
+                .context("watching the configuration for changes")?;
             wait_for_first_table(&reload);
-            (None, Some(source))
+            (Some(files), Some(source))
         }
     };
     {

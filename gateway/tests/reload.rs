@@ -539,3 +539,127 @@ fn a_cluster_follows_the_secret_its_credentials_reference() {
     );
     assert_eq!(fleet.get_once(UNCHANGED).0, 200);
 }
+
+/// `serve --config DIR --management-kubeconfig ...`: the files stay watched beside the management
+/// cluster and both feed one table. member1 comes from a file, member2 from a Cluster object in
+/// the management cluster (the simulated fleet's member1); a change in either source is served
+/// within a second, and a cluster defined in both is a rejected change that names both places.
+#[test]
+fn files_and_the_management_cluster_are_merged() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = runtime
+        .block_on(start_fleet(FleetOptions {
+            dir: dir.path().to_path_buf(),
+            clusters: 3,
+            objects: 2,
+            churn_per_sec: 0.0,
+            gateway_listen: None,
+        }))
+        .unwrap();
+    // Files: the Gateway and member1. The management cluster: member2.
+    park(dir.path(), "member2");
+    park(dir.path(), "member3");
+    let api_copy = |name: &str| {
+        let copy = dir.path().join(format!("{name}-object.json.txt"));
+        std::fs::copy(parked_file(dir.path(), name), &copy).unwrap();
+        copy
+    };
+    let member2_object = api_copy("member2");
+    kubectl(
+        dir.path(),
+        &["apply", "-f", member2_object.to_str().unwrap()],
+    );
+
+    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+        .args(["serve", "--workers", "1", "--config"])
+        .arg(dir.path())
+        .arg("--management-kubeconfig")
+        .arg(dir.path().join("kubeconfig"))
+        .args(["--management-context", "member1"])
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(gateway.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let field = |name: &str| -> SocketAddr {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .parse()
+            .unwrap()
+    };
+    let fleet = Fleet {
+        https: field("https="),
+        admin: field("admin="),
+        tls: client_config(dir.path()),
+        runtime,
+        handle: Some(handle),
+        gateway,
+        dir,
+    };
+    // `ready` comes after both sources reported: both clusters are served at once.
+    assert_eq!(
+        fleet.get_once(&path_of("member1")).0,
+        200,
+        "{}",
+        fleet.log()
+    );
+    assert_eq!(
+        fleet.get_once(&path_of("member2")).0,
+        200,
+        "{}",
+        fleet.log()
+    );
+    assert_eq!(fleet.get_once(&path_of("member3")).0, 404);
+
+    // A file change: member3 appears.
+    unpark(fleet.dir(), "member3");
+    fleet.answers_within(&path_of("member3"), 200, WITHIN);
+    // An API change: member2 goes.
+    kubectl(fleet.dir(), &["delete", "clusters.fleetgate.io", "member2"]);
+    fleet.answers_within(&path_of("member2"), 404, WITHIN);
+    assert_eq!(fleet.get_once(&path_of("member1")).0, 200);
+
+    // member3 defined in the management cluster too: rejected, naming both places; the files'
+    // member3 keeps serving.
+    let member3_object = fleet.dir().join("member3-object.json.txt");
+    std::fs::copy(cluster_file(fleet.dir(), "member3"), &member3_object).unwrap();
+    kubectl(
+        fleet.dir(),
+        &["apply", "-f", member3_object.to_str().unwrap()],
+    );
+    let start = Instant::now();
+    let verbose = loop {
+        let text = fleet.admin_get("/readyz?verbose");
+        if text.contains("rejected") {
+            break text;
+        }
+        assert!(start.elapsed() < WITHIN, "no merge error shown: {text}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        verbose.contains("\"member3\" is defined both in the files")
+            && verbose.contains("member3.yaml")
+            && verbose.contains("management cluster"),
+        "{verbose}"
+    );
+    assert_eq!(fleet.get_once(&path_of("member3")).0, 200);
+    kubectl(fleet.dir(), &["delete", "clusters.fleetgate.io", "member3"]);
+    let start = Instant::now();
+    while !fleet
+        .admin_get("/readyz?verbose")
+        .contains("config-reload ok")
+    {
+        assert!(start.elapsed() < WITHIN, "the merge error did not clear");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
