@@ -172,6 +172,12 @@ impl AuditLog {
         let dropped = metrics.audit_events_dropped.clone();
         let written = metrics.audit_events.clone();
         use std::os::unix::fs::OpenOptionsExt;
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|source| AuditError::Open {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        }
         let file = OpenOptions::new()
             .create(true)
             .append(true)

@@ -1,0 +1,463 @@
+//! The audit log end to end: `fleetgate serve` on the simulated fleet with the Gateway's
+//! `spec.audit` set, requests from kubectl (h2) and curl (HTTP/1.1) as several users, then the log
+//! read back as a kube-apiserver audit consumer would: every line a JSON `audit.k8s.io/v1` Event,
+//! one per request, with the right user, verb, cluster, URI and code, including a member's 404, the
+//! gateway's own 404, a policy 403, a 401 and an honoured impersonation.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
+use serde_json::Value;
+
+struct Setup {
+    runtime: tokio::runtime::Runtime,
+    fleet: Option<FleetHandle>,
+    gateway: Option<Child>,
+    dir: tempfile::TempDir,
+    https: String,
+    admin: String,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if let Some(mut gateway) = self.gateway.take() {
+            let _ = gateway.kill();
+            let _ = gateway.wait();
+        }
+        if let Some(fleet) = self.fleet.take() {
+            self.runtime.block_on(fleet.shutdown());
+        }
+    }
+}
+
+impl Setup {
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("gateway.log")).unwrap_or_default()
+    }
+
+    fn audit_path(&self) -> PathBuf {
+        self.path("audit/fleetgate-audit.log")
+    }
+
+    /// `kubectl` with the fleet's gateway kubeconfig (user admin), or with `user`'s certificate.
+    fn kubectl(&self, user: Option<&str>, context: &str, args: &[&str]) -> Output {
+        let mut command = Command::new("kubectl");
+        // A fresh HOME: discovery is not served from another test's cache.
+        command.env("HOME", self.path("home"));
+        match user {
+            None => {
+                command
+                    .arg("--kubeconfig")
+                    .arg(self.path("gateway.kubeconfig"))
+                    .args(["--context", context]);
+            }
+            Some(user) => {
+                command
+                    .args(["--kubeconfig", "/dev/null"])
+                    .arg(format!(
+                        "--server=https://{}/clusters/{context}",
+                        self.https
+                    ))
+                    .arg(format!(
+                        "--certificate-authority={}",
+                        self.path("pki/gateway-ca.crt").display()
+                    ))
+                    .arg(format!(
+                        "--client-certificate={}",
+                        self.path(&format!("users/{user}.crt")).display()
+                    ))
+                    .arg(format!(
+                        "--client-key={}",
+                        self.path(&format!("users/{user}.key")).display()
+                    ));
+            }
+        }
+        command
+            .args(["--request-timeout", "20s"])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// One HTTP/1.1 request with curl; returns the status code. `credential`: a user whose
+    /// certificate is presented, or `bearer:TOKEN`.
+    fn curl(&self, credential: &str, user_agent: &str, path: &str) -> u16 {
+        let mut command = Command::new("curl");
+        command
+            .args(["-sS", "--http1.1", "-o", "/dev/null", "-w", "%{http_code}"])
+            .arg("--cacert")
+            .arg(self.path("pki/gateway-ca.crt"))
+            .args(["-A", user_agent]);
+        match credential.strip_prefix("bearer:") {
+            Some(token) => {
+                command.args(["-H", &format!("Authorization: Bearer {token}")]);
+            }
+            None => {
+                command
+                    .arg("--cert")
+                    .arg(self.path(&format!("users/{credential}.crt")))
+                    .arg("--key")
+                    .arg(self.path(&format!("users/{credential}.key")));
+            }
+        }
+        let out = command
+            .arg(format!("https://{}{path}", self.https))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "curl {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
+    /// Every line of the audit log, parsed; waits (bounded) until `predicate` holds for them,
+    /// since the writer flushes at least once a second.
+    fn events_when(&self, predicate: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(self.audit_path()).unwrap_or_default();
+            // Only whole lines: the writer may be in the middle of one.
+            let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+            let events: Vec<Value> = complete
+                .lines()
+                .map(|line| {
+                    serde_json::from_str(line)
+                        .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"))
+                })
+                .collect();
+            if predicate(&events) {
+                return events;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the audit log never had the expected events; it has:\n{text}\ngateway log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn start() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let fleet = runtime
+        .block_on(start_fleet(FleetOptions {
+            dir: dir.path().to_path_buf(),
+            clusters: 2,
+            objects: 2,
+            churn_per_sec: 0.0,
+            gateway_listen: None,
+        }))
+        .unwrap();
+    // The fleet's Gateway, with the audit log on (a relative path: beside gateway.yaml).
+    let gateway_yaml = dir.path().join("gateway.yaml");
+    let mut gateway: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&gateway_yaml).unwrap()).unwrap();
+    gateway["spec"]["audit"] = serde_yaml::from_str("{path: audit/fleetgate-audit.log}").unwrap();
+    std::fs::write(&gateway_yaml, serde_yaml::to_string(&gateway).unwrap()).unwrap();
+
+    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+        .args(["serve", "--workers", "2", "--config"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .map(str::to_string)
+    };
+    let (https, admin) = (field("https="), field("admin="));
+    let setup = Setup {
+        runtime,
+        fleet: Some(fleet),
+        gateway: Some(child),
+        dir,
+        https: https.clone().unwrap_or_default(),
+        admin: admin.clone().unwrap_or_default(),
+    };
+    assert!(
+        line.contains("ready") && https.is_some() && admin.is_some(),
+        "gateway did not start: {line:?}\n{}",
+        setup.log()
+    );
+    setup
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The events whose user agent is `agent` (curl requests: one each).
+fn by_agent<'a>(events: &'a [Value], agent: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["userAgent"] == agent).collect()
+}
+
+fn groups(event: &Value, key: &str) -> Vec<String> {
+    event[key]["groups"]
+        .as_array()
+        .map(|g| {
+            g.iter()
+                .filter_map(|g| g.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
+    let setup = start();
+
+    // HTTP/1.1, one request each, told apart by their user agents.
+    let list = "/clusters/member1/api/v1/namespaces/default/configmaps";
+    assert_eq!(setup.curl("admin", "audit-test-list", list), 200);
+    let unknown = "/clusters/member9/api/v1/namespaces";
+    assert_eq!(setup.curl("admin", "audit-test-unknown", unknown), 404);
+    // alice (group devs) may read the env=dev clusters only; member2 is prod.
+    let denied = "/clusters/member2/api/v1/namespaces";
+    assert_eq!(setup.curl("alice", "audit-test-denied", denied), 403);
+    let unauthorized = "/clusters/member1/api/v1/namespaces";
+    assert_eq!(
+        setup.curl("bearer:not-a-known-token", "audit-test-401", unauthorized),
+        401
+    );
+
+    // kubectl (h2): a list, a member's 404, and carol (ops) acting as alice, which a policy allows.
+    ok(&setup.kubectl(None, "member1", &["get", "ns", "-o", "name"]));
+    let missing = setup.kubectl(
+        None,
+        "member2",
+        &["get", "configmap", "no-such-map", "-n", "default"],
+    );
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("not found"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+    let whoami = ok(&setup.kubectl(
+        Some("carol"),
+        "member1",
+        &[
+            "auth",
+            "whoami",
+            "--as",
+            "alice",
+            "--as-group",
+            "devs",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ],
+    ));
+    assert_eq!(whoami, "alice");
+
+    let events = setup.events_when(|events| {
+        [
+            "audit-test-list",
+            "audit-test-unknown",
+            "audit-test-denied",
+            "audit-test-401",
+        ]
+        .iter()
+        .all(|agent| !by_agent(events, agent).is_empty())
+            && events
+                .iter()
+                .any(|e| e["objectRef"]["name"] == "no-such-map")
+            && events
+                .iter()
+                .any(|e| e["objectRef"]["resource"] == "selfsubjectreviews")
+    });
+
+    // Every line is an audit.k8s.io/v1 Event at level Metadata, stage ResponseComplete, with a
+    // unique auditID and ordered timestamps.
+    let mut ids = std::collections::HashSet::new();
+    for event in &events {
+        assert_eq!(event["kind"], "Event", "{event}");
+        assert_eq!(event["apiVersion"], "audit.k8s.io/v1", "{event}");
+        assert_eq!(event["level"], "Metadata", "{event}");
+        assert_eq!(event["stage"], "ResponseComplete", "{event}");
+        assert!(ids.insert(event["auditID"].as_str().unwrap().to_string()));
+        let received = event["requestReceivedTimestamp"].as_str().unwrap();
+        let stage = event["stageTimestamp"].as_str().unwrap();
+        assert!(
+            received.ends_with('Z') && received.len() == 27,
+            "{received}"
+        );
+        assert!(received <= stage, "{event}");
+        assert!(event["annotations"]["fleetgate.io/latency-us"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .is_ok());
+        assert_eq!(event["sourceIPs"][0], "127.0.0.1", "{event}");
+    }
+
+    // One event per HTTP/1.1 request, each with its user, verb, cluster, URI and code.
+    let expect = |agent: &str, user: &str, verb: &str, cluster: &str, uri: &str, code: u16| {
+        let found = by_agent(&events, agent);
+        assert_eq!(found.len(), 1, "{agent}: {found:?}");
+        let event = found[0];
+        assert_eq!(event["user"]["username"], user, "{event}");
+        assert_eq!(event["verb"], verb, "{event}");
+        assert_eq!(
+            event["annotations"]["fleetgate.io/cluster"], cluster,
+            "{event}"
+        );
+        assert_eq!(event["requestURI"], uri, "{event}");
+        assert_eq!(event["responseStatus"]["code"], code, "{event}");
+        event
+    };
+    let listed = expect("audit-test-list", "admin", "list", "member1", list, 200);
+    assert!(groups(listed, "user").contains(&"system:masters".to_string()));
+    assert_eq!(listed["objectRef"]["resource"], "configmaps");
+    assert_eq!(listed["objectRef"]["namespace"], "default");
+    assert!(listed.get("impersonatedUser").is_none());
+    expect(
+        "audit-test-unknown",
+        "admin",
+        "list",
+        "member9",
+        unknown,
+        404,
+    );
+    expect("audit-test-denied", "alice", "list", "member2", denied, 403);
+    expect(
+        "audit-test-401",
+        "system:anonymous",
+        "list",
+        "member1",
+        unauthorized,
+        401,
+    );
+
+    // kubectl's requests over h2.
+    let ns_list = events
+        .iter()
+        .find(|e| {
+            e["verb"] == "list"
+                && e["requestURI"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("/clusters/member1/api/v1/namespaces?")
+                && e["user"]["username"] == "admin"
+        })
+        .expect("kubectl get ns");
+    assert_eq!(ns_list["responseStatus"]["code"], 200);
+    assert!(ns_list["userAgent"]
+        .as_str()
+        .unwrap()
+        .starts_with("kubectl"));
+    let not_found = events
+        .iter()
+        .find(|e| e["objectRef"]["name"] == "no-such-map")
+        .unwrap();
+    assert_eq!(not_found["verb"], "get");
+    assert_eq!(not_found["responseStatus"]["code"], 404);
+    assert_eq!(not_found["annotations"]["fleetgate.io/cluster"], "member2");
+    assert_eq!(
+        not_found["requestURI"],
+        // kubectl's --request-timeout travels as ?timeout=.
+        "/clusters/member2/api/v1/namespaces/default/configmaps/no-such-map?timeout=20s"
+    );
+    let impersonated = events
+        .iter()
+        .find(|e| e["objectRef"]["resource"] == "selfsubjectreviews")
+        .unwrap();
+    assert_eq!(impersonated["verb"], "create");
+    assert_eq!(impersonated["user"]["username"], "carol");
+    assert_eq!(impersonated["impersonatedUser"]["username"], "alice");
+    assert_eq!(groups(impersonated, "impersonatedUser"), vec!["devs"]);
+    let code = impersonated["responseStatus"]["code"].as_u64().unwrap();
+    assert!((200..300).contains(&code), "{impersonated}");
+
+    // The log names users: only its owner may read it. The events are counted, none dropped.
+    let mode = std::fs::metadata(setup.audit_path())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let metrics = Command::new("curl")
+        .args(["-sS", &format!("http://{}/metrics", setup.admin)])
+        .output()
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    let value = |name: &str| -> Option<f64> {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    assert!(
+        value("fleetgate_audit_events_total").unwrap_or(0.0) >= events.len() as f64,
+        "{metrics}"
+    );
+    assert_eq!(
+        value("fleetgate_audit_events_dropped_total"),
+        Some(0.0),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn audit_log_off_when_absent_and_the_path_is_relative_to_the_gateway_file() {
+    // The fleet's own gateway.yaml has no spec.audit: nothing is written anywhere under DIR.
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let fleet = runtime
+        .block_on(start_fleet(FleetOptions {
+            dir: dir.path().to_path_buf(),
+            clusters: 1,
+            objects: 1,
+            churn_per_sec: 0.0,
+            gateway_listen: None,
+        }))
+        .unwrap();
+    let config = fleetgate_config_watcher::load_path(dir.path()).unwrap();
+    assert!(config.gateway.audit.is_none());
+    // With a relative path, the log sits beside the file that names it.
+    let gateway_yaml = dir.path().join("gateway.yaml");
+    let text = std::fs::read_to_string(&gateway_yaml).unwrap();
+    let mut gateway: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    gateway["spec"]["audit"] = serde_yaml::from_str("{path: logs/a.log, queue: 16}").unwrap();
+    std::fs::write(&gateway_yaml, serde_yaml::to_string(&gateway).unwrap()).unwrap();
+    let config = fleetgate_config_watcher::load_path(dir.path()).unwrap();
+    let audit = config.gateway.audit.unwrap();
+    assert_eq!(audit.path, dir.path().join("logs/a.log"));
+    assert_eq!(audit.queue, 16);
+    // A queue of 0 could hold nothing: refused, naming the field.
+    gateway["spec"]["audit"] = serde_yaml::from_str("{path: a.log, queue: 0}").unwrap();
+    std::fs::write(&gateway_yaml, serde_yaml::to_string(&gateway).unwrap()).unwrap();
+    let err = fleetgate_config_watcher::load_path(dir.path()).unwrap_err();
+    assert!(err.to_string().contains("spec.audit.queue"), "{err}");
+    runtime.block_on(fleet.shutdown());
+}
