@@ -355,15 +355,37 @@ struct Event<'a> {
 #[derive(Serialize)]
 struct UserInfo<'a> {
     username: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uid: Option<&'a str>,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     groups: &'a [String],
+    /// kube's `extra`: a map of string lists.
+    #[serde(skip_serializing_if = "Extra::is_empty")]
+    extra: Extra<'a>,
+}
+
+/// The identity's extra attributes, serialized as kube's `map[string][]string`.
+struct Extra<'a>(&'a [(String, Vec<String>)]);
+
+impl Extra<'_> {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Serialize for Extra<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
 }
 
 impl UserInfo<'_> {
     /// A request refused before (or for lack of) authentication: Kubernetes' anonymous user.
     const UNAUTHENTICATED: UserInfo<'static> = UserInfo {
         username: "system:anonymous",
+        uid: None,
         groups: &[],
+        extra: Extra(&[]),
     };
 }
 
@@ -371,7 +393,9 @@ impl<'a> From<&'a ClientIdentity> for UserInfo<'a> {
     fn from(identity: &'a ClientIdentity) -> Self {
         UserInfo {
             username: &identity.user,
+            uid: identity.uid.as_deref(),
             groups: &identity.groups,
+            extra: Extra(&identity.extra),
         }
     }
 }
@@ -589,6 +613,8 @@ mod tests {
                     let mut alice = ClientIdentity::anonymous();
                     alice.user = "alice".into();
                     alice.groups = vec!["devs".into()];
+                    alice.uid = Some("alice-uid".into());
+                    alice.extra = vec![("team".into(), vec!["blue".into()])];
                     alice
                 })),
                 impersonated: None,
@@ -606,6 +632,8 @@ mod tests {
         assert_eq!(line["verb"], "list");
         assert_eq!(line["user"]["username"], "alice");
         assert_eq!(line["user"]["groups"][0], "devs");
+        assert_eq!(line["user"]["uid"], "alice-uid");
+        assert_eq!(line["user"]["extra"]["team"][0], "blue");
         assert_eq!(line["sourceIPs"][0], "127.0.0.1");
         assert_eq!(line["objectRef"]["resource"], "pods");
         assert_eq!(line["objectRef"]["namespace"], "default");

@@ -271,11 +271,20 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
             "alice",
             "--as-group",
             "devs",
+            "--as-uid",
+            "alice-uid",
             "-o",
             "jsonpath={.status.userInfo.username}",
         ],
     ));
     assert_eq!(whoami, "alice");
+    // An upgraded session (exec over WebSocket or SPDY): audited when it ends.
+    let echoed = ok(&setup.kubectl(
+        None,
+        "member1",
+        &["exec", "hello", "-n", "default", "--", "echo", "audited"],
+    ));
+    assert_eq!(echoed.trim(), "audited");
 
     let events = setup.events_when(|events| {
         [
@@ -292,6 +301,9 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
             && events
                 .iter()
                 .any(|e| e["objectRef"]["resource"] == "selfsubjectreviews")
+            && events
+                .iter()
+                .any(|e| e["objectRef"]["subresource"] == "exec")
     });
 
     // Every line is an audit.k8s.io/v1 Event at level Metadata, stage ResponseComplete, with a
@@ -393,8 +405,18 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
     assert_eq!(impersonated["user"]["username"], "carol");
     assert_eq!(impersonated["impersonatedUser"]["username"], "alice");
     assert_eq!(groups(impersonated, "impersonatedUser"), vec!["devs"]);
+    assert_eq!(impersonated["impersonatedUser"]["uid"], "alice-uid");
     let code = impersonated["responseStatus"]["code"].as_u64().unwrap();
     assert!((200..300).contains(&code), "{impersonated}");
+
+    let exec = events
+        .iter()
+        .find(|e| e["objectRef"]["subresource"] == "exec")
+        .unwrap();
+    assert_eq!(exec["responseStatus"]["code"], 101, "{exec}");
+    assert_eq!(exec["user"]["username"], "admin");
+    assert_eq!(exec["objectRef"]["name"], "hello");
+    assert_eq!(exec["annotations"]["fleetgate.io/cluster"], "member1");
 
     // The log names users: only its owner may read it. The events are counted, none dropped.
     let mode = std::fs::metadata(setup.audit_path())
