@@ -1,0 +1,529 @@
+//! Graceful shutdown and idle timeouts of a real `fleetgate serve` process, each test under both
+//! monoio drivers, with real h2 (`h2` crate) and HTTP/1.1 (raw bytes over TLS) clients:
+//! SIGTERM sends GOAWAY to h2 clients, lets in-flight requests (h2 and HTTP/1.1) finish, closes
+//! idle keep-alive connections, refuses new connections and exits 0; a watch is cut at the end of
+//! the grace period; a second signal exits at once; `spec.http2.maxConcurrentStreams` is what the
+//! client sees in SETTINGS; `spec.http2.idleTimeoutSeconds` closes an idle h2 connection with
+//! GOAWAY but not one with an open watch; `spec.limits.idleTimeoutSeconds` closes an idle
+//! HTTP/1.1 keep-alive connection.
+
+mod support;
+
+use std::future::Future;
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use support::{read_response, silent_listener, write_config, Gateway, Pki, Upstream, DRIVERS};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{oneshot, watch};
+
+/// Starts a member and a gateway whose Gateway object gets `limits` appended to its
+/// `spec.limits` block and `spec_extra` appended to its spec.
+async fn start(driver: &str, limits: &str, spec_extra: &str) -> (Upstream, Gateway) {
+    let upstream = Upstream::start().await;
+    let stalled = silent_listener().await;
+    let pki = Arc::new(Pki::generate());
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &pki, upstream.address, stalled);
+    let gateway_yaml = dir.path().join("gateway.yaml");
+    let text = std::fs::read_to_string(&gateway_yaml).unwrap();
+    let anchor = "    responseHeadTimeoutSeconds: 0.5\n";
+    assert!(text.ends_with(anchor), "the test config changed shape");
+    let text = format!("{text}{limits}{spec_extra}");
+    std::fs::write(&gateway_yaml, text).unwrap();
+    let gateway = tokio::task::block_in_place(|| Gateway::start(&config, driver, dir, pki));
+    (upstream, gateway)
+}
+
+/// An h2 client connection: the request handle, the connection's end (its result), and the
+/// peer's SETTINGS_MAX_CONCURRENT_STREAMS as the client sees it after each poll.
+struct H2 {
+    client: SendRequest<Bytes>,
+    closed: oneshot::Receiver<Result<(), h2::Error>>,
+    max_send_streams: watch::Receiver<usize>,
+}
+
+async fn h2_connect(gw: &Gateway) -> H2 {
+    let mut config = (*gw.pki.client_config(true)).clone();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(gw.https).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (client, connection) = h2::client::Builder::new()
+        .initial_connection_window_size(16 * 1024 * 1024)
+        .handshake::<_, Bytes>(tls)
+        .await
+        .expect("h2 handshake");
+    let (closed_tx, closed) = oneshot::channel();
+    let (max_tx, max_send_streams) = watch::channel(0);
+    tokio::spawn(async move {
+        let mut connection = Box::pin(connection);
+        let result = std::future::poll_fn(|cx| {
+            let polled = connection.as_mut().poll(cx);
+            max_tx.send_replace(connection.max_concurrent_send_streams());
+            polled
+        })
+        .await;
+        let _ = closed_tx.send(result);
+    });
+    H2 {
+        client,
+        closed,
+        max_send_streams,
+    }
+}
+
+fn get(path: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method("GET")
+        .uri(format!("https://gw{path}"))
+        .body(())
+        .unwrap()
+}
+
+/// Sends a GET on `client` and returns the response (head only).
+async fn send_get(client: &SendRequest<Bytes>, path: &str) -> h2::client::ResponseFuture {
+    let mut sender = client.clone().ready().await.expect("ready");
+    sender.send_request(get(path), true).unwrap().0
+}
+
+async fn body_of(mut body: h2::RecvStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(data) = body.data().await {
+        let data = data.expect("body data");
+        let _ = body.flow_control().release_capacity(data.len());
+        out.extend_from_slice(&data);
+    }
+    out
+}
+
+/// Polls `check` every 10 ms until it is true, for at most `within`.
+async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until the client has received GOAWAY(NO_ERROR) from the gateway, and returns the error
+/// a new request meets.
+async fn goaway_seen(client: &SendRequest<Bytes>, within: Duration) -> h2::Error {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Err(error) = client.clone().ready().await {
+            return error;
+        }
+        assert!(Instant::now() < deadline, "no GOAWAY within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn assert_graceful_goaway(error: &h2::Error, driver: &str, gw: &Gateway) {
+    assert!(
+        error.is_go_away() && error.is_remote() && error.reason() == Some(h2::Reason::NO_ERROR),
+        "{driver}: not a GOAWAY(NO_ERROR) from the gateway: {error:?}; log: {}",
+        gw.log()
+    );
+}
+
+fn signal(gw: &Gateway, signal: libc::c_int) {
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) on the pid of our own child with a valid signal number touches no memory.
+    unsafe {
+        libc::kill(gw.child.id() as libc::pid_t, signal);
+    }
+}
+
+/// Waits for the gateway process to exit, for at most `within`.
+fn wait_exit(gw: &mut Gateway, within: Duration) -> ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = gw.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gateway did not exit within {within:?}: {}",
+            gw.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether the member has seen a request whose head contains `needle`.
+fn member_saw(upstream: &Upstream, needle: &str) -> bool {
+    upstream.requests().iter().any(|r| r.head.contains(needle))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_h2_and_http1_lets_in_flight_requests_finish_and_exits_zero() {
+    for driver in DRIVERS {
+        let (upstream, mut gw) = start(driver, "    shutdownGraceSeconds: 20\n", "").await;
+        let h2 = h2_connect(&gw).await;
+        let warm = send_get(&h2.client, "/clusters/member/api").await;
+        assert_eq!(warm.await.unwrap().status(), 200, "{driver}");
+
+        // In flight at SIGTERM: an h2 request and an HTTP/1.1 request the member answers after
+        // 1.5 s, and an HTTP/1.1 keep-alive connection that is idle between requests.
+        let h2_in_flight =
+            send_get(&h2.client, "/clusters/member/late-watch?watch=true&via=h2").await;
+        let mut h1_busy = gw.tls().await;
+        h1_busy
+            .write_all(
+                b"GET /clusters/member/late-watch?watch=true&via=h1 HTTP/1.1\r\nHost: gw\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let mut h1_idle = gw.tls().await;
+        h1_idle
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        let mut idle_carry = Vec::new();
+        let health = read_response(&mut h1_idle, &mut idle_carry).await.unwrap();
+        assert_eq!(health.code, 200, "{driver}");
+        eventually(
+            Duration::from_secs(10),
+            "member got both slow requests",
+            || member_saw(&upstream, "via=h2") && member_saw(&upstream, "via=h1"),
+        )
+        .await;
+
+        let signalled = Instant::now();
+        signal(&gw, libc::SIGTERM);
+
+        // h2: GOAWAY(NO_ERROR) arrives while the request is still in flight, and new streams
+        // are refused from then on.
+        let error = goaway_seen(&h2.client, Duration::from_secs(5)).await;
+        assert_graceful_goaway(&error, driver, &gw);
+        // The in-flight h2 request completes.
+        let response = tokio::time::timeout(Duration::from_secs(10), h2_in_flight)
+            .await
+            .expect("in-flight h2 response in time")
+            .expect("in-flight h2 response");
+        assert_eq!(response.status(), 200, "{driver}");
+        assert_eq!(body_of(response.into_body()).await, b"late", "{driver}");
+
+        // HTTP/1.1: the idle keep-alive connection is closed at once.
+        let mut byte = [0u8; 1];
+        let idle_read = tokio::time::timeout(Duration::from_secs(5), h1_idle.read(&mut byte))
+            .await
+            .expect("idle HTTP/1.1 connection closed in time");
+        assert!(
+            matches!(idle_read, Ok(0) | Err(_)),
+            "{driver}: {idle_read:?}"
+        );
+        // The busy one gets its response, marked as the last, and is closed after it.
+        let mut carry = Vec::new();
+        let response = tokio::time::timeout(
+            Duration::from_secs(10),
+            read_response(&mut h1_busy, &mut carry),
+        )
+        .await
+        .expect("in-flight HTTP/1.1 response in time")
+        .expect("in-flight HTTP/1.1 response");
+        assert_eq!(response.code, 200, "{driver}");
+        assert_eq!(response.body, b"late", "{driver}");
+        assert_eq!(
+            response.header("connection").as_deref(),
+            Some("close"),
+            "{driver}"
+        );
+        let after = tokio::time::timeout(Duration::from_secs(5), h1_busy.read(&mut byte))
+            .await
+            .expect("busy HTTP/1.1 connection closed after its response");
+        assert!(matches!(after, Ok(0) | Err(_)), "{driver}: {after:?}");
+
+        // New connections are refused.
+        let https = gw.https;
+        let mut refused = false;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !refused && Instant::now() < deadline {
+            refused = tokio::net::TcpStream::connect(https).await.is_err();
+            if !refused {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        assert!(
+            refused,
+            "{driver}: the gateway still accepts connections while draining"
+        );
+
+        // The h2 connection ends cleanly once its last stream is done.
+        let closed = tokio::time::timeout(Duration::from_secs(10), h2.closed)
+            .await
+            .expect("h2 connection closed in time")
+            .unwrap();
+        assert!(closed.is_ok(), "{driver}: {closed:?}");
+
+        // Every connection is gone: the process exits 0 well within the grace period.
+        let status = tokio::task::block_in_place(|| wait_exit(&mut gw, Duration::from_secs(20)));
+        assert!(status.success(), "{driver}: {status}; log: {}", gw.log());
+        assert!(
+            signalled.elapsed() < Duration::from_secs(10),
+            "{driver}: drain took {:?}",
+            signalled.elapsed()
+        );
+        let log = gw.log();
+        assert!(log.contains("drain started"), "{driver}: {log}");
+        assert!(log.contains("every connection closed"), "{driver}: {log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_keeps_flowing_during_the_drain_and_is_cut_at_the_end_of_the_grace_period() {
+    for driver in DRIVERS {
+        let (upstream, mut gw) = start(driver, "    shutdownGraceSeconds: 2\n", "").await;
+        let h2 = h2_connect(&gw).await;
+        let watch = send_get(&h2.client, "/clusters/member/api/v1/watch?watch=true").await;
+        let watch = watch.await.unwrap();
+        assert_eq!(watch.status(), 200, "{driver}");
+        let mut body = watch.into_body();
+        eventually(Duration::from_secs(10), "watch reached the member", || {
+            upstream.watchers() == 1
+        })
+        .await;
+
+        let signalled = Instant::now();
+        signal(&gw, libc::SIGTERM);
+        assert_graceful_goaway(
+            &goaway_seen(&h2.client, Duration::from_secs(5)).await,
+            driver,
+            &gw,
+        );
+        // An open watch is in flight: its events still arrive during the drain.
+        upstream.emit("{\"type\":\"ADDED\",\"n\":1}");
+        let event = tokio::time::timeout(Duration::from_secs(5), body.data())
+            .await
+            .expect("event during the drain")
+            .expect("stream open")
+            .expect("event data");
+        assert_eq!(&event[..], b"{\"type\":\"ADDED\",\"n\":1}\n", "{driver}");
+        let _ = body.flow_control().release_capacity(event.len());
+
+        // At the end of the grace period the process exits 0 and the watch is cut.
+        let status = tokio::task::block_in_place(|| wait_exit(&mut gw, Duration::from_secs(15)));
+        let took = signalled.elapsed();
+        assert!(status.success(), "{driver}: {status}; log: {}", gw.log());
+        assert!(
+            took >= Duration::from_millis(1900),
+            "{driver}: exited after {took:?}, before the grace period was over"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "{driver}: exited after {took:?}"
+        );
+        let end = tokio::time::timeout(Duration::from_secs(5), body.data())
+            .await
+            .expect("the cut watch ends");
+        assert!(!matches!(end, Some(Ok(_))), "{driver}: {end:?}");
+        let log = gw.log();
+        assert!(log.contains("grace period over"), "{driver}: {log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_during_the_drain_exits_at_once() {
+    for driver in DRIVERS {
+        let (upstream, mut gw) = start(driver, "    shutdownGraceSeconds: 120\n", "").await;
+        let h2 = h2_connect(&gw).await;
+        let watch = send_get(&h2.client, "/clusters/member/api/v1/watch?watch=true").await;
+        let watch = watch.await.unwrap();
+        assert_eq!(watch.status(), 200, "{driver}");
+        // Held open: dropping the body would reset the stream.
+        let _watch_body = watch.into_body();
+        eventually(Duration::from_secs(10), "watch reached the member", || {
+            upstream.watchers() == 1
+        })
+        .await;
+        signal(&gw, libc::SIGTERM);
+        // The drain has begun once the client sees GOAWAY.
+        goaway_seen(&h2.client, Duration::from_secs(5)).await;
+        let second = Instant::now();
+        signal(&gw, libc::SIGINT);
+        let status = tokio::task::block_in_place(|| wait_exit(&mut gw, Duration::from_secs(5)));
+        assert!(second.elapsed() < Duration::from_secs(5), "{driver}");
+        assert_eq!(
+            status.code(),
+            Some(128 + libc::SIGINT),
+            "{driver}: {status}"
+        );
+        assert!(gw.log().contains("second signal"), "{driver}: {}", gw.log());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_concurrent_streams_from_the_gateway_object_is_what_the_client_gets() {
+    for driver in DRIVERS {
+        let (upstream, gw) = start(driver, "", "  http2:\n    maxConcurrentStreams: 7\n").await;
+        let mut h2 = h2_connect(&gw).await;
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            h2.max_send_streams.wait_for(|max| *max == 7),
+        )
+        .await
+        .expect("SETTINGS_MAX_CONCURRENT_STREAMS 7 in time")
+        .unwrap();
+
+        // Seven watches are open at once; an eighth waits for a free stream.
+        let mut watches = Vec::new();
+        for i in 0..7 {
+            let response = send_get(
+                &h2.client,
+                &format!("/clusters/member/api/v1/watch?watch=true&w={i}"),
+            )
+            .await;
+            let response = tokio::time::timeout(Duration::from_secs(10), response)
+                .await
+                .expect("watch head in time")
+                .unwrap();
+            assert_eq!(response.status(), 200, "{driver}");
+            watches.push(response.into_body());
+        }
+        let eighth = send_get(&h2.client, "/clusters/member/api?eighth=1").await;
+        let mut eighth = Box::pin(eighth);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), eighth.as_mut())
+                .await
+                .is_err(),
+            "{driver}: an eighth stream was served while seven were open"
+        );
+        assert!(!member_saw(&upstream, "eighth=1"), "{driver}");
+        // Closing one watch (RST_STREAM) frees a stream for the eighth.
+        drop(watches.pop());
+        let response = tokio::time::timeout(Duration::from_secs(10), eighth)
+            .await
+            .expect("the eighth stream is served once one closes")
+            .unwrap();
+        assert_eq!(response.status(), 200, "{driver}");
+        assert!(member_saw(&upstream, "eighth=1"), "{driver}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_idle_timeout_sends_goaway_to_an_idle_connection_but_not_to_one_with_an_open_watch() {
+    for driver in DRIVERS {
+        let (upstream, gw) = start(driver, "", "  http2:\n    idleTimeoutSeconds: 1\n").await;
+        // A connection with an open watch.
+        let mut busy = h2_connect(&gw).await;
+        let watch = send_get(&busy.client, "/clusters/member/api/v1/watch?watch=true").await;
+        let watch = watch.await.unwrap();
+        assert_eq!(watch.status(), 200, "{driver}");
+        let mut watch = watch.into_body();
+        eventually(Duration::from_secs(10), "watch reached the member", || {
+            upstream.watchers() == 1
+        })
+        .await;
+
+        // An idle connection: one request, then nothing.
+        let idle = h2_connect(&gw).await;
+        let response = send_get(&idle.client, "/clusters/member/api")
+            .await
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{driver}");
+        assert!(!body_of(response.into_body()).await.is_empty(), "{driver}");
+        let idle_from = Instant::now();
+        let closed = tokio::time::timeout(Duration::from_secs(15), idle.closed)
+            .await
+            .expect("the idle connection is closed")
+            .unwrap();
+        let idle_for = idle_from.elapsed();
+        assert!(closed.is_ok(), "{driver}: {closed:?}");
+        assert!(
+            idle_for >= Duration::from_millis(900),
+            "{driver}: closed after {idle_for:?} idle"
+        );
+        assert_graceful_goaway(
+            &goaway_seen(&idle.client, Duration::from_secs(1)).await,
+            driver,
+            &gw,
+        );
+
+        // The watch has now been open longer than the idle timeout, and twice that is over
+        // before it is checked: its connection is still open and serving.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            matches!(
+                busy.closed.try_recv(),
+                Err(oneshot::error::TryRecvError::Empty)
+            ),
+            "{driver}: the connection with an open watch was closed"
+        );
+        upstream.emit("{\"type\":\"ADDED\",\"n\":7}");
+        let event = tokio::time::timeout(Duration::from_secs(5), watch.data())
+            .await
+            .expect("event in time")
+            .unwrap()
+            .unwrap();
+        assert_eq!(&event[..], b"{\"type\":\"ADDED\",\"n\":7}\n", "{driver}");
+        let response = send_get(&busy.client, "/clusters/member/api")
+            .await
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{driver}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_keep_alive_idle_timeout_closes_an_idle_connection_but_not_a_watch() {
+    for driver in DRIVERS {
+        let (upstream, gw) = start(driver, "    idleTimeoutSeconds: 1\n", "").await;
+        let mut watch = gw.tls().await;
+        watch
+            .write_all(b"GET /clusters/member/api/v1/watch?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        eventually(Duration::from_secs(10), "watch reached the member", || {
+            upstream.watchers() == 1
+        })
+        .await;
+
+        let mut idle = gw.tls().await;
+        idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        let mut carry = Vec::new();
+        let response = read_response(&mut idle, &mut carry).await.unwrap();
+        assert_eq!(response.code, 200, "{driver}");
+        assert_eq!(response.header("connection"), None, "{driver}: kept alive");
+        let idle_from = Instant::now();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(15), idle.read(&mut byte))
+            .await
+            .expect("the idle keep-alive connection is closed");
+        assert!(matches!(read, Ok(0) | Err(_)), "{driver}: {read:?}");
+        assert!(
+            idle_from.elapsed() >= Duration::from_millis(900),
+            "{driver}: closed after {:?}",
+            idle_from.elapsed()
+        );
+
+        // The watch (a response in flight, not an idle connection) still delivers.
+        upstream.emit("{\"type\":\"ADDED\",\"n\":3}");
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !String::from_utf8_lossy(&seen).contains("\"n\":3") {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(
+                deadline.saturating_duration_since(Instant::now()),
+                watch.read(&mut chunk),
+            )
+            .await
+            .expect("watch event in time")
+            .unwrap();
+            assert!(n > 0, "{driver}: the watch connection was closed");
+            seen.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
