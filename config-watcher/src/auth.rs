@@ -104,6 +104,8 @@ pub struct OidcSettings {
     pub audiences: Vec<String>,
     pub jwks: Option<String>,
     pub jwks_url: Option<String>,
+    /// PEM of the CA for an https `jwks_url`.
+    pub ca_pem: Option<Vec<u8>>,
     pub jwks_refresh: Duration,
     pub username_claim: String,
     pub username_prefix: String,
@@ -176,11 +178,29 @@ pub(crate) fn resolve_auth(
                     None
                 }
             };
+            let ca_pem = match (o.ca_data, &o.ca_file) {
+                (Some(_), Some(_)) => {
+                    return Err((
+                        "spec.auth.oidc.caFile",
+                        "set caFile or caData, not both".into(),
+                    ))
+                }
+                (Some(data), None) => Some(data.into_bytes()),
+                (None, Some(file)) => Some(
+                    std::fs::read(base.join(file))
+                        .map_err(|e| ("spec.auth.oidc.caFile", format!("{file}: {e}")))?,
+                ),
+                (None, None) => None,
+            };
+            if let Some(pem) = &ca_pem {
+                crate::table::parse_certs(pem).map_err(|m| ("spec.auth.oidc.caFile", m))?;
+            }
             Some(OidcSettings {
                 issuer: o.issuer_url,
                 audiences,
                 jwks,
                 jwks_url: o.jwks_url,
+                ca_pem,
                 jwks_refresh: Duration::from_secs(o.jwks_refresh_seconds.unwrap_or(300).max(1)),
                 username_claim: o.username_claim.unwrap_or_else(|| "sub".into()),
                 username_prefix: o.username_prefix.unwrap_or_default(),
@@ -386,15 +406,20 @@ impl Authenticators {
             .map(|t| (t.token.clone(), Arc::new(t.identity.clone())))
             .collect();
         let oidc = settings.oidc.as_ref().map(|o| {
-            // Validated at load: a jwksFile document parses.
-            let keys = o
-                .jwks
-                .as_deref()
-                .and_then(|text| parse_jwks(text).ok())
-                .unwrap_or_default();
+            let keys = match &o.jwks_url {
+                // Shared by every table that names the URL, refreshed by one fetcher thread.
+                Some(url) => crate::jwks::shared_keys(url, o.jwks_refresh, o.ca_pem.clone()),
+                // Validated at load: a jwksFile document parses.
+                None => Arc::new(arc_swap::ArcSwap::from_pointee(
+                    o.jwks
+                        .as_deref()
+                        .and_then(|text| parse_jwks(text).ok())
+                        .unwrap_or_default(),
+                )),
+            };
             OidcVerifierConfig {
                 settings: o.clone(),
-                keys: Arc::new(arc_swap::ArcSwap::from_pointee(keys)),
+                keys,
             }
         });
         Authenticators { tokens, oidc }

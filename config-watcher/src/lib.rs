@@ -9,6 +9,7 @@ pub mod auth;
 pub mod crd;
 mod error;
 mod file_source;
+mod jwks;
 pub mod karmada;
 mod kube_source;
 mod load;

@@ -151,6 +151,11 @@ pub struct OidcSpec {
     /// A JWKS document fetched (and refreshed) off the hot path.
     #[serde(default, rename = "jwksURL", skip_serializing_if = "Option::is_none")]
     pub jwks_url: Option<String>,
+    /// The CA that signs the `jwksURL` server's certificate (https), as a path or inline PEM.
+    #[serde(default, rename = "caFile", skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    #[serde(default, rename = "caData", skip_serializing_if = "Option::is_none")]
+    pub ca_data: Option<String>,
     /// How often `jwksURL` is fetched again (default 300 seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwks_refresh_seconds: Option<u64>,

@@ -559,6 +559,12 @@ pub struct AccessControl {
 impl AccessControl {
     /// Compiles the access control of `config`.
     pub fn build(config: &Config) -> Result<AccessControl, PolicyError> {
+        if config.gateway.auth.authorization_mode == AuthorizationMode::AlwaysAllow {
+            tracing::warn!(
+                "spec.auth.authorizationMode is AlwaysAllow: AccessPolicy objects are not enforced, \
+                 every authenticated client may do anything the cluster credentials allow"
+            );
+        }
         Ok(AccessControl {
             authenticators: Authenticators::build(&config.gateway.auth),
             policy: CompiledPolicy::compile(config)?,

@@ -263,6 +263,12 @@ pub fn verify_jwt(
             return Err("JWT not valid yet");
         }
     }
+    // As kube-apiserver: an email is a user name only once the issuer has verified it.
+    if settings.username_claim == "email"
+        && claims.get("email_verified").and_then(|v| v.as_bool()) == Some(false)
+    {
+        return Err("JWT email is not verified");
+    }
     let user = claims
         .get(&settings.username_claim)
         .and_then(|u| u.as_str())
@@ -593,6 +599,153 @@ mod tests {
         assert!(requested_impersonation(group_only.into_iter()).is_err());
         let none: Vec<(&[u8], &[u8])> = vec![(b"Accept", b"*/*")];
         assert!(requested_impersonation(none.into_iter()).unwrap().is_none());
+    }
+
+    /// A 2048-bit RSA key (PKCS#1 DER, base64) for RS256 tests: ring cannot generate RSA keys.
+    const TEST_RSA_PKCS1: &str = concat!(
+        "MIIEowIBAAKCAQEAz9+X8WNYqMmFB5AQH0HV75OVTzGCl6WwZHH+lyAm1GEVIJZMsUSmJv76OMnrH4l18pOTQKu9ci",
+        "i/tKzCBEZoPngnFK3CeePG9Pua+6MmJyVVS1LRej4YKO7ZwtmJws7OHtJb6z6+NwjW07bTVB/Q/HmGL+nMsX5VD6xl",
+        "lJQEbnU1HdfullLm3vZoB+Z3/Dzi1YxbTgPHQzxFL07FX5F77YGlXnwM1b51w9JuFQcCyeQWipDDVvmjWlsyQeynlR",
+        "SZEdAXPGB8A6OQHKCZMuvukiemXfD/tAhoemY8rWBXXwfK40HpAv2+tUEjbS+7Usy6xulhC3eQH1afPQGRET9QIwID",
+        "AQABAoIBAC0OxLMUeyu+3qB4iB4WWaaAAW20iB+R0Q28rdgZJoGDd55kJcSI4lDylM9JaTchRxkpBtKOR1ae4YrqpX",
+        "Viw4bC6YmwbkaYalBA12OzBfqXO4lDrtdF7Vu2BiqXl6ZLyF7i7vyrUXTBbDtg1ibWbKjFOKJbFbzlas+maTBO8zTz",
+        "u+S5eHOoxPiNKmIDNAAPGBxgprNubf0hPnrE6Mg63e2wtsQIb19tuBxrfD1y8EkVgnd2Q49hL+WE95aVpLNMBrMWPK",
+        "XONc2a8uxnlgr24bEIR2pPxwDCEagVonn6YnLgzuOnGOOgjjlShFNYx9ng1uxnL+eKU4vDAMu9KSPSDTECgYEA60UL",
+        "7z56r6pKdhSCOymYVHMXRx04IIPGBo2oMUXiatk+HcmVy9MEc2efBw0Dg4WcXEkvicdSaym/waP4fPnnbOm2Y88PRQ",
+        "ygC94NPJ4O0/lvu0T/Cblql8PZ0AQzM8rEASPYPvyvzqwBaY52XvhnUHL9bOVd7fJfG/6wr7ArlfMCgYEA4jCSTvVa",
+        "1LSFQTtUoYnczmfHIw59ZVImceIrJoUdTvjOUhKA5T199j9WjxWnCQLijkHVzbOlZPW1F1SBFkUzyUyjtkFt4B13Zr",
+        "zE0l349js5m9j+VfM+l8W55AyXvFJwEgEeRZIKr2xhEAXUAGNbtunbIme2C/6Wo4PXrAu7+RECgYAGqa3s2Jgg4XG6",
+        "ZlpJ0qO9wISoPuuYACNbjCd3PcNrwzs/HLZhT1iQ7B5U1MmEsAP9mRT/keWDo2sK0Nn4sBsduoCv0u1bxz/BFkjJrr",
+        "A80JOZehq+68FZCvLgMT5B+TwTzDATmJRiBf0EQESZ6+8BGECVFOnUE0keQdg/IX4agQKBgQCbqW2nJTdjVvC12cz+",
+        "dtAcxFLJj3lAt255xXqIwedPp+7lkJJgMRd01lYNlosjqnacDDbFn7JdbrM34RINb4aaLEImdZTWPbEkZRjW5ZEmc8",
+        "/Lr2QpZoNXE95AUWJDWkCCQ36/xifQXjfWPQyPT9GYagxC+zjPvF+THHLaliDA4QKBgHbzZyuD6QpzoWT7E59L2yzd",
+        "v2SyJBtq4aZJ9LwvMFbvTq+dLJ+kxAKxOYu0arH7h3+53q6eCWEyan7LL8iYLzJvXejNimf/ZPhNW/GEuHmEt0LDWY",
+        "wWCKZGUSnlpUTdnj2l+5hIIGNzIjE0z9+DvbaI1pUUz1s+gWrRwxaNZTbp",
+    );
+
+    use fleetgate_config_watcher::auth::OidcSettings;
+
+    fn b64url(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    fn settings() -> OidcSettings {
+        OidcSettings {
+            issuer: "https://issuer.test".into(),
+            audiences: vec!["fleetgate".into()],
+            jwks: None,
+            jwks_url: None,
+            ca_pem: None,
+            jwks_refresh: std::time::Duration::from_secs(300),
+            username_claim: "sub".into(),
+            username_prefix: "oidc:".into(),
+            groups_claim: Some("groups".into()),
+            groups_prefix: "g:".into(),
+            uid_claim: Some("uid".into()),
+        }
+    }
+
+    fn jws(
+        alg: &str,
+        kid: &str,
+        claims: &serde_json::Value,
+        sign: impl Fn(&[u8]) -> Vec<u8>,
+    ) -> String {
+        let header = serde_json::json!({"alg": alg, "kid": kid, "typ": "JWT"});
+        let signed = format!(
+            "{}.{}",
+            b64url(header.to_string().as_bytes()),
+            b64url(claims.to_string().as_bytes())
+        );
+        let signature = sign(signed.as_bytes());
+        format!("{signed}.{}", b64url(&signature))
+    }
+
+    #[test]
+    fn jwts_verify_with_rs256_and_es256_and_every_claim_is_checked() {
+        use ring::signature::KeyPair as _;
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = base64::engine::general_purpose::STANDARD
+            .decode(TEST_RSA_PKCS1)
+            .unwrap();
+        let rsa = ring::signature::RsaKeyPair::from_der(&pkcs8).unwrap();
+        let rsa_public = rsa.public_key();
+        let rsa_components: ring::rsa::PublicKeyComponents<Vec<u8>> = rsa_public.into();
+        let ec_alg = &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING;
+        let ec_pkcs8 = ring::signature::EcdsaKeyPair::generate_pkcs8(ec_alg, &rng).unwrap();
+        let ec =
+            ring::signature::EcdsaKeyPair::from_pkcs8(ec_alg, ec_pkcs8.as_ref(), &rng).unwrap();
+        let keys = vec![
+            Jwk {
+                kid: Some("rsa".into()),
+                algorithm: JwtAlgorithm::Rs256,
+                n_or_point: rsa_components.n.clone(),
+                e: rsa_components.e.clone(),
+            },
+            Jwk {
+                kid: Some("ec".into()),
+                algorithm: JwtAlgorithm::Es256,
+                n_or_point: ec.public_key().as_ref().to_vec(),
+                e: Vec::new(),
+            },
+        ];
+        let oidc = OidcVerifierConfig {
+            settings: settings(),
+            keys: Arc::new(arc_swap::ArcSwap::from_pointee(keys)),
+        };
+        let sign_rsa = |m: &[u8]| {
+            let mut sig = vec![0; rsa.public().modulus_len()];
+            rsa.sign(&ring::signature::RSA_PKCS1_SHA256, &rng, m, &mut sig)
+                .unwrap();
+            sig
+        };
+        let sign_ec = |m: &[u8]| ec.sign(&rng, m).unwrap().as_ref().to_vec();
+        let now = 1_900_000_000u64;
+        let claims = serde_json::json!({
+            "iss": "https://issuer.test", "aud": ["other", "fleetgate"], "sub": "alice",
+            "groups": ["devs", "ops"], "uid": "u-1", "exp": now + 60, "nbf": now - 1,
+        });
+        let verify = |token: &str| verify_jwt(&oidc, token.as_bytes(), now);
+
+        let (who, expires) = verify(&jws("RS256", "rsa", &claims, sign_rsa)).unwrap();
+        assert_eq!(who.user, "oidc:alice");
+        assert_eq!(who.groups, vec!["g:devs", "g:ops"]);
+        assert_eq!(who.uid.as_deref(), Some("u-1"));
+        assert_eq!(expires, now + 60);
+        assert!(verify(&jws("ES256", "ec", &claims, sign_ec)).is_ok());
+
+        // Signed by the RSA key but claiming the EC key id, or the other way round: refused.
+        assert!(verify(&jws("ES256", "rsa", &claims, sign_ec)).is_err());
+        assert!(verify(&jws("RS256", "ec", &claims, sign_rsa)).is_err());
+        // A payload changed after signing.
+        let good = jws("ES256", "ec", &claims, sign_ec);
+        let mut parts: Vec<&str> = good.split('.').collect();
+        let mut forged_claims = claims.clone();
+        forged_claims["sub"] = "admin".into();
+        let forged_payload = b64url(forged_claims.to_string().as_bytes());
+        parts[1] = &forged_payload;
+        assert!(verify(&parts.join(".")).is_err());
+        // alg none and HS256 are never accepted.
+        assert!(verify(&jws("none", "ec", &claims, |_| Vec::new())).is_err());
+        assert!(verify(&jws("HS256", "ec", &claims, sign_ec)).is_err());
+        // Each claim check.
+        for (field, value) in [
+            ("exp", serde_json::json!(now)),
+            ("nbf", serde_json::json!(now + 30)),
+            ("aud", serde_json::json!("someone-else")),
+            ("iss", serde_json::json!("https://evil.test")),
+            ("sub", serde_json::json!("")),
+        ] {
+            let mut bad = claims.clone();
+            bad[field] = value;
+            assert!(
+                verify(&jws("ES256", "ec", &bad, sign_ec)).is_err(),
+                "{field} not checked"
+            );
+        }
+        let mut no_exp = claims.clone();
+        no_exp.as_object_mut().unwrap().remove("exp");
+        assert!(verify(&jws("ES256", "ec", &no_exp, sign_ec)).is_err());
     }
 
     #[test]

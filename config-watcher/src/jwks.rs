@@ -1,0 +1,221 @@
+//! The OIDC issuer's keys when they come from a URL (`spec.auth.oidc.jwksURL`): fetched off the
+//! hot path by one thread per URL, refreshed every `jwksRefreshSeconds`, and swapped into an
+//! `ArcSwap` every table that names the URL shares (so a reload neither loses the keys nor
+//! fetches them again).
+//!
+//! Blocking std I/O (a plain HTTP/1.0 GET, TLS with rustls against the configured CA) on a thread
+//! of its own; the data path only loads the current key set. The first fetch happens when the
+//! first table naming the URL is built (bounded by a timeout), so tokens verify as soon as the
+//! gateway is ready. A fetcher stops once no table holds its keys any more. Called by
+//! `auth::Authenticators::build`.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tracing::{info, warn};
+
+use crate::auth::{parse_jwks, Jwk};
+
+type Keys = Arc<ArcSwap<Vec<Jwk>>>;
+/// The live key set of each URL a fetcher runs for (weak: the tables own the keys).
+type Fetchers = Mutex<HashMap<String, Weak<ArcSwap<Vec<Jwk>>>>>;
+
+/// How long one fetch may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How soon a failed fetch is tried again while no keys are known.
+const RETRY_WITHOUT_KEYS: Duration = Duration::from_secs(2);
+
+fn fetchers() -> &'static Fetchers {
+    static FETCHERS: OnceLock<Fetchers> = OnceLock::new();
+    FETCHERS.get_or_init(Default::default)
+}
+
+/// The key set of `url`: the live one when a fetcher already runs for it, otherwise a new one,
+/// fetched once now and then refreshed by a new fetcher thread.
+pub(crate) fn shared_keys(url: &str, refresh: Duration, ca_pem: Option<Vec<u8>>) -> Keys {
+    let mut map = fetchers().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(keys) = map.get(url).and_then(Weak::upgrade) {
+        return keys;
+    }
+    let keys: Keys = Arc::new(ArcSwap::from_pointee(Vec::new()));
+    match fetch_keys(url, ca_pem.as_deref()) {
+        Ok(found) => {
+            info!(url, keys = found.len(), "OIDC keys fetched");
+            keys.store(Arc::new(found));
+        }
+        Err(error) => warn!(url, %error, "OIDC keys could not be fetched; retrying"),
+    }
+    map.insert(url.to_owned(), Arc::downgrade(&keys));
+    let weak = Arc::downgrade(&keys);
+    let url = url.to_owned();
+    let spawned = std::thread::Builder::new()
+        .name("jwks-fetch".into())
+        .spawn(move || refresh_loop(&url, refresh, ca_pem.as_deref(), weak));
+    if let Err(error) = spawned {
+        warn!(%error, "cannot start the OIDC key fetcher; keys will not be refreshed");
+    }
+    keys
+}
+
+fn refresh_loop(
+    url: &str,
+    refresh: Duration,
+    ca_pem: Option<&[u8]>,
+    keys: Weak<ArcSwap<Vec<Jwk>>>,
+) {
+    loop {
+        let empty = match keys.upgrade() {
+            Some(keys) => keys.load().is_empty(),
+            None => return, // no table uses this URL any more
+        };
+        std::thread::sleep(if empty {
+            RETRY_WITHOUT_KEYS.min(refresh)
+        } else {
+            refresh
+        });
+        let Some(live) = keys.upgrade() else {
+            return;
+        };
+        match fetch_keys(url, ca_pem) {
+            Ok(found) => {
+                if **live.load() != found {
+                    info!(url, keys = found.len(), "OIDC keys changed");
+                }
+                live.store(Arc::new(found));
+            }
+            // The last good keys stay in use.
+            Err(error) => warn!(url, %error, "OIDC keys could not be refreshed"),
+        }
+    }
+}
+
+/// Why a JWKS could not be fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("{0}")]
+    Url(String),
+    #[error("connecting or reading: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("HTTP status {0}")]
+    Status(String),
+    #[error("JWKS: {0}")]
+    Jwks(String),
+}
+
+/// One GET of `url` (HTTP/1.0, so the body ends with the connection) and its keys.
+pub fn fetch_keys(url: &str, ca_pem: Option<&[u8]>) -> Result<Vec<Jwk>, FetchError> {
+    let target = crate::table::parse_server(url).map_err(FetchError::Url)?;
+    let uri: http::Uri = url.parse().map_err(|e| FetchError::Url(format!("{e}")))?;
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let address = std::net::ToSocketAddrs::to_socket_addrs(&(target.host.as_str(), target.port))?
+        .next()
+        .ok_or_else(|| FetchError::Url(format!("{url}: no address")))?;
+    let tcp = std::net::TcpStream::connect_timeout(&address, FETCH_TIMEOUT)?;
+    tcp.set_read_timeout(Some(FETCH_TIMEOUT))?;
+    tcp.set_write_timeout(Some(FETCH_TIMEOUT))?;
+    let request = format!(
+        "GET {path} HTTP/1.0\r\nHost: {}\r\nAccept: application/json\r\nUser-Agent: fleetgate\r\n\r\n",
+        target.authority
+    );
+    let mut response = Vec::new();
+    if target.tls {
+        let ca = ca_pem.ok_or_else(|| {
+            FetchError::Tls("an https jwksURL needs spec.auth.oidc.caFile or caData".into())
+        })?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in crate::table::parse_certs(ca).map_err(FetchError::Tls)? {
+            roots
+                .add(cert)
+                .map_err(|e| FetchError::Tls(e.to_string()))?;
+        }
+        let config = rustls::ClientConfig::builder_with_provider(crate::table::crypto_provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| FetchError::Tls(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = rustls_pki_types::ServerName::try_from(target.host.clone())
+            .map_err(|e| FetchError::Tls(e.to_string()))?;
+        let conn = rustls::ClientConnection::new(Arc::new(config), name)
+            .map_err(|e| FetchError::Tls(e.to_string()))?;
+        let mut stream = rustls::StreamOwned::new(conn, tcp);
+        stream.write_all(request.as_bytes())?;
+        read_to_end_tolerant(&mut stream, &mut response)?;
+    } else {
+        let mut tcp = tcp;
+        tcp.write_all(request.as_bytes())?;
+        tcp.read_to_end(&mut response)?;
+    }
+    let head_end = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| FetchError::Status("no complete response head".into()))?;
+    let status_line = response[..head_end]
+        .split(|b| *b == b'\n')
+        .next()
+        .map(|l| String::from_utf8_lossy(l).trim().to_owned())
+        .unwrap_or_default();
+    if status_line.split_whitespace().nth(1) != Some("200") {
+        return Err(FetchError::Status(status_line));
+    }
+    let body = String::from_utf8_lossy(&response[head_end + 4..]);
+    parse_jwks(&body).map_err(FetchError::Jwks)
+}
+
+/// Reads to EOF; a TLS peer that closes without close_notify still gave a whole HTTP/1.0 body.
+fn read_to_end_tolerant<R: Read>(stream: &mut R, out: &mut Vec<u8>) -> std::io::Result<()> {
+    match stream.read_to_end(out) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-shot-per-connection HTTP server answering every GET with `body`.
+    fn serve(body: String) -> std::net::SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{body}"
+                );
+            }
+        });
+        address
+    }
+
+    #[test]
+    fn keys_are_fetched_from_a_url_and_shared_between_builds() {
+        let jwks = r#"{"keys":[{"kty":"EC","crv":"P-256","kid":"k","x":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA","y":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}]}"#;
+        let address = serve(jwks.to_owned());
+        let url = format!("http://{address}/keys");
+        let keys = shared_keys(&url, Duration::from_secs(60), None);
+        assert_eq!(keys.load().len(), 1);
+        assert_eq!(keys.load()[0].kid.as_deref(), Some("k"));
+        let again = shared_keys(&url, Duration::from_secs(60), None);
+        assert!(
+            Arc::ptr_eq(&keys, &again),
+            "a second table shares the fetched keys"
+        );
+        let missing = fetch_keys(&format!("http://{}/", crate_closed_port()), None);
+        assert!(missing.is_err());
+    }
+
+    fn crate_closed_port() -> std::net::SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    }
+}
