@@ -48,3 +48,46 @@ fn an_address_already_taken_is_refused_with_a_reason() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&address.to_string()), "{stderr}");
 }
+
+#[test]
+fn h2_and_timeout_settings_out_of_range_are_refused_naming_the_field() {
+    let cases = [
+        (
+            "  http2:\n    maxConcurrentStreams: 0\n",
+            "spec.http2.maxConcurrentStreams",
+        ),
+        (
+            "  http2:\n    maxConcurrentStreams: 100001\n",
+            "spec.http2.maxConcurrentStreams",
+        ),
+        (
+            "  http2:\n    idleTimeoutSeconds: -1\n",
+            "spec.http2.idleTimeoutSeconds",
+        ),
+        (
+            "  limits:\n    idleTimeoutSeconds: -2\n",
+            "spec.limits.idleTimeoutSeconds",
+        ),
+        (
+            "  limits:\n    shutdownGraceSeconds: -3\n",
+            "spec.limits.shutdownGraceSeconds",
+        ),
+    ];
+    for (block, field) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("gateway.yaml");
+        std::fs::write(
+            &config,
+            format!("apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: g\nspec:\n  listeners:\n    - name: http\n      address: 127.0.0.1:0\n      tls: false\n{block}"),
+        )
+        .unwrap();
+        let out = serve(&config);
+        assert!(!out.status.success(), "{block}");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("ready"),
+            "{block}"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(field), "{block}: {stderr}");
+    }
+}
