@@ -132,7 +132,41 @@ enum Kind {
     Secret,
 }
 
+/// What a kind's watcher task tells the source's loop.
+enum Update {
+    /// Boxed: the channel's slots stay small (an event is large, `Missing` is nothing).
+    Event(Box<Event<DynamicObject>>),
+    /// The API server answered 404 for the resource: not served (no CRD).
+    Missing,
+}
+
+/// Whether a watcher error is the API server saying the resource does not exist.
+fn is_not_found(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 404,
+        watcher::Error::WatchError(status) => status.code == 404,
+        _ => false,
+    }
+}
+
 impl Kind {
+    /// `plural.group` (`clusters.cluster.karmada.io`, `secrets`), as kubectl names resources.
+    fn resource_name(self) -> String {
+        let resource = self.resource();
+        if resource.group.is_empty() {
+            resource.plural
+        } else {
+            format!("{}.{}", resource.plural, resource.group)
+        }
+    }
+
+    /// The `/readyz` check that reports this kind's watch.
+    fn readiness_check(self) -> String {
+        format!("kubernetes-api-watch {}", self.resource_name())
+    }
+
     fn resource(self) -> ApiResource {
         let (group, version, kind, plural) = match self {
             Kind::Cluster => ("fleetgate.io", "v1alpha1", "Cluster", "clusters"),
@@ -269,6 +303,19 @@ impl Objects {
         }
     }
 
+    /// The management cluster does not serve `kind` (its CRD is not installed, or was removed):
+    /// it counts as listed with no objects, so the other kinds are served; its watcher keeps
+    /// retrying and lists it once the CRD appears.
+    fn mark_missing(&mut self, kind: Kind) -> bool {
+        self.listing.remove(&kind);
+        let had_objects = self
+            .current
+            .insert(kind, BTreeMap::new())
+            .is_some_and(|m| !m.is_empty());
+        let newly_listed = self.listed.insert(kind);
+        had_objects || newly_listed
+    }
+
     fn of(&self, kind: Kind) -> impl Iterator<Item = &serde_json::Value> {
         self.current.get(&kind).into_iter().flat_map(|m| m.values())
     }
@@ -288,20 +335,46 @@ async fn follow(
             _ => Api::all_with(client.clone(), &resource),
         };
         let tx = events_tx.clone();
+        let status = publisher.status().clone();
         tokio::spawn(async move {
+            let check = kind.readiness_check();
+            let mut failing = false;
             let mut stream = watcher::watcher(api, watcher::Config::default())
                 .default_backoff()
                 .boxed();
             while let Some(event) = stream.next().await {
                 match event {
                     Ok(event) => {
-                        if tx.send((kind, event)).is_err() {
+                        if failing {
+                            failing = false;
+                            status.set_source_problem(&check, None);
+                            info!(?kind, "Kubernetes API watch recovered");
+                        }
+                        if tx.send((kind, Update::Event(Box::new(event)))).is_err() {
                             return;
                         }
                     }
                     // The watcher retries with backoff; until the list succeeds the kind stays
-                    // unlisted and nothing is published from a partial view.
-                    Err(error) => warn!(?kind, %error, "Kubernetes API watch failed; retrying"),
+                    // unlisted and nothing is published from a partial view, except when the
+                    // resource does not exist at all (404): then it is listed as empty. Either
+                    // way `/readyz` fails with the reason until the watch works.
+                    Err(error) => {
+                        let missing = is_not_found(&error);
+                        let reason = if missing {
+                            format!(
+                                "the management cluster does not serve {} (is its CRD installed?): {error}",
+                                kind.resource_name()
+                            )
+                        } else {
+                            format!("watching {} failed: {error}", kind.resource_name())
+                        };
+                        warn!(?kind, %error, missing, "Kubernetes API watch failed; retrying");
+                        failing = true;
+                        status.set_source_problem(&check, Some(reason));
+                        if missing && tx.send((kind, Update::Missing)).is_err() {
+                            return;
+                        }
+                    }
                 }
             }
         });
@@ -310,11 +383,15 @@ async fn follow(
     let mut objects = Objects::default();
     let mut dirty = false;
     let mut first_published = false;
-    while let Some((kind, event)) = events_rx.recv().await {
-        dirty |= objects.apply(kind, event);
+    let apply = |objects: &mut Objects, kind: Kind, update: Update| match update {
+        Update::Event(event) => objects.apply(kind, *event),
+        Update::Missing => objects.mark_missing(kind),
+    };
+    while let Some((kind, update)) = events_rx.recv().await {
+        dirty |= apply(&mut objects, kind, update);
         // Apply everything already queued before rebuilding: one rebuild per burst.
-        while let Ok((kind, event)) = events_rx.try_recv() {
-            dirty |= objects.apply(kind, event);
+        while let Ok((kind, update)) = events_rx.try_recv() {
+            dirty |= apply(&mut objects, kind, update);
         }
         if !dirty || !kinds.iter().all(|k| objects.listed.contains(k)) {
             continue;

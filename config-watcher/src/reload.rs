@@ -34,6 +34,9 @@ pub struct ReloadStatus {
     /// The error of the last attempt when it failed; `None` once a later attempt succeeds.
     /// A plain mutex: written by a source thread, read by the admin thread, never by a shard.
     last_error: Mutex<Option<ReloadFailure>>,
+    /// Problems of the sources themselves, by readiness check name (a watch whose resource the
+    /// management cluster does not serve, say): failing `/readyz` checks until they clear.
+    source_problems: Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 /// A failed reload as the operator sees it.
@@ -66,6 +69,33 @@ impl ReloadStatus {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
+    }
+
+    /// Records (`Some`) or clears (`None`) a problem of a source, shown as the failing readiness
+    /// check `check` with the reason.
+    pub fn set_source_problem(&self, check: &str, problem: Option<String>) {
+        let mut problems = self
+            .source_problems
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match problem {
+            Some(reason) => {
+                problems.insert(check.to_owned(), reason);
+            }
+            None => {
+                problems.remove(check);
+            }
+        }
+    }
+
+    /// The sources' current problems: (readiness check, reason), by check name.
+    pub fn source_problems(&self) -> Vec<(String, String)> {
+        self.source_problems
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     fn record_success(&self) {

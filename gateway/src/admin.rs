@@ -6,7 +6,9 @@
 //!
 //! With a live configuration source, `/metrics` also carries the reload counters and
 //! `/readyz?verbose` shows the serving table's generation and the last rejected change (the
-//! gateway stays ready: the last good table keeps serving).
+//! gateway stays ready: the last good table keeps serving). A source that cannot watch what it
+//! must (a CRD the management cluster does not serve) is a failing check: `/readyz` answers 500
+//! and `?verbose` gives the reason, until the watch works.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -78,12 +80,23 @@ fn answer(mut stream: TcpStream, metrics: &Metrics, config: Option<&ConfigView>)
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             metrics_text(metrics, config),
         ),
-        "/readyz" if verbose => (
-            "200 OK",
-            "text/plain; charset=utf-8",
-            readyz_verbose(config),
-        ),
-        "/healthz" | "/readyz" | "/livez" => ("200 OK", "text/plain; charset=utf-8", "ok".into()),
+        "/readyz" => {
+            // A failing check (a configuration source that cannot watch what it must) makes
+            // the gateway not ready, as kube-apiserver's /readyz does: 500 and the reasons.
+            let (ready, text) = readyz_verbose(config);
+            let status = if ready {
+                "200 OK"
+            } else {
+                "500 Internal Server Error"
+            };
+            let body = match (verbose, ready) {
+                (true, _) => text,
+                (false, true) => "ok".into(),
+                (false, false) => "readyz check failed\n".into(),
+            };
+            (status, "text/plain; charset=utf-8", body)
+        }
+        "/healthz" | "/livez" => ("200 OK", "text/plain; charset=utf-8", "ok".into()),
         _ => (
             "404 Not Found",
             "text/plain; charset=utf-8",
@@ -116,9 +129,11 @@ fn metrics_text(metrics: &Metrics, config: Option<&ConfigView>) -> String {
     )
 }
 
-/// Kubernetes-style verbose readiness: one `[+]` line per check, then the verdict.
-fn readyz_verbose(config: Option<&ConfigView>) -> String {
+/// Kubernetes-style verbose readiness: one `[+]` (passing) or `[-]` (failing, with the reason)
+/// line per check, then the verdict; and whether every check passed.
+fn readyz_verbose(config: Option<&ConfigView>) -> (bool, String) {
     let mut out = String::from("[+]ping ok\n");
+    let mut ready = true;
     if let Some(view) = config {
         let table = view.table.load();
         out.push_str(&format!(
@@ -135,7 +150,23 @@ fn readyz_verbose(config: Option<&ConfigView>) -> String {
             None if view.reload.is_some() => out.push_str("[+]config-reload ok\n"),
             None => {}
         }
+        for (check, reason) in view
+            .reload
+            .as_ref()
+            .map(|r| r.source_problems())
+            .unwrap_or_default()
+        {
+            ready = false;
+            out.push_str(&format!(
+                "[-]{check} failed: {}\n",
+                reason.replace('\n', " ")
+            ));
+        }
     }
-    out.push_str("readyz check passed\n");
-    out
+    if ready {
+        out.push_str("readyz check passed\n");
+    } else {
+        out.push_str("readyz check failed\n");
+    }
+    (ready, out)
 }

@@ -663,3 +663,110 @@ fn files_and_the_management_cluster_are_merged() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// `--management-objects both` against a management cluster without Karmada's CRD: the
+/// fleetgate Clusters are served anyway, `/readyz` fails (500) and `/readyz?verbose` names the
+/// missing resource; once the CRD is installed the watch lists it and readiness recovers.
+#[test]
+fn a_missing_crd_fails_readiness_until_it_is_installed() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = runtime
+        .block_on(start_fleet(FleetOptions {
+            dir: dir.path().to_path_buf(),
+            clusters: 2,
+            objects: 2,
+            churn_per_sec: 0.0,
+            gateway_listen: None,
+        }))
+        .unwrap();
+    let member2 = cluster_file(dir.path(), "member2");
+    kubectl(dir.path(), &["apply", "-f", member2.to_str().unwrap()]);
+    // The fleet's AccessPolicies (admin may do everything) live in the management cluster too.
+    let policies = dir.path().join("policies.yaml");
+    kubectl(dir.path(), &["apply", "-f", policies.to_str().unwrap()]);
+    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+        .args(["serve", "--workers", "1", "--config"])
+        .arg(dir.path().join("gateway.yaml"))
+        .arg("--management-kubeconfig")
+        .arg(dir.path().join("kubeconfig"))
+        .args(["--management-context", "member1", "--management-objects", "both"])
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(gateway.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let field = |name: &str| -> SocketAddr {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .parse()
+            .unwrap()
+    };
+    let fleet = Fleet {
+        https: field("https="),
+        admin: field("admin="),
+        tls: client_config(dir.path()),
+        runtime,
+        handle: Some(handle),
+        gateway,
+        dir,
+    };
+    let (code, body) = fleet.get_once(&path_of("member2"));
+    assert_eq!(code, 200, "{body}\n{}", fleet.log());
+    let readyz = fleet.admin_get("/readyz");
+    assert!(readyz.starts_with("HTTP/1.1 500"), "{readyz}");
+    let verbose = fleet.admin_get("/readyz?verbose");
+    assert!(
+        verbose.starts_with("HTTP/1.1 500")
+            && verbose.contains("[-]kubernetes-api-watch clusters.cluster.karmada.io failed: the management cluster does not serve clusters.cluster.karmada.io (is its CRD installed?)")
+            && verbose.contains("readyz check failed"),
+        "{verbose}"
+    );
+
+    let crd = fleet.dir().join("karmada-crd.yaml");
+    std::fs::write(
+        &crd,
+        "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: clusters.cluster.karmada.io
+spec:
+  group: cluster.karmada.io
+  scope: Cluster
+  names: {kind: Cluster, plural: clusters, singular: cluster, listKind: ClusterList}
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+    subresources: {status: {}}
+",
+    )
+    .unwrap();
+    kubectl(fleet.dir(), &["apply", "-f", crd.to_str().unwrap()]);
+    // The watcher retries with kube-rs's backoff (0.8 s doubling, at most 30 s).
+    let start = Instant::now();
+    loop {
+        let readyz = fleet.admin_get("/readyz?verbose");
+        if readyz.starts_with("HTTP/1.1 200") {
+            assert!(readyz.contains("readyz check passed"), "{readyz}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(45),
+            "readiness did not recover: {readyz}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(fleet.get_once(&path_of("member2")).0, 200);
+}
