@@ -10,8 +10,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
+use fleetgate_config_watcher::Limits;
 
 /// Arguments of `fleetgate demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -33,7 +35,8 @@ pub struct DemoArgs {
     pub workers: usize,
 }
 
-/// Runs the demo until SIGINT or SIGTERM.
+/// Runs the demo until SIGINT or SIGTERM, then stops the gateway gracefully (it drains) and the
+/// fleet; a second signal stops the gateway at once.
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     if args.clusters == 0 {
         bail!("--clusters must be at least 1");
@@ -89,22 +92,26 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         let _ = exited_tx.send(status);
     });
     let outcome = rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        use tokio::signal::unix::{signal as unix_signal, SignalKind};
+        let mut interrupt = unix_signal(SignalKind::interrupt())?;
+        let mut term = unix_signal(SignalKind::terminate())?;
         let mut exited = exited_rx;
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = interrupt.recv() => {}
             _ = term.recv() => {}
             status = &mut exited => {
                 return Ok::<_, anyhow::Error>(Some(format!("{:?}", status)));
             }
         }
-        // Ask the gateway to stop, give it a few seconds to drain, then insist.
+        // The gateway drains (GOAWAY, in-flight requests finish within its grace period) and
+        // exits by itself; a second signal here is passed on, and the gateway then exits at once.
         signal(pid, libc::SIGTERM);
-        if tokio::time::timeout(std::time::Duration::from_secs(5), &mut exited)
-            .await
-            .is_err()
-        {
-            signal(pid, libc::SIGKILL);
+        let drain_bound = Limits::default().shutdown_grace + DRAIN_MARGIN;
+        tokio::select! {
+            _ = &mut exited => {}
+            _ = tokio::time::sleep(drain_bound) => signal(pid, libc::SIGKILL),
+            _ = interrupt.recv() => stop_now(pid, &mut exited).await,
+            _ = term.recv() => stop_now(pid, &mut exited).await,
         }
         Ok(None)
     })?;
@@ -113,6 +120,23 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     match outcome {
         Some(status) => Err(anyhow!("the gateway exited unexpectedly ({status})")),
         None => Ok(()),
+    }
+}
+
+/// How long past the gateway's grace period the demo waits for it before killing it.
+const DRAIN_MARGIN: Duration = Duration::from_secs(5);
+
+/// A second signal: the gateway is told again (it exits at once), and killed if it does not.
+async fn stop_now(
+    pid: u32,
+    exited: &mut tokio::sync::oneshot::Receiver<std::io::Result<std::process::ExitStatus>>,
+) {
+    signal(pid, libc::SIGTERM);
+    if tokio::time::timeout(Duration::from_secs(2), exited)
+        .await
+        .is_err()
+    {
+        signal(pid, libc::SIGKILL);
     }
 }
 
@@ -126,6 +150,10 @@ fn start_gateway(args: &DemoArgs) -> anyhow::Result<Child> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
+    // A process group of its own: Ctrl-C in a terminal signals the demo's group, and the demo
+    // passes the stop on once. Had the gateway got the same SIGINT too, the demo's SIGTERM would
+    // be its second signal and cut the drain short.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     cmd.spawn().context("starting `fleetgate serve`")
 }
 
