@@ -5,7 +5,7 @@
 //! the grace period; a second signal exits at once; `spec.http2.maxConcurrentStreams` is what the
 //! client sees in SETTINGS; `spec.http2.idleTimeoutSeconds` closes an idle h2 connection with
 //! GOAWAY but not one with an open watch; `spec.limits.idleTimeoutSeconds` closes an idle
-//! HTTP/1.1 keep-alive connection.
+//! HTTP/1.1 keep-alive connection; a reload that changes `spec.http2` applies to new connections.
 
 mod support;
 
@@ -525,5 +525,65 @@ async fn http1_keep_alive_idle_timeout_closes_an_idle_connection_but_not_a_watch
             assert!(n > 0, "{driver}: the watch connection was closed");
             seen.extend_from_slice(&chunk[..n]);
         }
+    }
+}
+
+/// The routing table generation the gateway serves, from its admin `/metrics`.
+async fn served_generation(gw: &Gateway) -> u64 {
+    let stream = tokio::net::TcpStream::connect(gw.admin).await.unwrap();
+    let response = support::exchange(
+        stream,
+        b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("metrics");
+    String::from_utf8_lossy(&response.body)
+        .lines()
+        .find_map(|l| l.strip_prefix("fleetgate_config_generation "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("fleetgate_config_generation in /metrics")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_h2_settings_for_new_connections_only() {
+    for driver in DRIVERS {
+        let (_upstream, gw) = start(driver, "", "  http2:\n    maxConcurrentStreams: 7\n").await;
+        let mut before = h2_connect(&gw).await;
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            before.max_send_streams.wait_for(|max| *max == 7),
+        )
+        .await
+        .expect("7 before the reload")
+        .unwrap();
+        let generation = served_generation(&gw).await;
+        let gateway_yaml = gw.dir.path().join("gateway.yaml");
+        let text = std::fs::read_to_string(&gateway_yaml).unwrap();
+        std::fs::write(
+            &gateway_yaml,
+            text.replace("maxConcurrentStreams: 7", "maxConcurrentStreams: 3"),
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while served_generation(&gw).await == generation {
+            assert!(
+                Instant::now() < deadline,
+                "{driver}: no reload: {}",
+                gw.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut after = h2_connect(&gw).await;
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            after.max_send_streams.wait_for(|max| *max == 3),
+        )
+        .await
+        .expect("3 on a connection made after the reload")
+        .unwrap();
+        // The connection made before keeps the settings it started with.
+        let response = send_get(&before.client, "/clusters/member/api").await;
+        assert_eq!(response.await.unwrap().status(), 200, "{driver}");
+        assert_eq!(*before.max_send_streams.borrow(), 7, "{driver}");
     }
 }
