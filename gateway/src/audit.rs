@@ -28,6 +28,7 @@ use crate::http1::Head;
 use crate::identity::ClientIdentity;
 use crate::metrics::Metrics;
 use crate::route::{self, Route};
+use fleetgate_config_watcher::policy::RequestAttributes;
 
 /// The writer flushes at least this often while it has unflushed lines.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
@@ -445,13 +446,11 @@ struct Annotations<'a> {
 
 fn event(record: &Record, ocm_style: bool, audit_id: uuid::Uuid) -> Event<'_> {
     let request = &record.request;
-    let method = request.method.as_str();
     let (cluster, verb, object_ref) = match route::route(request.target.as_bytes(), ocm_style) {
-        Route::Cluster { name, rest, query } => (
-            Some(name),
-            route::kube_verb(method.as_bytes(), rest, query),
-            object_ref(rest),
-        ),
+        Route::Cluster { name, rest, query } => {
+            let (verb, object_ref) = request_info(&request.method, rest, query);
+            (Some(name), verb, object_ref)
+        }
         // Not a member's path: kube-apiserver's verb for non-resource requests is the method.
         _ => (None, non_resource_verb(&request.method), None),
     };
@@ -503,42 +502,43 @@ fn non_resource_verb(method: &http::Method) -> &'static str {
     }
 }
 
-/// The objectRef of a kube path (after the cluster prefix), like kube-apiserver's
-/// RequestInfoFactory: `/api/v1/namespaces/NS/RESOURCE/NAME/SUB` and
-/// `/apis/GROUP/VERSION/...`, with the legacy `/watch/` segment skipped. Discovery and other
-/// non-resource paths have none.
-pub fn object_ref(rest: &[u8]) -> Option<ObjectRef> {
-    let path = std::str::from_utf8(rest).ok()?;
+/// The verb and objectRef of a kube path (after the cluster prefix), named by the same
+/// request-info parser the access policy uses (`RequestAttributes`, like kube-apiserver's
+/// RequestInfoFactory), so the log and the policy agree: `exec`, `attach`, `portforward` and
+/// `proxy` are their own verbs. Discovery and other non-resource paths have the lower-cased
+/// method as verb and no objectRef, as in kube-apiserver's log.
+pub fn request_info(
+    method: &http::Method,
+    rest: &[u8],
+    query: &[u8],
+) -> (&'static str, Option<ObjectRef>) {
+    let attrs = RequestAttributes::parse(method.as_str().as_bytes(), rest, query);
+    if !attrs.resource_request {
+        return (non_resource_verb(method), None);
+    }
+    let verb = attrs
+        .verb
+        .map_or_else(|| non_resource_verb(method), |v| v.name());
+    let reference = ObjectRef {
+        resource: attrs.resource.to_string(),
+        namespace: attrs.namespace.to_string(),
+        name: attrs.name.to_string(),
+        api_group: attrs.api_group.to_string(),
+        api_version: api_version(rest).to_string(),
+        subresource: attrs.subresource.to_string(),
+    };
+    (verb, Some(reference))
+}
+
+/// The version segment of `/api/VERSION/...` or `/apis/GROUP/VERSION/...`.
+fn api_version(rest: &[u8]) -> &str {
+    let path = std::str::from_utf8(rest).unwrap_or("");
     let mut segments = path.split('/').filter(|s| !s.is_empty());
-    let mut reference = ObjectRef::default();
-    match segments.next()? {
-        "api" => {}
-        "apis" => reference.api_group = segments.next()?.to_string(),
-        _ => return None,
+    match segments.next() {
+        Some("api") => segments.next().unwrap_or(""),
+        Some("apis") => segments.nth(1).unwrap_or(""),
+        _ => "",
     }
-    reference.api_version = segments.next()?.to_string();
-    let mut rest: Vec<&str> = segments.collect();
-    if rest.first() == Some(&"watch") {
-        rest.remove(0);
-    }
-    // namespaces/NS/RESOURCE...: a namespaced resource (namespaces/NS alone is the namespace).
-    if rest.len() >= 3 && rest[0] == "namespaces" {
-        reference.namespace = rest[1].to_string();
-        rest.drain(..2);
-    }
-    let resource = rest.first()?;
-    reference.resource = resource.to_string();
-    if let Some(name) = rest.get(1) {
-        reference.name = name.to_string();
-        if reference.resource == "namespaces" && reference.namespace.is_empty() {
-            // kube-apiserver puts a namespace's own name in objectRef.namespace too.
-            reference.namespace = name.to_string();
-        }
-    }
-    if rest.len() > 2 {
-        reference.subresource = rest[2..].join("/");
-    }
-    Some(reference)
 }
 
 /// RFC 3339 in UTC with microseconds, as kube-apiserver writes audit timestamps.
@@ -561,7 +561,7 @@ mod tests {
     use super::*;
 
     fn reference(path: &str) -> Option<ObjectRef> {
-        object_ref(path.as_bytes())
+        request_info(&http::Method::GET, path.as_bytes(), b"").1
     }
 
     #[test]
@@ -600,6 +600,28 @@ mod tests {
         assert!(reference("/apis/apps/v1").is_none());
         assert!(reference("/version").is_none());
         assert!(reference("/openapi/v2").is_none());
+        // Verbs as the access policy names them.
+        let verb = |method: http::Method, path: &str, query: &[u8]| {
+            request_info(&method, path.as_bytes(), query).0
+        };
+        assert_eq!(verb(http::Method::GET, "/api/v1/pods", b""), "list");
+        assert_eq!(
+            verb(http::Method::GET, "/api/v1/pods", b"?watch=1"),
+            "watch"
+        );
+        assert_eq!(
+            verb(
+                http::Method::POST,
+                "/api/v1/namespaces/d/pods/p/exec",
+                b"?command=ls"
+            ),
+            "exec"
+        );
+        assert_eq!(
+            verb(http::Method::DELETE, "/api/v1/namespaces/d/pods", b""),
+            "deletecollection"
+        );
+        assert_eq!(verb(http::Method::POST, "/apis", b""), "post");
     }
 
     #[test]
