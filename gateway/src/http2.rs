@@ -438,7 +438,15 @@ async fn proxy_stream(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .as_bytes();
-    let (cluster, ocm_style) = match decide(ctx, target)? {
+    let decision = decide(ctx, target).map_err(|err| {
+        identity::hide_unknown_cluster(err, ctx.table.load().access(), conn_auth, || {
+            parts
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+        })
+    });
+    let (cluster, ocm_style) = match decision? {
         Decision::Health => {
             let response = Response::builder()
                 .status(StatusCode::OK)

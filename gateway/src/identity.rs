@@ -142,6 +142,34 @@ where
     })
 }
 
+/// An unknown cluster is named in a 404 only to an authenticated client: anyone else gets the 401
+/// it would get on a real cluster, so cluster names cannot be probed without a credential.
+pub fn hide_unknown_cluster<'h, F, H>(
+    err: GatewayError,
+    access: &AccessControl,
+    conn: &ConnectionAuth,
+    headers: F,
+) -> GatewayError
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    if !matches!(err, GatewayError::UnknownCluster { .. }) || conn.certificate.is_some() {
+        return err;
+    }
+    let known = headers()
+        .find(|(name, _)| name.eq_ignore_ascii_case(b"authorization"))
+        .and_then(|(_, value)| bearer_token(value))
+        .is_some_and(|token| authenticate_token(access, conn, token).is_ok());
+    if known {
+        err
+    } else {
+        GatewayError::Unauthorized {
+            reason: "no credential for an unknown cluster",
+        }
+    }
+}
+
 /// `Bearer TOKEN` (scheme case-insensitive), else None.
 fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     let value = crate::http1::head::trim(value);

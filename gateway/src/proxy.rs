@@ -115,7 +115,16 @@ pub async fn serve_http1<S>(
                 break;
             }
         }
-        match handle_request(&ctx, &mut down, peer, &conn_auth, audit_user.as_ref(), limits).await {
+        match handle_request(
+            &ctx,
+            &mut down,
+            peer,
+            &conn_auth,
+            audit_user.as_ref(),
+            limits,
+        )
+        .await
+        {
             Next::KeepAlive => continue,
             Next::Close => break,
         }
@@ -260,9 +269,14 @@ where
             })),
             Route::Cluster { name, .. } => match table.cluster(name) {
                 Some(cluster) => Ok((cluster.clone(), ocm_style)),
-                None => Err(Some(GatewayError::UnknownCluster {
-                    name: name.to_string(),
-                })),
+                None => Err(Some(identity::hide_unknown_cluster(
+                    GatewayError::UnknownCluster {
+                        name: name.to_string(),
+                    },
+                    table.access(),
+                    conn_auth,
+                    || down.head.headers(),
+                ))),
             },
         }
     };

@@ -453,6 +453,11 @@ fn policies_deny_by_default_and_bad_credentials_are_unauthorized() {
             &[],
         );
     }
+    // Cluster names are not probed without a credential: 401 before the 404.
+    let stranger = fleet.kubeconfig("stranger", Cred::Token("not-a-token-anyone-issued"), None);
+    assert_refused(&raw(&stranger, "/clusters/no-such-cluster/api"), 401, &[]);
+    let out = raw(&alice, "/clusters/no-such-cluster/api");
+    assert!(stderr_of(&out).contains("NotFound"), "{}", stderr_of(&out));
     // No credential at all: the 401 makes kubectl ask for a user name, which nobody types.
     let nothing = fleet.kubeconfig("nothing", Cred::Nothing, None);
     let out = kubectl(&nothing, "member1", &["get", "pods", "-n", "dev"]);
