@@ -63,7 +63,28 @@ pub struct Decided {
 
 /// Authenticates and authorizes one request for `cluster`. `rest` and `query` are the target
 /// without the cluster prefix; `headers` gives the request's header fields (called twice at most).
+/// Why a request was not authenticated is logged at debug level (never the credential).
 pub fn decide<'h, F, H>(
+    access: &AccessControl,
+    conn: &ConnectionAuth,
+    cluster: &ClusterRoute,
+    method: &[u8],
+    rest: &[u8],
+    query: &[u8],
+    headers: F,
+) -> Result<Decided, GatewayError>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let decided = decide_inner(access, conn, cluster, method, rest, query, headers);
+    if let Err(GatewayError::Unauthorized { reason }) = &decided {
+        tracing::debug!(cluster = %cluster.name, reason, "request not authenticated");
+    }
+    decided
+}
+
+fn decide_inner<'h, F, H>(
     access: &AccessControl,
     conn: &ConnectionAuth,
     cluster: &ClusterRoute,
