@@ -33,7 +33,7 @@ watches=${WATCHES:-8000}
 event_watches=${EVENT_WATCHES:-500}
 churn=${CHURN:-20}
 exec_streams=${EXEC_STREAMS:-4}
-all=(small-get small-get-h2 big-list watch-idle watch-events exec-stream reload-storm auth-overhead)
+all=(small-get small-get-h2 big-list watch-idle watch-events exec-stream portforward-stream reload-storm auth-overhead)
 scenarios=("$@"); [ ${#scenarios[@]} -gt 0 ] || scenarios=("${all[@]}")
 mkdir -p "$out" "$charts"
 # 8000 watches: the driver holds 8000 sockets and a proxy 16000 (client and upstream side).
@@ -246,6 +246,10 @@ for scenario in "${scenarios[@]}"; do
   exec-stream)
     targets direct-sim haproxy-sim nginx-sim goproxy-sim fleetgate-sim
     measure exec-stream exec-stream --streams "$exec_streams"
+    ;;
+  portforward-stream)
+    targets direct-sim haproxy-sim nginx-sim goproxy-sim fleetgate-sim
+    measure portforward-stream portforward-stream --streams "$exec_streams"
     ;;
   reload-storm)
     targets fleetgate

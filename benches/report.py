@@ -165,6 +165,17 @@ def main():
         direct = r.get("direct-sim", {}).get("mb_per_sec")
         goals.append(("4", "exec-stream MB/s >= 0.9x direct", f"{fmt(ratio(fg, direct), 2)}x", verdict(ratio(fg, direct), 0.9, at_most=False)))
 
+    r = load(out, "portforward-stream")
+    if r:
+        s += ["", f"### portforward-stream ({exec_streams} WebSocket port-forwards to the simulated pod's echoing port)", "",
+              "![portforward-stream](charts/portforward-stream.svg)", "",
+              table(r, [("MB/s", lambda x: fmt(x["mb_per_sec"])),
+                        ("CPU ms/MB", lambda x: fmt(x["cpu_ms_per_mb"], 2)),
+                        ("errors", lambda x: str(x["errors"]))])]
+        fg = r.get("fleetgate-sim", {}).get("mb_per_sec")
+        direct = r.get("direct-sim", {}).get("mb_per_sec")
+        goals.append(("4", "port-forward MB/s >= 0.9x direct (the exec goal applied to port-forward)", f"{fmt(ratio(fg, direct), 2)}x", verdict(ratio(fg, direct), 0.9, at_most=False)))
+
     r = load(out, "reload-storm")
     if r:
         s += ["", "### reload-storm (small-get on member1 while 100 Cluster-file changes a second land in the config directory)", "",

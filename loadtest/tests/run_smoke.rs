@@ -134,7 +134,7 @@ fn every_scenario_runs_and_reports_its_figures() {
 }
 
 #[test]
-fn h2_exec_storm_and_header_scenarios_run_and_report_their_figures() {
+fn h2_exec_portforward_storm_and_header_scenarios_run_and_report_their_figures() {
     let fleet = TestFleet::start_with(1, 20, 0.0, Default::default());
     let small = "/api/v1/namespaces/load-0/configmaps/load-cm-0";
 
@@ -177,6 +177,22 @@ fn h2_exec_storm_and_header_scenarios_run_and_report_their_figures() {
     assert!(r["cpu_ms_per_mb"].as_f64().unwrap() > 0.0, "{r}");
     let svg = std::fs::read_to_string(&chart).expect("the chart is written");
     assert!(svg.starts_with("<svg") && svg.contains("member1"), "{svg}");
+
+    // port-forward to the pod's echoing port: the same bytes back on the port's data channel.
+    let r = run(
+        &fleet,
+        &[
+            "--scenario",
+            "portforward-stream",
+            "--streams",
+            "2",
+            "--chunk-bytes",
+            "4096",
+        ],
+    );
+    assert_eq!(r["scenario"], "portforward-stream", "{r}");
+    assert!(r["bytes"].as_u64().unwrap() > 4096, "echoed bytes: {r}");
+    assert!(r["cpu_ms_per_mb"].as_f64().unwrap() > 0.0, "{r}");
 
     // The plain-HTTP listener (`sim --plaintext`) with the bearer token sent by --header: served.
     let plain = fleet

@@ -16,7 +16,9 @@ pub fn main_figure(scenario: &str) -> (&'static str, fn(&TargetResult) -> Option
                 r.cpu_us_per_request
             })
         }
-        "big-list" | "exec-stream" => ("CPU ms per MB (lower is better)", |r| r.cpu_ms_per_mb),
+        "big-list" | "exec-stream" | "portforward-stream" => {
+            ("CPU ms per MB (lower is better)", |r| r.cpu_ms_per_mb)
+        }
         "watch-idle" => ("KiB of memory per open watch (lower is better)", |r| {
             r.kib_per_watch
         }),

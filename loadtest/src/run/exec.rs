@@ -4,6 +4,10 @@
 //! as fast as the target takes them while reading the echo back on stdout. Figures: MB/s echoed
 //! (each echoed byte crossed the target twice, once each way) and the target's CPU ms per MB
 //! echoed. Bounded by `--warmup` + `--duration`.
+//!
+//! `portforward-stream` is the same over a port-forward WebSocket (`v4.channel.k8s.io`, one port;
+//! default `--path`: port 8080 of pod default/hello, which the simulated fleet echoes): data goes
+//! out and comes back on the port's data channel, after the port greeting.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,13 +27,62 @@ use super::{RunArgs, TargetResult};
 pub const DEFAULT_EXEC_PATH: &str =
     "/api/v1/namespaces/default/pods/hello/exec?command=cat&stdin=true&stdout=true";
 
+/// The port-forward a scenario uses when `--path` is left at its default.
+pub const DEFAULT_PORTFORWARD_PATH: &str =
+    "/api/v1/namespaces/default/pods/hello/portforward?ports=8080";
+
 const STDIN: u8 = 0;
 const STDOUT: u8 = 1;
+/// The data channel of the first (only) forwarded port.
+const PORT_DATA: u8 = 0;
+
+/// Which stream the scenario pushes bytes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// exec of `cat`: stdin out, stdout back.
+    Exec,
+    /// port-forward to an echoing port: the port's data channel both ways.
+    PortForward,
+}
+
+impl StreamKind {
+    fn default_path(self) -> &'static str {
+        match self {
+            StreamKind::Exec => DEFAULT_EXEC_PATH,
+            StreamKind::PortForward => DEFAULT_PORTFORWARD_PATH,
+        }
+    }
+    fn protocols(self) -> &'static str {
+        match self {
+            StreamKind::Exec => "v5.channel.k8s.io, v4.channel.k8s.io",
+            StreamKind::PortForward => "v4.channel.k8s.io",
+        }
+    }
+    fn out_channel(self) -> u8 {
+        match self {
+            StreamKind::Exec => STDIN,
+            StreamKind::PortForward => PORT_DATA,
+        }
+    }
+    fn back_channel(self) -> u8 {
+        match self {
+            StreamKind::Exec => STDOUT,
+            StreamKind::PortForward => PORT_DATA,
+        }
+    }
+    fn scenario(self) -> &'static str {
+        match self {
+            StreamKind::Exec => "exec-stream",
+            StreamKind::PortForward => "portforward-stream",
+        }
+    }
+}
 
 /// Opens one exec session and returns the WebSocket.
 async fn open_session(
     target: &Target,
     path: &str,
+    kind: StreamKind,
 ) -> anyhow::Result<tokio_tungstenite::WebSocketStream<Box<dyn super::client::Io>>> {
     let io = target.connect().await?;
     let url = target.url(path);
@@ -44,10 +97,7 @@ async fn open_session(
         .header("upgrade", "websocket")
         .header("sec-websocket-version", "13")
         .header("sec-websocket-key", generate_key())
-        .header(
-            "sec-websocket-protocol",
-            "v5.channel.k8s.io, v4.channel.k8s.io",
-        )
+        .header("sec-websocket-protocol", kind.protocols())
         .header("user-agent", "fleetgate-loadtest/0.1");
     for (name, value) in &target.headers {
         builder = builder.header(name.as_str(), value.as_str());
@@ -59,28 +109,29 @@ async fn open_session(
     Ok(ws)
 }
 
-/// `exec-stream`: see the module documentation.
-pub async fn exec_stream(
+/// `exec-stream` and `portforward-stream`: see the module documentation.
+pub async fn byte_stream(
     args: &RunArgs,
     target: &Target,
     pw: Option<&ProcWatch>,
+    kind: StreamKind,
 ) -> anyhow::Result<TargetResult> {
     let path = if args.path == "/version" {
-        DEFAULT_EXEC_PATH
+        kind.default_path()
     } else {
         args.path.as_str()
     };
     let sessions = args.streams.max(1);
     let mut opened = Vec::with_capacity(sessions);
     for _ in 0..sessions {
-        opened.push(open_session(target, path).await?);
+        opened.push(open_session(target, path, kind).await?);
     }
     let echoed = Arc::new(AtomicU64::new(0));
     let sent = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let deadline = start + args.warmup + args.duration;
     let mut chunk = vec![b'x'; args.chunk_bytes.max(1) + 1];
-    chunk[0] = STDIN;
+    chunk[0] = kind.out_channel();
     let chunk = Bytes::from(chunk);
     let mut tasks = Vec::new();
     for ws in opened {
@@ -104,12 +155,19 @@ pub async fn exec_stream(
             let _ = tokio::time::timeout(Duration::from_millis(200), tx.close()).await;
             Ok(())
         });
+        let back = kind.back_channel();
         let reader = tokio::spawn(async move {
+            // A port-forward announces its port first on each channel (channel byte + 2 bytes).
+            let mut greeted = kind == StreamKind::Exec;
             loop {
                 match tokio::time::timeout_at(deadline.into(), rx.next()).await {
                     Ok(Some(Ok(Message::Binary(data)))) => {
-                        if data.first() == Some(&STDOUT) {
-                            echoed.fetch_add(data.len() as u64 - 1, Ordering::Relaxed);
+                        if data.first() == Some(&back) {
+                            if greeted {
+                                echoed.fetch_add(data.len() as u64 - 1, Ordering::Relaxed);
+                            } else {
+                                greeted = true;
+                            }
                         }
                     }
                     Ok(Some(Ok(Message::Close(frame)))) => {
@@ -144,15 +202,16 @@ pub async fn exec_stream(
     }
     if bytes == 0 {
         bail!(
-            "{}: nothing echoed through the exec sessions ({})",
+            "{}: nothing echoed through the {} sessions ({})",
             target.name,
+            kind.scenario(),
             first_error.map(|e| e.to_string()).unwrap_or_default()
         );
     }
     let mb = bytes as f64 / 1e6;
     Ok(TargetResult {
         target: target.name.clone(),
-        scenario: "exec-stream".into(),
+        scenario: kind.scenario().into(),
         requests: sessions as u64,
         errors,
         seconds,

@@ -30,7 +30,8 @@ use procstat::ProcWatch;
 /// Command-line arguments of `run`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// small-get, small-get-h2, big-list, watch-idle, watch-events, exec-stream, reload-storm.
+    /// small-get, small-get-h2, big-list, watch-idle, watch-events, exec-stream,
+    /// portforward-stream, reload-storm.
     #[arg(long)]
     pub scenario: String,
     /// NAME=URL or NAME=kubeconfig:PATH[:CONTEXT]; repeat for each target, measured in order.
@@ -214,7 +215,12 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
             "big-list" => scenarios::big_list(args, target, proc_watch).await,
             "watch-idle" => scenarios::watch_idle(args, target, proc_watch).await,
             "watch-events" => scenarios::watch_events(args, target, proc_watch).await,
-            "exec-stream" => exec::exec_stream(args, target, proc_watch).await,
+            "exec-stream" => {
+                exec::byte_stream(args, target, proc_watch, exec::StreamKind::Exec).await
+            }
+            "portforward-stream" => {
+                exec::byte_stream(args, target, proc_watch, exec::StreamKind::PortForward).await
+            }
             "reload-storm" => storm::reload_storm(args, target, proc_watch).await,
             _ => unreachable!("checked against SCENARIOS above"),
         };
@@ -232,6 +238,7 @@ pub const SCENARIOS: &[&str] = &[
     "watch-idle",
     "watch-events",
     "exec-stream",
+    "portforward-stream",
     "reload-storm",
 ];
 
@@ -256,7 +263,7 @@ type Column = (&'static str, fn(&TargetResult) -> String);
 pub fn print_table(results: &[TargetResult]) {
     let scenario = results.first().map(|r| r.scenario.as_str()).unwrap_or("");
     let extra: &[Column] = match scenario {
-        "big-list" | "exec-stream" => &[
+        "big-list" | "exec-stream" | "portforward-stream" => &[
             ("MB/s", |r| fmt_opt(r.mb_per_sec, 1)),
             ("cpu ms/MB", |r| fmt_opt(r.cpu_ms_per_mb, 2)),
             ("peak RSS KiB", |r| fmt_opt(r.rss_peak_kib, 0)),
