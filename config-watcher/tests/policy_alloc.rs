@@ -80,7 +80,9 @@ spec:
         groups: vec!["devs".into(), "ops".into(), "everyone".into()],
         ..Identity::default()
     };
-    let requests: [(&[u8], &[u8], &[u8], bool); 5] = [
+    // (method, path, query, allowed)
+    type Request = (&'static [u8], &'static [u8], &'static [u8], bool);
+    let requests: [Request; 5] = [
         (
             b"GET",
             b"/api/v1/namespaces/default/pods",
