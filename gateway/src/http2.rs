@@ -9,8 +9,10 @@
 //! gateway buffer more than one read per stream, and one slow stream never stalls the others.
 //! Chunked member bodies are decoded without copying (`ChunkedScanner::scan_data` ranges sliced
 //! out of the read buffer). A client reset ends the stream at once and drops its member
-//! connection, so a watch's upstream is released. Upgrades cannot ride h2 (no `Connection`
-//! header, and kubectl uses HTTP/1.1 for them): an extended CONNECT gets a Status. Routing,
+//! connection, so a watch's upstream is released. kubectl opens exec / attach / port-forward on
+//! HTTP/1.1; on h2 an RFC 8441 extended CONNECT for `websocket` becomes an HTTP/1.1 upgrade (a GET
+//! with `Upgrade: websocket`) on a dedicated member connection, relayed both ways after the 101;
+//! any other CONNECT gets a Status saying it needs HTTP/1.1. Routing,
 //! identity and errors are the same as `proxy`'s. The Gateway's `spec.http2` gives the streams a
 //! client may open at once and the idle timeout, read when the connection starts: a connection
 //! with no open stream for that long, or any connection when the gateway drains, gets
@@ -231,7 +233,9 @@ where
         .max_header_list_size(u32::try_from(limits.max_head_bytes).unwrap_or(u32::MAX))
         .max_send_buffer_size(SEND_BUFFER)
         .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS)
-        .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS));
+        .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+        // RFC 8441 extended CONNECT: WebSocket over h2 (`relay_websocket`).
+        .enable_connect_protocol();
     let mut connection = match runtime::timeout(
         H2_HANDSHAKE_TIMEOUT,
         builder.handshake::<_, Bytes>(LingeringClose::new(io)),
@@ -425,7 +429,10 @@ async fn proxy_stream(
     audit: &mut StreamAudit,
 ) -> Result<(), Failure> {
     let (parts, mut body) = request.into_parts();
-    if parts.method == Method::CONNECT {
+    // RFC 8441: a WebSocket over h2 (extended CONNECT, `:protocol websocket`) is carried to the
+    // member as an HTTP/1.1 upgrade of a GET; any other CONNECT needs HTTP/1.1.
+    let websocket = is_websocket_connect(&parts);
+    if parts.method == Method::CONNECT && !websocket {
         let protocol = parts
             .extensions
             .get::<h2::ext::Protocol>()
@@ -489,11 +496,16 @@ async fn proxy_stream(
     {
         return Err(GatewayError::ClientImpersonation.into());
     }
+    let method: &[u8] = if websocket {
+        b"GET"
+    } else {
+        parts.method.as_str().as_bytes()
+    };
     let decided = identity::decide(
         ctx.table.load().access(),
         conn_auth,
         &cluster,
-        parts.method.as_str().as_bytes(),
+        method,
         rest,
         query,
         || {
@@ -507,13 +519,12 @@ async fn proxy_stream(
         audit.authenticated = decided.authenticated.clone();
         audit.acting_as = decided.identity.clone();
     }
-    let method = parts.method.as_str().as_bytes();
     let verb = route::kube_verb(method, rest, query);
     let long_running = route::is_long_running(rest, query);
     let limits = ctx.table.load().gateway().limits;
 
     // The request body: forwarded with the client's Content-Length, or chunked when it has none.
-    let request_body = if body.is_end_stream() {
+    let request_body = if body.is_end_stream() || websocket {
         BodyKind::Empty
     } else {
         match parts
@@ -563,6 +574,14 @@ async fn proxy_stream(
     head.extend_from_slice(&forwarded_for);
     let _ = write!(head, "{}\r\n", peer.ip());
     identity::push_upstream_identity(&mut head, &cluster, decided.identity.as_deref());
+    if websocket {
+        push_websocket_upgrade(&mut head, &parts.headers);
+        head.extend_from_slice(b"\r\n");
+        return relay_websocket(
+            ctx, &cluster, &head, &mut body, respond, verb, started, audit,
+        )
+        .await;
+    }
     head.extend_from_slice(b"\r\n");
 
     let can_replay = request_body == BodyKind::Empty
@@ -665,6 +684,196 @@ async fn proxy_stream(
         ctx.pool.put(conn);
     }
     Ok(())
+}
+
+/// Whether a request is an RFC 8441 extended CONNECT for a WebSocket.
+fn is_websocket_connect(parts: &http::request::Parts) -> bool {
+    parts.method == Method::CONNECT
+        && parts
+            .extensions
+            .get::<h2::ext::Protocol>()
+            .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"))
+}
+
+/// The HTTP/1.1 side of an RFC 8441 WebSocket: `Connection: Upgrade`, `Upgrade: websocket`, and
+/// the handshake fields an h2 client does not send (a fresh `Sec-WebSocket-Key`, version 13).
+fn push_websocket_upgrade(head: &mut Vec<u8>, client: &http::HeaderMap) {
+    push_header(head, b"Connection", b"Upgrade");
+    push_header(head, b"Upgrade", b"websocket");
+    if !client.contains_key("sec-websocket-version") {
+        push_header(head, b"Sec-WebSocket-Version", b"13");
+    }
+    if !client.contains_key("sec-websocket-key") {
+        // 16 random bytes, base64: the member checks only the form, and the gateway checks
+        // nothing of the answer's accept key (the h2 client never sees it).
+        use base64::Engine as _;
+        let key = base64::engine::general_purpose::STANDARD.encode(uuid::Uuid::new_v4().as_bytes());
+        push_header(head, b"Sec-WebSocket-Key", key.as_bytes());
+    }
+}
+
+/// An RFC 8441 WebSocket: the upgrade on a dedicated member connection (never from or back to
+/// the pool), the member's 101 answered to the client as 200, then bytes relayed both ways until
+/// both sides ended (the client's END_STREAM is passed on as a half-close, the member's close as
+/// END_STREAM). A member that does not switch is relayed as an ordinary response.
+#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename these
+async fn relay_websocket(
+    ctx: &ShardContext,
+    cluster: &Arc<ClusterRoute>,
+    head: &[u8],
+    body: &mut RecvStream,
+    respond: &mut SendResponse<Bytes>,
+    verb: &'static str,
+    started: Instant,
+    audit: &mut StreamAudit,
+) -> Result<(), Failure> {
+    let limits = ctx.table.load().gateway().limits;
+    let mut conn = connect(cluster, limits.connect_timeout, &ctx.metrics).await?;
+    send_request(&mut conn, cluster, head, BodyKind::Empty, body).await?;
+    let mut response = Head::default();
+    // No head timeout beyond the connect one, as for upgrades on HTTP/1.1.
+    read_response_head(cluster, &mut conn, &mut response, true, limits, true).await?;
+    let switched = response.code == 101;
+    if !switched && (200..300).contains(&response.code) {
+        // A 2xx would tell the h2 client its WebSocket is open.
+        return Err(GatewayError::UpstreamProtocol {
+            cluster: cluster.name.to_string(),
+            reason: "answered a WebSocket upgrade without switching protocols",
+        }
+        .into());
+    }
+    let code = if switched { 200 } else { response.code };
+    let mut builder = Response::builder().status(code);
+    for (name, value) in response.headers() {
+        if is_hop_by_hop(&response, name)
+            || name.eq_ignore_ascii_case(b"transfer-encoding")
+            || name.eq_ignore_ascii_case(b"sec-websocket-accept")
+        {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+        {
+            builder = builder.header(name, value);
+        }
+    }
+    let reply = builder
+        .body(())
+        .map_err(|_| GatewayError::UpstreamProtocol {
+            cluster: cluster.name.to_string(),
+            reason: "response head not representable in h2",
+        })?;
+    ctx.metrics_cache.record(
+        &ctx.metrics,
+        (cluster.id, &cluster.name),
+        verb,
+        response.code,
+        started.elapsed(),
+    );
+    audit.code = Some(response.code);
+    if !switched {
+        let kind =
+            response_body(&response, b"GET").map_err(|e| GatewayError::UpstreamProtocol {
+                cluster: cluster.name.to_string(),
+                reason: e.0,
+            })?;
+        let mut progress = BodyProgress::new(kind);
+        let mut send = respond
+            .send_response(reply, progress.is_done())
+            .map_err(|_| Failure::Abort("client reset"))?;
+        if !progress.is_done() {
+            relay_body(&mut conn, &mut send, &mut progress, false).await?;
+        }
+        return Ok(());
+    }
+    let mut send = respond
+        .send_response(reply, false)
+        .map_err(|_| Failure::Abort("client reset"))?;
+    let _upgraded = ctx.metrics.upgraded_stream_opened();
+    debug!(cluster = %cluster.name, "h2 WebSocket switched; relaying");
+    relay_tunnel(&mut conn, body, &mut send).await
+}
+
+/// Relays bytes between an h2 stream and a member connection after a 101, both ways at once, each
+/// direction under flow control (a client's DATA is released as the member takes it; a member read
+/// goes out as the client's window allows).
+async fn relay_tunnel(
+    conn: &mut UpstreamConn,
+    body: &mut RecvStream,
+    send: &mut SendStream<Bytes>,
+) -> Result<(), Failure> {
+    use std::future::Future;
+    use std::task::Poll;
+    let early = std::mem::take(&mut conn.buf).freeze();
+    let (mut from_member, mut to_member) = tokio::io::split(&mut conn.io);
+    let client_to_member = async {
+        while let Some(data) = body.data().await {
+            let data = data.map_err(|_| Failure::Abort("client reset the WebSocket stream"))?;
+            let n = data.len();
+            to_member
+                .write_all(&data)
+                .await
+                .map_err(|_| Failure::Abort("member write failed"))?;
+            let _ = body.flow_control().release_capacity(n);
+        }
+        // The client's END_STREAM is its half-close.
+        let _ = to_member.shutdown().await;
+        Ok::<(), Failure>(())
+    };
+    let member_to_client = async {
+        let abort = |_| Failure::Abort("client reset the WebSocket stream");
+        if !early.is_empty() {
+            send_flow_controlled(send, early, false)
+                .await
+                .map_err(abort)?;
+        }
+        let mut buf = BytesMut::new();
+        loop {
+            if buf.capacity() < IDLE_STREAM_BUFFER {
+                buf = BytesMut::with_capacity(READ_CHUNK);
+            }
+            let reset = poll_fn(|cx| send.poll_reset(cx));
+            let read = match runtime::race(from_member.read_buf(&mut buf), reset).await {
+                First::Left(read) => read,
+                First::Right(_) => return Err(Failure::Abort("client reset the WebSocket stream")),
+            };
+            match read {
+                Ok(0) | Err(_) => {
+                    send.send_data(Bytes::new(), true).map_err(abort)?;
+                    return Ok(());
+                }
+                Ok(_) => {
+                    let piece = buf.split().freeze();
+                    send_flow_controlled(send, piece, false)
+                        .await
+                        .map_err(abort)?;
+                }
+            }
+        }
+    };
+    let mut client_to_member = std::pin::pin!(client_to_member);
+    let mut member_to_client = std::pin::pin!(member_to_client);
+    let (mut client_done, mut member_done) = (false, false);
+    poll_fn(|cx| {
+        if !client_done {
+            if let Poll::Ready(result) = client_to_member.as_mut().poll(cx) {
+                result?;
+                client_done = true;
+            }
+        }
+        if !member_done {
+            if let Poll::Ready(result) = member_to_client.as_mut().poll(cx) {
+                result?;
+                member_done = true;
+            }
+        }
+        if client_done && member_done {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
 }
 
 fn member_wants_close(response: &Head) -> bool {

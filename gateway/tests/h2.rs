@@ -2,7 +2,8 @@
 //! each run under both monoio drivers: requests and bodies proxied with the gateway's identity,
 //! watch events delivered at once and a reset watch releasing its member stream, 1000 concurrent
 //! streams on one connection, a stalled reader not growing gateway memory while other streams on
-//! the same connection keep flowing, and client impersonation and CONNECT refused with a Status.
+//! the same connection keep flowing, client impersonation and CONNECT refused with a Status,
+//! and an RFC 8441 WebSocket (extended CONNECT) carried to the member as an HTTP/1.1 upgrade.
 
 mod support;
 
@@ -294,5 +295,121 @@ async fn impersonation_and_connect_over_h2_are_refused_with_a_status() {
             upstream.requests().is_empty(),
             "{driver}: a refused request reached the member"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_over_h2_extended_connect_is_an_upgrade_to_the_member() {
+    for driver in DRIVERS {
+        let (upstream, gw) = setup(driver).await;
+        let client = h2_client(&gw).await;
+        // The gateway's SETTINGS offer RFC 8441 (SETTINGS_ENABLE_CONNECT_PROTOCOL).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut sender = client.clone().ready().await.unwrap();
+        while !sender.is_extended_connect_protocol_enabled() {
+            assert!(Instant::now() < deadline, "{driver}: no extended CONNECT");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            sender = client.clone().ready().await.unwrap();
+        }
+        let connect = |path: &str, protocol: &'static str| {
+            let mut request = http::Request::builder()
+                .method("CONNECT")
+                .uri(format!("https://gw{path}"))
+                .header("sec-websocket-protocol", "v5.channel.k8s.io")
+                .header("sec-websocket-version", "13")
+                .body(())
+                .unwrap();
+            request
+                .extensions_mut()
+                .insert(h2::ext::Protocol::from_static(protocol));
+            request
+        };
+        let (response, mut stream) = sender
+            .send_request(connect("/clusters/member/echo-upgrade", "websocket"), false)
+            .unwrap();
+        let response = tokio::time::timeout(Duration::from_secs(10), response)
+            .await
+            .expect("answer in time")
+            .unwrap();
+        assert_eq!(response.status(), 200, "{driver}");
+        assert_eq!(
+            response.headers()["sec-websocket-protocol"],
+            "v5.channel.k8s.io",
+            "{driver}"
+        );
+        assert!(
+            !response.headers().contains_key("sec-websocket-accept"),
+            "{driver}"
+        );
+        let mut body = response.into_body();
+        let mut received = Vec::new();
+        let read_until = async |body: &mut h2::RecvStream, received: &mut Vec<u8>, want: &[u8]| {
+            while !received.ends_with(want) {
+                let data = tokio::time::timeout(Duration::from_secs(5), body.data())
+                    .await
+                    .expect("data in time")
+                    .expect("stream open")
+                    .expect("data");
+                let _ = body.flow_control().release_capacity(data.len());
+                received.extend_from_slice(&data);
+            }
+        };
+        read_until(&mut body, &mut received, b"member-first:").await;
+        stream
+            .send_data(Bytes::from_static(b"hello"), false)
+            .unwrap();
+        read_until(&mut body, &mut received, b"hello").await;
+        // The client's END_STREAM reaches the member as a half-close; its last bytes still come.
+        stream.send_data(Bytes::new(), true).unwrap();
+        read_until(&mut body, &mut received, b"bye").await;
+        assert_eq!(received, b"member-first:hellobye", "{driver}");
+        // Then the stream ends (END_STREAM) with nothing more.
+        let rest = tokio::time::timeout(Duration::from_secs(5), body_of(body))
+            .await
+            .expect("end in time");
+        assert!(rest.is_empty(), "{driver}: {rest:?}");
+
+        let head = upstream
+            .requests()
+            .into_iter()
+            .find(|r| r.head.contains("echo-upgrade"))
+            .expect("the member got the upgrade")
+            .head;
+        assert!(
+            head.starts_with("GET /prefix/echo-upgrade HTTP/1.1\r\n"),
+            "{driver}: {head}"
+        );
+        for field in [
+            "Connection: Upgrade\r\n",
+            "Upgrade: websocket\r\n",
+            "Sec-WebSocket-Key: ",
+            "sec-websocket-version: 13\r\n",
+            "Impersonate-User: alice\r\n",
+        ] {
+            assert!(
+                head.to_ascii_lowercase()
+                    .contains(&field.to_ascii_lowercase()),
+                "{driver}: {field:?} missing in {head}"
+            );
+        }
+
+        // A member that answers without switching is not a WebSocket: a 502 Status, not a 200.
+        let mut sender = client.clone().ready().await.unwrap();
+        let (response, _) = sender
+            .send_request(connect("/clusters/member/api", "websocket"), false)
+            .unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 502, "{driver}");
+        let status: serde_json::Value =
+            serde_json::from_slice(&body_of(response.into_body()).await).unwrap();
+        assert_eq!(status["kind"], "Status", "{driver}");
+
+        // Any other protocol still needs HTTP/1.1.
+        let mut sender = client.clone().ready().await.unwrap();
+        let (response, _) = sender
+            .send_request(connect("/clusters/member/echo-upgrade", "SPDY/3.1"), false)
+            .unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 501, "{driver}");
     }
 }
