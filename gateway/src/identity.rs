@@ -30,6 +30,8 @@ use crate::http1::{push_header, Head};
 /// every request, so one signature check per connection, until the token expires).
 pub struct ConnectionAuth {
     certificate: Option<Arc<ClientIdentity>>,
+    /// The plaintext listener's `system:anonymous`: who a request is when it brings no token.
+    anonymous: Option<Arc<ClientIdentity>>,
     jwt_cache: RefCell<Option<CachedJwt>>,
 }
 
@@ -41,10 +43,14 @@ struct CachedJwt {
 
 impl ConnectionAuth {
     /// From the identity `tls` or `shard` established: an empty user means no client
-    /// certificate (a bearer token is then required).
+    /// certificate (a bearer token is then required); `system:anonymous` (the plaintext
+    /// listener) is who a request is when it brings no bearer token.
     pub fn new(identity: &ClientIdentity) -> ConnectionAuth {
+        let shared = (!identity.user.is_empty()).then(|| Arc::new(identity.clone()));
+        let anonymous = identity.user == fleetgate_config_watcher::policy::ANONYMOUS_USER;
         ConnectionAuth {
-            certificate: (!identity.user.is_empty()).then(|| Arc::new(identity.clone())),
+            certificate: shared.clone().filter(|_| !anonymous),
+            anonymous: shared.filter(|_| anonymous),
             jwt_cache: RefCell::new(None),
         }
     }
@@ -107,22 +113,17 @@ where
             let authorization = headers()
                 .find(|(name, _)| name.eq_ignore_ascii_case(b"authorization"))
                 .map(|(_, value)| value);
-            let Some(value) = authorization else {
-                return Err(GatewayError::Unauthorized {
-                    reason: "no client certificate and no bearer token",
-                });
+            let value = match (authorization, &conn.anonymous) {
+                (Some(value), _) => Some(value),
+                // The plaintext listener without a token: the anonymous user.
+                (None, Some(_)) if !cluster.pass_through => None,
+                (None, _) => {
+                    return Err(GatewayError::Unauthorized {
+                        reason: "no client certificate and no bearer token",
+                    })
+                }
             };
-            let Some(token) = bearer_token(value) else {
-                return Err(GatewayError::Unauthorized {
-                    reason: "Authorization is not a bearer token",
-                });
-            };
-            match authenticate_token(access, conn, token) {
-                Ok(identity) => Some(identity),
-                // A token the gateway cannot verify may still be the member's own (OCM style).
-                Err(_) if cluster.pass_through => None,
-                Err(reason) => return Err(GatewayError::Unauthorized { reason }),
-            }
+            authenticate_header(access, conn, cluster, value)?
         }
     };
     let attrs = RequestAttributes::parse(method, rest, query);
@@ -163,6 +164,30 @@ where
     })
 }
 
+/// Who an `Authorization` value says the client is (None: the plaintext listener's anonymous
+/// user, or on a PassThrough cluster a token only the member can judge).
+fn authenticate_header(
+    access: &AccessControl,
+    conn: &ConnectionAuth,
+    cluster: &ClusterRoute,
+    value: Option<&[u8]>,
+) -> Result<Option<Arc<ClientIdentity>>, GatewayError> {
+    let Some(value) = value else {
+        return Ok(conn.anonymous.clone());
+    };
+    let Some(token) = bearer_token(value) else {
+        return Err(GatewayError::Unauthorized {
+            reason: "Authorization is not a bearer token",
+        });
+    };
+    match authenticate_token(access, conn, token) {
+        Ok(identity) => Ok(Some(identity)),
+        // A token the gateway cannot verify may still be the member's own (OCM style).
+        Err(_) if cluster.pass_through => Ok(None),
+        Err(reason) => Err(GatewayError::Unauthorized { reason }),
+    }
+}
+
 /// An unknown cluster is named in a 404 only to an authenticated client: anyone else gets the 401
 /// it would get on a real cluster, so cluster names cannot be probed without a credential.
 pub fn hide_unknown_cluster<'h, F, H>(
@@ -175,7 +200,8 @@ where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
-    if !matches!(err, GatewayError::UnknownCluster { .. }) || conn.certificate.is_some() {
+    let listener_identity = conn.certificate.is_some() || conn.anonymous.is_some();
+    if !matches!(err, GatewayError::UnknownCluster { .. }) || listener_identity {
         return err;
     }
     let known = headers()

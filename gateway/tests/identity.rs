@@ -19,6 +19,8 @@ struct Fleet {
     gateway: Child,
     dir: tempfile::TempDir,
     https: String,
+    /// The plaintext (benchmark) listener added to the sim's Gateway.
+    plain: String,
 }
 
 impl Drop for Fleet {
@@ -64,6 +66,19 @@ fn start(pass_through: bool) -> Fleet {
         )
         .unwrap();
     }
+    // A plaintext listener too: its clients are system:anonymous unless they bring a token.
+    let gateway_yaml = dir.path().join("gateway.yaml");
+    let mut gateway_object: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&gateway_yaml).unwrap()).unwrap();
+    gateway_object["spec"]["listeners"]
+        .as_sequence_mut()
+        .unwrap()
+        .push(serde_yaml::from_str("{name: plain, address: '127.0.0.1:0', tls: false}").unwrap());
+    std::fs::write(
+        &gateway_yaml,
+        serde_yaml::to_string(&gateway_object).unwrap(),
+    )
+    .unwrap();
     let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
     let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
         .args(["serve", "--workers", "2", "--config"])
@@ -81,17 +96,21 @@ fn start(pass_through: bool) -> Fleet {
         "gateway did not start: {line:?} {}",
         std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
     );
-    let https = line
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("https="))
-        .unwrap()
-        .to_string();
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .to_string()
+    };
+    let https = field("https=");
+    let plain = field("plain=");
     Fleet {
         runtime,
         handle: Some(handle),
         gateway,
         dir,
         https,
+        plain,
     }
 }
 
@@ -114,6 +133,18 @@ impl Fleet {
 
     /// Writes a kubeconfig with one context per cluster of `clusters` for `cred`, optionally
     /// impersonating (`as`, `as-groups`, `as-uid`, `as-user-extra`).
+    /// A kubeconfig for the plaintext listener (member1 only), without credentials.
+    fn plain_kubeconfig(&self, name: &str) -> PathBuf {
+        let user = "{}";
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: member1, cluster: {{server: 'http://{}/clusters/member1'}}}}]\ncontexts: [{{name: member1, context: {{cluster: member1, user: u}}}}]\ncurrent-context: member1\nusers: [{{name: u, user: {user}}}]\n",
+            self.plain
+        );
+        let path = self.path(&format!("test-{name}.kubeconfig"));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
     fn kubeconfig(
         &self,
         name: &str,
@@ -453,6 +484,34 @@ fn policies_deny_by_default_and_bad_credentials_are_unauthorized() {
             &[],
         );
     }
+    // The plaintext listener: anonymous (no policy grants it anything) unless a token is sent.
+    let anonymous = fleet.plain_kubeconfig("anonymous");
+    assert_refused(
+        &raw(&anonymous, "/clusters/member1/api"),
+        403,
+        &["User \"system:anonymous\"", "cluster \"member1\""],
+    );
+    // kubectl sends no bearer token over plain HTTP, so a raw request does.
+    let alice_token = std::fs::read_to_string(fleet.path("users/alice.token")).unwrap();
+    let plain_get = |authorization: &str| {
+        use std::io::{Read, Write};
+        let mut tcp = std::net::TcpStream::connect(&fleet.plain).unwrap();
+        write!(
+            tcp,
+            "GET /clusters/member1/api/v1/namespaces/dev/pods HTTP/1.1\r\nHost: gw\r\n{authorization}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        tcp.read_to_string(&mut response).unwrap();
+        response
+    };
+    let response = plain_get(&format!("Authorization: Bearer {}\r\n", alice_token.trim()));
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let response = plain_get("");
+    assert!(response.starts_with("HTTP/1.1 403"), "{response}");
+    assert!(response.contains("system:anonymous"), "{response}");
+    let response = plain_get("Authorization: Bearer not-a-token-anyone-issued\r\n");
+    assert!(response.starts_with("HTTP/1.1 401"), "{response}");
     // Cluster names are not probed without a credential: 401 before the 404.
     let stranger = fleet.kubeconfig("stranger", Cred::Token("not-a-token-anyone-issued"), None);
     assert_refused(&raw(&stranger, "/clusters/no-such-cluster/api"), 401, &[]);
