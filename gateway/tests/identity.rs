@@ -21,6 +21,7 @@ struct Fleet {
     https: String,
     /// The plaintext (benchmark) listener added to the sim's Gateway.
     plain: String,
+    admin: String,
 }
 
 impl Drop for Fleet {
@@ -104,6 +105,7 @@ fn start(pass_through: bool) -> Fleet {
     };
     let https = field("https=");
     let plain = field("plain=");
+    let admin = field("admin=");
     Fleet {
         runtime,
         handle: Some(handle),
@@ -111,6 +113,7 @@ fn start(pass_through: bool) -> Fleet {
         dir,
         https,
         plain,
+        admin,
     }
 }
 
@@ -218,6 +221,19 @@ impl Fleet {
         let path = self.path(&format!("test-{name}.kubeconfig"));
         std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
         path
+    }
+
+    fn admin_get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.admin).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).unwrap();
+        text
     }
 
     fn log(&self) -> String {
@@ -603,4 +619,30 @@ spec:
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // A policy that does not compile (an unknown verb) is rejected as a whole reload: the
+    // previous table keeps serving, and the metrics count the failure.
+    std::fs::write(&file, grant.replace("[list]", "[list, fly]")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = fleet.admin_get("/metrics");
+        if metrics.contains("fleetgate_config_reloads_total{result=\"failure\"} 1") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no reload failure counted: {}",
+            fleet.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        std::fs::read_to_string(fleet.path("gateway.log"))
+            .unwrap()
+            .contains("unknown verb \"fly\""),
+        "{}",
+        fleet.log()
+    );
+    assert_refused(&list_raw(), 403, &["cluster \"member2\""]);
+    let out = list("member1");
+    assert!(out.status.success(), "{}", stderr_of(&out));
 }
