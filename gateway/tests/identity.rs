@@ -223,6 +223,21 @@ impl Fleet {
         path
     }
 
+    /// A GET of member1's `dev` pods on the plaintext listener with an optional
+    /// `Authorization: ...\r\n` line; the whole response.
+    fn plain_get(&self, authorization: &str) -> String {
+        use std::io::{Read, Write};
+        let mut tcp = std::net::TcpStream::connect(&self.plain).unwrap();
+        write!(
+            tcp,
+            "GET /clusters/member1/api/v1/namespaces/dev/pods HTTP/1.1\r\nHost: gw\r\n{authorization}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        tcp.read_to_string(&mut response).unwrap();
+        response
+    }
+
     fn admin_get(&self, path: &str) -> String {
         use std::io::{Read, Write};
         let mut stream = std::net::TcpStream::connect(&self.admin).unwrap();
@@ -509,18 +524,7 @@ fn policies_deny_by_default_and_bad_credentials_are_unauthorized() {
     );
     // kubectl sends no bearer token over plain HTTP, so a raw request does.
     let alice_token = std::fs::read_to_string(fleet.path("users/alice.token")).unwrap();
-    let plain_get = |authorization: &str| {
-        use std::io::{Read, Write};
-        let mut tcp = std::net::TcpStream::connect(&fleet.plain).unwrap();
-        write!(
-            tcp,
-            "GET /clusters/member1/api/v1/namespaces/dev/pods HTTP/1.1\r\nHost: gw\r\n{authorization}Connection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        tcp.read_to_string(&mut response).unwrap();
-        response
-    };
+    let plain_get = |authorization: &str| fleet.plain_get(authorization);
     let response = plain_get(&format!("Authorization: Bearer {}\r\n", alice_token.trim()));
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     let response = plain_get("");
@@ -616,6 +620,26 @@ spec:
             Instant::now() < deadline,
             "grant never withdrawn: {}",
             fleet.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The token file follows reloads too: a new line is a new user (dave, group devs).
+    let dave = "Authorization: Bearer dave-token-0123456789\r\n";
+    assert!(fleet.plain_get(dave).starts_with("HTTP/1.1 401"));
+    let tokens = fleet.path("users/tokens.csv");
+    let mut csv = std::fs::read_to_string(&tokens).unwrap();
+    csv.push_str("dave-token-0123456789,dave,dave-uid,\"devs\"\n");
+    std::fs::write(&tokens, csv).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        // The member sees dave (group devs) impersonated, and lets devs read namespace dev.
+        let response = fleet.plain_get(dave);
+        if response.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "new token never accepted: {response}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
