@@ -33,9 +33,12 @@ watches=${WATCHES:-8000}
 event_watches=${EVENT_WATCHES:-500}
 churn=${CHURN:-20}
 exec_streams=${EXEC_STREAMS:-4}
-all=(small-get small-get-h2 big-list watch-idle watch-events exec-stream portforward-stream reload-storm auth-overhead)
+all=(small-get small-get-h2 big-list watch-idle watch-events exec-stream portforward-stream reload-storm auth-overhead registry)
 scenarios=("$@"); [ ${#scenarios[@]} -gt 0 ] || scenarios=("${all[@]}")
 mkdir -p "$out" "$charts"
+# A full run starts from an empty results directory, so the report holds this run only; a run of
+# some scenarios keeps the others' results (the report then mixes runs: rerun all to compare).
+[ $# -eq 0 ] && rm -f "$out"/*.json "$out"/*.txt
 # 8000 watches: the driver holds 8000 sockets and a proxy 16000 (client and upstream side).
 ulimit -n "$(ulimit -H -n)"
 work=$(mktemp -d /tmp/fleetgate-bench-all.XXXXXX)
@@ -310,6 +313,17 @@ YAML
     measure auth-overhead small-get --path /api/v1/namespaces/default/configmaps/bench \
       --connections "$connections" ||
       echo "== auth-overhead: a gateway refused the bearer token (is the auth data path in?)"
+    ;;
+  registry)
+    # Issue 5: building a 10,000-cluster table (goal under 50 ms) and, where the example exists,
+    # memory per cluster entry. Not a proxy scenario: the config-watcher's examples, on core 1.
+    echo "== registry"
+    (cd "$repo" && taskset -c 1 cargo run --release -q -p fleetgate-config-watcher --example table_build 10000) |
+      tee "$out/registry.txt"
+    if [ -f "$repo/config-watcher/examples/table-memory.rs" ]; then
+      (cd "$repo" && taskset -c 1 cargo run --release -q -p fleetgate-config-watcher --example table-memory) |
+        tee -a "$out/registry.txt" || echo "(table-memory example did not run)"
+    fi
     ;;
   *) echo "unknown scenario $scenario (${all[*]})" >&2; exit 2 ;;
   esac
