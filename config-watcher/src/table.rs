@@ -200,13 +200,21 @@ impl RouteTable {
                     .collect()
             })
             .unwrap_or_default();
-        let mut tls_configs = TlsConfigCache::default();
+        let reused = |c: &ClusterConfig| {
+            previous
+                .filter(|_| unchanged.get(c.name.as_str()) == Some(&c))
+                .and_then(|p| p.clusters.get(c.name.as_str()).cloned())
+        };
+        // Only the clusters built anew share the client configurations built now.
+        let mut tls_configs = TlsConfigCache::new(
+            config
+                .clusters
+                .iter()
+                .filter(|c| !unchanged.get(c.name.as_str()).is_some_and(|u| *u == *c)),
+        );
         let mut clusters = ahash::AHashMap::with_capacity(config.clusters.len());
         for c in &config.clusters {
-            let reused = previous
-                .filter(|_| unchanged.get(c.name.as_str()) == Some(&c))
-                .and_then(|p| p.clusters.get(c.name.as_str()).cloned());
-            let route = match reused {
+            let route = match reused(c) {
                 Some(route) => route,
                 None => {
                     let route = build_route(c, &mut tls_configs)?;
@@ -323,43 +331,74 @@ pub fn parse_server(server: &str) -> Result<UpstreamTarget, String> {
 
 /// TLS client configurations already built during one table build, by what they are made of:
 /// clusters that share a CA and credentials (a fleet signed by one CA, all with tokens) share one
-/// configuration instead of parsing the same PEM thousands of times.
-#[derive(Default)]
-struct TlsConfigCache {
-    built: ahash::AHashMap<TlsConfigKey, Arc<rustls::ClientConfig>>,
+/// configuration instead of parsing the same PEM thousands of times. Keys borrow the
+/// configuration's PEM bytes: nothing is copied to look one up.
+struct TlsConfigCache<'a> {
+    built: ahash::AHashMap<TlsConfigKey<'a>, Arc<rustls::ClientConfig>>,
+    /// How many clusters of the configuration use each key: sizes the session cache.
+    sharing: ahash::AHashMap<TlsConfigKey<'a>, usize>,
 }
 
-#[derive(PartialEq, Eq, Hash)]
-struct TlsConfigKey {
-    ca_pem: Option<Vec<u8>>,
+#[derive(PartialEq, Eq, Hash, Clone, Copy)]
+struct TlsConfigKey<'a> {
+    ca_pem: Option<&'a [u8]>,
     insecure_skip_tls_verify: bool,
-    client_cert_pem: Option<Vec<u8>>,
-    client_key_pem: Option<Vec<u8>>,
+    client_cert_pem: Option<&'a [u8]>,
+    client_key_pem: Option<&'a [u8]>,
 }
 
-impl TlsConfigCache {
+impl<'a> TlsConfigKey<'a> {
+    fn of(c: &'a ClusterConfig) -> Self {
+        TlsConfigKey {
+            ca_pem: c.ca_pem.as_deref(),
+            insecure_skip_tls_verify: c.insecure_skip_tls_verify,
+            client_cert_pem: c.client_cert_pem.as_deref(),
+            client_key_pem: c.client_key_pem.as_deref(),
+        }
+    }
+}
+
+/// TLS session tickets kept per member server name (rustls keeps a few per name); a client
+/// configuration shared by many clusters keeps room for each of them, up to rustls's default.
+const SESSIONS_PER_CLUSTER: usize = 2;
+const MAX_SESSIONS: usize = 256;
+
+impl<'a> TlsConfigCache<'a> {
+    fn new(built_anew: impl Iterator<Item = &'a ClusterConfig>) -> Self {
+        let mut sharing = ahash::AHashMap::new();
+        for c in built_anew {
+            *sharing.entry(TlsConfigKey::of(c)).or_insert(0) += 1;
+        }
+        TlsConfigCache {
+            built: ahash::AHashMap::new(),
+            sharing,
+        }
+    }
+
     fn get_or_build(
         &mut self,
-        c: &ClusterConfig,
+        c: &'a ClusterConfig,
     ) -> Result<Arc<rustls::ClientConfig>, (&'static str, String)> {
-        let key = TlsConfigKey {
-            ca_pem: c.ca_pem.clone(),
-            insecure_skip_tls_verify: c.insecure_skip_tls_verify,
-            client_cert_pem: c.client_cert_pem.clone(),
-            client_key_pem: c.client_key_pem.clone(),
-        };
+        let key = TlsConfigKey::of(c);
         if let Some(config) = self.built.get(&key) {
             return Ok(config.clone());
         }
-        let config = Arc::new(client_config(c)?);
+        let mut config = client_config(c)?;
+        // rustls's default session cache holds 256 server names, allocated up front (about
+        // 16 KiB): per cluster with a CA of its own that was most of its table entry.
+        let clusters = self.sharing.get(&key).copied().unwrap_or(1);
+        config.resumption = rustls::client::Resumption::in_memory_sessions(
+            (clusters * SESSIONS_PER_CLUSTER).min(MAX_SESSIONS),
+        );
+        let config = Arc::new(config);
         self.built.insert(key, config.clone());
         Ok(config)
     }
 }
 
-fn build_route(
-    c: &ClusterConfig,
-    tls_configs: &mut TlsConfigCache,
+fn build_route<'a>(
+    c: &'a ClusterConfig,
+    tls_configs: &mut TlsConfigCache<'a>,
 ) -> Result<ClusterRoute, ConfigError> {
     let invalid = |field: &'static str, message: String| ConfigError::Invalid {
         origin: c.origin.clone(),
@@ -426,9 +465,15 @@ fn build_route(
 }
 
 /// The crypto provider every TLS configuration of fleetgate uses (explicit, so that a second
-/// provider pulled in by a dependency can never make the choice ambiguous).
+/// provider pulled in by a dependency can never make the choice ambiguous). One instance shared
+/// by every configuration: a fleet of clusters with their own CAs would otherwise carry a copy
+/// of the provider's tables per cluster.
 pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    static PROVIDER: std::sync::OnceLock<Arc<rustls::crypto::CryptoProvider>> =
+        std::sync::OnceLock::new();
+    PROVIDER
+        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
+        .clone()
 }
 
 /// Parses every certificate in a PEM bundle.
