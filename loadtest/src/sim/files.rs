@@ -402,10 +402,6 @@ fn write_policies(dir: &Path) -> std::io::Result<()> {
             ]),
         ),
     ];
-    let text = policies
-        .iter()
-        .map(yaml)
-        .collect::<Vec<_>>()
-        .join("---\n");
+    let text = policies.iter().map(yaml).collect::<Vec<_>>().join("---\n");
     write(&dir.join("policies.yaml"), &text)
 }
