@@ -297,7 +297,14 @@ where
         Err(Some(err)) => {
             respond_error(down, &err, close).await;
             let outcome = Outcome::Complete(err.code_and_reason().0);
-            audit_response(ctx, &down.head, peer, (audit_user, audit_user), started, outcome);
+            audit_response(
+                ctx,
+                &down.head,
+                peer,
+                (audit_user, audit_user),
+                started,
+                outcome,
+            );
             return if close { Next::Close } else { Next::KeepAlive };
         }
     };
@@ -329,7 +336,14 @@ where
             respond_error(down, &err, close).await;
             // A 401 has no user; a refusal after authentication names the certificate's.
             let who = audit_user.filter(|_| code != 401);
-            audit_response(ctx, &down.head, peer, (who, who), started, Outcome::Complete(code));
+            audit_response(
+                ctx,
+                &down.head,
+                peer,
+                (who, who),
+                started,
+                Outcome::Complete(code),
+            );
             return if close { Next::Close } else { Next::KeepAlive };
         }
     };
@@ -369,7 +383,14 @@ where
             );
             let close = close || err.must_close();
             respond_error(down, &err, close).await;
-            audit_response(ctx, &down.head, peer, audited, started, Outcome::Complete(code));
+            audit_response(
+                ctx,
+                &down.head,
+                peer,
+                audited,
+                started,
+                Outcome::Complete(code),
+            );
             if close {
                 Next::Close
             } else {
