@@ -695,7 +695,12 @@ fn a_missing_crd_fails_readiness_until_it_is_installed() {
         .arg(dir.path().join("gateway.yaml"))
         .arg("--management-kubeconfig")
         .arg(dir.path().join("kubeconfig"))
-        .args(["--management-context", "member1", "--management-objects", "both"])
+        .args([
+            "--management-context",
+            "member1",
+            "--management-objects",
+            "both",
+        ])
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()
