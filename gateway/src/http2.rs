@@ -514,7 +514,18 @@ async fn proxy_stream(
                 .iter()
                 .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
         },
-    )?;
+    );
+    let decided = match decided {
+        Ok(decided) => decided,
+        Err(refusal) => {
+            // The audit log names who a 403 was for (a 401 clears these below).
+            if refusal.authenticated.is_some() {
+                audit.authenticated = refusal.authenticated;
+                audit.acting_as = refusal.acting_as;
+            }
+            return Err(refusal.error.into());
+        }
+    };
     if ctx.audit.is_some() {
         audit.authenticated = decided.authenticated.clone();
         audit.acting_as = decided.identity.clone();

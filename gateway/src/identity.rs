@@ -67,6 +67,40 @@ pub struct Decided {
     pub pass_through: bool,
 }
 
+/// A request [`decide`] refused: the error to answer with, and who had authenticated by then,
+/// so the audit log names the user a 403 was for (both None for a 401).
+pub struct Refusal {
+    pub error: GatewayError,
+    pub authenticated: Option<Arc<ClientIdentity>>,
+    /// Who the client asked to act as, when the refusal came after impersonation was honoured.
+    pub acting_as: Option<Arc<ClientIdentity>>,
+}
+
+impl Refusal {
+    fn of(
+        error: GatewayError,
+        authenticated: &Arc<ClientIdentity>,
+        acting_as: &Arc<ClientIdentity>,
+    ) -> Self {
+        Refusal {
+            error,
+            authenticated: Some(authenticated.clone()),
+            acting_as: Some(acting_as.clone()),
+        }
+    }
+}
+
+impl From<GatewayError> for Refusal {
+    /// A refusal before anyone authenticated (a 401).
+    fn from(error: GatewayError) -> Self {
+        Refusal {
+            error,
+            authenticated: None,
+            acting_as: None,
+        }
+    }
+}
+
 /// Authenticates and authorizes one request for `cluster`. `rest` and `query` are the target
 /// without the cluster prefix; `headers` gives the request's header fields (called twice at most).
 /// Why a request was not authenticated is logged at debug level (never the credential).
@@ -78,13 +112,17 @@ pub fn decide<'h, F, H>(
     rest: &[u8],
     query: &[u8],
     headers: F,
-) -> Result<Decided, GatewayError>
+) -> Result<Decided, Refusal>
 where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
     let decided = decide_inner(access, conn, cluster, method, rest, query, headers);
-    if let Err(GatewayError::Unauthorized { reason }) = &decided {
+    if let Err(Refusal {
+        error: GatewayError::Unauthorized { reason },
+        ..
+    }) = &decided
+    {
         tracing::debug!(cluster = %cluster.name, reason, "request not authenticated");
     }
     decided
@@ -98,7 +136,7 @@ fn decide_inner<'h, F, H>(
     rest: &[u8],
     query: &[u8],
     headers: F,
-) -> Result<Decided, GatewayError>
+) -> Result<Decided, Refusal>
 where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
@@ -120,7 +158,8 @@ where
                 (None, _) => {
                     return Err(GatewayError::Unauthorized {
                         reason: "no client certificate and no bearer token",
-                    })
+                    }
+                    .into())
                 }
             };
             authenticate_header(access, conn, cluster, value)?
@@ -133,7 +172,8 @@ where
         // Impersonate-* it sends); a token the gateway knows is also held to policy.
         if let Some(identity) = &authenticated {
             if !policy.allows(identity, &cluster.name, &attrs) {
-                return Err(forbidden(identity, &cluster.name, &attrs));
+                let error = forbidden(identity, &cluster.name, &attrs);
+                return Err(Refusal::of(error, identity, identity));
             }
         }
         return Ok(Decided {
@@ -145,17 +185,20 @@ where
     let Some(authenticated) = authenticated else {
         return Err(GatewayError::Unauthorized {
             reason: "unknown bearer token",
-        });
+        }
+        .into());
     };
-    let identity = match requested_impersonation(headers())? {
+    let refused = |error| Refusal::of(error, &authenticated, &authenticated);
+    let identity = match requested_impersonation(headers()).map_err(refused)? {
         None => authenticated.clone(),
         Some(wanted) => {
-            check_impersonation(access, &authenticated, &cluster.name, &wanted)?;
+            check_impersonation(access, &authenticated, &cluster.name, &wanted).map_err(refused)?;
             Arc::new(wanted)
         }
     };
     if !policy.allows(&identity, &cluster.name, &attrs) {
-        return Err(forbidden(&identity, &cluster.name, &attrs));
+        let error = forbidden(&identity, &cluster.name, &attrs);
+        return Err(Refusal::of(error, &authenticated, &identity));
     }
     Ok(Decided {
         identity: Some(identity),

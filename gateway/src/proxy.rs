@@ -324,7 +324,8 @@ where
     );
     let decided = match decided {
         Ok(decided) => decided,
-        Err(err) => {
+        Err(refusal) => {
+            let err = refusal.error;
             let code = err.code_and_reason().0;
             ctx.metrics_cache.record(
                 &ctx.metrics,
@@ -334,16 +335,14 @@ where
                 started.elapsed(),
             );
             respond_error(down, &err, close).await;
-            // A 401 has no user; a refusal after authentication names the certificate's.
-            let who = audit_user.filter(|_| code != 401);
-            audit_response(
-                ctx,
-                &down.head,
-                peer,
-                (who, who),
-                started,
-                Outcome::Complete(code),
+            // A 401 has no user; a refusal after authentication names who had authenticated
+            // (and whom it asked to act as), else the connection's certificate user.
+            let fallback = audit_user.filter(|_| code != 401);
+            let who = (
+                refusal.authenticated.as_ref().or(fallback),
+                refusal.acting_as.as_ref().or(fallback),
             );
+            audit_response(ctx, &down.head, peer, who, started, Outcome::Complete(code));
             return if close { Next::Close } else { Next::KeepAlive };
         }
     };

@@ -234,6 +234,9 @@ pub fn write_fleet_files(
                 "clientCAFile": "pki/gateway-ca.crt",
             },
             "admin": {"address": addrs.gateway_admin},
+            // A test or demo gateway is stopped by a person or a test waiting on it: let open
+            // exec sessions and watches go after 5 s instead of the 30 s default.
+            "limits": {"shutdownGraceSeconds": 5},
             "auth": {
                 "tokenFile": "users/tokens.csv",
                 "oidc": {
