@@ -27,6 +27,8 @@ use crate::metrics::Metrics;
 pub struct ConfigView {
     pub table: SharedTable,
     pub reload: Option<Arc<ReloadStatus>>,
+    /// Once the drain begins `/readyz` fails, so a load balancer stops sending new clients.
+    pub shutdown: Arc<crate::shutdown::Shutdown>,
 }
 
 /// Serves the admin endpoints on `listener` from a new thread.
@@ -118,6 +120,7 @@ fn metrics_text(metrics: &Metrics, config: Option<&ConfigView>) -> String {
     let Some(ConfigView {
         table,
         reload: Some(reload),
+        ..
     }) = config
     else {
         return text;
@@ -135,6 +138,13 @@ fn readyz_verbose(config: Option<&ConfigView>) -> (bool, String) {
     let mut out = String::from("[+]ping ok\n");
     let mut ready = true;
     if let Some(view) = config {
+        if view.shutdown.is_draining() {
+            ready = false;
+            out.push_str(
+                "[-]shutdown failed: draining (a stop signal arrived): in-flight requests finish, \
+                 new connections are refused\n",
+            );
+        }
         let table = view.table.load();
         out.push_str(&format!(
             "[+]routing-table ok: generation {}, {} clusters\n",

@@ -168,6 +168,7 @@ pub fn start_with_reload(
         }
     }
     anyhow::ensure!(!bound.is_empty(), "the Gateway object has no listeners");
+    let shutdown = Shutdown::new();
     let admin = match &gateway.admin {
         Some(address) => {
             let socket = std::net::TcpListener::bind(address)
@@ -179,13 +180,13 @@ pub fn start_with_reload(
                 Some(crate::admin::ConfigView {
                     table: table.clone(),
                     reload,
+                    shutdown: shutdown.clone(),
                 }),
             )?;
             Some(local)
         }
         None => None,
     };
-    let shutdown = Shutdown::new();
     let audit = match &gateway.audit {
         Some(audit) => Some(
             crate::audit::AuditLog::start(&audit.path, audit.queue, table.clone(), &metrics)
