@@ -131,7 +131,14 @@ fn yaml(value: &Value) -> String {
     serde_yaml::to_string(value).unwrap_or_default()
 }
 
-fn kubeconfig(servers: &[(String, String)], ca_pem: &str, client: &IssuedCert) -> Value {
+/// A kubeconfig with one context per server, all as `admin` (`client`), plus `more_users` entries
+/// a person can pick with `kubectl --user NAME`.
+fn kubeconfig(
+    servers: &[(String, String)],
+    ca_pem: &str,
+    client: &IssuedCert,
+    more_users: &[Value],
+) -> Value {
     let clusters: Vec<Value> = servers
         .iter()
         .map(|(name, server)| {
@@ -149,10 +156,12 @@ fn kubeconfig(servers: &[(String, String)], ca_pem: &str, client: &IssuedCert) -
         "contexts": contexts,
         "current-context": servers.first().map(|(n, _)| n.clone()).unwrap_or_default(),
         "preferences": {},
-        "users": [{"name": "admin", "user": {
+        "users": std::iter::once(json!({"name": "admin", "user": {
             "client-certificate-data": b64(&client.cert_pem),
             "client-key-data": b64(&client.key_pem),
-        }}],
+        }}))
+        .chain(more_users.iter().cloned())
+        .collect::<Vec<_>>(),
     })
 }
 
@@ -197,6 +206,7 @@ pub fn write_fleet_files(
             &direct,
             &creds.fleet_ca.cert_pem,
             &creds.member_admin,
+            &[],
         )),
     )?;
 
@@ -270,12 +280,27 @@ pub fn write_fleet_files(
         .find(|u| u.name == "admin")
         .map(|u| &u.gateway_cert)
         .unwrap_or(&creds.gateway_serving);
+    // The test users too, by bearer token (`kubectl --user alice`) and OIDC ID token
+    // (`--user alice-oidc`); token files are relative to the kubeconfig's directory, DIR.
+    let token_users: Vec<Value> = creds
+        .users
+        .iter()
+        .filter(|u| u.name != "admin")
+        .flat_map(|u| {
+            [
+                json!({"name": u.name, "user": {"tokenFile": format!("users/{}.token", u.name)}}),
+                json!({"name": format!("{}-oidc", u.name),
+                       "user": {"tokenFile": format!("users/{}.jwt", u.name)}}),
+            ]
+        })
+        .collect();
     write_secret(
         &dir.join("gateway.kubeconfig"),
         &yaml(&kubeconfig(
             &through_gateway,
             &creds.gateway_ca.cert_pem,
             gateway_admin,
+            &token_users,
         )),
     )?;
 
