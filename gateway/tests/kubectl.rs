@@ -4,118 +4,40 @@
 //! working. Real processes throughout: the fleet runs in this test process (its own tokio
 //! runtime), the gateway and kubectl are child processes.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use fleetgate_loadtest::sim::store::Mutation;
-use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
-
-struct Fleet {
-    runtime: tokio::runtime::Runtime,
-    handle: Option<FleetHandle>,
-    gateway: Child,
-    dir: tempfile::TempDir,
-    https: String,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        let _ = self.gateway.kill();
-        let _ = self.gateway.wait();
-        if let Some(handle) = self.handle.take() {
-            self.runtime.block_on(handle.shutdown());
-        }
-    }
-}
+use support::fleet::Fleet;
+use support::kubectl::{kubectl, kubectl_command, succeeded};
+use support::wait::LineReader;
 
 fn start(clusters: usize) -> Fleet {
-    let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let handle = runtime
-        .block_on(start_fleet(FleetOptions {
-            dir: dir.path().to_path_buf(),
-            clusters,
-            objects: 5,
-            churn_per_sec: 0.0,
-            gateway_listen: None,
-        }))
-        .unwrap();
-    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-        .args(["serve", "--workers", "2", "--config"])
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(gateway.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.contains("ready"),
-        "gateway did not start: {line:?} {}",
-        std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
-    );
-    let https = line
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("https="))
-        .unwrap()
-        .to_string();
-    Fleet {
-        runtime,
-        handle: Some(handle),
-        gateway,
-        dir,
-        https,
-    }
+    let mut fleet = Fleet::sim(clusters, 5);
+    fleet.serve(&["--workers", "2"], None);
+    fleet
 }
 
 impl Fleet {
     fn kubeconfig(&self) -> PathBuf {
-        self.dir.path().join("gateway.kubeconfig")
+        self.path("gateway.kubeconfig")
     }
 
     fn kubectl(&self, context: &str, args: &[&str]) -> Output {
-        kubectl_with(&self.kubeconfig(), context, args)
+        kubectl(&self.kubeconfig(), context, args)
     }
 
     fn ok(&self, context: &str, args: &[&str]) -> String {
         let out = self.kubectl(context, args);
-        assert!(
-            out.status.success(),
-            "kubectl --context {context} {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            self.log()
-        );
-        String::from_utf8(out.stdout).unwrap()
+        succeeded(
+            out,
+            &format!("--context {context} {args:?}"),
+            &self.log_tail(20),
+        )
     }
-
-    fn log(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default();
-        log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
-    }
-
-    fn member(&self, index: usize) -> &fleetgate_loadtest::sim::member::Member {
-        self.handle.as_ref().unwrap().member(index).unwrap()
-    }
-}
-
-fn kubectl_with(kubeconfig: &Path, context: &str, args: &[&str]) -> Output {
-    Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--context", context, "--request-timeout", "20s"])
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 #[test]
@@ -188,7 +110,7 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
         assert!(version.contains("serverVersion"), "{version}");
 
         // apply, patch (three kinds), delete.
-        let manifest = fleet.dir.path().join(format!("{context}-cm.yaml"));
+        let manifest = fleet.path(&format!("{context}-cm.yaml"));
         std::fs::write(
             &manifest,
             format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: through-gw\n  namespace: default\ndata:\n  member: {context}\n"),
@@ -273,37 +195,6 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
         .is_none());
 }
 
-/// Reads `child`'s stdout lines on a thread, each stamped with when it arrived.
-fn stamped_lines(child: &mut Child) -> mpsc::Receiver<(Instant, String)> {
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send((Instant::now(), line)).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-fn wait_for_line(
-    lines: &mpsc::Receiver<(Instant, String)>,
-    needle: &str,
-    within: Duration,
-) -> Option<Instant> {
-    let deadline = Instant::now() + within;
-    loop {
-        let left = deadline.checked_duration_since(Instant::now())?;
-        match lines.recv_timeout(left) {
-            Ok((at, line)) if line.contains(needle) => return Some(at),
-            Ok(_) => {}
-            Err(_) => return None,
-        }
-    }
-}
-
 fn put_configmap(fleet: &Fleet, member: usize, name: &str, value: &str) {
     let object = serde_json::json!({
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -322,30 +213,21 @@ fn put_configmap(fleet: &Fleet, member: usize, name: &str, value: &str) {
 fn kubectl_watch_and_logs_follow_stream_through_the_gateway() {
     let fleet = start(2);
     for (index, context) in ["member1", "member2"].into_iter().enumerate() {
-        let mut watch = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(fleet.kubeconfig())
-            .args([
-                "--context",
-                context,
-                "get",
-                "cm",
-                "-n",
-                "default",
-                "-w",
-                "-o",
-                "name",
-            ])
+        let mut watch = kubectl_command(&fleet.kubeconfig(), context)
+            .args(["get", "cm", "-n", "default", "-w", "-o", "name"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let lines = stamped_lines(&mut watch);
+        let mut lines = LineReader::new(watch.stdout.take().unwrap());
         // The watch is live once a change made after it started shows up.
         let mut live = false;
         for attempt in 0..50 {
             put_configmap(&fleet, index, "warmup", &attempt.to_string());
-            if wait_for_line(&lines, "configmap/warmup", Duration::from_millis(200)).is_some() {
+            if lines
+                .wait_for_text("configmap/warmup", Duration::from_millis(200))
+                .is_some()
+            {
                 live = true;
                 break;
             }
@@ -353,13 +235,17 @@ fn kubectl_watch_and_logs_follow_stream_through_the_gateway() {
         assert!(
             live,
             "{context}: the watch never showed a change\n{}",
-            fleet.log()
+            fleet.log_tail(20)
         );
         // Drain the echoes of earlier warm-up writes, then measure one change.
-        while lines.recv_timeout(Duration::from_millis(300)).is_ok() {}
+        while lines
+            .next_matching(Duration::from_millis(300), |_| true)
+            .is_some()
+        {}
         let changed = Instant::now();
         put_configmap(&fleet, index, "measured", "1");
-        let seen = wait_for_line(&lines, "configmap/measured", Duration::from_secs(5))
+        let seen = lines
+            .wait_for_text("configmap/measured", Duration::from_secs(5))
             .unwrap_or_else(|| panic!("{context}: change never seen"));
         let latency = seen.duration_since(changed);
         assert!(
@@ -370,30 +256,18 @@ fn kubectl_watch_and_logs_follow_stream_through_the_gateway() {
         let _ = watch.wait();
 
         // logs -f: lines keep coming while the stream is open.
-        let mut logs = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(fleet.kubeconfig())
-            .args([
-                "--context",
-                context,
-                "logs",
-                "-f",
-                "--tail",
-                "1",
-                "hello",
-                "-n",
-                "default",
-            ])
+        let mut logs = kubectl_command(&fleet.kubeconfig(), context)
+            .args(["logs", "-f", "--tail", "1", "hello", "-n", "default"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let lines = stamped_lines(&mut logs);
+        let mut lines = LineReader::new(logs.stdout.take().unwrap());
         let mut stamps = Vec::new();
         while stamps.len() < 4 {
-            match lines.recv_timeout(Duration::from_secs(5)) {
-                Ok((at, _)) => stamps.push(at),
-                Err(_) => panic!("{context}: logs -f stalled after {} lines", stamps.len()),
+            match lines.next_matching(Duration::from_secs(5), |_| true) {
+                Some((at, _)) => stamps.push(at),
+                None => panic!("{context}: logs -f stalled after {} lines", stamps.len()),
             }
         }
         // Lines arrive spread out as the member writes them (every 200 ms), not in one burst.
@@ -414,7 +288,7 @@ fn unknown_and_stopped_members_give_clear_errors_while_others_keep_working() {
         "member1",
         &[
             "--server",
-            &format!("https://{}", fleet.https),
+            &format!("https://{}", fleet.https()),
             "get",
             "--raw",
             "/clusters/nope/api/v1/namespaces",
@@ -438,7 +312,7 @@ fn unknown_and_stopped_members_give_clear_errors_while_others_keep_working() {
         "member2",
         &[
             "--server",
-            &format!("https://{}", fleet.https),
+            &format!("https://{}", fleet.https()),
             "get",
             "--raw",
             "/clusters/member2/api/v1/namespaces",

@@ -7,14 +7,19 @@
 //! Real processes: the fleet runs in this test process (its own tokio runtime), the gateway and
 //! kubectl are child processes. Pod names differ per test: the session counter is per process.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod support;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use fleetgate_loadtest::sim::{self, start_fleet, FleetHandle, FleetOptions};
+use fleetgate_loadtest::sim;
+use support::fleet::Fleet;
+use support::kubectl::kubectl_command;
+use support::wait::{wait_for, LineReader};
 
 /// The two ways kubectl can carry exec/attach/cp.
 const REMOTE_COMMAND: [(&str, &[(&str, &str)]); 2] = [
@@ -28,84 +33,17 @@ const PORT_FORWARD: [(&str, &[(&str, &str)]); 2] = [
     ("spdy", &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]),
 ];
 
-struct Fleet {
-    runtime: tokio::runtime::Runtime,
-    handle: Option<FleetHandle>,
-    gateway: Child,
-    dir: tempfile::TempDir,
-    https: String,
-    admin: String,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        let _ = self.gateway.kill();
-        let _ = self.gateway.wait();
-        if let Some(handle) = self.handle.take() {
-            self.runtime.block_on(handle.shutdown());
-        }
-    }
-}
-
 fn start() -> Fleet {
-    let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let handle = runtime
-        .block_on(start_fleet(FleetOptions {
-            dir: dir.path().to_path_buf(),
-            clusters: 1,
-            objects: 5,
-            churn_per_sec: 0.0,
-            gateway_listen: None,
-        }))
-        .unwrap();
-    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-        .args(["serve", "--workers", "2", "--config"])
-        .arg(dir.path())
-        .env("RUST_LOG", "fleetgate=debug")
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(gateway.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.contains("ready"),
-        "gateway did not start: {line:?} {}",
-        std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
-    );
-    let field = |name: &str| {
-        line.split_whitespace()
-            .find_map(|f| f.strip_prefix(name))
-            .unwrap()
-            .to_string()
-    };
-    let (https, admin) = (field("https="), field("admin="));
-    Fleet {
-        runtime,
-        handle: Some(handle),
-        gateway,
-        dir,
-        https,
-        admin,
-    }
+    let mut fleet = Fleet::sim(1, 5);
+    fleet.serve(&["--workers", "2"], Some("fleetgate=debug"));
+    fleet
 }
 
 impl Fleet {
     fn kubectl_command(&self, args: &[&str], env: &[(&str, &str)]) -> Command {
-        let mut cmd = Command::new("kubectl");
-        cmd.arg("--kubeconfig")
-            .arg(self.dir.path().join("gateway.kubeconfig"))
-            .arg("--cache-dir")
-            .arg(self.dir.path().join("kube-cache"))
-            .args(["--context", "member1"])
+        let mut cmd = kubectl_command(&self.path("gateway.kubeconfig"), "member1");
+        cmd.arg("--cache-dir")
+            .arg(self.path("kube-cache"))
             .args(args);
         for (k, v) in env {
             cmd.env(k, v);
@@ -160,103 +98,14 @@ impl Fleet {
             "kubectl {what:?} failed ({}): {}\ngateway log:\n{}",
             out.status,
             String::from_utf8_lossy(&out.stderr),
-            self.log()
+            self.log_tail(30)
         );
-    }
-
-    fn log(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().rev().take(30).collect();
-        lines.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 
     /// The gateway's `fleetgate_upgraded_streams` gauge, from its admin listener.
     fn upgraded_streams(&self) -> i64 {
-        let mut conn = TcpStream::connect(&self.admin).expect("admin listener");
-        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let mut text = String::new();
-        conn.read_to_string(&mut text).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix("fleetgate_upgraded_streams "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no upgraded_streams gauge in {text}"))
-    }
-
-    /// A TLS client to the gateway as the fleet's admin user (its gateway client certificate).
-    fn admin_tls_config(&self) -> std::sync::Arc<rustls::ClientConfig> {
-        let read = |p: &str| std::fs::read(self.dir.path().join(p)).unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        for c in fleetgate_config_watcher::parse_certs(&read("pki/gateway-ca.crt")).unwrap() {
-            roots.add(c).unwrap();
-        }
-        let mut config = rustls::ClientConfig::builder_with_provider(
-            fleetgate_config_watcher::crypto_provider(),
-        )
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_client_auth_cert(
-            fleetgate_config_watcher::parse_certs(&read("users/admin.crt")).unwrap(),
-            fleetgate_config_watcher::parse_key(&read("users/admin.key")).unwrap(),
-        )
-        .unwrap();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        std::sync::Arc::new(config)
-    }
-}
-
-/// Polls `condition` every 20 ms until it holds, failing the test after `deadline`.
-fn wait_for(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !condition() {
-        assert!(
-            start.elapsed() < deadline,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Lines of a child's pipe, read on a thread so a test can wait for one with a deadline.
-struct LineReader {
-    rx: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl LineReader {
-    fn new(pipe: impl Read + Send + 'static) -> Self {
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        LineReader {
-            rx,
-            seen: Vec::new(),
-        }
-    }
-
-    fn wait_line(&mut self, what: &str, deadline: Duration, pred: impl Fn(&str) -> bool) -> String {
-        let end = Instant::now() + deadline;
-        loop {
-            match self
-                .rx
-                .recv_timeout(end.saturating_duration_since(Instant::now()))
-            {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if pred(&line) {
-                        return line;
-                    }
-                }
-                Err(_) => panic!("timed out waiting for {what}; lines: {:#?}", self.seen),
-            }
-        }
+        self.metric("fleetgate_upgraded_streams")
+            .expect("no upgraded_streams gauge in /metrics")
     }
 }
 
@@ -429,7 +278,7 @@ fn port_forward_round_trips_bytes_through_the_gateway() {
 #[test]
 fn cp_copies_a_file_in_and_back_out_through_the_gateway() {
     let fleet = start();
-    let local = fleet.dir.path().join("cp");
+    let local = fleet.path("cp");
     std::fs::create_dir_all(&local).unwrap();
     let content: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
     let src: PathBuf = local.join("in.bin");
@@ -511,8 +360,8 @@ fn exec_with_a_terminal_runs_an_interactive_shell_through_the_gateway() {
         // `script` gives kubectl a pseudo-terminal, so `-t` is honoured.
         let kubectl = format!(
             "kubectl --kubeconfig {} --cache-dir {} --context member1 exec -it hello -n default -- sh",
-            fleet.dir.path().join("gateway.kubeconfig").display(),
-            fleet.dir.path().join("kube-cache").display()
+            fleet.path("gateway.kubeconfig").display(),
+            fleet.path("kube-cache").display()
         );
         let mut cmd = Command::new("script");
         cmd.args(["-qec", &kubectl, "/dev/null"])
@@ -548,7 +397,7 @@ fn exec_with_a_terminal_runs_an_interactive_shell_through_the_gateway() {
 fn a_member_refusing_an_upgrade_is_relayed_as_its_status() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let fleet = start();
-    let config = fleet.admin_tls_config();
+    let config = fleet.admin_tls_config(b"http/1.1");
     let exec =
         "/clusters/member1/api/v1/namespaces/default/pods/hello/exec?command=echo&stdout=true";
     let cases: [(&str, u16, &str); 3] = [
@@ -577,7 +426,7 @@ fn a_member_refusing_an_upgrade_is_relayed_as_its_status() {
             "POST {path} HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\n{headers}Content-Length: 0\r\n\r\n"
         );
         let answer = fleet.runtime.block_on(async {
-            let tcp = tokio::net::TcpStream::connect(&fleet.https).await.unwrap();
+            let tcp = tokio::net::TcpStream::connect(fleet.https()).await.unwrap();
             let mut tls = tokio_rustls::TlsConnector::from(config.clone())
                 .connect(
                     rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap(),
@@ -643,11 +492,15 @@ fn kubectl_get_and_watch_ride_h2_through_the_gateway() {
     let _ = watch.kill();
     let _ = watch.wait();
     // kubectl negotiated h2 (the gateway logs each h2 connection at debug level).
-    let log = std::fs::read_to_string(fleet.dir.path().join("gateway.log")).unwrap_or_default();
+    let log = fleet.log();
     assert!(
         log.contains("h2 connection"),
         "no h2 connection:\n{}",
-        fleet.log()
+        fleet.log_tail(30)
     );
-    assert!(log.contains("h2 response head relayed"), "{}", fleet.log());
+    assert!(
+        log.contains("h2 response head relayed"),
+        "{}",
+        fleet.log_tail(30)
+    );
 }

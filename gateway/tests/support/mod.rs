@@ -7,10 +7,13 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
-use std::io::{BufRead, BufReader};
+pub mod fleet;
+pub mod kubectl;
+pub mod wait;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -507,31 +510,17 @@ spec:
 impl Gateway {
     /// Starts `fleetgate serve` on `config` with the given driver and waits for its `ready` line.
     pub fn start(config: &Path, driver: &str, dir: tempfile::TempDir, pki: Arc<Pki>) -> Gateway {
-        let stderr = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-            .args(["serve", "--config"])
-            .arg(config)
-            .args(["--driver", driver])
-            .env("RUST_LOG", "fleetgate=debug")
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        assert!(
-            line.contains("ready"),
-            "no ready line: {line:?}; log: {}",
-            std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
+        let (child, ready) = fleet::spawn_serve(
+            [
+                "--config".as_ref(),
+                config.as_os_str(),
+                "--driver".as_ref(),
+                driver.as_ref(),
+            ],
+            &[("RUST_LOG", "fleetgate=debug")],
+            &dir.path().join("gateway.log"),
         );
-        let field = |name: &str| -> SocketAddr {
-            line.split_whitespace()
-                .find_map(|f| f.strip_prefix(&format!("{name}=")))
-                .unwrap_or_else(|| panic!("{name} missing in {line:?}"))
-                .parse()
-                .unwrap()
-        };
+        let field = |name: &str| ready.addr(name);
         Gateway {
             https: field("https"),
             http: field("http"),

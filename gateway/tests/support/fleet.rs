@@ -1,0 +1,261 @@
+//! The simulated fleet (run in the test process on its own tokio runtime) with a real
+//! `fleetgate serve` child in front of it: starting both, parsing the `ready` line, killing the
+//! gateway on drop before the members stop, and the small clients tests use on it (the admin
+//! listener, the fleet's `admin` TLS identity).
+//!
+//! It never sleeps for readiness (the `ready` line is the signal) and binds only 127.0.0.1:0.
+//! Used by the kubectl, kubectl_streams, reload, drain, identity, egress_proxy, one_pass and
+//! audit test binaries; [`spawn_serve`] also by [`super::Gateway`].
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
+
+/// The first stdout line of `fleetgate serve`: `ready https=ADDR admin=ADDR ...`.
+#[derive(Debug, Clone)]
+pub struct ReadyLine(pub String);
+
+impl ReadyLine {
+    /// The value of `name=...`, if the line has it.
+    pub fn field(&self, name: &str) -> Option<&str> {
+        let prefix = format!("{name}=");
+        self.0
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix(prefix.as_str()))
+    }
+
+    /// The address of listener `name` (`https`, `http`, `admin`, or a named one).
+    pub fn addr(&self, name: &str) -> SocketAddr {
+        self.field(name)
+            .unwrap_or_else(|| panic!("no {name} in {:?}", self.0))
+            .parse()
+            .unwrap()
+    }
+}
+
+/// Starts `fleetgate serve ARGS` with stderr in `log` and waits for its `ready` line. A child
+/// that prints anything else is killed and the test fails with its log.
+pub fn spawn_serve<I, S>(args: I, env: &[(&str, &str)], log: &Path) -> (Child, ReadyLine)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let stderr = std::fs::File::create(log).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fleetgate"));
+    command.arg("serve").args(args);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    // Only the first line: the rest of stdout is never written (logs go to stderr).
+    let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+    if !line.contains("ready") {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "gateway did not start: {line:?}\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+    }
+    (child, ReadyLine(line))
+}
+
+/// A `fleetgate serve` child, killed when dropped.
+pub struct ServeProcess {
+    pub child: Child,
+    pub ready: ReadyLine,
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The simulated fleet in a temporary directory, and the gateway once [`Fleet::serve`] ran.
+pub struct Fleet {
+    /// Declared first so it is dropped (killed) before the members it talks to stop.
+    pub gateway: Option<ServeProcess>,
+    pub runtime: tokio::runtime::Runtime,
+    pub handle: Option<FleetHandle>,
+    pub dir: tempfile::TempDir,
+    /// Where the fleet wrote its files (the directory itself, or a subdirectory of it).
+    pub fleet_dir: PathBuf,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        drop(self.gateway.take());
+        if let Some(handle) = self.handle.take() {
+            self.runtime.block_on(handle.shutdown());
+        }
+    }
+}
+
+impl Fleet {
+    /// `clusters` simulated members with `objects` objects each; the fleet's files (Gateway,
+    /// Clusters, policies, PKI, kubeconfigs) are written to the temporary directory itself.
+    pub fn sim(clusters: usize, objects: usize) -> Fleet {
+        Fleet::sim_in("", clusters, objects)
+    }
+
+    /// Like [`Fleet::sim`], with the fleet's files in `subdir` of the temporary directory
+    /// (tests that write their own gateway configuration beside it).
+    pub fn sim_in(subdir: &str, clusters: usize, objects: usize) -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let fleet_dir = dir.path().join(subdir);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let handle = runtime
+            .block_on(start_fleet(FleetOptions {
+                dir: fleet_dir.clone(),
+                clusters,
+                objects,
+                churn_per_sec: 0.0,
+                gateway_listen: None,
+            }))
+            .unwrap();
+        Fleet {
+            gateway: None,
+            runtime,
+            handle: Some(handle),
+            dir,
+            fleet_dir,
+        }
+    }
+
+    /// Starts `fleetgate serve --config DIR ARGS` on the fleet's directory (`RUST_LOG` set
+    /// when given) and waits for its `ready` line; a gateway already running is killed first.
+    pub fn serve(&mut self, args: &[&str], rust_log: Option<&str>) {
+        let config = self.fleet_dir.clone();
+        self.serve_config(&config, args, rust_log);
+    }
+
+    /// Like [`Fleet::serve`] with `--config config` (a file or another directory).
+    pub fn serve_config(&mut self, config: &Path, args: &[&str], rust_log: Option<&str>) {
+        drop(self.gateway.take());
+        let mut all: Vec<&OsStr> = vec![OsStr::new("--config"), config.as_os_str()];
+        all.extend(args.iter().map(OsStr::new));
+        let env: Vec<(&str, &str)> = rust_log.map(|l| ("RUST_LOG", l)).into_iter().collect();
+        let (child, ready) = spawn_serve(all, &env, &self.path("gateway.log"));
+        self.gateway = Some(ServeProcess { child, ready });
+    }
+
+    /// A path under the temporary directory.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// The fleet's directory (its Gateway, clusters/, pki/, users/, kubeconfigs).
+    pub fn dir(&self) -> &Path {
+        &self.fleet_dir
+    }
+
+    /// A path under the fleet's directory.
+    pub fn fleet_path(&self, rel: &str) -> PathBuf {
+        self.fleet_dir.join(rel)
+    }
+
+    pub fn ready(&self) -> &ReadyLine {
+        &self
+            .gateway
+            .as_ref()
+            .expect("the gateway is not running")
+            .ready
+    }
+
+    /// The gateway's TLS listener.
+    pub fn https(&self) -> SocketAddr {
+        self.ready().addr("https")
+    }
+
+    /// The gateway's admin listener.
+    pub fn admin(&self) -> SocketAddr {
+        self.ready().addr("admin")
+    }
+
+    /// The whole gateway log (its stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.path("gateway.log")).unwrap_or_default()
+    }
+
+    /// The last `lines` lines of the gateway log, oldest first (for failure messages).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
+    pub fn member(&self, index: usize) -> &fleetgate_loadtest::sim::member::Member {
+        self.handle.as_ref().unwrap().member(index).unwrap()
+    }
+
+    /// A GET of `path` on the admin listener; the whole response, head included.
+    pub fn admin_get(&self, path: &str) -> String {
+        admin_get(self.admin(), path)
+    }
+
+    /// A series of the gateway's `/metrics` (`name{labels}`), `None` when absent.
+    pub fn metric(&self, series: &str) -> Option<i64> {
+        let metrics = self.admin_get("/metrics");
+        let prefix = format!("{series} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// A TLS client of the gateway as the fleet's `admin` user (allowed everything by the
+    /// fleet's policies), trusting the gateway CA, offering `alpn`.
+    pub fn admin_tls_config(&self, alpn: &[u8]) -> Arc<rustls::ClientConfig> {
+        admin_tls_config(&self.fleet_dir, alpn)
+    }
+}
+
+/// A GET of `path` on an admin listener (`Connection: close`); the whole response.
+pub fn admin_get(admin: SocketAddr, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(admin).expect("admin listener");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// The `admin` user of a fleet directory's gateway CA, trusting that CA, offering `alpn`.
+pub fn admin_tls_config(fleet_dir: &Path, alpn: &[u8]) -> Arc<rustls::ClientConfig> {
+    let read = |p: &str| std::fs::read(fleet_dir.join(p)).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in fleetgate_config_watcher::parse_certs(&read("pki/gateway-ca.crt")).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(fleetgate_config_watcher::crypto_provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(
+                fleetgate_config_watcher::parse_certs(&read("users/admin.crt")).unwrap(),
+                fleetgate_config_watcher::parse_key(&read("users/admin.key")).unwrap(),
+            )
+            .unwrap();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    Arc::new(config)
+}

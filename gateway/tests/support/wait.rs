@@ -1,0 +1,84 @@
+//! Waiting with a deadline: polling a condition, and reading a child's output lines on a thread
+//! so a test can wait for one without blocking forever.
+//!
+//! Every wait here is bounded and fails the test (or returns `None`) at its deadline; none is a
+//! fixed sleep standing in for a readiness signal. Used by most process-level test binaries.
+
+use std::io::{BufRead, BufReader, Read};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Polls `condition` every 20 ms until it holds, failing the test after `deadline`. Returns
+/// how long it took.
+pub fn wait_for(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !condition() {
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+/// Lines of a child's pipe, read on a thread and stamped with when they arrived.
+pub struct LineReader {
+    rx: mpsc::Receiver<(Instant, String)>,
+    pub seen: Vec<String>,
+}
+
+impl LineReader {
+    pub fn new(pipe: impl Read + Send + 'static) -> Self {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                if tx.send((Instant::now(), line)).is_err() {
+                    break;
+                }
+            }
+        });
+        LineReader {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The first line matching `pred` within `deadline` and when it arrived; `None` at the
+    /// deadline or when the pipe closed.
+    pub fn next_matching(
+        &mut self,
+        deadline: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> Option<(Instant, String)> {
+        let end = Instant::now() + deadline;
+        loop {
+            let left = end.checked_duration_since(Instant::now())?;
+            let (at, line) = self.rx.recv_timeout(left).ok()?;
+            self.seen.push(line.clone());
+            if pred(&line) {
+                return Some((at, line));
+            }
+        }
+    }
+
+    /// When the first line containing `needle` arrived, within `deadline`.
+    pub fn wait_for_text(&mut self, needle: &str, deadline: Duration) -> Option<Instant> {
+        self.next_matching(deadline, |l| l.contains(needle))
+            .map(|(at, _)| at)
+    }
+
+    /// The first line matching `pred`; fails the test after `deadline` with the lines seen.
+    pub fn wait_line(
+        &mut self,
+        what: &str,
+        deadline: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        match self.next_matching(deadline, pred) {
+            Some((_, line)) => line,
+            None => panic!("timed out waiting for {what}; lines: {:#?}", self.seen),
+        }
+    }
+}
