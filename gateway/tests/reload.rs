@@ -5,38 +5,18 @@
 //! removed cluster answers 404; the broken file keeps the last good table and shows in
 //! `/readyz?verbose` and `/metrics`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod support;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-
-struct Fleet {
-    runtime: tokio::runtime::Runtime,
-    handle: Option<FleetHandle>,
-    gateway: Child,
-    dir: tempfile::TempDir,
-    https: SocketAddr,
-    admin: SocketAddr,
-    tls: Arc<rustls::ClientConfig>,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        let _ = self.gateway.kill();
-        let _ = self.gateway.wait();
-        if let Some(handle) = self.handle.take() {
-            self.runtime.block_on(handle.shutdown());
-        }
-    }
-}
+use support::fleet::Fleet;
 
 /// Parks a cluster file: the gateway's loader only reads `*.yaml` / `*.yml`.
 fn park(dir: &Path, name: &str) {
@@ -57,81 +37,28 @@ fn parked_file(dir: &Path, name: &str) -> PathBuf {
 
 /// A fleet of `clusters` members; the gateway starts serving only `member1` (the others parked).
 fn start(clusters: usize) -> Fleet {
-    let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let handle = runtime
-        .block_on(start_fleet(FleetOptions {
-            dir: dir.path().to_path_buf(),
-            clusters,
-            objects: 2,
-            churn_per_sec: 0.0,
-            gateway_listen: None,
-        }))
-        .unwrap();
+    let mut fleet = Fleet::sim(clusters, 2);
     for k in 2..=clusters {
-        park(dir.path(), &format!("member{k}"));
+        park(fleet.dir(), &format!("member{k}"));
     }
-    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-        .args(["serve", "--workers", "2", "--config"])
-        .arg(dir.path())
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(gateway.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.contains("ready"),
-        "gateway did not start: {line:?} {}",
-        std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
-    );
-    let field = |name: &str| -> SocketAddr {
-        line.split_whitespace()
-            .find_map(|f| f.strip_prefix(name))
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let (https, admin) = (field("https="), field("admin="));
-    let tls = client_config(dir.path());
-    Fleet {
-        runtime,
-        handle: Some(handle),
-        gateway,
-        dir,
-        https,
-        admin,
-        tls,
-    }
+    fleet.serve(&["--workers", "2"], Some("info"));
+    fleet
 }
 
-/// The `admin` user of the fleet's gateway CA (allowed everything), trusting the gateway CA.
-fn client_config(dir: &Path) -> Arc<rustls::ClientConfig> {
-    let read = |p: &str| std::fs::read(dir.join(p)).unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in fleetgate_config_watcher::parse_certs(&read("pki/gateway-ca.crt")).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let mut config =
-        rustls::ClientConfig::builder_with_provider(fleetgate_config_watcher::crypto_provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_client_auth_cert(
-                fleetgate_config_watcher::parse_certs(&read("users/admin.crt")).unwrap(),
-                fleetgate_config_watcher::parse_key(&read("users/admin.key")).unwrap(),
-            )
-            .unwrap();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Arc::new(config)
+/// `serve --config CONFIG --workers 1 --management-kubeconfig ... --management-context member1`
+/// and `extra`: the fleet's member1 is the management cluster.
+fn serve_with_management(fleet: &mut Fleet, config: &Path, extra: &[&str]) {
+    let kubeconfig = fleet.fleet_path("kubeconfig");
+    let mut args = vec![
+        "--workers",
+        "1",
+        "--management-kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--management-context",
+        "member1",
+    ];
+    args.extend_from_slice(extra);
+    fleet.serve_config(config, &args, None);
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
@@ -172,13 +99,9 @@ async fn get(sender: &mut Sender, path: &str) -> Result<(u16, String), String> {
 }
 
 impl Fleet {
-    fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
     /// A fresh connection and one GET (as a new kubectl would do).
     fn get_once(&self, path: &str) -> (u16, String) {
-        let (addr, tls) = (self.https, self.tls.clone());
+        let (addr, tls) = (self.https(), self.admin_tls_config(b"http/1.1"));
         let path = path.to_owned();
         self.runtime.block_on(async move {
             let mut sender = connect(addr, tls).await.unwrap();
@@ -197,23 +120,10 @@ impl Fleet {
             assert!(
                 start.elapsed() < within,
                 "{path} still answers {status} (not {code}) after {within:?}: {body}\n{}",
-                self.log()
+                self.log_tail(20)
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-    }
-
-    fn admin_get(&self, path: &str) -> String {
-        let mut stream = std::net::TcpStream::connect(self.admin).unwrap();
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: admin\r\n\r\n").unwrap();
-        let mut text = String::new();
-        stream.read_to_string(&mut text).unwrap();
-        text
-    }
-
-    fn log(&self) -> String {
-        let log = std::fs::read_to_string(self.dir().join("gateway.log")).unwrap_or_default();
-        log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
     }
 }
 
@@ -230,7 +140,7 @@ fn start_load(fleet: &Fleet, path: &'static str) -> Load {
     let stop = Arc::new(AtomicBool::new(false));
     let ok = Arc::new(AtomicU64::new(0));
     let failures = Arc::new(Mutex::new(Vec::new()));
-    let (addr, tls) = (fleet.https, fleet.tls.clone());
+    let (addr, tls) = (fleet.https(), fleet.admin_tls_config(b"http/1.1"));
     let (s, o, f) = (stop.clone(), ok.clone(), failures.clone());
     let task = fleet.runtime.spawn(async move {
         let started = Instant::now();
@@ -347,9 +257,9 @@ fn clusters_follow_the_watched_directory_while_requests_keep_succeeding() {
         "{metrics}"
     );
     assert!(
-        fleet.log().contains("broken.yaml"),
+        fleet.log_tail(20).contains("broken.yaml"),
         "the log names the file: {}",
-        fleet.log()
+        fleet.log_tail(20)
     );
 
     // Fixed by removing the broken file: the error clears.
@@ -377,86 +287,33 @@ fn clusters_follow_the_watched_directory_while_requests_keep_succeeding() {
     assert!(ok >= 20, "only {ok} requests ran during the changes");
 }
 
+/// kubectl on the fleet's own kubeconfig (the members, not the gateway), as `admin`.
 fn kubectl(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(dir.join("kubeconfig"))
-        .args(["--context", "member1", "--request-timeout", "20s"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    let out = support::kubectl::kubectl(&dir.join("kubeconfig"), "member1", args);
+    support::kubectl::succeeded(out, &format!("{args:?}"), "")
 }
 
 /// The simulated fleet's member1 as the management cluster: `kubectl apply` of a Cluster object
 /// there is what makes member2 reachable through `serve --management-kubeconfig`.
 #[test]
 fn clusters_follow_the_management_cluster() {
-    let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let handle = runtime
-        .block_on(start_fleet(FleetOptions {
-            dir: dir.path().to_path_buf(),
-            clusters: 2,
-            objects: 2,
-            churn_per_sec: 0.0,
-            gateway_listen: None,
-        }))
-        .unwrap();
-    let member2 = cluster_file(dir.path(), "member2");
+    let mut fleet = Fleet::sim(2, 2);
+    let member2 = cluster_file(fleet.dir(), "member2");
     let member2 = member2.to_str().unwrap();
-    kubectl(dir.path(), &["apply", "-f", member2]);
+    kubectl(fleet.dir(), &["apply", "-f", member2]);
     // The AccessPolicy objects come from the management cluster too (admin's among them).
-    let policies = dir.path().join("policies.yaml");
-    kubectl(dir.path(), &["apply", "-f", policies.to_str().unwrap()]);
+    let policies = fleet.dir().join("policies.yaml");
+    kubectl(fleet.dir(), &["apply", "-f", policies.to_str().unwrap()]);
 
-    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-        .args(["serve", "--workers", "1", "--config"])
-        .arg(dir.path().join("gateway.yaml"))
-        .arg("--management-kubeconfig")
-        .arg(dir.path().join("kubeconfig"))
-        .args(["--management-context", "member1"])
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(gateway.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let field = |name: &str| -> SocketAddr {
-        line.split_whitespace()
-            .find_map(|f| f.strip_prefix(name))
-            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-            .parse()
-            .unwrap()
-    };
-    let fleet = Fleet {
-        https: field("https="),
-        admin: field("admin="),
-        tls: client_config(dir.path()),
-        runtime,
-        handle: Some(handle),
-        gateway,
-        dir,
-    };
+    let config = fleet.fleet_path("gateway.yaml");
+    serve_with_management(&mut fleet, &config, &[]);
     // `ready` comes after the first list: member2 is served at once, member1 (not in the
     // management cluster) is not.
     assert_eq!(
         fleet.get_once(&path_of("member2")).0,
         200,
         "{}",
-        fleet.log()
+        fleet.log_tail(20)
     );
     assert_eq!(fleet.get_once(&path_of("member1")).0, 404);
 
@@ -509,7 +366,7 @@ fn a_cluster_follows_the_secret_its_credentials_reference() {
         .contains("config-reload ok")
         || fleet.get_once(UNCHANGED).0 != 200
     {
-        assert!(start.elapsed() < WITHIN * 2, "{}", fleet.log());
+        assert!(start.elapsed() < WITHIN * 2, "{}", fleet.log_tail(20));
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(fleet.get_once(UNCHANGED).0, 200);
@@ -546,78 +403,35 @@ fn a_cluster_follows_the_secret_its_credentials_reference() {
 /// within a second, and a cluster defined in both is a rejected change that names both places.
 #[test]
 fn files_and_the_management_cluster_are_merged() {
-    let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let handle = runtime
-        .block_on(start_fleet(FleetOptions {
-            dir: dir.path().to_path_buf(),
-            clusters: 3,
-            objects: 2,
-            churn_per_sec: 0.0,
-            gateway_listen: None,
-        }))
-        .unwrap();
+    let mut fleet = Fleet::sim(3, 2);
     // Files: the Gateway and member1. The management cluster: member2.
-    park(dir.path(), "member2");
-    park(dir.path(), "member3");
+    park(fleet.dir(), "member2");
+    park(fleet.dir(), "member3");
     let api_copy = |name: &str| {
-        let copy = dir.path().join(format!("{name}-object.json.txt"));
-        std::fs::copy(parked_file(dir.path(), name), &copy).unwrap();
+        let copy = fleet.dir().join(format!("{name}-object.json.txt"));
+        std::fs::copy(parked_file(fleet.dir(), name), &copy).unwrap();
         copy
     };
     let member2_object = api_copy("member2");
     kubectl(
-        dir.path(),
+        fleet.dir(),
         &["apply", "-f", member2_object.to_str().unwrap()],
     );
 
-    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-        .args(["serve", "--workers", "1", "--config"])
-        .arg(dir.path())
-        .arg("--management-kubeconfig")
-        .arg(dir.path().join("kubeconfig"))
-        .args(["--management-context", "member1"])
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(gateway.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let field = |name: &str| -> SocketAddr {
-        line.split_whitespace()
-            .find_map(|f| f.strip_prefix(name))
-            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-            .parse()
-            .unwrap()
-    };
-    let fleet = Fleet {
-        https: field("https="),
-        admin: field("admin="),
-        tls: client_config(dir.path()),
-        runtime,
-        handle: Some(handle),
-        gateway,
-        dir,
-    };
+    let config = fleet.dir().to_path_buf();
+    serve_with_management(&mut fleet, &config, &[]);
     // `ready` comes after both sources reported: both clusters are served at once.
     assert_eq!(
         fleet.get_once(&path_of("member1")).0,
         200,
         "{}",
-        fleet.log()
+        fleet.log_tail(20)
     );
     assert_eq!(
         fleet.get_once(&path_of("member2")).0,
         200,
         "{}",
-        fleet.log()
+        fleet.log_tail(20)
     );
     assert_eq!(fleet.get_once(&path_of("member3")).0, 404);
 
@@ -669,64 +483,16 @@ fn files_and_the_management_cluster_are_merged() {
 /// missing resource; once the CRD is installed the watch lists it and readiness recovers.
 #[test]
 fn a_missing_crd_fails_readiness_until_it_is_installed() {
-    let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let handle = runtime
-        .block_on(start_fleet(FleetOptions {
-            dir: dir.path().to_path_buf(),
-            clusters: 2,
-            objects: 2,
-            churn_per_sec: 0.0,
-            gateway_listen: None,
-        }))
-        .unwrap();
-    let member2 = cluster_file(dir.path(), "member2");
-    kubectl(dir.path(), &["apply", "-f", member2.to_str().unwrap()]);
+    let mut fleet = Fleet::sim(2, 2);
+    let member2 = cluster_file(fleet.dir(), "member2");
+    kubectl(fleet.dir(), &["apply", "-f", member2.to_str().unwrap()]);
     // The fleet's AccessPolicies (admin may do everything) live in the management cluster too.
-    let policies = dir.path().join("policies.yaml");
-    kubectl(dir.path(), &["apply", "-f", policies.to_str().unwrap()]);
-    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-        .args(["serve", "--workers", "1", "--config"])
-        .arg(dir.path().join("gateway.yaml"))
-        .arg("--management-kubeconfig")
-        .arg(dir.path().join("kubeconfig"))
-        .args([
-            "--management-context",
-            "member1",
-            "--management-objects",
-            "both",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(gateway.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let field = |name: &str| -> SocketAddr {
-        line.split_whitespace()
-            .find_map(|f| f.strip_prefix(name))
-            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-            .parse()
-            .unwrap()
-    };
-    let fleet = Fleet {
-        https: field("https="),
-        admin: field("admin="),
-        tls: client_config(dir.path()),
-        runtime,
-        handle: Some(handle),
-        gateway,
-        dir,
-    };
+    let policies = fleet.dir().join("policies.yaml");
+    kubectl(fleet.dir(), &["apply", "-f", policies.to_str().unwrap()]);
+    let config = fleet.fleet_path("gateway.yaml");
+    serve_with_management(&mut fleet, &config, &["--management-objects", "both"]);
     let (code, body) = fleet.get_once(&path_of("member2"));
-    assert_eq!(code, 200, "{body}\n{}", fleet.log());
+    assert_eq!(code, 200, "{body}\n{}", fleet.log_tail(20));
     let readyz = fleet.admin_get("/readyz");
     assert!(readyz.starts_with("HTTP/1.1 500"), "{readyz}");
     let verbose = fleet.admin_get("/readyz?verbose");
