@@ -7,116 +7,35 @@
 //! with the refused token, 404 once removed); member2's watch keeps receiving events and its
 //! requests see zero failures.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod support;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fleetgate_loadtest::sim::{self, start_fleet, FleetHandle, FleetOptions};
+use fleetgate_loadtest::sim;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::fleet::{admin_tls_config, Fleet};
+use support::kubectl::kubectl_command;
+use support::wait::wait_for;
 use tokio::sync::mpsc;
 
 /// How soon after the file changes a watch of the changed cluster must have ended.
 const WITHIN: Duration = Duration::from_secs(1);
 
-struct Fleet {
-    runtime: tokio::runtime::Runtime,
-    handle: Option<FleetHandle>,
-    gateway: Child,
-    dir: tempfile::TempDir,
-    https: SocketAddr,
-    admin: SocketAddr,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        let _ = self.gateway.kill();
-        let _ = self.gateway.wait();
-        if let Some(handle) = self.handle.take() {
-            self.runtime.block_on(handle.shutdown());
-        }
-    }
-}
-
 fn start() -> Fleet {
-    let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let handle = runtime
-        .block_on(start_fleet(FleetOptions {
-            dir: dir.path().to_path_buf(),
-            clusters: 2,
-            objects: 2,
-            churn_per_sec: 0.0,
-            gateway_listen: None,
-        }))
-        .unwrap();
-    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-        .args(["serve", "--workers", "2", "--config"])
-        .arg(dir.path())
-        .env("RUST_LOG", "info,fleetgate::upstream=debug")
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(gateway.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.contains("ready"),
-        "gateway did not start: {line:?} {}",
-        std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
-    );
-    let field = |name: &str| -> SocketAddr {
-        line.split_whitespace()
-            .find_map(|f| f.strip_prefix(name))
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    Fleet {
-        https: field("https="),
-        admin: field("admin="),
-        runtime,
-        handle: Some(handle),
-        gateway,
-        dir,
-    }
+    let mut fleet = Fleet::sim(2, 2);
+    fleet.serve(&["--workers", "2"], Some("info,fleetgate::upstream=debug"));
+    fleet
 }
 
 fn cluster_file(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("clusters/{name}.yaml"))
-}
-
-/// The fleet's `admin` user (allowed everything), trusting the gateway CA, offering `alpn`.
-fn client_config(dir: &Path, alpn: &[u8]) -> Arc<rustls::ClientConfig> {
-    let read = |p: &str| std::fs::read(dir.join(p)).unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in fleetgate_config_watcher::parse_certs(&read("pki/gateway-ca.crt")).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let mut config =
-        rustls::ClientConfig::builder_with_provider(fleetgate_config_watcher::crypto_provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_client_auth_cert(
-                fleetgate_config_watcher::parse_certs(&read("users/admin.crt")).unwrap(),
-                fleetgate_config_watcher::parse_key(&read("users/admin.key")).unwrap(),
-            )
-            .unwrap();
-    config.alpn_protocols = vec![alpn.to_vec()];
-    Arc::new(config)
 }
 
 async fn tls_connect(
@@ -139,7 +58,7 @@ enum Sender {
 impl Sender {
     async fn connect(fleet: &FleetAddrs, h2: bool) -> std::io::Result<Sender> {
         let alpn: &[u8] = if h2 { b"h2" } else { b"http/1.1" };
-        let stream = tls_connect(fleet.https, client_config(&fleet.dir, alpn)).await?;
+        let stream = tls_connect(fleet.https, admin_tls_config(&fleet.dir, alpn)).await?;
         let io = TokioIo::new(stream);
         if h2 {
             let (sender, connection) =
@@ -217,8 +136,8 @@ struct FleetAddrs {
 impl Fleet {
     fn addrs(&self) -> FleetAddrs {
         FleetAddrs {
-            https: self.https,
-            dir: self.dir.path().to_path_buf(),
+            https: self.https(),
+            dir: self.dir().to_path_buf(),
         }
     }
 
@@ -232,61 +151,24 @@ impl Fleet {
         })
     }
 
-    fn admin_get(&self, path: &str) -> String {
-        let mut stream = std::net::TcpStream::connect(self.admin).unwrap();
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut text = String::new();
-        stream.read_to_string(&mut text).unwrap();
-        text
-    }
-
     /// A gauge of the gateway's `/metrics` (0 when the series is absent).
     fn gauge(&self, series: &str) -> i64 {
-        let metrics = self.admin_get("/metrics");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(series))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+        self.metric(series).unwrap_or(0)
     }
 
     fn upstream_connections(&self, cluster: &str) -> i64 {
         self.gauge(&format!(
-            "fleetgate_upstream_connections{{cluster=\"{cluster}\"}} "
+            "fleetgate_upstream_connections{{cluster=\"{cluster}\"}}"
         ))
     }
 
-    fn log(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default();
-        log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
-    }
-
     fn kubectl(&self, context: &str) -> Command {
-        let mut cmd = Command::new("kubectl");
-        cmd.arg("--kubeconfig")
-            .arg(self.dir.path().join("gateway.kubeconfig"))
-            .arg("--cache-dir")
-            .arg(self.dir.path().join("kube-cache"))
-            .args(["--context", context, "--request-timeout", "20s"]);
+        let mut cmd = kubectl_command(&self.fleet_path("gateway.kubeconfig"), context);
+        cmd.arg("--cache-dir")
+            .arg(self.fleet_path("kube-cache"))
+            .args(["--request-timeout", "20s"]);
         cmd
     }
-}
-
-/// Polls `condition` every 20 ms until it holds, failing the test after `deadline`.
-fn wait_for(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !condition() {
-        assert!(
-            start.elapsed() < deadline,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    start.elapsed()
 }
 
 /// What a watch task reports.
@@ -510,7 +392,7 @@ fn create_configmap(fleet: &Fleet, member: &str, name: &str) {
 
 /// Rewrites member1's token to one the member refuses: a spec change of member1 alone.
 fn change_token(fleet: &Fleet) {
-    let file = cluster_file(fleet.dir.path(), "member1");
+    let file = cluster_file(fleet.dir(), "member1");
     let good = std::fs::read_to_string(&file).unwrap();
     let token_line = good
         .lines()
@@ -556,13 +438,13 @@ fn a_changed_cluster_ends_its_watches_cleanly_and_closes_its_pooled_connections(
         changed_h1.end(WITHIN.saturating_sub(changed_at.elapsed())),
         Ok(()),
         "the HTTP/1.1 watch of the changed cluster must end with its last chunk\n{}",
-        fleet.log()
+        fleet.log_tail(30)
     );
     assert_eq!(
         changed_h2.end(WITHIN.saturating_sub(changed_at.elapsed()) + Duration::from_millis(50)),
         Ok(()),
         "the h2 watch of the changed cluster must end with END_STREAM\n{}",
-        fleet.log()
+        fleet.log_tail(30)
     );
     eprintln!(
         "member1's watches ended {:?} after the change",
@@ -621,18 +503,18 @@ fn a_removed_cluster_ends_its_watches_and_exec_sessions() {
     wait_for(
         "the gateway to count the exec stream",
         Duration::from_secs(10),
-        || fleet.gauge("fleetgate_upgraded_streams ") == 1,
+        || fleet.gauge("fleetgate_upgraded_streams") == 1,
     );
     let mut removed = Watch::open(&fleet, &watch_path("member1"), false);
     let mut unchanged = Watch::open(&fleet, &watch_path("member2"), false);
 
     let removed_at = Instant::now();
-    std::fs::remove_file(cluster_file(fleet.dir.path(), "member1")).unwrap();
+    std::fs::remove_file(cluster_file(fleet.dir(), "member1")).unwrap();
     assert_eq!(
         removed.end(WITHIN),
         Ok(()),
         "the watch of the removed cluster must end with its last chunk\n{}",
-        fleet.log()
+        fleet.log_tail(30)
     );
     eprintln!(
         "member1's watch ended {:?} after the removal",
@@ -648,7 +530,7 @@ fn a_removed_cluster_ends_its_watches_and_exec_sessions() {
             let _ = exec.kill();
             panic!(
                 "kubectl exec still runs 10 s after its cluster was removed\n{}",
-                fleet.log()
+                fleet.log_tail(30)
             );
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -662,7 +544,7 @@ fn a_removed_cluster_ends_its_watches_and_exec_sessions() {
         Duration::from_secs(10),
         || sim::stream::active_sessions("default", "drain-sleeper") == 0,
     );
-    assert_eq!(fleet.gauge("fleetgate_upgraded_streams "), 0);
+    assert_eq!(fleet.gauge("fleetgate_upgraded_streams"), 0);
     wait_for(
         "member1's upstream connections to close",
         Duration::from_secs(1),
