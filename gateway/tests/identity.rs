@@ -6,54 +6,23 @@
 //! choose clusters; a policy change on reload takes effect. Real processes: the fleet in this
 //! test process, the gateway and kubectl as children.
 
-use std::io::{BufRead, BufReader};
+mod support;
+
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
-
-struct Fleet {
-    runtime: tokio::runtime::Runtime,
-    handle: Option<FleetHandle>,
-    gateway: Child,
-    dir: tempfile::TempDir,
-    https: String,
-    /// The plaintext (benchmark) listener added to the sim's Gateway.
-    plain: String,
-    admin: String,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        let _ = self.gateway.kill();
-        let _ = self.gateway.wait();
-        if let Some(handle) = self.handle.take() {
-            self.runtime.block_on(handle.shutdown());
-        }
-    }
-}
+use support::fleet::Fleet;
+use support::kubectl::kubectl;
 
 /// A fleet of three members (member1 and member3 `env: dev`, member2 `env: prod`), plus, when
 /// asked, `direct1`: member1 again as a PassThrough cluster labelled `env: dev`.
 fn start(pass_through: bool) -> Fleet {
-    let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let handle = runtime
-        .block_on(start_fleet(FleetOptions {
-            dir: dir.path().to_path_buf(),
-            clusters: 3,
-            objects: 2,
-            churn_per_sec: 0.0,
-            gateway_listen: None,
-        }))
-        .unwrap();
+    let mut fleet = Fleet::sim(3, 2);
+    let dir = fleet.dir().to_path_buf();
     if pass_through {
-        let member1 = std::fs::read_to_string(dir.path().join("clusters/member1.yaml")).unwrap();
+        let member1 = std::fs::read_to_string(dir.join("clusters/member1.yaml")).unwrap();
         let mut cluster: serde_yaml::Value = serde_yaml::from_str(&member1).unwrap();
         cluster["metadata"]["name"] = "direct1".into();
         cluster["spec"]["authMode"] = "PassThrough".into();
@@ -62,13 +31,13 @@ fn start(pass_through: bool) -> Fleet {
             .unwrap()
             .remove("credentials");
         std::fs::write(
-            dir.path().join("clusters/direct1.yaml"),
+            dir.join("clusters/direct1.yaml"),
             serde_yaml::to_string(&cluster).unwrap(),
         )
         .unwrap();
     }
     // A plaintext listener too: its clients are system:anonymous unless they bring a token.
-    let gateway_yaml = dir.path().join("gateway.yaml");
+    let gateway_yaml = dir.join("gateway.yaml");
     let mut gateway_object: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(&gateway_yaml).unwrap()).unwrap();
     gateway_object["spec"]["listeners"]
@@ -80,41 +49,8 @@ fn start(pass_through: bool) -> Fleet {
         serde_yaml::to_string(&gateway_object).unwrap(),
     )
     .unwrap();
-    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-        .args(["serve", "--workers", "2", "--config"])
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(gateway.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.contains("ready"),
-        "gateway did not start: {line:?} {}",
-        std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
-    );
-    let field = |name: &str| {
-        line.split_whitespace()
-            .find_map(|f| f.strip_prefix(name))
-            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-            .to_string()
-    };
-    let https = field("https=");
-    let plain = field("plain=");
-    let admin = field("admin=");
-    Fleet {
-        runtime,
-        handle: Some(handle),
-        gateway,
-        dir,
-        https,
-        plain,
-        admin,
-    }
+    fleet.serve(&["--workers", "2"], None);
+    fleet
 }
 
 /// How a kubeconfig user authenticates.
@@ -130,8 +66,9 @@ enum Cred<'a> {
 }
 
 impl Fleet {
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
+    /// The plaintext (benchmark) listener added to the sim's Gateway.
+    fn plain(&self) -> SocketAddr {
+        self.ready().addr("plain")
     }
 
     /// Writes a kubeconfig with one context per cluster of `clusters` for `cred`, optionally
@@ -141,7 +78,7 @@ impl Fleet {
         let user = "{}";
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters: [{{name: member1, cluster: {{server: 'http://{}/clusters/member1'}}}}]\ncontexts: [{{name: member1, context: {{cluster: member1, user: u}}}}]\ncurrent-context: member1\nusers: [{{name: u, user: {user}}}]\n",
-            self.plain
+            self.plain()
         );
         let path = self.path(&format!("test-{name}.kubeconfig"));
         std::fs::write(&path, text).unwrap();
@@ -190,7 +127,7 @@ impl Fleet {
             .map(|c| {
                 serde_yaml::from_str(&format!(
                     "{{name: {c}, cluster: {{server: 'https://{}/clusters/{c}', certificate-authority: '{}'}}}}",
-                    self.https,
+                    self.https(),
                     ca.display()
                 ))
                 .unwrap()
@@ -227,7 +164,7 @@ impl Fleet {
     /// `Authorization: ...\r\n` line; the whole response.
     fn plain_get(&self, authorization: &str) -> String {
         use std::io::{Read, Write};
-        let mut tcp = std::net::TcpStream::connect(&self.plain).unwrap();
+        let mut tcp = std::net::TcpStream::connect(self.plain()).unwrap();
         write!(
             tcp,
             "GET /clusters/member1/api/v1/namespaces/dev/pods HTTP/1.1\r\nHost: gw\r\n{authorization}Connection: close\r\n\r\n"
@@ -238,24 +175,6 @@ impl Fleet {
         response
     }
 
-    fn admin_get(&self, path: &str) -> String {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(&self.admin).unwrap();
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut text = String::new();
-        stream.read_to_string(&mut text).unwrap();
-        text
-    }
-
-    fn log(&self) -> String {
-        let log = std::fs::read_to_string(self.path("gateway.log")).unwrap_or_default();
-        log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
-    }
-
     /// `kubectl auth whoami -o json` on `context`: the userInfo the member saw.
     fn whoami(&self, kubeconfig: &Path, context: &str) -> serde_json::Value {
         let out = kubectl(kubeconfig, context, &["auth", "whoami", "-o", "json"]);
@@ -263,21 +182,11 @@ impl Fleet {
             out.status.success(),
             "whoami on {context} failed: {}\n{}",
             String::from_utf8_lossy(&out.stderr),
-            self.log()
+            self.log_tail(20)
         );
         let review: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         review["status"]["userInfo"].clone()
     }
-}
-
-fn kubectl(kubeconfig: &Path, context: &str, args: &[&str]) -> Output {
-    Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--context", context, "--request-timeout", "20s"])
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 /// `kubectl get --raw` of a gateway path: no discovery first, so a refusal shows the Status
@@ -459,7 +368,7 @@ fn policies_deny_by_default_and_bad_credentials_are_unauthorized() {
             out.status.success(),
             "{context}: {}\n{}",
             stderr_of(&out),
-            fleet.log()
+            fleet.log_tail(20)
         );
     }
     assert_refused(
@@ -595,7 +504,7 @@ spec:
             Instant::now() < deadline,
             "grant never applied: {}\n{}",
             stderr_of(&out),
-            fleet.log()
+            fleet.log_tail(20)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -619,7 +528,7 @@ spec:
         assert!(
             Instant::now() < deadline,
             "grant never withdrawn: {}",
-            fleet.log()
+            fleet.log_tail(20)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -655,7 +564,7 @@ spec:
         assert!(
             Instant::now() < deadline,
             "no reload failure counted: {}",
-            fleet.log()
+            fleet.log_tail(20)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -664,7 +573,7 @@ spec:
             .unwrap()
             .contains("unknown verb \"fly\""),
         "{}",
-        fleet.log()
+        fleet.log_tail(20)
     );
     assert_refused(&list_raw(), 403, &["cluster \"member2\""]);
     let out = list("member1");
