@@ -4,67 +4,33 @@
 //! one per request, with the right user, verb, cluster, URI and code, including a member's 404, the
 //! gateway's own 404, a policy 403, a 401 and an honoured impersonation.
 
-use std::io::{BufRead, BufReader};
+mod support;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
 use serde_json::Value;
-
-struct Setup {
-    runtime: tokio::runtime::Runtime,
-    fleet: Option<FleetHandle>,
-    gateway: Option<Child>,
-    dir: tempfile::TempDir,
-    https: String,
-    admin: String,
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        if let Some(mut gateway) = self.gateway.take() {
-            let _ = gateway.kill();
-            let _ = gateway.wait();
-        }
-        if let Some(fleet) = self.fleet.take() {
-            self.runtime.block_on(fleet.shutdown());
-        }
-    }
-}
+use support::fleet::Fleet as Setup;
+use support::kubectl::kubectl_command;
 
 impl Setup {
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.path("gateway.log")).unwrap_or_default()
-    }
-
     fn audit_path(&self) -> PathBuf {
         self.path("audit/fleetgate-audit.log")
     }
 
     /// `kubectl` with the fleet's gateway kubeconfig (user admin), or with `user`'s certificate.
     fn kubectl(&self, user: Option<&str>, context: &str, args: &[&str]) -> Output {
-        let mut command = Command::new("kubectl");
-        // A fresh HOME: discovery is not served from another test's cache.
-        command.env("HOME", self.path("home"));
-        match user {
-            None => {
-                command
-                    .arg("--kubeconfig")
-                    .arg(self.path("gateway.kubeconfig"))
-                    .args(["--context", context]);
-            }
+        let mut command = match user {
+            None => kubectl_command(&self.path("gateway.kubeconfig"), context),
             Some(user) => {
+                let mut command = Command::new("kubectl");
                 command
                     .args(["--kubeconfig", "/dev/null"])
                     .arg(format!(
                         "--server=https://{}/clusters/{context}",
-                        self.https
+                        self.https()
                     ))
                     .arg(format!(
                         "--certificate-authority={}",
@@ -78,9 +44,12 @@ impl Setup {
                         "--client-key={}",
                         self.path(&format!("users/{user}.key")).display()
                     ));
+                command
             }
-        }
+        };
+        // A fresh HOME: discovery is not served from another test's cache.
         command
+            .env("HOME", self.path("home"))
             .args(["--request-timeout", "20s"])
             .args(args)
             .output()
@@ -109,7 +78,7 @@ impl Setup {
             }
         }
         let out = command
-            .arg(format!("https://{}{path}", self.https))
+            .arg(format!("https://{}{path}", self.https()))
             .output()
             .unwrap();
         assert!(
@@ -149,59 +118,16 @@ impl Setup {
 }
 
 fn start() -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let fleet = runtime
-        .block_on(start_fleet(FleetOptions {
-            dir: dir.path().to_path_buf(),
-            clusters: 2,
-            objects: 2,
-            churn_per_sec: 0.0,
-            gateway_listen: None,
-        }))
-        .unwrap();
+    let mut setup = Setup::sim(2, 2);
+    let dir = setup.dir().to_path_buf();
     // The fleet's Gateway, with the audit log on (a relative path: beside gateway.yaml).
-    let gateway_yaml = dir.path().join("gateway.yaml");
+    let gateway_yaml = dir.join("gateway.yaml");
     let mut gateway: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(&gateway_yaml).unwrap()).unwrap();
     gateway["spec"]["audit"] = serde_yaml::from_str("{path: audit/fleetgate-audit.log}").unwrap();
     std::fs::write(&gateway_yaml, serde_yaml::to_string(&gateway).unwrap()).unwrap();
 
-    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-        .args(["serve", "--workers", "2", "--config"])
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let field = |name: &str| {
-        line.split_whitespace()
-            .find_map(|f| f.strip_prefix(name))
-            .map(str::to_string)
-    };
-    let (https, admin) = (field("https="), field("admin="));
-    let setup = Setup {
-        runtime,
-        fleet: Some(fleet),
-        gateway: Some(child),
-        dir,
-        https: https.clone().unwrap_or_default(),
-        admin: admin.clone().unwrap_or_default(),
-    };
-    assert!(
-        line.contains("ready") && https.is_some() && admin.is_some(),
-        "gateway did not start: {line:?}\n{}",
-        setup.log()
-    );
+    setup.serve(&["--workers", "2"], None);
     setup
 }
 
@@ -426,7 +352,7 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
         .mode();
     assert_eq!(mode & 0o777, 0o600);
     let metrics = Command::new("curl")
-        .args(["-sS", &format!("http://{}/metrics", setup.admin)])
+        .args(["-sS", &format!("http://{}/metrics", setup.admin())])
         .output()
         .unwrap();
     let metrics = String::from_utf8_lossy(&metrics.stdout);
@@ -450,37 +376,23 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
 #[test]
 fn audit_log_off_when_absent_and_the_path_is_relative_to_the_gateway_file() {
     // The fleet's own gateway.yaml has no spec.audit: nothing is written anywhere under DIR.
-    let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let fleet = runtime
-        .block_on(start_fleet(FleetOptions {
-            dir: dir.path().to_path_buf(),
-            clusters: 1,
-            objects: 1,
-            churn_per_sec: 0.0,
-            gateway_listen: None,
-        }))
-        .unwrap();
-    let config = fleetgate_config_watcher::load_path(dir.path()).unwrap();
+    let fleet = Setup::sim(1, 1);
+    let dir = fleet.dir();
+    let config = fleetgate_config_watcher::load_path(dir).unwrap();
     assert!(config.gateway.audit.is_none());
     // With a relative path, the log sits beside the file that names it.
-    let gateway_yaml = dir.path().join("gateway.yaml");
+    let gateway_yaml = dir.join("gateway.yaml");
     let text = std::fs::read_to_string(&gateway_yaml).unwrap();
     let mut gateway: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
     gateway["spec"]["audit"] = serde_yaml::from_str("{path: logs/a.log, queue: 16}").unwrap();
     std::fs::write(&gateway_yaml, serde_yaml::to_string(&gateway).unwrap()).unwrap();
-    let config = fleetgate_config_watcher::load_path(dir.path()).unwrap();
+    let config = fleetgate_config_watcher::load_path(dir).unwrap();
     let audit = config.gateway.audit.unwrap();
-    assert_eq!(audit.path, dir.path().join("logs/a.log"));
+    assert_eq!(audit.path, dir.join("logs/a.log"));
     assert_eq!(audit.queue, 16);
     // A queue of 0 could hold nothing: refused, naming the field.
     gateway["spec"]["audit"] = serde_yaml::from_str("{path: a.log, queue: 0}").unwrap();
     std::fs::write(&gateway_yaml, serde_yaml::to_string(&gateway).unwrap()).unwrap();
-    let err = fleetgate_config_watcher::load_path(dir.path()).unwrap_err();
+    let err = fleetgate_config_watcher::load_path(dir).unwrap_err();
     assert!(err.to_string().contains("spec.audit.queue"), "{err}");
-    runtime.block_on(fleet.shutdown());
 }

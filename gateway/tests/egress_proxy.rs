@@ -6,102 +6,28 @@
 //! configured headers, a refusing proxy becomes a Status naming the proxy and its answer, and a
 //! Karmada Cluster's proxyURL/proxyHeader are the ones used.
 
-use std::io::{BufRead, BufReader};
+mod support;
+
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
-use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
+use support::fleet::Fleet;
+use support::kubectl::kubectl_command;
+use support::wait::wait_for;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-struct Fleet {
-    runtime: tokio::runtime::Runtime,
-    handle: Option<FleetHandle>,
-    gateway: Option<Child>,
-    dir: tempfile::TempDir,
-    https: Option<SocketAddr>,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        if let Some(mut gateway) = self.gateway.take() {
-            let _ = gateway.kill();
-            let _ = gateway.wait();
-        }
-        if let Some(handle) = self.handle.take() {
-            self.runtime.block_on(handle.shutdown());
-        }
-    }
-}
-
 impl Fleet {
-    fn new() -> Fleet {
-        let dir = tempfile::tempdir().unwrap();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let handle = runtime
-            .block_on(start_fleet(FleetOptions {
-                dir: dir.path().to_path_buf(),
-                clusters: 1,
-                objects: 2,
-                churn_per_sec: 0.0,
-                gateway_listen: None,
-            }))
-            .unwrap();
-        Fleet {
-            runtime,
-            handle: Some(handle),
-            gateway: None,
-            dir,
-            https: None,
-        }
-    }
-
-    fn start_gateway(&mut self) {
-        let log = std::fs::File::create(self.dir.path().join("gateway.log")).unwrap();
-        let mut gateway = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-            .args(["serve", "--workers", "1", "--config"])
-            .arg(self.dir.path())
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(gateway.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(
-            line.contains("ready"),
-            "gateway did not start: {line:?}\n{}",
-            self.log()
-        );
-        self.https = line
-            .split_whitespace()
-            .find_map(|f| f.strip_prefix("https="))
-            .map(|a| a.parse().unwrap());
-        self.gateway = Some(gateway);
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
-    }
-
     /// kubectl through the gateway as the fleet's admin user, to cluster `cluster`.
     fn kubectl(&self, cluster: &str, args: &[&str]) -> Output {
-        let server = format!("https://{}/clusters/{cluster}", self.https.unwrap());
-        Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(self.dir.path().join("gateway.kubeconfig"))
+        let server = format!("https://{}/clusters/{cluster}", self.https());
+        kubectl_command(&self.path("gateway.kubeconfig"), "member1")
             .arg("--cache-dir")
-            .arg(self.dir.path().join("kube-cache"))
-            .args(["--context", "member1", "--server", &server])
+            .arg(self.path("kube-cache"))
+            .args(["--server", &server])
             .args(["--request-timeout", "20s"])
             .args(args)
             .output()
@@ -109,7 +35,7 @@ impl Fleet {
     }
 
     fn member1_file(&self) -> std::path::PathBuf {
-        self.dir.path().join("clusters/member1.yaml")
+        self.path("clusters/member1.yaml")
     }
 }
 
@@ -211,18 +137,9 @@ fn add_to_spec(file: &Path, fields: &str) {
     std::fs::write(file, text).unwrap();
 }
 
-/// Polls `condition` every 20 ms until it holds, failing the test after `deadline`.
-fn wait_for(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !condition() {
-        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn a_cluster_behind_an_http_proxy_is_reached_through_connect_with_its_headers() {
-    let mut fleet = Fleet::new();
+    let mut fleet = Fleet::sim(1, 2);
     let tunnel = ConnectProxy::start(&fleet.runtime, ProxyMode::Tunnel);
     let refusing = ConnectProxy::start(&fleet.runtime, ProxyMode::Refuse);
     let original = std::fs::read_to_string(fleet.member1_file()).unwrap();
@@ -239,7 +156,7 @@ fn a_cluster_behind_an_http_proxy_is_reached_through_connect_with_its_headers() 
             tunnel.url()
         ),
     );
-    fleet.start_gateway();
+    fleet.serve(&["--workers", "1"], Some("info"));
 
     let out = fleet.kubectl("member1", &["get", "namespaces", "-o", "name"]);
     assert!(
@@ -288,7 +205,7 @@ fn a_cluster_behind_an_http_proxy_is_reached_through_connect_with_its_headers() 
 
 #[test]
 fn a_karmada_clusters_proxy_url_and_headers_are_used() {
-    let mut fleet = Fleet::new();
+    let mut fleet = Fleet::sim(1, 2);
     let tunnel = ConnectProxy::start(&fleet.runtime, ProxyMode::Tunnel);
     let member: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(fleet.member1_file()).unwrap()).unwrap();
@@ -337,8 +254,8 @@ data:
         token64 = b64(token),
         ca64 = b64(ca),
     );
-    std::fs::write(fleet.dir.path().join("clusters/karmada1.yaml"), karmada).unwrap();
-    fleet.start_gateway();
+    std::fs::write(fleet.path("clusters/karmada1.yaml"), karmada).unwrap();
+    fleet.serve(&["--workers", "1"], Some("info"));
     let out = fleet.kubectl("karmada1", &["get", "namespaces", "-o", "name"]);
     assert!(
         out.status.success(),

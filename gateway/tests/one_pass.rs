@@ -4,46 +4,16 @@
 //! AccessPolicies. The generated kubeconfig must work with kubectl as it is (no flags, no
 //! insecure TLS) for every context, and hold exactly the contexts the policies allow.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+mod support;
 
-use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use support::fleet::Fleet as Setup;
+use support::kubectl::{kubectl, succeeded};
 
 const FLEETGATE: &str = env!("CARGO_BIN_EXE_fleetgate");
-
-/// The fleet (in this process), the gateway (a child) and the working directory.
-struct Setup {
-    runtime: tokio::runtime::Runtime,
-    fleet: Option<FleetHandle>,
-    gateway: Option<Child>,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        if let Some(mut gateway) = self.gateway.take() {
-            let _ = gateway.kill();
-            let _ = gateway.wait();
-        }
-        if let Some(fleet) = self.fleet.take() {
-            self.runtime.block_on(fleet.shutdown());
-        }
-    }
-}
-
-impl Setup {
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn log(&self) -> String {
-        let log = std::fs::read_to_string(self.path("gateway.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(20).collect();
-        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-    }
-}
 
 fn fleetgate(args: &[&str]) -> Output {
     Command::new(FLEETGATE)
@@ -102,28 +72,8 @@ spec:
 /// Starts three simulated members, writes the certs and a config that uses them, and starts
 /// `fleetgate serve` on it. Returns the setup and the gateway's https address.
 fn start() -> (Setup, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let fleet_dir = dir.path().join("fleet");
-    let fleet = runtime
-        .block_on(start_fleet(FleetOptions {
-            dir: fleet_dir.clone(),
-            clusters: 3,
-            objects: 2,
-            churn_per_sec: 0.0,
-            gateway_listen: None,
-        }))
-        .unwrap();
-    let mut setup = Setup {
-        runtime,
-        fleet: Some(fleet),
-        gateway: None,
-        dir,
-    };
+    let mut setup = Setup::sim_in("fleet", 3, 2);
+    let fleet_dir = setup.dir().to_path_buf();
 
     // certs init: every file reported, keys 0600, nothing secret printed.
     let certs = setup.path("certs");
@@ -179,51 +129,18 @@ spec:
     std::fs::write(conf.join("gateway.yaml"), gateway_yaml).unwrap();
     std::fs::write(conf.join("policies.yaml"), POLICIES).unwrap();
 
-    let log = std::fs::File::create(setup.path("gateway.log")).unwrap();
-    let mut gateway = Command::new(FLEETGATE)
-        .args(["serve", "--config"])
-        .arg(&conf)
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(gateway.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    setup.gateway = Some(gateway);
-    assert!(
-        line.contains("ready"),
-        "gateway did not start: {line:?}\n{}",
-        setup.log()
-    );
-    let https = line
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("https="))
-        .unwrap()
-        .to_string();
+    setup.serve_config(&conf, &[], None);
+    let https = setup.https().to_string();
     (setup, https)
-}
-
-fn kubectl(kubeconfig: &Path, context: &str, args: &[&str]) -> Output {
-    Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--context", context, "--request-timeout", "20s"])
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 fn kubectl_ok(setup: &Setup, kubeconfig: &Path, context: &str, args: &[&str]) -> String {
     let out = kubectl(kubeconfig, context, args);
-    assert!(
-        out.status.success(),
-        "kubectl --context {context} {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        setup.log()
-    );
-    String::from_utf8(out.stdout).unwrap()
+    succeeded(
+        out,
+        &format!("--context {context} {args:?}"),
+        &setup.log_tail(20),
+    )
 }
 
 /// The contexts of a kubeconfig, and its current context.
@@ -442,7 +359,7 @@ fn issued_certificate_authenticates_with_kubectl_flags() {
         whoami.status.success(),
         "{}\n{}",
         String::from_utf8_lossy(&whoami.stderr),
-        setup.log()
+        setup.log_tail(20)
     );
     let review: serde_json::Value = serde_json::from_slice(&whoami.stdout).unwrap();
     assert_eq!(review["status"]["userInfo"]["username"], "dana");
