@@ -4,36 +4,11 @@ are 401, and AccessPolicy refusals are 403 Status naming the cluster. Uses the f
 demo` writes (users/NAME.token, users/NAME.jwt, policies.yaml; docs/simulated-fleet.md)."""
 
 import json
-import os
-import pathlib
-import subprocess
-import threading
 
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-FLEETGATE = os.environ.get("FLEETGATE_BIN", str(REPO / "target" / "debug" / "fleetgate"))
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """`fleetgate demo` with two members (member1 env=dev, member2 env=prod)."""
-    d = tmp_path_factory.mktemp("identity")
-    proc = subprocess.Popen(
-        [FLEETGATE, "demo", "--dir", str(d), "--clusters", "2", "--listen", "127.0.0.1:0", "--workers", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    for line in proc.stdout:  # the readiness signal; ends if the demo dies
-        if "ready" in line:
-            break
-    else:
-        pytest.fail("fleetgate demo exited before it was ready")
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-    yield d
-    proc.terminate()
-    assert proc.wait(timeout=20) == 0
 
 
 def gateway_server(demo, cluster):

@@ -2,9 +2,6 @@
 gateway with the kubeconfig `fleetgate demo` writes. Run by scripts/test after the Rust tests
 (which build target/debug/fleetgate)."""
 
-import os
-import pathlib
-import subprocess
 import threading
 import time
 import uuid
@@ -13,27 +10,6 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-FLEETGATE = os.environ.get("FLEETGATE_BIN", str(REPO / "target" / "debug" / "fleetgate"))
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """`fleetgate demo` with two members; yields its directory once it printed `ready`."""
-    d = tmp_path_factory.mktemp("demo")
-    proc = subprocess.Popen(
-        [FLEETGATE, "demo", "--dir", str(d), "--clusters", "2", "--listen", "127.0.0.1:0", "--workers", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    for line in proc.stdout:  # the readiness signal; ends if the demo dies
-        if "ready" in line:
-            break
-    else:
-        pytest.fail("fleetgate demo exited before it was ready")
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-    yield d
-    proc.terminate()
-    assert proc.wait(timeout=20) == 0
 
 
 def api(demo, context, kubeconfig="kubeconfig"):
