@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::fleet::Fleet as Setup;
-use support::kubectl::kubectl_command;
+use support::kubectl::{groups_of, kubectl_command, kubectl_with_cert};
 
 impl Setup {
     fn audit_path(&self) -> PathBuf {
@@ -24,28 +24,12 @@ impl Setup {
     fn kubectl(&self, user: Option<&str>, context: &str, args: &[&str]) -> Output {
         let mut command = match user {
             None => kubectl_command(&self.path("gateway.kubeconfig"), context),
-            Some(user) => {
-                let mut command = Command::new("kubectl");
-                command
-                    .args(["--kubeconfig", "/dev/null"])
-                    .arg(format!(
-                        "--server=https://{}/clusters/{context}",
-                        self.https()
-                    ))
-                    .arg(format!(
-                        "--certificate-authority={}",
-                        self.path("pki/gateway-ca.crt").display()
-                    ))
-                    .arg(format!(
-                        "--client-certificate={}",
-                        self.path(&format!("users/{user}.crt")).display()
-                    ))
-                    .arg(format!(
-                        "--client-key={}",
-                        self.path(&format!("users/{user}.key")).display()
-                    ));
-                command
-            }
+            Some(user) => kubectl_with_cert(
+                &format!("https://{}/clusters/{context}", self.https()),
+                &self.path("pki/gateway-ca.crt"),
+                &self.path(&format!("users/{user}.crt")),
+                &self.path(&format!("users/{user}.key")),
+            ),
         };
         // A fresh HOME: discovery is not served from another test's cache.
         command
@@ -146,14 +130,7 @@ fn by_agent<'a>(events: &'a [Value], agent: &str) -> Vec<&'a Value> {
 }
 
 fn groups(event: &Value, key: &str) -> Vec<String> {
-    event[key]["groups"]
-        .as_array()
-        .map(|g| {
-            g.iter()
-                .filter_map(|g| g.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
+    groups_of(&event[key])
 }
 
 #[test]

@@ -11,21 +11,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::client::SendRequest;
-use support::{setup, setup_with_connect_timeout, Gateway, DRIVERS};
+use support::{h2_request, setup, setup_with_connect_timeout, Gateway, DRIVERS};
 
 /// An h2 connection to the gateway as alice; its driver runs as a tokio task.
 async fn h2_client(gw: &Gateway) -> SendRequest<Bytes> {
-    let mut config = (*gw.pki.client_config(true)).clone();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(gw.https).await.unwrap();
-    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
-        .connect(
-            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
-            tcp,
-        )
-        .await
-        .unwrap();
-    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let tls = gw.tls_h2().await;
     // As Go's transport does: a connection window far larger than a stream's, so one stream
     // the application does not read cannot use up the whole connection's window.
     let (client, connection) = h2::client::Builder::new()
@@ -38,14 +28,6 @@ async fn h2_client(gw: &Gateway) -> SendRequest<Bytes> {
         let _ = connection.await;
     });
     client
-}
-
-fn request(method: &str, path: &str) -> http::Request<()> {
-    http::Request::builder()
-        .method(method)
-        .uri(format!("https://gw{path}"))
-        .body(())
-        .unwrap()
 }
 
 /// Reads a whole response body, releasing flow-control capacity as it goes.
@@ -61,7 +43,7 @@ async fn body_of(mut body: h2::RecvStream) -> Vec<u8> {
 
 async fn get(client: &SendRequest<Bytes>, path: &str) -> (u16, Vec<u8>) {
     let mut client = client.clone().ready().await.expect("ready");
-    let (response, _) = client.send_request(request("GET", path), true).unwrap();
+    let (response, _) = client.send_request(h2_request("GET", path), true).unwrap();
     let response = tokio::time::timeout(Duration::from_secs(30), response)
         .await
         .expect("response in time")
@@ -92,7 +74,7 @@ async fn h2_requests_bodies_and_watches_are_proxied() {
         let mut sender = client.clone().ready().await.unwrap();
         let (response, mut stream) = sender
             .send_request(
-                request("POST", "/clusters/member/api/v1/namespaces/n/configmaps"),
+                h2_request("POST", "/clusters/member/api/v1/namespaces/n/configmaps"),
                 false,
             )
             .unwrap();
@@ -125,7 +107,7 @@ async fn h2_requests_bodies_and_watches_are_proxied() {
         let mut sender = client.clone().ready().await.unwrap();
         let (response, _) = sender
             .send_request(
-                request("GET", "/clusters/member/api/v1/watch?watch=true"),
+                h2_request("GET", "/clusters/member/api/v1/watch?watch=true"),
                 true,
             )
             .unwrap();
@@ -188,7 +170,7 @@ async fn a_thousand_concurrent_streams_on_one_connection_are_all_answered() {
             let mut sender = client.clone().ready().await.unwrap();
             let (response, _) = sender
                 .send_request(
-                    request(
+                    h2_request(
                         "GET",
                         &format!("/clusters/member/late-watch?watch=true&i={i}"),
                     ),
@@ -235,7 +217,10 @@ async fn a_stalled_h2_reader_does_not_grow_gateway_memory_or_stall_other_streams
         // 200 MB asked for, never read: only the flow-control window may leave the member.
         let mut sender = client.clone().ready().await.unwrap();
         let (response, _) = sender
-            .send_request(request("GET", "/clusters/member/big?bytes=209715200"), true)
+            .send_request(
+                h2_request("GET", "/clusters/member/big?bytes=209715200"),
+                true,
+            )
             .unwrap();
         let stalled = response.await.unwrap();
         assert_eq!(stalled.status(), 200);
@@ -264,7 +249,7 @@ async fn impersonation_and_connect_over_h2_are_refused_with_a_status() {
         let client = h2_client(&gw).await;
         // Client impersonation headers are refused on h2 as on HTTP/1.1.
         let mut sender = client.clone().ready().await.unwrap();
-        let mut impersonating = request("GET", "/clusters/member/api");
+        let mut impersonating = h2_request("GET", "/clusters/member/api");
         impersonating
             .headers_mut()
             .insert("impersonate-user", "root".parse().unwrap());

@@ -14,7 +14,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use support::fleet::Fleet;
-use support::kubectl::kubectl;
+use support::kubectl::{groups_of, kubectl};
 
 /// A fleet of three members (member1 and member3 `env: dev`, member2 `env: prod`), plus, when
 /// asked, `direct1`: member1 again as a PassThrough cluster labelled `env: dev`.
@@ -199,18 +199,6 @@ fn stderr_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn groups(info: &serde_json::Value) -> Vec<String> {
-    info["groups"]
-        .as_array()
-        .map(|g| {
-            g.iter()
-                .filter_map(|g| g.as_str())
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// A refusal kubectl reports: the message of the Status and whether it is a 403 or a 401.
 fn assert_refused(out: &Output, code: u16, needles: &[&str]) {
     assert!(
@@ -243,9 +231,9 @@ fn whoami_shows_the_user_the_member_saw_for_every_method() {
     let cert = fleet.kubeconfig("alice-cert", Cred::Cert("alice"), None);
     let info = fleet.whoami(&cert, "member1");
     assert_eq!(info["username"], "alice", "{info}");
-    assert!(groups(&info).contains(&"devs".to_string()), "{info}");
+    assert!(groups_of(&info).contains(&"devs".to_string()), "{info}");
     assert!(
-        groups(&info).contains(&"system:authenticated".to_string()),
+        groups_of(&info).contains(&"system:authenticated".to_string()),
         "{info}"
     );
 
@@ -254,14 +242,17 @@ fn whoami_shows_the_user_the_member_saw_for_every_method() {
     let info = fleet.whoami(&token, "member3");
     assert_eq!(info["username"], "alice", "{info}");
     assert_eq!(info["uid"], "alice-uid", "{info}");
-    assert!(groups(&info).contains(&"devs".to_string()), "{info}");
+    assert!(groups_of(&info).contains(&"devs".to_string()), "{info}");
 
     // OIDC: prefixed user and groups, uid from the `uid` claim.
     let jwt = fleet.kubeconfig("alice-jwt", Cred::TokenFile("users/alice.jwt"), None);
     let info = fleet.whoami(&jwt, "member1");
     assert_eq!(info["username"], "oidc:alice", "{info}");
     assert_eq!(info["uid"], "alice-uid", "{info}");
-    assert!(groups(&info).contains(&"oidc:devs".to_string()), "{info}");
+    assert!(
+        groups_of(&info).contains(&"oidc:devs".to_string()),
+        "{info}"
+    );
     // Over h2 and HTTP/1.1 alike (kubectl's get uses h2; the second request reuses the cache).
     // The gateway lets oidc:alice (group oidc:devs) read dev clusters; the member, whose own
     // RBAC knows only alice, refuses her: its Forbidden, not the gateway's (no cluster named).
@@ -308,7 +299,7 @@ fn whoami_shows_the_user_the_member_saw_for_every_method() {
     let info = fleet.whoami(&as_alice, "member1");
     assert_eq!(info["username"], "alice", "{info}");
     assert_eq!(info["uid"], "alice-uid", "{info}");
-    assert!(groups(&info).contains(&"devs".to_string()), "{info}");
+    assert!(groups_of(&info).contains(&"devs".to_string()), "{info}");
     assert_eq!(info["extra"]["team"], serde_json::json!(["blue"]), "{info}");
     // ... and then the policy is alice's: prod (member2) is not hers.
     assert_refused(

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use support::fleet::Fleet as Setup;
-use support::kubectl::{kubectl, succeeded};
+use support::kubectl::{kubectl, kubectl_with_cert, succeeded};
 
 const FLEETGATE: &str = env!("CARGO_BIN_EXE_fleetgate");
 
@@ -338,23 +338,15 @@ fn issued_certificate_authenticates_with_kubectl_flags() {
     ]);
     assert!(!again.status.success());
 
-    let whoami = Command::new("kubectl")
-        .arg(format!("--server=https://{https}/clusters/member1"))
-        .arg(format!(
-            "--certificate-authority={}",
-            certs.join("serving-ca.crt").display()
-        ))
-        .arg(format!(
-            "--client-certificate={}",
-            issued.join("dana.crt").display()
-        ))
-        .arg(format!(
-            "--client-key={}",
-            issued.join("dana.key").display()
-        ))
-        .args(["--kubeconfig", "/dev/null", "auth", "whoami", "-o", "json"])
-        .output()
-        .unwrap();
+    let whoami = kubectl_with_cert(
+        &format!("https://{https}/clusters/member1"),
+        &certs.join("serving-ca.crt"),
+        &issued.join("dana.crt"),
+        &issued.join("dana.key"),
+    )
+    .args(["auth", "whoami", "-o", "json"])
+    .output()
+    .unwrap();
     assert!(
         whoami.status.success(),
         "{}\n{}",
@@ -383,20 +375,15 @@ fn issued_certificate_authenticates_with_kubectl_flags() {
         "--group",
         "system:masters",
     ]);
-    let forged = Command::new("kubectl")
-        .arg(format!("--server=https://{https}/clusters/member1"))
-        .arg(format!(
-            "--certificate-authority={}",
-            certs.join("serving-ca.crt").display()
-        ))
-        .arg(format!(
-            "--client-certificate={}",
-            other.join("dana.crt").display()
-        ))
-        .arg(format!("--client-key={}", other.join("dana.key").display()))
-        .args(["--kubeconfig", "/dev/null", "get", "ns"])
-        .output()
-        .unwrap();
+    let forged = kubectl_with_cert(
+        &format!("https://{https}/clusters/member1"),
+        &certs.join("serving-ca.crt"),
+        &other.join("dana.crt"),
+        &other.join("dana.key"),
+    )
+    .args(["get", "ns"])
+    .output()
+    .unwrap();
     assert!(
         !forged.status.success(),
         "a certificate of another CA was accepted"

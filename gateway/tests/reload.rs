@@ -7,15 +7,10 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
+use support::client::{cluster_file, Load};
 use support::fleet::Fleet;
 
 /// Parks a cluster file: the gateway's loader only reads `*.yaml` / `*.yml`.
@@ -25,10 +20,6 @@ fn park(dir: &Path, name: &str) {
 
 fn unpark(dir: &Path, name: &str) {
     std::fs::rename(parked_file(dir, name), cluster_file(dir, name)).unwrap();
-}
-
-fn cluster_file(dir: &Path, name: &str) -> PathBuf {
-    dir.join(format!("clusters/{name}.yaml"))
 }
 
 fn parked_file(dir: &Path, name: &str) -> PathBuf {
@@ -61,52 +52,10 @@ fn serve_with_management(fleet: &mut Fleet, config: &Path, extra: &[&str]) {
     fleet.serve_config(config, &args, None);
 }
 
-type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
-
-/// One keep-alive HTTP/1.1 connection to the gateway.
-async fn connect(addr: SocketAddr, tls: Arc<rustls::ClientConfig>) -> std::io::Result<Sender> {
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await?;
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(std::io::Error::other)?;
-    tokio::spawn(connection);
-    Ok(sender)
-}
-
-/// GET `path`; the status code and the body.
-async fn get(sender: &mut Sender, path: &str) -> Result<(u16, String), String> {
-    sender.ready().await.map_err(|e| e.to_string())?;
-    let request = http::Request::get(path)
-        .header("host", "127.0.0.1")
-        .body(Empty::new())
-        .unwrap();
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status().as_u16();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
-}
-
 impl Fleet {
     /// A fresh connection and one GET (as a new kubectl would do).
     fn get_once(&self, path: &str) -> (u16, String) {
-        let (addr, tls) = (self.https(), self.admin_tls_config(b"http/1.1"));
-        let path = path.to_owned();
-        self.runtime.block_on(async move {
-            let mut sender = connect(addr, tls).await.unwrap();
-            get(&mut sender, &path).await.unwrap()
-        })
+        self.request("GET", path, "")
     }
 
     /// Polls `path` until it answers `code`; panics after `within`. Returns how long it took.
@@ -127,61 +76,6 @@ impl Fleet {
     }
 }
 
-/// Requests to one cluster in a loop over keep-alive connections (a new connection every 50
-/// requests), bounded in count and time, counting answers that are not 200.
-struct Load {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    failures: Arc<Mutex<Vec<String>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-fn start_load(fleet: &Fleet, path: &'static str) -> Load {
-    let stop = Arc::new(AtomicBool::new(false));
-    let ok = Arc::new(AtomicU64::new(0));
-    let failures = Arc::new(Mutex::new(Vec::new()));
-    let (addr, tls) = (fleet.https(), fleet.admin_tls_config(b"http/1.1"));
-    let (s, o, f) = (stop.clone(), ok.clone(), failures.clone());
-    let task = fleet.runtime.spawn(async move {
-        let started = Instant::now();
-        let mut sent = 0u64;
-        while !s.load(Ordering::Relaxed)
-            && sent < 20_000
-            && started.elapsed() < Duration::from_secs(60)
-        {
-            let mut sender = match connect(addr, tls.clone()).await {
-                Ok(sender) => sender,
-                Err(e) => {
-                    f.lock().unwrap().push(format!("connect: {e}"));
-                    continue;
-                }
-            };
-            for _ in 0..50 {
-                if s.load(Ordering::Relaxed) {
-                    break;
-                }
-                sent += 1;
-                match get(&mut sender, path).await {
-                    Ok((200, _)) => {
-                        o.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok((code, body)) => f.lock().unwrap().push(format!("{code}: {body}")),
-                    Err(e) => {
-                        f.lock().unwrap().push(e);
-                        break;
-                    }
-                }
-            }
-        }
-    });
-    Load {
-        stop,
-        ok,
-        failures,
-        task,
-    }
-}
-
 const UNCHANGED: &str = "/clusters/member1/api/v1/namespaces/default";
 const WITHIN: Duration = Duration::from_secs(1);
 
@@ -194,7 +88,7 @@ fn clusters_follow_the_watched_directory_while_requests_keep_succeeding() {
     let fleet = start(3);
     assert_eq!(fleet.get_once(UNCHANGED).0, 200);
     assert_eq!(fleet.get_once(&path_of("member2")).0, 404);
-    let load = start_load(&fleet, UNCHANGED);
+    let load = Load::start(&fleet, UNCHANGED);
 
     // Added: member2's file appears (renamed in, as `mv` or `kubectl cp` would).
     unpark(fleet.dir(), "member2");
@@ -273,18 +167,7 @@ fn clusters_follow_the_watched_directory_while_requests_keep_succeeding() {
         std::thread::sleep(Duration::from_millis(10));
     }
 
-    load.stop.store(true, Ordering::Relaxed);
-    fleet.runtime.block_on(load.task).unwrap();
-    let failures = load.failures.lock().unwrap().clone();
-    let ok = load.ok.load(Ordering::Relaxed);
-    assert!(
-        failures.is_empty(),
-        "{} failed requests on the unchanged cluster (of {}): {:?}",
-        failures.len(),
-        ok + failures.len() as u64,
-        &failures[..failures.len().min(5)]
-    );
-    assert!(ok >= 20, "only {ok} requests ran during the changes");
+    load.finish(&fleet);
 }
 
 /// kubectl on the fleet's own kubeconfig (the members, not the gateway), as `admin`.

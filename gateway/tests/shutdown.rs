@@ -11,31 +11,23 @@ mod support;
 
 use std::future::Future;
 use std::process::ExitStatus;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::client::SendRequest;
-use support::{read_response, silent_listener, write_config, Gateway, Pki, Upstream, DRIVERS};
+use support::{h2_request, read_response, setup_with_config, Gateway, Upstream, DRIVERS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{oneshot, watch};
 
 /// Starts a member and a gateway whose Gateway object gets `limits` appended to its
 /// `spec.limits` block and `spec_extra` appended to its spec.
 async fn start(driver: &str, limits: &str, spec_extra: &str) -> (Upstream, Gateway) {
-    let upstream = Upstream::start().await;
-    let stalled = silent_listener().await;
-    let pki = Arc::new(Pki::generate());
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &pki, upstream.address, stalled);
-    let gateway_yaml = dir.path().join("gateway.yaml");
-    let text = std::fs::read_to_string(&gateway_yaml).unwrap();
-    let anchor = "    responseHeadTimeoutSeconds: 0.5\n";
-    assert!(text.ends_with(anchor), "the test config changed shape");
-    let text = format!("{text}{limits}{spec_extra}");
-    std::fs::write(&gateway_yaml, text).unwrap();
-    let gateway = tokio::task::block_in_place(|| Gateway::start(&config, driver, dir, pki));
-    (upstream, gateway)
+    setup_with_config(driver, |text| {
+        let anchor = "    responseHeadTimeoutSeconds: 0.5\n";
+        assert!(text.ends_with(anchor), "the test config changed shape");
+        format!("{text}{limits}{spec_extra}")
+    })
+    .await
 }
 
 /// An h2 client connection: the request handle, the connection's end (its result), and the
@@ -47,17 +39,7 @@ struct H2 {
 }
 
 async fn h2_connect(gw: &Gateway) -> H2 {
-    let mut config = (*gw.pki.client_config(true)).clone();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(gw.https).await.unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(
-            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
-            tcp,
-        )
-        .await
-        .unwrap();
-    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let tls = gw.tls_h2().await;
     let (client, connection) = h2::client::Builder::new()
         .initial_connection_window_size(16 * 1024 * 1024)
         .handshake::<_, Bytes>(tls)
@@ -82,18 +64,13 @@ async fn h2_connect(gw: &Gateway) -> H2 {
     }
 }
 
-fn get(path: &str) -> http::Request<()> {
-    http::Request::builder()
-        .method("GET")
-        .uri(format!("https://gw{path}"))
-        .body(())
-        .unwrap()
-}
-
 /// Sends a GET on `client` and returns the response (head only).
 async fn send_get(client: &SendRequest<Bytes>, path: &str) -> h2::client::ResponseFuture {
     let mut sender = client.clone().ready().await.expect("ready");
-    sender.send_request(get(path), true).unwrap().0
+    sender
+        .send_request(h2_request("GET", path), true)
+        .unwrap()
+        .0
 }
 
 async fn body_of(mut body: h2::RecvStream) -> Vec<u8> {

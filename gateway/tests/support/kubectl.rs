@@ -38,3 +38,29 @@ pub fn succeeded(out: Output, what: &str, context: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// `kubectl` with no kubeconfig at all: the server, the CA to trust and a client certificate
+/// given as flags (what a user does with a certificate issued to them).
+pub fn kubectl_with_cert(server: &str, ca: &Path, cert: &Path, key: &Path) -> Command {
+    let mut command = Command::new("kubectl");
+    command
+        .args(["--kubeconfig", "/dev/null"])
+        .arg(format!("--server={server}"))
+        .arg(format!("--certificate-authority={}", ca.display()))
+        .arg(format!("--client-certificate={}", cert.display()))
+        .arg(format!("--client-key={}", key.display()));
+    command
+}
+
+/// The `groups` of a Kubernetes userInfo (a SelfSubjectReview's `status.userInfo`, an audit
+/// event's `user`), empty when absent.
+pub fn groups_of(user_info: &serde_json::Value) -> Vec<String> {
+    user_info["groups"]
+        .as_array()
+        .map(|g| {
+            g.iter()
+                .filter_map(|g| g.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}

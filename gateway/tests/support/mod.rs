@@ -7,6 +7,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod client;
 pub mod fleet;
 pub mod kubectl;
 pub mod wait;
@@ -558,10 +559,35 @@ impl Gateway {
             .unwrap()
     }
 
+    /// A TLS connection with alice's client certificate that negotiated ALPN `h2`.
+    pub async fn tls_h2(&self) -> tokio_rustls::client::TlsStream<TcpStream> {
+        let mut config = (*self.pki.client_config(true)).clone();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let tcp = TcpStream::connect(self.https).await.unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(
+                rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+                tcp,
+            )
+            .await
+            .unwrap();
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        tls
+    }
+
     /// A plaintext connection to the benchmark listener.
     pub async fn plain(&self) -> TcpStream {
         TcpStream::connect(self.http).await.unwrap()
     }
+}
+
+/// An h2 request head for the gateway (`https://gw{path}`), no body.
+pub fn h2_request(method: &str, path: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method(method)
+        .uri(format!("https://gw{path}"))
+        .body(())
+        .unwrap()
 }
 
 /// Starts an upstream and a gateway in front of it (driver `epoll` or `uring`).
@@ -572,6 +598,21 @@ pub async fn setup(driver: &str) -> (Upstream, Gateway) {
 /// Like [`setup`], with `connectTimeoutSeconds` set to `seconds` (tests that dial hundreds of
 /// member connections at once on a debug build need more than the default 0.5 s).
 pub async fn setup_with_connect_timeout(driver: &str, seconds: &str) -> (Upstream, Gateway) {
+    setup_with_config(driver, |text| {
+        text.replace(
+            "connectTimeoutSeconds: 0.5",
+            &format!("connectTimeoutSeconds: {seconds}"),
+        )
+    })
+    .await
+}
+
+/// Like [`setup`], with the Gateway object's text (see [`write_config`]) passed through `edit`
+/// before the gateway starts.
+pub async fn setup_with_config(
+    driver: &str,
+    edit: impl FnOnce(String) -> String,
+) -> (Upstream, Gateway) {
     let upstream = Upstream::start().await;
     let stalled = silent_listener().await;
     let pki = Arc::new(Pki::generate());
@@ -579,11 +620,7 @@ pub async fn setup_with_connect_timeout(driver: &str, seconds: &str) -> (Upstrea
     let config = write_config(dir.path(), &pki, upstream.address, stalled);
     let gateway_yaml = dir.path().join("gateway.yaml");
     let text = std::fs::read_to_string(&gateway_yaml).unwrap();
-    let text = text.replace(
-        "connectTimeoutSeconds: 0.5",
-        &format!("connectTimeoutSeconds: {seconds}"),
-    );
-    std::fs::write(&gateway_yaml, text).unwrap();
+    std::fs::write(&gateway_yaml, edit(text)).unwrap();
     let gateway = tokio::task::block_in_place(|| Gateway::start(&config, driver, dir, pki));
     (upstream, gateway)
 }
