@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use fleetgate_loadtest::sim;
 use http_body_util::BodyExt;
 use support::client::{cluster_file, Load, Sender};
-use support::fleet::Fleet;
+use support::fleet::{with_refused_token, Fleet};
 use support::kubectl::kubectl_command;
 use support::wait::wait_for;
 use tokio::sync::mpsc;
@@ -201,14 +201,7 @@ fn create_configmap(fleet: &Fleet, member: &str, name: &str) {
 fn change_token(fleet: &Fleet) {
     let file = cluster_file(fleet.dir(), "member1");
     let good = std::fs::read_to_string(&file).unwrap();
-    let token_line = good
-        .lines()
-        .find(|l| l.trim_start().starts_with("token:"))
-        .unwrap()
-        .to_owned();
-    let indent = &token_line[..token_line.len() - token_line.trim_start().len()];
-    let bad = good.replace(&token_line, &format!("{indent}token: not-a-valid-token"));
-    std::fs::write(&file, bad).unwrap();
+    std::fs::write(&file, with_refused_token(&good)).unwrap();
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::client::SendRequest;
-use support::{h2_request, setup, setup_with_connect_timeout, Gateway, DRIVERS};
+use support::{h2_request, read_h2_body, setup, setup_with_connect_timeout, Gateway, DRIVERS};
 
 /// An h2 connection to the gateway as alice; its driver runs as a tokio task.
 async fn h2_client(gw: &Gateway) -> SendRequest<Bytes> {
@@ -30,17 +30,6 @@ async fn h2_client(gw: &Gateway) -> SendRequest<Bytes> {
     client
 }
 
-/// Reads a whole response body, releasing flow-control capacity as it goes.
-async fn body_of(mut body: h2::RecvStream) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(data) = body.data().await {
-        let data = data.expect("body data");
-        let _ = body.flow_control().release_capacity(data.len());
-        out.extend_from_slice(&data);
-    }
-    out
-}
-
 async fn get(client: &SendRequest<Bytes>, path: &str) -> (u16, Vec<u8>) {
     let mut client = client.clone().ready().await.expect("ready");
     let (response, _) = client.send_request(h2_request("GET", path), true).unwrap();
@@ -49,7 +38,7 @@ async fn get(client: &SendRequest<Bytes>, path: &str) -> (u16, Vec<u8>) {
         .expect("response in time")
         .expect("response");
     let code = response.status().as_u16();
-    (code, body_of(response.into_body()).await)
+    (code, read_h2_body(response.into_body()).await)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,7 +74,7 @@ async fn h2_requests_bodies_and_watches_are_proxied() {
         let response = response.await.unwrap();
         assert_eq!(response.status(), 200, "{driver}");
         let echo: serde_json::Value =
-            serde_json::from_slice(&body_of(response.into_body()).await).unwrap();
+            serde_json::from_slice(&read_h2_body(response.into_body()).await).unwrap();
         assert_eq!(
             echo["body"], "5\r\n{\"a\":\r\n2\r\n1}\r\n0\r\n\r\n",
             "{driver}"
@@ -187,7 +176,11 @@ async fn a_thousand_concurrent_streams_on_one_connection_are_all_answered() {
                 .unwrap_or_else(|_| panic!("{driver}: stream {answered} unanswered: {}", gw.log()))
                 .expect("response");
             assert_eq!(response.status(), 200, "{driver}");
-            assert_eq!(body_of(response.into_body()).await, b"late", "{driver}");
+            assert_eq!(
+                read_h2_body(response.into_body()).await,
+                b"late",
+                "{driver}"
+            );
             answered += 1;
         }
         assert_eq!(answered, 1000);
@@ -257,7 +250,7 @@ async fn impersonation_and_connect_over_h2_are_refused_with_a_status() {
         let response = response.await.unwrap();
         assert_eq!(response.status(), 403, "{driver}");
         let status: serde_json::Value =
-            serde_json::from_slice(&body_of(response.into_body()).await).unwrap();
+            serde_json::from_slice(&read_h2_body(response.into_body()).await).unwrap();
         assert_eq!(status["reason"], "Forbidden", "{driver}");
         // exec / attach / port-forward cannot ride h2: a CONNECT gets a Status, not a tunnel.
         let mut sender = client.clone().ready().await.unwrap();
@@ -270,7 +263,7 @@ async fn impersonation_and_connect_over_h2_are_refused_with_a_status() {
         let response = response.await.unwrap();
         assert_eq!(response.status(), 501, "{driver}");
         let status: serde_json::Value =
-            serde_json::from_slice(&body_of(response.into_body()).await).unwrap();
+            serde_json::from_slice(&read_h2_body(response.into_body()).await).unwrap();
         assert_eq!(status["kind"], "Status", "{driver}");
         assert!(
             status["message"].as_str().unwrap().contains("HTTP/1.1"),
@@ -349,7 +342,7 @@ async fn a_websocket_over_h2_extended_connect_is_an_upgrade_to_the_member() {
         read_until(&mut body, &mut received, b"bye").await;
         assert_eq!(received, b"member-first:hellobye", "{driver}");
         // Then the stream ends (END_STREAM) with nothing more.
-        let rest = tokio::time::timeout(Duration::from_secs(5), body_of(body))
+        let rest = tokio::time::timeout(Duration::from_secs(5), read_h2_body(body))
             .await
             .expect("end in time");
         assert!(rest.is_empty(), "{driver}: {rest:?}");
@@ -386,7 +379,7 @@ async fn a_websocket_over_h2_extended_connect_is_an_upgrade_to_the_member() {
         let response = response.await.unwrap();
         assert_eq!(response.status(), 502, "{driver}");
         let status: serde_json::Value =
-            serde_json::from_slice(&body_of(response.into_body()).await).unwrap();
+            serde_json::from_slice(&read_h2_body(response.into_body()).await).unwrap();
         assert_eq!(status["kind"], "Status", "{driver}");
 
         // Any other protocol still needs HTTP/1.1.

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use support::client::{cluster_file, Load};
-use support::fleet::Fleet;
+use support::fleet::{with_refused_token, Fleet};
 
 /// Parks a cluster file: the gateway's loader only reads `*.yaml` / `*.yml`.
 fn park(dir: &Path, name: &str) {
@@ -97,14 +97,11 @@ fn clusters_follow_the_watched_directory_while_requests_keep_succeeding() {
 
     // Changed: member2's token rewritten to one the member refuses, then back.
     let good = std::fs::read_to_string(cluster_file(fleet.dir(), "member2")).unwrap();
-    let token_line = good
-        .lines()
-        .find(|l| l.trim_start().starts_with("token:"))
-        .unwrap()
-        .to_owned();
-    let indent = &token_line[..token_line.len() - token_line.trim_start().len()];
-    let bad = good.replace(&token_line, &format!("{indent}token: not-a-valid-token"));
-    std::fs::write(cluster_file(fleet.dir(), "member2"), bad).unwrap();
+    std::fs::write(
+        cluster_file(fleet.dir(), "member2"),
+        with_refused_token(&good),
+    )
+    .unwrap();
     fleet.answers_within(&path_of("member2"), 401, WITHIN);
     std::fs::write(cluster_file(fleet.dir(), "member2"), &good).unwrap();
     fleet.answers_within(&path_of("member2"), 200, WITHIN);
@@ -125,15 +122,12 @@ fn clusters_follow_the_watched_directory_while_requests_keep_succeeding() {
         "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: member9\nspec:\n  server: https://127.0.0.1:1\n  caFile: does-not-exist.crt\n",
     )
     .unwrap();
-    let start = Instant::now();
-    let verbose = loop {
-        let text = fleet.admin_get("/readyz?verbose");
-        if text.contains("rejected") {
-            break text;
-        }
-        assert!(start.elapsed() < WITHIN, "no reload error shown: {text}");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let verbose = fleet.admin_until(
+        "/readyz?verbose",
+        "rejected",
+        WITHIN,
+        "no reload error shown",
+    );
     assert!(verbose.starts_with("HTTP/1.1 200"), "{verbose}");
     assert!(
         verbose.contains("broken.yaml")
@@ -158,14 +152,12 @@ fn clusters_follow_the_watched_directory_while_requests_keep_succeeding() {
 
     // Fixed by removing the broken file: the error clears.
     std::fs::remove_file(fleet.dir().join("clusters/broken.yaml")).unwrap();
-    let start = Instant::now();
-    while !fleet
-        .admin_get("/readyz?verbose")
-        .contains("config-reload ok")
-    {
-        assert!(start.elapsed() < WITHIN, "the reload error did not clear");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    fleet.admin_until(
+        "/readyz?verbose",
+        "config-reload ok",
+        WITHIN,
+        "the reload error did not clear",
+    );
 
     load.finish(&fleet);
 }
@@ -262,15 +254,12 @@ fn a_cluster_follows_the_secret_its_credentials_reference() {
 
     // The Secret removed: rejected, the last good table keeps serving.
     std::fs::remove_file(&secret_file).unwrap();
-    let start = Instant::now();
-    let verbose = loop {
-        let text = fleet.admin_get("/readyz?verbose");
-        if text.contains("rejected") {
-            break text;
-        }
-        assert!(start.elapsed() < WITHIN, "no reload error shown: {text}");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let verbose = fleet.admin_until(
+        "/readyz?verbose",
+        "rejected",
+        WITHIN,
+        "no reload error shown",
+    );
     assert!(
         verbose.contains("Cluster member1")
             && verbose.contains("spec.credentials.secretRef")
@@ -334,15 +323,12 @@ fn files_and_the_management_cluster_are_merged() {
         fleet.dir(),
         &["apply", "-f", member3_object.to_str().unwrap()],
     );
-    let start = Instant::now();
-    let verbose = loop {
-        let text = fleet.admin_get("/readyz?verbose");
-        if text.contains("rejected") {
-            break text;
-        }
-        assert!(start.elapsed() < WITHIN, "no merge error shown: {text}");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let verbose = fleet.admin_until(
+        "/readyz?verbose",
+        "rejected",
+        WITHIN,
+        "no merge error shown",
+    );
     assert!(
         verbose.contains("\"member3\" is defined both in the files")
             && verbose.contains("member3.yaml")
@@ -351,14 +337,12 @@ fn files_and_the_management_cluster_are_merged() {
     );
     assert_eq!(fleet.get_once(&path_of("member3")).0, 200);
     kubectl(fleet.dir(), &["delete", "clusters.fleetgate.io", "member3"]);
-    let start = Instant::now();
-    while !fleet
-        .admin_get("/readyz?verbose")
-        .contains("config-reload ok")
-    {
-        assert!(start.elapsed() < WITHIN, "the merge error did not clear");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    fleet.admin_until(
+        "/readyz?verbose",
+        "config-reload ok",
+        WITHIN,
+        "the merge error did not clear",
+    );
 }
 
 /// `--management-objects both` against a management cluster without Karmada's CRD: the

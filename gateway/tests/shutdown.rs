@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::client::SendRequest;
-use support::{h2_request, read_response, setup_with_config, Gateway, Upstream, DRIVERS};
+use support::{
+    h2_request, read_h2_body, read_response, setup_with_config, Gateway, Upstream, DRIVERS,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{oneshot, watch};
 
@@ -71,16 +73,6 @@ async fn send_get(client: &SendRequest<Bytes>, path: &str) -> h2::client::Respon
         .send_request(h2_request("GET", path), true)
         .unwrap()
         .0
-}
-
-async fn body_of(mut body: h2::RecvStream) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(data) = body.data().await {
-        let data = data.expect("body data");
-        let _ = body.flow_control().release_capacity(data.len());
-        out.extend_from_slice(&data);
-    }
-    out
 }
 
 /// Polls `check` every 10 ms until it is true, for at most `within`.
@@ -189,7 +181,11 @@ async fn sigterm_drains_h2_and_http1_lets_in_flight_requests_finish_and_exits_ze
             .expect("in-flight h2 response in time")
             .expect("in-flight h2 response");
         assert_eq!(response.status(), 200, "{driver}");
-        assert_eq!(body_of(response.into_body()).await, b"late", "{driver}");
+        assert_eq!(
+            read_h2_body(response.into_body()).await,
+            b"late",
+            "{driver}"
+        );
 
         // HTTP/1.1: the idle keep-alive connection is closed at once.
         let mut byte = [0u8; 1];
@@ -409,7 +405,10 @@ async fn h2_idle_timeout_sends_goaway_to_an_idle_connection_but_not_to_one_with_
             .await
             .unwrap();
         assert_eq!(response.status(), 200, "{driver}");
-        assert!(!body_of(response.into_body()).await.is_empty(), "{driver}");
+        assert!(
+            !read_h2_body(response.into_body()).await.is_empty(),
+            "{driver}"
+        );
         let idle_from = Instant::now();
         let closed = tokio::time::timeout(Duration::from_secs(15), idle.closed)
             .await

@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
 
@@ -209,6 +210,20 @@ impl Fleet {
         admin_get(self.admin(), path)
     }
 
+    /// Polls `path` on the admin listener every 10 ms until its response contains `needle`;
+    /// the response. Fails the test after `within` with `what` and the last response.
+    pub fn admin_until(&self, path: &str, needle: &str, within: Duration, what: &str) -> String {
+        let start = Instant::now();
+        loop {
+            let text = self.admin_get(path);
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(start.elapsed() < within, "{what}: {text}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// A series of the gateway's `/metrics` (`name{labels}`), `None` when absent.
     pub fn metric(&self, series: &str) -> Option<i64> {
         let metrics = self.admin_get("/metrics");
@@ -224,6 +239,17 @@ impl Fleet {
     pub fn admin_tls_config(&self, alpn: &[u8]) -> Arc<rustls::ClientConfig> {
         admin_tls_config(&self.fleet_dir, alpn)
     }
+}
+
+/// A Cluster file's text with its bearer token replaced by one the member refuses (a spec
+/// change of that cluster alone).
+pub fn with_refused_token(cluster_yaml: &str) -> String {
+    let token_line = cluster_yaml
+        .lines()
+        .find(|l| l.trim_start().starts_with("token:"))
+        .expect("a Cluster with spec.credentials.token");
+    let indent = &token_line[..token_line.len() - token_line.trim_start().len()];
+    cluster_yaml.replace(token_line, &format!("{indent}token: not-a-valid-token"))
 }
 
 /// A GET of `path` on an admin listener (`Connection: close`); the whole response.

@@ -590,6 +590,17 @@ pub fn h2_request(method: &str, path: &str) -> http::Request<()> {
         .unwrap()
 }
 
+/// Reads a whole h2 response body, releasing flow-control capacity as it goes.
+pub async fn read_h2_body(mut body: h2::RecvStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(data) = body.data().await {
+        let data = data.expect("body data");
+        let _ = body.flow_control().release_capacity(data.len());
+        out.extend_from_slice(&data);
+    }
+    out
+}
+
 /// Starts an upstream and a gateway in front of it (driver `epoll` or `uring`).
 pub async fn setup(driver: &str) -> (Upstream, Gateway) {
     setup_with_connect_timeout(driver, "0.5").await
