@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use support::fleet::Fleet;
+use support::fleet::{raw_get, Fleet};
 use support::kubectl::{groups_of, kubectl};
 
 /// A fleet of three members (member1 and member3 `env: dev`, member2 `env: prod`), plus, when
@@ -163,16 +163,12 @@ impl Fleet {
     /// A GET of member1's `dev` pods on the plaintext listener with an optional
     /// `Authorization: ...\r\n` line; the whole response.
     fn plain_get(&self, authorization: &str) -> String {
-        use std::io::{Read, Write};
-        let mut tcp = std::net::TcpStream::connect(self.plain()).unwrap();
-        write!(
-            tcp,
-            "GET /clusters/member1/api/v1/namespaces/dev/pods HTTP/1.1\r\nHost: gw\r\n{authorization}Connection: close\r\n\r\n"
+        raw_get(
+            self.plain(),
+            "gw",
+            "/clusters/member1/api/v1/namespaces/dev/pods",
+            authorization,
         )
-        .unwrap();
-        let mut response = String::new();
-        tcp.read_to_string(&mut response).unwrap();
-        response
     }
 
     /// `kubectl auth whoami -o json` on `context`: the userInfo the member saw.

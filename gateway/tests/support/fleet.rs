@@ -254,10 +254,16 @@ pub fn with_refused_token(cluster_yaml: &str) -> String {
 
 /// A GET of `path` on an admin listener (`Connection: close`); the whole response.
 pub fn admin_get(admin: SocketAddr, path: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(admin).expect("admin listener");
+    raw_get(admin, "admin", path, "")
+}
+
+/// A plaintext HTTP/1.1 GET of `path` with `Connection: close` and `headers` (whole lines,
+/// each ending in `\r\n`); the whole response as the gateway wrote it, head included.
+pub fn raw_get(address: SocketAddr, host: &str, path: &str, headers: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(address).expect("listener");
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut text = String::new();
