@@ -1,9 +1,13 @@
 //! `fleetgate demo` as a newcomer runs it: one command, then kubectl with the kubeconfig it wrote,
 //! reaching every simulated member through the gateway, and a clean stop on SIGTERM.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use support::fleet::KillOnDrop;
 
 fn kubectl(
     kubeconfig: &std::path::Path,
@@ -20,20 +24,11 @@ fn kubectl(
         .expect("kubectl runs")
 }
 
-/// The demo process, killed when the test ends however it ends, so a failed assertion never leaves
-/// a fleet and a gateway running.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
+    // Killed when the test ends however it ends: a failed assertion never leaves a fleet and a
+    // gateway running.
     let mut demo = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_fleetgate"))
             .args([

@@ -71,17 +71,34 @@ where
     (child, ReadyLine(line))
 }
 
-/// A `fleetgate serve` child, killed when dropped.
-pub struct ServeProcess {
-    pub child: Child,
-    pub ready: ReadyLine,
+/// A child process killed (and reaped) when dropped, so a failed assertion never leaves a
+/// gateway or a fleet running. Derefs to the [`Child`] (its pid, `try_wait`, its pipes).
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
-impl Drop for ServeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
     }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+/// A `fleetgate serve` child (killed when dropped) and its `ready` line.
+pub struct ServeProcess {
+    pub child: KillOnDrop,
+    pub ready: ReadyLine,
 }
 
 /// The simulated fleet in a temporary directory, and the gateway once [`Fleet::serve`] ran.
@@ -153,7 +170,10 @@ impl Fleet {
         all.extend(args.iter().map(OsStr::new));
         let env: Vec<(&str, &str)> = rust_log.map(|l| ("RUST_LOG", l)).into_iter().collect();
         let (child, ready) = spawn_serve(all, &env, &self.path("gateway.log"));
-        self.gateway = Some(ServeProcess { child, ready });
+        self.gateway = Some(ServeProcess {
+            child: KillOnDrop(child),
+            ready,
+        });
     }
 
     /// A path under the temporary directory.

@@ -14,7 +14,6 @@ pub mod wait;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -409,19 +408,13 @@ pub fn closed_port() -> SocketAddr {
 
 /// A running `fleetgate serve`.
 pub struct Gateway {
-    pub child: Child,
+    /// Killed when the Gateway is dropped.
+    pub child: fleet::KillOnDrop,
     pub https: SocketAddr,
     pub http: SocketAddr,
     pub admin: SocketAddr,
     pub dir: tempfile::TempDir,
     pub pki: Arc<Pki>,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The clusters of a test config: `member` (the recording upstream), `stopped` (nothing
@@ -523,10 +516,10 @@ impl Gateway {
         );
         let field = |name: &str| ready.addr(name);
         Gateway {
+            child: fleet::KillOnDrop(child),
             https: field("https"),
             http: field("http"),
             admin: field("admin"),
-            child,
             dir,
             pki,
         }
