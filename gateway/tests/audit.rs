@@ -145,6 +145,13 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
     // alice (group devs) may read the env=dev clusters only; member2 is prod.
     let denied = "/clusters/member2/api/v1/namespaces";
     assert_eq!(setup.curl("alice", "audit-test-denied", denied), 403);
+    // The same refusal for alice's bearer token: the event names her, not the listener's user.
+    let alice_token = std::fs::read_to_string(setup.dir().join("users/alice.token")).unwrap();
+    let alice_bearer = format!("bearer:{}", alice_token.trim());
+    assert_eq!(
+        setup.curl(&alice_bearer, "audit-test-denied-token", denied),
+        403
+    );
     let unauthorized = "/clusters/member1/api/v1/namespaces";
     assert_eq!(
         setup.curl("bearer:not-a-known-token", "audit-test-401", unauthorized),
@@ -194,6 +201,7 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
             "audit-test-list",
             "audit-test-unknown",
             "audit-test-denied",
+            "audit-test-denied-token",
             "audit-test-401",
         ]
         .iter()
@@ -262,6 +270,18 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
         404,
     );
     expect("audit-test-denied", "alice", "list", "member2", denied, 403);
+    let denied_token = expect(
+        "audit-test-denied-token",
+        "alice",
+        "list",
+        "member2",
+        denied,
+        403,
+    );
+    assert!(
+        denied_token.get("impersonatedUser").is_none(),
+        "{denied_token}"
+    );
     expect(
         "audit-test-401",
         "system:anonymous",

@@ -115,6 +115,27 @@ fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
         String::from_utf8_lossy(&whoami.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&whoami.stdout), "admin");
+    // The kubeconfig's other users, as the README shows them: a bearer token and an OIDC token.
+    for (user, expected) in [("alice", "alice"), ("alice-oidc", "oidc:alice")] {
+        let whoami = kubectl(
+            &kubeconfig,
+            &cache,
+            &[
+                "--user",
+                user,
+                "auth",
+                "whoami",
+                "-o",
+                "jsonpath={.status.userInfo.username}",
+            ],
+        );
+        assert!(
+            whoami.status.success(),
+            "{user}: {}",
+            String::from_utf8_lossy(&whoami.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&whoami.stdout), expected);
+    }
     // A write through the gateway lands on that member only.
     let out = kubectl(
         &kubeconfig,

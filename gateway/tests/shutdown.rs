@@ -267,12 +267,32 @@ async fn a_watch_keeps_flowing_during_the_drain_and_is_cut_at_the_end_of_the_gra
         })
         .await;
 
+        let ready = admin_readyz(&gw).await;
+        assert_eq!(
+            ready.code,
+            200,
+            "{driver}: {}",
+            String::from_utf8_lossy(&ready.body)
+        );
         let signalled = Instant::now();
         signal(&gw, libc::SIGTERM);
         assert_graceful_goaway(
             &goaway_seen(&h2.client, Duration::from_secs(5)).await,
             driver,
             &gw,
+        );
+        // A load balancer asking /readyz learns of the drain.
+        let draining = admin_readyz(&gw).await;
+        assert_eq!(
+            draining.code,
+            500,
+            "{driver}: {}",
+            String::from_utf8_lossy(&draining.body)
+        );
+        assert!(
+            String::from_utf8_lossy(&draining.body).contains("[-]shutdown failed: draining"),
+            "{driver}: {}",
+            String::from_utf8_lossy(&draining.body)
         );
         // An open watch is in flight: its events still arrive during the drain.
         upstream.emit("{\"type\":\"ADDED\",\"n\":1}");
@@ -502,6 +522,17 @@ async fn http1_keep_alive_idle_timeout_closes_an_idle_connection_but_not_a_watch
             seen.extend_from_slice(&chunk[..n]);
         }
     }
+}
+
+/// The admin listener's `/readyz?verbose`.
+async fn admin_readyz(gw: &Gateway) -> support::Response {
+    let stream = tokio::net::TcpStream::connect(gw.admin).await.unwrap();
+    support::exchange(
+        stream,
+        b"GET /readyz?verbose HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("readyz")
 }
 
 /// The routing table generation the gateway serves, from its admin `/metrics`.
