@@ -20,9 +20,10 @@ struct Counting;
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 
-#[allow(unsafe_code)] // a counting global allocator needs `unsafe impl GlobalAlloc`
+// A counting global allocator needs `unsafe impl GlobalAlloc`.
 // SAFETY: every call is forwarded to `System` with the same arguments; the counters are atomics
 // and never affect what is returned.
+#[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
