@@ -110,7 +110,14 @@ pub struct Fleet {
     pub dir: tempfile::TempDir,
     /// Where the fleet wrote its files (the directory itself, or a subdirectory of it).
     pub fleet_dir: PathBuf,
+    /// `gateway.kubeconfig` as the fleet wrote it, its server `https://127.0.0.1:0/...`: every
+    /// start of the gateway writes it anew with the address the listener got.
+    kubeconfig_template: String,
 }
+
+/// The gateway address the fleet's Gateway and `gateway.kubeconfig` are written with: the
+/// gateway binds a free port when it starts, so no port is picked ahead and lost to a race.
+const UNBOUND_GATEWAY: &str = "127.0.0.1:0";
 
 impl Drop for Fleet {
     fn drop(&mut self) {
@@ -144,15 +151,18 @@ impl Fleet {
                 clusters,
                 objects,
                 churn_per_sec: 0.0,
-                gateway_listen: None,
+                gateway_listen: Some(UNBOUND_GATEWAY.to_string()),
             }))
             .unwrap();
+        let kubeconfig_template =
+            std::fs::read_to_string(fleet_dir.join("gateway.kubeconfig")).unwrap();
         Fleet {
             gateway: None,
             runtime,
             handle: Some(handle),
             dir,
             fleet_dir,
+            kubeconfig_template,
         }
     }
 
@@ -170,6 +180,14 @@ impl Fleet {
         all.extend(args.iter().map(OsStr::new));
         let env: Vec<(&str, &str)> = rust_log.map(|l| ("RUST_LOG", l)).into_iter().collect();
         let (child, ready) = spawn_serve(all, &env, &self.path("gateway.log"));
+        // The fleet's kubeconfig points at the listener as bound (as `fleetgate demo` does).
+        if let Some(https) = ready.field("https") {
+            let kubeconfig = self.kubeconfig_template.replace(
+                &format!("https://{UNBOUND_GATEWAY}/"),
+                &format!("https://{https}/"),
+            );
+            std::fs::write(self.fleet_dir.join("gateway.kubeconfig"), kubeconfig).unwrap();
+        }
         self.gateway = Some(ServeProcess {
             child: KillOnDrop(child),
             ready,

@@ -184,7 +184,9 @@ pub async fn start_fleet_with_tuning(
         Some(addr) => addr.clone(),
         None => free_port().await?,
     };
-    let gateway_admin = free_port().await?;
+    // The admin listener binds port 0 when the gateway starts (its `ready` line names the
+    // address): nothing needs it in advance, and a port picked here could be taken by then.
+    let gateway_admin = "127.0.0.1:0".to_string();
     let dir = opts.dir.clone();
     {
         let dir = dir.clone();
