@@ -644,23 +644,7 @@ async fn proxy_stream(
         cluster: cluster.name.to_string(),
         reason: e.0,
     })?;
-    let mut builder = Response::builder().status(response.code);
-    for (name, value) in response.headers() {
-        if is_hop_by_hop(&response, name) || name.eq_ignore_ascii_case(b"transfer-encoding") {
-            continue;
-        }
-        if let (Ok(name), Ok(value)) =
-            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
-        {
-            builder = builder.header(name, value);
-        }
-    }
-    let reply = builder
-        .body(())
-        .map_err(|_| GatewayError::UpstreamProtocol {
-            cluster: cluster.name.to_string(),
-            reason: "response head not representable in h2",
-        })?;
+    let reply = h2_response(&cluster, &response, response.code, &[])?;
     let elapsed = started.elapsed();
     ctx.metrics_cache.record(
         &ctx.metrics,
@@ -698,6 +682,37 @@ async fn proxy_stream(
 }
 
 /// Whether a request is an RFC 8441 extended CONNECT for a WebSocket.
+/// The member's HTTP/1.1 response head as an h2 response with status `code`: its fields without
+/// the hop-by-hop ones, `Transfer-Encoding` and the `dropped` names (a field h2 cannot carry is
+/// left out rather than failing the stream).
+fn h2_response(
+    cluster: &ClusterRoute,
+    response: &Head,
+    code: u16,
+    dropped: &[&[u8]],
+) -> Result<Response<()>, GatewayError> {
+    let mut builder = Response::builder().status(code);
+    for (name, value) in response.headers() {
+        if is_hop_by_hop(response, name)
+            || name.eq_ignore_ascii_case(b"transfer-encoding")
+            || dropped.iter().any(|d| name.eq_ignore_ascii_case(d))
+        {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+        {
+            builder = builder.header(name, value);
+        }
+    }
+    builder
+        .body(())
+        .map_err(|_| GatewayError::UpstreamProtocol {
+            cluster: cluster.name.to_string(),
+            reason: "response head not representable in h2",
+        })
+}
+
 fn is_websocket_connect(parts: &http::request::Parts) -> bool {
     parts.method == Method::CONNECT
         && parts
@@ -754,26 +769,7 @@ async fn relay_websocket(
         .into());
     }
     let code = if switched { 200 } else { response.code };
-    let mut builder = Response::builder().status(code);
-    for (name, value) in response.headers() {
-        if is_hop_by_hop(&response, name)
-            || name.eq_ignore_ascii_case(b"transfer-encoding")
-            || name.eq_ignore_ascii_case(b"sec-websocket-accept")
-        {
-            continue;
-        }
-        if let (Ok(name), Ok(value)) =
-            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
-        {
-            builder = builder.header(name, value);
-        }
-    }
-    let reply = builder
-        .body(())
-        .map_err(|_| GatewayError::UpstreamProtocol {
-            cluster: cluster.name.to_string(),
-            reason: "response head not representable in h2",
-        })?;
+    let reply = h2_response(cluster, &response, code, &[b"sec-websocket-accept"])?;
     ctx.metrics_cache.record(
         &ctx.metrics,
         (cluster.id, &cluster.name),
