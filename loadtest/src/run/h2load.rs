@@ -13,7 +13,7 @@ use hdrhistogram::Histogram;
 
 use super::client::Target;
 use super::procstat::ProcWatch;
-use super::scenarios::{cpu_now, new_hist};
+use super::scenarios::{cpu_now, new_hist, request_figures};
 use super::{RunArgs, TargetResult};
 
 /// Counts of one phase, summed over every stream.
@@ -189,18 +189,14 @@ pub async fn small_get_h2(
         conn.driver.abort();
     }
     Ok(TargetResult {
-        target: target.name.clone(),
-        scenario: "small-get-h2".into(),
-        requests: out.requests,
-        errors: out.errors,
-        seconds,
-        req_per_sec: Some(out.requests as f64 / seconds),
-        cpu_us_per_request: cpu
-            .filter(|_| out.requests > 0)
-            .map(|c| c * 1e6 / out.requests as f64),
-        p50_us: Some(out.hist.value_at_quantile(0.5) as f64),
-        p99_us: Some(out.hist.value_at_quantile(0.99) as f64),
         streams: Some(args.streams),
-        ..Default::default()
+        ..request_figures(
+            target,
+            "small-get-h2",
+            (out.requests, out.errors),
+            seconds,
+            cpu,
+            &out.hist,
+        )
     })
 }

@@ -149,20 +149,42 @@ pub async fn small_get(
     let seconds = start.elapsed().as_secs_f64();
     let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
     Ok(TargetResult {
-        target: target.name.clone(),
-        scenario: "small-get".into(),
-        requests: out.requests,
-        errors: out.errors,
-        seconds,
-        req_per_sec: Some(out.requests as f64 / seconds),
-        cpu_us_per_request: cpu
-            .filter(|_| out.requests > 0)
-            .map(|c| c * 1e6 / out.requests as f64),
-        p50_us: Some(out.hist.value_at_quantile(0.5) as f64),
-        p99_us: Some(out.hist.value_at_quantile(0.99) as f64),
         bytes: out.bytes,
-        ..Default::default()
+        ..request_figures(
+            target,
+            "small-get",
+            (out.requests, out.errors),
+            seconds,
+            cpu,
+            &out.hist,
+        )
     })
+}
+
+/// The figures of a scenario that counts requests (small-get, small-get-h2): the rate, the
+/// target's CPU per request (`cpu`: its CPU seconds over the run) and the p50/p99 latencies.
+pub(super) fn request_figures(
+    target: &Target,
+    scenario: &str,
+    (requests, errors): (u64, u64),
+    seconds: f64,
+    cpu: Option<f64>,
+    hist: &Histogram<u64>,
+) -> TargetResult {
+    TargetResult {
+        target: target.name.clone(),
+        scenario: scenario.into(),
+        requests,
+        errors,
+        seconds,
+        req_per_sec: Some(requests as f64 / seconds),
+        cpu_us_per_request: cpu
+            .filter(|_| requests > 0)
+            .map(|c| c * 1e6 / requests as f64),
+        p50_us: Some(hist.value_at_quantile(0.5) as f64),
+        p99_us: Some(hist.value_at_quantile(0.99) as f64),
+        ..Default::default()
+    }
 }
 
 /// `big-list`: one connection reads a large response (`--path`) again and again for `--duration`
