@@ -27,7 +27,7 @@ use std::path::Path;
 use std::thread::JoinHandle;
 
 use futures_util::StreamExt;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use tokio::sync::mpsc;
@@ -175,17 +175,7 @@ impl Kind {
             Kind::KarmadaCluster => ("cluster.karmada.io", "v1alpha1", "Cluster", "clusters"),
             Kind::Secret => ("", "v1", "Secret", "secrets"),
         };
-        ApiResource {
-            group: group.into(),
-            version: version.into(),
-            api_version: if group.is_empty() {
-                version.into()
-            } else {
-                format!("{group}/{version}")
-            },
-            kind: kind.into(),
-            plural: plural.into(),
-        }
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
     }
 }
 
