@@ -15,23 +15,13 @@ use fleetgate_config_watcher::{
     TablePublisher,
 };
 use fleetgate_loadtest::sim::{start_fleet, FleetOptions};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::json;
 
 const GATEWAY: &str = "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: gw\nspec:\n  listeners:\n  - address: 127.0.0.1:0\n    tls: false\n";
 
 fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: if group.is_empty() {
-            version.into()
-        } else {
-            format!("{group}/{version}")
-        },
-        kind: kind.into(),
-        plural: plural.into(),
-    }
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
 
 struct Management {
@@ -64,13 +54,20 @@ impl Management {
         api.create(&PostParams::default(), &object).await.unwrap();
     }
 
+    /// Replaces `name` at its latest version. The source writes the objects' status while the
+    /// test runs, so a 409 Conflict means "read it again and retry", as for any kube client.
     async fn replace(&self, api: &Api<DynamicObject>, name: &str, object: serde_json::Value) {
         let mut object: DynamicObject = serde_json::from_value(object).unwrap();
-        let current = api.get(name).await.unwrap();
-        object.metadata.resource_version = current.metadata.resource_version;
-        api.replace(name, &PostParams::default(), &object)
-            .await
-            .unwrap();
+        for _ in 0..20 {
+            let current = api.get(name).await.unwrap();
+            object.metadata.resource_version = current.metadata.resource_version;
+            match api.replace(name, &PostParams::default(), &object).await {
+                Ok(_) => return,
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(e) => panic!("replacing {name}: {e}"),
+            }
+        }
+        panic!("replacing {name}: still conflicting after 20 attempts");
     }
 
     async fn delete(&self, api: &Api<DynamicObject>, name: &str) {
@@ -360,6 +357,10 @@ fn clusters_and_karmada_clusters_follow_the_management_cluster() {
         })
         .await;
         management.delete(&management.clusters(), "fg-secret").await;
+        eventually("fg-secret removed", || {
+            table.load().cluster("fg-secret").is_none()
+        })
+        .await;
 
         // Broken: the last good table keeps serving and the error names the object and field.
         let generation = table.load().generation();
