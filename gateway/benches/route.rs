@@ -7,7 +7,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fleetgate::route::{kube_verb, route, Route};
+use fleetgate::request::route::{kube_verb, route, Route};
 use fleetgate_config_watcher::{load_path, RouteTable};
 
 const CLUSTERS: usize = 10_000;

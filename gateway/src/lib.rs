@@ -1,34 +1,28 @@
 //! fleetgate: one endpoint for a fleet of Kubernetes clusters. This crate is the data plane and
 //! the `fleetgate` binary's commands.
 //!
-//! The modules follow a request's way: `listener` and `shard` (sockets and per-core runtimes),
-//! `tls` (handshake, identity, ALPN dispatch), `http1` (the codec), `http2` (h2 clients, each stream proxied
-//! as an HTTP/1.1 member request), `proxy` (the per-connection
-//! driver), `route` (which cluster), `identity` (what the member is told about the user),
-//! `upstream` (connections and pools), `splice` (upgraded
-//! streams after a 101), with `error` (every Status the gateway writes), `metrics`
-//! and `admin` beside them, `runtime` (timeouts and races, the only runtime services the protocol
-//! code uses), and `serve` / `demo` as commands. The library never prints except
-//! the commands' `ready` lines.
+//! The folders are the stations a request passes, in order:
+//! - `server`: listeners, shards (one monoio runtime per core), the drain, the admin listener;
+//! - `tls`: the handshake, the client certificate's identity, ALPN dispatch to a protocol;
+//! - `protocol`: the HTTP/1.1 codec and the two client front-ends, HTTP/1.1 (`h1`) and h2 (`h2`);
+//! - `request`: what a request is (its route to a cluster and its kube request info), parsed once;
+//! - `auth`: who the client is, whether an AccessPolicy lets it, what the member is told;
+//! - `exchange`: the one way a decided request goes to a member and its answer comes back
+//!   (retries, relay, upgrades spliced, streams ended when their route is retired);
+//! - `upstream`: connections to members (direct, through an egress proxy) and the per-shard pool;
+//! - `errors`: every Status the gateway itself answers;
+//! - `observe`: metrics and the audit log.
+//!
+//! `cli` holds the commands (`serve`, `demo`, `certs`, `kubeconfig`), apart from the data path.
+//! The library never prints except the commands' `ready` lines.
 
-pub mod admin;
-pub mod audit;
-pub mod certs;
-pub mod demo;
-pub mod error;
-pub mod http1;
-pub mod http2;
-pub mod identity;
-pub mod kubeconfig;
-pub mod listener;
-pub mod metrics;
-pub mod proxy;
-pub mod retired;
-pub mod route;
-pub mod runtime;
-pub mod serve;
-pub mod shard;
-pub mod shutdown;
-pub mod splice;
+pub mod auth;
+pub mod cli;
+pub mod errors;
+pub mod exchange;
+pub mod observe;
+pub mod protocol;
+pub mod request;
+pub mod server;
 pub mod tls;
 pub mod upstream;

@@ -20,13 +20,13 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the gateway from a configuration file or directory.
-    Serve(fleetgate::serve::ServeArgs),
+    Serve(fleetgate::cli::serve::ServeArgs),
     /// Run simulated member clusters and the gateway in front of them.
-    Demo(fleetgate::demo::DemoArgs),
+    Demo(fleetgate::cli::demo::DemoArgs),
     /// The gateway's CA: create it (init) and issue client certificates (issue).
-    Certs(fleetgate::certs::CertsArgs),
+    Certs(fleetgate::cli::certs::CertsArgs),
     /// Write a kubeconfig with one context per cluster a user may reach through the gateway.
-    Kubeconfig(fleetgate::kubeconfig::KubeconfigArgs),
+    Kubeconfig(fleetgate::cli::kubeconfig::KubeconfigArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,9 +38,9 @@ fn main() -> anyhow::Result<()> {
         )
         .init();
     match Cli::parse().command {
-        Command::Serve(args) => fleetgate::serve::run(args),
-        Command::Demo(args) => fleetgate::demo::run(args),
-        Command::Certs(args) => fleetgate::certs::run(args),
-        Command::Kubeconfig(args) => fleetgate::kubeconfig::run(args),
+        Command::Serve(args) => fleetgate::cli::serve::run(args),
+        Command::Demo(args) => fleetgate::cli::demo::run(args),
+        Command::Certs(args) => fleetgate::cli::certs::run(args),
+        Command::Kubeconfig(args) => fleetgate::cli::kubeconfig::run(args),
     }
 }

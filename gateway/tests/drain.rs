@@ -12,7 +12,6 @@ mod support;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fleetgate_loadtest::sim;
 use http_body_util::BodyExt;
 use support::client::{cluster_file, Load, Sender};
 use support::fleet::{with_refused_token, Fleet};
@@ -298,7 +297,7 @@ fn a_removed_cluster_ends_its_watches_and_exec_sessions() {
         .spawn()
         .unwrap();
     wait_for("the exec session to open", Duration::from_secs(30), || {
-        sim::stream::active_sessions("default", "drain-sleeper") == 1
+        fleet.member_stream_sessions("member1", "default", "drain-sleeper") == 1
     });
     wait_for(
         "the gateway to count the exec stream",
@@ -342,7 +341,7 @@ fn a_removed_cluster_ends_its_watches_and_exec_sessions() {
     wait_for(
         "the member's exec session to end",
         Duration::from_secs(10),
-        || sim::stream::active_sessions("default", "drain-sleeper") == 0,
+        || fleet.member_stream_sessions("member1", "default", "drain-sleeper") == 0,
     );
     assert_eq!(fleet.gauge("fleetgate_upgraded_streams"), 0);
     wait_for(

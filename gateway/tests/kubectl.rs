@@ -8,9 +8,8 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::{Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use fleetgate_loadtest::sim::store::Mutation;
 use support::fleet::Fleet;
 use support::kubectl::{kubectl, kubectl_command, succeeded};
 use support::wait::LineReader;
@@ -188,46 +187,80 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
         );
     }
     // Each member holds only its own object: the requests really went to different members.
-    assert!(fleet
-        .member(0)
-        .store
-        .get("configmaps", "default", "through-gw")
-        .is_none());
+    let direct = kubectl(
+        &fleet.fleet_path("kubeconfig"),
+        "member1",
+        &["get", "cm", "through-gw", "-n", "default"],
+    );
+    assert!(
+        String::from_utf8_lossy(&direct.stderr).contains("NotFound"),
+        "member1 holds member2's object: {}",
+        String::from_utf8_lossy(&direct.stdout)
+    );
 }
 
-fn put_configmap(fleet: &Fleet, member: usize, name: &str, value: &str) {
+/// Writes a ConfigMap in `default` straight to the member (the fleet's direct kubeconfig), not
+/// through the gateway.
+fn put_configmap(fleet: &Fleet, context: &str, name: &str, value: &str) {
     let object = serde_json::json!({
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
-                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "metadata": {"name": name, "namespace": "default"},
         "data": {"v": value},
     });
-    fleet
-        .member(member)
-        .store
-        .mutate::<()>("configmaps", "default", name, |_| Ok(Mutation::Put(object)))
+    let mut apply = kubectl_command(&fleet.fleet_path("kubeconfig"), context)
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    use std::io::Write as _;
+    apply
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(object.to_string().as_bytes())
+        .unwrap();
+    let out = apply.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "direct apply on {context}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `kubectl get cm -n default -w -o name` on `kubeconfig`'s `context`, its lines read as they come.
+fn watch_configmaps(
+    kubeconfig: &std::path::Path,
+    context: &str,
+) -> (std::process::Child, LineReader) {
+    let mut watch = kubectl_command(kubeconfig, context)
+        .args(["get", "cm", "-n", "default", "-w", "-o", "name"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = LineReader::new(watch.stdout.take().unwrap());
+    (watch, lines)
 }
 
 #[test]
 fn kubectl_watch_and_logs_follow_stream_through_the_gateway() {
     let fleet = start(2);
-    for (index, context) in ["member1", "member2"].into_iter().enumerate() {
-        let mut watch = kubectl_command(&fleet.kubeconfig(), context)
-            .args(["get", "cm", "-n", "default", "-w", "-o", "name"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = LineReader::new(watch.stdout.take().unwrap());
-        // The watch is live once a change made after it started shows up.
+    for context in ["member1", "member2"] {
+        // The same watch through the gateway and straight to the member: what the gateway adds
+        // is the difference between the two arrivals of one change.
+        let (mut watch, mut lines) = watch_configmaps(&fleet.kubeconfig(), context);
+        let (mut direct, mut direct_lines) =
+            watch_configmaps(&fleet.fleet_path("kubeconfig"), context);
+        // Both watches are live once a change made after they started shows up on both.
         let mut live = false;
         for attempt in 0..50 {
-            put_configmap(&fleet, index, "warmup", &attempt.to_string());
-            if lines
-                .wait_for_text("configmap/warmup", Duration::from_millis(200))
-                .is_some()
-            {
+            put_configmap(&fleet, context, "warmup", &attempt.to_string());
+            let through = lines.wait_for_text("configmap/warmup", Duration::from_millis(300));
+            let straight =
+                direct_lines.wait_for_text("configmap/warmup", Duration::from_millis(300));
+            if through.is_some() && straight.is_some() {
                 live = true;
                 break;
             }
@@ -238,22 +271,28 @@ fn kubectl_watch_and_logs_follow_stream_through_the_gateway() {
             fleet.log_tail(20)
         );
         // Drain the echoes of earlier warm-up writes, then measure one change.
-        while lines
-            .next_matching(Duration::from_millis(300), |_| true)
-            .is_some()
-        {}
-        let changed = Instant::now();
-        put_configmap(&fleet, index, "measured", "1");
+        for reader in [&mut lines, &mut direct_lines] {
+            while reader
+                .next_matching(Duration::from_millis(300), |_| true)
+                .is_some()
+            {}
+        }
+        put_configmap(&fleet, context, "measured", "1");
         let seen = lines
             .wait_for_text("configmap/measured", Duration::from_secs(5))
-            .unwrap_or_else(|| panic!("{context}: change never seen"));
-        let latency = seen.duration_since(changed);
+            .unwrap_or_else(|| panic!("{context}: change never seen through the gateway"));
+        let seen_direct = direct_lines
+            .wait_for_text("configmap/measured", Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("{context}: change never seen on the member"));
+        let added = seen.saturating_duration_since(seen_direct);
         assert!(
-            latency < Duration::from_millis(100),
-            "{context}: watch event took {latency:?}"
+            added < Duration::from_millis(100),
+            "{context}: the gateway delayed the watch event by {added:?}"
         );
-        let _ = watch.kill();
-        let _ = watch.wait();
+        for child in [&mut watch, &mut direct] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
 
         // logs -f: lines keep coming while the stream is open.
         let mut logs = kubectl_command(&fleet.kubeconfig(), context)
@@ -282,8 +321,27 @@ fn kubectl_watch_and_logs_follow_stream_through_the_gateway() {
 }
 
 #[test]
-fn unknown_and_stopped_members_give_clear_errors_while_others_keep_working() {
-    let fleet = start(2);
+fn unknown_and_unreachable_members_give_clear_errors_while_others_keep_working() {
+    let mut fleet = Fleet::sim(2, 5);
+    // member2's server is an address nothing listens on (bound, then released).
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let cluster = fleet.fleet_path("clusters/member2.yaml");
+    let yaml = std::fs::read_to_string(&cluster).unwrap();
+    let server = yaml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .expect("member2.yaml has a server")
+        .trim_matches('"')
+        .to_string();
+    std::fs::write(
+        &cluster,
+        yaml.replace(&server, &format!("https://{closed}")),
+    )
+    .unwrap();
+    fleet.serve(&["--workers", "2"], None);
     let unknown = fleet.kubectl(
         "member1",
         &[
@@ -301,9 +359,6 @@ fn unknown_and_stopped_members_give_clear_errors_while_others_keep_working() {
         "{stderr}"
     );
 
-    fleet
-        .runtime
-        .block_on(fleet.handle.as_ref().unwrap().stop_member(1));
     let stopped = fleet.kubectl("member2", &["get", "ns"]);
     let stderr = String::from_utf8_lossy(&stopped.stderr);
     assert!(!stopped.status.success());

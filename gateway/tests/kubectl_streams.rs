@@ -16,7 +16,6 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use fleetgate_loadtest::sim;
 use support::fleet::Fleet;
 use support::kubectl::kubectl_command;
 use support::wait::{wait_for, LineReader};
@@ -111,7 +110,7 @@ impl Fleet {
 
 /// kubectl's log shows a 101 of `protocol` through the gateway (not a fallback).
 fn assert_switched(log: &str, protocol: &str, port_forward: bool) {
-    if let Err(e) = sim::stream::trace::kubectl_switched(log, protocol, port_forward) {
+    if let Err(e) = support::trace::kubectl_switched(log, protocol, port_forward) {
         panic!("{e}");
     }
     assert!(
@@ -309,7 +308,10 @@ fn killing_kubectl_mid_exec_ends_the_member_session() {
         &[],
     );
     for (protocol, env) in REMOTE_COMMAND {
-        assert_eq!(sim::stream::active_sessions("default", "gw-sleeper"), 0);
+        assert_eq!(
+            fleet.member_stream_sessions("member1", "default", "gw-sleeper"),
+            0
+        );
         let mut child = fleet
             .kubectl_command(
                 &[
@@ -329,7 +331,7 @@ fn killing_kubectl_mid_exec_ends_the_member_session() {
             .spawn()
             .expect("spawn kubectl exec");
         wait_for("the exec session to open", Duration::from_secs(30), || {
-            sim::stream::active_sessions("default", "gw-sleeper") == 1
+            fleet.member_stream_sessions("member1", "default", "gw-sleeper") == 1
         });
         // The member counts its session at the 101; the gateway's gauge follows once it has
         // relayed that 101, so wait for it rather than read it at once.
@@ -343,7 +345,7 @@ fn killing_kubectl_mid_exec_ends_the_member_session() {
         wait_for(
             &format!("the {protocol} member session to end after kubectl was killed"),
             Duration::from_secs(15),
-            || sim::stream::active_sessions("default", "gw-sleeper") == 0,
+            || fleet.member_stream_sessions("member1", "default", "gw-sleeper") == 0,
         );
         wait_for(
             "the gateway to drop the stream",

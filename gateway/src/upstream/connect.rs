@@ -21,8 +21,8 @@ use monoio::io::IntoPollIo;
 use monoio::net::tcp::stream_poll::TcpStreamPoll;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use crate::error::GatewayError;
-use crate::metrics::{GaugeGuard, Metrics};
+use crate::errors::GatewayError;
+use crate::observe::metrics::{GaugeGuard, Metrics};
 
 /// A connection to a member: plaintext or rustls over a readiness-based monoio socket.
 pub enum UpstreamIo {

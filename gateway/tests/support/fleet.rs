@@ -1,7 +1,7 @@
-//! The simulated fleet (run in the test process on its own tokio runtime) with a real
-//! `fleetgate serve` child in front of it: starting both, parsing the `ready` line, killing the
-//! gateway on drop before the members stop, and the small clients tests use on it (the admin
-//! listener, the fleet's `admin` TLS identity).
+//! The simulated fleet (a `fleetgate-loadtest sim` child, as `fleetgate demo` runs it: the gateway
+//! crate never links the simulated fleet) with a real `fleetgate serve` child in front of it:
+//! starting both, parsing the `ready` lines, killing the gateway on drop before the members stop,
+//! and the small clients tests use on it (the admin listener, the fleet's `admin` TLS identity).
 //!
 //! It never sleeps for readiness (the `ready` line is the signal) and binds only 127.0.0.1:0.
 //! Used by the kubectl, kubectl_streams, reload, drain, identity, egress_proxy, one_pass and
@@ -14,8 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
 
 /// The first stdout line of `fleetgate serve`: `ready https=ADDR admin=ADDR ...`.
 #[derive(Debug, Clone)]
@@ -95,6 +93,53 @@ impl std::ops::DerefMut for KillOnDrop {
     }
 }
 
+/// The `fleetgate-loadtest` binary: `FLEETGATE_LOADTEST`, else the one cargo built beside
+/// `fleetgate` (`cargo test --workspace` builds every binary of the workspace).
+pub fn loadtest_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("FLEETGATE_LOADTEST") {
+        return PathBuf::from(path);
+    }
+    let beside = Path::new(env!("CARGO_BIN_EXE_fleetgate")).with_file_name("fleetgate-loadtest");
+    assert!(
+        beside.is_file(),
+        "{} is missing: run the tests with `cargo test --workspace` (or build it with `cargo build -p fleetgate-loadtest`)",
+        beside.display()
+    );
+    beside
+}
+
+/// Starts `fleetgate-loadtest sim` writing its files to `dir`, its gateway to bind a free port,
+/// and waits for its `ready` line (the sim's readiness signal).
+fn spawn_sim(dir: &Path, log: &Path, clusters: usize, objects: usize) -> KillOnDrop {
+    let log = std::fs::File::create(log).unwrap();
+    let mut child = KillOnDrop(
+        Command::new(loadtest_binary())
+            .arg("sim")
+            .arg("--dir")
+            .arg(dir)
+            .args(["--clusters", &clusters.to_string()])
+            .args(["--objects", &objects.to_string()])
+            .args(["--gateway-listen", UNBOUND_GATEWAY])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("ready"));
+    assert!(
+        ready.is_some(),
+        "the simulated fleet exited before it was ready"
+    );
+    // Keep draining stdout so the sim never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    child
+}
+
 /// A `fleetgate serve` child (killed when dropped) and its `ready` line.
 pub struct ServeProcess {
     pub child: KillOnDrop,
@@ -105,8 +150,10 @@ pub struct ServeProcess {
 pub struct Fleet {
     /// Declared first so it is dropped (killed) before the members it talks to stop.
     pub gateway: Option<ServeProcess>,
+    /// The simulated members (`fleetgate-loadtest sim`), killed after the gateway.
+    pub sim: Option<KillOnDrop>,
+    /// A runtime for the tests' own async helpers (proxies, raw clients).
     pub runtime: tokio::runtime::Runtime,
-    pub handle: Option<FleetHandle>,
     pub dir: tempfile::TempDir,
     /// Where the fleet wrote its files (the directory itself, or a subdirectory of it).
     pub fleet_dir: PathBuf,
@@ -122,9 +169,7 @@ const UNBOUND_GATEWAY: &str = "127.0.0.1:0";
 impl Drop for Fleet {
     fn drop(&mut self) {
         drop(self.gateway.take());
-        if let Some(handle) = self.handle.take() {
-            self.runtime.block_on(handle.shutdown());
-        }
+        drop(self.sim.take());
     }
 }
 
@@ -145,21 +190,13 @@ impl Fleet {
             .enable_all()
             .build()
             .unwrap();
-        let handle = runtime
-            .block_on(start_fleet(FleetOptions {
-                dir: fleet_dir.clone(),
-                clusters,
-                objects,
-                churn_per_sec: 0.0,
-                gateway_listen: Some(UNBOUND_GATEWAY.to_string()),
-            }))
-            .unwrap();
+        let sim = spawn_sim(&fleet_dir, &dir.path().join("sim.log"), clusters, objects);
         let kubeconfig_template =
             std::fs::read_to_string(fleet_dir.join("gateway.kubeconfig")).unwrap();
         Fleet {
             gateway: None,
+            sim: Some(sim),
             runtime,
-            handle: Some(handle),
             dir,
             fleet_dir,
             kubeconfig_template,
@@ -239,8 +276,25 @@ impl Fleet {
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 
-    pub fn member(&self, index: usize) -> &fleetgate_loadtest::sim::member::Member {
-        self.handle.as_ref().unwrap().member(index).unwrap()
+    /// How many exec / attach / port-forward sessions of `namespace/pod` the simulated member of
+    /// `context` has open now (its `/metrics`, read straight from the member as `admin`).
+    pub fn member_stream_sessions(&self, context: &str, namespace: &str, pod: &str) -> usize {
+        let out = super::kubectl::kubectl(
+            &self.fleet_path("kubeconfig"),
+            context,
+            &["get", "--raw", "/metrics"],
+        );
+        assert!(
+            out.status.success(),
+            "member /metrics: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let series =
+            format!("fleetgate_sim_stream_sessions{{namespace=\"{namespace}\",pod=\"{pod}\"}} ");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .map_or(0, |count| count.trim().parse().unwrap())
     }
 
     /// A GET of `path` on the admin listener; the whole response, head included.

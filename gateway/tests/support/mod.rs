@@ -10,6 +10,10 @@
 pub mod client;
 pub mod fleet;
 pub mod kubectl;
+/// Reading kubectl's `-v=8` log for the protocol it switched to: the simulated fleet's own file,
+/// compiled in here (the gateway crate does not depend on the load-test crate).
+#[path = "../../../loadtest/src/sim/stream/trace.rs"]
+pub mod trace;
 pub mod wait;
 
 use std::net::SocketAddr;
@@ -202,7 +206,7 @@ async fn serve_upstream(
         } else if lower.contains("transfer-encoding: chunked") {
             // The gateway's own scanner finds the end (trailers included); the body is recorded
             // with its framing, as it came over the wire.
-            let mut scanner = fleetgate::http1::ChunkedScanner::new();
+            let mut scanner = fleetgate::protocol::http1::ChunkedScanner::new();
             let mut end = scanner.scan(&buf).unwrap();
             while !scanner.is_done() {
                 let mut chunk = vec![0u8; 65536];

@@ -81,10 +81,15 @@ pub struct ResourcePath {
 enum Route {
     Version,
     ApiVersions,
-    ResourceList { group: String, version: String },
+    ResourceList {
+        group: String,
+        version: String,
+    },
     Groups,
     Group(String),
     OpenApi,
+    /// `/metrics`: the member's own gauges, for tests and benchmarks (system:masters only).
+    Metrics,
     SelfSubjectReview(String),
     SelfSubjectAccessReview,
     SelfSubjectRulesReview,
@@ -194,6 +199,7 @@ fn parse_route(registry: &Registry, path: &str) -> Result<Route, ApiError> {
     match segments.as_slice() {
         ["version"] => Ok(Route::Version),
         ["openapi", ..] => Ok(Route::OpenApi),
+        ["metrics"] => Ok(Route::Metrics),
         ["api"] => Ok(Route::ApiVersions),
         ["api", "v1"] => Ok(Route::ResourceList {
             group: String::new(),
@@ -401,6 +407,25 @@ async fn route_and_serve(
                 StatusCode::OK,
                 &discovery::resource_list(&member.registry, &group, &version),
                 format,
+                &ctx,
+            ))
+        }
+        Route::Metrics => {
+            get_only(&method)?;
+            if !user.groups.iter().any(|g| g == auth::MASTERS_GROUP) {
+                return Err(ApiError::status(
+                    403,
+                    "Forbidden",
+                    format!(
+                        "forbidden: User {:?} cannot get path \"/metrics\"",
+                        user.name
+                    ),
+                ));
+            }
+            Ok(crate::sim::status::bytes_response(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                Bytes::from(crate::sim::stream::metrics_text()),
                 &ctx,
             ))
         }

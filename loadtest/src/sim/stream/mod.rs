@@ -163,6 +163,29 @@ pub fn active_sessions(namespace: &str, pod: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// The member's `/metrics` text: `fleetgate_sim_stream_sessions{namespace,pod}`, the exec /
+/// attach / port-forward sessions open now (as [`active_sessions`]: per process).
+pub fn metrics_text() -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from(
+        "# HELP fleetgate_sim_stream_sessions Exec, attach and port-forward sessions open now\n\
+         # TYPE fleetgate_sim_stream_sessions gauge\n",
+    );
+    let mut sessions: Vec<(String, usize)> = active_sessions_map()
+        .iter()
+        .map(|(key, count)| (key.clone(), *count))
+        .collect();
+    sessions.sort();
+    for (key, count) in sessions {
+        let (namespace, pod) = key.split_once('/').unwrap_or(("", &key));
+        let _ = writeln!(
+            out,
+            "fleetgate_sim_stream_sessions{{namespace=\"{namespace}\",pod=\"{pod}\"}} {count}"
+        );
+    }
+    out
+}
+
 /// Counts one session in [`active_sessions`] for as long as it lives.
 struct SessionGuard(String);
 

@@ -21,11 +21,25 @@ use monoio::io::IntoPollIo;
 use rustls::ServerConfig;
 use tracing::{debug, error, warn};
 
-use crate::identity::ClientIdentity;
-use crate::metrics::{Metrics, ShardMetrics};
-use crate::proxy::{serve_http1, ShardContext};
-use crate::shutdown::Shutdown;
+use crate::auth::ClientIdentity;
+use crate::observe::metrics::{Metrics, ShardMetrics};
+use crate::protocol::h1::serve_http1;
+use crate::server::shutdown::Shutdown;
 use crate::upstream::ShardPool;
+
+/// Everything one shard's connections share: the routing table, the shard's upstream pool and
+/// the metrics. One per shard thread, never sent across threads.
+pub struct ShardContext {
+    pub shard: usize,
+    pub table: SharedTable,
+    pub pool: ShardPool,
+    pub metrics: Arc<Metrics>,
+    pub metrics_cache: ShardMetrics,
+    /// Graceful shutdown: shared by every shard.
+    pub shutdown: Arc<crate::server::shutdown::Shutdown>,
+    /// The audit log: one record per response end, when the Gateway has `spec.audit`.
+    pub audit: Option<crate::observe::audit::AuditLog>,
+}
 
 /// Which monoio driver the shards run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -86,7 +100,7 @@ pub fn spawn_shard(
     table: SharedTable,
     metrics: Arc<Metrics>,
     shutdown: Arc<Shutdown>,
-    audit: Option<crate::audit::AuditLog>,
+    audit: Option<crate::observe::audit::AuditLog>,
     started: mpsc::Sender<io::Result<()>>,
 ) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -139,20 +153,21 @@ async fn accept_loop(
     // Pinned once: the wait for the drain lives as long as the loop, not one accept.
     let mut drain_started = std::pin::pin!(ctx.shutdown.drain_started());
     loop {
-        let accepted = match crate::runtime::race(listener.accept(), drain_started.as_mut()).await {
-            crate::runtime::First::Left(accepted) => accepted,
-            crate::runtime::First::Right(()) => {
-                debug!(shard = ctx.shard, listener = %name, "draining: no longer accepting");
-                // Dropping the socket refuses new connections on this shard.
-                return;
-            }
-        };
+        let accepted =
+            match crate::server::runtime::race(listener.accept(), drain_started.as_mut()).await {
+                crate::server::runtime::First::Left(accepted) => accepted,
+                crate::server::runtime::First::Right(()) => {
+                    debug!(shard = ctx.shard, listener = %name, "draining: no longer accepting");
+                    // Dropping the socket refuses new connections on this shard.
+                    return;
+                }
+            };
         let (tcp, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors and the like: keep accepting after a pause.
                 error!(shard = ctx.shard, listener = %name, error = %e, "accept failed");
-                crate::runtime::sleep(Duration::from_millis(50)).await;
+                crate::server::runtime::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };

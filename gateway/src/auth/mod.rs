@@ -15,15 +15,21 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use base64::Engine;
-use fleetgate_config_watcher::auth::{Jwk, JwtAlgorithm, OidcVerifierConfig};
 use fleetgate_config_watcher::policy::{AccessControl, RequestAttributes, Verb};
 use fleetgate_config_watcher::ClusterRoute;
 
 pub use fleetgate_config_watcher::auth::{Identity as ClientIdentity, IdentityError};
 
-use crate::error::GatewayError;
-use crate::http1::{push_header, Head};
+use crate::errors::GatewayError;
+
+mod impersonation;
+mod jwt;
+mod upstream;
+
+pub use impersonation::check_request;
+use impersonation::{check_impersonation, requested_impersonation};
+pub use jwt::verify_jwt;
+pub use upstream::{drops_client_header, is_identity_header, push_upstream_identity};
 
 /// What one client connection established for all its requests: the verified certificate's
 /// identity (if any), and the last bearer JWT verified on it (kubectl sends the same token on
@@ -262,9 +268,9 @@ where
 
 /// `Bearer TOKEN` (scheme case-insensitive), else None.
 fn bearer_token(value: &[u8]) -> Option<&[u8]> {
-    let value = crate::http1::head::trim(value);
+    let value = crate::protocol::http1::head::trim(value);
     if value.len() > 7 && value[..7].eq_ignore_ascii_case(b"bearer ") {
-        let token = crate::http1::head::trim(&value[7..]);
+        let token = crate::protocol::http1::head::trim(&value[7..]);
         (!token.is_empty()).then_some(token)
     } else {
         None
@@ -312,229 +318,6 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Verifies a compact JWS (RS256 or ES256) against the issuer's keys and reads the identity
-/// from its claims. Returns the identity and the token's expiry (seconds since the epoch).
-pub fn verify_jwt(
-    oidc: &OidcVerifierConfig,
-    token: &[u8],
-    now: u64,
-) -> Result<(ClientIdentity, u64), &'static str> {
-    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let token = std::str::from_utf8(token).map_err(|_| "token is not text")?;
-    let mut parts = token.splitn(3, '.');
-    let (Some(header), Some(payload), Some(signature)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return Err("not a JWT");
-    };
-    let header: serde_json::Value = b64
-        .decode(header)
-        .ok()
-        .and_then(|h| serde_json::from_slice(&h).ok())
-        .ok_or("JWT header is not base64url JSON")?;
-    let algorithm = header
-        .get("alg")
-        .and_then(|a| a.as_str())
-        .and_then(JwtAlgorithm::from_name)
-        .ok_or("JWT algorithm is not RS256 or ES256")?;
-    let kid = header.get("kid").and_then(|k| k.as_str());
-    let signature = b64
-        .decode(signature)
-        .map_err(|_| "JWT signature is not base64url")?;
-    let signed = &token.as_bytes()[..header_and_payload_len(token)];
-    let keys = oidc.keys.load();
-    let verified = keys
-        .iter()
-        .filter(|k| k.algorithm == algorithm && (kid.is_none() || k.kid.as_deref() == kid))
-        .any(|key| verify_signature(key, signed, &signature));
-    if !verified {
-        return Err("JWT signature does not verify with any issuer key");
-    }
-    let claims: serde_json::Value = b64
-        .decode(payload)
-        .ok()
-        .and_then(|p| serde_json::from_slice(&p).ok())
-        .ok_or("JWT payload is not base64url JSON")?;
-    let settings = &oidc.settings;
-    if claims.get("iss").and_then(|i| i.as_str()) != Some(settings.issuer.as_str()) {
-        return Err("JWT issuer does not match");
-    }
-    let audience_ok = match claims.get("aud") {
-        Some(serde_json::Value::String(aud)) => settings.audiences.iter().any(|a| a == aud),
-        Some(serde_json::Value::Array(auds)) => auds
-            .iter()
-            .filter_map(|a| a.as_str())
-            .any(|aud| settings.audiences.iter().any(|a| a == aud)),
-        _ => false,
-    };
-    if !audience_ok {
-        return Err("JWT audience does not match the client id");
-    }
-    let expires = claims
-        .get("exp")
-        .and_then(|e| e.as_f64())
-        .ok_or("JWT has no exp")? as u64;
-    if expires <= now {
-        return Err("JWT expired");
-    }
-    if let Some(nbf) = claims.get("nbf").and_then(|n| n.as_f64()) {
-        if nbf as u64 > now {
-            return Err("JWT not valid yet");
-        }
-    }
-    // As kube-apiserver: an email is a user name only once the issuer has verified it.
-    if settings.username_claim == "email"
-        && claims.get("email_verified").and_then(|v| v.as_bool()) == Some(false)
-    {
-        return Err("JWT email is not verified");
-    }
-    let user = claims
-        .get(&settings.username_claim)
-        .and_then(|u| u.as_str())
-        .filter(|u| !u.is_empty())
-        .ok_or("JWT has no username claim")?;
-    let groups = match settings.groups_claim.as_deref().and_then(|c| claims.get(c)) {
-        Some(serde_json::Value::String(g)) => vec![format!("{}{g}", settings.groups_prefix)],
-        Some(serde_json::Value::Array(gs)) => gs
-            .iter()
-            .filter_map(|g| g.as_str())
-            .map(|g| format!("{}{g}", settings.groups_prefix))
-            .collect(),
-        _ => Vec::new(),
-    };
-    let uid = settings
-        .uid_claim
-        .as_deref()
-        .and_then(|c| claims.get(c))
-        .and_then(|u| u.as_str())
-        .map(str::to_owned);
-    Ok((
-        ClientIdentity {
-            user: format!("{}{user}", settings.username_prefix),
-            groups,
-            uid,
-            extra: Vec::new(),
-        },
-        expires,
-    ))
-}
-
-fn header_and_payload_len(token: &str) -> usize {
-    token.rfind('.').unwrap_or(token.len())
-}
-
-fn verify_signature(key: &Jwk, message: &[u8], signature: &[u8]) -> bool {
-    match key.algorithm {
-        JwtAlgorithm::Rs256 => ring::signature::RsaPublicKeyComponents {
-            n: &key.n_or_point,
-            e: &key.e,
-        }
-        .verify(
-            &ring::signature::RSA_PKCS1_2048_8192_SHA256,
-            message,
-            signature,
-        )
-        .is_ok(),
-        JwtAlgorithm::Es256 => ring::signature::UnparsedPublicKey::new(
-            &ring::signature::ECDSA_P256_SHA256_FIXED,
-            &key.n_or_point,
-        )
-        .verify(message, signature)
-        .is_ok(),
-    }
-}
-
-/// The identity a client asks to act as with `Impersonate-*` headers, if it sends any.
-fn requested_impersonation<'h, H>(headers: H) -> Result<Option<ClientIdentity>, GatewayError>
-where
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
-    let mut wanted: Option<ClientIdentity> = None;
-    let mut user = None;
-    for (name, value) in headers {
-        if !starts_with_ignore_case(name, b"impersonate-") {
-            continue;
-        }
-        let value = std::str::from_utf8(value)
-            .map_err(|_| GatewayError::BadRequest {
-                reason: "an Impersonate-* header is not text",
-            })?
-            .trim();
-        let w = wanted.get_or_insert_with(ClientIdentity::default);
-        let suffix = &name[b"impersonate-".len()..];
-        if suffix.eq_ignore_ascii_case(b"user") {
-            user = Some(value.to_owned());
-        } else if suffix.eq_ignore_ascii_case(b"group") {
-            w.groups.push(value.to_owned());
-        } else if suffix.eq_ignore_ascii_case(b"uid") {
-            w.uid = Some(value.to_owned());
-        } else if starts_with_ignore_case(suffix, b"extra-") {
-            let key = percent_encoding::percent_decode(&suffix[b"extra-".len()..])
-                .decode_utf8_lossy()
-                .to_ascii_lowercase();
-            match w.extra.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, values)) => values.push(value.to_owned()),
-                None => w.extra.push((key, vec![value.to_owned()])),
-            }
-        } else {
-            return Err(GatewayError::BadRequest {
-                reason: "unknown Impersonate-* header",
-            });
-        }
-    }
-    match (wanted, user) {
-        (None, _) => Ok(None),
-        (Some(mut w), Some(user)) if !user.is_empty() => {
-            w.user = user;
-            w.extra.sort();
-            Ok(Some(w))
-        }
-        (Some(_), _) => Err(GatewayError::BadRequest {
-            reason: "Impersonate-Group, -Uid or -Extra without Impersonate-User",
-        }),
-    }
-}
-
-/// Every identity the client asks for must be granted to it with the `impersonate` verb.
-fn check_impersonation(
-    access: &AccessControl,
-    client: &ClientIdentity,
-    cluster: &str,
-    wanted: &ClientIdentity,
-) -> Result<(), GatewayError> {
-    let policy = &access.policy;
-    let deny = |kind: &str, name: &str| {
-        GatewayError::Forbidden {
-        message: format!(
-            "{kind} {name:?} is forbidden: User {:?} cannot impersonate resource {kind:?} in API group \"\" on cluster {cluster:?}",
-            client.user
-        ),
-        kind: kind.to_owned(),
-        name: name.to_owned(),
-    }
-    };
-    if !policy.allows_impersonation(client, cluster, "users", "", &wanted.user) {
-        return Err(deny("users", &wanted.user));
-    }
-    for group in &wanted.groups {
-        if !policy.allows_impersonation(client, cluster, "groups", "", group) {
-            return Err(deny("groups", group));
-        }
-    }
-    if let Some(uid) = &wanted.uid {
-        if !policy.allows_impersonation(client, cluster, "uids", "", uid) {
-            return Err(deny("uids", uid));
-        }
-    }
-    for (key, values) in &wanted.extra {
-        for value in values {
-            if !policy.allows_impersonation(client, cluster, "userextras", key, value) {
-                return Err(deny(&format!("userextras/{key}"), value));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// kube-apiserver's Forbidden message, naming the cluster too.
 fn forbidden(
     identity: &ClientIdentity,
@@ -575,91 +358,16 @@ fn forbidden(
     }
 }
 
-/// Refuses a request that tries to choose its own identity on a cluster the gateway does not
-/// impersonate on (`impersonation: false`: the member would see the gateway's own identity).
-pub fn check_request(head: &Head) -> Result<(), GatewayError> {
-    if head
-        .headers()
-        .any(|(name, _)| starts_with_ignore_case(name, b"impersonate-"))
-    {
-        return Err(GatewayError::ClientImpersonation);
-    }
-    Ok(())
-}
-
-fn starts_with_ignore_case(name: &[u8], prefix: &[u8]) -> bool {
+pub(crate) fn starts_with_ignore_case(name: &[u8], prefix: &[u8]) -> bool {
     name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix)
 }
 
-/// Whether a client header is dropped because identity headers are the gateway's to write
-/// (except on a PassThrough cluster, where the client speaks for itself).
-pub fn is_identity_header(name: &[u8]) -> bool {
-    name.eq_ignore_ascii_case(b"authorization") || starts_with_ignore_case(name, b"impersonate-")
-}
-
-/// Which client headers to drop on their way to `cluster`.
-pub fn drops_client_header(cluster: &ClusterRoute, name: &[u8]) -> bool {
-    !cluster.pass_through && is_identity_header(name)
-}
-
-/// Appends the cluster's credentials and, when the cluster impersonates, the identity: one
-/// `Impersonate-Group` per group, `Impersonate-Uid` when known, `Impersonate-Extra-KEY` per
-/// value (the key percent-encoded as client-go does). Nothing on a PassThrough cluster.
-pub fn push_upstream_identity(
-    out: &mut Vec<u8>,
-    cluster: &ClusterRoute,
-    identity: Option<&ClientIdentity>,
-) {
-    if cluster.pass_through {
-        return;
-    }
-    if let Some(authorization) = &cluster.authorization {
-        push_header(out, b"Authorization", authorization.as_bytes());
-    }
-    let Some(identity) = identity.filter(|_| cluster.impersonation) else {
-        return;
-    };
-    push_header(out, b"Impersonate-User", identity.user.as_bytes());
-    for group in &identity.groups {
-        push_header(out, b"Impersonate-Group", group.as_bytes());
-    }
-    if let Some(uid) = &identity.uid {
-        push_header(out, b"Impersonate-Uid", uid.as_bytes());
-    }
-    for (key, values) in &identity.extra {
-        for value in values {
-            out.extend_from_slice(b"Impersonate-Extra-");
-            out.extend(
-                percent_encoding::utf8_percent_encode(key, EXTRA_KEY_ESCAPES).flat_map(str::bytes),
-            );
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-    }
-}
-
-/// Characters client-go escapes in an `Impersonate-Extra-` key (it keeps only the token
-/// characters of a header name, RFC 7230, and percent-encodes the rest).
-const EXTRA_KEY_ESCAPES: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'!')
-    .remove(b'#')
-    .remove(b'$')
-    .remove(b'&')
-    .remove(b'\'')
-    .remove(b'*')
-    .remove(b'+')
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'^')
-    .remove(b'_')
-    .remove(b'`')
-    .remove(b'|')
-    .remove(b'~');
-
 #[cfg(test)]
 mod tests {
+    use super::upstream::EXTRA_KEY_ESCAPES;
     use super::*;
+    use base64::Engine;
+    use fleetgate_config_watcher::auth::{Jwk, JwtAlgorithm, OidcVerifierConfig};
 
     #[test]
     fn identity_headers_are_recognized_in_any_case() {

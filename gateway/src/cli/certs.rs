@@ -635,7 +635,7 @@ mod tests {
         let der = rustls_pki_types::pem::PemObject::from_pem_slice(cert.cert_pem.as_bytes())
             .map(|c: rustls_pki_types::CertificateDer<'static>| c)
             .unwrap();
-        let identity = crate::identity::ClientIdentity::from_certificate(&der).unwrap();
+        let identity = crate::auth::ClientIdentity::from_certificate(&der).unwrap();
         assert_eq!(identity.user, "alice");
         assert_eq!(identity.groups, groups);
         let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();

@@ -1,20 +1,16 @@
 //! `fleetgate serve`: loads the configuration, builds the routing table behind its `ArcSwap`,
-//! binds every listener, starts the shards and the admin listener, prints one `ready` line with
-//! the bound addresses, and runs until SIGINT or SIGTERM. Once the first table serves, the
-//! config-watcher's file source follows the `--config` path and publishes into the same
+//! starts the gateway (`server::start_with_reload`), prints one `ready` line with the bound
+//! addresses, and runs until SIGINT or SIGTERM. Once the first table serves, the config-watcher's
+//! file source (and, with `--management-kubeconfig`, the API source) publishes into the same
 //! `SharedTable`; the shards see a new table from their next request.
 //!
-//! On SIGINT or SIGTERM it drains (`shutdown`): the shards stop accepting, h2 clients get GOAWAY,
-//! idle HTTP/1.1 connections close, and in-flight requests may finish for `limits.shutdownGraceSeconds`;
-//! then the process exits 0, cutting whatever is left (watches, exec sessions). A second signal
-//! exits at once.
-//!
-//! [`start`] is the library entry the `demo` command and tests can use to run a gateway in
-//! process; [`run`] is the CLI command. Neither touches a request.
+//! On SIGINT or SIGTERM it drains (`server::shutdown`): the shards stop accepting, h2 clients get
+//! GOAWAY, idle HTTP/1.1 connections close, and in-flight requests may finish for
+//! `limits.shutdownGraceSeconds`; then the process exits 0, cutting whatever is left (watches,
+//! exec sessions). A second signal exits at once. Never touches a request.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
@@ -24,10 +20,7 @@ use fleetgate_config_watcher::{
 };
 use tracing::info;
 
-use crate::listener::bind_reuseport;
-use crate::metrics::Metrics;
-use crate::shard::{spawn_shard, Driver, ShardListener};
-use crate::shutdown::Shutdown;
+use crate::server::{start_with_reload, Driver, RunningGateway, StartOptions};
 
 /// Arguments of `fleetgate serve`.
 #[derive(Debug, clap::Args)]
@@ -65,164 +58,6 @@ pub enum ManagementObjects {
     Karmada,
     /// Both.
     Both,
-}
-
-/// How to start a gateway.
-#[derive(Debug, Clone, Copy)]
-pub struct StartOptions {
-    /// Shards; `None` or 0 means the Gateway object's `workers`, then one per core.
-    pub workers: Option<usize>,
-    pub driver: Driver,
-}
-
-/// A listener as bound.
-#[derive(Debug, Clone)]
-pub struct BoundListener {
-    pub name: String,
-    pub address: SocketAddr,
-    pub tls: bool,
-}
-
-/// A started gateway: its bound addresses. The shards run until the process exits.
-#[derive(Debug)]
-pub struct RunningGateway {
-    pub listeners: Vec<BoundListener>,
-    pub admin: Option<SocketAddr>,
-    pub metrics: Arc<Metrics>,
-    pub workers: usize,
-    /// Begin a graceful shutdown with `shutdown.begin()`; `shutdown.all_closed()` says when it is done.
-    pub shutdown: Arc<Shutdown>,
-    /// The audit log, when the Gateway has `spec.audit`: flushed once the drain is over.
-    pub audit: Option<crate::audit::AuditLog>,
-}
-
-impl RunningGateway {
-    /// `ready NAME=ADDR ... admin=ADDR`: the line `serve` prints once every shard accepts.
-    pub fn ready_line(&self) -> String {
-        let mut line = String::from("ready");
-        for l in &self.listeners {
-            line.push_str(&format!(" {}={}", l.name, l.address));
-        }
-        if let Some(admin) = self.admin {
-            line.push_str(&format!(" admin={admin}"));
-        }
-        line.push_str(&format!(" workers={}", self.workers));
-        line
-    }
-}
-
-impl std::fmt::Debug for Metrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Metrics")
-    }
-}
-
-/// Binds every listener, starts the shards and the admin listener, and returns once every shard
-/// accepts connections.
-pub fn start(table: SharedTable, options: StartOptions) -> anyhow::Result<RunningGateway> {
-    start_with_reload(table, options, None)
-}
-
-/// Like [`start`], for a table that a configuration source reloads: the admin listener reports
-/// `reload` in `/metrics` and `/readyz?verbose`.
-pub fn start_with_reload(
-    table: SharedTable,
-    options: StartOptions,
-    reload: Option<Arc<ReloadStatus>>,
-) -> anyhow::Result<RunningGateway> {
-    let gateway = table.load().gateway().clone();
-    let workers = match options.workers.filter(|w| *w > 0) {
-        Some(w) => w,
-        None if gateway.workers > 0 => gateway.workers,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
-    let metrics = Metrics::new();
-    let mut bound = Vec::new();
-    let mut per_shard: Vec<Vec<ShardListener>> = (0..workers).map(|_| Vec::new()).collect();
-    for listener in &gateway.listeners {
-        let tls = if listener.tls {
-            Some(
-                crate::tls::server_config(&table.load())
-                    .with_context(|| format!("TLS for listener {:?}", listener.name))?,
-            )
-        } else {
-            None
-        };
-        let sockets = bind_reuseport(&listener.address, workers).with_context(|| {
-            format!(
-                "binding listener {:?} on {}",
-                listener.name, listener.address
-            )
-        })?;
-        bound.push(BoundListener {
-            name: listener.name.clone(),
-            address: sockets[0].local_addr()?,
-            tls: listener.tls,
-        });
-        for (shard, socket) in sockets.into_iter().enumerate() {
-            per_shard[shard].push(ShardListener {
-                name: listener.name.clone(),
-                socket,
-                tls: tls.clone(),
-            });
-        }
-    }
-    anyhow::ensure!(!bound.is_empty(), "the Gateway object has no listeners");
-    let shutdown = Shutdown::new();
-    let admin = match &gateway.admin {
-        Some(address) => {
-            let socket = std::net::TcpListener::bind(address)
-                .with_context(|| format!("binding the admin listener on {address}"))?;
-            let local = socket.local_addr()?;
-            crate::admin::spawn_admin(
-                socket,
-                metrics.clone(),
-                Some(crate::admin::ConfigView {
-                    table: table.clone(),
-                    reload,
-                    shutdown: shutdown.clone(),
-                }),
-            )?;
-            Some(local)
-        }
-        None => None,
-    };
-    let audit = match &gateway.audit {
-        Some(audit) => Some(
-            crate::audit::AuditLog::start(&audit.path, audit.queue, table.clone(), &metrics)
-                .context("starting the audit log")?,
-        ),
-        None => None,
-    };
-    let (started_tx, started_rx) = mpsc::channel();
-    for (index, listeners) in per_shard.into_iter().enumerate() {
-        spawn_shard(
-            index,
-            options.driver,
-            listeners,
-            table.clone(),
-            metrics.clone(),
-            shutdown.clone(),
-            audit.clone(),
-            started_tx.clone(),
-        )?;
-    }
-    drop(started_tx);
-    for _ in 0..workers {
-        started_rx
-            .recv()
-            .context("a shard stopped before it started")?
-            .context("a shard could not start")?;
-    }
-    info!(workers, driver = ?options.driver, "gateway started");
-    Ok(RunningGateway {
-        listeners: bound,
-        admin,
-        metrics,
-        workers,
-        shutdown,
-        audit,
-    })
 }
 
 /// The `serve` command.

@@ -19,8 +19,9 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tracing::debug;
 
-use crate::identity::ClientIdentity;
-use crate::proxy::{serve_http1, ShardContext};
+use crate::auth::ClientIdentity;
+use crate::protocol::h1::serve_http1;
+use crate::server::ShardContext;
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -100,17 +101,18 @@ pub async fn dispatch<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
-    let mut tls = match crate::runtime::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(error)) => {
-            debug!(%peer, %error, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            debug!(%peer, "TLS handshake timed out");
-            return;
-        }
-    };
+    let mut tls =
+        match crate::server::runtime::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(error)) => {
+                debug!(%peer, %error, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        };
     let (_, session) = tls.get_ref();
     // No certificate (allowed when bearer tokens are): an empty identity, so every request must
     // bring a token.
@@ -126,7 +128,7 @@ pub async fn dispatch<S>(
     };
     // The protocol branch: h2 when the client chose it, HTTP/1.1 otherwise (also without ALPN).
     if session.alpn_protocol() == Some(b"h2") {
-        crate::http2::serve_h2(ctx, tls, peer, identity).await;
+        crate::protocol::h2::serve_h2(ctx, tls, peer, identity).await;
     } else {
         serve_http1(ctx, &mut tls, peer, &identity).await;
     }

@@ -19,7 +19,7 @@ use tracing::debug;
 
 use fleetgate_config_watcher::{ReloadStatus, SharedTable};
 
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 
 /// What the admin listener reports about the configuration: the serving table and, when a source
 /// reloads it, that source's status.
@@ -28,7 +28,7 @@ pub struct ConfigView {
     pub table: SharedTable,
     pub reload: Option<Arc<ReloadStatus>>,
     /// Once the drain begins `/readyz` fails, so a load balancer stops sending new clients.
-    pub shutdown: Arc<crate::shutdown::Shutdown>,
+    pub shutdown: Arc<crate::server::shutdown::Shutdown>,
 }
 
 /// Serves the admin endpoints on `listener` from a new thread.
@@ -59,7 +59,7 @@ fn answer(mut stream: TcpStream, metrics: &Metrics, config: Option<&ConfigView>)
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
-    while crate::http1::find_head_end(&buf, 0).is_none() {
+    while crate::protocol::http1::find_head_end(&buf, 0).is_none() {
         let n = stream.read(&mut chunk)?;
         if n == 0 || buf.len() > 16 * 1024 {
             return Ok(());

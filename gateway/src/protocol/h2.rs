@@ -35,15 +35,16 @@ use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
 
-use crate::audit::{AuditRequest, Outcome, StreamAudit};
-use crate::error::{GatewayError, Side};
-use crate::http1::{
+use crate::auth::{self, ClientIdentity};
+use crate::errors::{GatewayError, Side};
+use crate::exchange::{read_response_head, Failure, IDLE_STREAM_BUFFER, READ_CHUNK};
+use crate::observe::audit::{AuditRequest, Outcome, StreamAudit};
+use crate::protocol::http1::{
     is_hop_by_hop, push_header, response_body, BodyKind, BodyProgress, ChunkedScanner, Head,
 };
-use crate::identity::{self, ClientIdentity};
-use crate::proxy::{read_response_head, Failure, ShardContext, IDLE_STREAM_BUFFER, READ_CHUNK};
-use crate::route::{self, Route};
-use crate::runtime::{self, First};
+use crate::request::route::{self, Route};
+use crate::server::runtime::{self, First};
+use crate::server::ShardContext;
 use crate::upstream::{connect, UpstreamConn};
 
 /// Per-stream receive window (request bodies): what a client may send ahead of the member.
@@ -192,7 +193,7 @@ enum GoAway {
 /// open for `idle_timeout`. Checks the streams once per timeout period at most (one timer per
 /// connection, not one per stream).
 async fn go_away_reason(
-    shutdown: &crate::shutdown::Shutdown,
+    shutdown: &crate::server::shutdown::Shutdown,
     streams: &OpenStreams,
     idle_timeout: Option<Duration>,
 ) -> GoAway {
@@ -259,7 +260,7 @@ where
         .as_ref()
         .filter(|_| !identity.user.is_empty())
         .map(|_| Arc::new(identity.clone()));
-    let identity = Rc::new(identity::ConnectionAuth::new(&identity));
+    let identity = Rc::new(auth::ConnectionAuth::new(&identity));
     let streams = Rc::new(OpenStreams::default());
     streams.idle_since.set(Some(Instant::now()));
     let accept_stream =
@@ -327,7 +328,7 @@ async fn serve_stream(
     request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     peer: SocketAddr,
-    identity: Rc<identity::ConnectionAuth>,
+    identity: Rc<auth::ConnectionAuth>,
     audit_user: Option<Arc<ClientIdentity>>,
     _open: StreamGuard,
 ) {
@@ -424,7 +425,7 @@ async fn proxy_stream(
     request: Request<RecvStream>,
     respond: &mut SendResponse<Bytes>,
     peer: SocketAddr,
-    conn_auth: &identity::ConnectionAuth,
+    conn_auth: &auth::ConnectionAuth,
     started: Instant,
     audit: &mut StreamAudit,
 ) -> Result<(), Failure> {
@@ -446,7 +447,7 @@ async fn proxy_stream(
         .map_or("/", |p| p.as_str())
         .as_bytes();
     let decision = decide(ctx, target).map_err(|err| {
-        identity::hide_unknown_cluster(err, ctx.table.load().access(), conn_auth, || {
+        auth::hide_unknown_cluster(err, ctx.table.load().access(), conn_auth, || {
             parts
                 .headers
                 .iter()
@@ -501,7 +502,7 @@ async fn proxy_stream(
     } else {
         parts.method.as_str().as_bytes()
     };
-    let decided = identity::decide(
+    let decided = auth::decide(
         ctx.table.load().access(),
         conn_auth,
         &cluster,
@@ -563,7 +564,7 @@ async fn proxy_stream(
             || name == http::header::EXPECT
             || name == http::header::TE
             || name == http::header::CONNECTION
-            || identity::drops_client_header(&cluster, name_bytes)
+            || auth::drops_client_header(&cluster, name_bytes)
         {
             continue;
         }
@@ -584,7 +585,7 @@ async fn proxy_stream(
     head.extend_from_slice(b"X-Forwarded-For: ");
     head.extend_from_slice(&forwarded_for);
     let _ = write!(head, "{}\r\n", peer.ip());
-    identity::push_upstream_identity(&mut head, &cluster, decided.identity.as_deref());
+    auth::push_upstream_identity(&mut head, &cluster, decided.identity.as_deref());
     if websocket {
         push_websocket_upgrade(&mut head, &parts.headers);
         head.extend_from_slice(b"\r\n");
@@ -950,22 +951,23 @@ async fn relay_body(
     loop {
         if long_running && !progress.is_done() && retirement.is_retired() {
             let end = match (&scanner, &*progress) {
-                (Some(scanner), _) => crate::retired::chunked_end(scanner),
-                (None, progress) => crate::retired::retired_end(progress),
+                (Some(scanner), _) => crate::exchange::retired::chunked_end(scanner),
+                (None, progress) => crate::exchange::retired::retired_end(progress),
             };
             match end {
-                crate::retired::RetiredEnd::Done => {}
-                crate::retired::RetiredEnd::LastChunk | crate::retired::RetiredEnd::Close => {
+                crate::exchange::retired::RetiredEnd::Done => {}
+                crate::exchange::retired::RetiredEnd::LastChunk
+                | crate::exchange::retired::RetiredEnd::Close => {
                     send.send_data(Bytes::new(), true).map_err(abort)?;
                     *progress = BodyProgress::Done;
                     return Ok(());
                 }
-                crate::retired::RetiredEnd::Cut => {
+                crate::exchange::retired::RetiredEnd::Cut => {
                     return Err(Failure::Abort("route retired mid-body"))
                 }
-                crate::retired::RetiredEnd::FinishChunk => {
+                crate::exchange::retired::RetiredEnd::FinishChunk => {
                     finish_chunk_by.get_or_insert_with(|| {
-                        std::time::Instant::now() + crate::retired::FINISH_CHUNK_WITHIN
+                        std::time::Instant::now() + crate::exchange::retired::FINISH_CHUNK_WITHIN
                     });
                 }
             }

@@ -1,10 +1,11 @@
 //! `fleetgate demo`: a simulated fleet and the gateway in front of it, in one command, so a
 //! newcomer can point kubectl at a fleet without any cluster.
 //!
-//! The fleet (`fleetgate_loadtest::sim`, built on hyper/tokio and sharing no HTTP code with the
-//! gateway) runs on a tokio runtime in this process; the gateway runs as a child process
-//! (`fleetgate serve --config DIR`) exactly as an operator would run it, so the demo exercises the
-//! real command. This is the only place the gateway crate touches the simulated fleet.
+//! Two child processes, each the real command an operator or a test would run: the simulated
+//! fleet (`fleetgate-loadtest sim`, built on hyper/tokio and sharing no code with the gateway) and
+//! the gateway (`fleetgate serve --config DIR`) reading the files the fleet wrote. The gateway crate
+//! never links the simulated fleet: the `fleetgate-loadtest` binary is found beside this one
+//! (`cargo build --bins` puts it there), else on PATH, or named by `FLEETGATE_LOADTEST`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -46,19 +47,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .with_context(|| format!("--listen {:?} is not an IP:port address", args.listen))?;
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let fleet = rt.block_on(fleetgate_loadtest::sim::start_fleet(
-        fleetgate_loadtest::sim::FleetOptions {
-            dir: args.dir.clone(),
-            clusters: args.clusters,
-            objects: args.objects,
-            churn_per_sec: 0.0,
-            gateway_listen: Some(args.listen.clone()),
-        },
-    ))?;
+    let mut fleet = start_fleet(&args)?;
+    if let Err(e) = wait_ready(&mut fleet, "the simulated fleet") {
+        stop(&mut fleet);
+        return Err(e);
+    }
     // The fleet's own kubeconfig goes straight to the members; keep it beside the gateway's.
     std::fs::copy(
         args.dir.join("kubeconfig"),
@@ -66,10 +59,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     )?;
 
     let mut gateway = start_gateway(&args)?;
-    let bound = match wait_ready(&mut gateway) {
+    let bound = match wait_ready(&mut gateway, "the gateway").and_then(|line| listener_of(&line)) {
         Ok(addr) => addr,
         Err(e) => {
             let _ = gateway.kill();
+            stop(&mut fleet);
             return Err(e);
         }
     };
@@ -84,6 +78,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
     std::io::stdout().flush()?;
 
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     // A thread owns the child and reports its exit; the runtime waits for that or a signal.
     let pid = gateway.id();
     let (exited_tx, exited_rx) = tokio::sync::oneshot::channel();
@@ -116,7 +113,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         Ok(None)
     })?;
     let _ = waiter.join();
-    rt.block_on(fleet.shutdown());
+    stop(&mut fleet);
     match outcome {
         Some(status) => Err(anyhow!("the gateway exited unexpectedly ({status})")),
         None => Ok(()),
@@ -157,13 +154,76 @@ fn start_gateway(args: &DemoArgs) -> anyhow::Result<Child> {
     cmd.spawn().context("starting `fleetgate serve`")
 }
 
-/// Reads the gateway's stdout up to its `ready` line and returns the address of its first
-/// non-admin listener; later lines are passed through on a thread of their own.
-fn wait_ready(child: &mut Child) -> anyhow::Result<SocketAddr> {
+/// `fleetgate-loadtest sim`, in a process group of its own (as the gateway: a terminal's Ctrl-C
+/// reaches the demo, which stops both in order).
+fn start_fleet(args: &DemoArgs) -> anyhow::Result<Child> {
+    let exe = loadtest_binary()?;
+    let mut cmd = Command::new(&exe);
+    cmd.arg("sim")
+        .arg("--dir")
+        .arg(&args.dir)
+        .arg("--clusters")
+        .arg(args.clusters.to_string())
+        .arg("--objects")
+        .arg(args.objects.to_string())
+        .arg("--gateway-listen")
+        .arg(&args.listen);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    cmd.spawn()
+        .with_context(|| format!("starting {} sim", exe.display()))
+}
+
+/// The `fleetgate-loadtest` binary: `FLEETGATE_LOADTEST`, else beside this executable (where
+/// cargo builds every binary of the workspace), else on PATH.
+fn loadtest_binary() -> anyhow::Result<PathBuf> {
+    const NAME: &str = "fleetgate-loadtest";
+    if let Some(path) = std::env::var_os("FLEETGATE_LOADTEST") {
+        return Ok(PathBuf::from(path));
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(NAME)));
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join(NAME));
+    beside
+        .into_iter()
+        .chain(on_path)
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| {
+            anyhow!(
+                "`fleetgate demo` runs the simulated fleet from the {NAME} binary, which is neither \
+                 beside this executable nor on PATH: build it with `cargo build --release --bins` \
+                 (or name it with FLEETGATE_LOADTEST)"
+            )
+        })
+}
+
+/// Stops a child that may still run: SIGTERM, then SIGKILL if it has not exited within 5 s.
+fn stop(child: &mut Child) {
+    signal(child.id(), libc::SIGTERM);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Reads a child's stdout up to its `ready` line and returns that line; the lines before it and
+/// after it are passed through (the later ones on a thread of their own).
+fn wait_ready(child: &mut Child, what: &str) -> anyhow::Result<String> {
     let stdout = child
         .stdout
         .take()
-        .ok_or_else(|| anyhow!("no stdout from the gateway"))?;
+        .ok_or_else(|| anyhow!("no stdout from {what}"))?;
     let mut lines = BufReader::new(stdout).lines();
     for line in lines.by_ref() {
         let line = line?;
@@ -171,22 +231,23 @@ fn wait_ready(child: &mut Child) -> anyhow::Result<SocketAddr> {
             println!("{line}");
             continue;
         }
-        let addr = line
-            .split_whitespace()
-            .filter_map(|tok| tok.split_once('='))
-            .filter(|(key, _)| *key != "admin")
-            .find_map(|(_, v)| v.trim_end_matches(',').parse::<SocketAddr>().ok())
-            .ok_or_else(|| {
-                anyhow!("the gateway's ready line names no listener address: {line:?}")
-            })?;
         std::thread::spawn(move || {
             for line in lines.map_while(Result::ok) {
                 println!("{line}");
             }
         });
-        return Ok(addr);
+        return Ok(line);
     }
-    bail!("the gateway exited before it was ready (see its log above)")
+    bail!("{what} exited before it was ready (see its log above)")
+}
+
+/// The address of the first non-admin listener a gateway's `ready` line names.
+fn listener_of(line: &str) -> anyhow::Result<SocketAddr> {
+    line.split_whitespace()
+        .filter_map(|tok| tok.split_once('='))
+        .filter(|(key, _)| *key != "admin")
+        .find_map(|(_, v)| v.trim_end_matches(',').parse::<SocketAddr>().ok())
+        .ok_or_else(|| anyhow!("the gateway's ready line names no listener address: {line:?}"))
 }
 
 /// DIR/kubeconfig: the sim's gateway kubeconfig, with the address the gateway really bound.

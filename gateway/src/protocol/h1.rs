@@ -17,52 +17,31 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
-use fleetgate_config_watcher::{ClusterRoute, ConnectMode, Limits, SharedTable};
+use fleetgate_config_watcher::{ClusterRoute, ConnectMode, Limits};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
 
-use crate::audit::{AuditRequest, Outcome};
-use crate::error::{GatewayError, Side};
-use crate::http1::{
-    is_hop_by_hop, parse_request, parse_response, push_header, request_body, response_body,
-    BodyKind, BodyProgress, Head, HeadError, HeadLimits,
+use crate::auth::{self, ClientIdentity};
+use crate::errors::{GatewayError, Side};
+use crate::exchange::retired::{retired_end, RetiredEnd, FINISH_CHUNK_WITHIN, LAST_CHUNK};
+use crate::exchange::splice::splice;
+use crate::exchange::{
+    read_response_head, Failure, IDLE_STREAM_BUFFER, READ_CHUNK, RESPONSE_HEAD_LIMITS,
 };
-use crate::identity::{self, ClientIdentity};
-use crate::metrics::{Metrics, ShardMetrics};
-use crate::retired::{retired_end, RetiredEnd, FINISH_CHUNK_WITHIN, LAST_CHUNK};
-use crate::route::{self, Route};
-use crate::runtime::{self, First};
-use crate::splice::splice;
-use crate::upstream::{connect, ShardPool, UpstreamConn};
+use crate::observe::audit::{AuditRequest, Outcome};
+use crate::protocol::http1::{
+    is_hop_by_hop, parse_request, push_header, request_body, response_body, BodyKind, BodyProgress,
+    Head, HeadError, HeadLimits,
+};
+use crate::request::route::{self, Route};
+use crate::server::runtime::{self, First};
+use crate::server::ShardContext;
+use crate::upstream::{connect, UpstreamConn};
 
 /// How long a request head may take to arrive once it has started (slow-loris defense).
 const HEAD_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a request body may stall between two reads.
 const BODY_STALL_TIMEOUT: Duration = Duration::from_secs(120);
-/// Read-buffer growth step for bodies.
-pub(crate) const READ_CHUNK: usize = 32 * 1024;
-/// Read size for long-running streams (watch, `logs -f`), which mostly sit idle.
-pub(crate) const IDLE_STREAM_BUFFER: usize = 4 * 1024;
-/// Limits on response heads from members (larger than the client's: members are trusted more
-/// and send long `Warning` and audit headers).
-const RESPONSE_HEAD_LIMITS: HeadLimits = HeadLimits {
-    max_head_bytes: 1024 * 1024,
-    max_headers: 1024,
-};
-
-/// Everything one shard's connections share: the routing table, the shard's upstream pool and
-/// the metrics. One per shard thread, never sent across threads.
-pub struct ShardContext {
-    pub shard: usize,
-    pub table: SharedTable,
-    pub pool: ShardPool,
-    pub metrics: Arc<Metrics>,
-    pub metrics_cache: ShardMetrics,
-    /// Graceful shutdown: shared by every shard.
-    pub shutdown: Arc<crate::shutdown::Shutdown>,
-    /// The audit log: one record per response end, when the Gateway has `spec.audit`.
-    pub audit: Option<crate::audit::AuditLog>,
-}
 
 /// Per-connection state reused for every request on it.
 struct Downstream<'a, S> {
@@ -98,7 +77,7 @@ pub async fn serve_http1<S>(
         response: Head::default(),
         out: Vec::with_capacity(1024),
     };
-    let conn_auth = identity::ConnectionAuth::new(identity);
+    let conn_auth = auth::ConnectionAuth::new(identity);
     // Who the audit log names when a request is refused before its identity is decided.
     let audit_user = ctx
         .audit
@@ -137,7 +116,7 @@ pub async fn serve_http1<S>(
 async fn read_request_head<S: AsyncRead + Unpin>(
     down: &mut Downstream<'_, S>,
     limits: Limits,
-    shutdown: &crate::shutdown::Shutdown,
+    shutdown: &crate::server::shutdown::Shutdown,
 ) -> Result<bool, GatewayError> {
     let head_limits = HeadLimits {
         max_head_bytes: limits.max_head_bytes,
@@ -210,7 +189,7 @@ async fn respond_error<S: AsyncWrite + Unpin>(
     let response = err.to_response(close);
     // A response to HEAD has no body (its Content-Length still says how long it would be).
     let response = if down.head.method() == b"HEAD" {
-        let end = crate::http1::find_head_end(&response, 0).unwrap_or(response.len());
+        let end = crate::protocol::http1::find_head_end(&response, 0).unwrap_or(response.len());
         &response[..end]
     } else {
         &response[..]
@@ -237,7 +216,7 @@ async fn handle_request<S>(
     ctx: &ShardContext,
     down: &mut Downstream<'_, S>,
     peer: SocketAddr,
-    conn_auth: &identity::ConnectionAuth,
+    conn_auth: &auth::ConnectionAuth,
     audit_user: Option<&Arc<ClientIdentity>>,
     limits: Limits,
 ) -> Next
@@ -269,7 +248,7 @@ where
             })),
             Route::Cluster { name, .. } => match table.cluster(name) {
                 Some(cluster) => Ok((cluster.clone(), ocm_style)),
-                None => Err(Some(identity::hide_unknown_cluster(
+                None => Err(Some(auth::hide_unknown_cluster(
                     GatewayError::UnknownCluster {
                         name: name.to_string(),
                     },
@@ -313,7 +292,7 @@ where
     };
     let verb = route::kube_verb(down.head.method(), rest, query);
     // Who the client is and whether a policy lets it: decided with the table loaded (no await).
-    let decided = identity::decide(
+    let decided = auth::decide(
         ctx.table.load().access(),
         conn_auth,
         &cluster,
@@ -422,20 +401,6 @@ fn audit_response(
     }
 }
 
-/// How a proxied request failed.
-pub(crate) enum Failure {
-    /// Nothing was sent to the client yet: answer with a Status.
-    Answer(GatewayError),
-    /// The response had started (or the client is gone): the only safe thing is to close.
-    Abort(&'static str),
-}
-
-impl From<GatewayError> for Failure {
-    fn from(err: GatewayError) -> Self {
-        Failure::Answer(err)
-    }
-}
-
 /// Writes the upstream request head into `out`.
 fn build_upstream_head(
     out: &mut Vec<u8>,
@@ -464,7 +429,7 @@ fn build_upstream_head(
         if name.eq_ignore_ascii_case(b"host")
             || name.eq_ignore_ascii_case(b"x-forwarded-for")
             || name.eq_ignore_ascii_case(b"expect")
-            || identity::drops_client_header(cluster, name)
+            || auth::drops_client_header(cluster, name)
             || is_hop_by_hop(head, name)
         {
             continue;
@@ -480,7 +445,7 @@ fn build_upstream_head(
     // Formats straight into the buffer: no allocation per request.
     let _ = write!(out, "{}", peer.ip());
     out.extend_from_slice(b"\r\n");
-    identity::push_upstream_identity(out, cluster, identity);
+    auth::push_upstream_identity(out, cluster, identity);
     // Hop-by-hop, yet an upgrade only happens if the member is asked for it on this hop.
     if upgrade {
         push_header(out, b"Connection", b"Upgrade");
@@ -503,7 +468,7 @@ fn requested_upgrade(head: &Head) -> Result<bool, GatewayError> {
     let mut protocols = head
         .values(b"upgrade")
         .flat_map(|v| v.split(|b| *b == b','))
-        .map(crate::http1::head::trim)
+        .map(crate::protocol::http1::head::trim)
         .filter(|p| !p.is_empty())
         .peekable();
     if protocols.peek().is_none() {
@@ -614,7 +579,7 @@ async fn proxy_request<S>(
     down: &mut Downstream<'_, S>,
     cluster: &Arc<ClusterRoute>,
     peer: SocketAddr,
-    decided: &identity::Decided,
+    decided: &auth::Decided,
     limits: Limits,
     body: BodyKind,
     long_running: bool,
@@ -632,7 +597,7 @@ where
     }
     if !cluster.impersonation && !cluster.pass_through {
         // The member would see the gateway itself: nobody may choose another identity there.
-        identity::check_request(&down.head)?;
+        auth::check_request(&down.head)?;
     }
     let upgrade = requested_upgrade(&down.head)?;
     if upgrade && body != BodyKind::Empty {
@@ -839,84 +804,6 @@ where
     }
     // Nothing has gone to the client yet, so a member failure is still answered with a Status.
     conn.io.flush().await.map_err(closed)
-}
-
-/// Reads the member's response head (skipping interim 1xx responses) within the response-head
-/// timeout, unless the request is long-running.
-pub(crate) async fn read_response_head(
-    cluster: &ClusterRoute,
-    conn: &mut UpstreamConn,
-    response: &mut Head,
-    long_running: bool,
-    limits: Limits,
-    switch_requested: bool,
-) -> Result<(), Failure> {
-    let name = || cluster.name.to_string();
-    let read_head = async {
-        let mut scanned = 0;
-        let mut received_any = !conn.buf.is_empty();
-        loop {
-            match parse_response(&mut conn.buf, &mut scanned, RESPONSE_HEAD_LIMITS, response) {
-                Ok(true) if response.code == 101 && switch_requested => return Ok(()),
-                Ok(true) if response.code == 101 => {
-                    return Err(GatewayError::UpstreamProtocol {
-                        cluster: name(),
-                        reason: "switched protocols without being asked to",
-                    })
-                }
-                // Interim responses are consumed: the gateway answered `Expect` itself.
-                Ok(true) if response.code < 200 => continue,
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(_) => {
-                    return Err(GatewayError::UpstreamProtocol {
-                        cluster: name(),
-                        reason: "malformed response head",
-                    })
-                }
-            }
-            conn.buf.reserve(8 * 1024);
-            match conn.io.read_buf(&mut conn.buf).await {
-                Ok(0) if !received_any => {
-                    return Err(GatewayError::UpstreamClosed {
-                        cluster: name(),
-                        source: None,
-                    })
-                }
-                Ok(0) => {
-                    return Err(GatewayError::UpstreamProtocol {
-                        cluster: name(),
-                        reason: "connection closed inside the response head",
-                    })
-                }
-                Ok(_) => received_any = true,
-                Err(e) if !received_any => {
-                    return Err(GatewayError::UpstreamClosed {
-                        cluster: name(),
-                        source: Some(e),
-                    })
-                }
-                Err(_) => {
-                    return Err(GatewayError::UpstreamProtocol {
-                        cluster: name(),
-                        reason: "connection failed inside the response head",
-                    })
-                }
-            }
-        }
-    };
-    let result = if long_running {
-        read_head.await
-    } else {
-        match runtime::timeout(limits.response_head_timeout, read_head).await {
-            Ok(result) => result,
-            Err(_) => Err(GatewayError::ResponseHeadTimeout {
-                cluster: name(),
-                seconds: limits.response_head_timeout.as_secs(),
-            }),
-        }
-    };
-    result.map_err(Failure::Answer)
 }
 
 /// Writes the status line and the end-to-end headers of a member's response.

@@ -24,10 +24,10 @@ use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
 use tracing::{info, warn};
 
-use crate::http1::Head;
-use crate::identity::ClientIdentity;
-use crate::metrics::Metrics;
-use crate::route::{self, Route};
+use crate::auth::ClientIdentity;
+use crate::observe::metrics::Metrics;
+use crate::protocol::http1::Head;
+use crate::request::route::{self, Route};
 use fleetgate_config_watcher::policy::RequestAttributes;
 
 /// The writer flushes at least this often while it has unflushed lines.

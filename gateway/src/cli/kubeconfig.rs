@@ -18,7 +18,7 @@ use fleetgate_config_watcher::policy::CompiledPolicy;
 use fleetgate_config_watcher::{load_path, Config};
 use serde::Serialize;
 
-use crate::certs;
+use crate::cli::certs;
 
 /// Arguments of `fleetgate kubeconfig`.
 #[derive(Debug, clap::Args)]

@@ -363,7 +363,7 @@ impl BodyProgress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http1::head::{parse_request, HeadLimits};
+    use crate::protocol::http1::head::{parse_request, HeadLimits};
     use bytes::BytesMut;
 
     fn head(text: &str) -> Head {

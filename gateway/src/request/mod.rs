@@ -1,0 +1,3 @@
+//! What a request is, decided once from its head: the route to a member cluster (`route`).
+
+pub mod route;
