@@ -11,24 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::client::SendRequest;
-use support::{h2_request, read_h2_body, setup, setup_with_connect_timeout, Gateway, DRIVERS};
-
-/// An h2 connection to the gateway as alice; its driver runs as a tokio task.
-async fn h2_client(gw: &Gateway) -> SendRequest<Bytes> {
-    let tls = gw.tls_h2().await;
-    // As Go's transport does: a connection window far larger than a stream's, so one stream
-    // the application does not read cannot use up the whole connection's window.
-    let (client, connection) = h2::client::Builder::new()
-        .initial_window_size(64 * 1024)
-        .initial_connection_window_size(64 * 1024 * 1024)
-        .handshake::<_, Bytes>(tls)
-        .await
-        .expect("h2 handshake");
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
-}
+use support::{h2_client, h2_request, read_h2_body, setup, setup_with_connect_timeout, DRIVERS};
 
 async fn get(client: &SendRequest<Bytes>, path: &str) -> (u16, Vec<u8>) {
     let mut client = client.clone().ready().await.expect("ready");

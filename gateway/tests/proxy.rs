@@ -19,10 +19,10 @@ async fn every_path_form_reaches_the_member_with_the_gateway_identity() {
     for driver in DRIVERS {
         let (upstream, gw) = setup(driver).await;
         for path in [
-            "/clusters/member/api/v1/namespaces/a%2Fb/pods?labelSelector=x%3Dy&limit=5",
-            "/apis/cluster.karmada.io/v1alpha1/clusters/member/proxy/api/v1/namespaces/a%2Fb/pods?labelSelector=x%3Dy&limit=5",
-            "/apis/cluster.karpor.io/v1beta1/clusters/member/proxy/api/v1/namespaces/a%2Fb/pods?labelSelector=x%3Dy&limit=5",
-            "/member/api/v1/namespaces/a%2Fb/pods?labelSelector=x%3Dy&limit=5",
+            "/clusters/member/api/v1/namespaces/a%3Ab/pods?labelSelector=x%3Dy&limit=5",
+            "/apis/cluster.karmada.io/v1alpha1/clusters/member/proxy/api/v1/namespaces/a%3Ab/pods?labelSelector=x%3Dy&limit=5",
+            "/apis/cluster.karpor.io/v1beta1/clusters/member/proxy/api/v1/namespaces/a%3Ab/pods?labelSelector=x%3Dy&limit=5",
+            "/member/api/v1/namespaces/a%3Ab/pods?labelSelector=x%3Dy&limit=5",
         ] {
             let request = get(
                 path,
@@ -33,7 +33,7 @@ async fn every_path_form_reaches_the_member_with_the_gateway_identity() {
             let echo = response.json();
             let head = echo["head"].as_str().unwrap();
             assert!(
-                head.starts_with("GET /prefix/api/v1/namespaces/a%2Fb/pods?labelSelector=x%3Dy&limit=5 HTTP/1.1\r\n"),
+                head.starts_with("GET /prefix/api/v1/namespaces/a%3Ab/pods?labelSelector=x%3Dy&limit=5 HTTP/1.1\r\n"),
                 "{driver}: {head}"
             );
             let upstream_host = format!("Host: {}\r\n", upstream.address);

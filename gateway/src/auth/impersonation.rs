@@ -7,7 +7,6 @@ use fleetgate_config_watcher::policy::AccessControl;
 
 use super::{starts_with_ignore_case, ClientIdentity};
 use crate::errors::GatewayError;
-use crate::protocol::http1::Head;
 
 /// The identity a client asks to act as with `Impersonate-*` headers, if it sends any.
 pub(super) fn requested_impersonation<'h, H>(
@@ -105,11 +104,10 @@ pub(super) fn check_impersonation(
 
 /// Refuses a request that tries to choose its own identity on a cluster the gateway does not
 /// impersonate on (`impersonation: false`: the member would see the gateway's own identity).
-pub fn check_request(head: &Head) -> Result<(), GatewayError> {
-    if head
-        .headers()
-        .any(|(name, _)| starts_with_ignore_case(name, b"impersonate-"))
-    {
+pub fn check_request<'h>(
+    mut headers: impl Iterator<Item = (&'h [u8], &'h [u8])>,
+) -> Result<(), GatewayError> {
+    if headers.any(|(name, _)| starts_with_ignore_case(name, b"impersonate-")) {
         return Err(GatewayError::ClientImpersonation);
     }
     Ok(())

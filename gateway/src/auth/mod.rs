@@ -107,23 +107,21 @@ impl From<GatewayError> for Refusal {
     }
 }
 
-/// Authenticates and authorizes one request for `cluster`. `rest` and `query` are the target
-/// without the cluster prefix; `headers` gives the request's header fields (called twice at most).
+/// Authenticates and authorizes one request for `cluster`, classified as `attrs` (by
+/// `request::decide`); `headers` gives the request's header fields (called twice at most).
 /// Why a request was not authenticated is logged at debug level (never the credential).
 pub fn decide<'h, F, H>(
     access: &AccessControl,
     conn: &ConnectionAuth,
     cluster: &ClusterRoute,
-    method: &[u8],
-    rest: &[u8],
-    query: &[u8],
+    attrs: &RequestAttributes<'_>,
     headers: F,
 ) -> Result<Decided, Refusal>
 where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
-    let decided = decide_inner(access, conn, cluster, method, rest, query, headers);
+    let decided = decide_inner(access, conn, cluster, attrs, headers);
     if let Err(Refusal {
         error: GatewayError::Unauthorized { reason },
         ..
@@ -138,9 +136,7 @@ fn decide_inner<'h, F, H>(
     access: &AccessControl,
     conn: &ConnectionAuth,
     cluster: &ClusterRoute,
-    method: &[u8],
-    rest: &[u8],
-    query: &[u8],
+    attrs: &RequestAttributes<'_>,
     headers: F,
 ) -> Result<Decided, Refusal>
 where
@@ -171,14 +167,13 @@ where
             authenticate_header(access, conn, cluster, value)?
         }
     };
-    let attrs = RequestAttributes::parse(method, rest, query);
     let policy = &access.policy;
     if cluster.pass_through {
         // The member authenticates and authorizes the client's own token (and any
         // Impersonate-* it sends); a token the gateway knows is also held to policy.
         if let Some(identity) = &authenticated {
-            if !policy.allows(identity, &cluster.name, &attrs) {
-                let error = forbidden(identity, &cluster.name, &attrs);
+            if !policy.allows(identity, &cluster.name, attrs) {
+                let error = forbidden(identity, &cluster.name, attrs);
                 return Err(Refusal::of(error, identity, identity));
             }
         }
@@ -202,8 +197,8 @@ where
             Arc::new(wanted)
         }
     };
-    if !policy.allows(&identity, &cluster.name, &attrs) {
-        let error = forbidden(&identity, &cluster.name, &attrs);
+    if !policy.allows(&identity, &cluster.name, attrs) {
+        let error = forbidden(&identity, &cluster.name, attrs);
         return Err(Refusal::of(error, &authenticated, &identity));
     }
     Ok(Decided {

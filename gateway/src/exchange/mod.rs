@@ -1,25 +1,49 @@
-//! The exchange: how a decided request goes to a member and its answer comes back.
-//! `splice` relays an upgraded connection after a 101; `retired` says how a stream ends when its
-//! route is retired.
+//! The exchange: the one way a decided request goes to a member and its answer comes back, for
+//! both client protocols. The front-ends (`protocol::h1`, `protocol::h2`) decide the request
+//! (`request::decide`), write the member's head (`member_head`), and then hand over:
+//! - [`send`]: the connector (direct TCP/TLS or an egress proxy today; a tunnel later), a pooled
+//!   connection or a new one, the head and the body (through the front-end's [`RequestBody`]), one
+//!   retry on a fresh connection for a replayable request that found its pooled connection closed,
+//!   and the response head within its timeout (none for long-running requests);
+//! - `relay`: the response body to the front-end's sink, read by read, with flow control (a
+//!   member read waits until the client took the previous one), the route's retirement (a
+//!   long-running stream ends cleanly between chunks), a write timeout for ordinary responses, and
+//!   the connection back to the pool after a clean, complete response;
+//! - `splice`: an upgraded connection after a 101, both ways, until either side closes.
+//!
+//! Nothing else in the crate talks to members. Never parses a client's request and never decides
+//! identity; errors are [`Failure`]s that say whether anything reached the client yet.
 
+pub mod member_head;
+pub mod relay;
 pub mod retired;
 pub mod splice;
 
-use fleetgate_config_watcher::{ClusterRoute, Limits};
-use tokio::io::AsyncReadExt;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use fleetgate_config_watcher::{ClusterRoute, ConnectMode, Limits};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tracing::debug;
 
 use crate::errors::GatewayError;
-use crate::protocol::http1::{parse_response, Head, HeadLimits};
-use crate::server::runtime;
-use crate::upstream::UpstreamConn;
+use crate::protocol::http1::{parse_response, response_body, BodyKind, Head, HeadLimits};
+use crate::server::runtime::{self, First};
+use crate::server::ShardContext;
+use crate::upstream::{connect, UpstreamConn};
 
 /// Read-buffer growth step for bodies.
 pub(crate) const READ_CHUNK: usize = 32 * 1024;
 /// Read size for long-running streams (watch, `logs -f`), which mostly sit idle.
 pub(crate) const IDLE_STREAM_BUFFER: usize = 4 * 1024;
+/// How long a request body may stall between two reads (client side) or two writes (member side).
+pub(crate) const BODY_STALL_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a client may leave an ordinary (not long-running) response unread before it is cut
+/// and its member connection freed.
+pub(crate) const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Limits on response heads from members (larger than the client's: members are trusted more
 /// and send long `Warning` and audit headers).
-pub(crate) const RESPONSE_HEAD_LIMITS: HeadLimits = HeadLimits {
+const RESPONSE_HEAD_LIMITS: HeadLimits = HeadLimits {
     max_head_bytes: 1024 * 1024,
     max_headers: 1024,
 };
@@ -38,17 +62,163 @@ impl From<GatewayError> for Failure {
     }
 }
 
+/// A decided request, ready for its member.
+pub(crate) struct Outbound<'a> {
+    pub cluster: &'a ClusterRoute,
+    /// The member's request head (`member_head::write`).
+    pub head: &'a [u8],
+    /// GET, HEAD or OPTIONS without a body: safe to send again on a fresh connection.
+    pub replayable: bool,
+    pub long_running: bool,
+    /// An HTTP/1.1 upgrade (or an h2 WebSocket carried as one): a dedicated connection, never
+    /// pooled, and a 101 is a valid answer.
+    pub upgrade: bool,
+    /// A HEAD request: the response has no body whatever its head says.
+    pub head_method: bool,
+    pub limits: Limits,
+    /// For metrics, recorded once the response head is read.
+    pub verb: &'static str,
+    pub started: Instant,
+}
+
+/// The request body as the front-end has it (the HTTP/1.1 read buffer and socket, or an h2
+/// stream), written to the member after the head.
+pub(crate) trait RequestBody {
+    /// Writes the whole body to `conn` (the head is already written). Called at most once with
+    /// content: only a request without a body is ever sent twice.
+    async fn send(
+        &mut self,
+        conn: &mut UpstreamConn,
+        cluster: &ClusterRoute,
+    ) -> Result<(), Failure>;
+
+    /// Resolves when the client has given up on the request (an h2 stream reset), so a pending
+    /// connect or response head is abandoned at once. Pending forever where the protocol cannot
+    /// tell before the response (HTTP/1.1 reads nothing past the body until it is answered).
+    fn client_gone(&mut self) -> impl Future<Output = ()>;
+}
+
+/// The member's answer once its head is read (the head itself is in the [`Head`] given to
+/// [`send`]).
+pub(crate) struct Answer {
+    pub conn: UpstreamConn,
+    /// The response body's framing (empty for HEAD, 1xx, 204, 304 and a 101).
+    pub body: BodyKind,
+    /// Whether the connection may carry another request once this body is relayed completely.
+    pub reusable: bool,
+}
+
+/// Takes `out` to its member: a pooled or new connection, the head and body, the response head.
+/// Metrics count the response by its code.
+pub(crate) async fn send(
+    shard: &ShardContext,
+    out: &Outbound<'_>,
+    body: &mut impl RequestBody,
+    response: &mut Head,
+) -> Result<Answer, Failure> {
+    let cluster = out.cluster;
+    if cluster.mode == ConnectMode::Tunnel {
+        return Err(GatewayError::TunnelNotSupported {
+            cluster: cluster.name.to_string(),
+        }
+        .into());
+    }
+    let mut attempt_on_fresh = false;
+    let conn = loop {
+        // An upgrade gets a dedicated connection: after the 101 it is no longer HTTP, so it must
+        // neither come from the pool nor go back to it.
+        let pooled = if attempt_on_fresh || out.upgrade {
+            None
+        } else {
+            shard.pool.take(cluster.id)
+        };
+        let mut conn = match pooled {
+            Some(conn) => conn,
+            None => {
+                let dial = connect(cluster, out.limits.connect_timeout, &shard.metrics);
+                match runtime::race(dial, body.client_gone()).await {
+                    First::Left(conn) => conn?,
+                    First::Right(()) => {
+                        return Err(Failure::Abort("client gave up during connect"))
+                    }
+                }
+            }
+        };
+        let reused = conn.reused;
+        let outcome = match write_request(&mut conn, cluster, out.head, body).await {
+            Ok(()) => read_response_head(cluster, &mut conn, response, out).await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(()) => break conn,
+            Err(Failure::Answer(GatewayError::UpstreamClosed { .. }))
+                if reused && out.replayable && !attempt_on_fresh =>
+            {
+                debug!(cluster = %cluster.name, "pooled connection was closed by the member; retrying on a new one");
+                attempt_on_fresh = true;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    shard.count_response(cluster, out.verb, response.code, out.started);
+    if out.upgrade && response.code == 101 {
+        return Ok(Answer {
+            conn,
+            body: BodyKind::Empty,
+            reusable: false,
+        });
+    }
+    let method: &[u8] = if out.head_method { b"HEAD" } else { b"GET" };
+    let body = response_body(response, method).map_err(|e| GatewayError::UpstreamProtocol {
+        cluster: cluster.name.to_string(),
+        reason: e.0,
+    })?;
+    let reusable = body != BodyKind::CloseDelimited
+        && !response.has_token(b"connection", b"close")
+        && !out.upgrade;
+    Ok(Answer {
+        conn,
+        body,
+        reusable,
+    })
+}
+
+/// Gives a connection back to the shard's pool if its response ended cleanly and completely.
+pub(crate) fn finish(shard: &ShardContext, answer: Answer, complete: bool) {
+    if answer.reusable && complete && answer.conn.buf.is_empty() {
+        shard.pool.put(answer.conn);
+    }
+}
+
+/// Writes the head, then the body, then flushes.
+async fn write_request(
+    conn: &mut UpstreamConn,
+    cluster: &ClusterRoute,
+    head: &[u8],
+    body: &mut impl RequestBody,
+) -> Result<(), Failure> {
+    let closed = |e: std::io::Error| {
+        Failure::Answer(GatewayError::UpstreamClosed {
+            cluster: cluster.name.to_string(),
+            source: Some(e),
+        })
+    };
+    conn.io.write_all(head).await.map_err(closed)?;
+    body.send(conn, cluster).await?;
+    // Nothing has gone to the client yet, so a member failure is still answered with a Status.
+    conn.io.flush().await.map_err(closed)
+}
+
 /// Reads the member's response head (skipping interim 1xx responses) within the response-head
-/// timeout, unless the request is long-running.
-pub(crate) async fn read_response_head(
+/// timeout, unless the request is long-running or an upgrade.
+async fn read_response_head(
     cluster: &ClusterRoute,
     conn: &mut UpstreamConn,
     response: &mut Head,
-    long_running: bool,
-    limits: Limits,
-    switch_requested: bool,
+    out: &Outbound<'_>,
 ) -> Result<(), Failure> {
     let name = || cluster.name.to_string();
+    let switch_requested = out.upgrade;
     let read_head = async {
         let mut scanned = 0;
         let mut received_any = !conn.buf.is_empty();
@@ -102,14 +272,15 @@ pub(crate) async fn read_response_head(
             }
         }
     };
-    let result = if long_running {
+    let result = if out.long_running || out.upgrade {
         read_head.await
     } else {
-        match runtime::timeout(limits.response_head_timeout, read_head).await {
+        let limit = out.limits.response_head_timeout;
+        match runtime::timeout(limit, read_head).await {
             Ok(result) => result,
             Err(_) => Err(GatewayError::ResponseHeadTimeout {
                 cluster: name(),
-                seconds: limits.response_head_timeout.as_secs(),
+                seconds: limit.as_secs(),
             }),
         }
     };

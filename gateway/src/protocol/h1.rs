@@ -1,54 +1,53 @@
-//! The HTTP/1.1 connection driver: reads requests from one client connection, routes each to a
-//! member cluster, writes it upstream with the gateway's identity headers, and streams the
-//! response back, in order, until the client or an error closes the connection.
+//! The HTTP/1.1 front-end: reads requests from one client connection, has each decided
+//! (`request::decide`) and carried to its member by the exchange, and writes the responses back in
+//! order until the client or an error closes the connection.
 //!
-//! Bodies are moved from the read buffer of one side to the other as they arrive (never
-//! collected), each read flushed to the client at once so a watch event or a `logs -f` line is not
-//! held back. The codec (`http1`) says where heads and bodies end; `route` names the cluster;
-//! `identity` writes the credentials; `upstream` owns connections; `error` renders every refusal.
-//! Pipelined requests wait in the read buffer until the previous response is done, so they are
-//! answered in order. Called by `tls`/`shard` for each accepted connection; generic over the stream
-//! type so the same code serves TLS and plaintext sockets.
+//! What is HTTP/1.1's own lives here: head reading with its timeouts (slow-loris defense), the
+//! client's body framing and `Expect: 100-continue`, the `Connection` rules, keep-alive and
+//! pipelining (a pipelined request waits in the read buffer until the previous response is done),
+//! upgrades (the 101 relayed, then both connections spliced), and the client side of the body
+//! relay (the member's bytes written as they came, the response head and the first bytes in one
+//! write). Generic over the stream type, so the same code serves TLS and plaintext sockets. Called
+//! by `tls` and `server::shard` for each accepted connection.
 
-use std::io::{self, Write as _};
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BytesMut};
-use fleetgate_config_watcher::{ClusterRoute, ConnectMode, Limits};
+use bytes::{Buf, Bytes, BytesMut};
+use fleetgate_config_watcher::{ClusterRoute, Limits};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
 
 use crate::auth::{self, ClientIdentity};
 use crate::errors::{GatewayError, Side};
-use crate::exchange::retired::{retired_end, RetiredEnd, FINISH_CHUNK_WITHIN, LAST_CHUNK};
+use crate::exchange::member_head::{self, MemberRequest, Upgrade};
+use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
+use crate::exchange::retired::LAST_CHUNK;
 use crate::exchange::splice::splice;
 use crate::exchange::{
-    read_response_head, Failure, IDLE_STREAM_BUFFER, READ_CHUNK, RESPONSE_HEAD_LIMITS,
+    self, Answer, Failure, Outbound, RequestBody, BODY_STALL_TIMEOUT, READ_CHUNK,
 };
 use crate::observe::audit::{AuditRequest, Outcome};
 use crate::protocol::http1::{
-    is_hop_by_hop, parse_request, push_header, request_body, response_body, BodyKind, BodyProgress,
-    Head, HeadError, HeadLimits,
+    is_hop_by_hop, parse_request, push_header, request_body, BodyKind, BodyProgress, Head,
+    HeadError, HeadLimits,
 };
-use crate::request::route::{self, Route};
+use crate::request::{self, Decision, Proxied};
 use crate::server::runtime::{self, First};
 use crate::server::ShardContext;
-use crate::upstream::{connect, UpstreamConn};
+use crate::upstream::UpstreamConn;
 
 /// How long a request head may take to arrive once it has started (slow-loris defense).
 const HEAD_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a request body may stall between two reads.
-const BODY_STALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Per-connection state reused for every request on it.
 struct Downstream<'a, S> {
     io: &'a mut S,
     buf: BytesMut,
     scanned: usize,
-    head: Head,
     response: Head,
     out: Vec<u8>,
 }
@@ -73,10 +72,12 @@ pub async fn serve_http1<S>(
         io,
         buf: BytesMut::with_capacity(4 * 1024),
         scanned: 0,
-        head: Head::default(),
         response: Head::default(),
         out: Vec::with_capacity(1024),
     };
+    // The request head: apart from `down`, so a decided request can borrow from it while the
+    // connection's buffers and socket carry it.
+    let mut head = Head::default();
     let conn_auth = auth::ConnectionAuth::new(identity);
     // Who the audit log names when a request is refused before its identity is decided.
     let audit_user = ctx
@@ -86,17 +87,18 @@ pub async fn serve_http1<S>(
         .map(|_| Arc::new(identity.clone()));
     loop {
         let limits = ctx.table.load().gateway().limits;
-        match read_request_head(&mut down, limits, &ctx.shutdown).await {
+        match read_request_head(&mut down, &mut head, limits, &ctx.shutdown).await {
             Ok(true) => {}
             Ok(false) => break,
             Err(err) => {
-                respond_error(&mut down, &err, true).await;
+                respond_error(&mut down, &err, true, false).await;
                 break;
             }
         }
         match handle_request(
             &ctx,
             &mut down,
+            &head,
             peer,
             &conn_auth,
             audit_user.as_ref(),
@@ -115,6 +117,7 @@ pub async fn serve_http1<S>(
 /// (`limits.idle_timeout` between requests), or the connection is idle while the gateway drains.
 async fn read_request_head<S: AsyncRead + Unpin>(
     down: &mut Downstream<'_, S>,
+    head: &mut Head,
     limits: Limits,
     shutdown: &crate::server::shutdown::Shutdown,
 ) -> Result<bool, GatewayError> {
@@ -126,12 +129,7 @@ async fn read_request_head<S: AsyncRead + Unpin>(
     // slowly its bytes trickle in.
     let mut head_deadline = (!down.buf.is_empty()).then(|| Instant::now() + HEAD_READ_TIMEOUT);
     loop {
-        match parse_request(
-            &mut down.buf,
-            &mut down.scanned,
-            head_limits,
-            &mut down.head,
-        ) {
+        match parse_request(&mut down.buf, &mut down.scanned, head_limits, head) {
             Ok(true) => return Ok(true),
             Ok(false) => {}
             Err(HeadError::TooLarge(limit)) => return Err(GatewayError::HeadTooLarge { limit }),
@@ -177,10 +175,12 @@ async fn read_request_head<S: AsyncRead + Unpin>(
     }
 }
 
+/// Answers with the Status of `err`; `head_method` when the request was a HEAD.
 async fn respond_error<S: AsyncWrite + Unpin>(
     down: &mut Downstream<'_, S>,
     err: &GatewayError,
     close: bool,
+    head_method: bool,
 ) {
     match err.side() {
         Side::Downstream => debug!(error = %err, "refused request"),
@@ -188,7 +188,7 @@ async fn respond_error<S: AsyncWrite + Unpin>(
     }
     let response = err.to_response(close);
     // A response to HEAD has no body (its Content-Length still says how long it would be).
-    let response = if down.head.method() == b"HEAD" {
+    let response = if head_method {
         let end = crate::protocol::http1::find_head_end(&response, 0).unwrap_or(response.len());
         &response[..end]
     } else {
@@ -211,10 +211,11 @@ const HEALTH_OK: &[u8] =
     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 2\r\n\r\nok";
 const HEALTH_OK_CLOSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok";
 
-/// Handles one parsed request: answers it itself or proxies it.
+/// Handles one parsed request: answers it itself or has it carried to its member.
 async fn handle_request<S>(
     ctx: &ShardContext,
     down: &mut Downstream<'_, S>,
+    head: &Head,
     peer: SocketAddr,
     conn_auth: &auth::ConnectionAuth,
     audit_user: Option<&Arc<ClientIdentity>>,
@@ -224,46 +225,40 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let started = Instant::now();
-    let body = match request_body(&down.head) {
-        Ok(kind) => kind,
-        Err(e) => {
-            respond_error(down, &GatewayError::BadRequest { reason: e.0 }, true).await;
+    let checked = request_body(head)
+        .map_err(|e| GatewayError::BadRequest { reason: e.0 })
+        .and_then(|body| {
+            let names_fields = member_head::check_connection(head.values(b"connection"))?;
+            Ok((body, names_fields))
+        });
+    let (body, connection_names_fields) = match checked {
+        Ok(checked) => checked,
+        Err(err) => {
+            respond_error(down, &err, true, head.method() == b"HEAD").await;
+            audit_response(
+                ctx,
+                head,
+                peer,
+                (None, None),
+                started,
+                Outcome::Complete(400),
+            );
             return Next::Close;
         }
     };
     // A request whose body the gateway will not read leaves the connection unusable, and so does
     // an upgrade that fails: the client may already be sending bytes of the new protocol.
-    let close = wants_close(&down.head)
-        || body != BodyKind::Empty
-        || down.head.has_token(b"connection", b"upgrade");
-    // Decide with the table loaded, answer after dropping it: a table guard is never held
-    // across an await.
-    let decision = {
-        let table = ctx.table.load();
-        let ocm_style = table.gateway().ocm_style;
-        match route::route(down.head.target(), ocm_style) {
-            Route::Health(_) => Err(None),
-            Route::NotFound => Err(Some(GatewayError::NoRoute {
-                path: String::from_utf8_lossy(down.head.target()).into_owned(),
-            })),
-            Route::Cluster { name, .. } => match table.cluster(name) {
-                Some(cluster) => Ok((cluster.clone(), ocm_style)),
-                None => Err(Some(auth::hide_unknown_cluster(
-                    GatewayError::UnknownCluster {
-                        name: name.to_string(),
-                    },
-                    table.access(),
-                    conn_auth,
-                    || down.head.headers(),
-                ))),
-            },
-        }
-    };
-    let (cluster, ocm_style) = match decision {
-        Ok(found) => found,
-        Err(None) => {
+    let close =
+        wants_close(head) || body != BodyKind::Empty || head.has_token(b"connection", b"upgrade");
+    let table = ctx.table.load();
+    let decided = request::decide(&table, conn_auth, head.method(), head.target(), || {
+        head.headers()
+    });
+    let proxied = match decided {
+        Ok(Decision::Proxy(proxied)) => proxied,
+        Ok(Decision::Health) => {
             let mut reply = if close { HEALTH_OK_CLOSE } else { HEALTH_OK };
-            if down.head.method() == b"HEAD" {
+            if head.method() == b"HEAD" {
                 reply = &reply[..reply.len() - 2];
             }
             let ok = down.io.write_all(reply).await.is_ok() && down.io.flush().await.is_ok();
@@ -273,115 +268,155 @@ where
                 Next::Close
             };
         }
-        Err(Some(err)) => {
-            respond_error(down, &err, close).await;
-            let outcome = Outcome::Complete(err.code_and_reason().0);
-            audit_response(
-                ctx,
-                &down.head,
-                peer,
-                (audit_user, audit_user),
-                started,
-                outcome,
-            );
-            return if close { Next::Close } else { Next::KeepAlive };
-        }
-    };
-    let Route::Cluster { rest, query, .. } = route::route(down.head.target(), ocm_style) else {
-        return Next::Close;
-    };
-    let verb = route::kube_verb(down.head.method(), rest, query);
-    // Who the client is and whether a policy lets it: decided with the table loaded (no await).
-    let decided = auth::decide(
-        ctx.table.load().access(),
-        conn_auth,
-        &cluster,
-        down.head.method(),
-        rest,
-        query,
-        || down.head.headers(),
-    );
-    let decided = match decided {
-        Ok(decided) => decided,
-        Err(refusal) => {
-            let err = refusal.error;
-            let code = err.code_and_reason().0;
-            ctx.metrics_cache.record(
-                &ctx.metrics,
-                (cluster.id, &cluster.name),
-                verb,
-                code,
-                started.elapsed(),
-            );
-            respond_error(down, &err, close).await;
+        Err(refused) => {
             // A 401 has no user; a refusal after authentication names who had authenticated
             // (and whom it asked to act as), else the connection's certificate user.
-            let fallback = audit_user.filter(|_| code != 401);
+            let fallback =
+                audit_user.filter(|_| !matches!(refused.error, GatewayError::Unauthorized { .. }));
             let who = (
-                refusal.authenticated.as_ref().or(fallback),
-                refusal.acting_as.as_ref().or(fallback),
+                refused.authenticated.as_ref().or(fallback),
+                refused.acting_as.as_ref().or(fallback),
             );
-            audit_response(ctx, &down.head, peer, who, started, Outcome::Complete(code));
-            return if close { Next::Close } else { Next::KeepAlive };
+            let answer = Refusal {
+                error: &refused.error,
+                counted: refused.counted,
+                who,
+                close,
+            };
+            return answer_with_status(ctx, down, head, peer, answer, started).await;
         }
     };
-    let long_running = route::is_long_running(rest, query);
     let _stream = ctx.metrics.stream_opened();
     // 0 until a member's response head is read: an aborted exchange says whether one was.
     down.response.code = 0;
-    let proxied = proxy_request(
+    let exchanged = send_to_member(
         ctx,
         down,
-        &cluster,
+        head,
+        &proxied,
         peer,
-        &decided,
         limits,
         body,
-        long_running,
+        connection_names_fields,
         started,
-        verb,
     )
     .await;
-    let audited = (decided.authenticated.as_ref(), decided.identity.as_ref());
-    match proxied {
+    let Proxied {
+        cluster,
+        verb,
+        long_running,
+        identity,
+        ..
+    } = proxied;
+    let audited = (identity.authenticated.as_ref(), identity.identity.as_ref());
+    let aborted = |reason: &'static str, code: u16| {
+        debug!(reason, "connection aborted mid-response");
+        let outcome = Outcome::Aborted((code != 0).then_some(code), reason);
+        audit_response(ctx, head, peer, audited, started, outcome);
+        Next::Close
+    };
+    let exchanged = match exchanged {
+        Ok(exchanged) => exchanged,
+        Err(Failure::Answer(err)) => {
+            let answer = Refusal {
+                error: &err,
+                counted: Some((cluster, verb)),
+                who: audited,
+                close,
+            };
+            return answer_with_status(ctx, down, head, peer, answer, started).await;
+        }
+        Err(Failure::Abort(reason)) => return aborted(reason, down.response.code),
+    };
+    let relayed = match exchanged {
+        Exchanged::Response {
+            mut answer,
+            client_close,
+        } => {
+            // Nothing below reads the routing table: a long stream does not keep an old table
+            // alive.
+            drop(table);
+            let mut sink = ClientSink {
+                io: &mut *down.io,
+                out: &mut down.out,
+                head_pending: true,
+                pipelined: &mut down.buf,
+                max_pipelined: limits.max_head_bytes,
+            };
+            relay(&mut answer, &mut sink, long_running)
+                .await
+                .map(|complete| {
+                    exchange::finish(ctx, answer, complete);
+                    if client_close {
+                        Next::Close
+                    } else {
+                        Next::KeepAlive
+                    }
+                })
+        }
+        Exchanged::Upgraded(answer) => {
+            let name = cluster.name.clone();
+            drop(table);
+            relay_upgrade(ctx, down, answer, &name, started).await
+        }
+    };
+    match relayed {
         // The body was read: whether to keep the connection is the client's and member's call.
         Ok(next) => {
             let outcome = Outcome::Complete(down.response.code);
-            audit_response(ctx, &down.head, peer, audited, started, outcome);
+            audit_response(ctx, head, peer, audited, started, outcome);
             next
         }
+        // Once the response has started, any failure can only close the connection.
+        Err(Failure::Abort(reason)) => aborted(reason, down.response.code),
         Err(Failure::Answer(err)) => {
-            let code = err.code_and_reason().0;
-            ctx.metrics_cache.record(
-                &ctx.metrics,
-                (cluster.id, &cluster.name),
-                verb,
-                code,
-                started.elapsed(),
-            );
-            let close = close || err.must_close();
-            respond_error(down, &err, close).await;
-            audit_response(
-                ctx,
-                &down.head,
-                peer,
-                audited,
-                started,
-                Outcome::Complete(code),
-            );
-            if close {
-                Next::Close
-            } else {
-                Next::KeepAlive
-            }
+            debug!(error = %err, "failure after the response started");
+            aborted("failure after the response started", down.response.code)
         }
-        Err(Failure::Abort(reason)) => {
-            debug!(cluster = %cluster.name, reason, "connection aborted mid-response");
-            let code = (down.response.code != 0).then_some(down.response.code);
-            let outcome = Outcome::Aborted(code, reason);
-            audit_response(ctx, &down.head, peer, audited, started, outcome);
-            Next::Close
-        }
+    }
+}
+
+/// A request answered with the gateway's own Status instead of the member's response.
+struct Refusal<'a> {
+    error: &'a GatewayError,
+    /// The cluster and verb it is counted under, when it got as far as a cluster.
+    counted: Option<(&'a Arc<ClusterRoute>, &'static str)>,
+    /// Who the audit log names: who authenticated, whom they acted as.
+    who: (
+        Option<&'a Arc<ClientIdentity>>,
+        Option<&'a Arc<ClientIdentity>>,
+    ),
+    /// The connection closes after it (besides errors that demand it).
+    close: bool,
+}
+
+/// Answers with a [`Refusal`]'s Status: counted, written, audited.
+async fn answer_with_status<S: AsyncWrite + Unpin>(
+    ctx: &ShardContext,
+    down: &mut Downstream<'_, S>,
+    head: &Head,
+    peer: SocketAddr,
+    refusal: Refusal<'_>,
+    started: Instant,
+) -> Next {
+    let code = refusal.error.code_and_reason().0;
+    if let Some((cluster, verb)) = refusal.counted {
+        ctx.count_response(cluster, verb, code, started);
+    }
+    let close = refusal.close || refusal.error.must_close();
+    respond_error(down, refusal.error, close, head.method() == b"HEAD").await;
+    audit_response(
+        ctx,
+        head,
+        peer,
+        refusal.who,
+        started,
+        Outcome::Complete(code),
+    );
+    if close {
+        Next::Close
+    } else {
+        Next::KeepAlive
     }
 }
 
@@ -399,61 +434,6 @@ fn audit_response(
         let request = AuditRequest::from_head(head, peer).identity(authenticated, acting_as);
         audit.record(request, started, outcome);
     }
-}
-
-/// Writes the upstream request head into `out`.
-fn build_upstream_head(
-    out: &mut Vec<u8>,
-    head: &Head,
-    cluster: &ClusterRoute,
-    peer: SocketAddr,
-    identity: Option<&ClientIdentity>,
-    ocm_style: bool,
-    upgrade: bool,
-) {
-    out.clear();
-    out.extend_from_slice(head.method());
-    out.push(b' ');
-    if let Route::Cluster { rest, query, .. } = route::route(head.target(), ocm_style) {
-        route::push_upstream_target(out, &cluster.upstream.path_prefix, rest, query);
-    }
-    // An HTTP/1.0 client is forwarded as HTTP/1.0, so the member answers without chunked
-    // framing, which such a client could not read.
-    if head.minor_version == 0 {
-        out.extend_from_slice(b" HTTP/1.0\r\n");
-    } else {
-        out.extend_from_slice(b" HTTP/1.1\r\n");
-    }
-    push_header(out, b"Host", cluster.upstream.authority.as_bytes());
-    for (name, value) in head.headers() {
-        if name.eq_ignore_ascii_case(b"host")
-            || name.eq_ignore_ascii_case(b"x-forwarded-for")
-            || name.eq_ignore_ascii_case(b"expect")
-            || auth::drops_client_header(cluster, name)
-            || is_hop_by_hop(head, name)
-        {
-            continue;
-        }
-        push_header(out, name, value);
-    }
-    // X-Forwarded-For: earlier hops as the client sent them, then the client's address.
-    out.extend_from_slice(b"X-Forwarded-For: ");
-    for value in head.values(b"x-forwarded-for") {
-        out.extend_from_slice(value);
-        out.extend_from_slice(b", ");
-    }
-    // Formats straight into the buffer: no allocation per request.
-    let _ = write!(out, "{}", peer.ip());
-    out.extend_from_slice(b"\r\n");
-    auth::push_upstream_identity(out, cluster, identity);
-    // Hop-by-hop, yet an upgrade only happens if the member is asked for it on this hop.
-    if upgrade {
-        push_header(out, b"Connection", b"Upgrade");
-        for value in head.values(b"upgrade") {
-            push_header(out, b"Upgrade", value);
-        }
-    }
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Whether the request asks to switch to a protocol the gateway carries (SPDY/3.1 for exec,
@@ -486,27 +466,273 @@ fn is_carried_protocol(protocol: &[u8]) -> bool {
     protocol.eq_ignore_ascii_case(b"SPDY/3.1") || protocol.eq_ignore_ascii_case(b"websocket")
 }
 
+/// What came back from the member: a response whose body is still to be relayed, or a 101.
+enum Exchanged {
+    Response { answer: Answer, client_close: bool },
+    Upgraded(Answer),
+}
+
+/// Carries a decided request to its member, up to the member's response head (written into
+/// `down.out` for an ordinary response).
+#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename these
+async fn send_to_member<S>(
+    ctx: &ShardContext,
+    down: &mut Downstream<'_, S>,
+    head: &Head,
+    proxied: &Proxied<'_>,
+    peer: SocketAddr,
+    limits: Limits,
+    body: BodyKind,
+    connection_names_fields: bool,
+    started: Instant,
+) -> Result<Exchanged, Failure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let upgrade = requested_upgrade(head)?;
+    if upgrade && body != BodyKind::Empty {
+        // Where such a body would end and the upgraded bytes begin is anyone's guess.
+        return Err(GatewayError::BadRequest {
+            reason: "an upgrade request must not carry a body",
+        }
+        .into());
+    }
+    let cluster: &ClusterRoute = proxied.cluster;
+    member_head::write(
+        &mut down.out,
+        cluster,
+        &MemberRequest {
+            method: head.method(),
+            http10: head.minor_version == 0,
+            rest: proxied.rest,
+            query: proxied.query,
+            body,
+            peer: peer.ip(),
+            identity: proxied.identity.identity.as_deref(),
+            upgrade: if upgrade {
+                Upgrade::FromClient
+            } else {
+                Upgrade::None
+            },
+        },
+        || head.headers(),
+        |name| connection_names_fields && head.has_token(b"connection", name),
+    );
+    let method = head.method();
+    let outbound = Outbound {
+        cluster,
+        head: &down.out,
+        replayable: body == BodyKind::Empty && matches!(method, b"GET" | b"HEAD" | b"OPTIONS"),
+        long_running: proxied.long_running,
+        upgrade,
+        head_method: method == b"HEAD",
+        limits,
+        verb: proxied.verb,
+        started,
+    };
+    let mut client_body = ClientBody {
+        io: &mut *down.io,
+        buf: &mut down.buf,
+        progress: BodyProgress::new(body),
+        expect_continue: body != BodyKind::Empty && head.has_token(b"expect", b"100-continue"),
+    };
+    let answer = exchange::send(ctx, &outbound, &mut client_body, &mut down.response).await?;
+    if upgrade && down.response.code == 101 {
+        return Ok(Exchanged::Upgraded(answer));
+    }
+    // A refused upgrade (the member's 400 or 403 Status) is relayed as it came, then both
+    // connections close: the client may already have sent bytes meant for the new protocol, and
+    // the dedicated member connection never joins the pool.
+    // While draining, a response tells the client this connection ends with it.
+    let client_close = wants_close(head)
+        || answer.body == BodyKind::CloseDelimited
+        || upgrade
+        || ctx.shutdown.is_draining();
+    debug!(
+        shard = ctx.shard,
+        cluster = %cluster.name,
+        verb = proxied.verb,
+        code = down.response.code,
+        head_us = started.elapsed().as_micros() as u64,
+        long_running = proxied.long_running,
+        "response head relayed"
+    );
+    down.out.clear();
+    write_response_head(&mut down.out, &down.response, client_close);
+    Ok(Exchanged::Response {
+        answer,
+        client_close,
+    })
+}
+
+/// The request body from the client connection: the bytes past the head in the read buffer, then
+/// reads, validated against the framing decided from the head (a chunked body's framing passes
+/// as it came, since the member gets `Transfer-Encoding: chunked` from the gateway).
+struct ClientBody<'a, S> {
+    io: &'a mut S,
+    buf: &'a mut BytesMut,
+    progress: BodyProgress,
+    expect_continue: bool,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> RequestBody for ClientBody<'_, S> {
+    async fn send(
+        &mut self,
+        conn: &mut UpstreamConn,
+        cluster: &ClusterRoute,
+    ) -> Result<(), Failure> {
+        if self.progress.is_done() {
+            return Ok(());
+        }
+        if self.expect_continue && self.buf.is_empty() {
+            // The gateway answers `Expect: 100-continue` itself (and does not forward it), so the
+            // client sends its body without waiting for a 100 the member might never send.
+            self.expect_continue = false;
+            self.io
+                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                .await
+                .map_err(|_| Failure::Abort("client write failed"))?;
+            self.io
+                .flush()
+                .await
+                .map_err(|_| Failure::Abort("client flush failed"))?;
+        }
+        loop {
+            if !self.buf.is_empty() {
+                let n = self.progress.take(self.buf).map_err(|e| {
+                    // Part of the body may be upstream already: this connection is dropped with
+                    // the request, and the client gets a 400 and a close.
+                    Failure::Answer(GatewayError::BadRequest { reason: e.0 })
+                })?;
+                // A member that stops reading the body (it answered early, or hangs) must not
+                // hold the client forever.
+                let write = conn.io.write_all(&self.buf[..n]);
+                match runtime::timeout_if_pending(BODY_STALL_TIMEOUT, write).await {
+                    Ok(written) => written.map_err(|e| GatewayError::UpstreamClosed {
+                        cluster: cluster.name.to_string(),
+                        source: Some(e),
+                    })?,
+                    Err(_) => {
+                        return Err(Failure::Answer(GatewayError::UpstreamProtocol {
+                            cluster: cluster.name.to_string(),
+                            reason: "stopped reading the request body",
+                        }))
+                    }
+                }
+                self.buf.advance(n);
+            }
+            if self.progress.is_done() {
+                return Ok(());
+            }
+            self.buf.reserve(READ_CHUNK);
+            match runtime::timeout(BODY_STALL_TIMEOUT, self.io.read_buf(self.buf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return Err(Failure::Abort("client went away during the request body")),
+            }
+        }
+    }
+
+    fn client_gone(&mut self) -> impl std::future::Future<Output = ()> {
+        // Nothing past the body is read before the response: a pipelined request is not a
+        // client going away.
+        std::future::pending()
+    }
+}
+
+/// The client side of a response body: the bytes as the member sent them (chunked framing
+/// included), the response head and the first piece in one write.
+struct ClientSink<'a, S> {
+    io: &'a mut S,
+    /// The response head, until it is written.
+    out: &'a mut Vec<u8>,
+    head_pending: bool,
+    /// What the client sends while a response streams (a pipelined request), kept for later.
+    pipelined: &'a mut BytesMut,
+    max_pipelined: usize,
+}
+
+/// Below this size, a body piece is copied behind the response head and both go in one write.
+const COALESCE_WITH_HEAD: usize = 16 * 1024;
+
+impl<S: AsyncRead + AsyncWrite + Unpin> ClientSink<'_, S> {
+    async fn write_head(&mut self) -> Result<(), Failure> {
+        if self.head_pending {
+            self.head_pending = false;
+            self.io
+                .write_all(self.out)
+                .await
+                .map_err(|_| Failure::Abort("client write failed"))?;
+        }
+        Ok(())
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> ResponseSink for ClientSink<'_, S> {
+    fn decodes_chunks(&self) -> bool {
+        false
+    }
+
+    async fn send(&mut self, piece: Bytes) -> Result<(), Failure> {
+        if self.head_pending && piece.len() <= COALESCE_WITH_HEAD {
+            self.out.extend_from_slice(&piece);
+            return self.write_head().await;
+        }
+        self.write_head().await?;
+        self.io
+            .write_all(&piece)
+            .await
+            .map_err(|_| Failure::Abort("client write failed"))
+    }
+
+    async fn flush(&mut self) -> Result<(), Failure> {
+        self.write_head().await?;
+        self.io
+            .flush()
+            .await
+            .map_err(|_| Failure::Abort("client flush failed"))
+    }
+
+    async fn end(&mut self) -> Result<(), Failure> {
+        self.flush().await
+    }
+
+    async fn end_early(&mut self, last_chunk: bool) -> Result<(), Failure> {
+        self.write_head().await?;
+        if last_chunk {
+            self.io
+                .write_all(LAST_CHUNK)
+                .await
+                .map_err(|_| Failure::Abort("client write failed"))?;
+        }
+        self.flush().await
+    }
+
+    async fn client_event(&mut self) -> ClientEvent {
+        // A client may pipeline a request behind a stream, within the head limit; more than
+        // that while a response streams is not a request, and ends the stream.
+        if self.pipelined.len() >= self.max_pipelined {
+            return ClientEvent::Gone;
+        }
+        self.pipelined.reserve(1024);
+        match self.io.read_buf(self.pipelined).await {
+            Ok(0) | Err(_) => ClientEvent::Gone,
+            Ok(_) => ClientEvent::Sent,
+        }
+    }
+}
+
 /// Relays the member's 101 to the client, then splices the two connections until both close.
 /// The dedicated member connection is dropped at the end; the client connection is closed.
 async fn relay_upgrade<S>(
     ctx: &ShardContext,
     down: &mut Downstream<'_, S>,
-    mut conn: UpstreamConn,
-    cluster: &ClusterRoute,
-    verb: &'static str,
+    mut answer: Answer,
+    cluster: &str,
     started: Instant,
 ) -> Result<Next, Failure>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let elapsed = started.elapsed();
-    ctx.metrics_cache.record(
-        &ctx.metrics,
-        (cluster.id, &cluster.name),
-        verb,
-        101,
-        elapsed,
-    );
     down.out.clear();
     write_switching_head(&mut down.out, &down.response);
     down.io
@@ -520,18 +746,18 @@ where
     let _upgraded = ctx.metrics.upgraded_stream_opened();
     debug!(
         shard = ctx.shard,
-        cluster = %cluster.name,
+        cluster,
         protocol = %String::from_utf8_lossy(down.response.value(b"upgrade").unwrap_or_default()),
-        head_us = elapsed.as_micros() as u64,
+        head_us = started.elapsed().as_micros() as u64,
         "upgraded; splicing"
     );
     // Bytes the client sent past its head, and the member past its 101, go first.
     let client_pending = std::mem::take(&mut down.buf);
-    let member_pending = std::mem::take(&mut conn.buf);
-    let retired = cluster.retirement.listen();
+    let member_pending = std::mem::take(&mut answer.conn.buf);
+    let retired = answer.conn.retirement.listen();
     match splice(
         &mut *down.io,
-        &mut conn.io,
+        &mut answer.conn.io,
         client_pending,
         member_pending,
         retired,
@@ -539,13 +765,13 @@ where
     .await
     {
         Ok(totals) => debug!(
-            cluster = %cluster.name,
+            cluster,
             client_to_member = totals.client_to_member,
             member_to_client = totals.member_to_client,
             retired = totals.retired,
             "upgraded stream closed"
         ),
-        Err(error) => debug!(cluster = %cluster.name, %error, "upgraded stream failed"),
+        Err(error) => debug!(cluster, %error, "upgraded stream failed"),
     }
     Ok(Next::Close)
 }
@@ -567,245 +793,6 @@ fn write_switching_head(out: &mut Vec<u8>, response: &Head) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Whether a request may be sent again on a fresh connection when a reused one turned out to
-/// be closed by the member before answering.
-fn replayable(method: &[u8], body: BodyKind) -> bool {
-    body == BodyKind::Empty && matches!(method, b"GET" | b"HEAD" | b"OPTIONS")
-}
-
-#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename these
-async fn proxy_request<S>(
-    ctx: &ShardContext,
-    down: &mut Downstream<'_, S>,
-    cluster: &Arc<ClusterRoute>,
-    peer: SocketAddr,
-    decided: &auth::Decided,
-    limits: Limits,
-    body: BodyKind,
-    long_running: bool,
-    started: Instant,
-    verb: &'static str,
-) -> Result<Next, Failure>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    if cluster.mode == ConnectMode::Tunnel {
-        return Err(GatewayError::TunnelNotSupported {
-            cluster: cluster.name.to_string(),
-        }
-        .into());
-    }
-    if !cluster.impersonation && !cluster.pass_through {
-        // The member would see the gateway itself: nobody may choose another identity there.
-        auth::check_request(&down.head)?;
-    }
-    let upgrade = requested_upgrade(&down.head)?;
-    if upgrade && body != BodyKind::Empty {
-        // Where such a body would end and the upgraded bytes begin is anyone's guess.
-        return Err(GatewayError::BadRequest {
-            reason: "an upgrade request must not carry a body",
-        }
-        .into());
-    }
-    let ocm_style = ctx.table.load().gateway().ocm_style;
-    build_upstream_head(
-        &mut down.out,
-        &down.head,
-        cluster,
-        peer,
-        decided.identity.as_deref(),
-        ocm_style,
-        upgrade,
-    );
-    let expect_continue =
-        body != BodyKind::Empty && down.head.has_token(b"expect", b"100-continue");
-    let method_is_head = down.head.method() == b"HEAD";
-    let can_replay = replayable(down.head.method(), body);
-
-    let mut attempt_on_fresh = false;
-    let mut conn = loop {
-        // An upgrade gets a dedicated connection: after the 101 it is no longer HTTP, so it must
-        // neither come from the pool nor go back to it.
-        let pooled = if attempt_on_fresh || upgrade {
-            None
-        } else {
-            ctx.pool.take(cluster.id)
-        };
-        let mut conn = match pooled {
-            Some(conn) => conn,
-            None => connect(cluster, limits.connect_timeout, &ctx.metrics).await?,
-        };
-        let reused = conn.reused;
-        let sent = send_request(down, &mut conn, cluster, body, expect_continue).await;
-        let outcome = match sent {
-            Ok(()) => {
-                // An upgrade has no head timeout beyond the connect one (as for watches).
-                read_response_head(
-                    cluster,
-                    &mut conn,
-                    &mut down.response,
-                    long_running || upgrade,
-                    limits,
-                    upgrade,
-                )
-                .await
-            }
-            Err(e) => Err(e),
-        };
-        match outcome {
-            Ok(()) => break conn,
-            Err(Failure::Answer(GatewayError::UpstreamClosed { .. }))
-                if reused && can_replay && !attempt_on_fresh =>
-            {
-                debug!(cluster = %cluster.name, "pooled connection was closed by the member; retrying on a new one");
-                attempt_on_fresh = true;
-            }
-            Err(e) => return Err(e),
-        }
-    };
-    if upgrade && down.response.code == 101 {
-        return relay_upgrade(ctx, down, conn, cluster, verb, started).await;
-    }
-
-    let kind = match response_body(
-        &down.response,
-        if method_is_head { b"HEAD" } else { b"GET" },
-    ) {
-        Ok(kind) => kind,
-        Err(e) => {
-            warn!(cluster = %cluster.name, error = %e, "invalid response framing from member");
-            return Err(GatewayError::UpstreamProtocol {
-                cluster: cluster.name.to_string(),
-                reason: e.0,
-            }
-            .into());
-        }
-    };
-    // A refused upgrade (the member's 400 or 403 Status) is relayed as it came, then both
-    // connections close: the client may already have sent bytes meant for the new protocol, and
-    // the dedicated member connection never joins the pool.
-    // While draining, a response tells the client this connection ends with it.
-    let client_close = wants_close(&down.head)
-        || kind == BodyKind::CloseDelimited
-        || upgrade
-        || ctx.shutdown.is_draining();
-    let upstream_reusable =
-        kind != BodyKind::CloseDelimited && !wants_close(&down.response) && !upgrade;
-
-    // The response head, then whatever body bytes already arrived, in one write.
-    down.out.clear();
-    write_response_head(&mut down.out, &down.response, client_close);
-    let code = down.response.code;
-    let elapsed = started.elapsed();
-    ctx.metrics_cache.record(
-        &ctx.metrics,
-        (cluster.id, &cluster.name),
-        verb,
-        code,
-        elapsed,
-    );
-    debug!(
-        shard = ctx.shard,
-        cluster = %cluster.name,
-        verb,
-        code,
-        head_us = elapsed.as_micros() as u64,
-        long_running,
-        "response head relayed"
-    );
-    let mut progress = BodyProgress::new(kind);
-    let first = progress
-        .take(&conn.buf)
-        .map_err(|_| Failure::Abort("invalid chunked framing from member"))?;
-    down.out.extend_from_slice(&conn.buf[..first]);
-    conn.buf.advance(first);
-    down.io
-        .write_all(&down.out)
-        .await
-        .map_err(|_| Failure::Abort("client write failed"))?;
-    stream_response_body(down, &mut conn, &mut progress, long_running).await?;
-    down.io
-        .flush()
-        .await
-        .map_err(|_| Failure::Abort("client flush failed"))?;
-    if upstream_reusable && conn.buf.is_empty() && progress.is_done() {
-        ctx.pool.put(conn);
-    }
-    Ok(if client_close {
-        Next::Close
-    } else {
-        Next::KeepAlive
-    })
-}
-
-/// Sends the request head and body to the member.
-async fn send_request<S>(
-    down: &mut Downstream<'_, S>,
-    conn: &mut UpstreamConn,
-    cluster: &ClusterRoute,
-    body: BodyKind,
-    expect_continue: bool,
-) -> Result<(), Failure>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let closed = |e: io::Error| {
-        Failure::Answer(GatewayError::UpstreamClosed {
-            cluster: cluster.name.to_string(),
-            source: Some(e),
-        })
-    };
-    let mut progress = BodyProgress::new(body);
-    if progress.is_done() {
-        conn.io.write_all(&down.out).await.map_err(closed)?;
-        return conn.io.flush().await.map_err(closed);
-    }
-    conn.io.write_all(&down.out).await.map_err(closed)?;
-    if expect_continue && down.buf.is_empty() {
-        // The gateway answers `Expect: 100-continue` itself (and does not forward it), so the
-        // client sends its body without waiting for a 100 the member might never send.
-        down.io
-            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-            .await
-            .map_err(|_| Failure::Abort("client write failed"))?;
-        down.io
-            .flush()
-            .await
-            .map_err(|_| Failure::Abort("client flush failed"))?;
-    }
-    loop {
-        if !down.buf.is_empty() {
-            let n = progress.take(&down.buf).map_err(|e| {
-                // Part of the body may be upstream already: this connection is dropped with
-                // the request, and the client gets a 400 and a close.
-                Failure::Answer(GatewayError::BadRequest { reason: e.0 })
-            })?;
-            // A member that stops reading the body (it answered early, or hangs) must not hold
-            // the client forever.
-            match runtime::timeout(BODY_STALL_TIMEOUT, conn.io.write_all(&down.buf[..n])).await {
-                Ok(written) => written.map_err(closed)?,
-                Err(_) => {
-                    return Err(Failure::Answer(GatewayError::UpstreamProtocol {
-                        cluster: cluster.name.to_string(),
-                        reason: "stopped reading the request body",
-                    }))
-                }
-            }
-            down.buf.advance(n);
-        }
-        if progress.is_done() {
-            break;
-        }
-        down.buf.reserve(READ_CHUNK);
-        match runtime::timeout(BODY_STALL_TIMEOUT, down.io.read_buf(&mut down.buf)).await {
-            Ok(Ok(n)) if n > 0 => {}
-            _ => return Err(Failure::Abort("client went away during the request body")),
-        }
-    }
-    // Nothing has gone to the client yet, so a member failure is still answered with a Status.
-    conn.io.flush().await.map_err(closed)
-}
-
 /// Writes the status line and the end-to-end headers of a member's response.
 fn write_response_head(out: &mut Vec<u8>, response: &Head, close: bool) {
     out.extend_from_slice(b"HTTP/1.1 ");
@@ -822,109 +809,4 @@ fn write_response_head(out: &mut Vec<u8>, response: &Head, close: bool) {
         out.extend_from_slice(b"Connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-}
-
-/// Streams the rest of a response body to the client, one flush per member read. For
-/// long-running responses it also watches the client: a client that closes ends the stream at
-/// once instead of at the next event; and it watches the route: once the route is retired (its
-/// cluster removed or changed) the stream ends cleanly at a chunk boundary (`retired`).
-async fn stream_response_body<S>(
-    down: &mut Downstream<'_, S>,
-    conn: &mut UpstreamConn,
-    progress: &mut BodyProgress,
-    long_running: bool,
-) -> Result<(), Failure>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    // Registered with the route on the first idle wait; afterwards one atomic load per poll.
-    // Borrowed, not cloned: no shared reference count touched per response.
-    let retirement = &*conn.retirement;
-    let mut retired = retirement.listen();
-    let mut finish_chunk_by: Option<Instant> = None;
-    while !progress.is_done() {
-        down.io
-            .flush()
-            .await
-            .map_err(|_| Failure::Abort("client flush failed"))?;
-        if long_running && retirement.is_retired() {
-            match retired_end(progress) {
-                RetiredEnd::Done => break,
-                RetiredEnd::LastChunk => {
-                    down.io
-                        .write_all(LAST_CHUNK)
-                        .await
-                        .map_err(|_| Failure::Abort("client write failed"))?;
-                    *progress = BodyProgress::Done;
-                    break;
-                }
-                RetiredEnd::Close => {
-                    *progress = BodyProgress::Done;
-                    break;
-                }
-                RetiredEnd::Cut => return Err(Failure::Abort("route retired mid-body")),
-                RetiredEnd::FinishChunk => {
-                    finish_chunk_by.get_or_insert_with(|| Instant::now() + FINISH_CHUNK_WITHIN);
-                }
-            }
-        }
-        let read = if let Some(deadline) = finish_chunk_by {
-            // Retired inside a chunk: the rest of it, briefly, then the last chunk.
-            conn.buf.reserve(IDLE_STREAM_BUFFER);
-            let left = deadline.saturating_duration_since(Instant::now());
-            match runtime::timeout(left, conn.io.read_buf(&mut conn.buf)).await {
-                Ok(read) => read,
-                Err(_) => return Err(Failure::Abort("route retired inside a chunk")),
-            }
-        } else if long_running {
-            // A watch or log stream is idle most of the time: keep its buffer small, and give
-            // back a large one a burst (a watch replay) left behind.
-            if conn.buf.is_empty() && conn.buf.capacity() > IDLE_STREAM_BUFFER * 4 {
-                conn.buf = BytesMut::new();
-            }
-            conn.buf.reserve(IDLE_STREAM_BUFFER);
-            // Pipelined bytes from the client are kept, within the head limit.
-            let watch_client = down.buf.len() < RESPONSE_HEAD_LIMITS.max_head_bytes;
-            down.buf.reserve(1024);
-            let client = async {
-                if watch_client {
-                    down.io.read_buf(&mut down.buf).await
-                } else {
-                    std::future::pending().await
-                }
-            };
-            let member_or_client = runtime::race(conn.io.read_buf(&mut conn.buf), client);
-            match runtime::race(member_or_client, &mut retired).await {
-                First::Left(First::Left(read)) => read,
-                First::Left(First::Right(Ok(0) | Err(_))) => {
-                    return Err(Failure::Abort("client closed during a stream"))
-                }
-                First::Left(First::Right(Ok(_))) => continue,
-                // Checked at the top of the loop.
-                First::Right(()) => continue,
-            }
-        } else {
-            conn.buf.reserve(READ_CHUNK);
-            conn.io.read_buf(&mut conn.buf).await
-        };
-        match read {
-            Ok(0) | Err(_) => {
-                if matches!(progress, BodyProgress::UntilClose) {
-                    *progress = BodyProgress::Done;
-                    return Ok(());
-                }
-                return Err(Failure::Abort("member closed inside the response body"));
-            }
-            Ok(_) => {}
-        }
-        let n = progress
-            .take(&conn.buf)
-            .map_err(|_| Failure::Abort("invalid chunked framing from member"))?;
-        down.io
-            .write_all(&conn.buf[..n])
-            .await
-            .map_err(|_| Failure::Abort("client write failed"))?;
-        conn.buf.advance(n);
-    }
-    Ok(())
 }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use fleetgate_config_watcher::{ClusterRoute, ConnectMode};
+use fleetgate_config_watcher::ClusterRoute;
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
@@ -37,15 +37,17 @@ use tracing::{debug, warn};
 
 use crate::auth::{self, ClientIdentity};
 use crate::errors::{GatewayError, Side};
-use crate::exchange::{read_response_head, Failure, IDLE_STREAM_BUFFER, READ_CHUNK};
-use crate::observe::audit::{AuditRequest, Outcome, StreamAudit};
-use crate::protocol::http1::{
-    is_hop_by_hop, push_header, response_body, BodyKind, BodyProgress, ChunkedScanner, Head,
+use crate::exchange::member_head::{self, MemberRequest, Upgrade};
+use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
+use crate::exchange::{
+    self, Failure, Outbound, RequestBody, BODY_STALL_TIMEOUT, IDLE_STREAM_BUFFER, READ_CHUNK,
 };
-use crate::request::route::{self, Route};
+use crate::observe::audit::{AuditRequest, Outcome, StreamAudit};
+use crate::protocol::http1::{is_hop_by_hop, BodyKind, BodyProgress, Head};
+use crate::request::{self, Decision};
 use crate::server::runtime::{self, First};
 use crate::server::ShardContext;
-use crate::upstream::{connect, UpstreamConn};
+use crate::upstream::UpstreamConn;
 
 /// Per-stream receive window (request bodies): what a client may send ahead of the member.
 const STREAM_WINDOW: u32 = 256 * 1024;
@@ -397,29 +399,8 @@ async fn serve_stream(
     }
 }
 
-/// What the route table says about a request target.
-enum Decision {
-    Health,
-    Cluster(Arc<ClusterRoute>, bool),
-}
-
-fn decide(ctx: &ShardContext, target: &[u8]) -> Result<Decision, GatewayError> {
-    let table = ctx.table.load();
-    let ocm_style = table.gateway().ocm_style;
-    match route::route(target, ocm_style) {
-        Route::Health(_) => Ok(Decision::Health),
-        Route::NotFound => Err(GatewayError::NoRoute {
-            path: String::from_utf8_lossy(target).into_owned(),
-        }),
-        Route::Cluster { name, .. } => match table.cluster(name) {
-            Some(cluster) => Ok(Decision::Cluster(cluster.clone(), ocm_style)),
-            None => Err(GatewayError::UnknownCluster {
-                name: name.to_string(),
-            }),
-        },
-    }
-}
-
+/// Decides one stream's request, carries it to its member through the exchange, and relays the
+/// answer.
 async fn proxy_stream(
     ctx: &ShardContext,
     request: Request<RecvStream>,
@@ -446,16 +427,21 @@ async fn proxy_stream(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .as_bytes();
-    let decision = decide(ctx, target).map_err(|err| {
-        auth::hide_unknown_cluster(err, ctx.table.load().access(), conn_auth, || {
-            parts
-                .headers
-                .iter()
-                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
-        })
-    });
-    let (cluster, ocm_style) = match decision? {
-        Decision::Health => {
+    let method: &[u8] = if websocket {
+        b"GET"
+    } else {
+        parts.method.as_str().as_bytes()
+    };
+    let headers = || {
+        parts
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+    };
+    let table = ctx.table.load();
+    let proxied = match request::decide(&table, conn_auth, method, target, headers) {
+        Ok(Decision::Proxy(proxied)) => proxied,
+        Ok(Decision::Health) => {
             let response = Response::builder()
                 .status(StatusCode::OK)
                 .header("content-type", "text/plain; charset=utf-8")
@@ -473,69 +459,25 @@ async fn proxy_stream(
             }
             return Ok(());
         }
-        Decision::Cluster(cluster, ocm_style) => (cluster, ocm_style),
-    };
-    if cluster.mode == ConnectMode::Tunnel {
-        return Err(GatewayError::TunnelNotSupported {
-            cluster: cluster.name.to_string(),
-        }
-        .into());
-    }
-    let Route::Cluster { rest, query, .. } = route::route(target, ocm_style) else {
-        return Err(GatewayError::NoRoute {
-            path: String::from_utf8_lossy(target).into_owned(),
-        }
-        .into());
-    };
-    // Who the client is and whether a policy lets it (identity.rs), before anything goes upstream.
-    if !cluster.impersonation
-        && !cluster.pass_through
-        && parts
-            .headers
-            .keys()
-            .any(|name| name.as_str().starts_with("impersonate-"))
-    {
-        return Err(GatewayError::ClientImpersonation.into());
-    }
-    let method: &[u8] = if websocket {
-        b"GET"
-    } else {
-        parts.method.as_str().as_bytes()
-    };
-    let decided = auth::decide(
-        ctx.table.load().access(),
-        conn_auth,
-        &cluster,
-        method,
-        rest,
-        query,
-        || {
-            parts
-                .headers
-                .iter()
-                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
-        },
-    );
-    let decided = match decided {
-        Ok(decided) => decided,
-        Err(refusal) => {
-            // The audit log names who a 403 was for (a 401 clears these below).
-            if refusal.authenticated.is_some() {
-                audit.authenticated = refusal.authenticated;
-                audit.acting_as = refusal.acting_as;
+        Err(refused) => {
+            if let Some((cluster, verb)) = refused.counted {
+                ctx.count_response(cluster, verb, refused.error.code_and_reason().0, started);
             }
-            return Err(refusal.error.into());
+            // The audit log names who a 403 was for (a 401 clears these in serve_stream).
+            if refused.authenticated.is_some() {
+                audit.authenticated = refused.authenticated;
+                audit.acting_as = refused.acting_as;
+            }
+            return Err(refused.error.into());
         }
     };
     if ctx.audit.is_some() {
-        audit.authenticated = decided.authenticated.clone();
-        audit.acting_as = decided.identity.clone();
+        audit.authenticated = proxied.identity.authenticated.clone();
+        audit.acting_as = proxied.identity.identity.clone();
     }
-    let verb = route::kube_verb(method, rest, query);
-    let long_running = route::is_long_running(rest, query);
-    let limits = ctx.table.load().gateway().limits;
-
-    // The request body: forwarded with the client's Content-Length, or chunked when it has none.
+    let cluster: &ClusterRoute = proxied.cluster;
+    let limits = table.gateway().limits;
+    // The request body: with the client's Content-Length, or chunked when it has none.
     let request_body = if body.is_end_stream() || websocket {
         BodyKind::Empty
     } else {
@@ -550,139 +492,209 @@ async fn proxy_stream(
         }
     };
     let mut head = Vec::with_capacity(1024);
-    head.extend_from_slice(method);
-    head.push(b' ');
-    route::push_upstream_target(&mut head, &cluster.upstream.path_prefix, rest, query);
-    head.extend_from_slice(b" HTTP/1.1\r\n");
-    push_header(&mut head, b"Host", cluster.upstream.authority.as_bytes());
-    let mut forwarded_for = Vec::new();
-    for (name, value) in &parts.headers {
-        let name_bytes = name.as_str().as_bytes();
-        if name == http::header::HOST
-            || name == http::header::CONTENT_LENGTH
-            || name == http::header::TRANSFER_ENCODING
-            || name == http::header::EXPECT
-            || name == http::header::TE
-            || name == http::header::CONNECTION
-            || auth::drops_client_header(&cluster, name_bytes)
-        {
-            continue;
-        }
-        if name_bytes == b"x-forwarded-for" {
-            forwarded_for.extend_from_slice(value.as_bytes());
-            forwarded_for.extend_from_slice(b", ");
-            continue;
-        }
-        push_header(&mut head, name_bytes, value.as_bytes());
-    }
-    match request_body {
-        BodyKind::Length(n) => {
-            let _ = write!(head, "Content-Length: {n}\r\n");
-        }
-        BodyKind::Chunked => push_header(&mut head, b"Transfer-Encoding", b"chunked"),
-        _ => {}
-    }
-    head.extend_from_slice(b"X-Forwarded-For: ");
-    head.extend_from_slice(&forwarded_for);
-    let _ = write!(head, "{}\r\n", peer.ip());
-    auth::push_upstream_identity(&mut head, &cluster, decided.identity.as_deref());
-    if websocket {
-        push_websocket_upgrade(&mut head, &parts.headers);
-        head.extend_from_slice(b"\r\n");
-        return relay_websocket(
-            ctx, &cluster, &head, &mut body, respond, verb, started, audit,
-        )
-        .await;
-    }
-    head.extend_from_slice(b"\r\n");
-
-    let can_replay = request_body == BodyKind::Empty
-        && matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
-    let mut response = Head::default();
-    let mut attempt_on_fresh = false;
-    let mut conn = loop {
-        let pooled = if attempt_on_fresh {
-            None
-        } else {
-            ctx.pool.take(cluster.id)
-        };
-        let mut conn = match pooled {
-            Some(conn) => conn,
-            None => connect(&cluster, limits.connect_timeout, &ctx.metrics).await?,
-        };
-        let reused = conn.reused;
-        let mut outcome = send_request(&mut conn, &cluster, &head, request_body, &mut body).await;
-        if outcome.is_ok() {
-            outcome = read_response_head(
-                &cluster,
-                &mut conn,
-                &mut response,
-                long_running,
-                limits,
-                false,
-            )
-            .await;
-        }
-        match outcome {
-            Ok(()) => break conn,
-            Err(Failure::Answer(GatewayError::UpstreamClosed { .. }))
-                if reused && can_replay && !attempt_on_fresh =>
-            {
-                attempt_on_fresh = true;
-            }
-            Err(e) => return Err(e),
-        }
-    };
-    let kind = response_body(
-        &response,
-        if parts.method == Method::HEAD {
-            b"HEAD"
-        } else {
-            b"GET"
+    member_head::write(
+        &mut head,
+        cluster,
+        &MemberRequest {
+            method,
+            http10: false,
+            rest: proxied.rest,
+            query: proxied.query,
+            body: request_body,
+            peer: peer.ip(),
+            identity: proxied.identity.identity.as_deref(),
+            upgrade: if websocket {
+                Upgrade::WebSocket
+            } else {
+                Upgrade::None
+            },
         },
-    )
-    .map_err(|e| GatewayError::UpstreamProtocol {
-        cluster: cluster.name.to_string(),
-        reason: e.0,
-    })?;
-    let reply = h2_response(&cluster, &response, response.code, &[])?;
-    let elapsed = started.elapsed();
-    ctx.metrics_cache.record(
-        &ctx.metrics,
-        (cluster.id, &cluster.name),
-        verb,
-        response.code,
-        elapsed,
+        headers,
+        // h2 has no `Connection` field (the h2 crate refuses connection-specific fields).
+        |_| false,
     );
+    let outbound = Outbound {
+        cluster,
+        head: &head,
+        replayable: request_body == BodyKind::Empty
+            && matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS),
+        long_running: proxied.long_running,
+        upgrade: websocket,
+        head_method: parts.method == Method::HEAD,
+        limits,
+        verb: proxied.verb,
+        started,
+    };
+    let mut response = Head::default();
+    let mut stream_body = StreamBody {
+        body: &mut body,
+        kind: request_body,
+        respond: &mut *respond,
+    };
+    let mut answer = exchange::send(ctx, &outbound, &mut stream_body, &mut response).await?;
+    audit.code = Some(response.code);
+    let long_running = proxied.long_running;
+    let switched = websocket && response.code == 101;
+    if websocket && !switched && (200..300).contains(&response.code) {
+        // A 2xx would tell the h2 client its WebSocket is open.
+        return Err(GatewayError::UpstreamProtocol {
+            cluster: cluster.name.to_string(),
+            reason: "answered a WebSocket upgrade without switching protocols",
+        }
+        .into());
+    }
+    let reply = if switched {
+        h2_response(cluster, &response, 200, &[b"sec-websocket-accept"])?
+    } else {
+        h2_response(cluster, &response, response.code, &[])?
+    };
     debug!(
         shard = ctx.shard,
         cluster = %cluster.name,
-        verb,
+        verb = proxied.verb,
         code = response.code,
-        head_us = elapsed.as_micros() as u64,
+        head_us = started.elapsed().as_micros() as u64,
         long_running,
         "h2 response head relayed"
     );
-    let mut progress = BodyProgress::new(kind);
-    audit.code = Some(response.code);
+    // Nothing below reads the routing table: a long stream does not keep an old table alive.
+    drop(table);
+    let empty = BodyProgress::new(answer.body).is_done() && !switched;
     let mut send = respond
-        .send_response(reply, progress.is_done())
+        .send_response(reply, empty)
         .map_err(|_| Failure::Abort("client reset"))?;
-    if progress.is_done() {
-        if conn.buf.is_empty() && !member_wants_close(&response) {
-            ctx.pool.put(conn);
-        }
-        return Ok(());
+    if switched {
+        let _upgraded = ctx.metrics.upgraded_stream_opened();
+        debug!("h2 WebSocket switched; relaying");
+        return relay_tunnel(&mut answer.conn, &mut body, &mut send).await;
     }
-    relay_body(&mut conn, &mut send, &mut progress, long_running).await?;
-    let reusable = kind != BodyKind::CloseDelimited && !member_wants_close(&response);
-    if reusable && conn.buf.is_empty() && progress.is_done() {
-        ctx.pool.put(conn);
-    }
+    let complete = if empty {
+        true
+    } else {
+        relay(
+            &mut answer,
+            &mut StreamSink { send: &mut send },
+            long_running,
+        )
+        .await?
+    };
+    exchange::finish(ctx, answer, complete);
     Ok(())
 }
 
-/// Whether a request is an RFC 8441 extended CONNECT for a WebSocket.
+/// The request body from the client's h2 stream, written to the member with the framing the
+/// gateway decided (chunked when the client declared no length), the client's window released
+/// only as the member takes the bytes. A client or member that stalls for
+/// [`BODY_STALL_TIMEOUT`] fails the request.
+struct StreamBody<'a> {
+    body: &'a mut RecvStream,
+    kind: BodyKind,
+    respond: &'a mut SendResponse<Bytes>,
+}
+
+impl RequestBody for StreamBody<'_> {
+    async fn send(
+        &mut self,
+        conn: &mut UpstreamConn,
+        cluster: &ClusterRoute,
+    ) -> Result<(), Failure> {
+        if self.kind == BodyKind::Empty {
+            return Ok(());
+        }
+        let stalled = || {
+            Failure::Answer(GatewayError::UpstreamProtocol {
+                cluster: cluster.name.to_string(),
+                reason: "stopped reading the request body",
+            })
+        };
+        let closed = |e: std::io::Error| {
+            Failure::Answer(GatewayError::UpstreamClosed {
+                cluster: cluster.name.to_string(),
+                source: Some(e),
+            })
+        };
+        loop {
+            let data = match runtime::timeout(BODY_STALL_TIMEOUT, self.body.data()).await {
+                Ok(Some(data)) => {
+                    data.map_err(|_| Failure::Abort("client reset the request body"))?
+                }
+                Ok(None) => break,
+                Err(_) => return Err(Failure::Abort("client stalled in the request body")),
+            };
+            let n = data.len();
+            if n == 0 {
+                continue;
+            }
+            let write = async {
+                if self.kind == BodyKind::Chunked {
+                    let mut size = [0u8; 20];
+                    let size_len = {
+                        let mut cursor = std::io::Cursor::new(&mut size[..]);
+                        let _ = write!(cursor, "{n:x}\r\n");
+                        cursor.position() as usize
+                    };
+                    conn.io.write_all(&size[..size_len]).await?;
+                    conn.io.write_all(&data).await?;
+                    conn.io.write_all(b"\r\n").await
+                } else {
+                    conn.io.write_all(&data).await
+                }
+            };
+            match runtime::timeout_if_pending(BODY_STALL_TIMEOUT, write).await {
+                Ok(written) => written.map_err(closed)?,
+                Err(_) => return Err(stalled()),
+            }
+            let _ = self.body.flow_control().release_capacity(n);
+        }
+        if self.kind == BodyKind::Chunked {
+            conn.io.write_all(b"0\r\n\r\n").await.map_err(closed)?;
+        }
+        Ok(())
+    }
+
+    async fn client_gone(&mut self) {
+        let _ = poll_fn(|cx| self.respond.poll_reset(cx)).await;
+    }
+}
+
+/// The client side of a response body on an h2 stream: each piece a DATA frame sent as the
+/// client's window allows, END_STREAM at the end, a reset as the client going away.
+struct StreamSink<'a> {
+    send: &'a mut SendStream<Bytes>,
+}
+
+impl ResponseSink for StreamSink<'_> {
+    fn decodes_chunks(&self) -> bool {
+        true
+    }
+
+    async fn send(&mut self, piece: Bytes) -> Result<(), Failure> {
+        send_flow_controlled(self.send, piece, false)
+            .await
+            .map_err(|_| Failure::Abort("client reset the stream"))
+    }
+
+    async fn flush(&mut self) -> Result<(), Failure> {
+        // The connection task writes frames as it is polled.
+        Ok(())
+    }
+
+    async fn end(&mut self) -> Result<(), Failure> {
+        self.send
+            .send_data(Bytes::new(), true)
+            .map_err(|_| Failure::Abort("client reset the stream"))
+    }
+
+    async fn end_early(&mut self, _last_chunk: bool) -> Result<(), Failure> {
+        self.end().await
+    }
+
+    async fn client_event(&mut self) -> ClientEvent {
+        let _ = poll_fn(|cx| self.send.poll_reset(cx)).await;
+        ClientEvent::Gone
+    }
+}
+
 /// The member's HTTP/1.1 response head as an h2 response with status `code`: its fields without
 /// the hop-by-hop ones, `Transfer-Encoding` and the `dropped` names (a field h2 cannot carry is
 /// left out rather than failing the stream).
@@ -714,92 +726,13 @@ fn h2_response(
         })
 }
 
+/// Whether a request is an RFC 8441 extended CONNECT for a WebSocket.
 fn is_websocket_connect(parts: &http::request::Parts) -> bool {
     parts.method == Method::CONNECT
         && parts
             .extensions
             .get::<h2::ext::Protocol>()
             .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"))
-}
-
-/// The HTTP/1.1 side of an RFC 8441 WebSocket: `Connection: Upgrade`, `Upgrade: websocket`, and
-/// the handshake fields an h2 client does not send (a fresh `Sec-WebSocket-Key`, version 13).
-fn push_websocket_upgrade(head: &mut Vec<u8>, client: &http::HeaderMap) {
-    push_header(head, b"Connection", b"Upgrade");
-    push_header(head, b"Upgrade", b"websocket");
-    if !client.contains_key("sec-websocket-version") {
-        push_header(head, b"Sec-WebSocket-Version", b"13");
-    }
-    if !client.contains_key("sec-websocket-key") {
-        // 16 random bytes, base64: the member checks only the form, and the gateway checks
-        // nothing of the answer's accept key (the h2 client never sees it).
-        use base64::Engine as _;
-        let key = base64::engine::general_purpose::STANDARD.encode(uuid::Uuid::new_v4().as_bytes());
-        push_header(head, b"Sec-WebSocket-Key", key.as_bytes());
-    }
-}
-
-/// An RFC 8441 WebSocket: the upgrade on a dedicated member connection (never from or back to
-/// the pool), the member's 101 answered to the client as 200, then bytes relayed both ways until
-/// both sides ended (the client's END_STREAM is passed on as a half-close, the member's close as
-/// END_STREAM). A member that does not switch is relayed as an ordinary response.
-#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename these
-async fn relay_websocket(
-    ctx: &ShardContext,
-    cluster: &Arc<ClusterRoute>,
-    head: &[u8],
-    body: &mut RecvStream,
-    respond: &mut SendResponse<Bytes>,
-    verb: &'static str,
-    started: Instant,
-    audit: &mut StreamAudit,
-) -> Result<(), Failure> {
-    let limits = ctx.table.load().gateway().limits;
-    let mut conn = connect(cluster, limits.connect_timeout, &ctx.metrics).await?;
-    send_request(&mut conn, cluster, head, BodyKind::Empty, body).await?;
-    let mut response = Head::default();
-    // No head timeout beyond the connect one, as for upgrades on HTTP/1.1.
-    read_response_head(cluster, &mut conn, &mut response, true, limits, true).await?;
-    let switched = response.code == 101;
-    if !switched && (200..300).contains(&response.code) {
-        // A 2xx would tell the h2 client its WebSocket is open.
-        return Err(GatewayError::UpstreamProtocol {
-            cluster: cluster.name.to_string(),
-            reason: "answered a WebSocket upgrade without switching protocols",
-        }
-        .into());
-    }
-    let code = if switched { 200 } else { response.code };
-    let reply = h2_response(cluster, &response, code, &[b"sec-websocket-accept"])?;
-    ctx.metrics_cache.record(
-        &ctx.metrics,
-        (cluster.id, &cluster.name),
-        verb,
-        response.code,
-        started.elapsed(),
-    );
-    audit.code = Some(response.code);
-    if !switched {
-        let kind =
-            response_body(&response, b"GET").map_err(|e| GatewayError::UpstreamProtocol {
-                cluster: cluster.name.to_string(),
-                reason: e.0,
-            })?;
-        let mut progress = BodyProgress::new(kind);
-        let mut send = respond
-            .send_response(reply, progress.is_done())
-            .map_err(|_| Failure::Abort("client reset"))?;
-        if !progress.is_done() {
-            relay_body(&mut conn, &mut send, &mut progress, false).await?;
-        }
-        return Ok(());
-    }
-    let mut send = respond
-        .send_response(reply, false)
-        .map_err(|_| Failure::Abort("client reset"))?;
-    let _upgraded = ctx.metrics.upgraded_stream_opened();
-    debug!(cluster = %cluster.name, "h2 WebSocket switched; relaying");
-    relay_tunnel(&mut conn, body, &mut send).await
 }
 
 /// Relays bytes between an h2 stream and a member connection after a 101, both ways at once, each
@@ -882,166 +815,6 @@ async fn relay_tunnel(
         }
     })
     .await
-}
-
-fn member_wants_close(response: &Head) -> bool {
-    response.has_token(b"connection", b"close")
-}
-
-/// Sends the request head and the body from the client's h2 stream, releasing the client's
-/// window only as the member takes the bytes.
-async fn send_request(
-    conn: &mut UpstreamConn,
-    cluster: &ClusterRoute,
-    head: &[u8],
-    kind: BodyKind,
-    body: &mut RecvStream,
-) -> Result<(), Failure> {
-    let closed = |e: std::io::Error| {
-        Failure::Answer(GatewayError::UpstreamClosed {
-            cluster: cluster.name.to_string(),
-            source: Some(e),
-        })
-    };
-    conn.io.write_all(head).await.map_err(closed)?;
-    if kind != BodyKind::Empty {
-        while let Some(data) = body.data().await {
-            let data = data.map_err(|_| Failure::Abort("client reset the request body"))?;
-            let n = data.len();
-            if kind == BodyKind::Chunked {
-                if n == 0 {
-                    continue;
-                }
-                let mut size = Vec::with_capacity(12);
-                let _ = write!(size, "{n:x}\r\n");
-                conn.io.write_all(&size).await.map_err(closed)?;
-                conn.io.write_all(&data).await.map_err(closed)?;
-                conn.io.write_all(b"\r\n").await.map_err(closed)?;
-            } else {
-                conn.io.write_all(&data).await.map_err(closed)?;
-            }
-            let _ = body.flow_control().release_capacity(n);
-        }
-        if kind == BodyKind::Chunked {
-            conn.io.write_all(b"0\r\n\r\n").await.map_err(closed)?;
-        }
-    }
-    conn.io.flush().await.map_err(closed)
-}
-
-/// Relays the member's response body as DATA frames, one member read at a time, each sent only
-/// as the client's window allows. A client reset during a long-running stream ends it at once.
-async fn relay_body(
-    conn: &mut UpstreamConn,
-    send: &mut SendStream<Bytes>,
-    progress: &mut BodyProgress,
-    long_running: bool,
-) -> Result<(), Failure> {
-    let abort = |_| Failure::Abort("client reset the stream");
-    let mut scanner = match progress {
-        BodyProgress::Chunked(_) => Some(ChunkedScanner::new()),
-        _ => None,
-    };
-    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
-    // The route's retirement ends a long-running stream with END_STREAM between chunks
-    // (`retired`); borrowed, so no shared count is touched per response.
-    let retirement = &*conn.retirement;
-    let mut retired = retirement.listen();
-    let mut finish_chunk_by: Option<std::time::Instant> = None;
-    loop {
-        if long_running && !progress.is_done() && retirement.is_retired() {
-            let end = match (&scanner, &*progress) {
-                (Some(scanner), _) => crate::exchange::retired::chunked_end(scanner),
-                (None, progress) => crate::exchange::retired::retired_end(progress),
-            };
-            match end {
-                crate::exchange::retired::RetiredEnd::Done => {}
-                crate::exchange::retired::RetiredEnd::LastChunk
-                | crate::exchange::retired::RetiredEnd::Close => {
-                    send.send_data(Bytes::new(), true).map_err(abort)?;
-                    *progress = BodyProgress::Done;
-                    return Ok(());
-                }
-                crate::exchange::retired::RetiredEnd::Cut => {
-                    return Err(Failure::Abort("route retired mid-body"))
-                }
-                crate::exchange::retired::RetiredEnd::FinishChunk => {
-                    finish_chunk_by.get_or_insert_with(|| {
-                        std::time::Instant::now() + crate::exchange::retired::FINISH_CHUNK_WITHIN
-                    });
-                }
-            }
-        }
-        if !conn.buf.is_empty() {
-            if let Some(scanner) = scanner.as_mut() {
-                ranges.clear();
-                let consumed = scanner
-                    .scan_data(&conn.buf, |r| ranges.push(r))
-                    .map_err(|_| Failure::Abort("invalid chunked framing from member"))?;
-                let read = conn.buf.split_to(consumed).freeze();
-                if scanner.is_done() {
-                    *progress = BodyProgress::Done;
-                }
-                for range in ranges.drain(..) {
-                    send_flow_controlled(send, read.slice(range), false)
-                        .await
-                        .map_err(abort)?;
-                }
-            } else {
-                let n = progress
-                    .take(&conn.buf)
-                    .map_err(|_| Failure::Abort("invalid framing from member"))?;
-                let piece = conn.buf.split_to(n).freeze();
-                send_flow_controlled(send, piece, false)
-                    .await
-                    .map_err(abort)?;
-            }
-        }
-        if progress.is_done() {
-            send.send_data(Bytes::new(), true).map_err(abort)?;
-            return Ok(());
-        }
-        // Whatever was split off went to h2; a fresh small buffer for an idle stream.
-        let want = if long_running {
-            IDLE_STREAM_BUFFER
-        } else {
-            READ_CHUNK
-        };
-        if conn.buf.capacity() < want {
-            conn.buf = BytesMut::with_capacity(want);
-        }
-        let read = if let Some(deadline) = finish_chunk_by {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match runtime::timeout(left, conn.io.read_buf(&mut conn.buf)).await {
-                Ok(read) => read,
-                Err(_) => return Err(Failure::Abort("route retired inside a chunk")),
-            }
-        } else if long_running {
-            let reset = poll_fn(|cx| send.poll_reset(cx));
-            let member_or_reset = runtime::race(conn.io.read_buf(&mut conn.buf), reset);
-            match runtime::race(member_or_reset, &mut retired).await {
-                First::Left(First::Left(read)) => read,
-                First::Left(First::Right(_)) => {
-                    return Err(Failure::Abort("client reset during a stream"))
-                }
-                // Handled at the top of the loop.
-                First::Right(()) => continue,
-            }
-        } else {
-            conn.io.read_buf(&mut conn.buf).await
-        };
-        match read {
-            Ok(0) | Err(_) => {
-                if matches!(progress, BodyProgress::UntilClose) {
-                    send.send_data(Bytes::new(), true).map_err(abort)?;
-                    *progress = BodyProgress::Done;
-                    return Ok(());
-                }
-                return Err(Failure::Abort("member closed inside the response body"));
-            }
-            Ok(_) => {}
-        }
-    }
 }
 
 /// Sends `data` on `send` as the peer's flow-control window grants capacity.

@@ -76,7 +76,8 @@ pub fn route(target: &[u8], ocm_style: bool) -> Route<'_> {
         }
     }
     if ocm_style {
-        if let Some((name, rest)) = split_name(&path[1..]) {
+        // A target not starting with `/` (an h2 `:path` of `?x`, say) names no cluster.
+        if let Some((name, rest)) = path.strip_prefix(b"/").and_then(split_name) {
             if !RESERVED_CLUSTER_NAMES.contains(&name) {
                 return Route::Cluster { name, rest, query };
             }
@@ -254,6 +255,11 @@ mod tests {
         assert_eq!(route(b"/api/v1/pods", true), Route::NotFound);
         assert_eq!(route(b"/clusters/", false), Route::NotFound);
         assert_eq!(route(b"/clusters/UP/api", false), Route::NotFound);
+        // Targets that do not start with `/` route nowhere, in every mode (this one panicked).
+        for target in [&b"?x"[..], b"", b"*", b"member1/api"] {
+            assert_eq!(route(target, true), Route::NotFound, "{target:?}");
+            assert_eq!(route(target, false), Route::NotFound, "{target:?}");
+        }
         assert_eq!(route(b"/clusters/a%2Fb/api", false), Route::NotFound);
         assert_eq!(
             route(

@@ -10,6 +10,7 @@ pub mod listener;
 pub mod runtime;
 pub mod shard;
 pub mod shutdown;
+pub mod snapshot;
 
 pub use shard::{Driver, ShardContext};
 

@@ -1,9 +1,11 @@
-//! The few runtime services the protocol code needs, behind runtime-neutral names: a timeout, a
-//! race of two futures and spawning a local task. Today they run on monoio's timer; swapping the runtime means changing
-//! this module, `shard`, `listener` and `upstream::connect`, not the codec or the proxy.
+//! The few runtime services the protocol code needs, behind runtime-neutral names: a timeout
+//! (and one armed only when the work does not finish at once), a race of two futures and spawning
+//! a local task. Today they run on monoio's timer; swapping the runtime means changing this
+//! module, `shard`, `listener` and `upstream::connect`, not the codec, the front-ends or the
+//! exchange.
 //!
-//! Called by `proxy` and `tls`. Must only be used on a shard thread (monoio's timer is
-//! per-runtime).
+//! Called by the front-ends, the exchange and `tls`. Must only be used on a shard thread
+//! (monoio's timer is per-runtime).
 
 use std::future::Future;
 use std::pin::pin;
@@ -19,6 +21,20 @@ pub async fn timeout<F: Future>(duration: Duration, future: F) -> Result<F::Outp
     monoio::time::timeout(duration, future)
         .await
         .map_err(|_| Elapsed)
+}
+
+/// Like [`timeout`], but polls `future` once first and arms the timer only if it is not done
+/// then: a write that goes out at once (the common case) costs no timer.
+pub async fn timeout_if_pending<F: Future>(
+    duration: Duration,
+    future: F,
+) -> Result<F::Output, Elapsed> {
+    let mut future = pin!(future);
+    let first = std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
+    match first {
+        Poll::Ready(out) => Ok(out),
+        Poll::Pending => timeout(duration, future).await,
+    }
 }
 
 /// Waits for `duration`.

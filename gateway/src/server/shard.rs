@@ -31,7 +31,8 @@ use crate::upstream::ShardPool;
 /// the metrics. One per shard thread, never sent across threads.
 pub struct ShardContext {
     pub shard: usize,
-    pub table: SharedTable,
+    /// The routing table as this shard sees it (`snapshot`).
+    pub table: crate::server::snapshot::ShardTable,
     pub pool: ShardPool,
     pub metrics: Arc<Metrics>,
     pub metrics_cache: ShardMetrics,
@@ -39,6 +40,26 @@ pub struct ShardContext {
     pub shutdown: Arc<crate::server::shutdown::Shutdown>,
     /// The audit log: one record per response end, when the Gateway has `spec.audit`.
     pub audit: Option<crate::observe::audit::AuditLog>,
+}
+
+impl ShardContext {
+    /// Counts a response to a request for `cluster` (by verb and code) and its time to the
+    /// response head.
+    pub fn count_response(
+        &self,
+        cluster: &fleetgate_config_watcher::ClusterRoute,
+        verb: &'static str,
+        code: u16,
+        started: std::time::Instant,
+    ) {
+        self.metrics_cache.record(
+            &self.metrics,
+            (cluster.id, &cluster.name),
+            verb,
+            code,
+            started.elapsed(),
+        );
+    }
 }
 
 /// Which monoio driver the shards run.
@@ -110,7 +131,7 @@ pub fn spawn_shard(
             let result = block_on_driver(driver, async move {
                 let ctx = Rc::new(ShardContext {
                     shard: index,
-                    table,
+                    table: crate::server::snapshot::ShardTable::new(table),
                     pool: ShardPool::new(POOL_MAX_IDLE, POOL_IDLE_TIMEOUT),
                     metrics,
                     metrics_cache: ShardMetrics::default(),

@@ -45,7 +45,7 @@ where
     S: AsRef<OsStr>,
 {
     let stderr = std::fs::File::create(log).unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_fleetgate"));
+    let mut command = Command::new(fleetgate_binary());
     command.arg("serve").args(args);
     for (key, value) in env {
         command.env(key, value);
@@ -91,6 +91,15 @@ impl std::ops::DerefMut for KillOnDrop {
     fn deref_mut(&mut self) -> &mut Child {
         &mut self.0
     }
+}
+
+/// The `fleetgate` binary under test: `FLEETGATE_UNDER_TEST` when set (to run today's tests
+/// against another build, say the commit before a fix, to see them fail there), else the one
+/// cargo built for these tests.
+pub fn fleetgate_binary() -> PathBuf {
+    std::env::var_os("FLEETGATE_UNDER_TEST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fleetgate")))
 }
 
 /// The `fleetgate-loadtest` binary: `FLEETGATE_LOADTEST`, else the one cargo built beside

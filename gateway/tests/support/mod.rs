@@ -9,6 +9,7 @@
 
 pub mod client;
 pub mod fleet;
+pub mod h2raw;
 pub mod kubectl;
 /// Reading kubectl's `-v=8` log for the protocol it switched to: the simulated fleet's own file,
 /// compiled in here (the gateway crate does not depend on the load-test crate).
@@ -576,6 +577,23 @@ impl Gateway {
     pub async fn plain(&self) -> TcpStream {
         TcpStream::connect(self.http).await.unwrap()
     }
+}
+
+/// An h2 connection to the gateway with the client certificate (alice); its driver runs as a
+/// tokio task. As Go's transport does: a connection window far larger than a stream's, so one
+/// stream the application does not read cannot use up the whole connection's window.
+pub async fn h2_client(gw: &Gateway) -> h2::client::SendRequest<bytes::Bytes> {
+    let tls = gw.tls_h2().await;
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(64 * 1024)
+        .initial_connection_window_size(64 * 1024 * 1024)
+        .handshake::<_, bytes::Bytes>(tls)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
 }
 
 /// An h2 request head for the gateway (`https://gw{path}`), no body.

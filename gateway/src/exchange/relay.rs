@@ -1,0 +1,175 @@
+//! The response body, member to client, for both front-ends: read by read, each read handed to the
+//! front-end's [`ResponseSink`] before the next one is made, so a slow client holds at most one
+//! read of the member's body and a watch event leaves in the loop turn it arrived in.
+//!
+//! Chunked bodies: the HTTP/1.1 client gets the bytes as they came (the scanner validates the
+//! framing and says where the body ends); an h2 client gets each chunk's data as DATA frames,
+//! sliced out of the read buffer without copying. Long-running responses (watch, `logs -f`) also
+//! watch the client, so one that goes away releases the member at once, and the route's
+//! retirement, ending the stream cleanly between chunks (`retired`). An ordinary response whose
+//! client stops reading is cut after [`CLIENT_WRITE_TIMEOUT`] (its member connection is dropped).
+//! Called by the front-ends after `exchange::send`; never parses a request.
+
+use std::future::Future;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::AsyncReadExt;
+
+use super::retired::{retired_end, RetiredEnd, FINISH_CHUNK_WITHIN};
+use super::{Answer, Failure, CLIENT_WRITE_TIMEOUT, IDLE_STREAM_BUFFER, READ_CHUNK};
+use crate::protocol::http1::BodyProgress;
+use crate::server::runtime::{self, First};
+
+/// What a waiting long-running stream saw of its client.
+pub(crate) enum ClientEvent {
+    /// The client closed, reset the stream, or sent more than it may while a response streams.
+    Gone,
+    /// The client sent bytes that were kept (a pipelined request, read after this response).
+    Sent,
+}
+
+/// The client side of a response body.
+pub(crate) trait ResponseSink {
+    /// Whether a chunked member body goes out decoded (h2 DATA frames) or as it came (HTTP/1.1).
+    fn decodes_chunks(&self) -> bool;
+
+    /// Sends one piece of the body (in order), waiting for the client to take it.
+    async fn send(&mut self, piece: Bytes) -> Result<(), Failure>;
+
+    /// Makes what was sent go out now (before the relay waits on the member again).
+    async fn flush(&mut self) -> Result<(), Failure>;
+
+    /// The body is complete.
+    async fn end(&mut self) -> Result<(), Failure>;
+
+    /// Ends the body early and cleanly because its route was retired: `last_chunk` when a chunked
+    /// body the client reads as it came needs its last chunk written.
+    async fn end_early(&mut self, last_chunk: bool) -> Result<(), Failure>;
+
+    /// Resolves when the client goes away or sends bytes, while a long-running stream waits.
+    fn client_event(&mut self) -> impl Future<Output = ClientEvent>;
+}
+
+/// Relays the body of `answer` to `sink`. Returns whether it ended complete (the member's own
+/// end), which is when its connection may be pooled (`exchange::finish`).
+pub(crate) async fn relay(
+    answer: &mut Answer,
+    sink: &mut impl ResponseSink,
+    long_running: bool,
+) -> Result<bool, Failure> {
+    let conn = &mut answer.conn;
+    let mut progress = BodyProgress::new(answer.body);
+    let decode = matches!(progress, BodyProgress::Chunked(_)) && sink.decodes_chunks();
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    // Registered with the route on the first idle wait; afterwards one atomic load per poll.
+    // Borrowed, not cloned: no shared reference count touched per response.
+    let retirement = &*conn.retirement;
+    let mut retired = retirement.listen();
+    let mut finish_chunk_by: Option<Instant> = None;
+    loop {
+        if !conn.buf.is_empty() && !progress.is_done() {
+            match &mut progress {
+                BodyProgress::Chunked(scanner) if decode => {
+                    ranges.clear();
+                    let consumed = scanner
+                        .scan_data(&conn.buf, |r| ranges.push(r))
+                        .map_err(|_| Failure::Abort("invalid chunked framing from member"))?;
+                    let read = conn.buf.split_to(consumed).freeze();
+                    if scanner.is_done() {
+                        progress = BodyProgress::Done;
+                    }
+                    for range in ranges.drain(..) {
+                        send(sink, read.slice(range), long_running).await?;
+                    }
+                }
+                progress => {
+                    let n = progress
+                        .take(&conn.buf)
+                        .map_err(|_| Failure::Abort("invalid chunked framing from member"))?;
+                    send(sink, conn.buf.split_to(n).freeze(), long_running).await?;
+                }
+            }
+        }
+        if progress.is_done() {
+            sink.end().await?;
+            return Ok(true);
+        }
+        sink.flush().await?;
+        if long_running && retirement.is_retired() {
+            match retired_end(&progress) {
+                RetiredEnd::Done => {}
+                RetiredEnd::LastChunk => {
+                    sink.end_early(!decode).await?;
+                    return Ok(false);
+                }
+                RetiredEnd::Close => {
+                    sink.end_early(false).await?;
+                    return Ok(false);
+                }
+                RetiredEnd::Cut => return Err(Failure::Abort("route retired mid-body")),
+                RetiredEnd::FinishChunk => {
+                    finish_chunk_by.get_or_insert_with(|| Instant::now() + FINISH_CHUNK_WITHIN);
+                }
+            }
+        }
+        // Whatever was split off went to the client; an idle stream keeps a small buffer, and
+        // gives back a large one a burst (a watch replay) left behind.
+        let want = if long_running {
+            IDLE_STREAM_BUFFER
+        } else {
+            READ_CHUNK
+        };
+        if long_running && conn.buf.is_empty() && conn.buf.capacity() > want * 4 {
+            conn.buf = BytesMut::new();
+        }
+        conn.buf.reserve(want);
+        let read = if let Some(deadline) = finish_chunk_by {
+            // Retired inside a chunk: the rest of it, briefly, then the last chunk.
+            let left = deadline.saturating_duration_since(Instant::now());
+            match runtime::timeout(left, conn.io.read_buf(&mut conn.buf)).await {
+                Ok(read) => read,
+                Err(_) => return Err(Failure::Abort("route retired inside a chunk")),
+            }
+        } else if long_running {
+            let member_or_client =
+                runtime::race(conn.io.read_buf(&mut conn.buf), sink.client_event());
+            match runtime::race(member_or_client, &mut retired).await {
+                First::Left(First::Left(read)) => read,
+                First::Left(First::Right(ClientEvent::Gone)) => {
+                    return Err(Failure::Abort("client went away during a stream"))
+                }
+                // Kept for later; checked again at the top of the loop, as is the retirement.
+                First::Left(First::Right(ClientEvent::Sent)) | First::Right(()) => continue,
+            }
+        } else {
+            conn.io.read_buf(&mut conn.buf).await
+        };
+        match read {
+            Ok(0) | Err(_) => {
+                if matches!(progress, BodyProgress::UntilClose) {
+                    sink.end().await?;
+                    return Ok(false);
+                }
+                return Err(Failure::Abort("member closed inside the response body"));
+            }
+            Ok(_) => {}
+        }
+    }
+}
+
+/// One piece to the sink; for an ordinary response, a client that does not take it within
+/// [`CLIENT_WRITE_TIMEOUT`] is cut (the timer is armed only when the piece does not go at once).
+async fn send(
+    sink: &mut impl ResponseSink,
+    piece: Bytes,
+    long_running: bool,
+) -> Result<(), Failure> {
+    if long_running {
+        return sink.send(piece).await;
+    }
+    match runtime::timeout_if_pending(CLIENT_WRITE_TIMEOUT, sink.send(piece)).await {
+        Ok(sent) => sent,
+        Err(_) => Err(Failure::Abort("client stopped reading the response")),
+    }
+}
