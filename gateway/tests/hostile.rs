@@ -376,3 +376,290 @@ async fn h2_paths_that_do_not_start_with_a_slash_or_inject_fields_are_refused_an
         assert!(seen.is_empty(), "{driver}: the member saw {seen:#?}");
     }
 }
+
+/// A well-behaved client on the same shard: keep-alive GETs through the gateway every few
+/// milliseconds until `stop`, returning the slowest answer it got.
+async fn probe_latency(
+    gw: &support::Gateway,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Duration {
+    let mut stream = gw.tls().await;
+    let mut slowest = Duration::ZERO;
+    let mut carry = Vec::new();
+    while !*stop.borrow() {
+        let started = std::time::Instant::now();
+        stream
+            .write_all(b"GET /clusters/member/probe HTTP/1.1\r\nHost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        let response = read_response(&mut stream, &mut carry)
+            .await
+            .expect("probe answered");
+        assert_eq!(response.code, 200);
+        slowest = slowest.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    slowest
+}
+
+/// What an attack on one h2 connection ended with.
+struct Attacked {
+    /// The GOAWAY's error code, if one came before the connection ended.
+    goaway: Option<u32>,
+    /// Whether the connection ended (closed, or GOAWAY) within the attack's time.
+    ended: bool,
+    /// The slowest answer a well-behaved client on the same shard got meanwhile.
+    probe: Duration,
+}
+
+/// Opens an h2 connection, `watches` watch streams on it (waiting until each is answered), then
+/// writes `batch(i)` for i = 0, 1, ... for at most 5 s or until the gateway ends the connection,
+/// while a well-behaved client on the same shard measures its latency.
+async fn attack(gw: &support::Gateway, watches: u32, batch: impl Fn(u32) -> Vec<u8>) -> Attacked {
+    let mut tls = gw.tls_h2().await;
+    h2raw::start(&mut tls).await;
+    let mut open = Vec::new();
+    for i in 0..watches {
+        open.extend_from_slice(&h2raw::headers(
+            2 * i + 1,
+            &h2raw::get_fields("/clusters/member/api/v1/watch?watch=true"),
+            true,
+        ));
+    }
+    tls.write_all(&open).await.unwrap();
+    let answered = std::sync::Mutex::new(std::collections::HashSet::new());
+    if watches > 0 {
+        h2raw::read_until(&mut tls, |f| {
+            let mut answered = answered.lock().unwrap();
+            if f.kind == h2raw::HEADERS {
+                answered.insert(f.stream);
+            }
+            answered.len() == watches as usize
+        })
+        .await
+        .expect("every watch answered");
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let probe = probe_latency(gw, stop_rx);
+    let (mut reader, mut writer) = tokio::io::split(tls);
+    let watch_goaway = async {
+        let frame =
+            h2raw::read_until(&mut ReadOnly(&mut reader), |f| f.kind == h2raw::GOAWAY).await;
+        frame.and_then(|f| f.goaway_code())
+    };
+    let flood = async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut i = 0;
+        while std::time::Instant::now() < deadline {
+            if writer.write_all(&batch(i)).await.is_err() {
+                return;
+            }
+            i += 1;
+            tokio::task::yield_now().await;
+        }
+    };
+    let (goaway, ended) = tokio::select! {
+        goaway = watch_goaway => (goaway, true),
+        () = flood => (None, false),
+    };
+    let _ = stop_tx.send(true);
+    let probe = probe.await;
+    Attacked {
+        goaway,
+        ended,
+        probe,
+    }
+}
+
+/// A read half as a stream `h2raw::read_until` can use (its SETTINGS acknowledgements are dropped:
+/// the attacker does not care).
+struct ReadOnly<'a, R>(&'a mut R);
+
+impl<R: AsyncRead + Unpin> AsyncRead for ReadOnly<'_, R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.0).poll_read(cx, buf)
+    }
+}
+
+impl<R> AsyncWrite for ReadOnly<'_, R> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// ENHANCE_YOUR_CALM.
+const CALM: u32 = 0xb;
+
+/// The slowest answer a client on the flooded shard may see: the gateway used to stall the whole
+/// shard for seconds under a SETTINGS flood.
+const PROBE_LIMIT: Duration = Duration::from_millis(750);
+
+async fn one_shard(driver: &str) -> (support::Upstream, support::Gateway) {
+    support::setup_with_config(driver, |text| text.replace("workers: 2", "workers: 1")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_settings_flood_on_400_watches_is_calmed_and_the_shard_keeps_its_latency() {
+    for driver in DRIVERS {
+        let (_upstream, gw) = one_shard(driver).await;
+        let attacked = attack(&gw, 400, |i| {
+            let mut out = Vec::new();
+            for j in 0..200 {
+                // SETTINGS_INITIAL_WINDOW_SIZE, changed every time: h2 applies it to every stream.
+                out.extend_from_slice(&h2raw::settings(&[(0x4, 65_535 + (i * 200 + j) % 2)]));
+            }
+            out
+        })
+        .await;
+        assert!(attacked.ended, "{driver}: the flood was never stopped");
+        assert_eq!(attacked.goaway, Some(CALM), "{driver}");
+        assert!(
+            attacked.probe < PROBE_LIMIT,
+            "{driver}: the shard stalled {:?}",
+            attacked.probe
+        );
+        let metrics =
+            tokio::task::block_in_place(|| support::fleet::admin_get(gw.admin, "/metrics"));
+        assert!(
+            metrics.contains("fleetgate_h2_connections_calmed_total 1"),
+            "{driver}: {metrics}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ping_and_rapid_reset_floods_are_calmed_and_the_shard_keeps_its_latency() {
+    for driver in DRIVERS {
+        let (upstream, gw) = one_shard(driver).await;
+        let attacked = attack(&gw, 0, |i| {
+            (0..200)
+                .flat_map(|j| h2raw::ping(u64::from(i * 200 + j)))
+                .collect()
+        })
+        .await;
+        assert_eq!(attacked.goaway, Some(CALM), "{driver}: PING flood");
+        assert!(
+            attacked.probe < PROBE_LIMIT,
+            "{driver}: PING flood stalled {:?}",
+            attacked.probe
+        );
+
+        // Rapid reset (CVE-2023-44487): a request and its cancellation, again and again.
+        let attacked = attack(&gw, 0, |i| {
+            let mut out = Vec::new();
+            for j in 0..50 {
+                let stream = 2 * (i * 50 + j) + 1;
+                out.extend_from_slice(&h2raw::headers(
+                    stream,
+                    &h2raw::get_fields("/clusters/member/api/v1/namespaces"),
+                    true,
+                ));
+                out.extend_from_slice(&h2raw::rst_stream(stream, 8));
+            }
+            out
+        })
+        .await;
+        assert_eq!(attacked.goaway, Some(CALM), "{driver}: rapid reset");
+        assert!(
+            attacked.probe < PROBE_LIMIT,
+            "{driver}: rapid reset stalled {:?}",
+            attacked.probe
+        );
+        // Resets abandon their member requests: far fewer reach the member than were sent.
+        let seen = upstream.requests().len();
+        assert!(
+            seen < 5_000,
+            "{driver}: {seen} reset requests reached the member"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn continuation_floods_and_hpack_bombs_reach_no_member() {
+    for driver in DRIVERS {
+        let (upstream, gw) = one_shard(driver).await;
+        // CONTINUATION flood (2024): a header block that never ends.
+        let attacked = attack(&gw, 0, |i| {
+            let mut out = Vec::new();
+            if i == 0 {
+                let block = h2raw::header_block(&[
+                    (":method", "GET"),
+                    (":scheme", "https"),
+                    (":authority", "gw"),
+                    (":path", "/clusters/member/api/v1/namespaces"),
+                ]);
+                out.extend_from_slice(&h2raw::frame(h2raw::HEADERS, h2raw::END_STREAM, 1, &block));
+            }
+            for _ in 0..100 {
+                let filler = h2raw::header_block(&[("x-filler", "a")]);
+                out.extend_from_slice(&h2raw::frame(h2raw::CONTINUATION, 0, 1, &filler));
+            }
+            out
+        })
+        .await;
+        assert!(
+            attacked.ended,
+            "{driver}: the CONTINUATION flood was read forever"
+        );
+        assert!(
+            attacked.probe < PROBE_LIMIT,
+            "{driver}: stalled {:?}",
+            attacked.probe
+        );
+
+        // HPACK bomb: one 4 KiB value in the dynamic table, referenced a thousand times (1 byte
+        // each), decoding to 4 MB of fields.
+        let mut tls = gw.tls_h2().await;
+        h2raw::start(&mut tls).await;
+        let mut block = h2raw::header_block(&[
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":authority", "gw"),
+            (":path", "/clusters/member/api/v1/namespaces"),
+        ]);
+        h2raw::indexed_literal(&mut block, "x-bomb", &[b'a'; 4000]);
+        for _ in 0..1000 {
+            h2raw::indexed(&mut block, 62);
+        }
+        tls.write_all(&h2raw::frame(
+            h2raw::HEADERS,
+            h2raw::END_STREAM | h2raw::END_HEADERS,
+            1,
+            &block,
+        ))
+        .await
+        .unwrap();
+        let answer =
+            h2raw::read_until(&mut tls, |f| f.stream == 1 || f.kind == h2raw::GOAWAY).await;
+        if let Some(answer) = answer {
+            assert!(
+                answer.kind != h2raw::HEADERS
+                    || answer.status() == Some(431)
+                    || answer.status() == Some(400),
+                "{driver}: the bomb was answered {answer:?}"
+            );
+        }
+        let seen = upstream.requests();
+        assert!(seen.is_empty(), "{driver}: the member saw {seen:#?}");
+    }
+}

@@ -18,6 +18,10 @@ use tokio::io::AsyncReadExt;
 
 use super::retired::{retired_end, RetiredEnd, FINISH_CHUNK_WITHIN};
 use super::{Answer, Failure, CLIENT_WRITE_TIMEOUT, IDLE_STREAM_BUFFER, READ_CHUNK};
+
+/// Bytes relayed before the stream lets the shard's other connections run (a member and client
+/// that are always ready would otherwise keep the shard to themselves for a whole big LIST).
+const TURN_BYTES: usize = 256 * 1024;
 use crate::protocol::http1::BodyProgress;
 use crate::server::runtime::{self, First};
 
@@ -67,7 +71,12 @@ pub(crate) async fn relay(
     let retirement = &*conn.retirement;
     let mut retired = retirement.listen();
     let mut finish_chunk_by: Option<Instant> = None;
+    let mut turn = 0;
     loop {
+        if turn >= TURN_BYTES {
+            turn = 0;
+            runtime::yield_now().await;
+        }
         if !conn.buf.is_empty() && !progress.is_done() {
             match &mut progress {
                 BodyProgress::Chunked(scanner) if decode => {
@@ -153,7 +162,7 @@ pub(crate) async fn relay(
                 }
                 return Err(Failure::Abort("member closed inside the response body"));
             }
-            Ok(_) => {}
+            Ok(n) => turn += n,
         }
     }
 }

@@ -25,6 +25,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// small enough that thousands of idle sessions cost little.
 const SPLICE_BUFFER: usize = 16 * 1024;
 
+/// Bytes a direction moves in one go before it lets the shard's other connections run.
+const TURN_BYTES: usize = 256 * 1024;
+
 /// How many bytes went each way, for the log line at the end of a session.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SpliceTotals {
@@ -64,6 +67,8 @@ struct Direction {
     /// The writer was shut down after the reader's end: this direction is finished.
     done: bool,
     total: u64,
+    /// Bytes read since this direction last waited or yielded.
+    turn: usize,
 }
 
 /// Which I/O step failed, so the error names the side.
@@ -83,6 +88,7 @@ impl Direction {
             read_closed: false,
             done: false,
             total: 0,
+            turn: 0,
         }
     }
 
@@ -136,6 +142,16 @@ impl Direction {
                 self.done = true;
                 return Poll::Ready(Ok(()));
             }
+            if self.turn >= TURN_BYTES {
+                // Always ready on both sides: let the shard's other connections run first.
+                if self.unflushed {
+                    ready!(writer.as_mut().poll_flush(cx)).map_err(Step::Write)?;
+                    self.unflushed = false;
+                }
+                self.turn = 0;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             if self.buf.is_empty() {
                 self.buf = vec![0; SPLICE_BUFFER];
             }
@@ -145,6 +161,7 @@ impl Direction {
                     let n = read.filled().len();
                     self.start = 0;
                     self.end = n;
+                    self.turn += n;
                     if n == 0 {
                         self.read_closed = true;
                     }
@@ -156,6 +173,7 @@ impl Direction {
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(Step::Read(e))),
                 Poll::Pending => {
+                    self.turn = 0;
                     // Nothing more to read now: push out what was written so the other side
                     // sees it (a keystroke, a prompt) before the next read completes.
                     if self.unflushed {

@@ -56,6 +56,7 @@ pub struct Metrics {
     upgraded_streams: Gauge,
     client_connections: Gauge,
     upstream_connections: Family<ClusterLabels, Gauge>,
+    h2_calmed: Counter,
     /// Audit events written / dropped because the writer was behind (the `audit` module).
     pub audit_events: Counter,
     pub audit_events_dropped: Counter,
@@ -72,6 +73,12 @@ impl Metrics {
         let upgraded_streams = Gauge::default();
         let client_connections = Gauge::default();
         let upstream_connections = Family::<ClusterLabels, Gauge>::default();
+        let h2_calmed = Counter::default();
+        registry.register(
+            "h2_connections_calmed",
+            "h2 client connections closed with GOAWAY(ENHANCE_YOUR_CALM) for sending more control frames than their budget",
+            h2_calmed.clone(),
+        );
         let audit_events = Counter::default();
         let audit_events_dropped = Counter::default();
         registry.register(
@@ -122,6 +129,7 @@ impl Metrics {
             upgraded_streams,
             client_connections,
             upstream_connections,
+            h2_calmed,
             audit_events,
             audit_events_dropped,
         })
@@ -179,6 +187,11 @@ impl Metrics {
             })
             .clone();
         GaugeGuard::new(gauge)
+    }
+
+    /// Counts an h2 connection closed for exceeding its control-frame budget.
+    pub fn h2_connection_calmed(&self) {
+        self.h2_calmed.inc();
     }
 
     /// The OpenMetrics text (ends with `# EOF`).

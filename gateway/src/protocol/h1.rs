@@ -40,6 +40,8 @@ use crate::server::runtime::{self, First};
 use crate::server::ShardContext;
 use crate::upstream::UpstreamConn;
 
+/// Requests served on one connection between two yields to the shard's other connections.
+const YIELD_EVERY_REQUESTS: u32 = 32;
 /// How long a request head may take to arrive once it has started (slow-loris defense).
 const HEAD_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -85,7 +87,14 @@ pub async fn serve_http1<S>(
         .as_ref()
         .filter(|_| !identity.user.is_empty())
         .map(|_| Arc::new(identity.clone()));
+    let mut served = 0u32;
     loop {
+        // A client that pipelines requests the gateway answers itself (health checks, refusals)
+        // never waits on I/O: it yields now and then, so it cannot keep the shard to itself.
+        served += 1;
+        if served.is_multiple_of(YIELD_EVERY_REQUESTS) {
+            runtime::yield_now().await;
+        }
         let limits = ctx.table.load().gateway().limits;
         match read_request_head(&mut down, &mut head, limits, &ctx.shutdown).await {
             Ok(true) => {}

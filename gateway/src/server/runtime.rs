@@ -37,6 +37,21 @@ pub async fn timeout_if_pending<F: Future>(
     }
 }
 
+/// Lets the shard's other tasks run before this one goes on: wakes itself and returns Pending
+/// once (monoio 0.2.4's own `yield_now` can starve, see DESIGN.md).
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+}
+
 /// Waits for `duration`.
 pub async fn sleep(duration: Duration) {
     monoio::time::sleep(duration).await

@@ -71,6 +71,39 @@ fn push_string(out: &mut Vec<u8>, s: &[u8]) {
     out.extend_from_slice(s);
 }
 
+/// RST_STREAM with error `code` (8 is CANCEL).
+pub fn rst_stream(stream: u32, code: u32) -> Vec<u8> {
+    frame(RST_STREAM, 0, stream, &code.to_be_bytes())
+}
+
+/// A PING (not an ACK).
+pub fn ping(data: u64) -> Vec<u8> {
+    frame(PING, 0, 0, &data.to_be_bytes())
+}
+
+/// A field added to the HPACK dynamic table ("literal with incremental indexing, new name").
+pub fn indexed_literal(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+    out.push(0x40);
+    push_string(out, name.as_bytes());
+    push_string(out, value);
+}
+
+/// A reference to entry `index` of the HPACK tables (the first dynamic entry is 62).
+pub fn indexed(out: &mut Vec<u8>, index: usize) {
+    // A 7-bit prefix integer with the "indexed" bit.
+    if index < 127 {
+        out.push(0x80 | index as u8);
+    } else {
+        out.push(0xff);
+        let mut rest = index - 127;
+        while rest >= 128 {
+            out.push((rest % 128) as u8 | 0x80);
+            rest /= 128;
+        }
+        out.push(rest as u8);
+    }
+}
+
 /// The request fields of a GET of `path`.
 pub fn get_fields(path: &str) -> Vec<(&'static str, String)> {
     vec![
@@ -155,8 +188,22 @@ pub async fn start<S: AsyncWrite + Unpin>(stream: &mut S) {
 }
 
 /// Reads frames (acknowledging the server's SETTINGS) until `pred` holds for one, which is
-/// returned; None if the connection ends first.
+/// returned; None if the connection ends first or nothing matches within 20 s (a gateway that
+/// stopped answering fails a test instead of hanging it).
 pub async fn read_until<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    pred: impl Fn(&Frame) -> bool,
+) -> Option<Frame> {
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        read_until_unbounded(stream, pred),
+    )
+    .await
+    .ok()
+    .flatten()
+}
+
+async fn read_until_unbounded<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     pred: impl Fn(&Frame) -> bool,
 ) -> Option<Frame> {

@@ -49,6 +49,12 @@ use crate::server::runtime::{self, First};
 use crate::server::ShardContext;
 use crate::upstream::UpstreamConn;
 
+mod guard;
+mod lingering;
+
+use guard::{Flood, FrameGuard};
+use lingering::LingeringClose;
+
 /// Per-stream receive window (request bodies): what a client may send ahead of the member.
 const STREAM_WINDOW: u32 = 256 * 1024;
 /// Connection receive window.
@@ -61,6 +67,9 @@ const MAX_PENDING_ACCEPT_RESETS: usize = 64;
 const MAX_LOCAL_ERROR_RESETS: usize = 1024;
 /// How long the h2 preface and settings exchange may take.
 const H2_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// After GOAWAY(ENHANCE_YOUR_CALM), how long the frame may take to go out before the connection
+/// is dropped.
+const CALM_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// After GOAWAY, how long a connection without open streams may take to close (the client
 /// answers the GOAWAY's PING, then the final GOAWAY goes out); a client that never does is
 /// dropped.
@@ -98,88 +107,6 @@ impl Drop for StreamGuard {
         self.0.open.set(open);
         if open == 0 {
             self.0.idle_since.set(Some(Instant::now()));
-        }
-    }
-}
-
-/// The client stream as h2 sees it, closed the way HTTP servers close: after h2 has written its
-/// last frame and shut down the write side, the client's last bytes (the ack of the GOAWAY's PING,
-/// its own close) are read and dropped until it closes too. Closing with those bytes unread would
-/// answer them with a TCP reset, and the client would see a broken connection instead of a
-/// GOAWAY. Bounded by the caller: the close happens inside `accept`, which the GOAWAY loop runs
-/// under a timeout.
-struct LingeringClose<S> {
-    io: S,
-    write_shut: bool,
-}
-
-impl<S> LingeringClose<S> {
-    fn new(io: S) -> Self {
-        LingeringClose {
-            io,
-            write_shut: false,
-        }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for LingeringClose<S> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for LingeringClose<S> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        use std::task::Poll;
-        let this = &mut *self;
-        if !this.write_shut {
-            std::task::ready!(std::pin::Pin::new(&mut this.io).poll_shutdown(cx))?;
-            this.write_shut = true;
-        }
-        let mut scratch = [0u8; 512];
-        loop {
-            let mut read = tokio::io::ReadBuf::new(&mut scratch);
-            match std::pin::Pin::new(&mut this.io).poll_read(cx, &mut read) {
-                Poll::Ready(Ok(())) if read.filled().is_empty() => return Poll::Ready(Ok(())),
-                Poll::Ready(Ok(())) => continue,
-                // The client is gone one way or another: the close is done.
-                Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
-                Poll::Pending => return Poll::Pending,
-            }
         }
     }
 }
@@ -239,6 +166,13 @@ where
         .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
         // RFC 8441 extended CONNECT: WebSocket over h2 (`relay_websocket`).
         .enable_connect_protocol();
+    let streams = Rc::new(OpenStreams::default());
+    let flood = Rc::new(Flood::default());
+    let open_streams = {
+        let streams = streams.clone();
+        Rc::new(move || streams.open.get()) as Rc<dyn Fn() -> usize>
+    };
+    let io = FrameGuard::new(io, flood.clone(), open_streams);
     let mut connection = match runtime::timeout(
         H2_HANDSHAKE_TIMEOUT,
         builder.handshake::<_, Bytes>(LingeringClose::new(io)),
@@ -263,7 +197,6 @@ where
         .filter(|_| !identity.user.is_empty())
         .map(|_| Arc::new(identity.clone()));
     let identity = Rc::new(auth::ConnectionAuth::new(&identity));
-    let streams = Rc::new(OpenStreams::default());
     streams.idle_since.set(Some(Instant::now()));
     let accept_stream =
         |accepted: Result<(Request<RecvStream>, SendResponse<Bytes>), h2::Error>| match accepted {
@@ -292,14 +225,27 @@ where
     ));
     // Accepting also drives the connection (frames of every stream move only while it is polled).
     let reason = loop {
-        match runtime::race(connection.accept(), go_away.as_mut()).await {
+        let stop = runtime::race(go_away.as_mut(), flood.wait());
+        match runtime::race(connection.accept(), stop).await {
             First::Left(Some(accepted)) => {
                 if !accept_stream(accepted) {
                     return;
                 }
             }
             First::Left(None) => return,
-            First::Right(reason) => break reason,
+            First::Right(First::Left(reason)) => break reason,
+            First::Right(First::Right(why)) => {
+                // A client that costs more than it may: GOAWAY(ENHANCE_YOUR_CALM), its streams
+                // end, and the connection closes once that GOAWAY is out (or within a second).
+                warn!(%peer, why, open_streams = streams.open.get(), "h2 client over its budget; GOAWAY ENHANCE_YOUR_CALM");
+                ctx.metrics.h2_connection_calmed();
+                connection.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                let _ = runtime::timeout(CALM_CLOSE_TIMEOUT, async {
+                    while let Some(Ok(_)) = connection.accept().await {}
+                })
+                .await;
+                return;
+            }
         }
     };
     // GOAWAY(NO_ERROR) with a PING, then the final GOAWAY naming the last stream served: the
