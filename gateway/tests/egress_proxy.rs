@@ -6,6 +6,9 @@
 //! configured headers, a refusing proxy becomes a Status naming the proxy and its answer, and a
 //! Karmada Cluster's proxyURL/proxyHeader are the ones used.
 
+// The test's own proxy is not the data path (clippy.toml): it may lock.
+#![allow(clippy::disallowed_types)]
+
 mod support;
 
 use std::net::SocketAddr;

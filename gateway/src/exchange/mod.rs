@@ -135,7 +135,7 @@ pub(crate) async fn send(
         let mut conn = match pooled {
             Some(conn) => conn,
             None => {
-                let dial = connect(cluster, out.limits.connect_timeout, &shard.metrics);
+                let dial = connect(cluster, out.limits.connect_timeout, &shard.shard_metrics);
                 match runtime::race(dial, body.client_gone()).await {
                     First::Left(conn) => conn?,
                     First::Right(()) => {

@@ -1,84 +1,121 @@
 //! Gateway metrics: requests by cluster, verb and code, request latency (to the response head),
-//! open streams, client connections and upstream connections, encoded as OpenMetrics text for the
-//! admin listener's `/metrics`.
+//! open streams, upgraded streams, client connections and upstream connections, encoded as
+//! OpenMetrics text for the admin listener's `/metrics`.
 //!
-//! One registry is shared by every shard: each value is an atomic, and a label set's entry is
-//! created once and then only read (prometheus-client's family map takes a read lock), so shards
-//! do not contend on the hot path. Recording never allocates after a label set's first use (the
-//! cluster name is the route's `Arc<str>`). Called by `proxy`, `shard` and `upstream`; encoded by
-//! `admin`.
+//! Shared nothing on the hot path: every shard counts into cells of its own ([`ShardMetrics`]),
+//! which only that shard writes (relaxed atomics on cache lines no other core touches), and a
+//! scrape sums the cells of every shard. A shard looks a request's cell up in a map of its own;
+//! the shard's list of cells is locked only when a label set is seen for the first time on that
+//! shard, and by the scrape. The few process-wide counters (the audit log's, h2 connections
+//! calmed) are rare events. Called by the front-ends, the exchange, `server::shard` and
+//! `upstream`; encoded by `server::admin`.
+
+// The one lock of the crate (see clippy.toml): taken by a shard only for a label set's first use,
+// and by the scrape; never per request.
+#![allow(clippy::disallowed_types)]
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ahash::AHashMap;
-
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 /// Labels of the request counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    pub cluster: Arc<str>,
-    pub verb: &'static str,
-    pub code: u16,
+struct RequestLabels {
+    cluster: Arc<str>,
+    verb: &'static str,
+    code: u16,
 }
 
 /// Labels of the latency histogram.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LatencyLabels {
-    pub cluster: Arc<str>,
-    pub verb: &'static str,
+struct LatencyLabels {
+    cluster: Arc<str>,
+    verb: &'static str,
 }
 
 /// Labels of the per-cluster upstream connection gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClusterLabels {
-    pub cluster: Arc<str>,
+struct ClusterLabels {
+    cluster: Arc<str>,
 }
 
-fn latency_histogram() -> Histogram {
-    // 0.5 ms to about 65 s.
-    Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+/// Latency buckets: 0.5 ms doubling to about 65 s, then +Inf.
+const BUCKETS: usize = 18;
+const FIRST_BUCKET_US: u64 = 500;
+
+/// The upper bound (seconds) of bucket `i`.
+fn bucket_bound(i: usize) -> f64 {
+    if i >= BUCKETS {
+        return f64::INFINITY;
+    }
+    FIRST_BUCKET_US as f64 * 1e-6 * (1u64 << i) as f64
 }
 
-/// Every metric the data path records.
+/// The bucket a latency of `micros` falls in (`BUCKETS` is +Inf).
+fn bucket_of(micros: u64) -> usize {
+    let q = micros.div_ceil(FIRST_BUCKET_US);
+    if q <= 1 {
+        return 0;
+    }
+    ((64 - (q - 1).leading_zeros()) as usize).min(BUCKETS)
+}
+
+/// One (cluster, verb, code) of one shard: its count and latencies.
+struct RequestCell {
+    cluster: Arc<str>,
+    verb: &'static str,
+    code: u16,
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+    buckets: [AtomicU64; BUCKETS + 1],
+}
+
+/// What one shard counts. Written only by its shard.
+#[derive(Default)]
+struct ShardCells {
+    open_streams: AtomicI64,
+    upgraded_streams: AtomicI64,
+    client_connections: AtomicI64,
+    /// Every request cell of the shard, for the scrape (appended on a label set's first use).
+    requests: Mutex<Vec<Arc<RequestCell>>>,
+    /// Open upstream connections per cluster.
+    upstream: Mutex<Vec<(Arc<str>, Arc<AtomicI64>)>>,
+}
+
+/// Every metric the gateway exports.
 pub struct Metrics {
     registry: Registry,
-    requests: Family<RequestLabels, Counter>,
-    latency: Family<LatencyLabels, Histogram, fn() -> Histogram>,
-    open_streams: Gauge,
-    upgraded_streams: Gauge,
-    client_connections: Gauge,
-    upstream_connections: Family<ClusterLabels, Gauge>,
+    shards: Arc<ShardList>,
     h2_calmed: Counter,
     /// Audit events written / dropped because the writer was behind (the `audit` module).
     pub audit_events: Counter,
     pub audit_events_dropped: Counter,
 }
 
+/// The cells of every shard, summed by the scrape.
+#[derive(Default)]
+struct ShardList(Mutex<Vec<Arc<ShardCells>>>);
+
+impl std::fmt::Debug for ShardList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShardList")
+    }
+}
+
 impl Metrics {
     pub fn new() -> Arc<Metrics> {
         let mut registry = Registry::with_prefix("fleetgate");
-        let requests = Family::<RequestLabels, Counter>::default();
-        let latency = Family::<LatencyLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-            latency_histogram,
-        );
-        let open_streams = Gauge::default();
-        let upgraded_streams = Gauge::default();
-        let client_connections = Gauge::default();
-        let upstream_connections = Family::<ClusterLabels, Gauge>::default();
+        let shards = Arc::new(ShardList::default());
         let h2_calmed = Counter::default();
-        registry.register(
-            "h2_connections_calmed",
-            "h2 client connections closed with GOAWAY(ENHANCE_YOUR_CALM) for sending more control frames than their budget",
-            h2_calmed.clone(),
-        );
         let audit_events = Counter::default();
         let audit_events_dropped = Counter::default();
         registry.register(
@@ -92,101 +129,36 @@ impl Metrics {
             audit_events_dropped.clone(),
         );
         registry.register(
-            "requests",
-            "Requests answered, by member cluster, Kubernetes verb and HTTP code",
-            requests.clone(),
+            "h2_connections_calmed",
+            "h2 client connections closed with GOAWAY(ENHANCE_YOUR_CALM) for sending more control frames than their budget",
+            h2_calmed.clone(),
         );
-        registry.register(
-            "request_duration_seconds",
-            "Time from the request head to the response head, by member cluster and verb",
-            latency.clone(),
-        );
-        registry.register(
-            "open_streams",
-            "Requests being proxied now (watches and logs -f included)",
-            open_streams.clone(),
-        );
-        registry.register(
-            "upgraded_streams",
-            "Upgraded connections (exec, attach, port-forward over SPDY or WebSocket) being spliced now",
-            upgraded_streams.clone(),
-        );
-        registry.register(
-            "client_connections",
-            "Client connections open now",
-            client_connections.clone(),
-        );
-        registry.register(
-            "upstream_connections",
-            "Connections to member clusters open now (in use or pooled)",
-            upstream_connections.clone(),
-        );
+        registry.register_collector(Box::new(shards.clone()));
         Arc::new(Metrics {
             registry,
-            requests,
-            latency,
-            open_streams,
-            upgraded_streams,
-            client_connections,
-            upstream_connections,
+            shards,
             h2_calmed,
             audit_events,
             audit_events_dropped,
         })
     }
 
-    /// Counts an answered request and its time to the response head.
-    pub fn record_request(
-        &self,
-        cluster: &Arc<str>,
-        verb: &'static str,
-        code: u16,
-        elapsed: Duration,
-    ) {
-        self.requests
-            .get_or_create(&RequestLabels {
-                cluster: cluster.clone(),
-                verb,
-                code,
-            })
-            .inc();
-        self.latency
-            .get_or_create(&LatencyLabels {
-                cluster: cluster.clone(),
-                verb,
-            })
-            .observe(elapsed.as_secs_f64());
+    /// The cells of a new shard (called once per shard, as it starts).
+    pub fn shard(&self) -> ShardMetrics {
+        let cells = Arc::new(ShardCells::default());
+        lock(&self.shards.0).push(cells.clone());
+        ShardMetrics {
+            cells,
+            handles: RefCell::new(AHashMap::new()),
+        }
     }
 
-    /// Marks a proxied stream open until the returned guard drops.
-    pub fn stream_opened(&self) -> GaugeGuard {
-        GaugeGuard::new(self.open_streams.clone())
-    }
-
-    /// Marks an upgraded (spliced) stream open until the returned guard drops.
-    pub fn upgraded_stream_opened(&self) -> GaugeGuard {
-        GaugeGuard::new(self.upgraded_streams.clone())
-    }
-
-    /// Requests and streams in flight now (for the drain's log lines).
+    /// Requests and streams in flight now, over every shard (for the drain's log lines).
     pub fn open_streams(&self) -> i64 {
-        self.open_streams.get()
-    }
-
-    /// Marks a client connection open until the returned guard drops.
-    pub fn client_connected(&self) -> GaugeGuard {
-        GaugeGuard::new(self.client_connections.clone())
-    }
-
-    /// Marks an upstream connection to `cluster` open until the returned guard drops.
-    pub fn upstream_connected(&self, cluster: &Arc<str>) -> GaugeGuard {
-        let gauge = self
-            .upstream_connections
-            .get_or_create(&ClusterLabels {
-                cluster: cluster.clone(),
-            })
-            .clone();
-        GaugeGuard::new(gauge)
+        lock(&self.shards.0)
+            .iter()
+            .map(|s| s.open_streams.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Counts an h2 connection closed for exceeding its control-frame budget.
@@ -203,12 +175,117 @@ impl Metrics {
     }
 }
 
-/// A shard's own handles to the request metrics, so that recording a request is one lookup in an
-/// unshared map and two atomic updates, instead of two lookups in the shared families (which hash
-/// the labels and take their read lock). The handles share their values with the registry.
-#[derive(Default)]
+/// A lock the scrape and a shard's first use of a label set share: never held across a request.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Collector for ShardList {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let shards: Vec<Arc<ShardCells>> = lock(&self.0).clone();
+        let mut requests: AHashMap<RequestLabels, u64> = AHashMap::new();
+        let mut latency: AHashMap<LatencyLabels, (u64, u64, [u64; BUCKETS + 1])> = AHashMap::new();
+        let mut upstream: AHashMap<ClusterLabels, i64> = AHashMap::new();
+        let (mut open, mut upgraded, mut clients) = (0, 0, 0);
+        for shard in &shards {
+            open += shard.open_streams.load(Ordering::Relaxed);
+            upgraded += shard.upgraded_streams.load(Ordering::Relaxed);
+            clients += shard.client_connections.load(Ordering::Relaxed);
+            for cell in lock(&shard.requests).iter() {
+                let count = cell.count.load(Ordering::Relaxed);
+                *requests
+                    .entry(RequestLabels {
+                        cluster: cell.cluster.clone(),
+                        verb: cell.verb,
+                        code: cell.code,
+                    })
+                    .or_default() += count;
+                let entry = latency
+                    .entry(LatencyLabels {
+                        cluster: cell.cluster.clone(),
+                        verb: cell.verb,
+                    })
+                    .or_insert((0, 0, [0; BUCKETS + 1]));
+                entry.0 += count;
+                entry.1 += cell.sum_micros.load(Ordering::Relaxed);
+                for (total, bucket) in entry.2.iter_mut().zip(&cell.buckets) {
+                    *total += bucket.load(Ordering::Relaxed);
+                }
+            }
+            for (cluster, open) in lock(&shard.upstream).iter() {
+                *upstream
+                    .entry(ClusterLabels {
+                        cluster: cluster.clone(),
+                    })
+                    .or_default() += open.load(Ordering::Relaxed);
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "requests",
+            "Requests answered, by member cluster, Kubernetes verb and HTTP code",
+            None,
+            MetricType::Counter,
+        )?;
+        for (labels, count) in &requests {
+            ConstCounter::new(*count).encode(family.encode_family(labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "request_duration_seconds",
+            "Time from the request head to the response head, by member cluster and verb",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (labels, (count, sum_micros, buckets)) in &latency {
+            let buckets: Vec<(f64, u64)> = buckets
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (bucket_bound(i), *n))
+                .collect();
+            family
+                .encode_family(labels)?
+                .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                    *sum_micros as f64 * 1e-6,
+                    *count,
+                    &buckets,
+                    None,
+                )?;
+        }
+        for (name, help, value) in [
+            (
+                "open_streams",
+                "Requests being proxied now (watches and logs -f included)",
+                open,
+            ),
+            (
+                "upgraded_streams",
+                "Upgraded connections (exec, attach, port-forward over SPDY or WebSocket) being spliced now",
+                upgraded,
+            ),
+            ("client_connections", "Client connections open now", clients),
+        ] {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(family)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "upstream_connections",
+            "Connections to member clusters open now (in use or pooled)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (labels, open) in &upstream {
+            ConstGauge::new(*open).encode(family.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// One shard's metrics: its cells, and its own map from a request's labels to its cell, so
+/// recording a request is one lookup in an unshared map and a few uncontended atomic adds.
 pub struct ShardMetrics {
-    handles: RefCell<AHashMap<HandleKey, (Counter, Histogram)>>,
+    cells: Arc<ShardCells>,
+    handles: RefCell<AHashMap<HandleKey, Arc<RequestCell>>>,
 }
 
 /// (cluster route id, verb, code): no shared reference count is touched to look one up.
@@ -218,50 +295,89 @@ impl ShardMetrics {
     /// Counts an answered request and its time to the response head.
     pub fn record(
         &self,
-        metrics: &Metrics,
         (cluster_id, cluster): (u64, &Arc<str>),
         verb: &'static str,
         code: u16,
         elapsed: Duration,
     ) {
         let mut handles = self.handles.borrow_mut();
-        let key = (cluster_id, verb, code);
-        let (counter, histogram) = handles.entry(key).or_insert_with(|| {
-            let counter = metrics
-                .requests
-                .get_or_create(&RequestLabels {
-                    cluster: cluster.clone(),
-                    verb,
-                    code,
-                })
-                .clone();
-            let histogram = metrics
-                .latency
-                .get_or_create(&LatencyLabels {
-                    cluster: cluster.clone(),
-                    verb,
-                })
-                .clone();
-            (counter, histogram)
+        let cell = handles.entry((cluster_id, verb, code)).or_insert_with(|| {
+            let cell = Arc::new(RequestCell {
+                cluster: cluster.clone(),
+                verb,
+                code,
+                count: AtomicU64::new(0),
+                sum_micros: AtomicU64::new(0),
+                buckets: Default::default(),
+            });
+            lock(&self.cells.requests).push(cell.clone());
+            cell
         });
-        counter.inc();
-        histogram.observe(elapsed.as_secs_f64());
+        let micros = elapsed.as_micros().min(u128::from(u64::MAX)) as u64;
+        cell.count.fetch_add(1, Ordering::Relaxed);
+        cell.sum_micros.fetch_add(micros, Ordering::Relaxed);
+        cell.buckets[bucket_of(micros)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Marks a proxied stream open until the returned guard drops.
+    pub fn stream_opened(&self) -> GaugeGuard {
+        GaugeGuard::new(&self.cells, |c| &c.open_streams)
+    }
+
+    /// Marks an upgraded (spliced) stream open until the returned guard drops.
+    pub fn upgraded_stream_opened(&self) -> GaugeGuard {
+        GaugeGuard::new(&self.cells, |c| &c.upgraded_streams)
+    }
+
+    /// Marks a client connection open until the returned guard drops.
+    pub fn client_connected(&self) -> GaugeGuard {
+        GaugeGuard::new(&self.cells, |c| &c.client_connections)
+    }
+
+    /// Marks an upstream connection to `cluster` open until the returned guard drops.
+    pub fn upstream_connected(&self, cluster: &Arc<str>) -> UpstreamGuard {
+        let mut upstream = lock(&self.cells.upstream);
+        let gauge = match upstream.iter().find(|(name, _)| name == cluster) {
+            Some((_, gauge)) => gauge.clone(),
+            None => {
+                let gauge = Arc::new(AtomicI64::new(0));
+                upstream.push((cluster.clone(), gauge.clone()));
+                gauge
+            }
+        };
+        gauge.fetch_add(1, Ordering::Relaxed);
+        UpstreamGuard(gauge)
     }
 }
 
-/// Decrements its gauge when dropped.
-pub struct GaugeGuard(Gauge);
+/// Decrements a shard gauge when dropped.
+pub struct GaugeGuard {
+    cells: Arc<ShardCells>,
+    gauge: fn(&ShardCells) -> &AtomicI64,
+}
 
 impl GaugeGuard {
-    fn new(gauge: Gauge) -> Self {
-        gauge.inc();
-        GaugeGuard(gauge)
+    fn new(cells: &Arc<ShardCells>, gauge: fn(&ShardCells) -> &AtomicI64) -> Self {
+        gauge(cells).fetch_add(1, Ordering::Relaxed);
+        GaugeGuard {
+            cells: cells.clone(),
+            gauge,
+        }
     }
 }
 
 impl Drop for GaugeGuard {
     fn drop(&mut self) {
-        self.0.dec();
+        (self.gauge)(&self.cells).fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An open upstream connection, counted until dropped.
+pub struct UpstreamGuard(Arc<AtomicI64>);
+
+impl Drop for UpstreamGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -270,37 +386,62 @@ mod tests {
     use super::*;
 
     #[test]
-    fn encodes_requests_and_gauges() {
+    fn latencies_fall_in_the_bucket_prometheus_would_put_them_in() {
+        for (micros, bucket) in [
+            (0, 0),
+            (500, 0),
+            (501, 1),
+            (1000, 1),
+            (1001, 2),
+            (2000, 2),
+            (2001, 3),
+            (65_536_000, 17),
+            (65_536_001, 18),
+            (u64::MAX, 18),
+        ] {
+            assert_eq!(bucket_of(micros), bucket, "{micros} us");
+            let seconds = micros as f64 * 1e-6;
+            assert!(
+                seconds <= bucket_bound(bucket),
+                "{micros} us above its bucket"
+            );
+            if bucket > 0 {
+                assert!(
+                    seconds > bucket_bound(bucket - 1),
+                    "{micros} us below its bucket"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn shards_count_apart_and_the_scrape_sums_them() {
         let metrics = Metrics::new();
         let cluster: Arc<str> = Arc::from("member1");
-        metrics.record_request(&cluster, "list", 200, Duration::from_millis(3));
-        let guard = metrics.stream_opened();
+        let (one, two) = (metrics.shard(), metrics.shard());
+        one.record((7, &cluster), "list", 200, Duration::from_millis(3));
+        two.record((7, &cluster), "list", 200, Duration::from_millis(1));
+        two.record((7, &cluster), "get", 404, Duration::from_micros(200));
+        let stream = one.stream_opened();
+        let other = two.stream_opened();
+        let upstream = two.upstream_connected(&cluster);
         let text = metrics.encode();
-        assert!(text.contains(
-            "fleetgate_requests_total{cluster=\"member1\",verb=\"list\",code=\"200\"} 1"
-        ));
-        assert!(text.contains("fleetgate_open_streams 1"));
-        assert!(text.contains("fleetgate_request_duration_seconds_bucket"));
+        for expected in [
+            "fleetgate_requests_total{cluster=\"member1\",verb=\"list\",code=\"200\"} 2",
+            "fleetgate_requests_total{cluster=\"member1\",verb=\"get\",code=\"404\"} 1",
+            "fleetgate_request_duration_seconds_count{cluster=\"member1\",verb=\"list\"} 2",
+            "fleetgate_request_duration_seconds_bucket{le=\"0.001\",cluster=\"member1\",verb=\"list\"} 1",
+            "fleetgate_request_duration_seconds_bucket{le=\"0.004\",cluster=\"member1\",verb=\"list\"} 2",
+            "fleetgate_open_streams 2",
+            "fleetgate_upstream_connections{cluster=\"member1\"} 1",
+        ] {
+            assert!(text.contains(expected), "{expected:?} missing:\n{text}");
+        }
         assert!(text.ends_with("# EOF\n"));
-        drop(guard);
-        assert!(metrics.encode().contains("fleetgate_open_streams 0"));
-        let shard = ShardMetrics::default();
-        shard.record(
-            &metrics,
-            (7, &cluster),
-            "list",
-            200,
-            Duration::from_millis(1),
-        );
-        shard.record(
-            &metrics,
-            (7, &cluster),
-            "list",
-            200,
-            Duration::from_millis(1),
-        );
-        assert!(metrics.encode().contains(
-            "fleetgate_requests_total{cluster=\"member1\",verb=\"list\",code=\"200\"} 3"
-        ));
+        assert_eq!(metrics.open_streams(), 2);
+        drop((stream, other, upstream));
+        let text = metrics.encode();
+        assert!(text.contains("fleetgate_open_streams 0"), "{text}");
+        assert!(text.contains("fleetgate_upstream_connections{cluster=\"member1\"} 0"));
     }
 }

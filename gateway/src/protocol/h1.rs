@@ -295,7 +295,7 @@ where
             return answer_with_status(ctx, down, head, peer, answer, started).await;
         }
     };
-    let _stream = ctx.metrics.stream_opened();
+    let _stream = ctx.shard_metrics.stream_opened();
     // 0 until a member's response head is read: an aborted exchange says whether one was.
     down.response.code = 0;
     let exchanged = send_to_member(
@@ -556,7 +556,7 @@ where
     let client_close = wants_close(head)
         || answer.body == BodyKind::CloseDelimited
         || upgrade
-        || ctx.shutdown.is_draining();
+        || ctx.draining.get();
     debug!(
         shard = ctx.shard,
         cluster = %cluster.name,
@@ -752,7 +752,7 @@ where
         .flush()
         .await
         .map_err(|_| Failure::Abort("client flush failed"))?;
-    let _upgraded = ctx.metrics.upgraded_stream_opened();
+    let _upgraded = ctx.shard_metrics.upgraded_stream_opened();
     debug!(
         shard = ctx.shard,
         cluster,

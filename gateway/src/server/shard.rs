@@ -35,9 +35,13 @@ pub struct ShardContext {
     pub table: crate::server::snapshot::ShardTable,
     pub pool: ShardPool,
     pub metrics: Arc<Metrics>,
-    pub metrics_cache: ShardMetrics,
+    /// This shard's own metric cells (`observe::metrics`).
+    pub shard_metrics: ShardMetrics,
     /// Graceful shutdown: shared by every shard.
     pub shutdown: Arc<crate::server::shutdown::Shutdown>,
+    /// This shard's copy of "the drain has begun", read per response (set by a task of the
+    /// shard when the shared drain starts).
+    pub draining: std::cell::Cell<bool>,
     /// The audit log: one record per response end, when the Gateway has `spec.audit`.
     pub audit: Option<crate::observe::audit::AuditLog>,
 }
@@ -52,13 +56,8 @@ impl ShardContext {
         code: u16,
         started: std::time::Instant,
     ) {
-        self.metrics_cache.record(
-            &self.metrics,
-            (cluster.id, &cluster.name),
-            verb,
-            code,
-            started.elapsed(),
-        );
+        self.shard_metrics
+            .record((cluster.id, &cluster.name), verb, code, started.elapsed());
     }
 }
 
@@ -133,10 +132,16 @@ pub fn spawn_shard(
                     shard: index,
                     table: crate::server::snapshot::ShardTable::new(table),
                     pool: ShardPool::new(POOL_MAX_IDLE, POOL_IDLE_TIMEOUT),
+                    shard_metrics: metrics.shard(),
                     metrics,
-                    metrics_cache: ShardMetrics::default(),
                     shutdown,
+                    draining: std::cell::Cell::new(false),
                     audit,
+                });
+                let drain_watch = ctx.clone();
+                monoio::spawn(async move {
+                    drain_watch.shutdown.drain_started().await;
+                    drain_watch.draining.set(true);
                 });
                 for listener in listeners {
                     match monoio::net::TcpListener::from_std(listener.socket) {
@@ -205,14 +210,14 @@ async fn accept_loop(
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
                 monoio::spawn(async move {
-                    let _connected = ctx.metrics.client_connected();
+                    let _connected = ctx.shard_metrics.client_connected();
                     let _open = ctx.shutdown.connection_opened();
                     crate::tls::dispatch(ctx.clone(), acceptor, tcp, peer).await;
                 });
             }
             None => {
                 monoio::spawn(async move {
-                    let _connected = ctx.metrics.client_connected();
+                    let _connected = ctx.shard_metrics.client_connected();
                     let _open = ctx.shutdown.connection_opened();
                     let mut tcp = tcp;
                     let anonymous = ClientIdentity::anonymous();

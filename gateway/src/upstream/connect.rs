@@ -22,7 +22,7 @@ use monoio::net::tcp::stream_poll::TcpStreamPoll;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::errors::GatewayError;
-use crate::observe::metrics::{GaugeGuard, Metrics};
+use crate::observe::metrics::{ShardMetrics, UpstreamGuard};
 
 /// A connection to a member: plaintext or rustls over a readiness-based monoio socket.
 pub enum UpstreamIo {
@@ -86,7 +86,7 @@ pub struct UpstreamConn {
     /// Whether it has carried a request before (a failure on a reused connection may be the
     /// member closing an idle connection, and is retried once on a fresh one).
     pub reused: bool,
-    _open: GaugeGuard,
+    _open: UpstreamGuard,
 }
 
 impl UpstreamConn {
@@ -109,7 +109,7 @@ impl UpstreamConn {
 pub async fn connect(
     cluster: &ClusterRoute,
     timeout: Duration,
-    metrics: &Arc<Metrics>,
+    metrics: &ShardMetrics,
 ) -> Result<UpstreamConn, GatewayError> {
     let target = &cluster.upstream;
     let address = match &cluster.egress_proxy {

@@ -281,7 +281,7 @@ async fn serve_stream(
     _open: StreamGuard,
 ) {
     let started = Instant::now();
-    let _stream = ctx.metrics.stream_opened();
+    let _stream = ctx.shard_metrics.stream_opened();
     let audit_request = ctx
         .audit
         .as_ref()
@@ -510,7 +510,7 @@ async fn proxy_stream(
         .send_response(reply, empty)
         .map_err(|_| Failure::Abort("client reset"))?;
     if switched {
-        let _upgraded = ctx.metrics.upgraded_stream_opened();
+        let _upgraded = ctx.shard_metrics.upgraded_stream_opened();
         debug!("h2 WebSocket switched; relaying");
         return relay_tunnel(&mut answer.conn, &mut body, &mut send).await;
     }
