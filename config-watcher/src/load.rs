@@ -296,6 +296,21 @@ pub(crate) fn resolve_gateway(
                 ))
             }
         },
+        client_write_timeout: seconds(
+            limits.client_write_timeout_seconds,
+            "spec.limits.clientWriteTimeoutSeconds",
+            defaults.client_write_timeout,
+        )?,
+        max_member_connections_per_client: match limits.max_member_connections_per_client {
+            None => defaults.max_member_connections_per_client,
+            Some(0) => {
+                return Err(invalid(
+                    "spec.limits.maxMemberConnectionsPerClient",
+                    "must be at least 1".into(),
+                ))
+            }
+            Some(n) => n,
+        },
     };
     let http2 = resolve_http2(http2).map_err(|(field, message)| invalid(field, message))?;
     if limits.max_head_bytes < 1024 {

@@ -235,6 +235,14 @@ pub struct LimitsSpec {
     /// How long in-flight requests may run after SIGINT/SIGTERM before they are cut.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_grace_seconds: Option<f64>,
+    /// How long a client may leave an ordinary (not long-running) response unread before it is
+    /// cut (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_write_timeout_seconds: Option<f64>,
+    /// Member connections the requests of one client address may hold at once, over the whole
+    /// gateway (default 4096); more get a 429 Status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_member_connections_per_client: Option<usize>,
 }
 
 /// h2 settings for client connections (`spec.http2`); a change applies to new connections.

@@ -77,6 +77,12 @@ pub struct Limits {
     pub idle_timeout: Option<Duration>,
     /// How long in-flight requests may run after SIGINT/SIGTERM before the process exits anyway.
     pub shutdown_grace: Duration,
+    /// How long a client may leave an ordinary (not long-running) response unread before it is
+    /// cut and its member connection freed.
+    pub client_write_timeout: Duration,
+    /// Member connections the requests of one client address may hold at once (watches, logs,
+    /// exec sessions and ordinary requests in flight), over the whole gateway.
+    pub max_member_connections_per_client: usize,
 }
 
 impl Default for Limits {
@@ -88,6 +94,8 @@ impl Default for Limits {
             response_head_timeout: Duration::from_secs(60),
             idle_timeout: Some(Duration::from_secs(300)),
             shutdown_grace: Duration::from_secs(30),
+            client_write_timeout: Duration::from_secs(60),
+            max_member_connections_per_client: 4096,
         }
     }
 }

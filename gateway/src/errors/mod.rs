@@ -57,6 +57,12 @@ pub enum GatewayError {
     UpgradeOverH2 { protocol: String },
     #[error("cluster {cluster:?} is tunnel-connected, which this gateway does not serve yet")]
     TunnelNotSupported { cluster: String },
+    /// The process is within its reserve of file descriptors: no new member connection.
+    #[error("cluster {cluster:?} is unavailable: the gateway is out of file descriptors for new member connections; retry shortly")]
+    OutOfDescriptors { cluster: String },
+    /// The client's address holds `limits.maxMemberConnectionsPerClient` member connections.
+    #[error("too many requests: this client address holds as many member connections (watches, streams, requests in flight) as the gateway allows; retry once some have ended")]
+    TooManyMemberConnections,
     #[error("cluster {cluster:?} is unavailable: connecting to {address} timed out")]
     ConnectTimeout { cluster: String, address: String },
     #[error("cluster {cluster:?} is unavailable: connecting to {address} failed")]
@@ -96,13 +102,14 @@ impl GatewayError {
             | Unauthorized { .. }
             | Forbidden { .. }
             | UpgradeNotSupported { .. }
-            | UpgradeOverH2 { .. } => Side::Downstream,
+            | UpgradeOverH2 { .. }
+            | TooManyMemberConnections => Side::Downstream,
             ConnectTimeout { .. }
             | Connect { .. }
             | ResponseHeadTimeout { .. }
             | UpstreamProtocol { .. }
             | UpstreamClosed { .. } => Side::Upstream,
-            TunnelNotSupported { .. } => Side::Internal,
+            TunnelNotSupported { .. } | OutOfDescriptors { .. } => Side::Internal,
         }
     }
 
@@ -117,11 +124,24 @@ impl GatewayError {
             ClientImpersonation | Forbidden { .. } => (403, "Forbidden"),
             Unauthorized { .. } => (401, "Unauthorized"),
             UpgradeNotSupported { .. } | UpgradeOverH2 { .. } => (501, "NotImplemented"),
-            TunnelNotSupported { .. } | ConnectTimeout { .. } | Connect { .. } => {
-                (503, "ServiceUnavailable")
-            }
+            TunnelNotSupported { .. }
+            | OutOfDescriptors { .. }
+            | ConnectTimeout { .. }
+            | Connect { .. } => (503, "ServiceUnavailable"),
+            TooManyMemberConnections => (429, "TooManyRequests"),
             ResponseHeadTimeout { .. } => (504, "Timeout"),
             UpstreamProtocol { .. } | UpstreamClosed { .. } => (502, "BadGateway"),
+        }
+    }
+
+    /// Seconds after which the client may retry (`Retry-After`, which kubectl and client-go
+    /// honour), for refusals that are about load, not about the request.
+    pub fn retry_after(&self) -> Option<u32> {
+        match self {
+            GatewayError::OutOfDescriptors { .. } | GatewayError::TooManyMemberConnections => {
+                Some(1)
+            }
+            _ => None,
         }
     }
 
@@ -201,6 +221,9 @@ impl GatewayError {
         if close || self.must_close() {
             out.extend_from_slice(b"Connection: close\r\n");
         }
+        if let Some(seconds) = self.retry_after() {
+            out.extend_from_slice(format!("Retry-After: {seconds}\r\n").as_bytes());
+        }
         out.extend_from_slice(b"Content-Length: ");
         out.extend_from_slice(body.len().to_string().as_bytes());
         out.extend_from_slice(b"\r\n\r\n");
@@ -217,6 +240,7 @@ pub fn reason_phrase(code: u16) -> &'static str {
         401 => "Unauthorized",
         403 => "Forbidden",
         404 => "Not Found",
+        429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         501 => "Not Implemented",
         502 => "Bad Gateway",

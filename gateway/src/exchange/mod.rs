@@ -14,6 +14,7 @@
 //! Nothing else in the crate talks to members. Never parses a client's request and never decides
 //! identity; errors are [`Failure`]s that say whether anything reached the client yet.
 
+pub mod budget;
 pub mod member_head;
 pub mod relay;
 pub mod retired;
@@ -38,9 +39,6 @@ pub(crate) const READ_CHUNK: usize = 32 * 1024;
 pub(crate) const IDLE_STREAM_BUFFER: usize = 4 * 1024;
 /// How long a request body may stall between two reads (client side) or two writes (member side).
 pub(crate) const BODY_STALL_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long a client may leave an ordinary (not long-running) response unread before it is cut
-/// and its member connection freed.
-pub(crate) const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Limits on response heads from members (larger than the client's: members are trusted more
 /// and send long `Warning` and audit headers).
 const RESPONSE_HEAD_LIMITS: HeadLimits = HeadLimits {
@@ -79,6 +77,8 @@ pub(crate) struct Outbound<'a> {
     /// For metrics, recorded once the response head is read.
     pub verb: &'static str,
     pub started: Instant,
+    /// The client's address: what it holds of member connections is capped (`budget`).
+    pub client: std::net::IpAddr,
 }
 
 /// The request body as the front-end has it (the HTTP/1.1 read buffer and socket, or an h2
@@ -106,6 +106,8 @@ pub(crate) struct Answer {
     pub body: BodyKind,
     /// Whether the connection may carry another request once this body is relayed completely.
     pub reusable: bool,
+    /// The client address's hold on a member connection, given back with the answer.
+    _hold: budget::ClientHold,
 }
 
 /// Takes `out` to its member: a pooled or new connection, the head and body, the response head.
@@ -123,6 +125,12 @@ pub(crate) async fn send(
         }
         .into());
     }
+    let per_shard = out
+        .limits
+        .max_member_connections_per_client
+        .div_ceil(shard.workers)
+        .max(1);
+    let hold = shard.client_holds.take(out.client, per_shard)?;
     let mut attempt_on_fresh = false;
     let conn = loop {
         // An upgrade gets a dedicated connection: after the 101 it is no longer HTTP, so it must
@@ -135,13 +143,16 @@ pub(crate) async fn send(
         let mut conn = match pooled {
             Some(conn) => conn,
             None => {
+                shard.sockets.check_new_member_connection(&cluster.name)?;
                 let dial = connect(cluster, out.limits.connect_timeout, &shard.shard_metrics);
-                match runtime::race(dial, body.client_gone()).await {
+                let mut conn = match runtime::race(dial, body.client_gone()).await {
                     First::Left(conn) => conn?,
                     First::Right(()) => {
                         return Err(Failure::Abort("client gave up during connect"))
                     }
-                }
+                };
+                conn.socket = Some(shard.sockets.hold(shard.shard));
+                conn
             }
         };
         let reused = conn.reused;
@@ -166,6 +177,7 @@ pub(crate) async fn send(
             conn,
             body: BodyKind::Empty,
             reusable: false,
+            _hold: hold,
         });
     }
     let method: &[u8] = if out.head_method { b"HEAD" } else { b"GET" };
@@ -180,7 +192,19 @@ pub(crate) async fn send(
         conn,
         body,
         reusable,
+        _hold: hold,
     })
+}
+
+/// How the relay of a response to a request that is `long_running` (or not) paces its client.
+pub(crate) fn pace(long_running: bool, limits: &Limits) -> relay::Pace {
+    if long_running {
+        relay::Pace::LongRunning
+    } else {
+        relay::Pace::Ordinary {
+            write_timeout: limits.client_write_timeout,
+        }
+    }
 }
 
 /// Gives a connection back to the shard's pool if its response ended cleanly and completely.

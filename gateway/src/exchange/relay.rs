@@ -11,13 +11,13 @@
 //! Called by the front-ends after `exchange::send`; never parses a request.
 
 use std::future::Future;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncReadExt;
 
 use super::retired::{retired_end, RetiredEnd, FINISH_CHUNK_WITHIN};
-use super::{Answer, Failure, CLIENT_WRITE_TIMEOUT, IDLE_STREAM_BUFFER, READ_CHUNK};
+use super::{Answer, Failure, IDLE_STREAM_BUFFER, READ_CHUNK};
 
 /// Bytes relayed before the stream lets the shard's other connections run (a member and client
 /// that are always ready would otherwise keep the shard to themselves for a whole big LIST).
@@ -55,13 +55,23 @@ pub(crate) trait ResponseSink {
     fn client_event(&mut self) -> impl Future<Output = ClientEvent>;
 }
 
+/// How the relay treats a client that does not take the body.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Pace {
+    /// A long-running response (watch, `logs -f`): the client takes events as it likes.
+    LongRunning,
+    /// An ordinary response: a piece the client has not taken within this time cuts it.
+    Ordinary { write_timeout: Duration },
+}
+
 /// Relays the body of `answer` to `sink`. Returns whether it ended complete (the member's own
 /// end), which is when its connection may be pooled (`exchange::finish`).
 pub(crate) async fn relay(
     answer: &mut Answer,
     sink: &mut impl ResponseSink,
-    long_running: bool,
+    pace: Pace,
 ) -> Result<bool, Failure> {
+    let long_running = matches!(pace, Pace::LongRunning);
     let conn = &mut answer.conn;
     let mut progress = BodyProgress::new(answer.body);
     let decode = matches!(progress, BodyProgress::Chunked(_)) && sink.decodes_chunks();
@@ -89,22 +99,22 @@ pub(crate) async fn relay(
                         progress = BodyProgress::Done;
                     }
                     for range in ranges.drain(..) {
-                        send(sink, read.slice(range), long_running).await?;
+                        send(sink, read.slice(range), pace).await?;
                     }
                 }
                 progress => {
                     let n = progress
                         .take(&conn.buf)
                         .map_err(|_| Failure::Abort("invalid chunked framing from member"))?;
-                    send(sink, conn.buf.split_to(n).freeze(), long_running).await?;
+                    send(sink, conn.buf.split_to(n).freeze(), pace).await?;
                 }
             }
         }
         if progress.is_done() {
-            sink.end().await?;
+            paced(pace, sink.end()).await?;
             return Ok(true);
         }
-        sink.flush().await?;
+        paced(pace, sink.flush()).await?;
         if long_running && retirement.is_retired() {
             match retired_end(&progress) {
                 RetiredEnd::Done => {}
@@ -167,18 +177,22 @@ pub(crate) async fn relay(
     }
 }
 
-/// One piece to the sink; for an ordinary response, a client that does not take it within
-/// [`CLIENT_WRITE_TIMEOUT`] is cut (the timer is armed only when the piece does not go at once).
-async fn send(
-    sink: &mut impl ResponseSink,
-    piece: Bytes,
-    long_running: bool,
+/// One piece to the sink, paced.
+async fn send(sink: &mut impl ResponseSink, piece: Bytes, pace: Pace) -> Result<(), Failure> {
+    paced(pace, sink.send(piece)).await
+}
+
+/// A write to the client: for an ordinary response, a client that does not take it within the
+/// write timeout is cut (the timer is armed only when the write does not finish at once).
+async fn paced(
+    pace: Pace,
+    write: impl std::future::Future<Output = Result<(), Failure>>,
 ) -> Result<(), Failure> {
-    if long_running {
-        return sink.send(piece).await;
-    }
-    match runtime::timeout_if_pending(CLIENT_WRITE_TIMEOUT, sink.send(piece)).await {
-        Ok(sent) => sent,
+    let Pace::Ordinary { write_timeout } = pace else {
+        return write.await;
+    };
+    match runtime::timeout_if_pending(write_timeout, write).await {
+        Ok(written) => written,
         Err(_) => Err(Failure::Abort("client stopped reading the response")),
     }
 }

@@ -352,16 +352,20 @@ where
                 pipelined: &mut down.buf,
                 max_pipelined: limits.max_head_bytes,
             };
-            relay(&mut answer, &mut sink, long_running)
-                .await
-                .map(|complete| {
-                    exchange::finish(ctx, answer, complete);
-                    if client_close {
-                        Next::Close
-                    } else {
-                        Next::KeepAlive
-                    }
-                })
+            relay(
+                &mut answer,
+                &mut sink,
+                exchange::pace(long_running, &limits),
+            )
+            .await
+            .map(|complete| {
+                exchange::finish(ctx, answer, complete);
+                if client_close {
+                    Next::Close
+                } else {
+                    Next::KeepAlive
+                }
+            })
         }
         Exchanged::Upgraded(answer) => {
             let name = cluster.name.clone();
@@ -538,6 +542,7 @@ where
         limits,
         verb: proxied.verb,
         started,
+        client: peer.ip(),
     };
     let mut client_body = ClientBody {
         io: &mut *down.io,

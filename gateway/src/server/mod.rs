@@ -23,7 +23,7 @@ use tracing::info;
 
 use crate::observe::metrics::Metrics;
 use listener::bind_reuseport;
-use shard::{spawn_shard, ShardListener};
+use shard::{spawn_shard, ShardListener, SharedState};
 use shutdown::Shutdown;
 
 /// How to start a gateway.
@@ -159,15 +159,20 @@ pub fn start_with_reload(
         None => None,
     };
     let (started_tx, started_rx) = mpsc::channel();
+    let shared = SharedState {
+        table: table.clone(),
+        metrics: metrics.clone(),
+        shutdown: shutdown.clone(),
+        audit: audit.clone(),
+        sockets: crate::exchange::budget::Sockets::new(workers),
+        workers,
+    };
     for (index, listeners) in per_shard.into_iter().enumerate() {
         spawn_shard(
             index,
             options.driver,
             listeners,
-            table.clone(),
-            metrics.clone(),
-            shutdown.clone(),
-            audit.clone(),
+            shared.clone(),
             started_tx.clone(),
         )?;
     }

@@ -44,6 +44,12 @@ pub struct ShardContext {
     pub draining: std::cell::Cell<bool>,
     /// The audit log: one record per response end, when the Gateway has `spec.audit`.
     pub audit: Option<crate::observe::audit::AuditLog>,
+    /// Every socket the gateway holds, against the process's descriptor limit.
+    pub sockets: Arc<crate::exchange::budget::Sockets>,
+    /// The member connections each client address holds on this shard.
+    pub client_holds: crate::exchange::budget::ClientHolds,
+    /// How many shards the gateway runs (per-client limits are split between them).
+    pub workers: usize,
 }
 
 impl ShardContext {
@@ -110,19 +116,35 @@ fn block_on_driver<F: Future<Output = ()>>(driver: Driver, future: F) -> io::Res
     Ok(())
 }
 
+/// What every shard shares: the routing table, the metrics registry, the drain, the audit log,
+/// the socket budget, and how many shards there are.
+#[derive(Clone)]
+pub struct SharedState {
+    pub table: SharedTable,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: Arc<Shutdown>,
+    pub audit: Option<crate::observe::audit::AuditLog>,
+    pub sockets: Arc<crate::exchange::budget::Sockets>,
+    pub workers: usize,
+}
+
 /// Starts shard `index` on its own thread. `started` receives `Ok` once it accepts on every
 /// listener, or the error that stopped it.
-#[allow(clippy::too_many_arguments)] // one call site (serve); a struct would only rename these
 pub fn spawn_shard(
     index: usize,
     driver: Driver,
     listeners: Vec<ShardListener>,
-    table: SharedTable,
-    metrics: Arc<Metrics>,
-    shutdown: Arc<Shutdown>,
-    audit: Option<crate::observe::audit::AuditLog>,
+    shared: SharedState,
     started: mpsc::Sender<io::Result<()>>,
 ) -> io::Result<JoinHandle<()>> {
+    let SharedState {
+        table,
+        metrics,
+        shutdown,
+        audit,
+        sockets,
+        workers,
+    } = shared;
     std::thread::Builder::new()
         .name(format!("fleetgate-shard-{index}"))
         .spawn(move || {
@@ -137,6 +159,9 @@ pub fn spawn_shard(
                     shutdown,
                     draining: std::cell::Cell::new(false),
                     audit,
+                    sockets,
+                    client_holds: crate::exchange::budget::ClientHolds::default(),
+                    workers,
                 });
                 let drain_watch = ctx.clone();
                 monoio::spawn(async move {
@@ -211,6 +236,7 @@ async fn accept_loop(
                 let acceptor = acceptor.clone();
                 monoio::spawn(async move {
                     let _connected = ctx.shard_metrics.client_connected();
+                    let _socket = ctx.sockets.hold(ctx.shard);
                     let _open = ctx.shutdown.connection_opened();
                     crate::tls::dispatch(ctx.clone(), acceptor, tcp, peer).await;
                 });
@@ -218,6 +244,7 @@ async fn accept_loop(
             None => {
                 monoio::spawn(async move {
                     let _connected = ctx.shard_metrics.client_connected();
+                    let _socket = ctx.sockets.hold(ctx.shard);
                     let _open = ctx.shutdown.connection_opened();
                     let mut tcp = tcp;
                     let anonymous = ClientIdentity::anonymous();

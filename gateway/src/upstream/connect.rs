@@ -86,6 +86,8 @@ pub struct UpstreamConn {
     /// Whether it has carried a request before (a failure on a reused connection may be the
     /// member closing an idle connection, and is retried once on a fresh one).
     pub reused: bool,
+    /// Its file descriptor, counted against the process's budget (`exchange::budget`).
+    pub socket: Option<crate::exchange::budget::SocketHeld>,
     _open: UpstreamGuard,
 }
 
@@ -157,6 +159,7 @@ pub async fn connect(
             retirement: cluster.retirement.clone(),
             idle_since: Instant::now(),
             reused: false,
+            socket: None,
             _open: metrics.upstream_connected(&cluster.name),
         }),
         Ok(Err(source)) => Err(GatewayError::Connect {

@@ -44,12 +44,28 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    spawn_serve_with(args, env, log, |_| {})
+}
+
+/// Like [`spawn_serve`], with the command adjusted by `configure` before it starts (say, a
+/// lower limit on open files).
+pub fn spawn_serve_with<I, S>(
+    args: I,
+    env: &[(&str, &str)],
+    log: &Path,
+    configure: impl FnOnce(&mut Command),
+) -> (Child, ReadyLine)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
     let stderr = std::fs::File::create(log).unwrap();
     let mut command = Command::new(fleetgate_binary());
     command.arg("serve").args(args);
     for (key, value) in env {
         command.env(key, value);
     }
+    configure(&mut command);
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(stderr)

@@ -512,7 +512,18 @@ spec:
 impl Gateway {
     /// Starts `fleetgate serve` on `config` with the given driver and waits for its `ready` line.
     pub fn start(config: &Path, driver: &str, dir: tempfile::TempDir, pki: Arc<Pki>) -> Gateway {
-        let (child, ready) = fleet::spawn_serve(
+        Gateway::start_with(config, driver, dir, pki, |_| {})
+    }
+
+    /// Like [`Gateway::start`], with the `fleetgate serve` command adjusted by `configure`.
+    pub fn start_with(
+        config: &Path,
+        driver: &str,
+        dir: tempfile::TempDir,
+        pki: Arc<Pki>,
+        configure: impl FnOnce(&mut std::process::Command),
+    ) -> Gateway {
+        let (child, ready) = fleet::spawn_serve_with(
             [
                 "--config".as_ref(),
                 config.as_os_str(),
@@ -521,6 +532,7 @@ impl Gateway {
             ],
             &[("RUST_LOG", "fleetgate=debug")],
             &dir.path().join("gateway.log"),
+            configure,
         );
         let field = |name: &str| ready.addr(name);
         Gateway {
@@ -642,6 +654,15 @@ pub async fn setup_with_config(
     driver: &str,
     edit: impl FnOnce(String) -> String,
 ) -> (Upstream, Gateway) {
+    setup_with(driver, edit, |_| {}).await
+}
+
+/// Like [`setup_with_config`], with the `fleetgate serve` command adjusted by `configure`.
+pub async fn setup_with(
+    driver: &str,
+    edit: impl FnOnce(String) -> String,
+    configure: impl FnOnce(&mut std::process::Command),
+) -> (Upstream, Gateway) {
     let upstream = Upstream::start().await;
     let stalled = silent_listener().await;
     let pki = Arc::new(Pki::generate());
@@ -650,7 +671,8 @@ pub async fn setup_with_config(
     let gateway_yaml = dir.path().join("gateway.yaml");
     let text = std::fs::read_to_string(&gateway_yaml).unwrap();
     std::fs::write(&gateway_yaml, edit(text)).unwrap();
-    let gateway = tokio::task::block_in_place(|| Gateway::start(&config, driver, dir, pki));
+    let gateway =
+        tokio::task::block_in_place(|| Gateway::start_with(&config, driver, dir, pki, configure));
     (upstream, gateway)
 }
 

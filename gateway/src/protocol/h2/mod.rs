@@ -323,13 +323,15 @@ async fn serve_stream(
             }
             let (code, _) = err.code_and_reason();
             let body = Bytes::from(err.status_body());
-            let response = Response::builder()
+            let mut response = Response::builder()
                 .status(code)
                 .header("content-type", "application/json")
                 .header("cache-control", "no-cache, private")
-                .header("content-length", body.len())
-                .body(())
-                .unwrap_or_default();
+                .header("content-length", body.len());
+            if let Some(seconds) = err.retry_after() {
+                response = response.header("retry-after", seconds);
+            }
+            let response = response.body(()).unwrap_or_default();
             if let Ok(mut send) = respond.send_response(response, false) {
                 let _ = send_flow_controlled(&mut send, body, true).await;
             }
@@ -470,6 +472,7 @@ async fn proxy_stream(
         limits,
         verb: proxied.verb,
         started,
+        client: peer.ip(),
     };
     let mut response = Head::default();
     let mut stream_body = StreamBody {
@@ -520,7 +523,7 @@ async fn proxy_stream(
         relay(
             &mut answer,
             &mut StreamSink { send: &mut send },
-            long_running,
+            exchange::pace(long_running, &limits),
         )
         .await?
     };

@@ -1,0 +1,286 @@
+//! What a hostile or broken client may hold of the gateway (issue 11, items 7 and 9), through a
+//! real `fleetgate serve` against the recording member, under both drivers:
+//! - a client that stops reading an ordinary response is cut after `clientWriteTimeoutSeconds`,
+//!   and its member connection is freed;
+//! - what a client sends while a watch streams is bounded by `maxHeadBytes`;
+//! - the member connections one client address holds are capped
+//!   (`maxMemberConnectionsPerClient`): past it, a 429 Status with `Retry-After`;
+//! - near the process's file-descriptor limit, a request that needs a new member connection gets
+//!   a 503 Status, while health checks and streams already open keep working.
+
+mod support;
+
+use std::time::Duration;
+
+use support::fleet::admin_get;
+use support::wait::wait_for;
+use support::{exchange, h2_client, h2_request, setup_with, setup_with_config, DRIVERS};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Reads a response head (not its body, which for a watch never ends) and returns its code; the
+/// bytes read past the head stay in `carry`.
+async fn read_head<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, carry: &mut Vec<u8>) -> u16 {
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = carry.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&carry[..end]).into_owned();
+            carry.drain(..end + 4);
+            return head.split(' ').nth(1).unwrap().parse().unwrap();
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+            .await
+            .expect("a response head in time")
+            .unwrap();
+        assert!(n > 0, "closed before a response head");
+        carry.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The gateway's `fleetgate_upstream_connections` for the test member.
+fn upstream_connections(admin: std::net::SocketAddr) -> i64 {
+    let metrics = admin_get(admin, "/metrics");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("fleetgate_upstream_connections{cluster=\"member\"} "))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_an_ordinary_response_is_cut_and_its_member_freed() {
+    for driver in DRIVERS {
+        let (_upstream, gw) = setup_with_config(driver, |text| {
+            text.replace(
+                "maxHeadBytes: 8192",
+                "maxHeadBytes: 8192\n    clientWriteTimeoutSeconds: 1",
+            )
+        })
+        .await;
+        // 64 MiB the client never reads: far more than the socket buffers hold.
+        let mut tls = gw.tls().await;
+        tls.write_all(b"GET /clusters/member/big?bytes=67108864 HTTP/1.1\r\nHost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        let admin = gw.admin;
+        tokio::task::block_in_place(|| {
+            wait_for(
+                "the member connection to be used",
+                Duration::from_secs(10),
+                || upstream_connections(admin) == 1,
+            );
+            wait_for(
+                "the stalled response to be cut and its member connection freed",
+                Duration::from_secs(15),
+                || upstream_connections(admin) == 0,
+            );
+        });
+        // The client sees what was sent, then the end: never the whole body.
+        let mut received = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut received)).await;
+        assert!(received.len() < 64 << 20, "{driver}: the whole body came");
+
+        // The same over h2: a stream whose window the client never opens again.
+        let mut h2 = h2_client(&gw).await.ready().await.unwrap();
+        let (response, _) = h2
+            .send_request(
+                h2_request("GET", "/clusters/member/big?bytes=67108864"),
+                true,
+            )
+            .unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 200);
+        let _unread = response.into_body();
+        tokio::task::block_in_place(|| {
+            wait_for(
+                "the stalled h2 stream to be cut and its member connection freed",
+                Duration::from_secs(15),
+                || upstream_connections(admin) == 0,
+            );
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_client_sends_during_a_watch_is_bounded_by_the_head_limit() {
+    for driver in DRIVERS {
+        let (upstream, gw) = setup_with_config(driver, |text| text).await;
+        let mut tls = gw.tls().await;
+        tls.write_all(b"GET /clusters/member/api/v1/watch?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        let mut carry = Vec::new();
+        assert_eq!(read_head(&mut tls, &mut carry).await, 200);
+        tokio::task::block_in_place(|| {
+            wait_for(
+                "the watch to reach the member",
+                Duration::from_secs(10),
+                || upstream.watchers() == 1,
+            )
+        });
+        // More than maxHeadBytes (8192 in the test Gateway) that is no request at all.
+        let garbage = vec![b'x'; 20_000];
+        let _ = tls.write_all(&garbage).await;
+        tokio::task::block_in_place(|| {
+            wait_for("the watch to be cut", Duration::from_secs(10), || {
+                upstream.watchers() == 0
+            })
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_address_holds_at_most_its_member_connections() {
+    for driver in DRIVERS {
+        let (upstream, gw) = setup_with_config(driver, |text| {
+            text.replace("workers: 2", "workers: 1").replace(
+                "maxHeadBytes: 8192",
+                "maxHeadBytes: 8192\n    maxMemberConnectionsPerClient: 3",
+            )
+        })
+        .await;
+        // Three watches hold three member connections.
+        let mut watches = Vec::new();
+        for _ in 0..3 {
+            let mut tls = gw.tls().await;
+            tls.write_all(
+                b"GET /clusters/member/api/v1/watch?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
+            )
+            .await
+            .unwrap();
+            watches.push(tls);
+        }
+        tokio::task::block_in_place(|| {
+            wait_for("three watches", Duration::from_secs(10), || {
+                upstream.watchers() == 3
+            })
+        });
+        // A fourth request from the same address is refused with a Status kubectl retries.
+        let refused = exchange(
+            gw.tls().await,
+            b"GET /clusters/member/api/v1/namespaces HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        assert_eq!(refused.code, 429, "{driver}: {refused:?}");
+        assert_eq!(refused.header("retry-after").as_deref(), Some("1"));
+        assert_eq!(refused.json()["reason"], "TooManyRequests");
+        let mut h2 = h2_client(&gw).await.ready().await.unwrap();
+        let (response, _) = h2
+            .send_request(
+                h2_request("GET", "/clusters/member/api/v1/namespaces"),
+                true,
+            )
+            .unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 429, "{driver} (h2)");
+        assert_eq!(response.headers()["retry-after"], "1");
+        // Health checks need no member connection.
+        let health = exchange(
+            gw.tls().await,
+            b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        assert_eq!(health.code, 200);
+        // One watch ends: the address may hold another.
+        drop(watches.pop());
+        tokio::task::block_in_place(|| {
+            wait_for("the watch to end", Duration::from_secs(10), || {
+                upstream.watchers() == 2
+            })
+        });
+        let admitted = exchange(
+            gw.tls().await,
+            b"GET /clusters/member/api/v1/namespaces HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        assert_eq!(admitted.code, 200, "{driver}: {admitted:?}");
+    }
+}
+
+/// Limits the child's open files to `n` (soft and hard), as a tight container would.
+fn limit_open_files(command: &mut std::process::Command, n: u64) {
+    use std::os::unix::process::CommandExt;
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs in the child between fork and exec and only calls setrlimit,
+    // which is async-signal-safe, on a struct it owns.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_the_descriptor_limit_new_member_connections_get_503_and_health_and_streams_go_on() {
+    for driver in DRIVERS {
+        // 256 files: the reserve is 64, so about 190 sockets may be open before a new member
+        // connection is refused.
+        let (upstream, gw) = setup_with(
+            driver,
+            |text| text.replace("workers: 2", "workers: 1"),
+            |command| limit_open_files(command, 256),
+        )
+        .await;
+        // Open watches (a client and a member socket each) until one is refused.
+        let mut watches = Vec::new();
+        let refused = loop {
+            assert!(watches.len() < 200, "{driver}: nothing was ever refused");
+            let mut tls = gw.tls().await;
+            tls.write_all(
+                b"GET /clusters/member/api/v1/watch?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
+            )
+            .await
+            .unwrap();
+            let mut carry = Vec::new();
+            let code = read_head(&mut tls, &mut carry).await;
+            if code != 200 {
+                // The Status body (it ends with a line feed).
+                let mut chunk = [0u8; 4096];
+                while !carry.ends_with(b"\n") {
+                    let n = tls.read(&mut chunk).await.unwrap();
+                    assert!(n > 0, "{driver}: the refusal was cut short");
+                    carry.extend_from_slice(&chunk[..n]);
+                }
+                break (code, carry);
+            }
+            watches.push((tls, carry));
+        };
+        let (code, body) = refused;
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(code, 503, "{driver}: {body}");
+        assert!(body.contains("out of file descriptors"), "{driver}: {body}");
+        assert!(
+            watches.len() > 50,
+            "{driver}: refused after only {}",
+            watches.len()
+        );
+        // Health checks still answer, and the open watches still stream.
+        let health = exchange(
+            gw.tls().await,
+            b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        assert_eq!(health.code, 200, "{driver}");
+        upstream.emit("{\"type\":\"ADDED\",\"object\":{\"kind\":\"ConfigMap\",\"metadata\":{\"name\":\"late\"}}}");
+        let (tls, carry) = watches.last_mut().unwrap();
+        let mut chunk = [0u8; 4096];
+        while !String::from_utf8_lossy(carry).contains("late") {
+            let n = tokio::time::timeout(Duration::from_secs(10), tls.read(&mut chunk))
+                .await
+                .expect("the event in time")
+                .unwrap();
+            assert!(n > 0, "{driver}: the watch ended");
+            carry.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
