@@ -16,6 +16,7 @@ mod load;
 pub mod objects;
 pub mod policy;
 mod reload;
+pub mod request_info;
 pub mod retirement;
 mod settings;
 mod table;

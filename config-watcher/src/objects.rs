@@ -444,6 +444,14 @@ pub struct LabelSelectorRequirement {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PolicyRule {
     pub verbs: Vec<String>,
+    /// Non-resource paths this rule grants (exact, or a prefix ending in `*`; `*` for every path),
+    /// as kube RBAC's: a rule has either these or `resources`.
+    #[serde(
+        default,
+        rename = "nonResourceURLs",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub non_resource_urls: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,9 +1,14 @@
-//! AccessPolicy objects compiled for the data path, and the request attributes they are checked
-//! against.
+//! AccessPolicy objects compiled for the data path, checked against a request's
+//! [`RequestInfo`](crate::request_info::RequestInfo) (kube-apiserver's request info, parsed once
+//! per request by `request_info`).
 //!
-//! [`RequestAttributes::parse`] names a request the way kube-apiserver's RequestInfoFactory does
-//! (verb from method, path and `?watch=`; API group, resource, subresource, namespace, name),
-//! borrowing from the request target. [`CompiledPolicy`] is built off the hot path with every
+//! Fail closed: a rule with `resources` (or none: every resource) matches only classified resource
+//! requests; a rule with `nonResourceURLs` matches only non-resource requests, by path (exact, or
+//! a prefix ending in `*`). A request the parser could not classify is matched by no resource
+//! rule, only by a `nonResourceURLs` grant. Any subject with a grant on a cluster may GET the
+//! discovery paths (as kube's `system:discovery` and `system:public-info-viewer`) and create the
+//! self reviews kubectl asks who it is with (as `system:basic-user`). [`CompiledPolicy`] is built
+//! off the hot path with every
 //! routing table: per subject (user or group) and per cluster the indices of the rules that apply,
 //! each rule a verb bitmask plus optional resource / namespace / name lists. A check is a few hash
 //! lookups and slice scans and allocates nothing. Deny by default: only grants exist.
@@ -15,31 +20,14 @@ use std::sync::Arc;
 
 use crate::auth::{Authenticators, Identity};
 use crate::objects::{AuthorizationMode, LabelSelector, PolicyRule, SubjectKind};
+pub use crate::request_info::Verb;
+use crate::request_info::{KubeVerb, NonResourceMethod, RequestInfo};
 use crate::settings::Config;
 
 /// The group every authenticated user is in (kube-apiserver adds it; so does the check).
 pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
 /// Kubernetes' anonymous user.
 pub const ANONYMOUS_USER: &str = "system:anonymous";
-
-/// The verbs a policy grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Verb {
-    Get,
-    List,
-    Watch,
-    Create,
-    Update,
-    Patch,
-    Delete,
-    DeleteCollection,
-    Exec,
-    Attach,
-    PortForward,
-    Proxy,
-    Impersonate,
-}
 
 const ALL_VERBS: [Verb; 13] = [
     Verb::Get,
@@ -85,137 +73,63 @@ impl Verb {
     }
 }
 
-/// What a request is, in kube-apiserver's terms. Borrowed from the request target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestAttributes<'a> {
-    /// None: a method no verb stands for (OPTIONS, ...), never granted.
-    pub verb: Option<Verb>,
-    /// False for discovery and other non-resource paths (`/api`, `/apis/apps/v1`, `/version`,
-    /// `/openapi/v2`).
-    pub resource_request: bool,
-    pub api_group: &'a str,
-    pub resource: &'a str,
-    pub subresource: &'a str,
-    pub namespace: &'a str,
-    pub name: &'a str,
+/// What a request is, as a policy sees it: kube-apiserver's request info.
+pub type RequestAttributes<'a> = RequestInfo<'a>;
+
+/// The verb a grant names for `info`, as text ("unknown" for a method no verb stands for).
+pub fn grant_verb_name(info: &RequestInfo<'_>) -> &'static str {
+    info.policy_verb().map_or("unknown", Verb::name)
 }
 
-impl<'a> RequestAttributes<'a> {
-    /// Names a request from its method, path (without the cluster prefix) and query, as
-    /// kube-apiserver's RequestInfoFactory: `/api/v1/namespaces/NS/RES/NAME/SUB`,
-    /// `/apis/GROUP/VERSION/...`, the legacy `/watch/` prefix; a collection GET is `list`, with
-    /// `watch=true` `watch`; a connect subresource (exec, attach, portforward, proxy) is its own
-    /// verb. A path that is not valid UTF-8 gets no resource and so matches nothing narrow.
-    pub fn parse(method: &[u8], path: &'a [u8], query: &[u8]) -> RequestAttributes<'a> {
-        let path = std::str::from_utf8(path).unwrap_or("");
-        let mut parts: [&'a str; 10] = [""; 10];
-        let mut count = 0;
-        for segment in path.split('/').filter(|s| !s.is_empty()) {
-            if count == parts.len() {
-                count += 1;
-                break;
-            }
-            parts[count] = segment;
-            count += 1;
-        }
-        let mut attrs = RequestAttributes {
-            verb: method_verb(method),
-            resource_request: false,
-            api_group: "",
-            resource: "",
-            subresource: "",
-            namespace: "",
-            name: "",
-        };
-        if count > parts.len() {
-            return attrs;
-        }
-        let parts = &parts[..count];
-        let rest: &[&'a str] = match parts {
-            ["api", _version, rest @ ..] => rest,
-            ["apis", group, _version, rest @ ..] => {
-                attrs.api_group = group;
-                rest
-            }
-            _ => return attrs,
-        };
-        let (legacy_watch, rest) = match rest {
-            ["watch", rest @ ..] => (true, rest),
-            rest => (false, rest),
-        };
-        if rest.is_empty() {
-            return attrs; // group-version discovery
-        }
-        attrs.resource_request = true;
-        let rest = match rest {
-            ["namespaces", namespace, rest @ ..] if !rest.is_empty() => {
-                attrs.namespace = namespace;
-                rest
-            }
-            // The namespace object itself: /api/v1/namespaces/NAME[/SUB].
-            ["namespaces", namespace, ..] => {
-                attrs.namespace = namespace;
-                rest
-            }
-            rest => rest,
-        };
-        attrs.resource = rest[0];
-        attrs.name = rest.get(1).copied().unwrap_or("");
-        attrs.subresource = rest.get(2).copied().unwrap_or("");
-        let collection = rest.len() == 1;
-        attrs.verb = match attrs.verb {
-            Some(Verb::Get) if legacy_watch || has_true_flag(query, b"watch") => Some(Verb::Watch),
-            Some(Verb::Get) if collection => Some(Verb::List),
-            Some(Verb::Delete) if collection => Some(Verb::DeleteCollection),
-            verb => verb,
-        };
-        match attrs.subresource {
-            "exec" => attrs.verb = Some(Verb::Exec),
-            "attach" => attrs.verb = Some(Verb::Attach),
-            "portforward" => attrs.verb = Some(Verb::PortForward),
-            "proxy" => attrs.verb = Some(Verb::Proxy),
-            _ => {}
-        }
-        attrs
+/// Whether any subject with a grant on the cluster may make this request: GETs of the
+/// discovery paths (kube's `system:discovery` and `system:public-info-viewer`), and the self
+/// reviews kubectl uses to ask who it is and what it may do (`system:basic-user`).
+pub fn is_basic(info: &RequestInfo<'_>) -> bool {
+    if !info.is_resource_request {
+        let get = matches!(
+            info.verb,
+            KubeVerb::Method(NonResourceMethod::Get | NonResourceMethod::Head)
+        );
+        return get && info.classified && is_discovery_path(info.path);
     }
-
-    /// Whether any subject with a grant on the cluster may make this request: discovery and
-    /// other non-resource GETs (as kube's `system:discovery`), and the self reviews kubectl uses
-    /// to ask who it is and what it may do (as kube's `system:basic-user`).
-    pub fn is_basic(&self) -> bool {
-        if !self.resource_request {
-            return matches!(self.verb, Some(Verb::Get));
-        }
-        self.verb == Some(Verb::Create)
-            && self.namespace.is_empty()
-            && matches!(
-                (self.api_group, self.resource),
-                ("authentication.k8s.io", "selfsubjectreviews")
-                    | (
-                        "authorization.k8s.io",
-                        "selfsubjectaccessreviews" | "selfsubjectrulesreviews"
-                    )
-            )
-    }
+    info.classified
+        && info.verb == KubeVerb::Create
+        && info.namespace.is_empty()
+        && matches!(
+            (info.api_group, info.resource),
+            ("authentication.k8s.io", "selfsubjectreviews")
+                | (
+                    "authorization.k8s.io",
+                    "selfsubjectaccessreviews" | "selfsubjectrulesreviews"
+                )
+        )
 }
 
-fn method_verb(method: &[u8]) -> Option<Verb> {
-    match method {
-        b"GET" | b"HEAD" => Some(Verb::Get),
-        b"POST" => Some(Verb::Create),
-        b"PUT" => Some(Verb::Update),
-        b"PATCH" => Some(Verb::Patch),
-        b"DELETE" => Some(Verb::Delete),
-        _ => None,
+/// `/api`, `/api/{v}`, `/apis`, `/apis/{g}`, `/apis/{g}/{v}`, `/version`, `/openapi/v2`,
+/// `/openapi/v3` and below it, `/healthz`, `/livez`, `/readyz` (a trailing slash allowed; no
+/// segment with a `%`).
+fn is_discovery_path(path: &[u8]) -> bool {
+    let path = path.strip_suffix(b"/").unwrap_or(path);
+    let Some(path) = path.strip_prefix(b"/") else {
+        return false;
+    };
+    if path.contains(&b'%') {
+        return false;
     }
-}
-
-fn has_true_flag(query: &[u8], name: &[u8]) -> bool {
-    let query = query.strip_prefix(b"?").unwrap_or(query);
-    query.split(|b| *b == b'&').any(|pair| {
-        let mut kv = pair.splitn(2, |b| *b == b'=');
-        kv.next() == Some(name) && kv.next().is_some_and(|v| v == b"true" || v == b"1")
-    })
+    let mut segments = path.split(|b| *b == b'/');
+    let first = segments.next().unwrap_or_default();
+    let rest: usize = segments.clone().count();
+    match first {
+        b"api" => rest <= 1,
+        b"apis" => rest <= 2,
+        b"version" | b"healthz" | b"livez" | b"readyz" => rest == 0,
+        b"openapi" => match segments.next() {
+            Some(b"v2") => rest == 1,
+            Some(b"v3") => true,
+            _ => false,
+        },
+        _ => false,
+    }
 }
 
 /// One entry of a rule's `resources`: `pods`, `deployments.apps`, `pods/log`.
@@ -236,39 +150,69 @@ struct CompiledRule {
     resources: Option<Vec<ResourceMatch>>,
     namespaces: Option<Vec<String>>,
     resource_names: Option<Vec<String>>,
+    /// Some: a non-resource rule, for these paths (exact, or a prefix ending in `*`).
+    non_resource_urls: Option<Vec<String>>,
 }
 
 impl CompiledRule {
-    fn matches(&self, attrs: &RequestAttributes<'_>) -> bool {
-        let Some(verb) = attrs.verb else {
+    fn matches(&self, info: &RequestInfo<'_>) -> bool {
+        let Some(verb) = info.policy_verb() else {
             return false;
         };
         if self.verbs & verb.bit() == 0 {
             return false;
         }
-        if let Some(resources) = &self.resources {
-            let found = resources.iter().any(|r| {
-                r.resource == attrs.resource
-                    && r.group.as_deref().is_none_or(|g| g == attrs.api_group)
-                    && r.subresource
-                        .as_deref()
-                        .is_none_or(|s| s == attrs.subresource)
-            });
-            if !found {
+        if let Some(urls) = &self.non_resource_urls {
+            // Non-resource rules never match a resource request.
+            if info.is_resource_request {
                 return false;
             }
+            return urls.iter().any(|url| url_matches(url, info.path));
         }
-        if let Some(namespaces) = &self.namespaces {
-            if !namespaces.iter().any(|n| n == attrs.namespace) {
-                return false;
-            }
+        // Resource rules match only what the parser classified as a resource request.
+        if !(info.is_resource_request && info.classified) {
+            return false;
         }
-        if let Some(names) = &self.resource_names {
-            if !names.iter().any(|n| n == attrs.name) {
-                return false;
-            }
-        }
-        true
+        self.matches_resource(info.api_group, info.resource, info.subresource)
+            && self
+                .namespaces
+                .as_ref()
+                .is_none_or(|n| n.iter().any(|n| n == info.namespace))
+            && self
+                .resource_names
+                .as_ref()
+                .is_none_or(|n| n.iter().any(|n| n == info.name))
+    }
+
+    fn matches_resource(&self, group: &str, resource: &str, subresource: &str) -> bool {
+        self.resources.as_ref().is_none_or(|resources| {
+            resources.iter().any(|r| {
+                r.resource == resource
+                    && r.group.as_deref().is_none_or(|g| g == group)
+                    && r.subresource.as_deref().is_none_or(|s| s == subresource)
+            })
+        })
+    }
+
+    /// Whether the rule lets its subject impersonate `name` of `kind` (`users`, `groups`, `uids`,
+    /// `userextras` with the extra key as the subresource).
+    fn allows_impersonating(&self, kind: &str, extra_key: &str, name: &str) -> bool {
+        self.verbs & Verb::Impersonate.bit() != 0
+            && self.non_resource_urls.is_none()
+            && self.matches_resource("", kind, extra_key)
+            && self
+                .resource_names
+                .as_ref()
+                .is_none_or(|n| n.iter().any(|n| n == name))
+    }
+}
+
+/// RBAC's non-resource URL match: the path exactly, or any path under a `prefix*`; `*` is every
+/// path. A path that is not UTF-8 matches only `*`.
+fn url_matches(pattern: &str, path: &[u8]) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => path.starts_with(prefix.as_bytes()),
+        None => path == pattern.as_bytes(),
     }
 }
 
@@ -399,7 +343,7 @@ impl CompiledPolicy {
         if self.mode == AuthorizationMode::AlwaysAllow {
             return true;
         }
-        let basic = attrs.is_basic();
+        let basic = is_basic(attrs);
         self.grants(identity, cluster)
             .any(|rules| basic || rules.iter().any(|i| self.rules[*i as usize].matches(attrs)))
     }
@@ -414,22 +358,13 @@ impl CompiledPolicy {
         extra_key: &str,
         name: &str,
     ) -> bool {
-        let attrs = RequestAttributes {
-            verb: Some(Verb::Impersonate),
-            resource_request: true,
-            api_group: "",
-            resource: kind,
-            subresource: extra_key,
-            namespace: "",
-            name,
-        };
         if self.mode == AuthorizationMode::AlwaysAllow {
             return true;
         }
         self.grants(identity, cluster).any(|rules| {
             rules
                 .iter()
-                .any(|i| self.rules[*i as usize].matches(&attrs))
+                .any(|i| self.rules[*i as usize].allows_impersonating(kind, extra_key, name))
         })
     }
 
@@ -478,6 +413,13 @@ fn compile_rule(rule: &PolicyRule) -> Result<CompiledRule, String> {
         if verb == "*" {
             verbs = u16::MAX;
         } else {
+            // The HTTP verbs RBAC uses for nonResourceURLs name the same grants.
+            let verb = match verb.as_str() {
+                "head" => "get",
+                "post" => "create",
+                "put" => "update",
+                other => other,
+            };
             verbs |= Verb::from_name(verb)
                 .ok_or_else(|| format!("unknown verb {verb:?}"))?
                 .bit();
@@ -509,11 +451,31 @@ fn compile_rule(rule: &PolicyRule) -> Result<CompiledRule, String> {
         Some(l) if !l.iter().any(|n| n == "*") => Some(l.clone()),
         _ => None,
     };
+    if let Some(urls) = &rule.non_resource_urls {
+        if rule.resources.is_some() || rule.namespaces.is_some() || rule.resource_names.is_some() {
+            return Err(
+                "a rule has either nonResourceURLs or resources (with namespaces and resourceNames), not both"
+                    .into(),
+            );
+        }
+        if urls.is_empty() {
+            return Err("nonResourceURLs needs at least one path".into());
+        }
+        if let Some(bad) = urls
+            .iter()
+            .find(|u| !(u.starts_with('/') || u.as_str() == "*") || u[..u.len() - 1].contains('*'))
+        {
+            return Err(format!(
+                "nonResourceURLs entry {bad:?} is not a path starting with / (a trailing * for a prefix) or *"
+            ));
+        }
+    }
     Ok(CompiledRule {
         verbs,
         resources,
         namespaces: star(&rule.namespaces),
         resource_names: star(&rule.resource_names),
+        non_resource_urls: rule.non_resource_urls.clone(),
     })
 }
 
@@ -580,59 +542,6 @@ mod tests {
         let target: &'static str = Box::leak(target.to_owned().into_boxed_str());
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
         RequestAttributes::parse(method.as_bytes(), path.as_bytes(), query.as_bytes())
-    }
-
-    #[test]
-    fn request_info_names_verbs_resources_and_namespaces_like_kube() {
-        let a = attrs("GET", "/api/v1/namespaces/default/pods");
-        assert_eq!(
-            (a.verb, a.resource, a.namespace, a.name),
-            (Some(Verb::List), "pods", "default", "")
-        );
-        let a = attrs("GET", "/api/v1/namespaces/default/pods?watch=true&rv=1");
-        assert_eq!(a.verb, Some(Verb::Watch));
-        let a = attrs("GET", "/api/v1/watch/namespaces/default/pods/p1");
-        assert_eq!((a.verb, a.name), (Some(Verb::Watch), "p1"));
-        let a = attrs(
-            "GET",
-            "/apis/apps/v1/namespaces/kube-system/deployments/coredns",
-        );
-        assert_eq!(
-            (a.verb, a.api_group, a.resource, a.name),
-            (Some(Verb::Get), "apps", "deployments", "coredns")
-        );
-        let a = attrs("POST", "/api/v1/namespaces/default/pods/p1/exec?command=ls");
-        assert_eq!((a.verb, a.subresource), (Some(Verb::Exec), "exec"));
-        let a = attrs("GET", "/api/v1/namespaces/default/pods/p1/log");
-        assert_eq!((a.verb, a.subresource), (Some(Verb::Get), "log"));
-        let a = attrs("DELETE", "/api/v1/namespaces/default/pods");
-        assert_eq!(a.verb, Some(Verb::DeleteCollection));
-        let a = attrs("GET", "/api/v1/namespaces/kube-system");
-        assert_eq!(
-            (a.verb, a.resource, a.name, a.namespace),
-            (Some(Verb::Get), "namespaces", "kube-system", "kube-system")
-        );
-        let a = attrs("GET", "/api/v1/nodes");
-        assert_eq!(
-            (a.verb, a.resource, a.namespace),
-            (Some(Verb::List), "nodes", "")
-        );
-        for discovery in [
-            "/api",
-            "/api/v1",
-            "/apis",
-            "/apis/apps/v1",
-            "/version",
-            "/openapi/v2",
-        ] {
-            let a = attrs("GET", discovery);
-            assert!(!a.resource_request, "{discovery}");
-            assert!(a.is_basic(), "{discovery}");
-        }
-        let review = attrs("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews");
-        assert!(review.is_basic());
-        assert!(!attrs("POST", "/api/v1/namespaces/default/pods").is_basic());
-        assert!(!attrs("POST", "/version").is_basic());
     }
 
     fn config(yaml_policies: &str) -> Config {
@@ -745,6 +654,132 @@ spec:
         let bad_op = POLICIES.replace("operator: In", "operator: Near");
         let err = CompiledPolicy::compile(&config_unchecked(&bad_op)).unwrap_err();
         assert!(err.to_string().contains("Near"), "{err}");
+    }
+
+    #[test]
+    fn discovery_and_self_reviews_are_basic_and_nothing_else_is() {
+        for discovery in [
+            "/api",
+            "/api/v1",
+            "/apis",
+            "/apis/apps",
+            "/apis/apps/v1",
+            "/apis/apps/v1/",
+            "/version",
+            "/openapi/v2",
+            "/openapi/v3",
+            "/openapi/v3/apis/apps/v1",
+            "/healthz",
+        ] {
+            let a = attrs("GET", discovery);
+            assert!(!a.is_resource_request, "{discovery}");
+            assert!(is_basic(&a), "{discovery}");
+        }
+        let review = attrs("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews");
+        assert!(is_basic(&review));
+        for not_basic in [
+            ("POST", "/api/v1/namespaces/default/pods"),
+            ("POST", "/version"),
+            ("GET", "/metrics"),
+            ("GET", "/logs/kube-apiserver.log"),
+            ("GET", "/debug/pprof/heap"),
+            ("GET", "/foo/bar/baz/qux/a/b/c/d/e/f/g"),
+            ("GET", "/apis/apps/v1/namespaces/kube-system/deployments"),
+            ("GET", "/openapi/v2/x"),
+            ("GET", "/api/v%31"),
+        ] {
+            let (method, path) = not_basic;
+            assert!(!is_basic(&attrs(method, path)), "{method} {path}");
+        }
+    }
+
+    const NAMESPACE_GRANT: &str = r#"
+apiVersion: fleetgate.io/v1alpha1
+kind: AccessPolicy
+metadata: {name: default-only}
+spec:
+  subjects: [{kind: User, name: dana}]
+  clusters: {names: [dev1]}
+  rules:
+    - verbs: ["*"]
+      namespaces: [default]
+---
+apiVersion: fleetgate.io/v1alpha1
+kind: AccessPolicy
+metadata: {name: metrics-reader}
+spec:
+  subjects: [{kind: User, name: mo}]
+  clusters: {names: [dev1]}
+  rules:
+    - verbs: [get]
+      nonResourceURLs: [/metrics, "/logs/*"]
+"#;
+
+    #[test]
+    fn deep_unclassified_and_non_resource_paths_get_no_resource_grant() {
+        let policy = CompiledPolicy::compile(&config(NAMESPACE_GRANT)).unwrap();
+        let dana = who("dana", &[]);
+        // The attack that passed: a grant on namespace default, a deep proxy path into
+        // kube-system.
+        for (method, path) in [
+            (
+                "GET",
+                "/api/v1/namespaces/kube-system/services/svc:443/proxy/a/b/c/d",
+            ),
+            (
+                "GET",
+                "/api/v1/namespaces/kube-system/pods/p/proxy/a/b/c/d/e/f/g/h/i/j/k",
+            ),
+            ("GET", "/api/v1/namespaces/kube%2Dsystem/configmaps"),
+            ("GET", "/api/v1/namespaces/default/config%6Daps/x"),
+            ("GET", "/api/v1/proxy"),
+            ("GET", "/metrics"),
+            ("GET", "/logs/x"),
+            ("GET", "/some/deep/non/resource/path/a/b/c/d/e/f/g"),
+        ] {
+            assert!(
+                !policy.allows(&dana, "dev1", &attrs(method, path)),
+                "{method} {path}"
+            );
+        }
+        // What the grant does give: namespace default at any depth, and discovery.
+        for (method, path) in [
+            (
+                "GET",
+                "/api/v1/namespaces/default/services/svc:443/proxy/a/b/c/d/e/f/g/h",
+            ),
+            ("POST", "/api/v1/namespaces/default/configmaps"),
+            ("GET", "/apis"),
+        ] {
+            assert!(
+                policy.allows(&dana, "dev1", &attrs(method, path)),
+                "{method} {path}"
+            );
+        }
+        // A nonResourceURLs grant: exactly its paths, and never a resource.
+        let mo = who("mo", &[]);
+        assert!(policy.allows(&mo, "dev1", &attrs("GET", "/metrics")));
+        assert!(policy.allows(&mo, "dev1", &attrs("GET", "/logs/kube-apiserver.log")));
+        assert!(!policy.allows(&mo, "dev1", &attrs("POST", "/metrics")));
+        assert!(!policy.allows(&mo, "dev1", &attrs("GET", "/metricsx")));
+        assert!(!policy.allows(
+            &mo,
+            "dev1",
+            &attrs("GET", "/api/v1/namespaces/default/pods")
+        ));
+    }
+
+    #[test]
+    fn a_rule_with_both_resources_and_non_resource_urls_is_refused() {
+        let both = NAMESPACE_GRANT.replace(
+            "nonResourceURLs: [/metrics, \"/logs/*\"]",
+            "nonResourceURLs: [/metrics]\n      resources: [pods]",
+        );
+        let err = CompiledPolicy::compile(&config(&both)).unwrap_err();
+        assert!(err.to_string().contains("metrics-reader"), "{err}");
+        assert!(err.to_string().contains("not both"), "{err}");
+        let bad = NAMESPACE_GRANT.replace("/metrics, ", "metrics, ");
+        assert!(CompiledPolicy::compile(&config(&bad)).is_err());
     }
 
     fn config_unchecked(policies: &str) -> Config {

@@ -6,7 +6,8 @@
 //! - the member connections one client address holds are capped
 //!   (`maxMemberConnectionsPerClient`): past it, a 429 Status with `Retry-After`;
 //! - near the process's file-descriptor limit, a request that needs a new member connection gets
-//!   a 503 Status, while health checks and streams already open keep working.
+//!   a 503 Status, while health checks and streams already open keep working;
+//! - the soft open-files limit is raised to the hard one at start.
 
 mod support;
 
@@ -104,9 +105,11 @@ async fn what_a_client_sends_during_a_watch_is_bounded_by_the_head_limit() {
     for driver in DRIVERS {
         let (upstream, gw) = setup_with_config(driver, |text| text).await;
         let mut tls = gw.tls().await;
-        tls.write_all(b"GET /clusters/member/api/v1/watch?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n")
-            .await
-            .unwrap();
+        tls.write_all(
+            b"GET /clusters/member/api/v1/configmaps?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
+        )
+        .await
+        .unwrap();
         let mut carry = Vec::new();
         assert_eq!(read_head(&mut tls, &mut carry).await, 200);
         tokio::task::block_in_place(|| {
@@ -142,7 +145,7 @@ async fn one_client_address_holds_at_most_its_member_connections() {
         for _ in 0..3 {
             let mut tls = gw.tls().await;
             tls.write_all(
-                b"GET /clusters/member/api/v1/watch?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
+                b"GET /clusters/member/api/v1/configmaps?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
             )
             .await
             .unwrap();
@@ -200,6 +203,11 @@ async fn one_client_address_holds_at_most_its_member_connections() {
 
 /// Limits the child's open files to `n` (soft and hard), as a tight container would.
 fn limit_open_files(command: &mut std::process::Command, n: u64) {
+    limit_open_files_to(command, n, n)
+}
+
+/// Starts the child with a soft limit of `soft` and a hard one of `hard` open files.
+fn limit_open_files_to(command: &mut std::process::Command, soft: u64, hard: u64) {
     use std::os::unix::process::CommandExt;
     #[allow(unsafe_code)]
     // SAFETY: the closure runs in the child between fork and exec and only calls setrlimit,
@@ -207,8 +215,8 @@ fn limit_open_files(command: &mut std::process::Command, n: u64) {
     unsafe {
         command.pre_exec(move || {
             let limit = libc::rlimit {
-                rlim_cur: n,
-                rlim_max: n,
+                rlim_cur: soft,
+                rlim_max: hard,
             };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
                 Ok(())
@@ -217,6 +225,23 @@ fn limit_open_files(command: &mut std::process::Command, n: u64) {
             }
         });
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_soft_open_files_limit_is_raised_to_the_hard_one_at_start() {
+    let (_upstream, gw) = setup_with(
+        "epoll",
+        |text| text,
+        |command| limit_open_files_to(command, 512, 4096),
+    )
+    .await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", gw.child.id())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let fields: Vec<&str> = open_files.split_whitespace().collect();
+    assert_eq!(&fields[3..5], ["4096", "4096"], "{open_files}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,7 +261,7 @@ async fn near_the_descriptor_limit_new_member_connections_get_503_and_health_and
             assert!(watches.len() < 200, "{driver}: nothing was ever refused");
             let mut tls = gw.tls().await;
             tls.write_all(
-                b"GET /clusters/member/api/v1/watch?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
+                b"GET /clusters/member/api/v1/configmaps?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
             )
             .await
             .unwrap();

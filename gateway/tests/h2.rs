@@ -79,7 +79,7 @@ async fn h2_requests_bodies_and_watches_are_proxied() {
         let mut sender = client.clone().ready().await.unwrap();
         let (response, _) = sender
             .send_request(
-                h2_request("GET", "/clusters/member/api/v1/watch?watch=true"),
+                h2_request("GET", "/clusters/member/api/v1/configmaps?watch=true"),
                 true,
             )
             .unwrap();

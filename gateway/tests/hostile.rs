@@ -422,7 +422,7 @@ async fn attack(gw: &support::Gateway, watches: u32, batch: impl Fn(u32) -> Vec<
     for i in 0..watches {
         open.extend_from_slice(&h2raw::headers(
             2 * i + 1,
-            &h2raw::get_fields("/clusters/member/api/v1/watch?watch=true"),
+            &h2raw::get_fields("/clusters/member/api/v1/configmaps?watch=true"),
             true,
         ));
     }

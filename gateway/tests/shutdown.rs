@@ -258,7 +258,7 @@ async fn a_watch_keeps_flowing_during_the_drain_and_is_cut_at_the_end_of_the_gra
     for driver in DRIVERS {
         let (upstream, mut gw) = start(driver, "    shutdownGraceSeconds: 2\n", "").await;
         let h2 = h2_connect(&gw).await;
-        let watch = send_get(&h2.client, "/clusters/member/api/v1/watch?watch=true").await;
+        let watch = send_get(&h2.client, "/clusters/member/api/v1/configmaps?watch=true").await;
         let watch = watch.await.unwrap();
         assert_eq!(watch.status(), 200, "{driver}");
         let mut body = watch.into_body();
@@ -330,7 +330,7 @@ async fn a_second_signal_during_the_drain_exits_at_once() {
     for driver in DRIVERS {
         let (upstream, mut gw) = start(driver, "    shutdownGraceSeconds: 120\n", "").await;
         let h2 = h2_connect(&gw).await;
-        let watch = send_get(&h2.client, "/clusters/member/api/v1/watch?watch=true").await;
+        let watch = send_get(&h2.client, "/clusters/member/api/v1/configmaps?watch=true").await;
         let watch = watch.await.unwrap();
         assert_eq!(watch.status(), 200, "{driver}");
         // Held open: dropping the body would reset the stream.
@@ -373,7 +373,7 @@ async fn max_concurrent_streams_from_the_gateway_object_is_what_the_client_gets(
         for i in 0..7 {
             let response = send_get(
                 &h2.client,
-                &format!("/clusters/member/api/v1/watch?watch=true&w={i}"),
+                &format!("/clusters/member/api/v1/configmaps?watch=true&w={i}"),
             )
             .await;
             let response = tokio::time::timeout(Duration::from_secs(10), response)
@@ -409,7 +409,11 @@ async fn h2_idle_timeout_sends_goaway_to_an_idle_connection_but_not_to_one_with_
         let (upstream, gw) = start(driver, "", "  http2:\n    idleTimeoutSeconds: 1\n").await;
         // A connection with an open watch.
         let mut busy = h2_connect(&gw).await;
-        let watch = send_get(&busy.client, "/clusters/member/api/v1/watch?watch=true").await;
+        let watch = send_get(
+            &busy.client,
+            "/clusters/member/api/v1/configmaps?watch=true",
+        )
+        .await;
         let watch = watch.await.unwrap();
         assert_eq!(watch.status(), 200, "{driver}");
         let mut watch = watch.into_body();
@@ -477,7 +481,9 @@ async fn http1_keep_alive_idle_timeout_closes_an_idle_connection_but_not_a_watch
         let (upstream, gw) = start(driver, "    idleTimeoutSeconds: 1\n", "").await;
         let mut watch = gw.tls().await;
         watch
-            .write_all(b"GET /clusters/member/api/v1/watch?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n")
+            .write_all(
+                b"GET /clusters/member/api/v1/configmaps?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
+            )
             .await
             .unwrap();
         eventually(Duration::from_secs(10), "watch reached the member", || {

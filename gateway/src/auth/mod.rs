@@ -15,7 +15,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use fleetgate_config_watcher::policy::{AccessControl, RequestAttributes, Verb};
+use fleetgate_config_watcher::policy::{grant_verb_name, AccessControl, RequestAttributes};
 use fleetgate_config_watcher::ClusterRoute;
 
 pub use fleetgate_config_watcher::auth::{Identity as ClientIdentity, IdentityError};
@@ -319,8 +319,8 @@ fn forbidden(
     cluster: &str,
     attrs: &RequestAttributes<'_>,
 ) -> GatewayError {
-    let verb = attrs.verb.map_or("unknown", Verb::name);
-    let message = if !attrs.resource_request {
+    let verb = grant_verb_name(attrs);
+    let message = if !attrs.is_resource_request {
         format!(
             "forbidden: User {:?} cannot {verb} path on cluster {cluster:?}: no AccessPolicy grants it anything there",
             identity.user

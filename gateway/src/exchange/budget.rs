@@ -58,6 +58,11 @@ impl Sockets {
         }
     }
 
+    /// Shard `index` died and its thread is gone: every socket it held is closed.
+    pub fn forget_shard(&self, index: usize) {
+        self.per_shard[index % self.per_shard.len()].store(0, Ordering::Relaxed);
+    }
+
     /// Sockets open now, over every shard.
     pub fn open(&self) -> usize {
         self.per_shard
@@ -75,6 +80,35 @@ impl Sockets {
             cluster: cluster.to_string(),
         })
     }
+}
+
+/// Raises the process's soft limit on open files to its hard limit (a gateway holds two sockets
+/// per proxied stream; distributions start processes at a soft 1024). Returns the soft limit now
+/// in force.
+pub fn raise_descriptor_limit() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: getrlimit writes one rlimit into the struct we own; setrlimit reads it.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                tracing::warn!(
+                    soft = limit.rlim_cur,
+                    hard = limit.rlim_max,
+                    "could not raise the open-files limit"
+                );
+            }
+        }
+    }
+    descriptor_limit()
 }
 
 /// The process's soft limit on open files (a very large default where it cannot be read).

@@ -12,7 +12,6 @@
 //! ([`check_connection`]). Never does I/O; writes into a reused buffer.
 
 use std::io::Write as _;
-use std::net::IpAddr;
 
 use fleetgate_config_watcher::ClusterRoute;
 
@@ -42,7 +41,8 @@ pub struct MemberRequest<'a> {
     pub rest: &'a [u8],
     pub query: &'a [u8],
     pub body: BodyKind,
-    pub peer: IpAddr,
+    /// The client's IP address as text (`X-Forwarded-For`).
+    pub peer: &'a [u8],
     pub identity: Option<&'a ClientIdentity>,
     pub upgrade: Upgrade,
 }
@@ -163,8 +163,8 @@ pub fn write<'h, F, H>(
         out.extend_from_slice(value);
         out.extend_from_slice(b", ");
     }
-    // Formats straight into the buffer: no allocation per request.
-    let _ = write!(out, "{}\r\n", request.peer);
+    out.extend_from_slice(request.peer);
+    out.extend_from_slice(b"\r\n");
     auth::push_upstream_identity(out, cluster, request.identity);
     match request.upgrade {
         Upgrade::None => {}

@@ -185,9 +185,7 @@ pub(crate) async fn send(
         cluster: cluster.name.to_string(),
         reason: e.0,
     })?;
-    let reusable = body != BodyKind::CloseDelimited
-        && !response.has_token(b"connection", b"close")
-        && !out.upgrade;
+    let reusable = body != BodyKind::CloseDelimited && !response.connection.close && !out.upgrade;
     Ok(Answer {
         conn,
         body,

@@ -19,7 +19,6 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use fleetgate_config_watcher::SharedTable;
 use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
 use tracing::{info, warn};
@@ -27,8 +26,7 @@ use tracing::{info, warn};
 use crate::auth::ClientIdentity;
 use crate::observe::metrics::Metrics;
 use crate::protocol::http1::Head;
-use crate::request::route::{self, Route};
-use fleetgate_config_watcher::policy::RequestAttributes;
+use fleetgate_config_watcher::request_info::RequestInfo;
 
 /// The writer flushes at least this often while it has unflushed lines.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
@@ -51,6 +49,48 @@ pub struct AuditRequest {
     /// Who the client acts as, when a policy let it impersonate (client `Impersonate-*`).
     pub impersonated: Option<Arc<ClientIdentity>>,
     pub source_ip: IpAddr,
+    /// What the shard classified the request as (its cluster and kube request info), when it
+    /// got that far: the writer never parses the target again.
+    pub classified: Option<Classified>,
+}
+
+/// A request's cluster and kube request info, as the audit log names them: the verb, and the
+/// objectRef as spans of [`AuditRequest::target`] (no copies on the shard).
+#[derive(Debug, Clone)]
+pub struct Classified {
+    cluster: std::ops::Range<usize>,
+    verb: &'static str,
+    object: Option<[std::ops::Range<usize>; 6]>,
+}
+
+impl Classified {
+    /// From the cluster name and the request info the shard parsed out of `target` (the bytes
+    /// both borrow).
+    pub fn new(cluster: &str, info: &RequestInfo<'_>, target: &[u8]) -> Classified {
+        let span = |field: &str| -> std::ops::Range<usize> {
+            let start = (field.as_ptr() as usize).wrapping_sub(target.as_ptr() as usize);
+            if field.is_empty() || start + field.len() > target.len() {
+                0..0
+            } else {
+                start..start + field.len()
+            }
+        };
+        let object = (info.is_resource_request && std::str::from_utf8(target).is_ok()).then(|| {
+            [
+                span(info.resource),
+                span(info.namespace),
+                span(info.name),
+                span(info.api_group),
+                span(info.api_version),
+                span(info.subresource),
+            ]
+        });
+        Classified {
+            cluster: span(cluster),
+            verb: info.verb.name(),
+            object,
+        }
+    }
 }
 
 impl AuditRequest {
@@ -65,6 +105,7 @@ impl AuditRequest {
             user: None,
             impersonated: None,
             source_ip: peer.ip(),
+            classified: None,
         }
     }
 
@@ -84,6 +125,7 @@ impl AuditRequest {
             user: None,
             impersonated: None,
             source_ip: peer.ip(),
+            classified: None,
         }
     }
 
@@ -104,9 +146,10 @@ impl AuditRequest {
 }
 
 /// What an h2 stream's driver learns as it goes, for the record at the stream's end: who (once
-/// decided) and the code of the response head it sent.
+/// decided), what the request was classified as, and the code of the response head it sent.
 #[derive(Debug, Default)]
 pub struct StreamAudit {
+    pub classified: Option<Classified>,
     pub authenticated: Option<Arc<ClientIdentity>>,
     pub acting_as: Option<Arc<ClientIdentity>>,
     pub code: Option<u16>,
@@ -167,12 +210,7 @@ impl AuditLog {
     /// Opens `path` for appending (created 0600 if missing: the log names users) and starts the
     /// writer thread. `queue` records may wait for it; beyond that they are dropped and counted
     /// (`fleetgate_audit_events_dropped`; `fleetgate_audit_events` counts lines written).
-    pub fn start(
-        path: &Path,
-        queue: usize,
-        table: SharedTable,
-        metrics: &Metrics,
-    ) -> Result<AuditLog, AuditError> {
+    pub fn start(path: &Path, queue: usize, metrics: &Metrics) -> Result<AuditLog, AuditError> {
         let dropped = metrics.audit_events_dropped.clone();
         let written = metrics.audit_events.clone();
         use std::os::unix::fs::OpenOptionsExt;
@@ -195,7 +233,6 @@ impl AuditLog {
         let writer = Writer {
             out: BufWriter::with_capacity(64 * 1024, file),
             path: path.to_path_buf(),
-            table,
             written,
             line: Vec::with_capacity(1024),
             flush_by: None,
@@ -255,7 +292,6 @@ impl AuditLog {
 struct Writer {
     out: BufWriter<File>,
     path: PathBuf,
-    table: SharedTable,
     written: Counter,
     line: Vec<u8>,
     /// Set while lines sit in the buffer: when they must reach the file at the latest.
@@ -346,8 +382,7 @@ impl Writer {
     }
 
     fn serialize(&mut self, record: &Record) {
-        let ocm_style = self.table.load().gateway().ocm_style;
-        let event = event(record, ocm_style, self.ids.next_id());
+        let event = event(record, self.ids.next_id());
         // Serializing plain strings and numbers cannot fail.
         let _ = serde_json::to_writer(&mut self.line, &event);
         self.line.push(b'\n');
@@ -504,15 +539,27 @@ struct Annotations<'a> {
     aborted: Option<&'static str>,
 }
 
-fn event(record: &Record, ocm_style: bool, audit_id: uuid::Uuid) -> Event<'_> {
+fn event(record: &Record, audit_id: uuid::Uuid) -> Event<'_> {
     let request = &record.request;
-    let (cluster, verb, object_ref) = match route::route(request.target.as_bytes(), ocm_style) {
-        Route::Cluster { name, rest, query } => {
-            let (verb, object_ref) = request_info(&request.method, rest, query);
-            (Some(name), verb, object_ref)
+    let (cluster, verb, object_ref) = match &request.classified {
+        Some(classified) => {
+            let text = |span: &std::ops::Range<usize>| {
+                request.target.get(span.clone()).unwrap_or("").to_string()
+            };
+            let object_ref = classified.object.as_ref().map(|spans| ObjectRef {
+                resource: text(&spans[0]),
+                namespace: text(&spans[1]),
+                name: text(&spans[2]),
+                api_group: text(&spans[3]),
+                api_version: text(&spans[4]),
+                subresource: text(&spans[5]),
+            });
+            let cluster = request.target.get(classified.cluster.clone());
+            (cluster, classified.verb, object_ref)
         }
-        // Not a member's path: kube-apiserver's verb for non-resource requests is the method.
-        _ => (None, non_resource_verb(&request.method), None),
+        // Refused before it was routed: kube-apiserver's verb for a non-resource request, the
+        // method.
+        None => (None, non_resource_verb(&request.method), None),
     };
     let (code, aborted) = match record.outcome {
         Outcome::Complete(code) => (Some(code), None),
@@ -562,45 +609,6 @@ fn non_resource_verb(method: &http::Method) -> &'static str {
     }
 }
 
-/// The verb and objectRef of a kube path (after the cluster prefix), named by the same
-/// request-info parser the access policy uses (`RequestAttributes`, like kube-apiserver's
-/// RequestInfoFactory), so the log and the policy agree: `exec`, `attach`, `portforward` and
-/// `proxy` are their own verbs. Discovery and other non-resource paths have the lower-cased
-/// method as verb and no objectRef, as in kube-apiserver's log.
-pub fn request_info(
-    method: &http::Method,
-    rest: &[u8],
-    query: &[u8],
-) -> (&'static str, Option<ObjectRef>) {
-    let attrs = RequestAttributes::parse(method.as_str().as_bytes(), rest, query);
-    if !attrs.resource_request {
-        return (non_resource_verb(method), None);
-    }
-    let verb = attrs
-        .verb
-        .map_or_else(|| non_resource_verb(method), |v| v.name());
-    let reference = ObjectRef {
-        resource: attrs.resource.to_string(),
-        namespace: attrs.namespace.to_string(),
-        name: attrs.name.to_string(),
-        api_group: attrs.api_group.to_string(),
-        api_version: api_version(rest).to_string(),
-        subresource: attrs.subresource.to_string(),
-    };
-    (verb, Some(reference))
-}
-
-/// The version segment of `/api/VERSION/...` or `/apis/GROUP/VERSION/...`.
-fn api_version(rest: &[u8]) -> &str {
-    let path = std::str::from_utf8(rest).unwrap_or("");
-    let mut segments = path.split('/').filter(|s| !s.is_empty());
-    match segments.next() {
-        Some("api") => segments.next().unwrap_or(""),
-        Some("apis") => segments.nth(1).unwrap_or(""),
-        _ => "",
-    }
-}
-
 /// RFC 3339 in UTC with microseconds, as kube-apiserver writes audit timestamps.
 fn rfc3339_micros(t: SystemTime) -> String {
     let t = time::OffsetDateTime::from(t);
@@ -620,76 +628,79 @@ fn rfc3339_micros(t: SystemTime) -> String {
 mod tests {
     use super::*;
 
-    fn reference(path: &str) -> Option<ObjectRef> {
-        request_info(&http::Method::GET, path.as_bytes(), b"").1
+    /// The event of a request for `target` on member1, classified as a shard classifies it.
+    fn classified_event(method: http::Method, target: &str) -> serde_json::Value {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        let rest = path.strip_prefix("/clusters/member1").unwrap();
+        let info = RequestInfo::parse(
+            method.as_str().as_bytes(),
+            rest.as_bytes(),
+            query.as_bytes(),
+        );
+        let mut request = AuditRequest {
+            method,
+            target: target.into(),
+            user_agent: None,
+            user: None,
+            impersonated: None,
+            source_ip: "127.0.0.1".parse().unwrap(),
+            classified: None,
+        };
+        request.classified = Some(Classified::new(&target[10..17], &info, target.as_bytes()));
+        let record = Record {
+            request,
+            received: SystemTime::now(),
+            latency: Duration::ZERO,
+            outcome: Outcome::Complete(200),
+        };
+        serde_json::to_value(event(&record, uuid::Uuid::nil())).unwrap()
     }
 
     #[test]
-    fn object_refs_follow_kube_request_info() {
-        let pod = reference("/api/v1/namespaces/default/pods/web-1/log").unwrap();
-        assert_eq!(
-            pod,
-            ObjectRef {
-                resource: "pods".into(),
-                namespace: "default".into(),
-                name: "web-1".into(),
-                api_group: String::new(),
-                api_version: "v1".into(),
-                subresource: "log".into(),
-            }
+    fn verbs_and_object_refs_are_the_shards_request_info() {
+        let pod = classified_event(
+            http::Method::GET,
+            "/clusters/member1/api/v1/namespaces/default/pods/web-1/log",
         );
-        let deployments = reference("/apis/apps/v1/namespaces/ns1/deployments").unwrap();
-        assert_eq!(deployments.api_group, "apps");
-        assert_eq!(deployments.resource, "deployments");
-        assert_eq!(deployments.namespace, "ns1");
-        assert!(deployments.name.is_empty());
-        let ns = reference("/api/v1/namespaces/kube-system").unwrap();
+        assert_eq!(pod["verb"], "get");
         assert_eq!(
-            (ns.resource.as_str(), ns.name.as_str()),
-            ("namespaces", "kube-system")
+            pod["objectRef"],
+            serde_json::json!({"resource": "pods", "namespace": "default", "name": "web-1",
+                "apiVersion": "v1", "subresource": "log"})
         );
-        assert_eq!(ns.namespace, "kube-system");
-        let watch = reference("/api/v1/watch/namespaces/a/configmaps").unwrap();
-        assert_eq!(
-            (watch.resource.as_str(), watch.namespace.as_str()),
-            ("configmaps", "a")
+        let deployments = classified_event(
+            http::Method::GET,
+            "/clusters/member1/apis/apps/v1/namespaces/ns1/deployments?watch=1",
         );
-        let nodes = reference("/api/v1/nodes/n1/status").unwrap();
-        assert_eq!(nodes.subresource, "status");
-        assert!(reference("/api").is_none());
-        assert!(reference("/apis/apps/v1").is_none());
-        assert!(reference("/version").is_none());
-        assert!(reference("/openapi/v2").is_none());
-        // Verbs as the access policy names them.
-        let verb = |method: http::Method, path: &str, query: &[u8]| {
-            request_info(&method, path.as_bytes(), query).0
-        };
-        assert_eq!(verb(http::Method::GET, "/api/v1/pods", b""), "list");
-        assert_eq!(
-            verb(http::Method::GET, "/api/v1/pods", b"?watch=1"),
-            "watch"
+        assert_eq!(deployments["verb"], "watch");
+        assert_eq!(deployments["objectRef"]["apiGroup"], "apps");
+        assert!(deployments["objectRef"].get("name").is_none());
+        // An exec is kube-apiserver's: the verb of its method, the subresource named.
+        let exec = classified_event(
+            http::Method::POST,
+            "/clusters/member1/api/v1/namespaces/d/pods/p/exec?command=ls",
         );
-        assert_eq!(
-            verb(
-                http::Method::POST,
-                "/api/v1/namespaces/d/pods/p/exec",
-                b"?command=ls"
-            ),
-            "exec"
+        assert_eq!(exec["verb"], "create");
+        assert_eq!(exec["objectRef"]["subresource"], "exec");
+        let collection = classified_event(
+            http::Method::DELETE,
+            "/clusters/member1/api/v1/namespaces/d/pods",
         );
-        assert_eq!(
-            verb(http::Method::DELETE, "/api/v1/namespaces/d/pods", b""),
-            "deletecollection"
-        );
-        assert_eq!(verb(http::Method::POST, "/apis", b""), "post");
+        assert_eq!(collection["verb"], "deletecollection");
+        let discovery = classified_event(http::Method::POST, "/clusters/member1/apis");
+        assert_eq!(discovery["verb"], "post");
+        assert!(discovery.get("objectRef").is_none());
+        assert_eq!(discovery["annotations"]["fleetgate.io/cluster"], "member1");
     }
+
+    const TARGET: &str = "/clusters/member1/api/v1/namespaces/default/pods?limit=500";
 
     #[test]
     fn event_has_the_audit_k8s_io_shape() {
         let record = Record {
             request: AuditRequest {
                 method: http::Method::GET,
-                target: "/clusters/member1/api/v1/namespaces/default/pods?limit=500".into(),
+                target: TARGET.into(),
                 user_agent: Some("kubectl/v1.32.0".into()),
                 user: Some(Arc::new({
                     let mut alice = ClientIdentity::anonymous();
@@ -701,12 +712,17 @@ mod tests {
                 })),
                 impersonated: None,
                 source_ip: "127.0.0.1".parse().unwrap(),
+                classified: Some(Classified::new(
+                    &TARGET[10..17],
+                    &RequestInfo::parse(b"GET", &TARGET.as_bytes()[17..48], b"limit=500"),
+                    TARGET.as_bytes(),
+                )),
             },
             received: SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456),
             latency: Duration::from_micros(1500),
             outcome: Outcome::Complete(200),
         };
-        let line = serde_json::to_value(event(&record, false, uuid::Uuid::nil())).unwrap();
+        let line = serde_json::to_value(event(&record, uuid::Uuid::nil())).unwrap();
         assert_eq!(line["kind"], "Event");
         assert_eq!(line["apiVersion"], "audit.k8s.io/v1");
         assert_eq!(line["level"], "Metadata");
@@ -749,6 +765,7 @@ mod tests {
             user: None,
             impersonated: None,
             source_ip: "::1".parse().unwrap(),
+            classified: None,
         };
         let same = request.clone().identity(Some(&alice), Some(&alice));
         assert!(same.impersonated.is_none());
@@ -758,7 +775,7 @@ mod tests {
             latency: Duration::ZERO,
             outcome: Outcome::Aborted(None, "client went away"),
         };
-        let line = serde_json::to_value(event(&record, false, uuid::Uuid::new_v4())).unwrap();
+        let line = serde_json::to_value(event(&record, uuid::Uuid::new_v4())).unwrap();
         assert_eq!(line["user"]["username"], "alice");
         assert_eq!(line["impersonatedUser"]["username"], "bob");
         assert!(line.get("responseStatus").is_none());
@@ -795,6 +812,7 @@ mod tests {
             user: None,
             impersonated: None,
             source_ip: "127.0.0.1".parse().unwrap(),
+            classified: None,
         };
         for _ in 0..5 {
             log.record(request.clone(), Instant::now(), Outcome::Complete(200));

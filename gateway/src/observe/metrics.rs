@@ -96,6 +96,8 @@ pub struct Metrics {
     registry: Registry,
     shards: Arc<ShardList>,
     h2_calmed: Counter,
+    /// Shards down and restarted, and task panics caught (`server::supervise`).
+    pub supervision: Arc<Supervision>,
     /// Audit events written / dropped because the writer was behind (the `audit` module).
     pub audit_events: Counter,
     pub audit_events_dropped: Counter,
@@ -134,10 +136,13 @@ impl Metrics {
             h2_calmed.clone(),
         );
         registry.register_collector(Box::new(shards.clone()));
+        let supervision = Arc::new(Supervision::default());
+        registry.register_collector(Box::new(supervision.clone()));
         Arc::new(Metrics {
             registry,
             shards,
             h2_calmed,
+            supervision,
             audit_events,
             audit_events_dropped,
         })
@@ -281,6 +286,79 @@ impl Collector for ShardList {
     }
 }
 
+/// What the shard supervisor saw: shards down now and restarts so far, and the task panics the
+/// shards caught (`server::runtime::isolated`).
+#[derive(Debug, Default)]
+pub struct Supervision {
+    restarts: AtomicU64,
+    down: Mutex<Vec<usize>>,
+}
+
+impl Supervision {
+    /// Shard `index` died: down until [`Supervision::shard_restarted`].
+    pub fn shard_died(&self, index: usize) {
+        let mut down = lock(&self.down);
+        if !down.contains(&index) {
+            down.push(index);
+        }
+    }
+
+    pub fn shard_restarted(&self, index: usize) {
+        lock(&self.down).retain(|i| *i != index);
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The shards down now, in index order.
+    pub fn down(&self) -> Vec<usize> {
+        let mut down = lock(&self.down).clone();
+        down.sort_unstable();
+        down
+    }
+}
+
+impl Collector for Supervision {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let family = encoder.encode_descriptor(
+            "shards_down",
+            "Shards whose thread died and that are not running again yet",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(lock(&self.down).len() as i64).encode(family)?;
+        for (name, help, value) in [
+            (
+                "shard_restarts",
+                "Shards restarted after their thread died",
+                self.restarts.load(Ordering::Relaxed),
+            ),
+            (
+                "task_panics",
+                "Panics caught in a connection's or stream's task (that connection or stream was closed; the shard went on)",
+                crate::server::runtime::TASK_PANICS.load(Ordering::Relaxed),
+            ),
+        ] {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value).encode(family)?;
+        }
+        Ok(())
+    }
+}
+
+/// One shard's gauges, zeroed by the supervisor once the shard's thread is gone (whatever its
+/// guards did not give back as it died, nothing ever will).
+pub struct ShardGauges(Arc<ShardCells>);
+
+impl ShardGauges {
+    pub fn zero(&self) {
+        self.0.open_streams.store(0, Ordering::Relaxed);
+        self.0.upgraded_streams.store(0, Ordering::Relaxed);
+        self.0.client_connections.store(0, Ordering::Relaxed);
+        for (_, open) in lock(&self.0.upstream).iter() {
+            open.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
 /// One shard's metrics: its cells, and its own map from a request's labels to its cell, so
 /// recording a request is one lookup in an unshared map and a few uncontended atomic adds.
 pub struct ShardMetrics {
@@ -317,6 +395,11 @@ impl ShardMetrics {
         cell.count.fetch_add(1, Ordering::Relaxed);
         cell.sum_micros.fetch_add(micros, Ordering::Relaxed);
         cell.buckets[bucket_of(micros)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// This shard's gauges, for the supervisor.
+    pub fn gauges(&self) -> ShardGauges {
+        ShardGauges(self.cells.clone())
     }
 
     /// Marks a proxied stream open until the returned guard drops.

@@ -10,7 +10,6 @@
 //! write). Generic over the stream type, so the same code serves TLS and plaintext sockets. Called
 //! by `tls` and `server::shard` for each accepted connection.
 
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -30,12 +29,12 @@ use crate::exchange::splice::splice;
 use crate::exchange::{
     self, Answer, Failure, Outbound, RequestBody, BODY_STALL_TIMEOUT, READ_CHUNK,
 };
-use crate::observe::audit::{AuditRequest, Outcome};
+use crate::observe::audit::{AuditRequest, Classified, Outcome};
 use crate::protocol::http1::{
     is_hop_by_hop, parse_request, push_header, request_body, BodyKind, BodyProgress, Head,
     HeadError, HeadLimits,
 };
-use crate::request::{self, Decision, Proxied};
+use crate::request::{self, Decision, Peer, Proxied};
 use crate::server::runtime::{self, First};
 use crate::server::ShardContext;
 use crate::upstream::UpstreamConn;
@@ -77,6 +76,7 @@ pub async fn serve_http1<S>(
         response: Head::default(),
         out: Vec::with_capacity(1024),
     };
+    let peer = Peer::new(peer);
     // The request head: apart from `down`, so a decided request can borrow from it while the
     // connection's buffers and socket carry it.
     let mut head = Head::default();
@@ -210,9 +210,9 @@ async fn respond_error<S: AsyncWrite + Unpin>(
 
 fn wants_close(head: &Head) -> bool {
     if head.minor_version == 0 {
-        !head.has_token(b"connection", b"keep-alive")
+        !head.connection.keep_alive
     } else {
-        head.has_token(b"connection", b"close")
+        head.connection.close
     }
 }
 
@@ -225,7 +225,7 @@ async fn handle_request<S>(
     ctx: &ShardContext,
     down: &mut Downstream<'_, S>,
     head: &Head,
-    peer: SocketAddr,
+    peer: Peer,
     conn_auth: &auth::ConnectionAuth,
     audit_user: Option<&Arc<ClientIdentity>>,
     limits: Limits,
@@ -237,28 +237,22 @@ where
     let checked = request_body(head)
         .map_err(|e| GatewayError::BadRequest { reason: e.0 })
         .and_then(|body| {
-            let names_fields = member_head::check_connection(head.values(b"connection"))?;
+            let names_fields = head.connection.others
+                && member_head::check_connection(head.values(b"connection"))?;
             Ok((body, names_fields))
         });
     let (body, connection_names_fields) = match checked {
         Ok(checked) => checked,
         Err(err) => {
             respond_error(down, &err, true, head.method() == b"HEAD").await;
-            audit_response(
-                ctx,
-                head,
-                peer,
-                (None, None),
-                started,
-                Outcome::Complete(400),
-            );
+            let audited = Audited::default();
+            audit_response(ctx, head, peer, audited, started, Outcome::Complete(400));
             return Next::Close;
         }
     };
     // A request whose body the gateway will not read leaves the connection unusable, and so does
     // an upgrade that fails: the client may already be sending bytes of the new protocol.
-    let close =
-        wants_close(head) || body != BodyKind::Empty || head.has_token(b"connection", b"upgrade");
+    let close = wants_close(head) || body != BodyKind::Empty || head.connection.upgrade;
     let table = ctx.table.load();
     let decided = request::decide(&table, conn_auth, head.method(), head.target(), || {
         head.headers()
@@ -282,20 +276,29 @@ where
             // (and whom it asked to act as), else the connection's certificate user.
             let fallback =
                 audit_user.filter(|_| !matches!(refused.error, GatewayError::Unauthorized { .. }));
-            let who = (
-                refused.authenticated.as_ref().or(fallback),
-                refused.acting_as.as_ref().or(fallback),
-            );
+            let classified = ctx
+                .audit
+                .as_ref()
+                .and(refused.classified)
+                .map(|(cluster, info)| Classified::new(cluster, &info, head.target()));
             let answer = Refusal {
                 error: &refused.error,
                 counted: refused.counted,
-                who,
+                audited: Audited {
+                    authenticated: refused.authenticated.as_ref().or(fallback),
+                    acting_as: refused.acting_as.as_ref().or(fallback),
+                    classified: classified.as_ref(),
+                },
                 close,
             };
             return answer_with_status(ctx, down, head, peer, answer, started).await;
         }
     };
     let _stream = ctx.shard_metrics.stream_opened();
+    let classified = ctx
+        .audit
+        .as_ref()
+        .map(|_| Classified::new(proxied.name, &proxied.info, head.target()));
     // 0 until a member's response head is read: an aborted exchange says whether one was.
     down.response.code = 0;
     let exchanged = send_to_member(
@@ -317,7 +320,11 @@ where
         identity,
         ..
     } = proxied;
-    let audited = (identity.authenticated.as_ref(), identity.identity.as_ref());
+    let audited = Audited {
+        authenticated: identity.authenticated.as_ref(),
+        acting_as: identity.identity.as_ref(),
+        classified: classified.as_ref(),
+    };
     let aborted = |reason: &'static str, code: u16| {
         debug!(reason, "connection aborted mid-response");
         let outcome = Outcome::Aborted((code != 0).then_some(code), reason);
@@ -330,7 +337,7 @@ where
             let answer = Refusal {
                 error: &err,
                 counted: Some((cluster, verb)),
-                who: audited,
+                audited,
                 close,
             };
             return answer_with_status(ctx, down, head, peer, answer, started).await;
@@ -389,16 +396,22 @@ where
     }
 }
 
+/// What the audit log says of a request besides its head: who authenticated, whom they acted
+/// as, and what the request was classified as (when it got that far).
+#[derive(Clone, Copy, Default)]
+struct Audited<'a> {
+    authenticated: Option<&'a Arc<ClientIdentity>>,
+    acting_as: Option<&'a Arc<ClientIdentity>>,
+    classified: Option<&'a Classified>,
+}
+
 /// A request answered with the gateway's own Status instead of the member's response.
 struct Refusal<'a> {
     error: &'a GatewayError,
     /// The cluster and verb it is counted under, when it got as far as a cluster.
     counted: Option<(&'a Arc<ClusterRoute>, &'static str)>,
-    /// Who the audit log names: who authenticated, whom they acted as.
-    who: (
-        Option<&'a Arc<ClientIdentity>>,
-        Option<&'a Arc<ClientIdentity>>,
-    ),
+    /// What the audit log says of it.
+    audited: Audited<'a>,
     /// The connection closes after it (besides errors that demand it).
     close: bool,
 }
@@ -408,7 +421,7 @@ async fn answer_with_status<S: AsyncWrite + Unpin>(
     ctx: &ShardContext,
     down: &mut Downstream<'_, S>,
     head: &Head,
-    peer: SocketAddr,
+    peer: Peer,
     refusal: Refusal<'_>,
     started: Instant,
 ) -> Next {
@@ -422,7 +435,7 @@ async fn answer_with_status<S: AsyncWrite + Unpin>(
         ctx,
         head,
         peer,
-        refusal.who,
+        refusal.audited,
         started,
         Outcome::Complete(code),
     );
@@ -438,13 +451,15 @@ async fn answer_with_status<S: AsyncWrite + Unpin>(
 fn audit_response(
     ctx: &ShardContext,
     head: &Head,
-    peer: SocketAddr,
-    (authenticated, acting_as): (Option<&Arc<ClientIdentity>>, Option<&Arc<ClientIdentity>>),
+    peer: Peer,
+    audited: Audited<'_>,
     started: Instant,
     outcome: Outcome,
 ) {
     if let Some(audit) = &ctx.audit {
-        let request = AuditRequest::from_head(head, peer).identity(authenticated, acting_as);
+        let mut request = AuditRequest::from_head(head, peer.addr)
+            .identity(audited.authenticated, audited.acting_as);
+        request.classified = audited.classified.cloned();
         audit.record(request, started, outcome);
     }
 }
@@ -455,7 +470,7 @@ fn audit_response(
 /// `Upgrade` is dropped. Any other protocol (h2c, say) is refused: the gateway would not know
 /// what it relays.
 fn requested_upgrade(head: &Head) -> Result<bool, GatewayError> {
-    if head.minor_version == 0 || !head.has_token(b"connection", b"upgrade") {
+    if head.minor_version == 0 || !head.connection.upgrade {
         return Ok(false);
     }
     let mut protocols = head
@@ -493,7 +508,7 @@ async fn send_to_member<S>(
     down: &mut Downstream<'_, S>,
     head: &Head,
     proxied: &Proxied<'_>,
-    peer: SocketAddr,
+    peer: Peer,
     limits: Limits,
     body: BodyKind,
     connection_names_fields: bool,
@@ -520,7 +535,7 @@ where
             rest: proxied.rest,
             query: proxied.query,
             body,
-            peer: peer.ip(),
+            peer: peer.ip_text(),
             identity: proxied.identity.identity.as_deref(),
             upgrade: if upgrade {
                 Upgrade::FromClient
@@ -548,7 +563,7 @@ where
         io: &mut *down.io,
         buf: &mut down.buf,
         progress: BodyProgress::new(body),
-        expect_continue: body != BodyKind::Empty && head.has_token(b"expect", b"100-continue"),
+        expect_continue: body != BodyKind::Empty && head.expect_continue,
     };
     let answer = exchange::send(ctx, &outbound, &mut client_body, &mut down.response).await?;
     if upgrade && down.response.code == 101 {
@@ -810,8 +825,13 @@ fn write_switching_head(out: &mut Vec<u8>, response: &Head) {
 /// Writes the status line and the end-to-end headers of a member's response.
 fn write_response_head(out: &mut Vec<u8>, response: &Head, close: bool) {
     out.extend_from_slice(b"HTTP/1.1 ");
-    let _ = write!(out, "{:03}", response.code);
-    out.push(b' ');
+    let code = response.code.min(999);
+    out.extend_from_slice(&[
+        b'0' + (code / 100) as u8,
+        b'0' + (code / 10 % 10) as u8,
+        b'0' + (code % 10) as u8,
+        b' ',
+    ]);
     out.extend_from_slice(response.reason());
     out.extend_from_slice(b"\r\n");
     for (name, value) in response.headers() {

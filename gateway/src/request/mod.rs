@@ -3,23 +3,61 @@
 //! name, long-running), and who the client is and whether an AccessPolicy lets it (`auth`).
 //!
 //! [`decide`] runs with one routing-table snapshot and never awaits, so a request is routed,
-//! classified and authorized against the same table. Everything after it (metrics, the member's
+//! classified (config-watcher's `request_info`: kube-apiserver's RequestInfoFactory, any depth,
+//! failing closed) and authorized against the same table. Everything after it (metrics, the member's
 //! head, the audit log) reads the [`Proxied`] it returns: nothing parses the path again. Called by
 //! `protocol::h1` and `protocol::h2`; never does I/O.
 
 pub mod route;
 pub mod target;
 
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use fleetgate_config_watcher::policy::RequestAttributes;
+use fleetgate_config_watcher::request_info::RequestInfo;
 use fleetgate_config_watcher::{ClusterRoute, RouteTable};
 
 use crate::auth::{self, ClientIdentity, ConnectionAuth, Decided};
 use crate::errors::GatewayError;
 use route::Route;
 
+/// The client's address, with its IP as text (what `X-Forwarded-For` carries), formatted once per
+/// connection rather than per request.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    text: [u8; 45],
+    len: u8,
+}
+
+impl Peer {
+    pub fn new(addr: SocketAddr) -> Peer {
+        let mut text = [0u8; 45];
+        let len = {
+            let mut cursor = std::io::Cursor::new(&mut text[..]);
+            // The longest IPv6 address is 45 characters: this always fits.
+            let _ = write!(cursor, "{}", addr.ip());
+            cursor.position() as u8
+        };
+        Peer { addr, text, len }
+    }
+
+    pub fn ip(&self) -> IpAddr {
+        self.addr.ip()
+    }
+
+    /// The IP address as text.
+    pub fn ip_text(&self) -> &[u8] {
+        &self.text[..usize::from(self.len)]
+    }
+}
+
 /// What the gateway does with a request.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned once per request and moved into the exchange; boxing would allocate per request"
+)]
 pub enum Decision<'t> {
     /// `/healthz`, `/readyz` or `/livez`: answered by the gateway itself.
     Health,
@@ -30,11 +68,14 @@ pub enum Decision<'t> {
 /// A request routed to a member cluster, classified and authorized.
 pub struct Proxied<'t> {
     pub cluster: &'t Arc<ClusterRoute>,
+    /// The cluster's name as the path gave it.
+    pub name: &'t str,
     /// The kube path after the cluster prefix (possibly empty) and the raw query (with its `?`).
     pub rest: &'t [u8],
     pub query: &'t [u8],
-    /// The request info the policy decided on (and the audit log names).
-    pub attrs: RequestAttributes<'t>,
+    /// The request info (kube-apiserver's), parsed once: the policy decided on it, metrics
+    /// and the audit log name it.
+    pub info: RequestInfo<'t>,
     /// The verb metrics count it under (`connect` for exec, attach, port-forward and proxy).
     pub verb: &'static str,
     /// A watch, a followed log or a connect subresource: no head timeout, streamed as it comes.
@@ -49,6 +90,9 @@ pub struct Refused<'t> {
     pub authenticated: Option<Arc<ClientIdentity>>,
     pub acting_as: Option<Arc<ClientIdentity>>,
     pub counted: Option<(&'t Arc<ClusterRoute>, &'static str)>,
+    /// The cluster name its path gave and what it was classified as, when it got that far (the
+    /// audit log names them).
+    pub classified: Option<(&'t str, RequestInfo<'t>)>,
 }
 
 impl From<GatewayError> for Refused<'_> {
@@ -58,12 +102,17 @@ impl From<GatewayError> for Refused<'_> {
             authenticated: None,
             acting_as: None,
             counted: None,
+            classified: None,
         }
     }
 }
 
 /// Decides a request from its method, target and header fields (`headers` may be called a few
 /// times). `method` is the one the member will see (an RFC 8441 WebSocket CONNECT is a GET).
+#[allow(
+    clippy::result_large_err,
+    reason = "the Ok side is as large; a Box would allocate for every refusal and every request"
+)]
 pub fn decide<'t, 'h, F, H>(
     table: &'t RouteTable,
     conn: &ConnectionAuth,
@@ -75,6 +124,7 @@ where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
+    crate::server::faults::inject(target);
     target::check(target)?;
     let (name, rest, query) = match route::route(target, table.gateway().ocm_style) {
         Route::Health(_) => return Ok(Decision::Health),
@@ -86,14 +136,23 @@ where
         }
         Route::Cluster { name, rest, query } => (name, rest, query),
     };
+    let info = RequestInfo::parse(method, rest, query);
+    let classified = Some((name, info));
     let Some(cluster) = table.cluster(name) else {
         let unknown = GatewayError::UnknownCluster {
             name: name.to_string(),
         };
-        return Err(auth::hide_unknown_cluster(unknown, table.access(), conn, headers).into());
+        return Err(Refused {
+            classified,
+            ..Refused::from(auth::hide_unknown_cluster(
+                unknown,
+                table.access(),
+                conn,
+                headers,
+            ))
+        });
     };
-    let attrs = RequestAttributes::parse(method, rest, query);
-    let verb = route::kube_verb(method, rest, query);
+    let verb = info.metrics_verb();
     let counted = Some((cluster, verb));
     if !cluster.impersonation && !cluster.pass_through {
         // The member would see the gateway itself: nobody may choose another identity there.
@@ -102,24 +161,25 @@ where
             authenticated: None,
             acting_as: None,
             counted,
+            classified,
         })?;
     }
     let identity =
-        auth::decide(table.access(), conn, cluster, &attrs, headers).map_err(|refusal| {
-            Refused {
-                error: refusal.error,
-                authenticated: refusal.authenticated,
-                acting_as: refusal.acting_as,
-                counted,
-            }
+        auth::decide(table.access(), conn, cluster, &info, headers).map_err(|refusal| Refused {
+            error: refusal.error,
+            authenticated: refusal.authenticated,
+            acting_as: refusal.acting_as,
+            counted,
+            classified,
         })?;
     Ok(Decision::Proxy(Proxied {
         cluster,
+        name,
         rest,
         query,
-        attrs,
+        info,
         verb,
-        long_running: route::is_long_running(rest, query),
+        long_running: info.long_running,
         identity,
     }))
 }

@@ -10,41 +10,47 @@
 
 use crate::errors::GatewayError;
 
-/// Checks the path of `target` (the part before `?`).
+/// Checks the path of `target` (the part before `?`), in one pass over its bytes.
 pub fn check(target: &[u8]) -> Result<(), GatewayError> {
-    let path = match target.iter().position(|b| *b == b'?') {
+    let refuse = |reason| Err(GatewayError::BadRequest { reason });
+    let path = match memchr::memchr(b'?', target) {
         Some(q) => &target[..q],
         None => target,
     };
-    let refuse = |reason| Err(GatewayError::BadRequest { reason });
     let Some(rest) = path.strip_prefix(b"/") else {
         return refuse("the request path must start with /");
     };
+    // A single trailing slash is an empty last segment: allowed (kube trims it).
+    let rest = rest.strip_suffix(b"/").unwrap_or(rest);
     if rest.is_empty() {
         return Ok(());
     }
-    // A single trailing slash is an empty last segment: allowed (kube trims it).
-    let rest = rest.strip_suffix(b"/").unwrap_or(rest);
-    for segment in rest.split(|b| *b == b'/') {
-        if segment.is_empty() {
-            return refuse("the request path has an empty segment (//)");
-        }
-        if is_dot_segment(segment) {
-            return refuse("the request path has a . or .. segment");
-        }
-    }
-    if path.iter().any(|b| matches!(b, b'\\' | b'\0' | b'#')) {
-        return refuse("the request path has a backslash, a NUL or a #");
-    }
-    let mut at = 0;
-    while let Some(pos) = path[at..].iter().position(|b| *b == b'%') {
-        let escape = at + pos;
-        match decoded(&path[escape..]) {
-            Some(b'/' | b'\\') => return refuse("the request path has an encoded / or \\"),
-            Some(0) => return refuse("the request path has an encoded NUL"),
+    let mut segment_start = 0;
+    let mut i = 0;
+    while i <= rest.len() {
+        let b = rest.get(i).copied().unwrap_or(b'/');
+        match b {
+            b'/' => {
+                let segment = &rest[segment_start..i];
+                if segment.is_empty() {
+                    return refuse("the request path has an empty segment (//)");
+                }
+                if segment.len() <= 6 && is_dot_segment(segment) {
+                    return refuse("the request path has a . or .. segment");
+                }
+                segment_start = i + 1;
+            }
+            b'\\' | b'\0' | b'#' => {
+                return refuse("the request path has a backslash, a NUL or a #")
+            }
+            b'%' => match decoded(&rest[i..]) {
+                Some(b'/' | b'\\') => return refuse("the request path has an encoded / or \\"),
+                Some(0) => return refuse("the request path has an encoded NUL"),
+                _ => {}
+            },
             _ => {}
         }
-        at = escape + 1;
+        i += 1;
     }
     Ok(())
 }

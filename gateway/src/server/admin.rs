@@ -1,8 +1,9 @@
 //! The admin listener: `/metrics` (OpenMetrics text), `/healthz`, `/readyz`, `/livez` over plain
 //! HTTP/1.1, one request per connection.
 //!
-//! It runs on its own blocking thread, off the shards, so a slow scraper never delays the data
-//! path. It never proxies anything. Called by `serve`.
+//! It runs on a thread of its own, off the shards, so a slow scraper never delays the data path,
+//! with one task per connection, so idle or slow admin connections never delay a probe. It never
+//! proxies anything. `/readyz` also fails while a shard is down (`supervise`). Called by `serve`.
 //!
 //! With a live configuration source, `/metrics` also carries the reload counters and
 //! `/readyz?verbose` shows the serving table's generation and the last rejected change (the
@@ -10,8 +11,8 @@
 //! must (a CRD the management cluster does not serve) is a failing check: `/readyz` answers 500
 //! and `?verbose` gives the reason, until the watch works.
 
-use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io;
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,44 +32,116 @@ pub struct ConfigView {
     pub shutdown: Arc<crate::server::shutdown::Shutdown>,
 }
 
-/// Serves the admin endpoints on `listener` from a new thread.
+/// How long a connection may take to send its request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Admin connections open at once; beyond it the oldest waiting ones are not read (a new one
+/// is accepted only when one closes). Far above what probes and scrapers need.
+const MAX_CONNECTIONS: usize = 4096;
+const MAX_HEAD: usize = 16 * 1024;
+
+/// Serves the admin endpoints on `listener` from a thread of its own, off the shards. Each
+/// connection is a task of an epoll runtime, so a thousand idle connections cost a thousand
+/// small tasks and never delay a probe: every one waits for its head on its own, for at most
+/// [`HEAD_TIMEOUT`].
 pub fn spawn_admin(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     config: Option<ConfigView>,
 ) -> io::Result<()> {
-    listener.set_nonblocking(false)?;
+    listener.set_nonblocking(true)?;
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("fleetgate-admin".into())
         .spawn(move || {
-            for stream in listener.incoming() {
-                match stream {
-                    Ok(stream) => {
-                        if let Err(error) = answer(stream, &metrics, config.as_ref()) {
+            let mut runtime = match monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+                .enable_timer()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    let _ = started_tx.send(Err(error));
+                    return;
+                }
+            };
+            let _ = started_tx.send(Ok(()));
+            runtime.block_on(async move {
+                let listener = match monoio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => listener,
+                    Err(error) => {
+                        tracing::error!(%error, "the admin listener could not start");
+                        return;
+                    }
+                };
+                let open = std::rc::Rc::new(std::cell::Cell::new(0usize));
+                let config = std::rc::Rc::new(config);
+                loop {
+                    while open.get() >= MAX_CONNECTIONS {
+                        monoio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    let stream = match listener.accept().await {
+                        Ok((stream, _)) => stream,
+                        Err(error) => {
+                            debug!(%error, "admin accept failed");
+                            monoio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let (metrics, config, open) = (metrics.clone(), config.clone(), open.clone());
+                    open.set(open.get() + 1);
+                    monoio::spawn(async move {
+                        if let Err(error) = answer(stream, &metrics, config.as_ref().as_ref()).await
+                        {
                             debug!(%error, "admin request failed");
                         }
-                    }
-                    Err(error) => debug!(%error, "admin accept failed"),
+                        open.set(open.get() - 1);
+                    });
                 }
-            }
+            })
         })?;
-    Ok(())
+    started_rx
+        .recv()
+        .map_err(|_| io::Error::other("the admin thread stopped before it started"))?
 }
 
-fn answer(mut stream: TcpStream, metrics: &Metrics, config: Option<&ConfigView>) -> io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while crate::protocol::http1::find_head_end(&buf, 0).is_none() {
-        let n = stream.read(&mut chunk)?;
-        if n == 0 || buf.len() > 16 * 1024 {
-            return Ok(());
+async fn answer(
+    mut stream: monoio::net::TcpStream,
+    metrics: &Metrics,
+    config: Option<&ConfigView>,
+) -> io::Result<()> {
+    use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+    let mut buf: Vec<u8> = Vec::with_capacity(1024);
+    let mut chunk: Vec<u8> = Vec::with_capacity(1024);
+    let read_head = async {
+        while crate::protocol::http1::find_head_end(&buf, 0).is_none() {
+            if buf.len() > MAX_HEAD {
+                return Ok(false);
+            }
+            chunk.clear();
+            let (result, back) = stream.read(std::mem::take(&mut chunk)).await;
+            chunk = back;
+            let n = result?;
+            if n == 0 {
+                return Ok(false);
+            }
+            buf.extend_from_slice(&chunk[..n]);
         }
-        buf.extend_from_slice(&chunk[..n]);
+        io::Result::Ok(true)
+    };
+    match monoio::time::timeout(HEAD_TIMEOUT, read_head).await {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) | Err(_) => return Ok(()),
+        Ok(Err(error)) => return Err(error),
     }
+    let reply = reply_to(&buf, metrics, config);
+    let (result, _) = stream.write_all(reply).await;
+    result.map(drop)
+}
+
+/// The whole response (head and body) to the request whose head is in `buf`.
+fn reply_to(buf: &[u8], metrics: &Metrics, config: Option<&ConfigView>) -> Vec<u8> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut request = httparse::Request::new(&mut headers);
-    let path = match request.parse(&buf) {
+    let path = match request.parse(buf) {
         Ok(_) => request.path.unwrap_or("/"),
         Err(_) => "",
     };
@@ -83,9 +156,10 @@ fn answer(mut stream: TcpStream, metrics: &Metrics, config: Option<&ConfigView>)
             metrics_text(metrics, config),
         ),
         "/readyz" => {
-            // A failing check (a configuration source that cannot watch what it must) makes
-            // the gateway not ready, as kube-apiserver's /readyz does: 500 and the reasons.
-            let (ready, text) = readyz_verbose(config);
+            // A failing check (a configuration source that cannot watch what it must, a shard
+            // down) makes the gateway not ready, as kube-apiserver's /readyz does: 500 and the
+            // reasons.
+            let (ready, text) = readyz_verbose(metrics, config);
             let status = if ready {
                 "200 OK"
             } else {
@@ -105,13 +179,13 @@ fn answer(mut stream: TcpStream, metrics: &Metrics, config: Option<&ConfigView>)
             "404 page not found\n".into(),
         ),
     };
-    let head = format!(
+    let mut reply = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
-    );
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body.as_bytes())?;
-    stream.flush()
+    )
+    .into_bytes();
+    reply.extend_from_slice(body.as_bytes());
+    reply
 }
 
 /// The data path's metrics, then the reload metrics, then the one `# EOF`.
@@ -134,9 +208,20 @@ fn metrics_text(metrics: &Metrics, config: Option<&ConfigView>) -> String {
 
 /// Kubernetes-style verbose readiness: one `[+]` (passing) or `[-]` (failing, with the reason)
 /// line per check, then the verdict; and whether every check passed.
-fn readyz_verbose(config: Option<&ConfigView>) -> (bool, String) {
+fn readyz_verbose(metrics: &Metrics, config: Option<&ConfigView>) -> (bool, String) {
     let mut out = String::from("[+]ping ok\n");
     let mut ready = true;
+    let down = metrics.supervision.down();
+    if down.is_empty() {
+        out.push_str("[+]shards ok\n");
+    } else {
+        ready = false;
+        for shard in down {
+            out.push_str(&format!(
+                "[-]shards failed: shard {shard} is down (its thread died; restarting)\n"
+            ));
+        }
+    }
     if let Some(view) = config {
         if view.shutdown.is_draining() {
             ready = false;

@@ -13,6 +13,13 @@ use socket2::{Domain, Socket, Type};
 
 /// Binds `count` SO_REUSEPORT sockets on `address` (all on the same port, even when `address`
 /// asks for port 0).
+///
+/// SO_REUSEPORT is for the gateway's own shards only: a port another process listens on is
+/// refused with "address already in use", never shared (the kernel would split new connections
+/// between two gateways with different certificates). A probe socket without SO_REUSEPORT is
+/// bound first, which fails if anyone listens there; after binding, the process's listening
+/// sockets on that port are counted in /proc/net/tcp{,6}, which catches a second process that
+/// bound in between.
 pub fn bind_reuseport(address: &str, count: usize) -> io::Result<Vec<TcpListener>> {
     let first_address = address.to_socket_addrs()?.next().ok_or_else(|| {
         io::Error::new(
@@ -20,16 +27,87 @@ pub fn bind_reuseport(address: &str, count: usize) -> io::Result<Vec<TcpListener
             format!("{address} resolves to nothing"),
         )
     })?;
-    let first = bind_one(first_address)?;
-    let bound = first.local_addr()?;
-    let mut sockets = vec![first];
-    for _ in 1..count.max(1) {
-        sockets.push(bind_one(bound)?);
+    let port = probe(first_address)?;
+    let bound = SocketAddr::new(first_address.ip(), port);
+    let mut sockets = Vec::with_capacity(count.max(1));
+    for _ in 0..count.max(1) {
+        sockets.push(bind_shard_socket(bound)?);
+    }
+    let ours = sockets.len();
+    if let Some(listening) = listening_on(bound) {
+        if listening > ours {
+            return Err(in_use(bound));
+        }
     }
     Ok(sockets)
 }
 
-fn bind_one(address: SocketAddr) -> io::Result<TcpListener> {
+/// Binds `address` without SO_REUSEPORT and releases it: the port, if nobody listens there.
+fn probe(address: SocketAddr) -> io::Result<u16> {
+    let socket = Socket::new(Domain::for_address(address), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&address.into()).map_err(|e| {
+        if e.kind() == io::ErrorKind::AddrInUse {
+            in_use(address)
+        } else {
+            e
+        }
+    })?;
+    let local = socket
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| io::Error::other("bound to a non-IP address"))?;
+    Ok(local.port())
+}
+
+fn in_use(address: SocketAddr) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!("address already in use: another process listens on {address}"),
+    )
+}
+
+/// Listening TCP sockets on this host that would take connections for `address` (its port, on
+/// its IP or the wildcard, or anywhere when it is the wildcard), from /proc/net/tcp or tcp6;
+/// `None` where that cannot be read.
+fn listening_on(address: SocketAddr) -> Option<usize> {
+    let (table, ours) = match address.ip() {
+        std::net::IpAddr::V4(ip) => ("/proc/net/tcp", proc_hex(&ip.octets())),
+        std::net::IpAddr::V6(ip) => ("/proc/net/tcp6", proc_hex(&ip.octets())),
+    };
+    let wildcard = |hex: &str| hex.bytes().all(|b| b == b'0');
+    let text = std::fs::read_to_string(table).ok()?;
+    let count = text
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let mut fields = line.split_whitespace();
+            let local = fields.nth(1).unwrap_or("");
+            let state = fields.nth(1).unwrap_or("");
+            let Some((ip, port)) = local.rsplit_once(':') else {
+                return false;
+            };
+            state == "0A"
+                && u16::from_str_radix(port, 16).ok() == Some(address.port())
+                && (ip == ours || wildcard(ip) || wildcard(&ours))
+        })
+        .count();
+    Some(count)
+}
+
+/// An address as /proc/net/tcp{,6} print it: each 32-bit word in host byte order, as hex.
+fn proc_hex(octets: &[u8]) -> String {
+    octets
+        .chunks(4)
+        .map(|word| {
+            let word = u32::from_ne_bytes([word[0], word[1], word[2], word[3]]);
+            format!("{word:08X}")
+        })
+        .collect()
+}
+
+/// Binds one more SO_REUSEPORT socket on `address` (a shard restarting binds its own again).
+pub fn bind_shard_socket(address: SocketAddr) -> io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(address), Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
@@ -42,6 +120,28 @@ fn bind_one(address: SocketAddr) -> io::Result<TcpListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_port_another_process_listens_on_is_refused_not_shared() {
+        // Another program's plain listener, and another gateway's SO_REUSEPORT one.
+        let plain = TcpListener::bind("127.0.0.1:0").unwrap();
+        let error = bind_reuseport(&plain.local_addr().unwrap().to_string(), 2).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::AddrInUse);
+        assert!(
+            error.to_string().contains("address already in use"),
+            "{error}"
+        );
+        let other_gateway = bind_reuseport("127.0.0.1:0", 1).unwrap();
+        let taken = other_gateway[0].local_addr().unwrap().to_string();
+        let error = bind_reuseport(&taken, 2).unwrap_err();
+        assert!(error.to_string().contains(&taken), "{error}");
+    }
+
+    #[test]
+    fn proc_net_tcp_counts_this_process_listeners() {
+        let sockets = bind_reuseport("127.0.0.1:0", 3).unwrap();
+        assert_eq!(listening_on(sockets[0].local_addr().unwrap()), Some(3));
+    }
 
     #[test]
     fn port_zero_gives_every_shard_the_same_port() {

@@ -6,11 +6,13 @@
 //! [`start`]; nothing here parses HTTP.
 
 pub mod admin;
+pub mod faults;
 pub mod listener;
 pub mod runtime;
 pub mod shard;
 pub mod shutdown;
 pub mod snapshot;
+pub mod supervise;
 
 pub use shard::{Driver, ShardContext};
 
@@ -89,6 +91,9 @@ pub fn start_with_reload(
     options: StartOptions,
     reload: Option<Arc<ReloadStatus>>,
 ) -> anyhow::Result<RunningGateway> {
+    faults::init_from_env();
+    let descriptors = crate::exchange::budget::raise_descriptor_limit();
+    info!(descriptors, "open-files limit");
     let gateway = table.load().gateway().clone();
     let workers = match options.workers.filter(|w| *w > 0) {
         Some(w) => w,
@@ -98,6 +103,7 @@ pub fn start_with_reload(
     let metrics = Metrics::new();
     let mut bound = Vec::new();
     let mut per_shard: Vec<Vec<ShardListener>> = (0..workers).map(|_| Vec::new()).collect();
+    let mut specs = Vec::new();
     for listener in &gateway.listeners {
         let tls = if listener.tls {
             Some(
@@ -117,6 +123,11 @@ pub fn start_with_reload(
             name: listener.name.clone(),
             address: sockets[0].local_addr()?,
             tls: listener.tls,
+        });
+        specs.push(supervise::ListenerSpec {
+            name: listener.name.clone(),
+            address: sockets[0].local_addr()?,
+            tls: tls.clone(),
         });
         for (shard, socket) in sockets.into_iter().enumerate() {
             per_shard[shard].push(ShardListener {
@@ -148,13 +159,8 @@ pub fn start_with_reload(
     };
     let audit = match &gateway.audit {
         Some(audit) => Some(
-            crate::observe::audit::AuditLog::start(
-                &audit.path,
-                audit.queue,
-                table.clone(),
-                &metrics,
-            )
-            .context("starting the audit log")?,
+            crate::observe::audit::AuditLog::start(&audit.path, audit.queue, &metrics)
+                .context("starting the audit log")?,
         ),
         None => None,
     };
@@ -167,14 +173,15 @@ pub fn start_with_reload(
         sockets: crate::exchange::budget::Sockets::new(workers),
         workers,
     };
+    let mut shards = Vec::with_capacity(workers);
     for (index, listeners) in per_shard.into_iter().enumerate() {
-        spawn_shard(
+        shards.push(spawn_shard(
             index,
             options.driver,
             listeners,
             shared.clone(),
             started_tx.clone(),
-        )?;
+        )?);
     }
     drop(started_tx);
     for _ in 0..workers {
@@ -182,6 +189,10 @@ pub fn start_with_reload(
             .recv()
             .context("a shard stopped before it started")?
             .context("a shard could not start")?;
+    }
+    let specs: Arc<[supervise::ListenerSpec]> = specs.into();
+    for (index, shard) in shards.into_iter().enumerate() {
+        supervise::supervise(index, options.driver, specs.clone(), shared.clone(), shard)?;
     }
     info!(workers, driver = ?options.driver, "gateway started");
     Ok(RunningGateway {

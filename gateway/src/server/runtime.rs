@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -57,10 +58,34 @@ pub async fn sleep(duration: Duration) {
     monoio::time::sleep(duration).await
 }
 
-/// Runs `future` as a task of its own on this shard (h2 streams). It is not `Send`: it stays on
-/// the shard that spawned it.
-pub fn spawn<F: Future + 'static>(future: F) {
-    drop(monoio::spawn(future));
+/// Runs `future` as a task of its own on this shard (connections, h2 streams, pool sweeps). It is
+/// not `Send`: it stays on the shard that spawned it. A panic in it ends that task only
+/// ([`isolated`]).
+pub fn spawn<F: Future<Output = ()> + 'static>(future: F) {
+    drop(monoio::spawn(isolated(future)));
+}
+
+/// Panics caught in a shard's tasks since the process started (`fleetgate_task_panics_total`).
+pub static TASK_PANICS: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `future`, catching a panic in it: the panic ends this task (its connection or stream is
+/// dropped, closing it) and is logged and counted, and the shard's other tasks go on. monoio does
+/// not catch task panics: without this one bad request would take the shard thread and every
+/// connection on it down.
+pub async fn isolated<F: Future<Output = ()>>(future: F) {
+    use futures_util::FutureExt as _;
+    if let Err(panic) = std::panic::AssertUnwindSafe(future).catch_unwind().await {
+        TASK_PANICS.fetch_add(1, Ordering::Relaxed);
+        let message = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        tracing::error!(
+            panic = message,
+            "a task panicked; its connection or stream was closed"
+        );
+    }
 }
 
 /// Which of two raced futures finished first.

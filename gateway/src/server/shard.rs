@@ -128,6 +128,18 @@ pub struct SharedState {
     pub workers: usize,
 }
 
+/// A shard thread as started: its handle, its gauges (zeroed when it dies) and a second handle
+/// on each of its listening sockets.
+pub struct StartedShard {
+    pub thread: JoinHandle<()>,
+    pub gauges: crate::observe::metrics::ShardGauges,
+    /// Duplicates of the shard's listening sockets: when the shard dies, shutting them down takes
+    /// them out of the SO_REUSEPORT group even if the dead runtime leaked the originals (an
+    /// io_uring accept in flight keeps a socket alive past its close), so the kernel stops
+    /// queueing connections that nobody will accept.
+    pub listening: Vec<TcpListener>,
+}
+
 /// Starts shard `index` on its own thread. `started` receives `Ok` once it accepts on every
 /// listener, or the error that stopped it.
 pub fn spawn_shard(
@@ -136,7 +148,7 @@ pub fn spawn_shard(
     listeners: Vec<ShardListener>,
     shared: SharedState,
     started: mpsc::Sender<io::Result<()>>,
-) -> io::Result<JoinHandle<()>> {
+) -> io::Result<StartedShard> {
     let SharedState {
         table,
         metrics,
@@ -145,7 +157,13 @@ pub fn spawn_shard(
         sockets,
         workers,
     } = shared;
-    std::thread::Builder::new()
+    let shard_metrics = metrics.shard();
+    let gauges = shard_metrics.gauges();
+    let listening = listeners
+        .iter()
+        .map(|l| l.socket.try_clone())
+        .collect::<io::Result<Vec<_>>>()?;
+    let thread = std::thread::Builder::new()
         .name(format!("fleetgate-shard-{index}"))
         .spawn(move || {
             let report = started.clone();
@@ -154,7 +172,7 @@ pub fn spawn_shard(
                     shard: index,
                     table: crate::server::snapshot::ShardTable::new(table),
                     pool: ShardPool::new(POOL_MAX_IDLE, POOL_IDLE_TIMEOUT),
-                    shard_metrics: metrics.shard(),
+                    shard_metrics,
                     metrics,
                     shutdown,
                     draining: std::cell::Cell::new(false),
@@ -191,7 +209,12 @@ pub fn spawn_shard(
                 error!(shard = index, error = %e, "shard runtime failed to start");
                 let _ = report.send(Err(e));
             }
-        })
+        })?;
+    Ok(StartedShard {
+        thread,
+        gauges,
+        listening,
+    })
 }
 
 async fn accept_loop(
@@ -231,10 +254,13 @@ async fn accept_loop(
             }
         };
         let ctx = ctx.clone();
+        // Each connection is a task of its own whose panic closes that connection only
+        // (`runtime::spawn`). The accept loop itself is a bare task: if it panicked the shard
+        // would stop accepting, so it takes the thread down and the supervisor restarts it.
         match &acceptor {
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
-                monoio::spawn(async move {
+                crate::server::runtime::spawn(async move {
                     let _connected = ctx.shard_metrics.client_connected();
                     let _socket = ctx.sockets.hold(ctx.shard);
                     let _open = ctx.shutdown.connection_opened();
@@ -242,7 +268,7 @@ async fn accept_loop(
                 });
             }
             None => {
-                monoio::spawn(async move {
+                crate::server::runtime::spawn(async move {
                     let _connected = ctx.shard_metrics.client_connected();
                     let _socket = ctx.sockets.hold(ctx.shard);
                     let _open = ctx.shutdown.connection_opened();

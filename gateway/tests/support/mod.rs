@@ -116,7 +116,7 @@ pub struct Recorded {
 }
 
 /// A raw HTTP/1.1 member: records every request; the path picks the behaviour:
-/// `/watch...` streams events sent with [`Upstream::emit`]; `/big?bytes=N` sends N bytes chunked;
+/// a watch (`?watch=true`) streams events sent with [`Upstream::emit`]; `/big?bytes=N` sends N bytes chunked;
 /// `/slow` never answers; `/late-watch` answers after 1.5 s; `/closed` sends a close-delimited
 /// body; `/drop` closes without answering; anything else echoes the request as JSON.
 pub struct Upstream {
@@ -151,7 +151,7 @@ impl Upstream {
         }
     }
 
-    /// Sends one watch event line to every open `/watch` stream.
+    /// Sends one watch event line to every open watch stream.
     pub fn emit(&self, line: &str) {
         let _ = self.events.send(line.to_string());
     }
@@ -229,7 +229,7 @@ async fn serve_upstream(
         });
         let target = head.split(' ').nth(1).unwrap_or("/").to_string();
         let path = target.split('?').next().unwrap_or("/").to_string();
-        let ok = if path.ends_with("/watch") {
+        let ok = if target.contains("watch=true") && !path.ends_with("/late-watch") {
             let mut rx = events.subscribe();
             let mut probe = [0u8; 16];
             if stream
@@ -501,6 +501,10 @@ spec:
   clusters: {{names: ["*"]}}
   rules:
     - verbs: [get, list, watch, create, update, patch, delete, deletecollection, exec, attach, portforward, proxy]
+    # The recording member serves any path (`/big`, `/slow`...): non-resource paths need a grant
+    # of their own.
+    - verbs: ["*"]
+      nonResourceURLs: ["*"]
 "#,
         stopped = closed_port()
     );

@@ -398,7 +398,7 @@ fn write_policies(dir: &Path) -> std::io::Result<()> {
             "admin",
             vec![json!({"kind": "Group", "name": MASTERS_GROUP})],
             json!({"names": ["*"]}),
-            json!([{"verbs": ["*"]}]),
+            json!([{"verbs": ["*"]}, {"verbs": ["*"], "nonResourceURLs": ["*"]}]),
         ),
         policy(
             "devs-read-dev",

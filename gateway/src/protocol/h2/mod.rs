@@ -42,9 +42,9 @@ use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
 use crate::exchange::{
     self, Failure, Outbound, RequestBody, BODY_STALL_TIMEOUT, IDLE_STREAM_BUFFER, READ_CHUNK,
 };
-use crate::observe::audit::{AuditRequest, Outcome, StreamAudit};
+use crate::observe::audit::{AuditRequest, Classified, Outcome, StreamAudit};
 use crate::protocol::http1::{is_hop_by_hop, BodyKind, BodyProgress, Head};
-use crate::request::{self, Decision};
+use crate::request::{self, Decision, Peer};
 use crate::server::runtime::{self, First};
 use crate::server::ShardContext;
 use crate::upstream::UpstreamConn;
@@ -150,6 +150,7 @@ pub async fn serve_h2<S>(ctx: Rc<ShardContext>, io: S, peer: SocketAddr, identit
 where
     S: AsyncRead + AsyncWrite + Unpin + 'static,
 {
+    let peer = Peer::new(peer);
     // Read once per connection: a reload that changes them applies to new connections.
     let (limits, settings) = {
         let table = ctx.table.load();
@@ -181,15 +182,15 @@ where
     {
         Ok(Ok(connection)) => connection,
         Ok(Err(error)) => {
-            debug!(%peer, %error, "h2 handshake failed");
+            debug!(peer = %peer.addr, %error, "h2 handshake failed");
             return;
         }
         Err(_) => {
-            debug!(%peer, "h2 handshake timed out");
+            debug!(peer = %peer.addr, "h2 handshake timed out");
             return;
         }
     };
-    debug!(%peer, user = %identity.user, "h2 connection");
+    debug!(peer = %peer.addr, user = %identity.user, "h2 connection");
     // Who the audit log names when a stream is refused before its identity is decided.
     let audit_user = ctx
         .audit
@@ -213,7 +214,7 @@ where
                 true
             }
             Err(error) => {
-                debug!(%peer, %error, "h2 connection ended with an error");
+                debug!(peer = %peer.addr, %error, "h2 connection ended with an error");
                 false
             }
         };
@@ -237,7 +238,7 @@ where
             First::Right(First::Right(why)) => {
                 // A client that costs more than it may: GOAWAY(ENHANCE_YOUR_CALM), its streams
                 // end, and the connection closes once that GOAWAY is out (or within a second).
-                warn!(%peer, why, open_streams = streams.open.get(), "h2 client over its budget; GOAWAY ENHANCE_YOUR_CALM");
+                warn!(peer = %peer.addr, why, open_streams = streams.open.get(), "h2 client over its budget; GOAWAY ENHANCE_YOUR_CALM");
                 ctx.metrics.h2_connection_calmed();
                 connection.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
                 let _ = runtime::timeout(CALM_CLOSE_TIMEOUT, async {
@@ -250,7 +251,7 @@ where
     };
     // GOAWAY(NO_ERROR) with a PING, then the final GOAWAY naming the last stream served: the
     // streams already open finish, new ones are refused, and the connection closes after them.
-    debug!(%peer, ?reason, open_streams = streams.open.get(), "h2 GOAWAY");
+    debug!(peer = %peer.addr, ?reason, open_streams = streams.open.get(), "h2 GOAWAY");
     connection.graceful_shutdown();
     loop {
         match runtime::timeout(GOAWAY_CLOSE_TIMEOUT, connection.accept()).await {
@@ -263,7 +264,7 @@ where
             // Streams still run: keep driving them (the drain's grace period bounds this).
             Err(_) if streams.open.get() > 0 => {}
             Err(_) => {
-                debug!(%peer, "h2 client did not complete the close; dropping the connection");
+                debug!(peer = %peer.addr, "h2 client did not complete the close; dropping the connection");
                 return;
             }
         }
@@ -275,7 +276,7 @@ async fn serve_stream(
     ctx: Rc<ShardContext>,
     request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
-    peer: SocketAddr,
+    peer: Peer,
     identity: Rc<auth::ConnectionAuth>,
     audit_user: Option<Arc<ClientIdentity>>,
     _open: StreamGuard,
@@ -285,8 +286,9 @@ async fn serve_stream(
     let audit_request = ctx
         .audit
         .as_ref()
-        .map(|_| AuditRequest::from_parts(&request, peer));
+        .map(|_| AuditRequest::from_parts(&request, peer.addr));
     let mut audit = StreamAudit {
+        classified: None,
         authenticated: audit_user.clone(),
         acting_as: audit_user,
         code: None,
@@ -342,7 +344,8 @@ async fn serve_stream(
         }
     }
     if let (Some(log), Some(request), Some(outcome)) = (&ctx.audit, audit_request, outcome) {
-        let request = request.identity(audit.authenticated.as_ref(), audit.acting_as.as_ref());
+        let mut request = request.identity(audit.authenticated.as_ref(), audit.acting_as.as_ref());
+        request.classified = audit.classified;
         log.record(request, started, outcome);
     }
 }
@@ -353,7 +356,7 @@ async fn proxy_stream(
     ctx: &ShardContext,
     request: Request<RecvStream>,
     respond: &mut SendResponse<Bytes>,
-    peer: SocketAddr,
+    peer: Peer,
     conn_auth: &auth::ConnectionAuth,
     started: Instant,
     audit: &mut StreamAudit,
@@ -411,6 +414,11 @@ async fn proxy_stream(
             if let Some((cluster, verb)) = refused.counted {
                 ctx.count_response(cluster, verb, refused.error.code_and_reason().0, started);
             }
+            if ctx.audit.is_some() {
+                audit.classified = refused
+                    .classified
+                    .map(|(cluster, info)| Classified::new(cluster, &info, target));
+            }
             // The audit log names who a 403 was for (a 401 clears these in serve_stream).
             if refused.authenticated.is_some() {
                 audit.authenticated = refused.authenticated;
@@ -422,6 +430,7 @@ async fn proxy_stream(
     if ctx.audit.is_some() {
         audit.authenticated = proxied.identity.authenticated.clone();
         audit.acting_as = proxied.identity.identity.clone();
+        audit.classified = Some(Classified::new(proxied.name, &proxied.info, target));
     }
     let cluster: &ClusterRoute = proxied.cluster;
     let limits = table.gateway().limits;
@@ -449,7 +458,7 @@ async fn proxy_stream(
             rest: proxied.rest,
             query: proxied.query,
             body: request_body,
-            peer: peer.ip(),
+            peer: peer.ip_text(),
             identity: proxied.identity.identity.as_deref(),
             upgrade: if websocket {
                 Upgrade::WebSocket

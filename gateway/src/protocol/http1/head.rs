@@ -29,6 +29,19 @@ pub enum HeadError {
     Invalid(&'static str),
 }
 
+/// What a head's `Connection` fields say, read once as the head is parsed (so no later step
+/// scans the fields again for a token).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionTokens {
+    /// A `Connection` field is present.
+    pub present: bool,
+    pub close: bool,
+    pub keep_alive: bool,
+    pub upgrade: bool,
+    /// It names something else: a field to drop as hop-by-hop (or to refuse).
+    pub others: bool,
+}
+
 /// A parsed head. The bytes live in `buf`; everything else is offsets into it, so one `Head` per
 /// connection is reused for every message without allocating.
 #[derive(Debug, Default)]
@@ -42,6 +55,12 @@ pub struct Head {
     /// The status code of a response; 0 for requests.
     pub code: u16,
     headers: Vec<(Range<usize>, Range<usize>)>,
+    /// Its `Connection` tokens.
+    pub connection: ConnectionTokens,
+    /// How many `Host` fields it has.
+    pub hosts: usize,
+    /// `Expect: 100-continue` is among its fields.
+    pub expect_continue: bool,
 }
 
 impl Head {
@@ -112,7 +131,7 @@ pub fn trim(mut bytes: &[u8]) -> &[u8] {
 pub fn find_head_end(buf: &[u8], from: usize) -> Option<usize> {
     let start = from.saturating_sub(3);
     let mut at = start;
-    while let Some(pos) = buf[at..].iter().position(|b| *b == b'\n') {
+    while let Some(pos) = memchr::memchr(b'\n', &buf[at..]) {
         let lf = at + pos;
         if buf.get(lf + 1) == Some(&b'\n') {
             return Some(lf + 2);
@@ -128,12 +147,10 @@ pub fn find_head_end(buf: &[u8], from: usize) -> Option<usize> {
 /// Rejects a line feed not preceded by a carriage return: httparse accepts bare LF, and a
 /// front-end and a back-end disagreeing on line ends is a classic smuggling vector.
 fn reject_bare_lf(head: &[u8]) -> Result<(), HeadError> {
-    let mut previous = 0u8;
-    for &b in head {
-        if b == b'\n' && previous != b'\r' {
+    for lf in memchr::memchr_iter(b'\n', head) {
+        if lf == 0 || head[lf - 1] != b'\r' {
             return Err(HeadError::Invalid("line ends with a bare LF"));
         }
-        previous = b;
     }
     Ok(())
 }
@@ -163,11 +180,39 @@ fn span_of(base: &[u8], part: &[u8]) -> Range<usize> {
     start..start + part.len()
 }
 
+/// Records the fields' spans, and what the later steps ask of them (the `Connection` tokens, the
+/// `Host` count, `Expect`), in one pass.
 fn fill_headers(head: &mut Head, raw: &[u8], headers: &[httparse::Header<'_>]) {
     head.headers.clear();
+    head.connection = ConnectionTokens::default();
+    head.hosts = 0;
+    head.expect_continue = false;
     for h in headers {
+        let name = h.name.as_bytes();
         head.headers
-            .push((span_of(raw, h.name.as_bytes()), span_of(raw, h.value)));
+            .push((span_of(raw, name), span_of(raw, h.value)));
+        match name.len() {
+            4 if name.eq_ignore_ascii_case(b"host") => head.hosts += 1,
+            6 if name.eq_ignore_ascii_case(b"expect") => {
+                head.expect_continue |= trim(h.value).eq_ignore_ascii_case(b"100-continue");
+            }
+            10 if name.eq_ignore_ascii_case(b"connection") => {
+                let tokens = &mut head.connection;
+                tokens.present = true;
+                for token in h.value.split(|b| *b == b',').map(trim) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        tokens.close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        tokens.keep_alive = true;
+                    } else if token.eq_ignore_ascii_case(b"upgrade") {
+                        tokens.upgrade = true;
+                    } else if !token.is_empty() {
+                        tokens.others = true;
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -222,8 +267,7 @@ pub fn parse_request(
             "request target must be an absolute path (origin-form)",
         ));
     }
-    let hosts = head.values(b"host").count();
-    if hosts > 1 || (hosts == 0 && head.minor_version == 1) {
+    if head.hosts > 1 || (head.hosts == 0 && head.minor_version == 1) {
         return Err(HeadError::Invalid(
             "an HTTP/1.1 request needs exactly one Host header",
         ));

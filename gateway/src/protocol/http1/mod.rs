@@ -10,7 +10,9 @@ pub mod body;
 pub mod head;
 
 pub use body::{request_body, response_body, BodyKind, BodyProgress, ChunkedScanner, FramingError};
-pub use head::{find_head_end, parse_request, parse_response, Head, HeadError, HeadLimits};
+pub use head::{
+    find_head_end, parse_request, parse_response, ConnectionTokens, Head, HeadError, HeadLimits,
+};
 
 /// Hop-by-hop header fields (RFC 9110 section 7.6.1) that a proxy never forwards, besides the
 /// ones `Connection` names. `Transfer-Encoding` is not here: the gateway passes chunked framing
@@ -27,9 +29,10 @@ const HOP_BY_HOP: [&[u8]; 8] = [
 ];
 
 /// Whether `name` must not be forwarded: a fixed hop-by-hop field or one the message's
-/// `Connection` header lists.
+/// `Connection` header lists (looked for only when it names anything beyond the usual tokens).
 pub fn is_hop_by_hop(head: &Head, name: &[u8]) -> bool {
-    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h)) || head.has_token(b"connection", name)
+    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+        || (head.connection.others && head.has_token(b"connection", name))
 }
 
 /// Appends `name: value\r\n`.

@@ -1,0 +1,536 @@
+//! What a request is, in kube-apiserver's terms: the one request-info parser the gateway's
+//! routing, AccessPolicy, metrics and audit log all read, run once per request.
+//!
+//! It follows kube-apiserver's `RequestInfoFactory.NewRequestInfo` for any path depth: the
+//! `/api/{version}` and `/apis/{group}/{version}` prefixes, the `watch` and `proxy` verbs in the
+//! path, `namespaces/{ns}/...` (with the namespace subresources `status` and `finalize`), the
+//! subresource from the third part on (bytes after it are never interpreted: a proxy subresource
+//! carries any path), `list` / `watch` / `deletecollection` for collections, and the name from
+//! `fieldSelector=metadata.name=X` for lists and watches. Where kube decodes the path first, this
+//! parser reads raw bytes and fails closed: a `%` or non-UTF-8 byte in any segment it classifies
+//! (prefix, group, version, namespace, resource, name, subresource) makes the request
+//! *unclassified*, which no resource rule of an AccessPolicy matches (kube's own
+//! `ValidatePathSegmentName` forbids `%` and `/` in names, so no legitimate client sends one there).
+//!
+//! Borrows from the path and query; never allocates; never does I/O. Called by the gateway's
+//! `request` module (once per request) and by `policy` (the check).
+
+/// kube-apiserver's verb for a request (its `RequestInfo.Verb`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KubeVerb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+    /// `/api/v1/proxy/...`, the legacy proxy verb in the path.
+    Proxy,
+    /// A non-resource request: the method, lower-cased (`get`, `post`, `head`, ...).
+    Method(NonResourceMethod),
+    /// A method kube gives no verb for (for a resource request).
+    Unknown,
+}
+
+/// The method of a non-resource request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NonResourceMethod {
+    Get,
+    Head,
+    Post,
+    Put,
+    Patch,
+    Delete,
+    Options,
+    Other,
+}
+
+impl NonResourceMethod {
+    fn of(method: &[u8]) -> NonResourceMethod {
+        match method {
+            b"GET" => NonResourceMethod::Get,
+            b"HEAD" => NonResourceMethod::Head,
+            b"POST" => NonResourceMethod::Post,
+            b"PUT" => NonResourceMethod::Put,
+            b"PATCH" => NonResourceMethod::Patch,
+            b"DELETE" => NonResourceMethod::Delete,
+            b"OPTIONS" => NonResourceMethod::Options,
+            _ => NonResourceMethod::Other,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NonResourceMethod::Get => "get",
+            NonResourceMethod::Head => "head",
+            NonResourceMethod::Post => "post",
+            NonResourceMethod::Put => "put",
+            NonResourceMethod::Patch => "patch",
+            NonResourceMethod::Delete => "delete",
+            NonResourceMethod::Options => "options",
+            NonResourceMethod::Other => "other",
+        }
+    }
+}
+
+impl KubeVerb {
+    /// The verb as kube-apiserver names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KubeVerb::Get => "get",
+            KubeVerb::List => "list",
+            KubeVerb::Watch => "watch",
+            KubeVerb::Create => "create",
+            KubeVerb::Update => "update",
+            KubeVerb::Patch => "patch",
+            KubeVerb::Delete => "delete",
+            KubeVerb::DeleteCollection => "deletecollection",
+            KubeVerb::Proxy => "proxy",
+            KubeVerb::Method(method) => method.name(),
+            KubeVerb::Unknown => "",
+        }
+    }
+}
+
+/// What a request is. Borrowed from its path and query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestInfo<'a> {
+    /// The path without the cluster prefix and without the query (as the member gets it).
+    pub path: &'a [u8],
+    /// Whether it names a resource (`/api/v1/...`, `/apis/g/v/...` with a resource part).
+    pub is_resource_request: bool,
+    /// False when a segment the parser had to read held a `%` or was not UTF-8: such a request
+    /// is treated as non-resource, and only a `nonResourceURLs` grant can allow it.
+    pub classified: bool,
+    pub verb: KubeVerb,
+    pub api_prefix: &'a str,
+    pub api_group: &'a str,
+    pub api_version: &'a str,
+    pub namespace: &'a str,
+    pub resource: &'a str,
+    pub subresource: &'a str,
+    pub name: &'a str,
+    /// kube-apiserver's long-running check: a watch, the proxy verb, or an attach, exec, proxy,
+    /// log or portforward subresource (and, as it streams, any `follow=true` or `watch=true`).
+    pub long_running: bool,
+}
+
+/// At most this many leading segments are ever read; the rest of a path is opaque.
+const READ_SEGMENTS: usize = 9;
+
+impl<'a> RequestInfo<'a> {
+    /// Classifies a request from its method, path (after the cluster prefix, without the query)
+    /// and query (with or without its `?`).
+    pub fn parse(method: &[u8], path: &'a [u8], query: &'a [u8]) -> RequestInfo<'a> {
+        let query = query.strip_prefix(b"?").unwrap_or(query);
+        let mut info = RequestInfo {
+            path,
+            is_resource_request: false,
+            classified: true,
+            verb: KubeVerb::Method(NonResourceMethod::of(method)),
+            api_prefix: "",
+            api_group: "",
+            api_version: "",
+            namespace: "",
+            resource: "",
+            subresource: "",
+            name: "",
+            long_running: false,
+        };
+        // kube: strings.Split(strings.Trim(path, "/"), "/"): leading and trailing slashes go.
+        let trimmed = trim_slashes(path);
+        let mut raw: [&'a [u8]; READ_SEGMENTS] = [b""; READ_SEGMENTS];
+        let mut count = 0;
+        if !trimmed.is_empty() {
+            for segment in trimmed.split(|b| *b == b'/') {
+                if count == READ_SEGMENTS {
+                    // More than anything classification reads: the count only has to say so.
+                    count += 1;
+                    break;
+                }
+                raw[count] = segment;
+                count += 1;
+            }
+        }
+        let parts = &raw[..count.min(READ_SEGMENTS)];
+        // Fewer than three parts, or another prefix: a non-resource request (its verb the method).
+        if count < 3 || !matches!(parts[0], b"api" | b"apis") {
+            return info.with_streaming_query(query);
+        }
+        let Some(resource_info) = resource_info(method, parts, count, query) else {
+            // A segment it had to read holds a `%` or is not text: unclassified.
+            info.classified = false;
+            return info.with_streaming_query(query);
+        };
+        match resource_info {
+            Parsed::NonResource { api_prefix } => {
+                info.api_prefix = api_prefix;
+                info.with_streaming_query(query)
+            }
+            Parsed::Resource(fields) => RequestInfo {
+                is_resource_request: true,
+                ..fields.apply(info)
+            },
+        }
+    }
+
+    /// A request whose query asks to stream (`watch=true`, `follow=true`) is long-running
+    /// whatever its path.
+    fn with_streaming_query(mut self, query: &[u8]) -> Self {
+        self.long_running |= is_true(param(query, b"watch")) || is_true(param(query, b"follow"));
+        self
+    }
+
+    /// The verb an AccessPolicy grants for this request: kube's verb, except that the connect
+    /// subresources `exec`, `attach`, `portforward` and `proxy` are verbs of their own (as the
+    /// legacy proxy verb is).
+    pub fn policy_verb(&self) -> Option<Verb> {
+        if self.is_resource_request {
+            match self.subresource {
+                "exec" => return Some(Verb::Exec),
+                "attach" => return Some(Verb::Attach),
+                "portforward" => return Some(Verb::PortForward),
+                "proxy" => return Some(Verb::Proxy),
+                _ => {}
+            }
+        }
+        Some(match self.verb {
+            KubeVerb::Get | KubeVerb::Method(NonResourceMethod::Get | NonResourceMethod::Head) => {
+                Verb::Get
+            }
+            KubeVerb::List => Verb::List,
+            KubeVerb::Watch => Verb::Watch,
+            KubeVerb::Create | KubeVerb::Method(NonResourceMethod::Post) => Verb::Create,
+            KubeVerb::Update | KubeVerb::Method(NonResourceMethod::Put) => Verb::Update,
+            KubeVerb::Patch | KubeVerb::Method(NonResourceMethod::Patch) => Verb::Patch,
+            KubeVerb::Delete | KubeVerb::Method(NonResourceMethod::Delete) => Verb::Delete,
+            KubeVerb::DeleteCollection => Verb::DeleteCollection,
+            KubeVerb::Proxy => Verb::Proxy,
+            KubeVerb::Method(_) | KubeVerb::Unknown => return None,
+        })
+    }
+
+    /// The verb metrics count a request under: `connect` for exec, attach, portforward and proxy
+    /// (as kube-apiserver's own metrics do), else kube's verb; `other` where kube has none.
+    pub fn metrics_verb(&self) -> &'static str {
+        match self.policy_verb() {
+            Some(Verb::Exec | Verb::Attach | Verb::PortForward | Verb::Proxy) => "connect",
+            _ => match self.verb {
+                KubeVerb::Unknown | KubeVerb::Method(NonResourceMethod::Other) => "other",
+                verb => verb.name(),
+            },
+        }
+    }
+
+    /// The path as text, for `nonResourceURLs` (None when it is not UTF-8: only `*` matches).
+    pub fn path_str(&self) -> Option<&'a str> {
+        std::str::from_utf8(self.path).ok()
+    }
+}
+
+/// The verbs an AccessPolicy rule grants (kube's, plus the connect subresources as verbs of
+/// their own, and `impersonate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+    Exec,
+    Attach,
+    PortForward,
+    Proxy,
+    Impersonate,
+}
+
+/// The fields of a resource request.
+struct ResourceFields<'a> {
+    verb: KubeVerb,
+    api_prefix: &'a str,
+    api_group: &'a str,
+    api_version: &'a str,
+    namespace: &'a str,
+    resource: &'a str,
+    subresource: &'a str,
+    name: &'a str,
+    long_running: bool,
+}
+
+impl<'a> ResourceFields<'a> {
+    fn apply(self, info: RequestInfo<'a>) -> RequestInfo<'a> {
+        RequestInfo {
+            verb: self.verb,
+            api_prefix: self.api_prefix,
+            api_group: self.api_group,
+            api_version: self.api_version,
+            namespace: self.namespace,
+            resource: self.resource,
+            subresource: self.subresource,
+            name: self.name,
+            long_running: self.long_running,
+            ..info
+        }
+    }
+}
+
+enum Parsed<'a> {
+    /// `/apis/{group}` with too few parts: discovery, not a resource.
+    NonResource {
+        api_prefix: &'a str,
+    },
+    Resource(ResourceFields<'a>),
+}
+
+/// kube's NewRequestInfo past the "fewer than three parts" and prefix checks. `parts` are the
+/// first (up to) [`READ_SEGMENTS`] segments of `count` in all. None: a segment it reads is not
+/// plain text.
+fn resource_info<'a>(
+    method: &[u8],
+    parts: &[&'a [u8]],
+    count: usize,
+    query: &'a [u8],
+) -> Option<Parsed<'a>> {
+    let text = |i: usize| -> Option<&'a str> { segment_text(parts.get(i).copied()?) };
+    let api_prefix = text(0)?;
+    let mut at = 1;
+    let mut api_group = "";
+    if api_prefix == "apis" {
+        // One part (the prefix) has already been consumed: "do we have four parts?"
+        if count - at < 3 {
+            return Some(Parsed::NonResource { api_prefix });
+        }
+        api_group = text(at)?;
+        at += 1;
+    }
+    let api_version = text(at)?;
+    at += 1;
+    let mut verb = match method {
+        b"POST" => KubeVerb::Create,
+        b"GET" | b"HEAD" => KubeVerb::Get,
+        b"PUT" => KubeVerb::Update,
+        b"PATCH" => KubeVerb::Patch,
+        b"DELETE" => KubeVerb::Delete,
+        _ => KubeVerb::Unknown,
+    };
+    // `/{watch|proxy}/...`: the verb is in the path.
+    let first = text(at)?;
+    if first == "watch" || first == "proxy" {
+        if count - at < 2 {
+            // kube: "unable to determine kind and namespace": no resource request can be made of
+            // it; classify it as one that no narrow rule matches.
+            return None;
+        }
+        verb = if first == "watch" {
+            KubeVerb::Watch
+        } else {
+            KubeVerb::Proxy
+        };
+        at += 1;
+    }
+    // `/namespaces/{ns}/{kind}/...`: the parts become relative to the kind.
+    let mut namespace = "";
+    if text(at)? == "namespaces" {
+        // Creating a namespace with server-side apply PATCHes /namespaces/{new}: that request
+        // is not in the namespace it creates.
+        if count - at == 2 && verb == KubeVerb::Patch {
+            // No namespace.
+        } else if count - at > 1 {
+            namespace = text(at + 1)?;
+            // Another step after the namespace name that is not a namespace subresource: a
+            // resource in its own right.
+            if count - at > 2 {
+                let next = text(at + 2)?;
+                if next != "status" && next != "finalize" {
+                    at += 2;
+                }
+            }
+        }
+    }
+    // Parts now: resource/name/subresource/anything we do not interpret.
+    let left = count - at;
+    let mut resource = "";
+    let mut name = "";
+    let mut subresource = "";
+    if left >= 3 && verb != KubeVerb::Proxy {
+        subresource = text(at + 2)?;
+    }
+    if left >= 2 {
+        name = text(at + 1)?;
+    }
+    if left >= 1 {
+        resource = text(at)?;
+    }
+    // No name and a get: a list or a watch (and a name from `metadata.name=`). As kube, a query
+    // it cannot decode (a `watch` that is no bool, a field selector with a term that is no
+    // requirement) gives a list, or a watch unless `watch` says false, and no name.
+    if name.is_empty() && verb == KubeVerb::Get {
+        let watch = param(query, b"watch");
+        let selector = param(query, b"fieldSelector");
+        let decodes =
+            watch.is_none_or(|v| parse_bool(v).is_some()) && selector.is_none_or(is_valid_selector);
+        let watching = if decodes {
+            watch.and_then(parse_bool).unwrap_or(false)
+        } else {
+            watch.is_some_and(|v| !(v.eq_ignore_ascii_case(b"false") || v == b"0"))
+        };
+        verb = if watching {
+            KubeVerb::Watch
+        } else {
+            KubeVerb::List
+        };
+        if decodes {
+            if let Some(selected) = selector.and_then(exact_name) {
+                name = selected;
+            }
+        }
+    }
+    if name.is_empty() && verb == KubeVerb::Delete {
+        verb = KubeVerb::DeleteCollection;
+    }
+    let long_running = matches!(verb, KubeVerb::Watch | KubeVerb::Proxy)
+        || matches!(
+            subresource,
+            "attach" | "exec" | "proxy" | "log" | "portforward"
+        )
+        || is_true(param(query, b"follow"))
+        || is_true(param(query, b"watch"));
+    Some(Parsed::Resource(ResourceFields {
+        verb,
+        api_prefix,
+        api_group,
+        api_version,
+        namespace,
+        resource,
+        subresource,
+        name,
+        long_running,
+    }))
+}
+
+/// A segment as text, if it has no `%` and is UTF-8.
+fn segment_text(segment: &[u8]) -> Option<&str> {
+    if segment.contains(&b'%') {
+        return None;
+    }
+    std::str::from_utf8(segment).ok()
+}
+
+fn trim_slashes(mut path: &[u8]) -> &[u8] {
+    while let [b'/', rest @ ..] = path {
+        path = rest;
+    }
+    while let [rest @ .., b'/'] = path {
+        path = rest;
+    }
+    path
+}
+
+/// The raw value of the first `name=...` in a query.
+fn param<'q>(query: &'q [u8], name: &[u8]) -> Option<&'q [u8]> {
+    query.split(|b| *b == b'&').find_map(|pair| {
+        let (key, value) = match pair.iter().position(|b| *b == b'=') {
+            Some(eq) => (&pair[..eq], &pair[eq + 1..]),
+            None => (pair, &b""[..]),
+        };
+        (key == name).then_some(value)
+    })
+}
+
+/// Go's strconv.ParseBool.
+fn parse_bool(value: &[u8]) -> Option<bool> {
+    match value {
+        b"1" | b"t" | b"T" | b"TRUE" | b"true" | b"True" => Some(true),
+        b"0" | b"f" | b"F" | b"FALSE" | b"false" | b"False" => Some(false),
+        _ => None,
+    }
+}
+
+fn is_true(value: Option<&[u8]>) -> bool {
+    value.and_then(parse_bool) == Some(true)
+}
+
+/// Whether every term of a field selector is a requirement (`key=value`, `key==value`,
+/// `key!=value`, with `=` raw or `%3D`); an empty selector selects everything.
+fn is_valid_selector(selector: &[u8]) -> bool {
+    let mut rest = selector;
+    loop {
+        let (term, next) = split_term(rest);
+        let has_operator = term.contains(&b'=')
+            || term
+                .windows(3)
+                .any(|w| w[0] == b'%' && w[1] == b'3' && w[2].eq_ignore_ascii_case(&b'd'));
+        if !(has_operator || (term.is_empty() && selector.is_empty())) {
+            return false;
+        }
+        match next {
+            Some(next) => rest = next,
+            None => return true,
+        }
+    }
+}
+
+/// The name a field selector requires exactly (`metadata.name=X` or `==`, among others joined
+/// by commas; `=` and `,` raw or percent-encoded), if it is a valid path segment name.
+fn exact_name(selector: &[u8]) -> Option<&str> {
+    // Split on `,` and `%2C`.
+    let mut rest = selector;
+    loop {
+        let (term, next) = split_term(rest);
+        if let Some(value) = strip_name_requirement(term) {
+            return segment_text(value).filter(|v| is_path_segment_name(v));
+        }
+        rest = next?;
+    }
+}
+
+fn split_term(s: &[u8]) -> (&[u8], Option<&[u8]>) {
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b',' {
+            return (&s[..i], Some(&s[i + 1..]));
+        }
+        if s[i..].len() >= 3
+            && s[i] == b'%'
+            && s[i + 1] == b'2'
+            && s[i + 2].eq_ignore_ascii_case(&b'c')
+        {
+            return (&s[..i], Some(&s[i + 3..]));
+        }
+        i += 1;
+    }
+    (s, None)
+}
+
+/// `metadata.name` then `=`, `==` (raw or `%3D`), and the value.
+fn strip_name_requirement(term: &[u8]) -> Option<&[u8]> {
+    let mut rest = term.strip_prefix(b"metadata.name")?;
+    let equals = |s: &[u8]| -> Option<usize> {
+        if s.first() == Some(&b'=') {
+            Some(1)
+        } else if s.len() >= 3 && s[0] == b'%' && s[1] == b'3' && s[2].eq_ignore_ascii_case(&b'd') {
+            Some(3)
+        } else {
+            None
+        }
+    };
+    rest = &rest[equals(rest)?..];
+    if let Some(n) = equals(rest) {
+        rest = &rest[n..];
+    }
+    Some(rest)
+}
+
+/// kube's path.IsValidPathSegmentName: not `.` or `..`, and no `/` or `%`.
+fn is_path_segment_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '%'])
+}
+
+#[cfg(test)]
+mod tests;

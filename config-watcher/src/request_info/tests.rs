@@ -1,0 +1,584 @@
+//! The request-info parser against kube-apiserver's own table (`requestinfo_test.go` of
+//! k8s.io/apiserver: every case there, as facts), the long-running check, and hostile paths:
+//! any depth, percent-encoding and non-UTF-8 where classification reads.
+
+use super::*;
+
+fn parse(method: &str, url: &'static str) -> RequestInfo<'static> {
+    let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    RequestInfo::parse(method.as_bytes(), path.as_bytes(), query.as_bytes())
+}
+
+/// method, url, verb, api group, version, namespace, resource, subresource, name.
+type KubeCase = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+);
+
+/// kube's TestGetAPIRequestInfo success cases: method, url, verb, api group, version,
+/// namespace, resource, subresource, name (kube's expected API prefix is "api" in every row of
+/// its table, including the /apis ones, a quirk of the table: the prefix is checked here too).
+const KUBE_CASES: &[KubeCase] = &[
+    (
+        "GET",
+        "/api/v1/namespaces",
+        "list",
+        "",
+        "v1",
+        "",
+        "namespaces",
+        "",
+        "",
+    ),
+    (
+        "GET",
+        "/api/v1/namespaces/other",
+        "get",
+        "",
+        "v1",
+        "other",
+        "namespaces",
+        "",
+        "other",
+    ),
+    (
+        "GET",
+        "/api/v1/namespaces/other/pods",
+        "list",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "",
+    ),
+    (
+        "GET",
+        "/api/v1/namespaces/other/pods/foo",
+        "get",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "foo",
+    ),
+    (
+        "HEAD",
+        "/api/v1/namespaces/other/pods/foo",
+        "get",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "foo",
+    ),
+    ("GET", "/api/v1/pods", "list", "", "v1", "", "pods", "", ""),
+    ("HEAD", "/api/v1/pods", "list", "", "v1", "", "pods", "", ""),
+    (
+        "PATCH",
+        "/api/v1/namespaces/new-namespace",
+        "patch",
+        "",
+        "v1",
+        "",
+        "namespaces",
+        "",
+        "new-namespace",
+    ),
+    // special verbs
+    (
+        "GET",
+        "/api/v1/proxy/namespaces/other/pods/foo",
+        "proxy",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "foo",
+    ),
+    (
+        "GET",
+        "/api/v1/proxy/namespaces/other/pods/foo/subpath/not/a/subresource",
+        "proxy",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "foo",
+    ),
+    (
+        "GET",
+        "/api/v1/watch/pods",
+        "watch",
+        "",
+        "v1",
+        "",
+        "pods",
+        "",
+        "",
+    ),
+    (
+        "GET",
+        "/api/v1/pods?watch=true",
+        "watch",
+        "",
+        "v1",
+        "",
+        "pods",
+        "",
+        "",
+    ),
+    (
+        "GET",
+        "/api/v1/pods?watch=false",
+        "list",
+        "",
+        "v1",
+        "",
+        "pods",
+        "",
+        "",
+    ),
+    (
+        "GET",
+        "/api/v1/watch/namespaces/other/pods",
+        "watch",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "",
+    ),
+    (
+        "GET",
+        "/api/v1/namespaces/other/pods?watch=1",
+        "watch",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "",
+    ),
+    (
+        "GET",
+        "/api/v1/namespaces/other/pods?watch=0",
+        "list",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "",
+    ),
+    // subresource identification
+    (
+        "GET",
+        "/api/v1/namespaces/other/pods/foo/status",
+        "get",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "status",
+        "foo",
+    ),
+    (
+        "GET",
+        "/api/v1/namespaces/other/pods/foo/proxy/subpath",
+        "get",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "proxy",
+        "foo",
+    ),
+    (
+        "PUT",
+        "/api/v1/namespaces/other/finalize",
+        "update",
+        "",
+        "v1",
+        "other",
+        "namespaces",
+        "finalize",
+        "other",
+    ),
+    (
+        "PUT",
+        "/api/v1/namespaces/other/status",
+        "update",
+        "",
+        "v1",
+        "other",
+        "namespaces",
+        "status",
+        "other",
+    ),
+    // verb identification
+    (
+        "PATCH",
+        "/api/v1/namespaces/other/pods/foo",
+        "patch",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "foo",
+    ),
+    (
+        "DELETE",
+        "/api/v1/namespaces/other/pods/foo",
+        "delete",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "foo",
+    ),
+    (
+        "POST",
+        "/api/v1/namespaces/other/pods",
+        "create",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "",
+    ),
+    // deletecollection verb identification
+    (
+        "DELETE",
+        "/api/v1/nodes",
+        "deletecollection",
+        "",
+        "v1",
+        "",
+        "nodes",
+        "",
+        "",
+    ),
+    (
+        "DELETE",
+        "/api/v1/namespaces",
+        "deletecollection",
+        "",
+        "v1",
+        "",
+        "namespaces",
+        "",
+        "",
+    ),
+    (
+        "DELETE",
+        "/api/v1/namespaces/other/pods",
+        "deletecollection",
+        "",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "",
+    ),
+    (
+        "DELETE",
+        "/apis/extensions/v1/namespaces/other/pods",
+        "deletecollection",
+        "extensions",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "",
+    ),
+    // api group and version identification
+    (
+        "POST",
+        "/apis/extensions/v1/namespaces/other/pods",
+        "create",
+        "extensions",
+        "v1",
+        "other",
+        "pods",
+        "",
+        "",
+    ),
+    (
+        "POST",
+        "/apis/extensions/v1beta3/namespaces/other/pods",
+        "create",
+        "extensions",
+        "v1beta3",
+        "other",
+        "pods",
+        "",
+        "",
+    ),
+];
+
+#[test]
+fn kube_apiservers_own_table() {
+    for &(method, url, verb, group, version, namespace, resource, subresource, name) in KUBE_CASES {
+        let info = parse(method, url);
+        assert!(info.is_resource_request, "{method} {url}");
+        assert!(info.classified, "{method} {url}");
+        let got = (
+            info.verb.name(),
+            info.api_group,
+            info.api_version,
+            info.namespace,
+            info.resource,
+            info.subresource,
+            info.name,
+        );
+        assert_eq!(
+            got,
+            (verb, group, version, namespace, resource, subresource, name),
+            "{method} {url}"
+        );
+        let prefix = if url.starts_with("/apis/") {
+            "apis"
+        } else {
+            "api"
+        };
+        assert_eq!(info.api_prefix, prefix, "{url}");
+    }
+}
+
+#[test]
+fn kube_apiservers_non_resource_cases() {
+    // TestGetAPIRequestInfo's error cases and TestGetNonAPIRequestInfo.
+    for (url, resource) in [
+        ("/", false),
+        ("/api/version/", false),
+        ("/apis/group/version/", false),
+        ("/badprefix/version/resource", false),
+        ("/apis/version/resource", false),
+        ("/api/version/resource", true),
+        ("/apis/group/version/resource/name/subresource", true),
+        ("/api/version/resource/name/subresource", true),
+        ("/apis/batch/v1/job", true),
+        ("/apis/batch/v1/job/foo", true),
+        ("/apis/batch/v1/job/foo/scale", true),
+        ("/not-api/version/resource", false),
+        ("/apis/extensions/v1beta1", false),
+        ("/apis/extensions/v1beta1/", false),
+        ("/api/version", false),
+        ("/api", false),
+        ("", false),
+    ] {
+        let info = parse("GET", url);
+        assert_eq!(info.is_resource_request, resource, "{url}");
+        assert!(info.classified, "{url}");
+        if !resource {
+            assert_eq!(info.verb, KubeVerb::Method(NonResourceMethod::Get), "{url}");
+        }
+    }
+}
+
+#[test]
+fn kube_apiservers_field_selector_cases() {
+    for (url, name, verb) in [
+        ("/apis/group/version/resource", "", "list"),
+        (
+            "/apis/group/version/resource?fieldSelector=metadata.name=name1",
+            "name1",
+            "list",
+        ),
+        (
+            "/apis/group/version/resource?watch=true&fieldSelector=metadata.name=name1",
+            "name1",
+            "watch",
+        ),
+        (
+            "/apis/group/version/resource?fieldSelector=foo=bar",
+            "",
+            "list",
+        ),
+        (
+            "/apis/group/version/resource?fieldSelector=metadata.name=name1,foo",
+            "",
+            "list",
+        ),
+        (
+            "/apis/group/version/resource?fieldSelector=metadata.name=name1,foo&watch=true",
+            "",
+            "watch",
+        ),
+        (
+            "/apis/group/version/resource?fieldSelector=metadata.name=name1,foo&watch=false",
+            "",
+            "list",
+        ),
+        // As kubectl sends them: percent-encoded `=` and `,`, `==`, among other requirements.
+        (
+            "/api/v1/namespaces/ns/configmaps?fieldSelector=metadata.name%3Dcm1&watch=1",
+            "cm1",
+            "watch",
+        ),
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.namespace%3Dns%2Cmetadata.name%3D%3Dcm1",
+            "cm1",
+            "list",
+        ),
+        // Not a valid path segment name: no name.
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name%3D..",
+            "",
+            "list",
+        ),
+        // A watch that is no bool: kube reports a watch, and reads nothing else.
+        (
+            "/api/v1/configmaps?watch=yes&fieldSelector=metadata.name%3Dcm1",
+            "",
+            "watch",
+        ),
+    ] {
+        let info = parse("GET", url);
+        assert_eq!((info.name, info.verb.name()), (name, verb), "{url}");
+    }
+}
+
+#[test]
+fn long_running_is_kube_apiservers_check() {
+    for (method, url, long) in [
+        ("GET", "/api/v1/pods?watch=true", true),
+        ("GET", "/api/v1/watch/namespaces/a/pods", true),
+        ("GET", "/apis/apps/v1/watch/deployments", true),
+        ("GET", "/api/v1/proxy/namespaces/a/pods/p/x", true),
+        ("POST", "/api/v1/namespaces/a/pods/p/exec?command=ls", true),
+        ("GET", "/api/v1/namespaces/a/pods/p/attach", true),
+        ("POST", "/api/v1/namespaces/a/pods/p/portforward", true),
+        (
+            "GET",
+            "/api/v1/namespaces/a/services/s:80/proxy/a/b/c",
+            true,
+        ),
+        ("GET", "/api/v1/namespaces/a/pods/p/log", true),
+        ("GET", "/api/v1/namespaces/a/pods/p/log?follow=true", true),
+        ("GET", "/api/v1/pods?watch=false", false),
+        ("GET", "/api/v1/namespaces/watch/pods", false),
+        ("GET", "/api/v1/namespaces/a/pods/p", false),
+        ("GET", "/version", false),
+        ("GET", "/healthz?watch=true", true),
+    ] {
+        assert_eq!(parse(method, url).long_running, long, "{method} {url}");
+    }
+}
+
+#[test]
+fn policy_and_metrics_verbs() {
+    for (method, url, policy, metrics) in [
+        (
+            "POST",
+            "/api/v1/namespaces/a/pods/p/exec",
+            Some(Verb::Exec),
+            "connect",
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/a/pods/p/exec",
+            Some(Verb::Exec),
+            "connect",
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/a/pods/p/attach",
+            Some(Verb::Attach),
+            "connect",
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/a/pods/p/portforward",
+            Some(Verb::PortForward),
+            "connect",
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/a/services/s/proxy/x",
+            Some(Verb::Proxy),
+            "connect",
+        ),
+        (
+            "GET",
+            "/api/v1/proxy/namespaces/a/pods/p",
+            Some(Verb::Proxy),
+            "connect",
+        ),
+        ("GET", "/api/v1/namespaces/a/pods", Some(Verb::List), "list"),
+        ("GET", "/api/v1/pods?watch=1", Some(Verb::Watch), "watch"),
+        (
+            "DELETE",
+            "/api/v1/namespaces/a/pods",
+            Some(Verb::DeleteCollection),
+            "deletecollection",
+        ),
+        ("GET", "/version", Some(Verb::Get), "get"),
+        ("POST", "/api/v1", Some(Verb::Create), "post"),
+        ("OPTIONS", "/api/v1/pods", None, "other"),
+    ] {
+        let info = parse(method, url);
+        assert_eq!(
+            (info.policy_verb(), info.metrics_verb()),
+            (policy, metrics),
+            "{method} {url}"
+        );
+    }
+}
+
+#[test]
+fn any_depth_is_classified_by_its_leading_segments() {
+    // The attack that passed before: a proxy subresource with a deep tail, into kube-system.
+    let info = parse(
+        "GET",
+        "/api/v1/namespaces/kube-system/services/svc:443/proxy/a/b/c/d",
+    );
+    assert!(info.is_resource_request && info.classified);
+    assert_eq!(
+        (info.namespace, info.resource, info.name, info.subresource),
+        ("kube-system", "services", "svc:443", "proxy")
+    );
+    let deep: String = (0..60).map(|i| format!("/x{i}")).collect();
+    let url: &'static str =
+        Box::leak(format!("/api/v1/namespaces/kube-system/pods/p/proxy{deep}").into_boxed_str());
+    let info = parse("GET", url);
+    assert_eq!((info.namespace, info.subresource), ("kube-system", "proxy"));
+}
+
+#[test]
+fn percent_or_non_utf8_where_classification_reads_is_unclassified() {
+    for url in [
+        "/api/v1/namespaces/kube%2Dsystem/configmaps",
+        "/api/v1/namespaces/default/config%6Daps",
+        "/apis/ap%70s/v1/deployments",
+        "/api/v1/namespaces/a/pods/p%2Fq/exec",
+        "/api/v1/namespaces/a/pods/p/%65xec",
+        "/api/v1/watch",
+        "/api/v1/proxy",
+    ] {
+        let info = parse("GET", url);
+        assert!(!info.classified, "{url} classified");
+        assert!(!info.is_resource_request, "{url}");
+    }
+    let info = RequestInfo::parse(b"GET", b"/api/v1/namespaces/\xff/pods", b"");
+    assert!(!info.classified);
+    // After the subresource, anything goes.
+    let info = parse("GET", "/api/v1/namespaces/a/services/s/proxy/%2e%2e/%ff/x");
+    assert!(info.classified && info.is_resource_request);
+}
