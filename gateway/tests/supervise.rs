@@ -4,7 +4,8 @@
 //!   connection on the same shard keeps working, and `fleetgate_task_panics_total` counts it;
 //! - a shard whose thread dies makes `/readyz` fail naming it, is restarted, and serves again;
 //!   `fleetgate_shard_restarts_total` counts it;
-//! - a thousand idle connections to the admin port do not delay `/readyz`.
+//! - a thousand idle connections to the admin port do not delay `/readyz`;
+//! - a member host name is resolved off the shard: a slow lookup delays only its own requests.
 
 mod support;
 
@@ -171,4 +172,57 @@ async fn a_thousand_idle_admin_connections_do_not_delay_readyz() {
         started.elapsed()
     );
     drop(idle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_member_name_lookup_does_not_stall_the_shard() {
+    for driver in DRIVERS {
+        // A member known by a name whose lookup takes 2 s (fault injection's slow resolver).
+        let named = support::Upstream::start().await;
+        let cluster = format!(
+            "---\napiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: named\nspec:\n  server: http://member.slow.fleetgate.test:{}/prefix\n  credentials:\n    token: gateway-token\n",
+            named.address.port()
+        );
+        // The lookup counts against the connect timeout, as in kube's dialer: give it 5 s.
+        let (_upstream, gw) = setup_with(
+            driver,
+            |text| {
+                one_shard(text).replace("connectTimeoutSeconds: 0.5", "connectTimeoutSeconds: 5")
+                    + &cluster
+            },
+            faults_on,
+        )
+        .await;
+        let client = h2_client(&gw).await;
+        // In this order on one connection: the named member's stream reaches the lookup first.
+        let started = Instant::now();
+        let mut sender = client.clone().ready().await.unwrap();
+        let (slow, _) = sender
+            .send_request(h2_request("GET", "/clusters/named/api/v1/namespaces"), true)
+            .unwrap();
+        let mut sender = client.clone().ready().await.unwrap();
+        let (fast, _) = sender
+            .send_request(
+                h2_request("GET", "/clusters/member/api/v1/namespaces"),
+                true,
+            )
+            .unwrap();
+        let fast = tokio::time::timeout(Duration::from_secs(1), fast)
+            .await
+            .unwrap_or_else(|_| panic!("{driver}: the shard stalled behind a name lookup"))
+            .unwrap();
+        assert_eq!(fast.status(), 200, "{driver}");
+        let slow = slow.await.unwrap();
+        assert_eq!(slow.status(), 200, "{driver}");
+        assert!(started.elapsed() >= Duration::from_secs(2), "{driver}");
+        // The answer is kept: the next request dials at once.
+        let again = Instant::now();
+        let mut sender = client.clone().ready().await.unwrap();
+        let (cached, _) = sender
+            .send_request(h2_request("GET", "/clusters/named/api/v1/pods"), true)
+            .unwrap();
+        assert_eq!(cached.await.unwrap().status(), 200, "{driver}");
+        assert!(again.elapsed() < Duration::from_secs(1), "{driver}");
+        assert_eq!(named.requests().len(), 2, "{driver}");
+    }
 }

@@ -4,7 +4,9 @@
 //! - `/debug/fleetgate/panic-task` panics inside the connection's task (the gateway must close that
 //!   connection and nothing else);
 //! - `/debug/fleetgate/kill-shard` spawns a bare task that panics outside any guard, taking the
-//!   shard thread down (the supervisor must notice, fail `/readyz`, count it and restart the shard).
+//!   shard thread down (the supervisor must notice, fail `/readyz`, count it and restart the shard);
+//! - a member host name ending in `.slow.fleetgate.test` takes 2 s to resolve, to `localhost` (a
+//!   slow DNS server: the shard must go on serving meanwhile).
 //!
 //! Read once per request by `request::decide` (one relaxed load when off). Never enable it in
 //! production: it lets any client kill a shard.
@@ -37,4 +39,14 @@ pub fn inject(target: &[u8]) {
         }
         _ => {}
     }
+}
+
+/// A name ending in `.slow.fleetgate.test` resolves after 2 s, as `localhost` would (when
+/// injection is on; called on the resolver's thread, never on a shard).
+pub fn slow_lookup(host: &str) -> Option<&'static str> {
+    if ENABLED.load(Ordering::Relaxed) && host.ends_with(".slow.fleetgate.test") {
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        return Some("localhost");
+    }
+    None
 }

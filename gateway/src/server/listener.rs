@@ -16,10 +16,10 @@ use socket2::{Domain, Socket, Type};
 ///
 /// SO_REUSEPORT is for the gateway's own shards only: a port another process listens on is
 /// refused with "address already in use", never shared (the kernel would split new connections
-/// between two gateways with different certificates). A probe socket without SO_REUSEPORT is
-/// bound first, which fails if anyone listens there; after binding, the process's listening
-/// sockets on that port are counted in /proc/net/tcp{,6}, which catches a second process that
-/// bound in between.
+/// between two gateways with different certificates). For a given port, a probe socket without
+/// SO_REUSEPORT is bound first, which fails if anyone listens there; after binding, the
+/// listening sockets on that port are counted in /proc/net/tcp{,6}, which catches a second
+/// process that bound in between (or shared a port the kernel picked for port 0).
 pub fn bind_reuseport(address: &str, count: usize) -> io::Result<Vec<TcpListener>> {
     let first_address = address.to_socket_addrs()?.next().ok_or_else(|| {
         io::Error::new(
@@ -27,10 +27,18 @@ pub fn bind_reuseport(address: &str, count: usize) -> io::Result<Vec<TcpListener
             format!("{address} resolves to nothing"),
         )
     })?;
-    let port = probe(first_address)?;
-    let bound = SocketAddr::new(first_address.ip(), port);
     let mut sockets = Vec::with_capacity(count.max(1));
-    for _ in 0..count.max(1) {
+    let bound = if first_address.port() == 0 {
+        // The kernel picks a port nobody has bound: no probe (and no window after it).
+        let first = bind_shard_socket(first_address)?;
+        let bound = first.local_addr()?;
+        sockets.push(first);
+        bound
+    } else {
+        probe(first_address)?;
+        first_address
+    };
+    while sockets.len() < count.max(1) {
         sockets.push(bind_shard_socket(bound)?);
     }
     let ours = sockets.len();
@@ -42,8 +50,8 @@ pub fn bind_reuseport(address: &str, count: usize) -> io::Result<Vec<TcpListener
     Ok(sockets)
 }
 
-/// Binds `address` without SO_REUSEPORT and releases it: the port, if nobody listens there.
-fn probe(address: SocketAddr) -> io::Result<u16> {
+/// Binds `address` without SO_REUSEPORT and releases it: fails if anyone listens there.
+fn probe(address: SocketAddr) -> io::Result<()> {
     let socket = Socket::new(Domain::for_address(address), Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
     socket.bind(&address.into()).map_err(|e| {
@@ -53,11 +61,7 @@ fn probe(address: SocketAddr) -> io::Result<u16> {
             e
         }
     })?;
-    let local = socket
-        .local_addr()?
-        .as_socket()
-        .ok_or_else(|| io::Error::other("bound to a non-IP address"))?;
-    Ok(local.port())
+    Ok(())
 }
 
 fn in_use(address: SocketAddr) -> io::Error {

@@ -124,14 +124,14 @@ pub async fn connect(
     let attempt = async {
         let tcp = match &cluster.egress_proxy {
             None => {
-                let tcp =
-                    monoio::net::TcpStream::connect((target.host.as_str(), target.port)).await?;
+                let address = super::resolve::resolve(&target.host, target.port).await?;
+                let tcp = monoio::net::TcpStream::connect(address).await?;
                 tcp.set_nodelay(true)?;
                 tcp.into_poll_io()?
             }
             Some(proxy) => {
-                let tcp =
-                    monoio::net::TcpStream::connect((proxy.host.as_str(), proxy.port)).await?;
+                let address = super::resolve::resolve(&proxy.host, proxy.port).await?;
+                let tcp = monoio::net::TcpStream::connect(address).await?;
                 tcp.set_nodelay(true)?;
                 let mut tcp = tcp.into_poll_io()?;
                 open_tunnel(&mut tcp, proxy).await?;

@@ -9,6 +9,7 @@
 
 mod connect;
 mod pool;
+pub mod resolve;
 
 pub use connect::{connect, UpstreamConn, UpstreamIo};
 pub use pool::ShardPool;
