@@ -10,9 +10,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
-
+pub use crate::jwks::{parse_jwks, Jwk, JwtAlgorithm};
 use crate::objects::{AuthSpec, AuthorizationMode};
+
+/// The group every authenticated user is in (kube-apiserver adds it; so does the check).
+pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
+/// Kubernetes' anonymous user.
+pub const ANONYMOUS_USER: &str = "system:anonymous";
 
 /// Who a client is, once authenticated: the user name, groups, and (when the method knows
 /// them) uid and extra attributes, as Kubernetes' `user.Info`.
@@ -39,7 +43,7 @@ impl Identity {
     /// authenticate (the plaintext benchmark listener).
     pub fn anonymous() -> Self {
         Identity {
-            user: crate::policy::ANONYMOUS_USER.to_string(),
+            user: ANONYMOUS_USER.to_string(),
             groups: vec!["system:unauthenticated".to_string()],
             ..Identity::default()
         }
@@ -193,7 +197,7 @@ pub(crate) fn resolve_auth(
                 (None, None) => None,
             };
             if let Some(pem) = &ca_pem {
-                crate::table::parse_certs(pem).map_err(|m| ("spec.auth.oidc.caFile", m))?;
+                crate::endpoint::parse_certs(pem).map_err(|m| ("spec.auth.oidc.caFile", m))?;
             }
             Some(OidcSettings {
                 issuer: o.issuer_url,
@@ -286,93 +290,6 @@ fn split_csv_line(line: &str) -> Result<Vec<String>, &'static str> {
     }
     fields.push(field);
     Ok(fields)
-}
-
-/// A JWT signing algorithm the gateway verifies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JwtAlgorithm {
-    Rs256,
-    Es256,
-}
-
-impl JwtAlgorithm {
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "RS256" => Some(JwtAlgorithm::Rs256),
-            "ES256" => Some(JwtAlgorithm::Es256),
-            _ => None,
-        }
-    }
-}
-
-/// One public key of a JWKS, in the form ring verifies with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Jwk {
-    pub kid: Option<String>,
-    pub algorithm: JwtAlgorithm,
-    /// RS256: the modulus; ES256: the uncompressed point (`04 || x || y`).
-    pub n_or_point: Vec<u8>,
-    /// RS256: the exponent; ES256: empty.
-    pub e: Vec<u8>,
-}
-
-/// Parses a JWKS document; keys of other types or uses are skipped, none usable is an error.
-pub fn parse_jwks(text: &str) -> Result<Vec<Jwk>, String> {
-    let doc: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
-    let keys = doc
-        .get("keys")
-        .and_then(|k| k.as_array())
-        .ok_or("no \"keys\" array")?;
-    let b64 = |v: Option<&serde_json::Value>| -> Option<Vec<u8>> {
-        base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(v?.as_str()?.trim_end_matches('='))
-            .ok()
-    };
-    let mut out = Vec::new();
-    for key in keys {
-        if key
-            .get("use")
-            .and_then(|u| u.as_str())
-            .is_some_and(|u| u != "sig")
-        {
-            continue;
-        }
-        let kid = key.get("kid").and_then(|k| k.as_str()).map(str::to_owned);
-        match key.get("kty").and_then(|k| k.as_str()) {
-            Some("RSA") => {
-                if let (Some(n), Some(e)) = (b64(key.get("n")), b64(key.get("e"))) {
-                    out.push(Jwk {
-                        kid,
-                        algorithm: JwtAlgorithm::Rs256,
-                        n_or_point: n,
-                        e,
-                    });
-                }
-            }
-            Some("EC") if key.get("crv").and_then(|c| c.as_str()) == Some("P-256") => {
-                if let (Some(x), Some(y)) = (b64(key.get("x")), b64(key.get("y"))) {
-                    if x.len() == 32 && y.len() == 32 {
-                        let mut point = Vec::with_capacity(65);
-                        point.push(4);
-                        point.extend_from_slice(&x);
-                        point.extend_from_slice(&y);
-                        out.push(Jwk {
-                            kid,
-                            algorithm: JwtAlgorithm::Es256,
-                            n_or_point: point,
-                            e: Vec::new(),
-                        });
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    if out.is_empty() {
-        return Err("no RSA or P-256 signing key in the JWKS".into());
-    }
-    Ok(out)
 }
 
 /// What the data path authenticates with: the token file as a map, the OIDC settings with

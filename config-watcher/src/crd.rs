@@ -7,8 +7,7 @@
 //! Only builds values; never talks to a cluster.
 
 use kube::core::CustomResourceExt;
-use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
-use serde::{Deserialize, Serialize};
+use schemars::{json_schema, Schema, SchemaGenerator};
 
 /// The schema of a field that holds free-form JSON (kept as written, not pruned by the API
 /// server).
@@ -19,31 +18,7 @@ pub fn preserve_unknown_fields(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// The status every fleetgate object carries: whether the gateway accepted it.
-#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ObjectStatus {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<StatusCondition>,
-}
-
-/// A Kubernetes-style condition (`Ready`: `True` when the object is served, `False` with the
-/// validation message when it was rejected).
-#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StatusCondition {
-    #[serde(rename = "type")]
-    pub type_: String,
-    pub status: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_transition_time: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-}
+pub use crate::objects::{ObjectStatus, StatusCondition};
 
 /// Every fleetgate CRD as one YAML stream (`---` between documents), in a fixed order.
 pub fn crd_manifests() -> String {

@@ -15,9 +15,8 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use base64::Engine;
 use tracing::{info, warn};
-
-use crate::auth::{parse_jwks, Jwk};
 
 type Keys = Arc<ArcSwap<Vec<Jwk>>>;
 /// The live key set of each URL a fetcher runs for (weak: the tables own the keys).
@@ -109,7 +108,7 @@ pub enum FetchError {
 
 /// One GET of `url` (HTTP/1.0, so the body ends with the connection) and its keys.
 pub fn fetch_keys(url: &str, ca_pem: Option<&[u8]>) -> Result<Vec<Jwk>, FetchError> {
-    let target = crate::table::parse_server(url).map_err(FetchError::Url)?;
+    let target = crate::endpoint::parse_server(url).map_err(FetchError::Url)?;
     let uri: http::Uri = url.parse().map_err(|e| FetchError::Url(format!("{e}")))?;
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
     let address = std::net::ToSocketAddrs::to_socket_addrs(&(target.host.as_str(), target.port))?
@@ -128,16 +127,17 @@ pub fn fetch_keys(url: &str, ca_pem: Option<&[u8]>) -> Result<Vec<Jwk>, FetchErr
             FetchError::Tls("an https jwksURL needs spec.auth.oidc.caFile or caData".into())
         })?;
         let mut roots = rustls::RootCertStore::empty();
-        for cert in crate::table::parse_certs(ca).map_err(FetchError::Tls)? {
+        for cert in crate::endpoint::parse_certs(ca).map_err(FetchError::Tls)? {
             roots
                 .add(cert)
                 .map_err(|e| FetchError::Tls(e.to_string()))?;
         }
-        let config = rustls::ClientConfig::builder_with_provider(crate::table::crypto_provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| FetchError::Tls(e.to_string()))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let config =
+            rustls::ClientConfig::builder_with_provider(crate::endpoint::crypto_provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| FetchError::Tls(e.to_string()))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
         let name = rustls_pki_types::ServerName::try_from(target.host.clone())
             .map_err(|e| FetchError::Tls(e.to_string()))?;
         let conn = rustls::ClientConnection::new(Arc::new(config), name)
@@ -173,6 +173,93 @@ fn read_to_end_tolerant<R: Read>(stream: &mut R, out: &mut Vec<u8>) -> std::io::
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// A JWT signing algorithm the gateway verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JwtAlgorithm {
+    Rs256,
+    Es256,
+}
+
+impl JwtAlgorithm {
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "RS256" => Some(JwtAlgorithm::Rs256),
+            "ES256" => Some(JwtAlgorithm::Es256),
+            _ => None,
+        }
+    }
+}
+
+/// One public key of a JWKS, in the form ring verifies with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Jwk {
+    pub kid: Option<String>,
+    pub algorithm: JwtAlgorithm,
+    /// RS256: the modulus; ES256: the uncompressed point (`04 || x || y`).
+    pub n_or_point: Vec<u8>,
+    /// RS256: the exponent; ES256: empty.
+    pub e: Vec<u8>,
+}
+
+/// Parses a JWKS document; keys of other types or uses are skipped, none usable is an error.
+pub fn parse_jwks(text: &str) -> Result<Vec<Jwk>, String> {
+    let doc: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let keys = doc
+        .get("keys")
+        .and_then(|k| k.as_array())
+        .ok_or("no \"keys\" array")?;
+    let b64 = |v: Option<&serde_json::Value>| -> Option<Vec<u8>> {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(v?.as_str()?.trim_end_matches('='))
+            .ok()
+    };
+    let mut out = Vec::new();
+    for key in keys {
+        if key
+            .get("use")
+            .and_then(|u| u.as_str())
+            .is_some_and(|u| u != "sig")
+        {
+            continue;
+        }
+        let kid = key.get("kid").and_then(|k| k.as_str()).map(str::to_owned);
+        match key.get("kty").and_then(|k| k.as_str()) {
+            Some("RSA") => {
+                if let (Some(n), Some(e)) = (b64(key.get("n")), b64(key.get("e"))) {
+                    out.push(Jwk {
+                        kid,
+                        algorithm: JwtAlgorithm::Rs256,
+                        n_or_point: n,
+                        e,
+                    });
+                }
+            }
+            Some("EC") if key.get("crv").and_then(|c| c.as_str()) == Some("P-256") => {
+                if let (Some(x), Some(y)) = (b64(key.get("x")), b64(key.get("y"))) {
+                    if x.len() == 32 && y.len() == 32 {
+                        let mut point = Vec::with_capacity(65);
+                        point.push(4);
+                        point.extend_from_slice(&x);
+                        point.extend_from_slice(&y);
+                        out.push(Jwk {
+                            kid,
+                            algorithm: JwtAlgorithm::Es256,
+                            n_or_point: point,
+                            e: Vec::new(),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if out.is_empty() {
+        return Err("no RSA or P-256 signing key in the JWKS".into());
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

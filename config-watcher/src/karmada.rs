@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
+use crate::checks::{check_cluster_name, check_proxy_headers, check_proxy_url, check_token};
 use crate::error::ConfigError;
-use crate::load::{check_cluster_name, check_proxy_headers, check_proxy_url, check_token};
 use crate::objects::{ConnectMode, ObjectMeta};
 use crate::settings::ClusterConfig;
 

@@ -6,7 +6,9 @@
 //! parsing) and happen off the hot path; the data path only ever loads the published table.
 
 pub mod auth;
+mod checks;
 pub mod crd;
+mod endpoint;
 mod error;
 mod file_source;
 mod jwks;
@@ -21,17 +23,20 @@ pub mod retirement;
 mod settings;
 mod table;
 
+pub use checks::{check_cluster_name, RESERVED_CLUSTER_NAMES};
 pub use crd::crd_manifests;
 pub use error::ConfigError;
 pub use file_source::{watch_config_path, FileWatcher, WatchError, DEBOUNCE_MAX, DEBOUNCE_QUIET};
 pub use kube_source::{
     kube_client_config, watch_kube_api, KubeSourceError, KubeSourceOptions, KubeWatcher,
 };
-pub use load::{check_cluster_name, load_path, RESERVED_CLUSTER_NAMES};
+pub use load::{load_path, load_texts};
 pub use objects::ConnectMode;
 pub use reload::{ReloadFailure, ReloadOutcome, ReloadStatus, TablePublisher, API_SOURCE};
 pub use retirement::{RetirementListener, RouteRetirement};
-pub use settings::{ClusterConfig, Config, GatewaySettings, Limits, ListenerSettings, ServingTls};
+pub use settings::{
+    ClusterConfig, Config, GatewaySettings, Http2Settings, Limits, ListenerSettings, ServingTls,
+};
 pub use table::{
     crypto_provider, egress_proxy, parse_certs, parse_key, parse_server, ClusterRoute, EgressProxy,
     RouteTable, UpstreamTarget,

@@ -24,10 +24,7 @@ pub use crate::request_info::Verb;
 use crate::request_info::{KubeVerb, NonResourceMethod, RequestInfo};
 use crate::settings::Config;
 
-/// The group every authenticated user is in (kube-apiserver adds it; so does the check).
-pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
-/// Kubernetes' anonymous user.
-pub const ANONYMOUS_USER: &str = "system:anonymous";
+pub use crate::auth::{ANONYMOUS_USER, AUTHENTICATED_GROUP};
 
 const ALL_VERBS: [Verb; 13] = [
     Verb::Get,

@@ -10,24 +10,13 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 
+pub use crate::endpoint::{crypto_provider, parse_certs, parse_key, parse_server, UpstreamTarget};
 use crate::error::ConfigError;
 use crate::objects::ConnectMode;
 use crate::retirement::RouteRetirement;
 use crate::settings::{ClusterConfig, Config, GatewaySettings};
-
-/// Where a member's API server is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamTarget {
-    pub tls: bool,
-    pub host: String,
-    pub port: u16,
-    /// The `Host` header value (`host:port`, IPv6 in brackets).
-    pub authority: String,
-    /// A path prefix from the server URL (`https://lb/k8s/m1` -> `/k8s/m1`), `""` when none.
-    pub path_prefix: String,
-}
 
 /// An HTTP proxy the gateway tunnels through (CONNECT) to reach a member, with the CONNECT
 /// request prepared at table build so a connect formats nothing.
@@ -292,43 +281,6 @@ impl RouteTable {
     }
 }
 
-/// Parses a cluster's `spec.server` URL into an upstream target.
-pub fn parse_server(server: &str) -> Result<UpstreamTarget, String> {
-    let uri: http::Uri = server
-        .parse()
-        .map_err(|e| format!("{server:?} is not a URL: {e}"))?;
-    let tls = match uri.scheme_str() {
-        Some("https") => true,
-        Some("http") => false,
-        _ => return Err(format!("{server:?}: the scheme must be https or http")),
-    };
-    let host = uri
-        .host()
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| format!("{server:?} has no host"))?;
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-    if uri.query().is_some() {
-        return Err(format!("{server:?}: a server URL cannot have a query"));
-    }
-    let authority = if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    };
-    let path_prefix = uri.path().trim_end_matches('/').to_owned();
-    Ok(UpstreamTarget {
-        tls,
-        host,
-        port,
-        authority,
-        path_prefix,
-    })
-}
-
 /// TLS client configurations already built during one table build, by what they are made of:
 /// clusters that share a CA and credentials (a fleet signed by one CA, all with tokens) share one
 /// configuration instead of parsing the same PEM thousands of times. Keys borrow the
@@ -462,34 +414,6 @@ fn build_route<'a>(
         id: h.finish(),
         retirement: Arc::new(RouteRetirement::new()),
     })
-}
-
-/// The crypto provider every TLS configuration of fleetgate uses (explicit, so that a second
-/// provider pulled in by a dependency can never make the choice ambiguous). One instance shared
-/// by every configuration: a fleet of clusters with their own CAs would otherwise carry a copy
-/// of the provider's tables per cluster.
-pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    static PROVIDER: std::sync::OnceLock<Arc<rustls::crypto::CryptoProvider>> =
-        std::sync::OnceLock::new();
-    PROVIDER
-        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
-        .clone()
-}
-
-/// Parses every certificate in a PEM bundle.
-pub fn parse_certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("bad PEM certificate: {e}"))?;
-    if certs.is_empty() {
-        return Err("no CERTIFICATE block in the PEM".into());
-    }
-    Ok(certs)
-}
-
-/// Parses a PEM private key (PKCS#8, PKCS#1 or SEC1).
-pub fn parse_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("bad PEM private key: {e}"))
 }
 
 fn client_config(c: &ClusterConfig) -> Result<rustls::ClientConfig, (&'static str, String)> {

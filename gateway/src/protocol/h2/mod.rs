@@ -49,7 +49,7 @@ use crate::server::runtime::{self, First};
 use crate::server::ShardContext;
 use crate::upstream::UpstreamConn;
 
-mod guard;
+pub mod guard;
 mod lingering;
 
 use guard::{Flood, FrameGuard};
@@ -156,17 +156,7 @@ where
         let table = ctx.table.load();
         (table.gateway().limits, table.gateway().http2)
     };
-    let mut builder = h2::server::Builder::new();
-    builder
-        .max_concurrent_streams(settings.max_concurrent_streams)
-        .initial_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW)
-        .max_header_list_size(u32::try_from(limits.max_head_bytes).unwrap_or(u32::MAX))
-        .max_send_buffer_size(SEND_BUFFER)
-        .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS)
-        .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
-        // RFC 8441 extended CONNECT: WebSocket over h2 (`relay_websocket`).
-        .enable_connect_protocol();
+    let builder = server_builder(&limits, &settings);
     let streams = Rc::new(OpenStreams::default());
     let flood = Rc::new(Flood::default());
     let open_streams = {
@@ -348,6 +338,25 @@ async fn serve_stream(
         request.classified = audit.classified;
         log.record(request, started, outcome);
     }
+}
+
+/// The h2 server settings of every client connection (also what the fuzz target runs).
+pub fn server_builder(
+    limits: &fleetgate_config_watcher::Limits,
+    settings: &fleetgate_config_watcher::Http2Settings,
+) -> h2::server::Builder {
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(settings.max_concurrent_streams)
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_header_list_size(u32::try_from(limits.max_head_bytes).unwrap_or(u32::MAX))
+        .max_send_buffer_size(SEND_BUFFER)
+        .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS)
+        .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+        // RFC 8441 extended CONNECT: WebSocket over h2 (`relay_websocket`).
+        .enable_connect_protocol();
+    builder
 }
 
 /// Decides one stream's request, carries it to its member through the exchange, and relays the

@@ -175,8 +175,13 @@ fn header_slots<'s, 'b>(
 }
 
 fn span_of(base: &[u8], part: &[u8]) -> Range<usize> {
-    // Both slices come from the same buffer: the offset is a plain address difference.
-    let start = part.as_ptr() as usize - base.as_ptr() as usize;
+    // httparse's slices point into the buffer, so the offset is a plain address difference,
+    // except where it hands back a string of its own: a reason phrase with obs-text bytes is
+    // returned as a static "" (found by fuzzing). Anything outside the buffer is an empty span.
+    let start = (part.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
+    if part.is_empty() || start > base.len() || base.len() - start < part.len() {
+        return 0..0;
+    }
     start..start + part.len()
 }
 
@@ -327,6 +332,24 @@ pub fn parse_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reason_phrase_with_obs_text_parses_without_panicking() {
+        // Found by the http1_head fuzz target: httparse returns such a reason as a static "".
+        let mut src = BytesMut::from(&b"HTTP/1.1 200 OK\xff\xff\r\nContent-Length: 0\r\n\r\n"[..]);
+        let mut head = Head::default();
+        let limits = HeadLimits {
+            max_head_bytes: 8192,
+            max_headers: 64,
+        };
+        assert_eq!(
+            parse_response(&mut src, &mut 0, limits, &mut head),
+            Ok(true)
+        );
+        assert_eq!(head.code, 200);
+        assert_eq!(head.reason(), b"");
+        assert_eq!(head.value(b"content-length"), Some(&b"0"[..]));
+    }
 
     const LIMITS: HeadLimits = HeadLimits {
         max_head_bytes: 1024,
