@@ -23,6 +23,7 @@ pub mod exchange;
 pub mod observe;
 pub mod protocol;
 pub mod request;
+pub mod runtime;
 pub mod server;
 pub mod tls;
 pub mod upstream;

@@ -4,7 +4,7 @@
 //! file source (and, with `--management-kubeconfig`, the API source) publishes into the same
 //! `SharedTable`; the shards see a new table from their next request.
 //!
-//! On SIGINT or SIGTERM it drains (`server::shutdown`): the shards stop accepting, h2 clients get
+//! On SIGINT or SIGTERM it drains (`runtime::shutdown`): the shards stop accepting, h2 clients get
 //! GOAWAY, idle HTTP/1.1 connections close, and in-flight requests may finish for
 //! `limits.shutdownGraceSeconds`; then the process exits 0, cutting whatever is left (watches,
 //! exec sessions). A second signal exits at once. Never touches a request.

@@ -29,8 +29,8 @@ use tracing::debug;
 
 use crate::errors::GatewayError;
 use crate::protocol::http1::{parse_response, response_body, BodyKind, Head, HeadLimits};
-use crate::server::runtime::{self, First};
-use crate::server::ShardContext;
+use crate::runtime::ShardContext;
+use crate::runtime::{self, First};
 use crate::upstream::{connect, UpstreamConn};
 
 /// Read-buffer growth step for bodies.

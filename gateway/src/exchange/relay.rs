@@ -23,7 +23,7 @@ use super::{Answer, Failure, IDLE_STREAM_BUFFER, READ_CHUNK};
 /// that are always ready would otherwise keep the shard to themselves for a whole big LIST).
 const TURN_BYTES: usize = 256 * 1024;
 use crate::protocol::http1::BodyProgress;
-use crate::server::runtime::{self, First};
+use crate::runtime::{self, First};
 
 /// What a waiting long-running stream saw of its client.
 pub(crate) enum ClientEvent {

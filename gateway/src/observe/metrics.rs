@@ -286,8 +286,12 @@ impl Collector for ShardList {
     }
 }
 
+/// Panics caught in a shard's tasks since the process started (`fleetgate_task_panics_total`;
+/// counted by `runtime::isolated`).
+pub static TASK_PANICS: AtomicU64 = AtomicU64::new(0);
+
 /// What the shard supervisor saw: shards down now and restarts so far, and the task panics the
-/// shards caught (`server::runtime::isolated`).
+/// shards caught (`runtime::isolated`).
 #[derive(Debug, Default)]
 pub struct Supervision {
     restarts: AtomicU64,
@@ -334,7 +338,7 @@ impl Collector for Supervision {
             (
                 "task_panics",
                 "Panics caught in a connection's or stream's task (that connection or stream was closed; the shard went on)",
-                crate::server::runtime::TASK_PANICS.load(Ordering::Relaxed),
+                TASK_PANICS.load(Ordering::Relaxed),
             ),
         ] {
             let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;

@@ -35,8 +35,8 @@ use crate::protocol::http1::{
     HeadError, HeadLimits,
 };
 use crate::request::{self, Decision, Peer, Proxied};
-use crate::server::runtime::{self, First};
-use crate::server::ShardContext;
+use crate::runtime::ShardContext;
+use crate::runtime::{self, First};
 use crate::upstream::UpstreamConn;
 
 /// Requests served on one connection between two yields to the shard's other connections.
@@ -128,7 +128,7 @@ async fn read_request_head<S: AsyncRead + Unpin>(
     down: &mut Downstream<'_, S>,
     head: &mut Head,
     limits: Limits,
-    shutdown: &crate::server::shutdown::Shutdown,
+    shutdown: &crate::runtime::shutdown::Shutdown,
 ) -> Result<bool, GatewayError> {
     let head_limits = HeadLimits {
         max_head_bytes: limits.max_head_bytes,
@@ -253,6 +253,7 @@ where
     // A request whose body the gateway will not read leaves the connection unusable, and so does
     // an upgrade that fails: the client may already be sending bytes of the new protocol.
     let close = wants_close(head) || body != BodyKind::Empty || head.connection.upgrade;
+    runtime::faults::inject(head.target());
     let table = ctx.table.load();
     let decided = request::decide(&table, conn_auth, head.method(), head.target(), || {
         head.headers()

@@ -124,7 +124,6 @@ where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
-    crate::server::faults::inject(target);
     target::check(target)?;
     let (name, rest, query) = match route::route(target, table.gateway().ocm_style) {
         Route::Health(_) => return Ok(Decision::Health),

@@ -29,7 +29,7 @@ pub struct ConfigView {
     pub table: SharedTable,
     pub reload: Option<Arc<ReloadStatus>>,
     /// Once the drain begins `/readyz` fails, so a load balancer stops sending new clients.
-    pub shutdown: Arc<crate::server::shutdown::Shutdown>,
+    pub shutdown: Arc<crate::runtime::shutdown::Shutdown>,
 }
 
 /// How long a connection may take to send its request head.

@@ -1,20 +1,18 @@
 //! The gateway as a running thing: binds every listener, starts the shards and the admin
 //! listener, and returns once every shard accepts ([`start`]). The folder holds what a connection
-//! meets before any HTTP: `listener` (SO_REUSEPORT sockets), `shard` (one monoio runtime per
-//! core and the per-shard context), `runtime` (timeouts and races), `shutdown` (the drain) and
-//! `admin` (health and metrics). The `serve` and `demo` commands (`cli`) and the tests call
-//! [`start`]; nothing here parses HTTP.
+//! meets before any HTTP: `listener` (SO_REUSEPORT sockets, never shared with another process),
+//! `shard` (one monoio runtime per core, its accept loops), `supervise` (a shard that dies is
+//! noticed and restarted) and `admin` (health and metrics). What the shards' connections stand on
+//! (context, drain, timeouts) is `runtime`. The `serve` and `demo` commands (`cli`) and the tests
+//! call [`start`]; nothing here parses HTTP.
 
 pub mod admin;
-pub mod faults;
 pub mod listener;
-pub mod runtime;
 pub mod shard;
-pub mod shutdown;
-pub mod snapshot;
 pub mod supervise;
 
-pub use shard::{Driver, ShardContext};
+pub use crate::runtime::ShardContext;
+pub use shard::Driver;
 
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
@@ -24,9 +22,9 @@ use fleetgate_config_watcher::{ReloadStatus, SharedTable};
 use tracing::info;
 
 use crate::observe::metrics::Metrics;
+use crate::runtime::shutdown::Shutdown;
 use listener::bind_reuseport;
 use shard::{spawn_shard, ShardListener, SharedState};
-use shutdown::Shutdown;
 
 /// How to start a gateway.
 #[derive(Debug, Clone, Copy)]
@@ -91,7 +89,7 @@ pub fn start_with_reload(
     options: StartOptions,
     reload: Option<Arc<ReloadStatus>>,
 ) -> anyhow::Result<RunningGateway> {
-    faults::init_from_env();
+    crate::runtime::faults::init_from_env();
     let descriptors = crate::exchange::budget::raise_descriptor_limit();
     info!(descriptors, "open-files limit");
     let gateway = table.load().gateway().clone();

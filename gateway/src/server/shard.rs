@@ -2,9 +2,9 @@
 //! io_uring with epoll fallback) and accepting on its own SO_REUSEPORT sockets.
 //!
 //! A shard owns its upstream pool and shares only the routing table (an `ArcSwap`), the
-//! metrics atomics and the shutdown state (`shutdown`) with the others. When the drain begins, each
+//! metrics atomics and the shutdown state (`runtime::shutdown`) with the others. When the drain begins, each
 //! accept loop stops and drops its listening socket; the connections already accepted finish on
-//! their own (see `shutdown`). This module and `upstream::connect` are where monoio's types
+//! their own (see `runtime::shutdown`). This module and `upstream::connect` are where monoio's types
 //! live; nothing here parses HTTP. Called by `serve`.
 
 use std::future::Future;
@@ -22,50 +22,11 @@ use rustls::ServerConfig;
 use tracing::{debug, error, warn};
 
 use crate::auth::ClientIdentity;
-use crate::observe::metrics::{Metrics, ShardMetrics};
+use crate::observe::metrics::Metrics;
 use crate::protocol::h1::serve_http1;
-use crate::server::shutdown::Shutdown;
+use crate::runtime::shutdown::Shutdown;
+use crate::runtime::ShardContext;
 use crate::upstream::ShardPool;
-
-/// Everything one shard's connections share: the routing table, the shard's upstream pool and
-/// the metrics. One per shard thread, never sent across threads.
-pub struct ShardContext {
-    pub shard: usize,
-    /// The routing table as this shard sees it (`snapshot`).
-    pub table: crate::server::snapshot::ShardTable,
-    pub pool: ShardPool,
-    pub metrics: Arc<Metrics>,
-    /// This shard's own metric cells (`observe::metrics`).
-    pub shard_metrics: ShardMetrics,
-    /// Graceful shutdown: shared by every shard.
-    pub shutdown: Arc<crate::server::shutdown::Shutdown>,
-    /// This shard's copy of "the drain has begun", read per response (set by a task of the
-    /// shard when the shared drain starts).
-    pub draining: std::cell::Cell<bool>,
-    /// The audit log: one record per response end, when the Gateway has `spec.audit`.
-    pub audit: Option<crate::observe::audit::AuditLog>,
-    /// Every socket the gateway holds, against the process's descriptor limit.
-    pub sockets: Arc<crate::exchange::budget::Sockets>,
-    /// The member connections each client address holds on this shard.
-    pub client_holds: crate::exchange::budget::ClientHolds,
-    /// How many shards the gateway runs (per-client limits are split between them).
-    pub workers: usize,
-}
-
-impl ShardContext {
-    /// Counts a response to a request for `cluster` (by verb and code) and its time to the
-    /// response head.
-    pub fn count_response(
-        &self,
-        cluster: &fleetgate_config_watcher::ClusterRoute,
-        verb: &'static str,
-        code: u16,
-        started: std::time::Instant,
-    ) {
-        self.shard_metrics
-            .record((cluster.id, &cluster.name), verb, code, started.elapsed());
-    }
-}
 
 /// Which monoio driver the shards run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -170,7 +131,7 @@ pub fn spawn_shard(
             let result = block_on_driver(driver, async move {
                 let ctx = Rc::new(ShardContext {
                     shard: index,
-                    table: crate::server::snapshot::ShardTable::new(table),
+                    table: crate::runtime::snapshot::ShardTable::new(table),
                     pool: ShardPool::new(POOL_MAX_IDLE, POOL_IDLE_TIMEOUT),
                     shard_metrics,
                     metrics,
@@ -187,12 +148,16 @@ pub fn spawn_shard(
                     drain_watch.draining.set(true);
                 });
                 for listener in listeners {
-                    match monoio::net::TcpListener::from_std(listener.socket) {
-                        Ok(socket) => {
+                    let opened = listener.socket.try_clone().and_then(|stop| {
+                        monoio::net::TcpListener::from_std(listener.socket).map(|s| (s, stop))
+                    });
+                    match opened {
+                        Ok((socket, stop)) => {
                             monoio::spawn(accept_loop(
                                 ctx.clone(),
                                 listener.name,
                                 socket,
+                                stop,
                                 listener.tls,
                             ));
                         }
@@ -221,27 +186,30 @@ async fn accept_loop(
     ctx: Rc<ShardContext>,
     name: String,
     listener: monoio::net::TcpListener,
+    stop: TcpListener,
     tls: Option<Arc<ServerConfig>>,
 ) {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     // Pinned once: the wait for the drain lives as long as the loop, not one accept.
     let mut drain_started = std::pin::pin!(ctx.shutdown.drain_started());
     loop {
-        let accepted =
-            match crate::server::runtime::race(listener.accept(), drain_started.as_mut()).await {
-                crate::server::runtime::First::Left(accepted) => accepted,
-                crate::server::runtime::First::Right(()) => {
-                    debug!(shard = ctx.shard, listener = %name, "draining: no longer accepting");
-                    // Dropping the socket refuses new connections on this shard.
-                    return;
-                }
-            };
+        let accepted = match crate::runtime::race(listener.accept(), drain_started.as_mut()).await {
+            crate::runtime::First::Left(accepted) => accepted,
+            crate::runtime::First::Right(()) => {
+                debug!(shard = ctx.shard, listener = %name, "draining: no longer accepting");
+                // The supervisor holds a duplicate of this socket, so dropping ours would leave it
+                // listening with nobody accepting. Shutting it down takes it out of the
+                // SO_REUSEPORT group for every holder: new connections are refused.
+                let _ = socket2::SockRef::from(&stop).shutdown(std::net::Shutdown::Both);
+                return;
+            }
+        };
         let (tcp, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors and the like: keep accepting after a pause.
                 error!(shard = ctx.shard, listener = %name, error = %e, "accept failed");
-                crate::server::runtime::sleep(Duration::from_millis(50)).await;
+                crate::runtime::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
@@ -260,7 +228,7 @@ async fn accept_loop(
         match &acceptor {
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
-                crate::server::runtime::spawn(async move {
+                crate::runtime::spawn(async move {
                     let _connected = ctx.shard_metrics.client_connected();
                     let _socket = ctx.sockets.hold(ctx.shard);
                     let _open = ctx.shutdown.connection_opened();
@@ -268,7 +236,7 @@ async fn accept_loop(
                 });
             }
             None => {
-                crate::server::runtime::spawn(async move {
+                crate::runtime::spawn(async move {
                     let _connected = ctx.shard_metrics.client_connected();
                     let _socket = ctx.sockets.hold(ctx.shard);
                     let _open = ctx.shutdown.connection_opened();

@@ -21,7 +21,7 @@ use tracing::debug;
 
 use crate::auth::ClientIdentity;
 use crate::protocol::h1::serve_http1;
-use crate::server::ShardContext;
+use crate::runtime::ShardContext;
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -101,18 +101,17 @@ pub async fn dispatch<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
-    let mut tls =
-        match crate::server::runtime::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-            Ok(Ok(tls)) => tls,
-            Ok(Err(error)) => {
-                debug!(%peer, %error, "TLS handshake failed");
-                return;
-            }
-            Err(_) => {
-                debug!(%peer, "TLS handshake timed out");
-                return;
-            }
-        };
+    let mut tls = match crate::runtime::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(error)) => {
+            debug!(%peer, %error, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
     let (_, session) = tls.get_ref();
     // No certificate (allowed when bearer tokens are): an empty identity, so every request must
     // bring a token.

@@ -77,7 +77,7 @@ impl ShardPool {
             return;
         }
         if !self.sweeper_started.replace(true) {
-            crate::server::runtime::spawn(sweep_on_retirement(Rc::downgrade(&self.idle)));
+            crate::runtime::spawn(sweep_on_retirement(Rc::downgrade(&self.idle)));
         }
         self.idle.sweep_if_retired();
         let now = Instant::now();

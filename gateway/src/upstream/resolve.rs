@@ -80,7 +80,7 @@ fn look_up(host: String, port: u16) -> watch::Receiver<Option<Answer>> {
     let spawned = std::thread::Builder::new()
         .name("fleetgate-resolve".into())
         .spawn(move || {
-            let name = crate::server::faults::slow_lookup(&host).unwrap_or(&host);
+            let name = crate::runtime::faults::slow_lookup(&host).unwrap_or(&host);
             let answer = match (name, port).to_socket_addrs() {
                 Ok(mut addrs) => addrs.next().ok_or_else(|| "no addresses".to_string()),
                 Err(e) => Err(e.to_string()),

@@ -45,8 +45,8 @@ use crate::exchange::{
 use crate::observe::audit::{AuditRequest, Classified, Outcome, StreamAudit};
 use crate::protocol::http1::{is_hop_by_hop, BodyKind, BodyProgress, Head};
 use crate::request::{self, Decision, Peer};
-use crate::server::runtime::{self, First};
-use crate::server::ShardContext;
+use crate::runtime::ShardContext;
+use crate::runtime::{self, First};
 use crate::upstream::UpstreamConn;
 
 pub mod guard;
@@ -122,7 +122,7 @@ enum GoAway {
 /// open for `idle_timeout`. Checks the streams once per timeout period at most (one timer per
 /// connection, not one per stream).
 async fn go_away_reason(
-    shutdown: &crate::server::shutdown::Shutdown,
+    shutdown: &crate::runtime::shutdown::Shutdown,
     streams: &OpenStreams,
     idle_timeout: Option<Duration>,
 ) -> GoAway {
@@ -398,6 +398,7 @@ async fn proxy_stream(
             .iter()
             .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
     };
+    runtime::faults::inject(target);
     let table = ctx.table.load();
     let proxied = match request::decide(&table, conn_auth, method, target, headers) {
         Ok(Decision::Proxy(proxied)) => proxied,

@@ -1,15 +1,25 @@
-//! The few runtime services the protocol code needs, behind runtime-neutral names: a timeout
-//! (and one armed only when the work does not finish at once), a race of two futures and spawning
-//! a local task. Today they run on monoio's timer; swapping the runtime means changing this
-//! module, `shard`, `listener` and `upstream::connect`, not the codec, the front-ends or the
-//! exchange.
+//! What every station of a request on one shard stands on: the shard's context (`context`: table
+//! snapshot, upstream pool, metric cells, budgets), the drain (`shutdown`), the per-shard table
+//! copy (`snapshot`), test fault injection (`faults`), and the few runtime services the protocol
+//! code needs, behind runtime-neutral names: a timeout (and one armed only when the work does not
+//! finish at once), a race of two futures, a yield and spawning a local task that catches its own
+//! panic. Today they run on monoio's timer; swapping the runtime means changing this module,
+//! `server::shard`, `server::listener` and `upstream::connect`, not the codec, the front-ends or
+//! the exchange.
 //!
-//! Called by the front-ends, the exchange and `tls`. Must only be used on a shard thread
-//! (monoio's timer is per-runtime).
+//! Called by the server, the front-ends, the exchange and `tls`. The services must only be used
+//! on a shard thread (monoio's timer is per-runtime).
+
+pub mod context;
+pub mod faults;
+pub mod shutdown;
+pub mod snapshot;
+
+pub use context::ShardContext;
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -65,9 +75,6 @@ pub fn spawn<F: Future<Output = ()> + 'static>(future: F) {
     drop(monoio::spawn(isolated(future)));
 }
 
-/// Panics caught in a shard's tasks since the process started (`fleetgate_task_panics_total`).
-pub static TASK_PANICS: AtomicU64 = AtomicU64::new(0);
-
 /// Runs `future`, catching a panic in it: the panic ends this task (its connection or stream is
 /// dropped, closing it) and is logged and counted, and the shard's other tasks go on. monoio does
 /// not catch task panics: without this one bad request would take the shard thread and every
@@ -75,7 +82,7 @@ pub static TASK_PANICS: AtomicU64 = AtomicU64::new(0);
 pub async fn isolated<F: Future<Output = ()>>(future: F) {
     use futures_util::FutureExt as _;
     if let Err(panic) = std::panic::AssertUnwindSafe(future).catch_unwind().await {
-        TASK_PANICS.fetch_add(1, Ordering::Relaxed);
+        crate::observe::metrics::TASK_PANICS.fetch_add(1, Ordering::Relaxed);
         let message = panic
             .downcast_ref::<&str>()
             .copied()
