@@ -97,6 +97,21 @@ async fn goaway_seen(client: &SendRequest<Bytes>, within: Duration) -> h2::Error
     }
 }
 
+/// Whether connecting to `address` fails within `within`: a draining gateway refuses new
+/// connections rather than leaving them queued with nobody accepting.
+async fn refused_within(address: std::net::SocketAddr, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if tokio::net::TcpStream::connect(address).await.is_err() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn assert_graceful_goaway(error: &h2::Error, driver: &str, gw: &Gateway) {
     assert!(
         error.is_go_away() && error.is_remote() && error.reason() == Some(h2::Reason::NO_ERROR),
@@ -218,17 +233,8 @@ async fn sigterm_drains_h2_and_http1_lets_in_flight_requests_finish_and_exits_ze
         assert!(matches!(after, Ok(0) | Err(_)), "{driver}: {after:?}");
 
         // New connections are refused.
-        let https = gw.https;
-        let mut refused = false;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !refused && Instant::now() < deadline {
-            refused = tokio::net::TcpStream::connect(https).await.is_err();
-            if !refused {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
         assert!(
-            refused,
+            refused_within(gw.https, Duration::from_secs(5)).await,
             "{driver}: the gateway still accepts connections while draining"
         );
 
@@ -293,6 +299,12 @@ async fn a_watch_keeps_flowing_during_the_drain_and_is_cut_at_the_end_of_the_gra
             String::from_utf8_lossy(&draining.body).contains("[-]shutdown failed: draining"),
             "{driver}: {}",
             String::from_utf8_lossy(&draining.body)
+        );
+        // New connections are refused while the watch keeps the process alive (every shard
+        // shuts its listening sockets down; none is left queueing connections).
+        assert!(
+            refused_within(gw.https, Duration::from_millis(1500)).await,
+            "{driver}: the gateway still accepts connections during the grace period"
         );
         // An open watch is in flight: its events still arrive during the drain.
         upstream.emit("{\"type\":\"ADDED\",\"n\":1}");
