@@ -612,3 +612,22 @@ async fn a_reload_changes_h2_settings_for_new_connections_only() {
         assert_eq!(*before.max_send_streams.borrow(), 7, "{driver}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_right_after_ready_drains_instead_of_killing() {
+    // The signal handlers must be in place when `ready` is printed: a supervisor that stops the
+    // gateway as soon as it reports ready gets a drain and exit 0, not the default action's kill.
+    for driver in DRIVERS {
+        for round in 0..5 {
+            let (_upstream, mut gw) = start(driver, "", "").await;
+            signal(&gw, libc::SIGTERM);
+            let status =
+                tokio::task::block_in_place(|| wait_exit(&mut gw, Duration::from_secs(15)));
+            assert!(
+                status.success(),
+                "{driver} round {round}: {status}; log: {}",
+                gw.log()
+            );
+        }
+    }
+}

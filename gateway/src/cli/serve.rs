@@ -117,13 +117,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             (Some(files), Some(source))
         }
     };
+    // The signal handlers are in place before `ready` is printed: a SIGTERM sent as soon as the
+    // line is read drains the gateway instead of killing it with the default action.
+    let signals = Signals::install()?;
     {
         use std::io::Write;
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{}", running.ready_line())?;
         stdout.flush()?;
     }
-    let drained = run_until_drained(&running, &table);
+    let drained = run_until_drained(&running, &table, signals);
     if let Some(audit) = &running.audit {
         audit.flush(std::time::Duration::from_secs(2));
     }
@@ -149,14 +152,17 @@ fn wait_for_first_table(reload: &ReloadStatus) {
 /// Blocks until SIGINT or SIGTERM, then drains the gateway: returns once every client connection
 /// has closed or the grace period is over. A second signal during the drain exits the process at
 /// once (status 128 + the signal number, as a shell reports a signal).
-pub fn run_until_drained(running: &RunningGateway, table: &SharedTable) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+fn run_until_drained(
+    running: &RunningGateway,
+    table: &SharedTable,
+    signals: Signals,
+) -> anyhow::Result<()> {
+    let Signals {
+        runtime,
+        mut interrupt,
+        mut terminate,
+    } = signals;
     runtime.block_on(async {
-        let mut interrupt = signal(SignalKind::interrupt())?;
-        let mut terminate = signal(SignalKind::terminate())?;
         let first = tokio::select! {
             _ = interrupt.recv() => "SIGINT",
             _ = terminate.recv() => "SIGTERM",
@@ -191,6 +197,32 @@ pub fn run_until_drained(running: &RunningGateway, table: &SharedTable) -> anyho
         }
         Ok::<_, anyhow::Error>(())
     })
+}
+
+/// SIGINT and SIGTERM, caught from the moment this is built (the default action, ending the
+/// process, no longer applies), with the runtime that waits for them.
+pub struct Signals {
+    runtime: tokio::runtime::Runtime,
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let _entered = runtime.enter();
+        let interrupt = signal(SignalKind::interrupt())?;
+        let terminate = signal(SignalKind::terminate())?;
+        drop(_entered);
+        Ok(Self {
+            runtime,
+            interrupt,
+            terminate,
+        })
+    }
 }
 
 fn exit_on_second_signal(name: &str, number: i32, running: &RunningGateway) -> ! {
