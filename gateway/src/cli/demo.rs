@@ -16,6 +16,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use fleetgate_config_watcher::Limits;
 
+use crate::cli::signals::Signals;
+
 /// Arguments of `fleetgate demo`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
@@ -69,6 +71,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     };
     write_kubeconfig(&args.dir, &args.listen, &bound.to_string())?;
     let kubeconfig = args.dir.join("kubeconfig");
+    // Caught before `ready` is printed: a stop signal sent as soon as it is read stops the
+    // gateway and the fleet cleanly (the default action would leave both running, orphaned).
+    let Signals {
+        runtime: rt,
+        mut interrupt,
+        terminate: mut term,
+    } = Signals::install()?;
     println!(
         "ready: {} simulated member clusters behind https://{bound}/clusters/{{member1..member{}}}; \
          export KUBECONFIG={}",
@@ -78,9 +87,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
     std::io::stdout().flush()?;
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     // A thread owns the child and reports its exit; the runtime waits for that or a signal.
     let pid = gateway.id();
     let (exited_tx, exited_rx) = tokio::sync::oneshot::channel();
@@ -89,9 +95,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         let _ = exited_tx.send(status);
     });
     let outcome = rt.block_on(async {
-        use tokio::signal::unix::{signal as unix_signal, SignalKind};
-        let mut interrupt = unix_signal(SignalKind::interrupt())?;
-        let mut term = unix_signal(SignalKind::terminate())?;
         let mut exited = exited_rx;
         tokio::select! {
             _ = interrupt.recv() => {}

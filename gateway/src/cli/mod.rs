@@ -7,3 +7,4 @@ pub mod certs;
 pub mod demo;
 pub mod kubeconfig;
 pub mod serve;
+pub mod signals;

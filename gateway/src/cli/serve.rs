@@ -20,6 +20,7 @@ use fleetgate_config_watcher::{
 };
 use tracing::info;
 
+use crate::cli::signals::Signals;
 use crate::server::{start_with_reload, Driver, RunningGateway, StartOptions};
 
 /// Arguments of `fleetgate serve`.
@@ -197,32 +198,6 @@ fn run_until_drained(
         }
         Ok::<_, anyhow::Error>(())
     })
-}
-
-/// SIGINT and SIGTERM, caught from the moment this is built (the default action, ending the
-/// process, no longer applies), with the runtime that waits for them.
-pub struct Signals {
-    runtime: tokio::runtime::Runtime,
-    interrupt: tokio::signal::unix::Signal,
-    terminate: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    pub fn install() -> anyhow::Result<Self> {
-        use tokio::signal::unix::{signal, SignalKind};
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let _entered = runtime.enter();
-        let interrupt = signal(SignalKind::interrupt())?;
-        let terminate = signal(SignalKind::terminate())?;
-        drop(_entered);
-        Ok(Self {
-            runtime,
-            interrupt,
-            terminate,
-        })
-    }
 }
 
 fn exit_on_second_signal(name: &str, number: i32, running: &RunningGateway) -> ! {
