@@ -27,17 +27,33 @@ pub fn bind_reuseport(address: &str, count: usize) -> io::Result<Vec<TcpListener
             format!("{address} resolves to nothing"),
         )
     })?;
-    let mut sockets = Vec::with_capacity(count.max(1));
-    let bound = if first_address.port() == 0 {
-        // The kernel picks a port nobody has bound: no probe (and no window after it).
-        let first = bind_shard_socket(first_address)?;
-        let bound = first.local_addr()?;
-        sockets.push(first);
-        bound
-    } else {
+    if first_address.port() != 0 {
         probe(first_address)?;
-        first_address
-    };
+        return bind_group(first_address, count);
+    }
+    // Port 0: with SO_REUSEPORT the kernel may pick a port another SO_REUSEPORT listener of the
+    // same user already holds (another gateway, a test beside this one). The count after binding
+    // tells, and then another port is picked. No probe socket, so no window after one.
+    let mut last = None;
+    for _ in 0..PORT_ZERO_ATTEMPTS {
+        match bind_group(first_address, count) {
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => last = Some(e),
+            bound => return bound,
+        }
+    }
+    Err(last.unwrap_or_else(|| in_use(first_address)))
+}
+
+/// How many ports the kernel may pick for a port-0 listener before binding gives up.
+const PORT_ZERO_ATTEMPTS: usize = 16;
+
+/// Binds `count` SO_REUSEPORT sockets on `address` (a port-0 address: the port the first one
+/// got), refusing the port if more sockets listen on it than these.
+fn bind_group(address: SocketAddr, count: usize) -> io::Result<Vec<TcpListener>> {
+    let first = bind_shard_socket(address)?;
+    let bound = first.local_addr()?;
+    let mut sockets = Vec::with_capacity(count.max(1));
+    sockets.push(first);
     while sockets.len() < count.max(1) {
         sockets.push(bind_shard_socket(bound)?);
     }
@@ -139,6 +155,28 @@ mod tests {
         let taken = other_gateway[0].local_addr().unwrap().to_string();
         let error = bind_reuseport(&taken, 2).unwrap_err();
         assert!(error.to_string().contains(&taken), "{error}");
+    }
+
+    #[test]
+    fn port_zero_never_shares_a_port_with_another_reuseport_listener() {
+        // Other SO_REUSEPORT listeners of this user (another gateway, say): the kernel may pick
+        // one of their ports for port 0; the bind must then move on, not share it.
+        let others: Vec<_> = (0..64)
+            .map(|_| bind_reuseport("127.0.0.1:0", 1).unwrap().remove(0))
+            .collect();
+        let taken: std::collections::HashSet<_> = others
+            .iter()
+            .map(|s| s.local_addr().unwrap().port())
+            .collect();
+        for _ in 0..64 {
+            let ours = bind_reuseport("127.0.0.1:0", 2).unwrap();
+            let port = ours[0].local_addr().unwrap().port();
+            assert!(
+                !taken.contains(&port),
+                "port {port} shared with another listener"
+            );
+            assert_eq!(listening_on(ours[0].local_addr().unwrap()), Some(2));
+        }
     }
 
     #[test]
