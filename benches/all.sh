@@ -7,7 +7,7 @@
 #
 #   benches/all.sh                      # every scenario
 #   benches/all.sh small-get watch-idle # some of them
-#   DURATION=10s WATCHES=8000 EVENT_WATCHES=500 CHURN=20 EXEC_STREAMS=4 benches/all.sh
+#   DURATION=10s WATCHES=8000 EVENT_WATCHES=500 CHURN=20 LATENCY_PAIRS=2 EXEC_STREAMS=4 benches/all.sh
 #   SKIP_BUILD=1 (use the release binaries as they are)  BENCH_MD=FILE (write the tables there)
 #
 # Upstreams (core 0): a static nginx (a ~1 KiB ConfigMap JSON, and a ~90 MB LIST at /big) for the
@@ -32,8 +32,9 @@ connections=${CONNECTIONS:-50}
 watches=${WATCHES:-8000}
 event_watches=${EVENT_WATCHES:-500}
 churn=${CHURN:-20}
+latency_pairs=${LATENCY_PAIRS:-2}
 exec_streams=${EXEC_STREAMS:-4}
-all=(small-get small-get-h2 big-list watch-idle watch-events exec-stream portforward-stream reload-storm auth-overhead registry)
+all=(small-get small-get-h2 big-list watch-idle watch-idle-tls watch-events watch-latency exec-stream portforward-stream reload-storm auth-overhead registry)
 scenarios=("$@"); [ ${#scenarios[@]} -gt 0 ] || scenarios=("${all[@]}")
 mkdir -p "$out" "$charts"
 # A full run starts from an empty results directory, so the report holds this run only; a run of
@@ -242,9 +243,72 @@ for scenario in "${scenarios[@]}"; do
     measure watch-idle watch-idle --watches "$watches" --warmup 3s \
       --path "/api/v1/namespaces/kube-public/configmaps?watch=1"
     ;;
+  watch-idle-tls)
+    # TLS on both legs, each proxy configured the same way: client certificates verified against
+    # the gateway CA, the member reached over TLS (its CA verified) with the proxy's own bearer
+    # token. fleetgate runs as users run it: the simulated fleet's gateway.yaml (authentication,
+    # AccessPolicy, impersonation), one worker.
+    tls_dir=$work/fg-sim-tls
+    mkdir -p "$tls_dir"
+    ln -sfn "$sim_dir/pki" "$tls_dir/pki"
+    ln -sfn "$sim_dir/users" "$tls_dir/users"
+    cp "$sim_dir/policies.yaml" "$sim_dir/clusters/member1.yaml" "$tls_dir/"
+    fgt_port=$(free_port)
+    sed -e "s|address: 127.0.0.1:$fg_tls_port|address: 127.0.0.1:$fgt_port|" -e "s|workers: 0|workers: 1|" \
+      "$sim_dir/gateway.yaml" >"$tls_dir/gateway.yaml"
+    grep -q "127.0.0.1:$fgt_port" "$tls_dir/gateway.yaml" || { echo "sim gateway.yaml changed shape" >&2; exit 1; }
+    start_fleetgate fleetgate-sim-tls "$tls_dir" "$fgt_port"
+    sim_tls=$(sed -n 's|^  server: \(https://.*\)$|\1|p' "$sim_dir/clusters/member1.yaml")
+    hat_port=$(free_port)
+    mkdir -p "$work/haproxy-sim-tls"
+    cat "$sim_dir/pki/gateway.crt" "$sim_dir/pki/gateway.key" >"$work/haproxy-sim-tls/gateway.pem"
+    cat >"$work/haproxy-sim-tls/haproxy.cfg" <<CFG
+global
+  nbthread 1
+  maxconn 9000
+defaults
+  mode http
+  option http-no-delay
+  timeout connect 5s
+  timeout client 1h
+  timeout server 1h
+frontend fe
+  bind 127.0.0.1:$hat_port ssl crt $work/haproxy-sim-tls/gateway.pem ca-file $sim_dir/pki/gateway-ca.crt verify required alpn http/1.1
+  use_backend member1 if { path_beg /clusters/member1/ }
+backend member1
+  http-request replace-path /clusters/member1(/.*) \1
+  http-request set-header Authorization "Bearer $admin_token"
+  http-reuse always
+  server s1 ${sim_tls#https://} ssl verify required ca-file $sim_dir/pki/fleet-ca.crt sni str(localhost)
+CFG
+    taskset -c 1 haproxy -D -p "$work/haproxy-sim-tls/haproxy.pid" -f "$work/haproxy-sim-tls/haproxy.cfg" \
+      2>"$work/haproxy-sim-tls/haproxy.log"
+    wait_port "$hat_port"
+    pids+=("$(cat "$work/haproxy-sim-tls/haproxy.pid")")
+    pid[haproxy-sim-tls]=$(cat "$work/haproxy-sim-tls/haproxy.pid")
+    tls_kubeconfig=$work/tls-targets.kubeconfig
+    cp "$sim_dir/gateway.kubeconfig" "$tls_kubeconfig"
+    for t in haproxy-sim-tls:$hat_port fleetgate-sim-tls:$fgt_port; do
+      kubectl config --kubeconfig "$tls_kubeconfig" set-cluster "${t%%:*}" \
+        --server "https://127.0.0.1:${t##*:}/clusters/member1" \
+        --certificate-authority "$sim_dir/pki/gateway-ca.crt" --embed-certs >/dev/null
+      kubectl config --kubeconfig "$tls_kubeconfig" set-context "${t%%:*}" \
+        --cluster "${t%%:*}" --user admin >/dev/null
+      url[${t%%:*}]=kubeconfig:$tls_kubeconfig:${t%%:*}
+    done
+    targets haproxy-sim-tls fleetgate-sim-tls
+    measure watch-idle-tls watch-idle --watches "$watches" --warmup 3s \
+      --path "/api/v1/namespaces/kube-public/configmaps?watch=1"
+    ;;
   watch-events)
     targets direct-sim haproxy-sim nginx-sim goproxy-sim fleetgate-sim
     measure watch-events watch-events --watches "$event_watches" --warmup 2s --path /api/v1/configmaps
+    ;;
+  watch-latency)
+    # Paired streams (one through the target, one direct) with few watchers: the added latency of
+    # each event without the member's fan-out; direct-sim first, paired with itself, is the floor.
+    targets direct-sim haproxy-sim nginx-sim goproxy-sim fleetgate-sim
+    measure watch-latency watch-latency --reference direct-sim --watches "$latency_pairs" --warmup 2s --path /api/v1/configmaps
     ;;
   exec-stream)
     targets direct-sim haproxy-sim nginx-sim goproxy-sim fleetgate-sim

@@ -13,11 +13,13 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::FutureExt as _;
 use tokio::io::AsyncReadExt;
 
 use super::retired::{retired_end, RetiredEnd, FINISH_CHUNK_WITHIN};
 use super::{Answer, Failure, IDLE_STREAM_BUFFER, READ_CHUNK};
+use crate::upstream::UpstreamIo;
 
 /// Bytes relayed before the stream lets the shard's other connections run (a member and client
 /// that are always ready would otherwise keep the shard to themselves for a whole big LIST).
@@ -132,27 +134,21 @@ pub(crate) async fn relay(
                 }
             }
         }
-        // Whatever was split off went to the client; an idle stream keeps a small buffer, and
-        // gives back a large one a burst (a watch replay) left behind.
-        let want = if long_running {
-            IDLE_STREAM_BUFFER
-        } else {
-            READ_CHUNK
-        };
-        if long_running && conn.buf.is_empty() && conn.buf.capacity() > want * 4 {
-            conn.buf = BytesMut::new();
+        // Whatever was split off went to the client. A long-running stream reserves its buffer
+        // only once the member has sent something (`idle_read`).
+        if !long_running {
+            conn.buf.reserve(READ_CHUNK);
         }
-        conn.buf.reserve(want);
         let read = if let Some(deadline) = finish_chunk_by {
             // Retired inside a chunk: the rest of it, briefly, then the last chunk.
             let left = deadline.saturating_duration_since(Instant::now());
-            match runtime::timeout(left, conn.io.read_buf(&mut conn.buf)).await {
+            match runtime::timeout(left, idle_read(&mut conn.io, &mut conn.buf)).await {
                 Ok(read) => read,
                 Err(_) => return Err(Failure::Abort("route retired inside a chunk")),
             }
         } else if long_running {
             let member_or_client =
-                runtime::race(conn.io.read_buf(&mut conn.buf), sink.client_event());
+                runtime::race(idle_read(&mut conn.io, &mut conn.buf), sink.client_event());
             match runtime::race(member_or_client, &mut retired).await {
                 First::Left(First::Left(read)) => read,
                 First::Left(First::Right(ClientEvent::Gone)) => {
@@ -174,6 +170,29 @@ pub(crate) async fn relay(
             }
             Ok(n) => turn += n,
         }
+    }
+}
+
+/// A long-running stream's member read. With bytes buffered, it reads behind them as usual.
+/// With none, the stream holds no buffer while it waits (a watch may idle for hours): a one-byte
+/// read, then whatever else has arrived with it, without waiting, into a buffer reserved now. So
+/// an event still leaves whole, in the loop turn it arrived in, at the cost of one more `recv`.
+async fn idle_read(io: &mut UpstreamIo, buf: &mut BytesMut) -> std::io::Result<usize> {
+    if !buf.is_empty() {
+        buf.reserve(IDLE_STREAM_BUFFER);
+        return io.read_buf(buf).await;
+    }
+    *buf = BytesMut::new();
+    let mut first = [0u8; 1];
+    if io.read(&mut first).await? == 0 {
+        return Ok(0);
+    }
+    buf.reserve(IDLE_STREAM_BUFFER);
+    buf.put_u8(first[0]);
+    // An error or the end shows on the next read, after this byte went out.
+    match io.read_buf(buf).now_or_never() {
+        Some(Ok(more)) => Ok(1 + more),
+        Some(Err(_)) | None => Ok(1),
     }
 }
 

@@ -292,7 +292,7 @@ where
                 },
                 close,
             };
-            return answer_with_status(ctx, down, head, peer, answer, started).await;
+            return Box::pin(answer_with_status(ctx, down, head, peer, answer, started)).await;
         }
     };
     let _stream = ctx.shard_metrics.stream_opened();
@@ -302,7 +302,9 @@ where
         .map(|_| Classified::new(proxied.name, &proxied.info, head.target()));
     // 0 until a member's response head is read: an aborted exchange says whether one was.
     down.response.code = 0;
-    let exchanged = send_to_member(
+    // Boxed: its state (connect, request body, response head) is gone once the response head is
+    // read, so a long stream (a watch) does not keep that space in its connection's task.
+    let exchanged = Box::pin(send_to_member(
         ctx,
         down,
         head,
@@ -312,7 +314,7 @@ where
         body,
         connection_names_fields,
         started,
-    )
+    ))
     .await;
     let Proxied {
         cluster,
@@ -341,7 +343,7 @@ where
                 audited,
                 close,
             };
-            return answer_with_status(ctx, down, head, peer, answer, started).await;
+            return Box::pin(answer_with_status(ctx, down, head, peer, answer, started)).await;
         }
         Err(Failure::Abort(reason)) => return aborted(reason, down.response.code),
     };
@@ -353,6 +355,11 @@ where
             // Nothing below reads the routing table: a long stream does not keep an old table
             // alive.
             drop(table);
+            if long_running {
+                // The response head is in `down.out` already; a stream that may idle for hours
+                // keeps no copy of it (its code stays, for the audit log).
+                down.response.shed();
+            }
             let mut sink = ClientSink {
                 io: &mut *down.io,
                 out: &mut down.out,
@@ -378,7 +385,8 @@ where
         Exchanged::Upgraded(answer) => {
             let name = cluster.name.clone();
             drop(table);
-            relay_upgrade(ctx, down, answer, &name, started).await
+            // Boxed, as the refusals above: rare paths keep no space in every connection's task.
+            Box::pin(relay_upgrade(ctx, down, answer, &name, started)).await
         }
     };
     match relayed {
@@ -743,10 +751,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ResponseSink for ClientSink<'_, S> {
         if self.pipelined.len() >= self.max_pipelined {
             return ClientEvent::Gone;
         }
-        self.pipelined.reserve(1024);
-        match self.io.read_buf(self.pipelined).await {
+        if !self.pipelined.is_empty() {
+            self.pipelined.reserve(1024);
+            return match self.io.read_buf(self.pipelined).await {
+                Ok(0) | Err(_) => ClientEvent::Gone,
+                Ok(_) => ClientEvent::Sent,
+            };
+        }
+        // An idle stream waits holding no buffer: the head buffers go (the response head is out,
+        // the request's bytes were consumed), and the wait is a one-byte read (a client rarely
+        // sends anything during a stream; the next request head's read grows the buffer again).
+        if !self.head_pending {
+            *self.out = Vec::new();
+        }
+        *self.pipelined = BytesMut::new();
+        let mut first = [0u8; 1];
+        match self.io.read(&mut first).await {
             Ok(0) | Err(_) => ClientEvent::Gone,
-            Ok(_) => ClientEvent::Sent,
+            Ok(_) => {
+                self.pipelined.extend_from_slice(&first);
+                ClientEvent::Sent
+            }
         }
     }
 }

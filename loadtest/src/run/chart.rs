@@ -23,6 +23,10 @@ pub fn main_figure(scenario: &str) -> (&'static str, fn(&TargetResult) -> Option
             r.kib_per_watch
         }),
         "watch-events" => ("event latency p99, us (lower is better)", |r| r.p99_us),
+        "watch-latency" => (
+            "added event latency p50 against direct, us (lower is better)",
+            |r| r.p50_us,
+        ),
         _ => ("requests per second", |r| r.req_per_sec),
     }
 }

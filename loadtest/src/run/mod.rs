@@ -30,7 +30,7 @@ use procstat::ProcWatch;
 /// Command-line arguments of `run`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// small-get, small-get-h2, big-list, watch-idle, watch-events, exec-stream,
+    /// small-get, small-get-h2, big-list, watch-idle, watch-events, watch-latency, exec-stream,
     /// portforward-stream, reload-storm.
     #[arg(long)]
     pub scenario: String,
@@ -69,7 +69,11 @@ pub struct RunArgs {
     /// exec-stream: bytes per stdin message.
     #[arg(long, default_value_t = 32 * 1024)]
     pub chunk_bytes: usize,
-    /// Open watch streams (watch-idle, watch-events).
+    /// watch-latency: the target every other is paired with (the member, direct); the first
+    /// target when not given.
+    #[arg(long)]
+    pub reference: Option<String>,
+    /// Open watch streams (watch-idle, watch-events), or pairs of them (watch-latency).
     #[arg(long, default_value_t = 1000)]
     pub watches: usize,
     /// Request path below each target's URL.
@@ -215,6 +219,14 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
             "big-list" => scenarios::big_list(args, target, proc_watch).await,
             "watch-idle" => scenarios::watch_idle(args, target, proc_watch).await,
             "watch-events" => scenarios::watch_events(args, target, proc_watch).await,
+            "watch-latency" => {
+                let name = args.reference.as_deref().unwrap_or(&targets[0].name);
+                let reference = targets
+                    .iter()
+                    .find(|t| t.name == name)
+                    .ok_or_else(|| anyhow!("--reference {name:?} is not a target"))?;
+                scenarios::watch_latency(args, target, reference, proc_watch).await
+            }
             "exec-stream" => {
                 exec::byte_stream(args, target, proc_watch, exec::StreamKind::Exec).await
             }
@@ -237,6 +249,7 @@ pub const SCENARIOS: &[&str] = &[
     "big-list",
     "watch-idle",
     "watch-events",
+    "watch-latency",
     "exec-stream",
     "portforward-stream",
     "reload-storm",
@@ -275,7 +288,7 @@ pub fn print_table(results: &[TargetResult]) {
             ("KiB/watch", |r| fmt_opt(r.kib_per_watch, 2)),
             ("idle cpu %", |r| fmt_opt(r.idle_cpu_percent, 2)),
         ],
-        "watch-events" => &[
+        "watch-events" | "watch-latency" => &[
             ("events", |r| {
                 r.events.map(|e| e.to_string()).unwrap_or_default()
             }),

@@ -323,6 +323,53 @@ fn unix_nanos() -> u128 {
         .unwrap_or(0)
 }
 
+/// The collection's current resourceVersion (a `limit=1` LIST), so watches started there replay
+/// no old events.
+async fn current_rv(target: &Target, path: &str) -> anyhow::Result<String> {
+    let mut conn = HttpConn::new(target.connect().await?);
+    let head = conn
+        .send(&target.get_request(&with_query(path, "limit=1"), "application/json"))
+        .await?;
+    let mut body = Vec::new();
+    conn.read_body(&head, |d| body.extend_from_slice(d)).await?;
+    let list: serde_json::Value =
+        serde_json::from_slice(&body).context("list response is not JSON")?;
+    Ok(list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or("0")
+        .to_owned())
+}
+
+fn with_query(path: &str, query: &str) -> String {
+    let sep = if path.contains('?') { '&' } else { '?' };
+    format!("{path}{sep}{query}")
+}
+
+/// Reads one watch stream until `deadline`, handing every complete event line that carries a
+/// send stamp to `on_event` with the time its read arrived (one clock read per read, not per
+/// line).
+async fn read_events(
+    mut conn: HttpConn,
+    head: super::client::Head,
+    deadline: Instant,
+    mut on_event: impl FnMut(u128, Instant),
+) {
+    let mut line = Vec::with_capacity(4096);
+    let read = conn.read_body(&head, |data| {
+        let arrived = Instant::now();
+        for piece in data.split_inclusive(|b| *b == b'\n') {
+            line.extend_from_slice(piece);
+            if line.ends_with(b"\n") {
+                if let Some(sent) = sent_at_nanos(&line) {
+                    on_event(sent, arrived);
+                }
+                line.clear();
+            }
+        }
+    });
+    let _ = tokio::time::timeout_at(deadline.into(), read).await;
+}
+
 /// `watch-events`: W watches on `--path` (a collection the upstream churns with sent-at stamped
 /// updates), started at the collection's current resourceVersion; the delivery latency of every
 /// event and the target's CPU per delivered event.
@@ -331,49 +378,26 @@ pub async fn watch_events(
     target: &Target,
     pw: Option<&ProcWatch>,
 ) -> anyhow::Result<TargetResult> {
-    // Start at the list's resourceVersion, so no replayed (old) events are measured.
-    let list_path = args.path.clone();
-    let mut conn = HttpConn::new(target.connect().await?);
-    let sep = if list_path.contains('?') { '&' } else { '?' };
-    let head = conn
-        .send(&target.get_request(&format!("{list_path}{sep}limit=1"), "application/json"))
-        .await?;
-    let mut body = Vec::new();
-    conn.read_body(&head, |d| body.extend_from_slice(d)).await?;
-    let list: serde_json::Value =
-        serde_json::from_slice(&body).context("list response is not JSON")?;
-    let rv = list["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap_or("0")
-        .to_owned();
-    let watch_path = format!("{list_path}{sep}watch=1&resourceVersion={rv}");
+    let rv = current_rv(target, &args.path).await?;
+    let watch_path = with_query(&args.path, &format!("watch=1&resourceVersion={rv}"));
     let watches = open_watches(target, &watch_path, args.watches).await?;
 
     let events = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + args.warmup + args.duration;
     let measure_from = Instant::now() + args.warmup;
     let mut tasks = Vec::new();
-    for (mut conn, head) in watches {
+    for (conn, head) in watches {
         let events = events.clone();
         tasks.push(tokio::spawn(async move {
             let mut hist = new_hist();
-            let mut line = Vec::with_capacity(4096);
-            let read = conn.read_body(&head, |data| {
-                for piece in data.split_inclusive(|b| *b == b'\n') {
-                    line.extend_from_slice(piece);
-                    if line.ends_with(b"\n") {
-                        if Instant::now() >= measure_from {
-                            if let Some(sent) = sent_at_nanos(&line) {
-                                let lat = unix_nanos().saturating_sub(sent) / 1000;
-                                let _ = hist.record((lat as u64).max(1));
-                                events.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        line.clear();
-                    }
+            read_events(conn, head, deadline, |sent, arrived| {
+                if arrived >= measure_from {
+                    let lat = unix_nanos().saturating_sub(sent) / 1000;
+                    let _ = hist.record((lat as u64).max(1));
+                    events.fetch_add(1, Ordering::Relaxed);
                 }
-            });
-            let _ = tokio::time::timeout_at(deadline.into(), read).await;
+            })
+            .await;
             hist
         }));
     }
@@ -403,9 +427,111 @@ pub async fn watch_events(
     })
 }
 
+/// `watch-latency`: the latency a target adds to one watch event, measured on paired streams.
+/// W pairs of watches start at the same resourceVersion, one through the target and one on the
+/// reference (the member, direct); every event's arrival on the two streams of a pair is
+/// compared, so the member's own fan-out delay, the same on both, drops out. Run with the
+/// reference as the target too, it measures the method's floor (two direct streams read by the
+/// same driver thread).
+pub async fn watch_latency(
+    args: &RunArgs,
+    target: &Target,
+    reference: &Target,
+    pw: Option<&ProcWatch>,
+) -> anyhow::Result<TargetResult> {
+    let rv = current_rv(reference, &args.path).await?;
+    let watch_path = with_query(&args.path, &format!("watch=1&resourceVersion={rv}"));
+    // Opened pair by pair, so a member that writes to its watchers in the order they came
+    // favours neither side of a pair over the other pairs' streams.
+    let (mut through, mut direct) = (Vec::new(), Vec::new());
+    for _ in 0..args.watches {
+        through.extend(open_watches(target, &watch_path, 1).await?);
+        direct.extend(open_watches(reference, &watch_path, 1).await?);
+    }
+
+    let deadline = Instant::now() + args.warmup + args.duration;
+    let measure_from = Instant::now() + args.warmup;
+    let arrivals = |watches: Vec<(HttpConn, super::client::Head)>| {
+        watches
+            .into_iter()
+            .map(|(conn, head)| {
+                tokio::spawn(async move {
+                    let mut seen = std::collections::HashMap::new();
+                    read_events(conn, head, deadline, |sent, arrived| {
+                        if arrived >= measure_from {
+                            seen.insert(sent, arrived);
+                        }
+                    })
+                    .await;
+                    seen
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let (through, direct) = (arrivals(through), arrivals(direct));
+    tokio::time::sleep_until(measure_from.into()).await;
+    let cpu0 = cpu_now(pw)?;
+    let start = Instant::now();
+    let mut added = Vec::new();
+    let mut missed = 0u64;
+    for (t, d) in through.into_iter().zip(direct) {
+        let (t, d) = (t.await?, d.await?);
+        for (sent, at) in &t {
+            match d.get(sent) {
+                Some(direct_at) => added.push(signed_micros(*at, *direct_at)),
+                None => missed += 1,
+            }
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    added.sort_by(f64::total_cmp);
+    let n = added.len() as u64;
+    Ok(TargetResult {
+        target: target.name.clone(),
+        scenario: "watch-latency".into(),
+        seconds,
+        watches: Some(args.watches),
+        events: Some(n),
+        // Events seen on one stream of a pair only (the measure's edges).
+        errors: missed,
+        p50_us: quantile(&added, 0.5),
+        p99_us: quantile(&added, 0.99),
+        cpu_us_per_event: cpu.filter(|_| n > 0).map(|c| c * 1e6 / n as f64),
+        ..Default::default()
+    })
+}
+
+/// `at - reference` in microseconds, negative when the target's stream was read first.
+fn signed_micros(at: Instant, reference: Instant) -> f64 {
+    if at >= reference {
+        (at - reference).as_secs_f64() * 1e6
+    } else {
+        -((reference - at).as_secs_f64() * 1e6)
+    }
+}
+
+/// The `q` quantile of sorted values (nearest rank).
+fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
 #[cfg(test)]
 mod tests {
-    use super::sent_at_nanos;
+    use super::{quantile, sent_at_nanos};
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let v = [-3.0, 1.0, 2.0, 4.0, 100.0];
+        assert_eq!(quantile(&v, 0.5), Some(2.0));
+        assert_eq!(quantile(&v, 0.99), Some(100.0));
+        assert_eq!(quantile(&v, 0.0), Some(-3.0));
+        assert_eq!(quantile(&[], 0.5), None);
+    }
 
     #[test]
     fn finds_the_send_stamp() {

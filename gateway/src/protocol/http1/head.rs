@@ -64,6 +64,16 @@ pub struct Head {
 }
 
 impl Head {
+    /// Gives back the memory of the head's bytes and fields, keeping its status code: for a
+    /// stream that may stay open for hours after its head was relayed. The head reads as empty
+    /// afterwards, and the next message parsed into it allocates again.
+    pub fn shed(&mut self) {
+        self.buf = Vec::new();
+        self.headers = Vec::new();
+        self.first = 0..0;
+        self.second = 0..0;
+    }
+
     /// The request method (requests only).
     pub fn method(&self) -> &[u8] {
         &self.buf[self.first.clone()]
