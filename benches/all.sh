@@ -136,6 +136,9 @@ metadata: {name: bench}
 spec:
   workers: 1
   $gateway_auth
+  # Every benchmark client comes from 127.0.0.1: the per-address cap (default 4096) would refuse
+  # the 8000 watches of watch-idle with 429.
+  limits: {maxMemberConnectionsPerClient: 20000}
   admin: {address: "127.0.0.1:$2"}
   listeners:
   - {name: plain, address: "127.0.0.1:$1", tls: false}
@@ -255,8 +258,10 @@ for scenario in "${scenarios[@]}"; do
     cp "$sim_dir/policies.yaml" "$sim_dir/clusters/member1.yaml" "$tls_dir/"
     fgt_port=$(free_port)
     sed -e "s|address: 127.0.0.1:$fg_tls_port|address: 127.0.0.1:$fgt_port|" -e "s|workers: 0|workers: 1|" \
+      -e "s|^  limits:$|  limits:\n    maxMemberConnectionsPerClient: 20000|" \
       "$sim_dir/gateway.yaml" >"$tls_dir/gateway.yaml"
-    grep -q "127.0.0.1:$fgt_port" "$tls_dir/gateway.yaml" || { echo "sim gateway.yaml changed shape" >&2; exit 1; }
+    grep -q "127.0.0.1:$fgt_port" "$tls_dir/gateway.yaml" && grep -q "maxMemberConnectionsPerClient" "$tls_dir/gateway.yaml" ||
+      { echo "sim gateway.yaml changed shape" >&2; exit 1; }
     start_fleetgate fleetgate-sim-tls "$tls_dir" "$fgt_port"
     sim_tls=$(sed -n 's|^  server: \(https://.*\)$|\1|p' "$sim_dir/clusters/member1.yaml")
     hat_port=$(free_port)
