@@ -29,8 +29,7 @@ use tracing::debug;
 
 use crate::errors::GatewayError;
 use crate::protocol::http1::{parse_response, response_body, BodyKind, Head, HeadLimits};
-use crate::runtime::ShardContext;
-use crate::runtime::{self, First};
+use crate::runtime::{self, Deadline, First, ShardContext};
 use crate::upstream::{connect, UpstreamConn};
 
 /// Read-buffer growth step for bodies.
@@ -110,13 +109,15 @@ pub(crate) struct Answer {
     _hold: budget::ClientHold,
 }
 
-/// Takes `out` to its member: a pooled or new connection, the head and body, the response head.
-/// Metrics count the response by its code.
+/// Takes `out` to its member: a pooled or new connection, the head and body, the response head
+/// (timed by the front-end's `deadline`: its connection's, or its h2 stream's). Metrics count the
+/// response by its code.
 pub(crate) async fn send(
     shard: &ShardContext,
     out: &Outbound<'_>,
     body: &mut impl RequestBody,
     response: &mut Head,
+    deadline: &mut Deadline,
 ) -> Result<Answer, Failure> {
     let cluster = out.cluster;
     if cluster.mode == ConnectMode::Tunnel {
@@ -157,7 +158,7 @@ pub(crate) async fn send(
         };
         let reused = conn.reused;
         let outcome = match write_request(&mut conn, cluster, out.head, body).await {
-            Ok(()) => read_response_head(cluster, &mut conn, response, out).await,
+            Ok(()) => read_response_head(cluster, &mut conn, response, out, deadline).await,
             Err(e) => Err(e),
         };
         match outcome {
@@ -238,6 +239,7 @@ async fn read_response_head(
     conn: &mut UpstreamConn,
     response: &mut Head,
     out: &Outbound<'_>,
+    deadline: &mut Deadline,
 ) -> Result<(), Failure> {
     let name = || cluster.name.to_string();
     let switch_requested = out.upgrade;
@@ -298,7 +300,7 @@ async fn read_response_head(
         read_head.await
     } else {
         let limit = out.limits.response_head_timeout;
-        match runtime::timeout(limit, read_head).await {
+        match deadline.within(limit, read_head).await {
             Ok(result) => result,
             Err(_) => Err(GatewayError::ResponseHeadTimeout {
                 cluster: name(),

@@ -35,8 +35,7 @@ use crate::protocol::http1::{
     HeadError, HeadLimits,
 };
 use crate::request::{self, Decision, Peer, Proxied};
-use crate::runtime::ShardContext;
-use crate::runtime::{self, First};
+use crate::runtime::{self, clock, Deadline, First, ShardContext};
 use crate::upstream::UpstreamConn;
 
 /// Requests served on one connection between two yields to the shard's other connections.
@@ -51,6 +50,8 @@ struct Downstream<'a, S> {
     scanned: usize,
     response: Head,
     out: Vec<u8>,
+    /// Times every phase of the connection: the next request, its head, the member's answer.
+    deadline: Deadline,
 }
 
 /// What to do with the client connection after a request.
@@ -75,6 +76,7 @@ pub async fn serve_http1<S>(
         scanned: 0,
         response: Head::default(),
         out: Vec::with_capacity(1024),
+        deadline: Deadline::new(),
     };
     let peer = Peer::new(peer);
     // The request head: apart from `down`, so a decided request can borrow from it while the
@@ -136,7 +138,7 @@ async fn read_request_head<S: AsyncRead + Unpin>(
     };
     // Once a head has started it must be complete within HEAD_READ_TIMEOUT in total, however
     // slowly its bytes trickle in.
-    let mut head_deadline = (!down.buf.is_empty()).then(|| Instant::now() + HEAD_READ_TIMEOUT);
+    let mut head_deadline = (!down.buf.is_empty()).then(|| clock::now() + HEAD_READ_TIMEOUT);
     loop {
         match parse_request(&mut down.buf, &mut down.scanned, head_limits, head) {
             Ok(true) => return Ok(true),
@@ -154,15 +156,17 @@ async fn read_request_head<S: AsyncRead + Unpin>(
         let wait = match head_deadline {
             None if idle => limits.idle_timeout,
             None => {
-                head_deadline = Some(Instant::now() + HEAD_READ_TIMEOUT);
+                head_deadline = Some(clock::now() + HEAD_READ_TIMEOUT);
                 Some(HEAD_READ_TIMEOUT)
             }
-            Some(deadline) => Some(deadline.saturating_duration_since(Instant::now())),
+            Some(deadline) => Some(deadline.saturating_duration_since(clock::now())),
         };
         down.buf.reserve(4096);
         let read = async {
             match wait {
-                Some(wait) => runtime::timeout(wait, down.io.read_buf(&mut down.buf))
+                Some(wait) => down
+                    .deadline
+                    .within(wait, down.io.read_buf(&mut down.buf))
                     .await
                     .ok(),
                 None => Some(down.io.read_buf(&mut down.buf).await),
@@ -574,7 +578,14 @@ where
         progress: BodyProgress::new(body),
         expect_continue: body != BodyKind::Empty && head.expect_continue,
     };
-    let answer = exchange::send(ctx, &outbound, &mut client_body, &mut down.response).await?;
+    let answer = exchange::send(
+        ctx,
+        &outbound,
+        &mut client_body,
+        &mut down.response,
+        &mut down.deadline,
+    )
+    .await?;
     if upgrade && down.response.code == 101 {
         return Ok(Exchanged::Upgraded(answer));
     }

@@ -1,6 +1,8 @@
 //! What every station of a request on one shard stands on: the shard's context (`context`: table
 //! snapshot, upstream pool, metric cells, budgets), the drain (`shutdown`), the per-shard table
-//! copy (`snapshot`), test fault injection (`faults`), and the few runtime services the protocol
+//! copy (`snapshot`), test fault injection (`faults`), the coarse clock deadlines are set from
+//! (`clock`), one timer per connection or stream for all its phases (`deadline`), and the few
+//! runtime services the protocol
 //! code needs, behind runtime-neutral names: a timeout (and one armed only when the work does not
 //! finish at once), a race of two futures, a yield and spawning a local task that catches its own
 //! panic. Today they run on monoio's timer; swapping the runtime means changing this module,
@@ -10,12 +12,15 @@
 //! Called by the server, the front-ends, the exchange and `tls`. The services must only be used
 //! on a shard thread (monoio's timer is per-runtime).
 
+pub mod clock;
 pub mod context;
+pub mod deadline;
 pub mod faults;
 pub mod shutdown;
 pub mod snapshot;
 
 pub use context::ShardContext;
+pub use deadline::Deadline;
 
 use std::future::Future;
 use std::pin::pin;

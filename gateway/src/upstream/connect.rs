@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::errors::GatewayError;
 use crate::observe::metrics::{ShardMetrics, UpstreamGuard};
+use crate::runtime::clock;
 
 /// A connection to a member: plaintext or rustls over a readiness-based monoio socket.
 pub enum UpstreamIo {
@@ -157,7 +158,7 @@ pub async fn connect(
             buf: BytesMut::new(),
             cluster_id: cluster.id,
             retirement: cluster.retirement.clone(),
-            idle_since: Instant::now(),
+            idle_since: clock::now(),
             reused: false,
             socket: None,
             _open: metrics.upstream_connected(&cluster.name),

@@ -13,13 +13,14 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ahash::AHashMap;
 use fleetgate_config_watcher::retirement::retirements;
 use tracing::debug;
 
 use super::UpstreamConn;
+use crate::runtime::clock;
 
 /// Idle time after which a pooled connection is checked before it is reused.
 const PROBE_AFTER: Duration = Duration::from_millis(500);
@@ -55,7 +56,7 @@ impl ShardPool {
         let mut idle = self.idle.by_cluster.borrow_mut();
         let conns = idle.get_mut(&cluster_id)?;
         while let Some(mut conn) = conns.pop() {
-            let idle = conn.idle_since.elapsed();
+            let idle = clock::now().saturating_duration_since(conn.idle_since);
             if idle >= self.idle_timeout {
                 continue;
             }
@@ -80,7 +81,7 @@ impl ShardPool {
             crate::runtime::spawn(sweep_on_retirement(Rc::downgrade(&self.idle)));
         }
         self.idle.sweep_if_retired();
-        let now = Instant::now();
+        let now = clock::now();
         conn.idle_since = now;
         conn.reused = true;
         let mut idle = self.idle.by_cluster.borrow_mut();

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use ahash::AHashMap;
 use tokio::sync::watch;
 
+use crate::runtime::clock;
+
 /// How long an answer is used (getaddrinfo gives no TTL; kube-apiserver names change rarely).
 pub const TTL: Duration = Duration::from_secs(30);
 /// How long a failed lookup is remembered before the name is tried again.
@@ -42,7 +44,7 @@ pub async fn resolve(host: &str, port: u16) -> io::Result<SocketAddr> {
         let mut cache = cache.borrow_mut();
         let key = (host.to_string(), port);
         match cache.get(&key) {
-            Some(Entry::Ready { answer, until }) if *until > Instant::now() => Ok(answer.clone()),
+            Some(Entry::Ready { answer, until }) if *until > clock::now() => Ok(answer.clone()),
             Some(Entry::Pending(rx)) => Err(rx.clone()),
             _ => {
                 let rx = look_up(host.to_string(), port);
@@ -64,7 +66,7 @@ pub async fn resolve(host: &str, port: u16) -> io::Result<SocketAddr> {
                     (host.to_string(), port),
                     Entry::Ready {
                         answer: answer.clone(),
-                        until: Instant::now() + ttl,
+                        until: clock::now() + ttl,
                     },
                 )
             });

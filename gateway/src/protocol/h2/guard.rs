@@ -22,6 +22,8 @@ use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::runtime::clock;
+
 /// Bytes read from one connection before it yields to the shard's other connections.
 pub const TURN_BYTES: usize = 64 * 1024;
 
@@ -161,7 +163,7 @@ impl<S> FrameGuard<S> {
             flood,
             open_streams,
             budgets: Budgets::new(),
-            refilled_at: Instant::now(),
+            refilled_at: clock::now(),
             position: Position::Preface(PREFACE_LEN),
             header: [0; 9],
             turn: 0,
@@ -170,7 +172,7 @@ impl<S> FrameGuard<S> {
 
     /// Accounts for `bytes`, just read. Trips the connection when a budget runs out.
     fn account(&mut self, mut bytes: &[u8]) {
-        let now = Instant::now();
+        let now = clock::now();
         let elapsed = now
             .saturating_duration_since(self.refilled_at)
             .as_secs_f64();

@@ -45,8 +45,7 @@ use crate::exchange::{
 use crate::observe::audit::{AuditRequest, Classified, Outcome, StreamAudit};
 use crate::protocol::http1::{is_hop_by_hop, BodyKind, BodyProgress, Head};
 use crate::request::{self, Decision, Peer};
-use crate::runtime::ShardContext;
-use crate::runtime::{self, First};
+use crate::runtime::{self, Deadline, First, ShardContext};
 use crate::upstream::UpstreamConn;
 
 pub mod guard;
@@ -106,7 +105,7 @@ impl Drop for StreamGuard {
         let open = self.0.open.get() - 1;
         self.0.open.set(open);
         if open == 0 {
-            self.0.idle_since.set(Some(Instant::now()));
+            self.0.idle_since.set(Some(runtime::clock::now()));
         }
     }
 }
@@ -131,7 +130,7 @@ async fn go_away_reason(
             return std::future::pending().await;
         };
         loop {
-            match streams.idle_for(Instant::now()) {
+            match streams.idle_for(runtime::clock::now()) {
                 Some(idle) if idle >= timeout => return,
                 Some(idle) => runtime::sleep(timeout - idle).await,
                 None => runtime::sleep(timeout).await,
@@ -188,7 +187,7 @@ where
         .filter(|_| !identity.user.is_empty())
         .map(|_| Arc::new(identity.clone()));
     let identity = Rc::new(auth::ConnectionAuth::new(&identity));
-    streams.idle_since.set(Some(Instant::now()));
+    streams.idle_since.set(Some(runtime::clock::now()));
     let accept_stream =
         |accepted: Result<(Request<RecvStream>, SendResponse<Bytes>), h2::Error>| match accepted {
             Ok((request, respond)) => {
@@ -499,7 +498,16 @@ async fn proxy_stream(
         kind: request_body,
         respond: &mut *respond,
     };
-    let mut answer = exchange::send(ctx, &outbound, &mut stream_body, &mut response).await?;
+    // The stream's one timer (its response head; the request body has its own stall timeout).
+    let mut deadline = Deadline::new();
+    let mut answer = exchange::send(
+        ctx,
+        &outbound,
+        &mut stream_body,
+        &mut response,
+        &mut deadline,
+    )
+    .await?;
     audit.code = Some(response.code);
     let long_running = proxied.long_running;
     let switched = websocket && response.code == 101;
