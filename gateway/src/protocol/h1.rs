@@ -98,7 +98,7 @@ pub async fn serve_http1<S>(
             runtime::yield_now().await;
         }
         let limits = ctx.table.load().gateway().limits;
-        match read_request_head(&mut down, &mut head, limits, &ctx.shutdown).await {
+        match read_request_head(&mut down, &mut head, limits, &ctx.drain).await {
             Ok(true) => {}
             Ok(false) => break,
             Err(err) => {
@@ -130,7 +130,7 @@ async fn read_request_head<S: AsyncRead + Unpin>(
     down: &mut Downstream<'_, S>,
     head: &mut Head,
     limits: Limits,
-    shutdown: &crate::runtime::shutdown::Shutdown,
+    drain: &crate::runtime::shutdown::ShardDrain,
 ) -> Result<bool, GatewayError> {
     let head_limits = HeadLimits {
         max_head_bytes: limits.max_head_bytes,
@@ -174,7 +174,7 @@ async fn read_request_head<S: AsyncRead + Unpin>(
         };
         let read = if idle {
             // Between requests: a drain closes the connection now (a started head is read on).
-            match runtime::race(read, shutdown.drain_started()).await {
+            match runtime::race(read, drain.started()).await {
                 First::Left(read) => read,
                 First::Right(()) => return Ok(false),
             }
@@ -596,7 +596,7 @@ where
     let client_close = wants_close(head)
         || answer.body == BodyKind::CloseDelimited
         || upgrade
-        || ctx.draining.get();
+        || ctx.drain.is_draining();
     debug!(
         shard = ctx.shard,
         cluster = %cluster.name,

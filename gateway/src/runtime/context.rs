@@ -19,9 +19,9 @@ pub struct ShardContext {
     pub shard_metrics: ShardMetrics,
     /// Graceful shutdown: shared by every shard.
     pub shutdown: Arc<crate::runtime::shutdown::Shutdown>,
-    /// This shard's copy of "the drain has begun", read per response (set by a task of the
-    /// shard when the shared drain starts).
-    pub draining: std::cell::Cell<bool>,
+    /// This shard's copy of "the drain has begun" and its waits: read per response, waited on
+    /// between requests (set by a task of the shard when the shared drain starts).
+    pub drain: crate::runtime::shutdown::ShardDrain,
     /// The audit log: one record per response end, when the Gateway has `spec.audit`.
     pub audit: Option<crate::observe::audit::AuditLog>,
     /// Every socket the gateway holds, against the process's descriptor limit.

@@ -136,7 +136,7 @@ pub fn spawn_shard(
                     shard_metrics,
                     metrics,
                     shutdown,
-                    draining: std::cell::Cell::new(false),
+                    drain: Default::default(),
                     audit,
                     sockets,
                     client_holds: crate::exchange::budget::ClientHolds::default(),
@@ -145,7 +145,7 @@ pub fn spawn_shard(
                 let drain_watch = ctx.clone();
                 monoio::spawn(async move {
                     drain_watch.shutdown.drain_started().await;
-                    drain_watch.draining.set(true);
+                    drain_watch.drain.begin();
                 });
                 for listener in listeners {
                     let opened = listener.socket.try_clone().and_then(|stop| {
@@ -191,7 +191,7 @@ async fn accept_loop(
 ) {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     // Pinned once: the wait for the drain lives as long as the loop, not one accept.
-    let mut drain_started = std::pin::pin!(ctx.shutdown.drain_started());
+    let mut drain_started = std::pin::pin!(ctx.drain.started());
     loop {
         let accepted = match crate::runtime::race(listener.accept(), drain_started.as_mut()).await {
             crate::runtime::First::Left(accepted) => accepted,

@@ -121,7 +121,7 @@ enum GoAway {
 /// open for `idle_timeout`. Checks the streams once per timeout period at most (one timer per
 /// connection, not one per stream).
 async fn go_away_reason(
-    shutdown: &crate::runtime::shutdown::Shutdown,
+    drain: &crate::runtime::shutdown::ShardDrain,
     streams: &OpenStreams,
     idle_timeout: Option<Duration>,
 ) -> GoAway {
@@ -137,7 +137,7 @@ async fn go_away_reason(
             }
         }
     };
-    match runtime::race(shutdown.drain_started(), idle).await {
+    match runtime::race(drain.started(), idle).await {
         First::Left(()) => GoAway::Drain,
         First::Right(()) => GoAway::Idle,
     }
@@ -208,11 +208,7 @@ where
             }
         };
     // Pinned once: its timer and drain wait live as long as the connection, not one accept.
-    let mut go_away = std::pin::pin!(go_away_reason(
-        &ctx.shutdown,
-        &streams,
-        settings.idle_timeout
-    ));
+    let mut go_away = std::pin::pin!(go_away_reason(&ctx.drain, &streams, settings.idle_timeout));
     // Accepting also drives the connection (frames of every stream move only while it is polled).
     let reason = loop {
         let stop = runtime::race(go_away.as_mut(), flood.wait());
