@@ -217,6 +217,20 @@ targets() { # names...
   done
   return 0
 }
+# HAProxy does not read from a client while it waits for the server's next bytes, so it keeps both
+# sides of an idle watch its client closed until `timeout server` (an hour here). Events on the
+# watched collection make it write: the first write to a closed client still succeeds (the kernel
+# answers it with a reset), the second fails and HAProxy lets go. Without this the simulated member
+# runs out of descriptors a few thousand watches later.
+poke_idle_watches() {
+  local i
+  for i in 1 2; do
+    curl -sf -o /dev/null -X POST -H "Authorization: Bearer $admin_token" -H "Content-Type: application/json" \
+      --data "{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"metadata\":{\"name\":\"poke-$RANDOM$RANDOM\"}}" \
+      "$sim_plain/api/v1/namespaces/kube-public/configmaps"
+    sleep 1 # the member's fan-out to 8000 watches, and HAProxy's writes, before the next event
+  done
+}
 measure() { # name scenario [extra args...]   (name: the JSON, table and chart file names)
   local name=$1 scenario=$2; shift 2
   echo "== $name"
@@ -245,6 +259,7 @@ for scenario in "${scenarios[@]}"; do
     targets direct-sim haproxy-sim nginx-sim goproxy-sim fleetgate-sim
     measure watch-idle watch-idle --watches "$watches" --warmup 3s \
       --path "/api/v1/namespaces/kube-public/configmaps?watch=1"
+    poke_idle_watches
     ;;
   watch-idle-tls)
     # TLS on both legs, each proxy configured the same way: client certificates verified against
@@ -304,6 +319,7 @@ CFG
     targets haproxy-sim-tls fleetgate-sim-tls
     measure watch-idle-tls watch-idle --watches "$watches" --warmup 3s \
       --path "/api/v1/namespaces/kube-public/configmaps?watch=1"
+    poke_idle_watches
     ;;
   watch-events)
     targets direct-sim haproxy-sim nginx-sim goproxy-sim fleetgate-sim
