@@ -26,6 +26,7 @@ pub fn crd_manifests() -> String {
         crate::objects::Cluster::crd(),
         crate::objects::Gateway::crd(),
         crate::objects::AccessPolicy::crd(),
+        crate::objects::FleetResource::crd(),
     ];
     let mut out = String::from(
         "# Generated from the Rust types by `cargo run -p fleetgate-config-watcher --example crds`.\n# Do not edit: config-watcher/tests/crds.rs fails when this file is out of date.\n",

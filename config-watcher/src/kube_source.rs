@@ -432,6 +432,7 @@ fn desired_condition(
                 gateway: table.gateway().clone(),
                 clusters: vec![cluster.clone()],
                 policies: Vec::new(),
+                fleet: Vec::new(),
             };
             crate::table::RouteTable::build(&alone).map(|_| cluster)
         });
@@ -703,6 +704,8 @@ fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config
         gateway,
         clusters,
         policies,
+        // FleetResource and ResourceRegistry objects are read from files only for now.
+        fleet: Vec::new(),
     })
 }
 

@@ -11,6 +11,7 @@ pub mod crd;
 mod endpoint;
 mod error;
 mod file_source;
+pub mod fleet;
 mod jwks;
 pub mod karmada;
 mod kube_source;
@@ -20,6 +21,7 @@ pub mod policy;
 mod reload;
 pub mod request_info;
 pub mod retirement;
+pub mod selector;
 mod settings;
 mod table;
 

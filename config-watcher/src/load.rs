@@ -12,12 +12,14 @@ use crate::checks::{
     check_address, check_cluster_name, check_proxy_headers, check_proxy_url, check_token,
 };
 use crate::error::ConfigError;
+use crate::fleet::{FleetSource, ResourceRegistryObject, KARMADA_SEARCH_API_VERSION};
 use crate::karmada::{
     karmada_cluster_config, KarmadaClusterObject, SecretData, SecretObject, KARMADA_API_VERSION,
     KARMADA_CLUSTER_KIND,
 };
 use crate::objects::{
-    AccessPolicyObject, ClusterObject, GatewayObject, GatewaySpec, Http2Spec, API_VERSION,
+    AccessPolicyObject, ClusterObject, FleetResourceObject, GatewayObject, GatewaySpec, Http2Spec,
+    API_VERSION,
 };
 use crate::settings::{
     ClusterConfig, Config, GatewaySettings, Http2Settings, Limits, ListenerSettings, ServingTls,
@@ -43,6 +45,7 @@ pub fn load_texts(path: &Path, files: &[(PathBuf, String)]) -> Result<Config, Co
     let mut gateways = Vec::new();
     let mut clusters = Vec::new();
     let mut policies = Vec::new();
+    let mut fleet = Vec::new();
     // Karmada clusters are resolved once every Secret of every file is known.
     let mut karmada_clusters = Vec::new();
     let mut fleetgate_clusters = Vec::new();
@@ -91,6 +94,20 @@ pub fn load_texts(path: &Path, files: &[(PathBuf, String)]) -> Result<Config, Co
                         .map_err(|e| parse_err(format!("AccessPolicy: {e}")))?;
                     policies.push(obj);
                 }
+                (API_VERSION, "FleetResource") => {
+                    let obj: FleetResourceObject = serde_yaml::from_value(value)
+                        .map_err(|e| parse_err(format!("FleetResource: {e}")))?;
+                    fleet.push(FleetSource::from_fleet_resource(
+                        &obj.metadata,
+                        &obj.spec,
+                        &origin,
+                    ));
+                }
+                (KARMADA_SEARCH_API_VERSION, "ResourceRegistry") => {
+                    let obj: ResourceRegistryObject = serde_yaml::from_value(value)
+                        .map_err(|e| parse_err(format!("ResourceRegistry: {e}")))?;
+                    fleet.push(FleetSource::from_resource_registry(&obj, &origin)?);
+                }
                 (KARMADA_API_VERSION, "Cluster") => {
                     let obj: KarmadaClusterObject = serde_yaml::from_value(value)
                         .map_err(|e| parse_err(format!("{KARMADA_CLUSTER_KIND}: {e}")))?;
@@ -113,7 +130,8 @@ pub fn load_texts(path: &Path, files: &[(PathBuf, String)]) -> Result<Config, Co
                 (other_version, other_kind) => {
                     return Err(parse_err(format!(
                         "{other_kind}: apiVersion {other_version:?} is not {API_VERSION:?} \
-                         (nor a {KARMADA_API_VERSION} Cluster or a v1 Secret)"
+                         (nor a {KARMADA_API_VERSION} Cluster, a {KARMADA_SEARCH_API_VERSION} \
+                         ResourceRegistry or a v1 Secret)"
                     )))
                 }
             }
@@ -150,6 +168,7 @@ pub fn load_texts(path: &Path, files: &[(PathBuf, String)]) -> Result<Config, Co
         gateway,
         clusters,
         policies,
+        fleet,
     })
 }
 

@@ -1,5 +1,5 @@
 //! The configuration objects as they are written in YAML (and, later, stored as CRDs):
-//! `fleetgate.io/v1alpha1` Gateway, Cluster and AccessPolicy. Field names follow Kubernetes
+//! `fleetgate.io/v1alpha1` Gateway, Cluster, AccessPolicy and FleetResource. Field names follow Kubernetes
 //! conventions (camelCase). These types are only the wire shape; `settings` and `table` turn them
 //! into what the data path uses. Unknown fields are rejected so a typo is an error, not a silent
 //! default.
@@ -431,6 +431,47 @@ pub struct LabelSelectorRequirement {
     pub operator: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<String>,
+}
+
+/// `kind: FleetResource`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FleetResourceObject {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: FleetResourceSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
+}
+
+/// Kinds the fleet view (`/fleet`) merges across clusters, and the clusters it merges them from
+/// (absent: every cluster). (Also the `fleetresources.fleetgate.io` CRD schema.)
+#[derive(CustomResource, JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "fleetgate.io",
+    version = "v1alpha1",
+    kind = "FleetResource",
+    plural = "fleetresources",
+    status = "ObjectStatus",
+    doc = "Kinds the fleet view merges across clusters, and from which clusters"
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FleetResourceSpec {
+    pub resource_selectors: Vec<ResourceSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<PolicyClusters>,
+}
+
+/// One merged kind: `{apiVersion: v1, kind: Pod}`; `resource` where kube's plural guess from the
+/// kind is wrong (`Endpoints`: `endpoints`).
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceSelector {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
 }
 
 /// Verbs granted on the covered clusters, optionally narrowed. Verbs: get list watch create

@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use crate::auth::{Authenticators, Identity};
-use crate::objects::{AuthorizationMode, LabelSelector, PolicyRule, SubjectKind};
+use crate::objects::{AuthorizationMode, PolicyRule, SubjectKind};
 pub use crate::request_info::Verb;
 use crate::request_info::{KubeVerb, NonResourceMethod, RequestInfo};
 use crate::settings::Config;
@@ -264,7 +264,7 @@ impl CompiledPolicy {
             for (cluster, shared) in config.clusters.iter().zip(&compiled.all_clusters) {
                 let named = all || spec.clusters.names.contains(&cluster.name);
                 let selected = match &spec.clusters.selector {
-                    Some(selector) => selector_matches(selector, &cluster.labels)
+                    Some(selector) => crate::selector::matches(selector, &cluster.labels)
                         .map_err(|m| err("spec.clusters.selector", m))?,
                     None => false,
                 };
@@ -474,37 +474,6 @@ fn compile_rule(rule: &PolicyRule) -> Result<CompiledRule, String> {
         resource_names: star(&rule.resource_names),
         non_resource_urls: rule.non_resource_urls.clone(),
     })
-}
-
-/// Evaluates a label selector (matchLabels and matchExpressions; an empty selector matches
-/// every cluster, as in Kubernetes).
-fn selector_matches(
-    selector: &LabelSelector,
-    labels: &std::collections::BTreeMap<String, String>,
-) -> Result<bool, String> {
-    for (key, value) in &selector.match_labels {
-        if labels.get(key) != Some(value) {
-            return Ok(false);
-        }
-    }
-    for req in &selector.match_expressions {
-        let value = labels.get(&req.key);
-        let ok = match req.operator.as_str() {
-            "In" => value.is_some_and(|v| req.values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !req.values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            other => {
-                return Err(format!(
-                    "operator {other:?} is not In, NotIn, Exists or DoesNotExist"
-                ))
-            }
-        };
-        if !ok {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 /// What the data path reads for identity: the authenticators and the compiled policy, built

@@ -196,10 +196,13 @@ impl MergedSources {
         clusters.sort_by(|a, b| a.name.cmp(&b.name));
         let mut policies = files.policies.clone();
         policies.extend(api.policies.iter().cloned());
+        let mut fleet = files.fleet.clone();
+        fleet.extend(api.fleet.iter().cloned());
         Some(Ok(Config {
             gateway,
             clusters,
             policies,
+            fleet,
         }))
     }
 }

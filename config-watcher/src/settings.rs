@@ -13,6 +13,9 @@ pub struct Config {
     pub gateway: GatewaySettings,
     pub clusters: Vec<ClusterConfig>,
     pub policies: Vec<AccessPolicyObject>,
+    /// The kinds `/fleet` merges (FleetResource and Karmada ResourceRegistry objects), resolved
+    /// against the clusters when the table is built.
+    pub fleet: Vec<crate::fleet::FleetSource>,
 }
 
 /// The Gateway object, resolved.

@@ -150,6 +150,8 @@ pub struct RouteTable {
     generation: u64,
     /// Authenticators and the compiled AccessPolicy objects (identity layer).
     access: Arc<crate::policy::AccessControl>,
+    /// The kinds `/fleet` merges and the clusters of each.
+    fleet: crate::fleet::FleetView,
 }
 
 impl RouteTable {
@@ -225,8 +227,13 @@ impl RouteTable {
                 field: e.field,
                 message: e.message.clone(),
             })?;
+        let fleet = crate::fleet::resolve(
+            &config.fleet,
+            config.clusters.iter().map(|c| (c.name.as_str(), &c.labels)),
+        )?;
         Ok(RouteTable {
             access: Arc::new(access),
+            fleet,
             clusters,
             gateway: config.gateway.clone(),
             config: config.clone(),
@@ -252,6 +259,11 @@ impl RouteTable {
 
     pub fn gateway(&self) -> &GatewaySettings {
         &self.gateway
+    }
+
+    /// The kinds the fleet view merges.
+    pub fn fleet(&self) -> &crate::fleet::FleetView {
+        &self.fleet
     }
 
     /// The configuration this table was built from (for diffing on reload).

@@ -55,7 +55,10 @@ fn the_manifests_are_the_crds_of_the_objects_fleetgate_reads() {
         assert!(schema.properties.as_ref().unwrap().contains_key("spec"));
         kinds.push(crd.spec.names.kind.clone());
     }
-    assert_eq!(kinds, ["Cluster", "Gateway", "AccessPolicy"]);
+    assert_eq!(
+        kinds,
+        ["Cluster", "Gateway", "AccessPolicy", "FleetResource"]
+    );
 }
 
 #[test]

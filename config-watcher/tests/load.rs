@@ -186,3 +186,67 @@ fn secrets_never_reach_debug_output() {
     assert!(!shown.contains("tok-member1"), "{shown}");
     assert!(!shown.contains("PRIVATE KEY"), "{shown}");
 }
+
+#[test]
+fn fleet_resources_and_karmada_resource_registries_resolve_against_the_clusters() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    write_gateway(dir.path(), &pki);
+    // member-a and member-b are env=dev; member-c is relabelled prod.
+    for name in ["member-a", "member-b", "member-c"] {
+        let yaml = cluster_yaml(name, "https://127.0.0.1:6443", &pki, "");
+        let yaml = if name == "member-c" {
+            yaml.replace("env: dev", "env: prod")
+        } else {
+            yaml
+        };
+        std::fs::write(dir.path().join(format!("{name}.yaml")), yaml).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("fleet.yaml"),
+        "apiVersion: fleetgate.io/v1alpha1\nkind: FleetResource\nmetadata:\n  name: dev\nspec:\n  resourceSelectors:\n  - {apiVersion: v1, kind: Pod}\n  - {apiVersion: networking.k8s.io/v1, kind: Ingress}\n  clusters:\n    selector: {matchLabels: {env: dev}}\n---\napiVersion: search.karmada.io/v1alpha1\nkind: ResourceRegistry\nmetadata:\n  name: karmada\nspec:\n  targetCluster:\n    clusterNames: [member-c, member-a]\n    exclude: [member-a]\n  resourceSelectors:\n  - {apiVersion: v1, kind: Pod}\n  - {apiVersion: apps/v1, kind: Deployment}\n  backendStore: {openSearch: {addresses: [\"http://x\"]}}\n",
+    )
+    .unwrap();
+    let config = load_path(dir.path()).unwrap();
+    let table = RouteTable::build(&config).unwrap();
+    let fleet = table.fleet();
+    let pods = fleet.kind("", "pods").unwrap();
+    // The union of both objects' clusters; member-a excluded only by the registry.
+    assert_eq!(pods.clusters, ["member-a", "member-b", "member-c"]);
+    assert_eq!(pods.kind, "Pod");
+    let ingresses = fleet.kind("networking.k8s.io", "ingresses").unwrap();
+    assert_eq!(ingresses.clusters, ["member-a", "member-b"]);
+    assert_eq!(ingresses.group_version(), "networking.k8s.io/v1");
+    assert_eq!(
+        fleet.kind("apps", "deployments").unwrap().clusters,
+        ["member-c"]
+    );
+    assert!(fleet.kind("", "secrets").is_none());
+
+    // Mistakes are named: a kind in two versions, a bad apiVersion, a registry namespace.
+    for (bad, field) in [
+        (
+            "apiVersion: fleetgate.io/v1alpha1\nkind: FleetResource\nmetadata:\n  name: twice\nspec:\n  resourceSelectors:\n  - {apiVersion: v1, kind: Pod}\n  - {apiVersion: v2, kind: Pod}\n",
+            "one version per kind",
+        ),
+        (
+            "apiVersion: fleetgate.io/v1alpha1\nkind: FleetResource\nmetadata:\n  name: bad\nspec:\n  resourceSelectors:\n  - {apiVersion: \"a/b/c\", kind: Pod}\n",
+            "spec.resourceSelectors[].apiVersion",
+        ),
+        (
+            "apiVersion: search.karmada.io/v1alpha1\nkind: ResourceRegistry\nmetadata:\n  name: ns\nspec:\n  resourceSelectors:\n  - {apiVersion: v1, kind: Pod, namespace: default}\n",
+            "spec.resourceSelectors[].namespace",
+        ),
+        (
+            "apiVersion: fleetgate.io/v1alpha1\nkind: FleetResource\nmetadata:\n  name: empty\nspec:\n  resourceSelectors: []\n",
+            "at least one",
+        ),
+    ] {
+        std::fs::write(dir.path().join("fleet.yaml"), bad).unwrap();
+        let err = load_path(dir.path())
+            .and_then(|c| RouteTable::build(&c).map(|_| ()))
+            .expect_err(bad)
+            .to_string();
+        assert!(err.contains(field), "{err}");
+    }
+}

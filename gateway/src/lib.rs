@@ -7,6 +7,8 @@
 //! - `protocol`: the HTTP/1.1 codec and the two client front-ends, HTTP/1.1 (`h1`) and h2 (`h2`);
 //! - `request`: what a request is (its route to a cluster and its kube request info), parsed once;
 //! - `auth`: who the client is, whether an AccessPolicy lets it, what the member is told;
+//! - `fleet`: the fleet view: one request answered from several members, each asked through the
+//!   exchange (a LIST merged and streamed);
 //! - `exchange`: the one way a decided request goes to a member and its answer comes back
 //!   (retries, relay, upgrades spliced, streams ended when their route is retired);
 //! - `upstream`: connections to members (direct, through an egress proxy) and the per-shard pool;
@@ -20,6 +22,7 @@ pub mod auth;
 pub mod cli;
 pub mod errors;
 pub mod exchange;
+pub mod fleet;
 pub mod observe;
 pub mod protocol;
 pub mod request;

@@ -6,12 +6,11 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use support::fleet::Fleet;
-use support::kubectl::{kubectl, kubectl_command, succeeded};
+use support::kubectl::{kubectl, kubectl_command};
 use support::wait::LineReader;
 
 fn start(clusters: usize) -> Fleet {
@@ -20,51 +19,33 @@ fn start(clusters: usize) -> Fleet {
     fleet
 }
 
-impl Fleet {
-    fn kubeconfig(&self) -> PathBuf {
-        self.path("gateway.kubeconfig")
-    }
-
-    fn kubectl(&self, context: &str, args: &[&str]) -> Output {
-        kubectl(&self.kubeconfig(), context, args)
-    }
-
-    fn ok(&self, context: &str, args: &[&str]) -> String {
-        let out = self.kubectl(context, args);
-        succeeded(
-            out,
-            &format!("--context {context} {args:?}"),
-            &self.log_tail(20),
-        )
-    }
-}
-
 #[test]
 fn kubectl_reads_and_writes_every_member_through_the_gateway() {
     let fleet = start(2);
     for context in ["member1", "member2"] {
         // get, in every output format.
-        let table = fleet.ok(context, &["get", "pods", "-n", "default"]);
+        let table = fleet.kubectl_ok(context, &["get", "pods", "-n", "default"]);
         assert!(
             table.starts_with("NAME") && table.contains("hello"),
             "{table}"
         );
-        let wide = fleet.ok(context, &["get", "pods", "-n", "default", "-o", "wide"]);
+        let wide = fleet.kubectl_ok(context, &["get", "pods", "-n", "default", "-o", "wide"]);
         assert!(wide.contains("hello") && wide.contains("NODE"), "{wide}");
         let json: serde_json::Value =
-            serde_json::from_str(&fleet.ok(context, &["get", "pods", "-A", "-o", "json"])).unwrap();
+            serde_json::from_str(&fleet.kubectl_ok(context, &["get", "pods", "-A", "-o", "json"]))
+                .unwrap();
         assert!(
             json["items"].as_array().is_some_and(|i| !i.is_empty()),
             "{json}"
         );
-        let yaml = fleet.ok(
+        let yaml = fleet.kubectl_ok(
             context,
             &["get", "pod", "hello", "-n", "default", "-o", "yaml"],
         );
         assert!(yaml.contains("name: hello"), "{yaml}");
-        let name = fleet.ok(context, &["get", "namespaces", "-o", "name"]);
+        let name = fleet.kubectl_ok(context, &["get", "namespaces", "-o", "name"]);
         assert!(name.contains("namespace/default"), "{name}");
-        let jsonpath = fleet.ok(
+        let jsonpath = fleet.kubectl_ok(
             context,
             &[
                 "get",
@@ -77,7 +58,7 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
             ],
         );
         assert_eq!(jsonpath, "hello");
-        let columns = fleet.ok(
+        let columns = fleet.kubectl_ok(
             context,
             &[
                 "get",
@@ -92,7 +73,7 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
             columns.contains("hello") && columns.contains("Running"),
             "{columns}"
         );
-        let template = fleet.ok(
+        let template = fleet.kubectl_ok(
             context,
             &[
                 "get",
@@ -105,7 +86,7 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
             ],
         );
         assert_eq!(template, "Pod");
-        let version = fleet.ok(context, &["version", "-o", "json"]);
+        let version = fleet.kubectl_ok(context, &["version", "-o", "json"]);
         assert!(version.contains("serverVersion"), "{version}");
 
         // apply, patch (three kinds), delete.
@@ -115,10 +96,10 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
             format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: through-gw\n  namespace: default\ndata:\n  member: {context}\n"),
         )
         .unwrap();
-        let applied = fleet.ok(context, &["apply", "-f", manifest.to_str().unwrap()]);
+        let applied = fleet.kubectl_ok(context, &["apply", "-f", manifest.to_str().unwrap()]);
         assert!(applied.contains("configmap/through-gw"), "{applied}");
         let data = |key: &str| {
-            fleet.ok(
+            fleet.kubectl_ok(
                 context,
                 &[
                     "get",
@@ -132,7 +113,7 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
             )
         };
         assert_eq!(data("member"), context);
-        fleet.ok(
+        fleet.kubectl_ok(
             context,
             &[
                 "patch",
@@ -144,7 +125,7 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
                 r#"{"data":{"a":"1"}}"#,
             ],
         );
-        fleet.ok(
+        fleet.kubectl_ok(
             context,
             &[
                 "patch",
@@ -158,7 +139,7 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
                 r#"{"data":{"b":"2"}}"#,
             ],
         );
-        fleet.ok(
+        fleet.kubectl_ok(
             context,
             &[
                 "patch",
@@ -176,9 +157,9 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
             (data("a"), data("b"), data("c")),
             ("1".into(), "2".into(), "3".into())
         );
-        let deleted = fleet.ok(context, &["delete", "cm", "through-gw", "-n", "default"]);
+        let deleted = fleet.kubectl_ok(context, &["delete", "cm", "through-gw", "-n", "default"]);
         assert!(deleted.contains("deleted"), "{deleted}");
-        let gone = fleet.kubectl(context, &["get", "cm", "through-gw", "-n", "default"]);
+        let gone = fleet.kubectl_output(context, &["get", "cm", "through-gw", "-n", "default"]);
         assert!(!gone.status.success());
         assert!(
             String::from_utf8_lossy(&gone.stderr).contains("NotFound"),
@@ -250,7 +231,7 @@ fn kubectl_watch_and_logs_follow_stream_through_the_gateway() {
     for context in ["member1", "member2"] {
         // The same watch through the gateway and straight to the member: what the gateway adds
         // is the difference between the two arrivals of one change.
-        let (mut watch, mut lines) = watch_configmaps(&fleet.kubeconfig(), context);
+        let (mut watch, mut lines) = watch_configmaps(&fleet.gateway_kubeconfig(), context);
         let (mut direct, mut direct_lines) =
             watch_configmaps(&fleet.fleet_path("kubeconfig"), context);
         // Both watches are live once a change made after they started shows up on both.
@@ -295,7 +276,7 @@ fn kubectl_watch_and_logs_follow_stream_through_the_gateway() {
         }
 
         // logs -f: lines keep coming while the stream is open.
-        let mut logs = kubectl_command(&fleet.kubeconfig(), context)
+        let mut logs = kubectl_command(&fleet.gateway_kubeconfig(), context)
             .args(["logs", "-f", "--tail", "1", "hello", "-n", "default"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -342,7 +323,7 @@ fn unknown_and_unreachable_members_give_clear_errors_while_others_keep_working()
     )
     .unwrap();
     fleet.serve(&["--workers", "2"], None);
-    let unknown = fleet.kubectl(
+    let unknown = fleet.kubectl_output(
         "member1",
         &[
             "--server",
@@ -359,11 +340,11 @@ fn unknown_and_unreachable_members_give_clear_errors_while_others_keep_working()
         "{stderr}"
     );
 
-    let stopped = fleet.kubectl("member2", &["get", "ns"]);
+    let stopped = fleet.kubectl_output("member2", &["get", "ns"]);
     let stderr = String::from_utf8_lossy(&stopped.stderr);
     assert!(!stopped.status.success());
     assert!(stderr.contains("ServiceUnavailable"), "{stderr}");
-    let stopped = fleet.kubectl(
+    let stopped = fleet.kubectl_output(
         "member2",
         &[
             "--server",
@@ -380,10 +361,10 @@ fn unknown_and_unreachable_members_give_clear_errors_while_others_keep_working()
             && stderr.contains("cluster \"member2\" is unavailable"),
         "{stderr}"
     );
-    let ok = fleet.ok("member1", &["get", "ns", "-o", "name"]);
+    let ok = fleet.kubectl_ok("member1", &["get", "ns", "-o", "name"]);
     assert!(ok.contains("namespace/default"));
     // The member sees the gateway's user, impersonated from the client certificate.
-    let whoami = fleet.ok(
+    let whoami = fleet.kubectl_ok(
         "member1",
         &[
             "auth",

@@ -173,7 +173,7 @@ where
         // Impersonate-* it sends); a token the gateway knows is also held to policy.
         if let Some(identity) = &authenticated {
             if !policy.allows(identity, &cluster.name, attrs) {
-                let error = forbidden(identity, &cluster.name, attrs);
+                let error = forbidden(identity, &Place::Cluster(&cluster.name), attrs);
                 return Err(Refusal::of(error, identity, identity));
             }
         }
@@ -198,7 +198,7 @@ where
         }
     };
     if !policy.allows(&identity, &cluster.name, attrs) {
-        let error = forbidden(&identity, &cluster.name, attrs);
+        let error = forbidden(&identity, &Place::Cluster(&cluster.name), attrs);
         return Err(Refusal::of(error, &authenticated, &identity));
     }
     Ok(Decided {
@@ -313,16 +313,31 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// kube-apiserver's Forbidden message, naming the cluster too.
-fn forbidden(
+/// Where a request was refused: on one cluster, or in the fleet view (which names no cluster).
+pub enum Place<'a> {
+    Cluster(&'a str),
+    Fleet,
+}
+
+impl std::fmt::Display for Place<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Cluster(name) => write!(f, "on cluster {name:?}"),
+            Place::Fleet => f.write_str("in any cluster of the fleet view"),
+        }
+    }
+}
+
+/// kube-apiserver's Forbidden message, naming the cluster too (or the fleet view).
+pub fn forbidden(
     identity: &ClientIdentity,
-    cluster: &str,
+    place: &Place<'_>,
     attrs: &RequestAttributes<'_>,
 ) -> GatewayError {
     let verb = grant_verb_name(attrs);
     let message = if !attrs.is_resource_request {
         format!(
-            "forbidden: User {:?} cannot {verb} path on cluster {cluster:?}: no AccessPolicy grants it anything there",
+            "forbidden: User {:?} cannot {verb} path {place}: no AccessPolicy grants it anything there",
             identity.user
         )
     } else {
@@ -342,7 +357,7 @@ fn forbidden(
             format!(" in the namespace {:?}", attrs.namespace)
         };
         format!(
-            "{subject}: User {:?} cannot {verb} resource {resource:?} in API group {:?}{scope} on cluster {cluster:?}",
+            "{subject}: User {:?} cannot {verb} resource {resource:?} in API group {:?}{scope} {place}",
             identity.user, attrs.api_group
         )
     };

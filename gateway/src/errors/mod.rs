@@ -51,6 +51,23 @@ pub enum GatewayError {
         kind: String,
         name: String,
     },
+    /// A fleet-view request for a kind no FleetResource merges.
+    #[error("the fleet view does not merge {resource}: FleetResource objects say which kinds it merges; reach one cluster through /clusters/NAME")]
+    FleetKindNotMerged { resource: String },
+    /// A fleet-view request the view does not serve yet.
+    #[error("the fleet view does not serve {what} on {resource} yet: reach the owning cluster through /clusters/NAME")]
+    FleetNotServed {
+        what: &'static str,
+        resource: String,
+    },
+    /// A fleet continue token whose member page has expired (the member answered 410).
+    #[error("the continue token has expired in cluster {cluster:?}: list again from the start")]
+    FleetContinueExpired { cluster: String },
+    /// A create through the fleet view: it would not know which cluster to create in.
+    #[error(
+        "the fleet view cannot create {resource}: create it in one cluster through /clusters/NAME"
+    )]
+    FleetCreate { resource: String },
     #[error("upgrading to {protocol:?} is not supported: the gateway carries SPDY/3.1 and websocket upgrades (exec, attach, port-forward)")]
     UpgradeNotSupported { protocol: String },
     #[error("{protocol:?} cannot be carried over h2: exec, attach and port-forward need an HTTP/1.1 connection")]
@@ -103,6 +120,10 @@ impl GatewayError {
             | Forbidden { .. }
             | UpgradeNotSupported { .. }
             | UpgradeOverH2 { .. }
+            | FleetKindNotMerged { .. }
+            | FleetNotServed { .. }
+            | FleetCreate { .. }
+            | FleetContinueExpired { .. }
             | TooManyMemberConnections => Side::Downstream,
             ConnectTimeout { .. }
             | Connect { .. }
@@ -120,7 +141,10 @@ impl GatewayError {
             HeadTooLarge { .. } | TooManyHeaders { .. } => (431, "RequestHeaderFieldsTooLarge"),
             BadRequest { .. } => (400, "BadRequest"),
             VersionNotSupported => (505, "BadRequest"),
-            UnknownCluster { .. } | NoRoute { .. } => (404, "NotFound"),
+            UnknownCluster { .. } | NoRoute { .. } | FleetKindNotMerged { .. } => (404, "NotFound"),
+            FleetCreate { .. } => (405, "MethodNotAllowed"),
+            FleetContinueExpired { .. } => (410, "Expired"),
+            FleetNotServed { .. } => (501, "NotImplemented"),
             ClientImpersonation | Forbidden { .. } => (403, "Forbidden"),
             Unauthorized { .. } => (401, "Unauthorized"),
             UpgradeNotSupported { .. } | UpgradeOverH2 { .. } => (501, "NotImplemented"),

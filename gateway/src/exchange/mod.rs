@@ -97,6 +97,19 @@ pub(crate) trait RequestBody {
     fn client_gone(&mut self) -> impl Future<Output = ()>;
 }
 
+/// No request body: a request the gateway makes itself (the fleet view's pages).
+pub(crate) struct NoBody;
+
+impl RequestBody for NoBody {
+    async fn send(&mut self, _: &mut UpstreamConn, _: &ClusterRoute) -> Result<(), Failure> {
+        Ok(())
+    }
+
+    async fn client_gone(&mut self) {
+        std::future::pending().await
+    }
+}
+
 /// The member's answer once its head is read (the head itself is in the [`Head`] given to
 /// [`send`]).
 pub(crate) struct Answer {

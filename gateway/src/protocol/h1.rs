@@ -264,6 +264,15 @@ where
     });
     let proxied = match decided {
         Ok(Decision::Proxy(proxied)) => proxied,
+        Ok(Decision::Fleet(fleet)) => {
+            let answer = FleetAnswer {
+                limits,
+                close,
+                connection_names_fields,
+                started,
+            };
+            return Box::pin(serve_fleet(ctx, down, head, &fleet, peer, answer)).await;
+        }
         Ok(Decision::Health) => {
             let mut reply = if close { HEALTH_OK_CLOSE } else { HEALTH_OK };
             if head.method() == b"HEAD" {
@@ -456,6 +465,133 @@ async fn answer_with_status<S: AsyncWrite + Unpin>(
         Next::Close
     } else {
         Next::KeepAlive
+    }
+}
+
+/// How a fleet-view request is answered on this connection.
+struct FleetAnswer {
+    limits: Limits,
+    /// The connection closes after the response.
+    close: bool,
+    connection_names_fields: bool,
+    started: Instant,
+}
+
+/// Serves a fleet-view request (`fleet`): the merged answer, chunked (or, to an HTTP/1.0
+/// client, until the connection closes).
+async fn serve_fleet<S>(
+    ctx: &ShardContext,
+    down: &mut Downstream<'_, S>,
+    head: &Head,
+    fleet: &request::FleetRequest<'_>,
+    peer: Peer,
+    answer: FleetAnswer,
+) -> Next
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let _stream = ctx.shard_metrics.stream_opened();
+    let chunked = head.minor_version > 0;
+    let close = answer.close || !chunked;
+    let connection_named =
+        |name: &[u8]| answer.connection_names_fields && head.has_token(b"connection", name);
+    let client_request = crate::fleet::ClientRequest {
+        headers: || head.headers(),
+        connection_named: &connection_named,
+        peer,
+        limits: answer.limits,
+        started: answer.started,
+    };
+    let mut client = FleetConnection {
+        io: &mut *down.io,
+        chunked,
+        close,
+        write_timeout: answer.limits.client_write_timeout,
+        head_sent: false,
+    };
+    let result = crate::fleet::list::list(ctx, fleet, &client_request, &mut client).await;
+    let head_sent = client.head_sent;
+    match result {
+        Ok(()) if !close => Next::KeepAlive,
+        Err(Failure::Answer(error)) if !head_sent => {
+            let close = close || error.must_close();
+            respond_error(down, &error, close, false).await;
+            if close {
+                Next::Close
+            } else {
+                Next::KeepAlive
+            }
+        }
+        Ok(()) | Err(_) => Next::Close,
+    }
+}
+
+/// The fleet view's client side on an HTTP/1.1 connection.
+struct FleetConnection<'a, S> {
+    io: &'a mut S,
+    chunked: bool,
+    close: bool,
+    write_timeout: Duration,
+    head_sent: bool,
+}
+
+impl<S: AsyncWrite + Unpin> FleetConnection<'_, S> {
+    /// Writes `parts` within the write timeout; a client that does not take them is cut.
+    async fn write(&mut self, parts: &[&[u8]]) -> Result<(), Failure> {
+        let io = &mut *self.io;
+        let write = async {
+            for part in parts {
+                io.write_all(part).await?;
+            }
+            Ok::<_, std::io::Error>(())
+        };
+        match runtime::timeout(self.write_timeout, write).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Failure::Abort("client went away")),
+            Err(_) => Err(Failure::Abort("client stopped reading")),
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> crate::fleet::FleetClient for FleetConnection<'_, S> {
+    async fn head(&mut self, content_type: &str, warnings: &[String]) -> Result<(), Failure> {
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(b"HTTP/1.1 200 OK\r\nCache-Control: no-cache, private\r\n");
+        out.extend_from_slice(b"Content-Type: ");
+        out.extend_from_slice(content_type.as_bytes());
+        out.extend_from_slice(b"\r\n");
+        for warning in warnings {
+            out.extend_from_slice(b"Warning: ");
+            out.extend_from_slice(crate::fleet::warning_value(warning).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        if self.close {
+            out.extend_from_slice(b"Connection: close\r\n");
+        }
+        if self.chunked {
+            out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        self.head_sent = true;
+        self.write(&[&out]).await
+    }
+
+    async fn body(&mut self, piece: Bytes) -> Result<(), Failure> {
+        if !self.chunked {
+            return self.write(&[&piece]).await;
+        }
+        let size = format!("{:x}\r\n", piece.len());
+        self.write(&[size.as_bytes(), &piece, b"\r\n"]).await
+    }
+
+    async fn end(&mut self) -> Result<(), Failure> {
+        if self.chunked {
+            self.write(&[b"0\r\n\r\n"]).await?;
+        }
+        self.io
+            .flush()
+            .await
+            .map_err(|_| Failure::Abort("client went away"))
     }
 }
 

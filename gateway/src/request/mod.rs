@@ -15,7 +15,8 @@ use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use fleetgate_config_watcher::request_info::RequestInfo;
+use fleetgate_config_watcher::fleet::FleetKind;
+use fleetgate_config_watcher::request_info::{KubeVerb, RequestInfo};
 use fleetgate_config_watcher::{ClusterRoute, RouteTable};
 
 use crate::auth::{self, ClientIdentity, ConnectionAuth, Decided};
@@ -63,6 +64,23 @@ pub enum Decision<'t> {
     Health,
     /// Proxied to a member.
     Proxy(Proxied<'t>),
+    /// Served by the fleet view from the members it spans (`fleet`).
+    Fleet(FleetRequest<'t>),
+}
+
+/// A fleet-view request on a merged kind, classified and authorized per member.
+pub struct FleetRequest<'t> {
+    /// The kube path after the fleet prefix and the raw query (with its `?`).
+    pub rest: &'t [u8],
+    pub query: &'t [u8],
+    pub info: RequestInfo<'t>,
+    /// The merged kind it names.
+    pub kind: &'t FleetKind,
+    /// The clusters it spans: those of the kind the user's AccessPolicies allow this request on,
+    /// sorted by name, each with the identity the member is told about.
+    pub members: Vec<(&'t Arc<ClusterRoute>, Decided)>,
+    /// The verb metrics count it under.
+    pub verb: &'static str,
 }
 
 /// A request routed to a member cluster, classified and authorized.
@@ -93,6 +111,24 @@ pub struct Refused<'t> {
     /// The cluster name its path gave and what it was classified as, when it got that far (the
     /// audit log names them).
     pub classified: Option<(&'t str, RequestInfo<'t>)>,
+}
+
+impl<'t> Refused<'t> {
+    /// Authentication's or an AccessPolicy's refusal, with what the request was counted and
+    /// classified as by then.
+    fn by_policy(
+        refusal: auth::Refusal,
+        counted: Option<(&'t Arc<ClusterRoute>, &'static str)>,
+        classified: Option<(&'t str, RequestInfo<'t>)>,
+    ) -> Refused<'t> {
+        Refused {
+            error: refusal.error,
+            authenticated: refusal.authenticated,
+            acting_as: refusal.acting_as,
+            counted,
+            classified,
+        }
+    }
 }
 
 impl From<GatewayError> for Refused<'_> {
@@ -134,6 +170,9 @@ where
             .into())
         }
         Route::Cluster { name, rest, query } => (name, rest, query),
+        Route::Fleet { rest, query } => {
+            return decide_fleet(table, conn, method, rest, query, headers)
+        }
     };
     let info = RequestInfo::parse(method, rest, query);
     let classified = Some((name, info));
@@ -163,14 +202,8 @@ where
             classified,
         })?;
     }
-    let identity =
-        auth::decide(table.access(), conn, cluster, &info, headers).map_err(|refusal| Refused {
-            error: refusal.error,
-            authenticated: refusal.authenticated,
-            acting_as: refusal.acting_as,
-            counted,
-            classified,
-        })?;
+    let identity = auth::decide(table.access(), conn, cluster, &info, headers)
+        .map_err(|refusal| Refused::by_policy(refusal, counted, classified))?;
     Ok(Decision::Proxy(Proxied {
         cluster,
         name,
@@ -181,4 +214,146 @@ where
         long_running: info.long_running,
         identity,
     }))
+}
+
+/// Decides a fleet-view request. Discovery and other non-resource requests go to the first
+/// cluster (by name) the user may reach, as an ordinary proxied request; a LIST of a merged kind
+/// spans every cluster of the kind the user's AccessPolicies allow it on. Clusters the user may
+/// not reach are left out without a word: no item and no error names them.
+#[allow(
+    clippy::result_large_err,
+    reason = "as `decide`: the refusal is as large as the decision"
+)]
+fn decide_fleet<'t, 'h, F, H>(
+    table: &'t RouteTable,
+    conn: &ConnectionAuth,
+    method: &'t [u8],
+    rest: &'t [u8],
+    query: &'t [u8],
+    headers: F,
+) -> Result<Decision<'t>, Refused<'t>>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let info = RequestInfo::parse(method, rest, query);
+    let verb = info.metrics_verb();
+    // Whom the members would see, per cluster; the first refusal tells why none may be reached.
+    let mut refusal = None;
+    let mut decide_on = |cluster: &'t Arc<ClusterRoute>| {
+        if !cluster.impersonation && !cluster.pass_through {
+            if let Err(error) = auth::check_request(headers()) {
+                refusal.get_or_insert(Refused::from(error));
+                return None;
+            }
+        }
+        match auth::decide(table.access(), conn, cluster, &info, &headers) {
+            Ok(identity) => Some(identity),
+            Err(refused) => {
+                refusal.get_or_insert(Refused::by_policy(refused, None, None));
+                None
+            }
+        }
+    };
+    if !info.is_resource_request {
+        let mut names: Vec<&Arc<ClusterRoute>> = table.clusters().collect();
+        names.sort_by(|a, b| a.name.cmp(&b.name));
+        for cluster in names {
+            if let Some(identity) = decide_on(cluster) {
+                return Ok(Decision::Proxy(Proxied {
+                    cluster,
+                    name: &cluster.name,
+                    rest,
+                    query,
+                    info,
+                    verb,
+                    long_running: info.long_running,
+                    identity,
+                }));
+            }
+        }
+        return Err(fleet_refusal(refusal, rest, &info));
+    }
+    let Some(kind) = table.fleet().kind(info.api_group, info.resource) else {
+        return Err(GatewayError::FleetKindNotMerged {
+            resource: fleet_resource_name(&info),
+        }
+        .into());
+    };
+    let unsupported = |what: &'static str| -> Refused<'t> {
+        GatewayError::FleetNotServed {
+            what,
+            resource: fleet_resource_name(&info),
+        }
+        .into()
+    };
+    match info.verb {
+        KubeVerb::List if method == b"GET" => {}
+        KubeVerb::Create => {
+            return Err(GatewayError::FleetCreate {
+                resource: fleet_resource_name(&info),
+            }
+            .into())
+        }
+        KubeVerb::Watch => return Err(unsupported("watch")),
+        _ if !info.name.is_empty() => return Err(unsupported("a named object")),
+        _ => return Err(unsupported("this verb")),
+    }
+    let mut members = Vec::with_capacity(kind.clusters.len());
+    for name in &kind.clusters {
+        if let Some(cluster) = table.cluster(name) {
+            if let Some(identity) = decide_on(cluster) {
+                members.push((cluster, identity));
+            }
+        }
+    }
+    if members.is_empty() {
+        return Err(fleet_refusal(refusal, rest, &info));
+    }
+    Ok(Decision::Fleet(FleetRequest {
+        rest,
+        query,
+        info,
+        kind,
+        members,
+        verb,
+    }))
+}
+
+/// `pods` or `deployments.apps`, as kube names a resource in messages.
+fn fleet_resource_name(info: &RequestInfo<'_>) -> String {
+    if info.api_group.is_empty() {
+        info.resource.to_owned()
+    } else {
+        format!("{}.{}", info.resource, info.api_group)
+    }
+}
+
+/// Why no cluster of the fleet view may serve a request: the first cluster's refusal, made about
+/// the fleet view as a whole (a Forbidden names no cluster).
+fn fleet_refusal<'t>(
+    refusal: Option<Refused<'t>>,
+    rest: &[u8],
+    info: &RequestInfo<'_>,
+) -> Refused<'t> {
+    let Some(mut refused) = refusal else {
+        return no_fleet_route(rest);
+    };
+    if let (GatewayError::Forbidden { .. }, Some(who)) = (
+        &refused.error,
+        refused
+            .acting_as
+            .as_ref()
+            .or(refused.authenticated.as_ref()),
+    ) {
+        refused.error = auth::forbidden(who, &auth::Place::Fleet, info);
+    }
+    refused
+}
+
+fn no_fleet_route<'t>(rest: &[u8]) -> Refused<'t> {
+    GatewayError::NoRoute {
+        path: format!("/fleet{}", String::from_utf8_lossy(rest)),
+    }
+    .into()
 }

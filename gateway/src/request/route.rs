@@ -1,8 +1,8 @@
 //! Request routing: which member cluster a request target names, and the path to send it there.
 //!
 //! Recognizes the native `/clusters/{name}/...` form, the Karmada and Karpor aggregated-proxy
-//! forms, the OCM user-server `/{name}/...` form (when the Gateway enables it), and the gateway's
-//! own health paths. The prefix is stripped (an empty rest becomes `/`), the query is passed on
+//! forms, the OCM user-server `/{name}/...` form (when the Gateway enables it), the fleet view
+//! (`/fleet/...` and karmada-search's proxying path), and the gateway's own health paths. The prefix is stripped (an empty rest becomes `/`), the query is passed on
 //! raw and percent-encoding is never decoded, so the member sees exactly the bytes the client sent.
 //! This module does no lookup in the routing table and never allocates; the connection driver
 //! (`proxy`) calls [`route`] and then asks the table for the cluster.
@@ -21,6 +21,8 @@ pub enum Route<'a> {
         rest: &'a [u8],
         query: &'a [u8],
     },
+    /// The fleet view: the kube path after the prefix (possibly empty) and the query.
+    Fleet { rest: &'a [u8], query: &'a [u8] },
     /// Nothing the gateway serves.
     NotFound,
 }
@@ -28,6 +30,9 @@ pub enum Route<'a> {
 const KARMADA: &[u8] = b"/apis/cluster.karmada.io/v1alpha1/clusters/";
 const KARPOR: &[u8] = b"/apis/cluster.karpor.io/v1beta1/clusters/";
 const NATIVE: &[u8] = b"/clusters/";
+const FLEET: &[u8] = b"/fleet";
+/// karmada-search's global-resource proxy, so a Karmada user's kubeconfig keeps working.
+const KARMADA_SEARCH: &[u8] = b"/apis/search.karmada.io/v1alpha1/proxying/karmada/proxy";
 
 /// Splits `{name}{tail}` where the name ends at `/` or the end of the path.
 fn split_name(after: &[u8]) -> Option<(&str, &[u8])> {
@@ -55,6 +60,13 @@ pub fn route(target: &[u8], ocm_style: bool) -> Route<'_> {
         b"/readyz" => return Route::Health("readyz"),
         b"/livez" => return Route::Health("livez"),
         _ => {}
+    }
+    for prefix in [FLEET, KARMADA_SEARCH] {
+        if let Some(rest) = path.strip_prefix(prefix) {
+            if rest.is_empty() || rest.starts_with(b"/") {
+                return Route::Fleet { rest, query };
+            }
+        }
     }
     if let Some(after) = path.strip_prefix(NATIVE) {
         return match split_name(after) {
@@ -148,6 +160,31 @@ mod tests {
         let mut out = Vec::new();
         push_upstream_target(&mut out, "/k8s/", b"/api", b"");
         assert_eq!(out, b"/k8s/api");
+    }
+
+    #[test]
+    fn the_fleet_view_has_two_prefixes() {
+        let want = Route::Fleet {
+            rest: b"/api/v1/pods",
+            query: b"?limit=500",
+        };
+        assert_eq!(route(b"/fleet/api/v1/pods?limit=500", false), want);
+        assert_eq!(
+            route(
+                b"/apis/search.karmada.io/v1alpha1/proxying/karmada/proxy/api/v1/pods?limit=500",
+                false
+            ),
+            want
+        );
+        assert_eq!(
+            route(b"/fleet", true),
+            Route::Fleet {
+                rest: b"",
+                query: b""
+            }
+        );
+        // `fleet` is a reserved cluster name, so the OCM form never takes it either.
+        assert_eq!(route(b"/fleetx/api", false), Route::NotFound);
     }
 
     #[test]

@@ -199,6 +199,27 @@ impl Drop for Fleet {
 }
 
 impl Fleet {
+    /// The fleet's kubeconfig through the gateway: a context per member, and `fleet`.
+    pub fn gateway_kubeconfig(&self) -> PathBuf {
+        self.path("gateway.kubeconfig")
+    }
+
+    /// kubectl through the gateway with `context`; its output, whatever the exit code.
+    pub fn kubectl_output(&self, context: &str, args: &[&str]) -> std::process::Output {
+        super::kubectl::kubectl(&self.gateway_kubeconfig(), context, args)
+    }
+
+    /// The stdout of a kubectl run through the gateway that must succeed (the failure message
+    /// has the gateway log's tail).
+    pub fn kubectl_ok(&self, context: &str, args: &[&str]) -> String {
+        let out = self.kubectl_output(context, args);
+        super::kubectl::succeeded(
+            out,
+            &format!("--context {context} {args:?}"),
+            &self.log_tail(20),
+        )
+    }
+
     /// `clusters` simulated members with `objects` objects each; the fleet's files (Gateway,
     /// Clusters, policies, PKI, kubeconfigs) are written to the temporary directory itself.
     pub fn sim(clusters: usize, objects: usize) -> Fleet {

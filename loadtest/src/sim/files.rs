@@ -263,8 +263,25 @@ pub fn write_fleet_files(
     });
     write(&dir.join("gateway.yaml"), &yaml(&gateway))?;
     write_policies(dir)?;
+    // fleet.yaml: the kinds the fleet view (`/fleet`) merges, from every cluster.
+    let fleet = json!({
+        "apiVersion": "fleetgate.io/v1alpha1",
+        "kind": "FleetResource",
+        "metadata": {"name": "demo"},
+        "spec": {"resourceSelectors": [
+            {"apiVersion": "v1", "kind": "Pod"},
+            {"apiVersion": "v1", "kind": "ConfigMap"},
+            {"apiVersion": "apps/v1", "kind": "Deployment"},
+            {"apiVersion": "v1", "kind": "Service"},
+            {"apiVersion": "v1", "kind": "Namespace"},
+            {"apiVersion": "v1", "kind": "Node"},
+            {"apiVersion": "v1", "kind": "Event"},
+        ]},
+    });
+    write(&dir.join("fleet.yaml"), &yaml(&fleet))?;
 
-    // gateway.kubeconfig: through the gateway as admin (gateway-CA client certificate).
+    // gateway.kubeconfig: through the gateway as admin (gateway-CA client certificate), one
+    // context per member and `fleet` for the fleet view.
     let through_gateway: Vec<(String, String)> = member_names
         .iter()
         .map(|name| {
@@ -273,6 +290,10 @@ pub fn write_fleet_files(
                 format!("https://{}/clusters/{name}", addrs.gateway),
             )
         })
+        .chain(std::iter::once((
+            "fleet".to_owned(),
+            format!("https://{}/fleet", addrs.gateway),
+        )))
         .collect();
     let gateway_admin = creds
         .users

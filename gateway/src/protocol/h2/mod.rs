@@ -42,6 +42,7 @@ use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
 use crate::exchange::{
     self, Failure, Outbound, RequestBody, BODY_STALL_TIMEOUT, IDLE_STREAM_BUFFER, READ_CHUNK,
 };
+use crate::fleet;
 use crate::observe::audit::{AuditRequest, Classified, Outcome, StreamAudit};
 use crate::protocol::http1::{is_hop_by_hop, BodyKind, BodyProgress, Head};
 use crate::request::{self, Decision, Peer};
@@ -397,6 +398,22 @@ async fn proxy_stream(
     let table = ctx.table.load();
     let proxied = match request::decide(&table, conn_auth, method, target, headers) {
         Ok(Decision::Proxy(proxied)) => proxied,
+        Ok(Decision::Fleet(fleet)) => {
+            let _stream = ctx.shard_metrics.stream_opened();
+            let no_connection_field = |_: &[u8]| false;
+            let client_request = fleet::ClientRequest {
+                headers,
+                connection_named: &no_connection_field,
+                peer,
+                limits: table.gateway().limits,
+                started,
+            };
+            let mut client = FleetStream {
+                respond: &mut *respond,
+                send: None,
+            };
+            return fleet::list::list(ctx, &fleet, &client_request, &mut client).await;
+        }
         Ok(Decision::Health) => {
             let response = Response::builder()
                 .status(StatusCode::OK)
@@ -633,6 +650,52 @@ impl RequestBody for StreamBody<'_> {
 /// client's window allows, END_STREAM at the end, a reset as the client going away.
 struct StreamSink<'a> {
     send: &'a mut SendStream<Bytes>,
+}
+
+/// The fleet view's client side on an h2 stream.
+struct FleetStream<'a> {
+    respond: &'a mut SendResponse<Bytes>,
+    send: Option<SendStream<Bytes>>,
+}
+
+impl fleet::FleetClient for FleetStream<'_> {
+    async fn head(&mut self, content_type: &str, warnings: &[String]) -> Result<(), Failure> {
+        let mut response = Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", content_type)
+            .header("cache-control", "no-cache, private");
+        for warning in warnings {
+            response = response.header("warning", fleet::warning_value(warning));
+        }
+        let response = response
+            .body(())
+            .map_err(|_| Failure::Abort("unsendable response head"))?;
+        let send = self
+            .respond
+            .send_response(response, false)
+            .map_err(|_| Failure::Abort("client reset the stream"))?;
+        self.send = Some(send);
+        Ok(())
+    }
+
+    async fn body(&mut self, piece: Bytes) -> Result<(), Failure> {
+        let send = self
+            .send
+            .as_mut()
+            .ok_or(Failure::Abort("body before head"))?;
+        send_flow_controlled(send, piece, false)
+            .await
+            .map_err(|_| Failure::Abort("client reset the stream"))
+    }
+
+    async fn end(&mut self) -> Result<(), Failure> {
+        let send = self
+            .send
+            .as_mut()
+            .ok_or(Failure::Abort("end before head"))?;
+        send.send_data(Bytes::new(), true)
+            .map_err(|_| Failure::Abort("client reset the stream"))
+    }
 }
 
 impl ResponseSink for StreamSink<'_> {

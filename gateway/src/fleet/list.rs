@@ -1,0 +1,425 @@
+//! A LIST merged across the members of a fleet request, streamed.
+//!
+//! 1. **Probe.** Each member is asked for one object (`limit=1`, from the continue token's place
+//!    for the member a page resumes in), at most [`PROBES_AT_ONCE`] at a time. A member that
+//!    fails, times out or answers with an error is left out and named in a `Warning` field; a
+//!    Table whose columns differ from the first member's is left out the same way. The response
+//!    head goes out once every probe has answered.
+//! 2. **Stream.** Members in name order: the probe's object, then pages of at most [`PAGE`]
+//!    objects (or what the client's `limit` leaves) from the member's continue token, each object
+//!    stamped with its cluster and written out before the next page is asked for. Memory is one
+//!    page plus one probed object per member, whatever the fleet holds.
+//! 3. **Continue.** With a `limit`, the page ends once that many objects are out; its continue
+//!    token names the cluster and that member's own continue token (or the next member from its
+//!    start). The resourceVersion is composite: each member's, by cluster.
+//!
+//! A member that fails after the head went out ends its part there (logged; the head can no
+//! longer say so).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use fleetgate_config_watcher::ClusterRoute;
+use futures_util::future::join_all;
+use serde_json::Value;
+use tracing::warn;
+
+use super::page::{cluster_column, stamp, Page};
+use super::token::{encode_versions, query_value, rewrite_query, Continue};
+use super::{ClientRequest, FleetClient};
+use crate::auth::Decided;
+use crate::errors::GatewayError;
+use crate::exchange::member_head::{self, MemberRequest, Upgrade};
+use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
+use crate::exchange::{self, Failure, NoBody, Outbound};
+use crate::protocol::http1::{BodyKind, Head};
+use crate::request::FleetRequest;
+use crate::runtime::{Deadline, ShardContext};
+
+/// Objects asked of a member per page.
+pub const PAGE: usize = 500;
+/// Members probed at the same time.
+pub const PROBES_AT_ONCE: usize = 16;
+/// The largest member page read (a page of [`PAGE`] large objects).
+const MAX_PAGE_BYTES: usize = 64 << 20;
+/// Body bytes gathered before they go to the client.
+const WRITE_CHUNK: usize = 64 * 1024;
+
+/// Why a member's page could not be had.
+enum Missed {
+    /// The member answered with this code (its Status message, if any).
+    Answered(u16, String),
+    /// It could not be reached or its answer could not be read.
+    Failed(String),
+}
+
+impl Missed {
+    fn warning(&self, cluster: &str) -> String {
+        match self {
+            Missed::Answered(code, message) => {
+                format!("cluster {cluster} answered {code}: {message}; its objects are missing")
+            }
+            Missed::Failed(reason) => {
+                format!("cluster {cluster}: {reason}; its objects are missing")
+            }
+        }
+    }
+}
+
+/// Serves a merged LIST.
+pub(crate) async fn list<'h, F, H>(
+    ctx: &ShardContext,
+    request: &FleetRequest<'_>,
+    client_request: &ClientRequest<'_, F>,
+    client: &mut impl FleetClient,
+) -> Result<(), Failure>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let bad = |reason: &'static str| Failure::Answer(GatewayError::BadRequest { reason });
+    let limit = match query_value(request.query, "limit").as_deref() {
+        None | Some("") | Some("0") => None,
+        Some(n) => Some(
+            n.parse::<usize>()
+                .map_err(|_| bad("limit is not a whole number"))?,
+        ),
+    };
+    let start = match query_value(request.query, "continue").as_deref() {
+        None | Some("") => None,
+        Some(token) => Some(Continue::decode(token).map_err(bad)?),
+    };
+    if !matches!(
+        query_value(request.query, "resourceVersion").as_deref(),
+        None | Some("") | Some("0")
+    ) {
+        return Err(bad(
+            "a fleet LIST takes no resourceVersion but 0 (each member has its own)",
+        ));
+    }
+    // The members from where this page starts: a continue token's cluster (or, if it left the
+    // fleet since, the next one by name) resumes at its own continue token.
+    let members: Vec<&(&Arc<ClusterRoute>, Decided)> = request
+        .members
+        .iter()
+        .filter(|(c, _)| start.as_ref().is_none_or(|s| *c.name >= *s.cluster))
+        .collect();
+    let resume = |cluster: &ClusterRoute| {
+        start
+            .as_ref()
+            .filter(|s| *s.cluster == *cluster.name)
+            .map_or("", |s| s.member.as_str())
+    };
+
+    // 1. Probe.
+    let mut probes = Vec::with_capacity(members.len());
+    for batch in members.chunks(PROBES_AT_ONCE) {
+        let asked = batch
+            .iter()
+            .map(|(cluster, identity)| {
+                fetch(
+                    ctx,
+                    request,
+                    client_request,
+                    cluster,
+                    identity,
+                    1,
+                    resume(cluster),
+                )
+            })
+            .collect::<Vec<_>>();
+        probes.extend(join_all(asked).await);
+    }
+    let mut warnings = Vec::new();
+    let mut healthy: Vec<(&ClusterRoute, &Decided, Page)> = Vec::new();
+    for ((cluster, identity), probe) in members.iter().zip(probes) {
+        match probe {
+            Ok(page) => {
+                let columns_differ = healthy
+                    .first()
+                    .is_some_and(|(_, _, first)| first.columns != page.columns);
+                if columns_differ {
+                    warnings.push(format!(
+                        "cluster {}: its columns differ from cluster {}'s; its objects are missing",
+                        cluster.name, healthy[0].0.name
+                    ));
+                } else {
+                    healthy.push((cluster, identity, page));
+                }
+            }
+            // A stale continue token is the client's to restart from, as with one cluster.
+            Err(Missed::Answered(410, _)) if !resume(cluster).is_empty() => {
+                return Err(Failure::Answer(GatewayError::FleetContinueExpired {
+                    cluster: cluster.name.to_string(),
+                }));
+            }
+            Err(missed) => warnings.push(missed.warning(&cluster.name)),
+        }
+    }
+
+    // 2. Stream.
+    let (kind, api_version, columns) = match healthy.first() {
+        Some((_, _, page)) => (
+            page.kind.clone(),
+            page.api_version.clone(),
+            page.columns.clone(),
+        ),
+        None => (
+            format!("{}List", request.kind.kind),
+            request.kind.group_version(),
+            None,
+        ),
+    };
+    client.head("application/json", &warnings).await?;
+    let mut out = Out {
+        client,
+        buf: Vec::with_capacity(WRITE_CHUNK + 1024),
+        first: true,
+    };
+    out.raw(b"{\"kind\":");
+    out.json(&Value::String(kind));
+    out.raw(b",\"apiVersion\":");
+    out.json(&Value::String(api_version));
+    let table = columns.is_some();
+    if let Some(columns) = columns {
+        let mut all = vec![cluster_column()];
+        if let Value::Array(columns) = columns {
+            all.extend(columns);
+        }
+        out.raw(b",\"columnDefinitions\":");
+        out.json(&Value::Array(all));
+        out.raw(b",\"rows\":[");
+    } else {
+        out.raw(b",\"items\":[");
+    }
+    let mut remaining = limit.unwrap_or(usize::MAX);
+    let mut versions = BTreeMap::new();
+    let mut next = None;
+    for (cluster, identity, mut page) in healthy {
+        versions.insert(cluster.name.to_string(), page.resource_version.clone());
+        loop {
+            remaining = remaining.saturating_sub(page.entries.len());
+            for mut entry in page.entries.drain(..) {
+                stamp(&mut entry, &cluster.name, table);
+                out.entry(&entry).await?;
+            }
+            if page.continue_token.is_empty() {
+                break;
+            }
+            if remaining == 0 {
+                next = Some(Continue {
+                    cluster: cluster.name.to_string(),
+                    member: std::mem::take(&mut page.continue_token),
+                });
+                break;
+            }
+            let ask = remaining.min(PAGE);
+            page = match fetch(
+                ctx,
+                request,
+                client_request,
+                cluster,
+                identity,
+                ask,
+                &page.continue_token,
+            )
+            .await
+            {
+                Ok(page) => page,
+                Err(missed) => {
+                    warn!(warning = %missed.warning(&cluster.name), "fleet list cut short");
+                    break;
+                }
+            };
+        }
+        if remaining == 0 {
+            if next.is_none() {
+                // This member ended with the page: the next page starts at the next one.
+                next = members_after(&request.members, &cluster.name).map(|name| Continue {
+                    cluster: name,
+                    member: String::new(),
+                });
+            }
+            break;
+        }
+    }
+    out.raw(b"],\"metadata\":{\"resourceVersion\":");
+    out.json(&Value::String(encode_versions(&versions)));
+    if let Some(next) = next {
+        out.raw(b",\"continue\":");
+        out.json(&Value::String(next.encode()));
+    }
+    out.raw(b"}}\n");
+    out.flush().await?;
+    out.client.end().await
+}
+
+/// The first member after `name` (by name), if any.
+fn members_after(members: &[(&Arc<ClusterRoute>, Decided)], name: &str) -> Option<String> {
+    members
+        .iter()
+        .map(|(c, _)| c.name.to_string())
+        .find(|n| n.as_str() > name)
+}
+
+/// The merged body as it is written: gathered into chunks of about [`WRITE_CHUNK`].
+struct Out<'c, C> {
+    client: &'c mut C,
+    buf: Vec<u8>,
+    /// No entry written yet (no comma before the next).
+    first: bool,
+}
+
+impl<C: FleetClient> Out<'_, C> {
+    fn raw(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    fn json(&mut self, value: &Value) {
+        // Writing a Value into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut self.buf, value);
+    }
+
+    async fn entry(&mut self, value: &Value) -> Result<(), Failure> {
+        if !std::mem::take(&mut self.first) {
+            self.buf.push(b',');
+        }
+        self.json(value);
+        if self.buf.len() >= WRITE_CHUNK {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), Failure> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let piece = Bytes::from(std::mem::take(&mut self.buf));
+        self.buf.reserve(WRITE_CHUNK + 1024);
+        self.client.body(piece).await
+    }
+}
+
+/// Asks one member for a page of at most `limit` objects from its continue token `from`, as the
+/// user, and parses it.
+async fn fetch<'h, F, H>(
+    ctx: &ShardContext,
+    request: &FleetRequest<'_>,
+    client_request: &ClientRequest<'_, F>,
+    cluster: &ClusterRoute,
+    identity: &Decided,
+    limit: usize,
+    from: &str,
+) -> Result<Page, Missed>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let limit_text = limit.to_string();
+    let mut extra = vec![("limit", limit_text.as_str())];
+    if !from.is_empty() {
+        extra.push(("continue", from));
+    }
+    let query = rewrite_query(request.query, &["limit", "continue"], &extra);
+    let mut head_bytes = Vec::with_capacity(1024);
+    member_head::write(
+        &mut head_bytes,
+        cluster,
+        &MemberRequest {
+            method: b"GET",
+            http10: false,
+            rest: request.rest,
+            query: &query,
+            body: BodyKind::Empty,
+            peer: client_request.peer.ip_text(),
+            identity: identity.identity.as_deref(),
+            upgrade: Upgrade::None,
+        },
+        // The page is parsed here: it must come uncompressed.
+        || {
+            (client_request.headers)()
+                .filter(|(name, _)| !name.eq_ignore_ascii_case(b"accept-encoding"))
+        },
+        client_request.connection_named,
+    );
+    let outbound = Outbound {
+        cluster,
+        head: &head_bytes,
+        replayable: true,
+        long_running: false,
+        upgrade: false,
+        head_method: false,
+        limits: client_request.limits,
+        verb: request.verb,
+        started: client_request.started,
+        client: client_request.peer.ip(),
+    };
+    let mut response = Head::default();
+    let mut deadline = Deadline::new();
+    let failed = |failure: Failure| match failure {
+        Failure::Answer(error) => Missed::Failed(error.to_string()),
+        Failure::Abort(reason) => Missed::Failed(reason.to_string()),
+    };
+    let mut answer = exchange::send(ctx, &outbound, &mut NoBody, &mut response, &mut deadline)
+        .await
+        .map_err(failed)?;
+    let mut body = Collect {
+        buf: Vec::new(),
+        cluster,
+    };
+    let pace = exchange::pace(false, &client_request.limits);
+    let complete = relay(&mut answer, &mut body, pace).await.map_err(failed)?;
+    exchange::finish(ctx, answer, complete);
+    if !complete {
+        return Err(Missed::Failed("its answer ended early".into()));
+    }
+    if response.code != 200 {
+        let message = serde_json::from_slice::<Value>(&body.buf)
+            .ok()
+            .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_default();
+        return Err(Missed::Answered(response.code, message));
+    }
+    Page::parse(&body.buf).map_err(|reason| Missed::Failed(reason.to_string()))
+}
+
+/// A member's body, gathered whole (up to [`MAX_PAGE_BYTES`]).
+struct Collect<'c> {
+    buf: Vec<u8>,
+    cluster: &'c ClusterRoute,
+}
+
+impl ResponseSink for Collect<'_> {
+    fn decodes_chunks(&self) -> bool {
+        true
+    }
+
+    async fn send(&mut self, piece: Bytes) -> Result<(), Failure> {
+        if self.buf.len() + piece.len() > MAX_PAGE_BYTES {
+            return Err(Failure::Answer(GatewayError::UpstreamProtocol {
+                cluster: self.cluster.name.to_string(),
+                reason: "its list page is larger than the fleet view reads",
+            }));
+        }
+        self.buf.extend_from_slice(&piece);
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), Failure> {
+        Ok(())
+    }
+
+    async fn end(&mut self) -> Result<(), Failure> {
+        Ok(())
+    }
+
+    async fn end_early(&mut self, _last_chunk: bool) -> Result<(), Failure> {
+        Ok(())
+    }
+
+    async fn client_event(&mut self) -> ClientEvent {
+        std::future::pending().await
+    }
+}

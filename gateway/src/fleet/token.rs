@@ -1,0 +1,183 @@
+//! The fleet view's opaque tokens: the continue token of a merged LIST (the cluster to resume in
+//! and that member's own continue) and the composite resourceVersion (cluster -> the member's
+//! resourceVersion). Both are base64url (no padding) of compact JSON, so they are URL-safe and
+//! need no escaping in a query. A client may send any bytes as either: decoding never panics and
+//! refuses what it did not write with a reason.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+/// Longest token accepted (a member's continue token is a few hundred bytes).
+const MAX_TOKEN: usize = 8 * 1024;
+
+/// Where the next page of a merged LIST starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Continue {
+    /// The cluster to resume in.
+    #[serde(rename = "c")]
+    pub cluster: String,
+    /// That member's continue token; empty: from its start.
+    #[serde(rename = "k", default, skip_serializing_if = "String::is_empty")]
+    pub member: String,
+}
+
+impl Continue {
+    pub fn encode(&self) -> String {
+        B64.encode(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    pub fn decode(token: &str) -> Result<Continue, &'static str> {
+        if token.len() > MAX_TOKEN {
+            return Err("continue token is too long");
+        }
+        let bytes = B64
+            .decode(token)
+            .map_err(|_| "continue token was not written by the fleet view")?;
+        let parsed: Continue = serde_json::from_slice(&bytes)
+            .map_err(|_| "continue token was not written by the fleet view")?;
+        if !valid_cluster_name(&parsed.cluster) {
+            return Err("continue token names no cluster");
+        }
+        Ok(parsed)
+    }
+}
+
+/// The composite resourceVersion of a merged LIST: each member's, by cluster.
+pub fn encode_versions(versions: &BTreeMap<String, String>) -> String {
+    B64.encode(serde_json::to_vec(versions).unwrap_or_default())
+}
+
+fn valid_cluster_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// The value of `key` in a raw query (`?a=1&b=2`), percent-decoded; `None` when absent.
+pub fn query_value(query: &[u8], key: &str) -> Option<String> {
+    let query = query.strip_prefix(b"?").unwrap_or(query);
+    query
+        .split(|b| *b == b'&')
+        .filter_map(|pair| {
+            let (k, v) = match pair.iter().position(|b| *b == b'=') {
+                Some(eq) => (&pair[..eq], &pair[eq + 1..]),
+                None => (pair, &b""[..]),
+            };
+            (k == key.as_bytes()).then(|| percent_decode(v))
+        })
+        .next()
+}
+
+/// The raw query without `keys`, then `extra` (`k=v` pairs, already encoded), with its `?`.
+pub fn rewrite_query(query: &[u8], keys: &[&str], extra: &[(&str, &str)]) -> Vec<u8> {
+    let query = query.strip_prefix(b"?").unwrap_or(query);
+    let mut out = Vec::with_capacity(query.len() + 64);
+    let mut push = |pair: &[u8]| {
+        out.push(if out.is_empty() { b'?' } else { b'&' });
+        out.extend_from_slice(pair);
+    };
+    for pair in query.split(|b| *b == b'&').filter(|p| !p.is_empty()) {
+        let key = pair.split(|b| *b == b'=').next().unwrap_or(pair);
+        if !keys.iter().any(|k| k.as_bytes() == key) {
+            push(pair);
+        }
+    }
+    for (k, v) in extra {
+        push(format!("{k}={v}").as_bytes());
+    }
+    out
+}
+
+fn percent_decode(v: &[u8]) -> String {
+    let mut out = Vec::with_capacity(v.len());
+    let mut i = 0;
+    while i < v.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match v[i] {
+            b'%' if i + 2 < v.len() => match (hex(v[i + 1]), hex(v[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_continue_token_round_trips_and_is_url_safe() {
+        let token = Continue {
+            cluster: "member-2".into(),
+            member: "eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6MTIzfQ==".into(),
+        };
+        let text = token.encode();
+        assert!(text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert_eq!(Continue::decode(&text), Ok(token));
+    }
+
+    #[test]
+    fn tokens_it_did_not_write_are_refused() {
+        for bad in [
+            "",
+            "!!!",
+            "e30",                                  // {}
+            &B64.encode(br#"{"c":"../x","k":""}"#), // not a cluster name
+            &B64.encode(br#"{"c":"","k":"a"}"#),
+            &B64.encode(b"[1,2]"),
+            &"A".repeat(MAX_TOKEN + 1),
+        ] {
+            assert!(Continue::decode(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn query_values_and_rewrites() {
+        let q = b"?limit=500&labelSelector=app%3Dweb&continue=abc";
+        assert_eq!(query_value(q, "limit").as_deref(), Some("500"));
+        assert_eq!(query_value(q, "labelSelector").as_deref(), Some("app=web"));
+        assert_eq!(query_value(q, "watch"), None);
+        assert_eq!(
+            rewrite_query(q, &["limit", "continue"], &[("limit", "1")]),
+            b"?labelSelector=app%3Dweb&limit=1"
+        );
+        assert_eq!(rewrite_query(b"", &["limit"], &[]), b"");
+        assert_eq!(query_value(b"?x=%zz%4", "x").as_deref(), Some("%zz%4"));
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_any_text_never_panics(text in ".{0,200}") {
+            let _ = Continue::decode(&text);
+            let _ = query_value(text.as_bytes(), "continue");
+            let _ = rewrite_query(text.as_bytes(), &["limit"], &[("limit", "5")]);
+        }
+
+        #[test]
+        fn any_cluster_and_member_token_round_trip(
+            cluster in "[a-z0-9-]{1,63}",
+            member in "[ -~]{0,300}",
+        ) {
+            let token = Continue { cluster, member };
+            prop_assert_eq!(Continue::decode(&token.encode()), Ok(token));
+        }
+    }
+}

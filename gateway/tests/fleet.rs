@@ -1,0 +1,221 @@
+//! The fleet view (`/fleet`) with kubectl against a simulated fleet: `get pods -A` shows every
+//! member's pods with a CLUSTER column; JSON items carry their cluster's annotations; paging with
+//! `--chunk-size` crosses clusters and loses nothing; each user sees only the clusters their
+//! AccessPolicies allow; a member that cannot be reached is named in a warning while the others
+//! are listed; what the view does not serve is refused with a Status that says so.
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use support::fleet::Fleet;
+use support::kubectl::succeeded;
+
+impl Fleet {
+    /// (cluster, namespace, name) of every item of a `-o json` list through the fleet view.
+    fn fleet_items(&self, args: &[&str]) -> Vec<(String, String, String)> {
+        let mut all = vec!["-o", "json"];
+        all.extend_from_slice(args);
+        let list: serde_json::Value =
+            serde_json::from_str(&self.kubectl_ok("fleet", &all)).unwrap();
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+        list["items"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no items: {list}"))
+            .iter()
+            .map(|item| {
+                let meta = &item["metadata"];
+                assert_eq!(
+                    meta["annotations"]["fleetgate.io/cluster"],
+                    meta["annotations"]["resource.karmada.io/cached-from-cluster"],
+                    "{item}"
+                );
+                (
+                    text(&meta["annotations"]["fleetgate.io/cluster"]),
+                    text(&meta["namespace"]),
+                    text(&meta["name"]),
+                )
+            })
+            .collect()
+    }
+
+    /// The same, asked of each member directly through its own context.
+    fn member_items(&self, members: &[&str], args: &[&str]) -> Vec<(String, String, String)> {
+        let mut all = vec!["-o", "json"];
+        all.extend_from_slice(args);
+        let mut out = Vec::new();
+        for member in members {
+            let list: serde_json::Value =
+                serde_json::from_str(&self.kubectl_ok(member, &all)).unwrap();
+            for item in list["items"].as_array().unwrap() {
+                out.push((
+                    member.to_string(),
+                    item["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    item["metadata"]["name"].as_str().unwrap().to_owned(),
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// The clusters the items of a list came from.
+fn clusters_of(list: &serde_json::Value) -> BTreeSet<&str> {
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            i["metadata"]["annotations"]["fleetgate.io/cluster"]
+                .as_str()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn sorted(mut items: Vec<(String, String, String)>) -> Vec<(String, String, String)> {
+    items.sort();
+    items
+}
+
+#[test]
+fn kubectl_lists_the_whole_fleet_with_a_cluster_column_and_pages_across_clusters() {
+    let mut fleet = Fleet::sim(3, 5);
+    fleet.serve(&["--workers", "2"], None);
+    let members = ["member1", "member2", "member3"];
+
+    let table = fleet.kubectl_ok("fleet", &["get", "pods", "-A"]);
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header[..3], ["NAMESPACE", "CLUSTER", "NAME"], "{table}");
+    let clusters: BTreeSet<&str> = lines
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(clusters, members.into_iter().collect(), "{table}");
+
+    // Every member's pods and ConfigMaps, each once, stamped with their cluster.
+    for resource in ["pods", "configmaps"] {
+        let want = sorted(fleet.member_items(&members, &["get", resource, "-A"]));
+        assert!(want.len() >= 3, "{want:?}");
+        assert_eq!(sorted(fleet.fleet_items(&["get", resource, "-A"])), want);
+        // Paged: two objects a page, so pages end inside a member and at its end.
+        let paged = fleet.fleet_items(&["get", resource, "-A", "--chunk-size", "2"]);
+        assert_eq!(sorted(paged), want, "paging lost or repeated objects");
+        // Selectors pass through to the members.
+        let selected = fleet.fleet_items(&[
+            "get",
+            resource,
+            "-A",
+            "--field-selector",
+            "metadata.namespace=kube-public",
+        ]);
+        let want_selected: Vec<_> = want
+            .iter()
+            .filter(|(_, ns, _)| ns == "kube-public")
+            .cloned()
+            .collect();
+        assert_eq!(sorted(selected), want_selected);
+    }
+}
+
+#[test]
+fn each_user_sees_only_the_clusters_their_policies_allow() {
+    let mut fleet = Fleet::sim(3, 2);
+    fleet.serve(&["--workers", "1"], None);
+    // devs (alice) may read the env=dev clusters, member1 and member3; the members let alice
+    // read namespace `dev`.
+    let out = fleet.kubectl_output(
+        "fleet",
+        &[
+            "--user",
+            "alice",
+            "get",
+            "configmaps",
+            "-n",
+            "dev",
+            "-o",
+            "json",
+        ],
+    );
+    let text = succeeded(out, "alice's fleet list", &fleet.log_tail(20));
+    let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let clusters = clusters_of(&list);
+    assert_eq!(clusters, ["member1", "member3"].into_iter().collect());
+    assert!(!text.contains("member2"), "{text}");
+    // bob may reach namespace default of member1 only: a list of every namespace is refused
+    // without naming a cluster, a list of `default` shows member1's.
+    let all = fleet.kubectl_output("fleet", &["--user", "bob", "get", "configmaps", "-A"]);
+    assert!(!all.status.success());
+    let stderr = String::from_utf8_lossy(&all.stderr);
+    assert!(
+        stderr.contains("Forbidden") || stderr.contains("forbidden"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("member"), "{stderr}");
+    let default = fleet.kubectl_ok(
+        "fleet",
+        &[
+            "--user",
+            "bob",
+            "get",
+            "configmaps",
+            "-n",
+            "default",
+            "-o",
+            "json",
+        ],
+    );
+    let list: serde_json::Value = serde_json::from_str(&default).unwrap();
+    for item in list["items"].as_array().unwrap() {
+        assert_eq!(
+            item["metadata"]["annotations"]["fleetgate.io/cluster"],
+            "member1"
+        );
+    }
+}
+
+#[test]
+fn an_unreachable_member_is_named_in_a_warning_and_the_others_are_listed() {
+    let mut fleet = Fleet::sim(2, 2);
+    // A third cluster whose server nobody listens on.
+    let member1 = std::fs::read_to_string(fleet.fleet_path("clusters/member1.yaml")).unwrap();
+    let server = member1
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("server: "))
+        .unwrap()
+        .to_owned();
+    let closed = support::closed_port();
+    let dead = member1
+        .replace("name: member1", "name: member9")
+        .replace(&server, &format!("https://{closed}"));
+    std::fs::write(fleet.fleet_path("clusters/member9.yaml"), dead).unwrap();
+    fleet.serve(&["--workers", "1"], None);
+
+    let out = fleet.kubectl_output("fleet", &["get", "configmaps", "-A", "-o", "json"]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let text = succeeded(out, "fleet list with a dead member", &fleet.log_tail(20));
+    assert!(
+        stderr.contains("Warning") && stderr.contains("member9"),
+        "{stderr}"
+    );
+    let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let clusters = clusters_of(&list);
+    assert_eq!(clusters, ["member1", "member2"].into_iter().collect());
+}
+
+#[test]
+fn what_the_fleet_view_does_not_serve_is_refused_saying_so() {
+    let mut fleet = Fleet::sim(2, 1);
+    fleet.serve(&["--workers", "1"], None);
+    let create = fleet.kubectl_output("fleet", &["create", "configmap", "x", "-n", "default"]);
+    assert!(!create.status.success());
+    let stderr = String::from_utf8_lossy(&create.stderr);
+    assert!(stderr.contains("/clusters/NAME"), "{stderr}");
+    let unmerged = fleet.kubectl_output("fleet", &["get", "secrets", "-A"]);
+    assert!(!unmerged.status.success());
+    let stderr = String::from_utf8_lossy(&unmerged.stderr);
+    assert!(stderr.contains("does not merge secrets"), "{stderr}");
+}
