@@ -279,7 +279,9 @@ async fn serve_stream(
         acting_as: audit_user,
         code: None,
     };
-    let proxied = proxy_stream(
+    // Boxed here, once: the stream's task is spawned with a small future (monoio copies a task's
+    // future whole as it spawns it, several times), and the exchange's state lives on the heap.
+    let proxied = Box::pin(proxy_stream(
         &ctx,
         request,
         &mut respond,
@@ -287,7 +289,7 @@ async fn serve_stream(
         &identity,
         started,
         &mut audit,
-    )
+    ))
     .await;
     // Health answers carry no code in `audit` and are not audited.
     let outcome = match &proxied {
@@ -412,7 +414,9 @@ async fn proxy_stream(
                 respond: &mut *respond,
                 send: None,
             };
-            return fleet::list::list(ctx, &fleet, &client_request, &mut client).await;
+            // Boxed: a fleet LIST's state would otherwise be part of every stream's future, copied
+            // on every spawn.
+            return Box::pin(fleet::list::list(ctx, &fleet, &client_request, &mut client)).await;
         }
         Ok(Decision::Health) => {
             let response = Response::builder()
@@ -513,13 +517,15 @@ async fn proxy_stream(
     };
     // The stream's one timer (its response head; the request body has its own stall timeout).
     let mut deadline = Deadline::new();
-    let mut answer = exchange::send(
+    // Boxed, as the rarely taken branches below: the stream's future is moved whole when the
+    // stream's task is spawned, so what it holds inline is copied for every stream.
+    let mut answer = Box::pin(exchange::send(
         ctx,
         &outbound,
         &mut stream_body,
         &mut response,
         &mut deadline,
-    )
+    ))
     .await?;
     audit.code = Some(response.code);
     let long_running = proxied.long_running;
@@ -555,7 +561,7 @@ async fn proxy_stream(
     if switched {
         let _upgraded = ctx.shard_metrics.upgraded_stream_opened();
         debug!("h2 WebSocket switched; relaying");
-        return relay_tunnel(&mut answer.conn, &mut body, &mut send).await;
+        return Box::pin(relay_tunnel(&mut answer.conn, &mut body, &mut send)).await;
     }
     let complete = if empty {
         true
