@@ -279,9 +279,7 @@ async fn serve_stream(
         acting_as: audit_user,
         code: None,
     };
-    // Boxed here, once: the stream's task is spawned with a small future (monoio copies a task's
-    // future whole as it spawns it, several times), and the exchange's state lives on the heap.
-    let proxied = Box::pin(proxy_stream(
+    let proxied = proxy_stream(
         &ctx,
         request,
         &mut respond,
@@ -289,7 +287,7 @@ async fn serve_stream(
         &identity,
         started,
         &mut audit,
-    ))
+    )
     .await;
     // Health answers carry no code in `audit` and are not audited.
     let outcome = match &proxied {
@@ -414,9 +412,7 @@ async fn proxy_stream(
                 respond: &mut *respond,
                 send: None,
             };
-            // Boxed: a fleet LIST's state would otherwise be part of every stream's future, copied
-            // on every spawn.
-            return Box::pin(fleet::list::list(ctx, &fleet, &client_request, &mut client)).await;
+            return fleet::list::list(ctx, &fleet, &client_request, &mut client).await;
         }
         Ok(Decision::Health) => {
             let response = Response::builder()
@@ -517,15 +513,13 @@ async fn proxy_stream(
     };
     // The stream's one timer (its response head; the request body has its own stall timeout).
     let mut deadline = Deadline::new();
-    // Boxed, as the rarely taken branches below: the stream's future is moved whole when the
-    // stream's task is spawned, so what it holds inline is copied for every stream.
-    let mut answer = Box::pin(exchange::send(
+    let mut answer = exchange::send(
         ctx,
         &outbound,
         &mut stream_body,
         &mut response,
         &mut deadline,
-    ))
+    )
     .await?;
     audit.code = Some(response.code);
     let long_running = proxied.long_running;
@@ -561,7 +555,7 @@ async fn proxy_stream(
     if switched {
         let _upgraded = ctx.shard_metrics.upgraded_stream_opened();
         debug!("h2 WebSocket switched; relaying");
-        return Box::pin(relay_tunnel(&mut answer.conn, &mut body, &mut send)).await;
+        return relay_tunnel(&mut answer.conn, &mut body, &mut send).await;
     }
     let complete = if empty {
         true
