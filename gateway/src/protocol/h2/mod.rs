@@ -412,7 +412,9 @@ async fn proxy_stream(
                 respond: &mut *respond,
                 send: None,
             };
-            return fleet::list::list(ctx, &fleet, &client_request, &mut client).await;
+            // Boxed: a fleet LIST's state (member pages in flight) would otherwise be part of
+            // every stream's future, watches included.
+            return Box::pin(fleet::list::list(ctx, &fleet, &client_request, &mut client)).await;
         }
         Ok(Decision::Health) => {
             let response = Response::builder()
