@@ -219,3 +219,81 @@ fn what_the_fleet_view_does_not_serve_is_refused_saying_so() {
     let stderr = String::from_utf8_lossy(&unmerged.stderr);
     assert!(stderr.contains("does not merge secrets"), "{stderr}");
 }
+
+#[test]
+fn a_named_object_is_served_by_the_one_cluster_that_has_it() {
+    let mut fleet = Fleet::sim(3, 1);
+    fleet.serve(&["--workers", "1"], None);
+    // A ConfigMap and a pod that only member2 has.
+    fleet.kubectl_ok(
+        "member2",
+        &[
+            "create",
+            "configmap",
+            "only-here",
+            "-n",
+            "default",
+            "--from-literal=k=v",
+        ],
+    );
+    fleet.kubectl_ok(
+        "member2",
+        &["run", "solo", "--image=busybox", "-n", "default"],
+    );
+
+    let value_in = |context: &str| {
+        fleet.kubectl_ok(
+            context,
+            &[
+                "get",
+                "configmap",
+                "only-here",
+                "-n",
+                "default",
+                "-o",
+                "jsonpath={.data.k}",
+            ],
+        )
+    };
+    let got = value_in("fleet");
+    assert_eq!(got, "v");
+    fleet.kubectl_ok(
+        "fleet",
+        &[
+            "patch",
+            "configmap",
+            "only-here",
+            "-n",
+            "default",
+            "-p",
+            r#"{"data":{"k":"w"}}"#,
+        ],
+    );
+    let patched = value_in("member2");
+    assert_eq!(patched, "w", "the patch reached the owner");
+    let logs = fleet.kubectl_ok("fleet", &["logs", "solo", "-n", "default", "--tail", "1"]);
+    assert!(!logs.is_empty(), "no log line from the owner");
+    fleet.kubectl_ok(
+        "fleet",
+        &["delete", "configmap", "only-here", "-n", "default"],
+    );
+    let gone = fleet.kubectl_output(
+        "member2",
+        &["get", "configmap", "only-here", "-n", "default"],
+    );
+    assert!(!gone.status.success(), "the delete reached the owner");
+
+    // Not anywhere: kube's 404. In every cluster (the seed pod `hello`): a 409 naming them.
+    let missing = fleet.kubectl_output("fleet", &["get", "configmap", "nowhere", "-n", "default"]);
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("NotFound") && stderr.contains("nowhere"),
+        "{stderr}"
+    );
+    let several = fleet.kubectl_output("fleet", &["get", "pod", "hello", "-n", "default"]);
+    let stderr = String::from_utf8_lossy(&several.stderr);
+    assert!(
+        stderr.contains("member1, member2, member3") && stderr.contains("/clusters/NAME"),
+        "{stderr}"
+    );
+}

@@ -63,6 +63,25 @@ pub enum GatewayError {
     /// A fleet continue token whose member page has expired (the member answered 410).
     #[error("the continue token has expired in cluster {cluster:?}: list again from the start")]
     FleetContinueExpired { cluster: String },
+    /// A named object no cluster of the fleet view has (for this user).
+    #[error("{resource} {name:?} not found in the fleet")]
+    FleetObjectNotFound { resource: String, name: String },
+    /// A named object several clusters have: the request must say which.
+    #[error(
+        "{resource} {name:?} exists in clusters {clusters}: aim at one through /clusters/NAME"
+    )]
+    FleetObjectAmbiguous {
+        resource: String,
+        name: String,
+        clusters: String,
+    },
+    /// No cluster that answered has the object, and some could not be asked.
+    #[error("{resource} {name:?} was not found in the clusters that answered; clusters {clusters} could not be asked")]
+    FleetOwnerUnknown {
+        resource: String,
+        name: String,
+        clusters: String,
+    },
     /// A create through the fleet view: it would not know which cluster to create in.
     #[error(
         "the fleet view cannot create {resource}: create it in one cluster through /clusters/NAME"
@@ -124,6 +143,8 @@ impl GatewayError {
             | FleetNotServed { .. }
             | FleetCreate { .. }
             | FleetContinueExpired { .. }
+            | FleetObjectNotFound { .. }
+            | FleetObjectAmbiguous { .. }
             | TooManyMemberConnections => Side::Downstream,
             ConnectTimeout { .. }
             | Connect { .. }
@@ -131,6 +152,7 @@ impl GatewayError {
             | UpstreamProtocol { .. }
             | UpstreamClosed { .. } => Side::Upstream,
             TunnelNotSupported { .. } | OutOfDescriptors { .. } => Side::Internal,
+            FleetOwnerUnknown { .. } => Side::Upstream,
         }
     }
 
@@ -144,6 +166,9 @@ impl GatewayError {
             UnknownCluster { .. } | NoRoute { .. } | FleetKindNotMerged { .. } => (404, "NotFound"),
             FleetCreate { .. } => (405, "MethodNotAllowed"),
             FleetContinueExpired { .. } => (410, "Expired"),
+            FleetObjectNotFound { .. } => (404, "NotFound"),
+            FleetObjectAmbiguous { .. } => (409, "Conflict"),
+            FleetOwnerUnknown { .. } => (503, "ServiceUnavailable"),
             FleetNotServed { .. } => (501, "NotImplemented"),
             ClientImpersonation | Forbidden { .. } => (403, "Forbidden"),
             Unauthorized { .. } => (401, "Unauthorized"),
@@ -201,6 +226,10 @@ impl GatewayError {
         let details = match self {
             GatewayError::UnknownCluster { name } => {
                 serde_json::json!({ "name": name, "kind": "clusters" })
+            }
+            GatewayError::FleetObjectNotFound { resource, name }
+            | GatewayError::FleetObjectAmbiguous { resource, name, .. } => {
+                serde_json::json!({ "name": name, "kind": resource })
             }
             GatewayError::Forbidden { kind, name, .. } => {
                 let mut details = serde_json::Map::new();

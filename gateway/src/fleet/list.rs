@@ -25,47 +25,22 @@ use futures_util::future::join_all;
 use serde_json::Value;
 use tracing::warn;
 
+use super::ask::{ask, Asked, Missed};
 use super::page::{cluster_column, stamp, Page};
 use super::token::{encode_versions, query_value, rewrite_query, Continue};
 use super::{ClientRequest, FleetClient};
 use crate::auth::Decided;
 use crate::errors::GatewayError;
-use crate::exchange::member_head::{self, MemberRequest, Upgrade};
-use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
-use crate::exchange::{self, Failure, NoBody, Outbound};
-use crate::protocol::http1::{BodyKind, Head};
+use crate::exchange::Failure;
 use crate::request::FleetRequest;
-use crate::runtime::{Deadline, ShardContext};
+use crate::runtime::ShardContext;
 
 /// Objects asked of a member per page.
 pub const PAGE: usize = 500;
 /// Members probed at the same time.
 pub const PROBES_AT_ONCE: usize = 16;
-/// The largest member page read (a page of [`PAGE`] large objects).
-const MAX_PAGE_BYTES: usize = 64 << 20;
 /// Body bytes gathered before they go to the client.
 const WRITE_CHUNK: usize = 64 * 1024;
-
-/// Why a member's page could not be had.
-enum Missed {
-    /// The member answered with this code (its Status message, if any).
-    Answered(u16, String),
-    /// It could not be reached or its answer could not be read.
-    Failed(String),
-}
-
-impl Missed {
-    fn warning(&self, cluster: &str) -> String {
-        match self {
-            Missed::Answered(code, message) => {
-                format!("cluster {cluster} answered {code}: {message}; its objects are missing")
-            }
-            Missed::Failed(reason) => {
-                format!("cluster {cluster}: {reason}; its objects are missing")
-            }
-        }
-    }
-}
 
 /// Serves a merged LIST.
 pub(crate) async fn list<'h, F, H>(
@@ -323,103 +298,11 @@ where
         extra.push(("continue", from));
     }
     let query = rewrite_query(request.query, &["limit", "continue"], &extra);
-    let mut head_bytes = Vec::with_capacity(1024);
-    member_head::write(
-        &mut head_bytes,
-        cluster,
-        &MemberRequest {
-            method: b"GET",
-            http10: false,
-            rest: request.rest,
-            query: &query,
-            body: BodyKind::Empty,
-            peer: client_request.peer.ip_text(),
-            identity: identity.identity.as_deref(),
-            upgrade: Upgrade::None,
-        },
-        // The page is parsed here: it must come uncompressed.
-        || {
-            (client_request.headers)()
-                .filter(|(name, _)| !name.eq_ignore_ascii_case(b"accept-encoding"))
-        },
-        client_request.connection_named,
-    );
-    let outbound = Outbound {
-        cluster,
-        head: &head_bytes,
-        replayable: true,
-        long_running: false,
-        upgrade: false,
-        head_method: false,
-        limits: client_request.limits,
+    let asked = Asked {
+        rest: request.rest,
+        query: &query,
         verb: request.verb,
-        started: client_request.started,
-        client: client_request.peer.ip(),
     };
-    let mut response = Head::default();
-    let mut deadline = Deadline::new();
-    let failed = |failure: Failure| match failure {
-        Failure::Answer(error) => Missed::Failed(error.to_string()),
-        Failure::Abort(reason) => Missed::Failed(reason.to_string()),
-    };
-    let mut answer = exchange::send(ctx, &outbound, &mut NoBody, &mut response, &mut deadline)
-        .await
-        .map_err(failed)?;
-    let mut body = Collect {
-        buf: Vec::new(),
-        cluster,
-    };
-    let pace = exchange::pace(false, &client_request.limits);
-    let complete = relay(&mut answer, &mut body, pace).await.map_err(failed)?;
-    exchange::finish(ctx, answer, complete);
-    if !complete {
-        return Err(Missed::Failed("its answer ended early".into()));
-    }
-    if response.code != 200 {
-        let message = serde_json::from_slice::<Value>(&body.buf)
-            .ok()
-            .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
-            .unwrap_or_default();
-        return Err(Missed::Answered(response.code, message));
-    }
-    Page::parse(&body.buf).map_err(|reason| Missed::Failed(reason.to_string()))
-}
-
-/// A member's body, gathered whole (up to [`MAX_PAGE_BYTES`]).
-struct Collect<'c> {
-    buf: Vec<u8>,
-    cluster: &'c ClusterRoute,
-}
-
-impl ResponseSink for Collect<'_> {
-    fn decodes_chunks(&self) -> bool {
-        true
-    }
-
-    async fn send(&mut self, piece: Bytes) -> Result<(), Failure> {
-        if self.buf.len() + piece.len() > MAX_PAGE_BYTES {
-            return Err(Failure::Answer(GatewayError::UpstreamProtocol {
-                cluster: self.cluster.name.to_string(),
-                reason: "its list page is larger than the fleet view reads",
-            }));
-        }
-        self.buf.extend_from_slice(&piece);
-        Ok(())
-    }
-
-    async fn flush(&mut self) -> Result<(), Failure> {
-        Ok(())
-    }
-
-    async fn end(&mut self) -> Result<(), Failure> {
-        Ok(())
-    }
-
-    async fn end_early(&mut self, _last_chunk: bool) -> Result<(), Failure> {
-        Ok(())
-    }
-
-    async fn client_event(&mut self) -> ClientEvent {
-        std::future::pending().await
-    }
+    let body = ask(ctx, &asked, client_request, cluster, identity).await?;
+    Page::parse(&body).map_err(|reason| Missed::Failed(reason.to_string()))
 }

@@ -5,12 +5,17 @@
 //! - `list`: a LIST merged and streamed, page by page, each object stamped with its cluster
 //!   (`page`), with `limit` / `continue` across clusters and a composite resourceVersion
 //!   (`token`);
+//! - `owner`: the one member that has a named object, which the request then goes to as an
+//!   ordinary proxied request;
+//! - `ask`: one GET of a member as the user, read whole (for both);
 //! - discovery is not here: `decide` sends it to one member as an ordinary request.
 //!
-//! Watches and named objects are not served yet (`decide` answers 501 naming them). Called by the
-//! front-ends (`protocol::h1`, `protocol::h2`) with a [`FleetClient`] for their side.
+//! Watches are not served yet (`decide` answers 501). Called by the front-ends (`protocol::h1`,
+//! `protocol::h2`) with a [`FleetClient`] for their side.
 
+pub mod ask;
 pub mod list;
+pub mod owner;
 pub mod page;
 pub mod token;
 

@@ -264,6 +264,29 @@ where
     });
     let proxied = match decided {
         Ok(Decision::Proxy(proxied)) => proxied,
+        Ok(Decision::FleetNamed(fleet)) => {
+            let connection_named =
+                |name: &[u8]| connection_names_fields && head.has_token(b"connection", name);
+            let client_request = crate::fleet::ClientRequest {
+                headers: || head.headers(),
+                connection_named: &connection_named,
+                peer,
+                limits,
+                started,
+            };
+            match Box::pin(crate::fleet::owner::find(ctx, &fleet, &client_request)).await {
+                Ok(owner) => fleet.into_owner(owner),
+                Err(failure) => {
+                    let error = match failure {
+                        Failure::Answer(error) => error,
+                        Failure::Abort(_) => return Next::Close,
+                    };
+                    let close = close || error.must_close();
+                    respond_error(down, &error, close, head.method() == b"HEAD").await;
+                    return if close { Next::Close } else { Next::KeepAlive };
+                }
+            }
+        }
         Ok(Decision::Fleet(fleet)) => {
             let answer = FleetAnswer {
                 limits,

@@ -64,8 +64,11 @@ pub enum Decision<'t> {
     Health,
     /// Proxied to a member.
     Proxy(Proxied<'t>),
-    /// Served by the fleet view from the members it spans (`fleet`).
+    /// A LIST served by the fleet view from the members it spans (`fleet::list`).
     Fleet(FleetRequest<'t>),
+    /// A named object through the fleet view: proxied to the one member that has it, once
+    /// `fleet::owner` has found it.
+    FleetNamed(FleetRequest<'t>),
 }
 
 /// A fleet-view request on a merged kind, classified and authorized per member.
@@ -287,18 +290,27 @@ where
         }
         .into()
     };
-    match info.verb {
-        KubeVerb::List if method == b"GET" => {}
+    let named = match info.verb {
+        KubeVerb::List if method == b"GET" => false,
+        KubeVerb::Watch => return Err(unsupported("watch")),
+        // A named object and its subresources (exec and the like are a create of one).
+        KubeVerb::Get
+        | KubeVerb::Update
+        | KubeVerb::Patch
+        | KubeVerb::Delete
+        | KubeVerb::Create
+            if !info.name.is_empty() =>
+        {
+            true
+        }
         KubeVerb::Create => {
             return Err(GatewayError::FleetCreate {
                 resource: fleet_resource_name(&info),
             }
             .into())
         }
-        KubeVerb::Watch => return Err(unsupported("watch")),
-        _ if !info.name.is_empty() => return Err(unsupported("a named object")),
         _ => return Err(unsupported("this verb")),
-    }
+    };
     let mut members = Vec::with_capacity(kind.clusters.len());
     for name in &kind.clusters {
         if let Some(cluster) = table.cluster(name) {
@@ -310,14 +322,36 @@ where
     if members.is_empty() {
         return Err(fleet_refusal(refusal, rest, &info));
     }
-    Ok(Decision::Fleet(FleetRequest {
+    let request = FleetRequest {
         rest,
         query,
         info,
         kind,
         members,
         verb,
-    }))
+    };
+    Ok(if named {
+        Decision::FleetNamed(request)
+    } else {
+        Decision::Fleet(request)
+    })
+}
+
+impl<'t> FleetRequest<'t> {
+    /// The request as an ordinary one to `members[owner]`, the cluster that has its object.
+    pub fn into_owner(mut self, owner: usize) -> Proxied<'t> {
+        let (cluster, identity) = self.members.swap_remove(owner);
+        Proxied {
+            cluster,
+            name: &cluster.name,
+            rest: self.rest,
+            query: self.query,
+            info: self.info,
+            verb: self.verb,
+            long_running: self.info.long_running,
+            identity,
+        }
+    }
 }
 
 /// `pods` or `deployments.apps`, as kube names a resource in messages.

@@ -396,18 +396,25 @@ async fn proxy_stream(
     };
     runtime::faults::inject(target);
     let table = ctx.table.load();
+    // What the fleet view needs of the request (h2 has no `Connection` field to honour).
+    let no_connection_field = |_: &[u8]| false;
+    let fleet_request = || fleet::ClientRequest {
+        headers,
+        connection_named: &no_connection_field,
+        peer,
+        limits: table.gateway().limits,
+        started,
+    };
     let proxied = match request::decide(&table, conn_auth, method, target, headers) {
         Ok(Decision::Proxy(proxied)) => proxied,
+        Ok(Decision::FleetNamed(fleet)) => {
+            let client_request = fleet_request();
+            let owner = Box::pin(fleet::owner::find(ctx, &fleet, &client_request)).await?;
+            fleet.into_owner(owner)
+        }
         Ok(Decision::Fleet(fleet)) => {
             let _stream = ctx.shard_metrics.stream_opened();
-            let no_connection_field = |_: &[u8]| false;
-            let client_request = fleet::ClientRequest {
-                headers,
-                connection_named: &no_connection_field,
-                peer,
-                limits: table.gateway().limits,
-                started,
-            };
+            let client_request = fleet_request();
             let mut client = FleetStream {
                 respond: &mut *respond,
                 send: None,

@@ -1,0 +1,161 @@
+//! One request the fleet view makes of a member, as the user: the member's head written as for
+//! an ordinary request (the user's identity, the client's fields but `Accept-Encoding`, so the
+//! answer can be read), sent through the exchange, and the whole answer read (up to
+//! [`MAX_ANSWER_BYTES`]). The answer's connection goes back to the pool.
+
+use bytes::Bytes;
+use fleetgate_config_watcher::ClusterRoute;
+use serde_json::Value;
+
+use super::ClientRequest;
+use crate::auth::Decided;
+use crate::errors::GatewayError;
+use crate::exchange::member_head::{self, MemberRequest, Upgrade};
+use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
+use crate::exchange::{self, Failure, NoBody, Outbound};
+use crate::protocol::http1::{BodyKind, Head};
+use crate::runtime::{Deadline, ShardContext};
+
+/// The largest answer read (a page of 500 large objects).
+pub const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// Why a member's answer could not be had.
+pub(crate) enum Missed {
+    /// The member answered with this code (its Status message, if any).
+    Answered(u16, String),
+    /// It could not be reached or its answer could not be read.
+    Failed(String),
+}
+
+impl Missed {
+    pub fn warning(&self, cluster: &str) -> String {
+        match self {
+            Missed::Answered(code, message) => {
+                format!("cluster {cluster} answered {code}: {message}; its objects are missing")
+            }
+            Missed::Failed(reason) => {
+                format!("cluster {cluster}: {reason}; its objects are missing")
+            }
+        }
+    }
+}
+
+/// A GET the fleet view makes: the kube path, its query (with its `?`), the metrics verb.
+pub(crate) struct Asked<'a> {
+    pub rest: &'a [u8],
+    pub query: &'a [u8],
+    pub verb: &'static str,
+}
+
+/// Asks `cluster` for `asked` as the user; the body of a 200 answer.
+pub(crate) async fn ask<'h, F, H>(
+    ctx: &ShardContext,
+    asked: &Asked<'_>,
+    client_request: &ClientRequest<'_, F>,
+    cluster: &ClusterRoute,
+    identity: &Decided,
+) -> Result<Vec<u8>, Missed>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let mut head_bytes = Vec::with_capacity(1024);
+    member_head::write(
+        &mut head_bytes,
+        cluster,
+        &MemberRequest {
+            method: b"GET",
+            http10: false,
+            rest: asked.rest,
+            query: asked.query,
+            body: BodyKind::Empty,
+            peer: client_request.peer.ip_text(),
+            identity: identity.identity.as_deref(),
+            upgrade: Upgrade::None,
+        },
+        // The answer is parsed here: it must come uncompressed.
+        || {
+            (client_request.headers)()
+                .filter(|(name, _)| !name.eq_ignore_ascii_case(b"accept-encoding"))
+        },
+        client_request.connection_named,
+    );
+    let outbound = Outbound {
+        cluster,
+        head: &head_bytes,
+        replayable: true,
+        long_running: false,
+        upgrade: false,
+        head_method: false,
+        limits: client_request.limits,
+        verb: asked.verb,
+        started: client_request.started,
+        client: client_request.peer.ip(),
+    };
+    let mut response = Head::default();
+    let mut deadline = Deadline::new();
+    let failed = |failure: Failure| match failure {
+        Failure::Answer(error) => Missed::Failed(error.to_string()),
+        Failure::Abort(reason) => Missed::Failed(reason.to_string()),
+    };
+    let mut answer = exchange::send(ctx, &outbound, &mut NoBody, &mut response, &mut deadline)
+        .await
+        .map_err(failed)?;
+    let mut body = Collect {
+        buf: Vec::new(),
+        cluster,
+    };
+    let pace = exchange::pace(false, &client_request.limits);
+    let complete = relay(&mut answer, &mut body, pace).await.map_err(failed)?;
+    exchange::finish(ctx, answer, complete);
+    if !complete {
+        return Err(Missed::Failed("its answer ended early".into()));
+    }
+    if response.code != 200 {
+        let message = serde_json::from_slice::<Value>(&body.buf)
+            .ok()
+            .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_default();
+        return Err(Missed::Answered(response.code, message));
+    }
+    Ok(body.buf)
+}
+
+/// A member's body, gathered whole (up to [`MAX_ANSWER_BYTES`]).
+struct Collect<'c> {
+    buf: Vec<u8>,
+    cluster: &'c ClusterRoute,
+}
+
+impl ResponseSink for Collect<'_> {
+    fn decodes_chunks(&self) -> bool {
+        true
+    }
+
+    async fn send(&mut self, piece: Bytes) -> Result<(), Failure> {
+        if self.buf.len() + piece.len() > MAX_ANSWER_BYTES {
+            return Err(Failure::Answer(GatewayError::UpstreamProtocol {
+                cluster: self.cluster.name.to_string(),
+                reason: "its list page is larger than the fleet view reads",
+            }));
+        }
+        self.buf.extend_from_slice(&piece);
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), Failure> {
+        Ok(())
+    }
+
+    async fn end(&mut self) -> Result<(), Failure> {
+        Ok(())
+    }
+
+    async fn end_early(&mut self, _last_chunk: bool) -> Result<(), Failure> {
+        Ok(())
+    }
+
+    async fn client_event(&mut self) -> ClientEvent {
+        std::future::pending().await
+    }
+}

@@ -1,0 +1,149 @@
+//! A named object through the fleet view (GET, UPDATE, PATCH, DELETE and the subresources: log,
+//! exec, attach, portforward, status, scale) goes to the one cluster that has it. Each member the
+//! request may span is asked for the object itself, as the user (at most
+//! [`PROBES_AT_ONCE`](super::list::PROBES_AT_ONCE) at a time); the one that answers 200 owns it,
+//! and the request then goes there as an ordinary proxied request.
+//!
+//! A member answering 404 or 403 does not have it (for this user). None: kube's 404. Several: a
+//! 409 naming them (all of them clusters the user may reach), to be aimed with
+//! `/clusters/NAME/...`. None, with members that could not be asked: a 503 naming those.
+
+use futures_util::future::join_all;
+
+use super::ask::{ask, Asked, Missed};
+use super::list::PROBES_AT_ONCE;
+use super::ClientRequest;
+use crate::errors::GatewayError;
+use crate::exchange::Failure;
+use crate::request::FleetRequest;
+use crate::runtime::ShardContext;
+
+/// The index (in `request.members`) of the one cluster that has the object `request` names.
+pub(crate) async fn find<'h, F, H>(
+    ctx: &ShardContext,
+    request: &FleetRequest<'_>,
+    client_request: &ClientRequest<'_, F>,
+) -> Result<usize, Failure>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let path = object_path(request);
+    let asked = Asked {
+        rest: path.as_bytes(),
+        query: b"",
+        verb: "get",
+    };
+    let mut answers = Vec::with_capacity(request.members.len());
+    for batch in request.members.chunks(PROBES_AT_ONCE) {
+        let asking = batch
+            .iter()
+            .map(|(cluster, identity)| ask(ctx, &asked, client_request, cluster, identity));
+        answers.extend(join_all(asking).await);
+    }
+    let mut owners = Vec::new();
+    let mut unknown = Vec::new();
+    for (index, answer) in answers.into_iter().enumerate() {
+        let name = request.members[index].0.name.to_string();
+        match answer {
+            Ok(_) => owners.push(index),
+            Err(Missed::Answered(404 | 403, _)) => {}
+            Err(_) => unknown.push(name),
+        }
+    }
+    let resource = request.info.resource.to_owned();
+    let object = request.info.name.to_owned();
+    match owners.as_slice() {
+        [one] => Ok(*one),
+        [] if unknown.is_empty() => Err(Failure::Answer(GatewayError::FleetObjectNotFound {
+            resource,
+            name: object,
+        })),
+        [] => Err(Failure::Answer(GatewayError::FleetOwnerUnknown {
+            resource,
+            name: object,
+            clusters: unknown.join(", "),
+        })),
+        several => Err(Failure::Answer(GatewayError::FleetObjectAmbiguous {
+            resource,
+            name: object,
+            clusters: several
+                .iter()
+                .map(|i| request.members[*i].0.name.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })),
+    }
+}
+
+/// The object's own path (its subresource left off): `/api/v1/namespaces/NS/pods/NAME`.
+fn object_path(request: &FleetRequest<'_>) -> String {
+    let info = &request.info;
+    let mut path = format!("/{}/", info.api_prefix);
+    if !info.api_group.is_empty() {
+        path.push_str(info.api_group);
+        path.push('/');
+    }
+    path.push_str(info.api_version);
+    // A namespace is its own name, not a namespace of itself.
+    let is_namespace = info.api_group.is_empty() && info.resource == "namespaces";
+    if !info.namespace.is_empty() && !is_namespace {
+        path.push_str("/namespaces/");
+        path.push_str(info.namespace);
+    }
+    path.push('/');
+    path.push_str(info.resource);
+    path.push('/');
+    path.push_str(info.name);
+    path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetgate_config_watcher::fleet::FleetKind;
+    use fleetgate_config_watcher::request_info::RequestInfo;
+
+    fn path_of(method: &[u8], path: &[u8]) -> String {
+        let kind = FleetKind {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Pod".into(),
+            resource: "pods".into(),
+            clusters: Vec::new(),
+        };
+        let request = FleetRequest {
+            rest: path,
+            query: b"",
+            info: RequestInfo::parse(method, path, b""),
+            kind: &kind,
+            members: Vec::new(),
+            verb: "get",
+        };
+        object_path(&request)
+    }
+
+    #[test]
+    fn the_owner_is_asked_for_the_object_not_its_subresource() {
+        assert_eq!(
+            path_of(b"GET", b"/api/v1/namespaces/default/pods/hello/log"),
+            "/api/v1/namespaces/default/pods/hello"
+        );
+        assert_eq!(
+            path_of(b"POST", b"/api/v1/namespaces/default/pods/hello/exec"),
+            "/api/v1/namespaces/default/pods/hello"
+        );
+        assert_eq!(
+            path_of(
+                b"PATCH",
+                b"/apis/apps/v1/namespaces/x/deployments/web/scale"
+            ),
+            "/apis/apps/v1/namespaces/x/deployments/web"
+        );
+        assert_eq!(
+            path_of(b"GET", b"/api/v1/namespaces/dev"),
+            "/api/v1/namespaces/dev"
+        );
+        assert_eq!(path_of(b"GET", b"/api/v1/nodes/n1"), "/api/v1/nodes/n1");
+    }
+}
