@@ -37,7 +37,8 @@ pub use objects::ConnectMode;
 pub use reload::{ReloadFailure, ReloadOutcome, ReloadStatus, TablePublisher, API_SOURCE};
 pub use retirement::{RetirementListener, RouteRetirement};
 pub use settings::{
-    ClusterConfig, Config, GatewaySettings, Http2Settings, Limits, ListenerSettings, ServingTls,
+    ClusterConfig, Config, FleetSettings, GatewaySettings, Http2Settings, Limits, ListenerSettings,
+    ServingTls,
 };
 pub use table::{
     crypto_provider, egress_proxy, parse_certs, parse_key, parse_server, ClusterRoute, EgressProxy,

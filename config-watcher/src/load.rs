@@ -22,7 +22,8 @@ use crate::objects::{
     API_VERSION,
 };
 use crate::settings::{
-    ClusterConfig, Config, GatewaySettings, Http2Settings, Limits, ListenerSettings, ServingTls,
+    ClusterConfig, Config, FleetSettings, GatewaySettings, Http2Settings, Limits, ListenerSettings,
+    ServingTls,
 };
 
 /// Loads and validates every object under `path` (a file or a directory).
@@ -231,6 +232,7 @@ pub(crate) fn resolve_gateway(
         routing,
         limits,
         http2,
+        fleet,
         auth,
         audit,
     } = obj.spec;
@@ -339,6 +341,28 @@ pub(crate) fn resolve_gateway(
         },
     };
     let http2 = resolve_http2(http2).map_err(|(field, message)| invalid(field, message))?;
+    let fleet = {
+        let defaults = FleetSettings::default();
+        let page_size = fleet.page_size.unwrap_or(defaults.page_size as u32);
+        let at_once = fleet
+            .members_at_once
+            .unwrap_or(defaults.members_at_once as u32);
+        FleetSettings {
+            page_size: in_range(
+                page_size,
+                FleetSettings::MAX_PAGE_SIZE,
+                "spec.fleet.pageSize",
+            )
+            .map_err(|(field, message)| invalid(field, message))? as usize,
+            members_at_once: in_range(
+                at_once,
+                FleetSettings::MAX_MEMBERS_AT_ONCE,
+                "spec.fleet.membersAtOnce",
+            )
+            .map_err(|(field, message)| invalid(field, message))?
+                as usize,
+        }
+    };
     if limits.max_head_bytes < 1024 {
         return Err(invalid(
             "spec.limits.maxHeadBytes",
@@ -374,6 +398,7 @@ pub(crate) fn resolve_gateway(
         ocm_style: routing.ocm_style,
         limits,
         http2,
+        fleet,
         auth,
         audit,
     })
@@ -392,21 +417,26 @@ fn optional_seconds(
     }
 }
 
+/// `value` if it is between 1 and `max`; else an error naming `field`.
+fn in_range(value: u32, max: u32, field: &'static str) -> Result<u32, (&'static str, String)> {
+    if (1..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err((field, format!("{value} is not between 1 and {max}")))
+    }
+}
+
 /// `spec.http2` with defaults applied; an error names the field.
 fn resolve_http2(spec: Http2Spec) -> Result<Http2Settings, (&'static str, String)> {
     let defaults = Http2Settings::default();
     let max_concurrent_streams = spec
         .max_concurrent_streams
         .unwrap_or(defaults.max_concurrent_streams);
-    if !(1..=Http2Settings::MAX_CONCURRENT_STREAMS_LIMIT).contains(&max_concurrent_streams) {
-        return Err((
-            "spec.http2.maxConcurrentStreams",
-            format!(
-                "{max_concurrent_streams} is not between 1 and {}",
-                Http2Settings::MAX_CONCURRENT_STREAMS_LIMIT
-            ),
-        ));
-    }
+    in_range(
+        max_concurrent_streams,
+        Http2Settings::MAX_CONCURRENT_STREAMS_LIMIT,
+        "spec.http2.maxConcurrentStreams",
+    )?;
     let idle_timeout = optional_seconds(spec.idle_timeout_seconds, defaults.idle_timeout)
         .map_err(|m| ("spec.http2.idleTimeoutSeconds", m))?;
     Ok(Http2Settings {

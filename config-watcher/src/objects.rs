@@ -83,6 +83,9 @@ pub struct GatewaySpec {
     /// h2 settings for client connections.
     #[serde(default)]
     pub http2: Http2Spec,
+    /// How the fleet view (`/fleet`) reads the members.
+    #[serde(default)]
+    pub fleet: FleetSpec,
     /// Authentication (client certificates, token file, OIDC) and authorization mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AuthSpec>,
@@ -253,6 +256,19 @@ pub struct Http2Spec {
     /// A connection without an open stream for this long gets GOAWAY and is closed (0: never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_seconds: Option<f64>,
+}
+
+/// `spec.fleet` of the Gateway: how the fleet view reads the members.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FleetSpec {
+    /// Objects asked of a member per page of a fleet LIST (default 500): with one object per
+    /// member probed, what the gateway holds for one LIST however large the fleet is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<u32>,
+    /// Members asked at the same time by one request (default 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members_at_once: Option<u32>,
 }
 
 /// `kind: Cluster`.

@@ -30,6 +30,7 @@ pub struct GatewaySettings {
     pub ocm_style: bool,
     pub limits: Limits,
     pub http2: Http2Settings,
+    pub fleet: FleetSettings,
     /// The `spec.auth` block, resolved (token file read, OIDC defaulted).
     pub auth: AuthSettings,
     /// The audit log (`spec.audit`); None: off.
@@ -99,6 +100,29 @@ impl Default for Limits {
             shutdown_grace: Duration::from_secs(30),
             client_write_timeout: Duration::from_secs(60),
             max_member_connections_per_client: 4096,
+        }
+    }
+}
+
+/// How the fleet view reads the members (`spec.fleet`, resolved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetSettings {
+    /// Objects asked of a member per page of a fleet LIST.
+    pub page_size: usize,
+    /// Members asked at the same time by one request.
+    pub members_at_once: usize,
+}
+
+impl FleetSettings {
+    pub const MAX_PAGE_SIZE: u32 = 10_000;
+    pub const MAX_MEMBERS_AT_ONCE: u32 = 256;
+}
+
+impl Default for FleetSettings {
+    fn default() -> Self {
+        FleetSettings {
+            page_size: 500,
+            members_at_once: 16,
         }
     }
 }

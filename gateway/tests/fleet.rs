@@ -122,6 +122,29 @@ fn kubectl_lists_the_whole_fleet_with_a_cluster_column_and_pages_across_clusters
 }
 
 #[test]
+fn one_object_a_page_one_member_at_a_time_lists_the_same() {
+    let mut fleet = Fleet::sim(3, 2);
+    let gateway = fleet.fleet_path("gateway.yaml");
+    let yaml = std::fs::read_to_string(&gateway).unwrap();
+    assert!(yaml.contains("\nspec:\n"), "{yaml}");
+    let tight = yaml.replace(
+        "\nspec:\n",
+        "\nspec:\n  fleet: {pageSize: 1, membersAtOnce: 1}\n",
+    );
+    std::fs::write(&gateway, tight).unwrap();
+    fleet.serve(&["--workers", "1"], None);
+    let members = ["member1", "member2", "member3"];
+    let want = sorted(fleet.member_items(&members, &["get", "configmaps", "-A"]));
+    assert!(want.len() > 3, "{want:?}");
+    assert_eq!(
+        sorted(fleet.fleet_items(&["get", "configmaps", "-A"])),
+        want
+    );
+    let paged = fleet.fleet_items(&["get", "configmaps", "-A", "--chunk-size", "3"]);
+    assert_eq!(sorted(paged), want);
+}
+
+#[test]
 fn each_user_sees_only_the_clusters_their_policies_allow() {
     let mut fleet = Fleet::sim(3, 2);
     fleet.serve(&["--workers", "1"], None);

@@ -72,6 +72,11 @@ fn h2_and_timeout_settings_out_of_range_are_refused_naming_the_field() {
             "  limits:\n    shutdownGraceSeconds: -3\n",
             "spec.limits.shutdownGraceSeconds",
         ),
+        ("  fleet:\n    pageSize: 0\n", "spec.fleet.pageSize"),
+        (
+            "  fleet:\n    membersAtOnce: 257\n",
+            "spec.fleet.membersAtOnce",
+        ),
     ];
     for (block, field) in cases {
         let dir = tempfile::tempdir().unwrap();

@@ -1,11 +1,11 @@
 //! A LIST merged across the members of a fleet request, streamed.
 //!
 //! 1. **Probe.** Each member is asked for one object (`limit=1`, from the continue token's place
-//!    for the member a page resumes in), at most [`PROBES_AT_ONCE`] at a time. A member that
+//!    for the member a page resumes in), at most `spec.fleet.membersAtOnce` (16) at a time. A member that
 //!    fails, times out or answers with an error is left out and named in a `Warning` field; a
 //!    Table whose columns differ from the first member's is left out the same way. The response
 //!    head goes out once every probe has answered.
-//! 2. **Stream.** Members in name order: the probe's object, then pages of at most [`PAGE`]
+//! 2. **Stream.** Members in name order: the probe's object, then pages of at most `spec.fleet.pageSize` (500)
 //!    objects (or what the client's `limit` leaves) from the member's continue token, each object
 //!    stamped with its cluster and written out before the next page is asked for. Memory is one
 //!    page plus one probed object per member, whatever the fleet holds.
@@ -35,10 +35,6 @@ use crate::exchange::Failure;
 use crate::request::FleetRequest;
 use crate::runtime::ShardContext;
 
-/// Objects asked of a member per page.
-pub const PAGE: usize = 500;
-/// Members probed at the same time.
-pub const PROBES_AT_ONCE: usize = 16;
 /// Body bytes gathered before they go to the client.
 const WRITE_CHUNK: usize = 64 * 1024;
 
@@ -89,7 +85,7 @@ where
 
     // 1. Probe.
     let mut probes = Vec::with_capacity(members.len());
-    for batch in members.chunks(PROBES_AT_ONCE) {
+    for batch in members.chunks(request.settings.members_at_once) {
         let asked = batch
             .iter()
             .map(|(cluster, identity)| {
@@ -189,7 +185,7 @@ where
                 });
                 break;
             }
-            let ask = remaining.min(PAGE);
+            let ask = remaining.min(request.settings.page_size);
             page = match fetch(
                 ctx,
                 request,

@@ -1,7 +1,7 @@
 //! A named object through the fleet view (GET, UPDATE, PATCH, DELETE and the subresources: log,
 //! exec, attach, portforward, status, scale) goes to the one cluster that has it. Each member the
 //! request may span is asked for the object itself, as the user (at most
-//! [`PROBES_AT_ONCE`](super::list::PROBES_AT_ONCE) at a time); the one that answers 200 owns it,
+//! `spec.fleet.membersAtOnce` at a time); the one that answers 200 owns it,
 //! and the request then goes there as an ordinary proxied request.
 //!
 //! A member answering 404 or 403 does not have it (for this user). None: kube's 404. Several: a
@@ -11,7 +11,6 @@
 use futures_util::future::join_all;
 
 use super::ask::{ask, Asked, Missed};
-use super::list::PROBES_AT_ONCE;
 use super::ClientRequest;
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
@@ -35,7 +34,7 @@ where
         verb: "get",
     };
     let mut answers = Vec::with_capacity(request.members.len());
-    for batch in request.members.chunks(PROBES_AT_ONCE) {
+    for batch in request.members.chunks(request.settings.members_at_once) {
         let asking = batch
             .iter()
             .map(|(cluster, identity)| ask(ctx, &asked, client_request, cluster, identity));
@@ -119,6 +118,7 @@ mod tests {
             kind: &kind,
             members: Vec::new(),
             verb: "get",
+            settings: Default::default(),
         };
         object_path(&request)
     }

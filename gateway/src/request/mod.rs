@@ -84,6 +84,8 @@ pub struct FleetRequest<'t> {
     pub members: Vec<(&'t Arc<ClusterRoute>, Decided)>,
     /// The verb metrics count it under.
     pub verb: &'static str,
+    /// Page size and members asked at once (`spec.fleet`).
+    pub settings: fleetgate_config_watcher::FleetSettings,
 }
 
 /// A request routed to a member cluster, classified and authorized.
@@ -329,6 +331,7 @@ where
         kind,
         members,
         verb,
+        settings: table.gateway().fleet,
     };
     Ok(if named {
         Decision::FleetNamed(request)
