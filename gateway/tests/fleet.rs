@@ -296,6 +296,12 @@ fn a_named_object_is_served_by_the_one_cluster_that_has_it() {
     assert_eq!(patched, "w", "the patch reached the owner");
     let logs = fleet.kubectl_ok("fleet", &["logs", "solo", "-n", "default", "--tail", "1"]);
     assert!(!logs.is_empty(), "no log line from the owner");
+    // exec: an upgrade (WebSocket over h2, or SPDY) carried to the owner.
+    let echoed = fleet.kubectl_ok(
+        "fleet",
+        &["exec", "solo", "-n", "default", "--", "echo", "hi"],
+    );
+    assert_eq!(echoed.trim(), "hi");
     fleet.kubectl_ok(
         "fleet",
         &["delete", "configmap", "only-here", "-n", "default"],
