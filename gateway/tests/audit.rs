@@ -140,6 +140,8 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
     // HTTP/1.1, one request each, told apart by their user agents.
     let list = "/clusters/member1/api/v1/namespaces/default/configmaps";
     assert_eq!(setup.curl("admin", "audit-test-list", list), 200);
+    let fleet_list = "/fleet/api/v1/namespaces/default/configmaps";
+    assert_eq!(setup.curl("admin", "audit-test-fleet", fleet_list), 200);
     let unknown = "/clusters/member9/api/v1/namespaces";
     assert_eq!(setup.curl("admin", "audit-test-unknown", unknown), 404);
     // alice (group devs) may read the env=dev clusters only; member2 is prod.
@@ -199,6 +201,7 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
     let events = setup.events_when(|events| {
         [
             "audit-test-list",
+            "audit-test-fleet",
             "audit-test-unknown",
             "audit-test-denied",
             "audit-test-denied-token",
@@ -261,6 +264,16 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
     assert_eq!(listed["objectRef"]["resource"], "configmaps");
     assert_eq!(listed["objectRef"]["namespace"], "default");
     assert!(listed.get("impersonatedUser").is_none());
+    // A fleet LIST is one event, its cluster `fleet`.
+    let fleet_event = expect(
+        "audit-test-fleet",
+        "admin",
+        "list",
+        "fleet",
+        fleet_list,
+        200,
+    );
+    assert_eq!(fleet_event["objectRef"]["resource"], "configmaps");
     expect(
         "audit-test-unknown",
         "admin",

@@ -59,6 +59,8 @@ pub struct AuditRequest {
 #[derive(Debug, Clone)]
 pub struct Classified {
     cluster: std::ops::Range<usize>,
+    /// The fleet view's request (several clusters): its cluster is written as `fleet`.
+    fleet: bool,
     verb: &'static str,
     object: Option<[std::ops::Range<usize>; 6]>,
 }
@@ -87,8 +89,17 @@ impl Classified {
         });
         Classified {
             cluster: span(cluster),
+            fleet: false,
             verb: info.verb.name(),
             object,
+        }
+    }
+
+    /// A request of the fleet view, spanning clusters: its cluster is written as `fleet`.
+    pub fn fleet(info: &RequestInfo<'_>, target: &[u8]) -> Classified {
+        Classified {
+            fleet: true,
+            ..Classified::new("", info, target)
         }
     }
 }
@@ -554,7 +565,11 @@ fn event(record: &Record, audit_id: uuid::Uuid) -> Event<'_> {
                 api_version: text(&spans[4]),
                 subresource: text(&spans[5]),
             });
-            let cluster = request.target.get(classified.cluster.clone());
+            let cluster = if classified.fleet {
+                Some("fleet")
+            } else {
+                request.target.get(classified.cluster.clone())
+            };
             (cluster, classified.verb, object_ref)
         }
         // Refused before it was routed: kube-apiserver's verb for a non-resource request, the

@@ -534,6 +534,25 @@ where
     };
     let result = crate::fleet::list::list(ctx, fleet, &client_request, &mut client).await;
     let head_sent = client.head_sent;
+    // One audit event for the whole LIST, its cluster `fleet`; the user is the one who
+    // authenticated (the same on every member it spans).
+    if ctx.audit.is_some() {
+        let outcome = match &result {
+            Ok(()) => Outcome::Complete(200),
+            Err(Failure::Answer(error)) if !head_sent => {
+                Outcome::Complete(error.code_and_reason().0)
+            }
+            Err(_) => Outcome::Aborted(head_sent.then_some(200), "fleet list cut short"),
+        };
+        let decided = fleet.members.first().map(|(_, decided)| decided);
+        let classified = Classified::fleet(&fleet.info, head.target());
+        let audited = Audited {
+            authenticated: decided.and_then(|d| d.authenticated.as_ref()),
+            acting_as: decided.and_then(|d| d.identity.as_ref()),
+            classified: Some(&classified),
+        };
+        audit_response(ctx, head, peer, audited, answer.started, outcome);
+    }
     match result {
         Ok(()) if !close => Next::KeepAlive,
         Err(Failure::Answer(error)) if !head_sent => {

@@ -414,6 +414,14 @@ async fn proxy_stream(
         }
         Ok(Decision::Fleet(fleet)) => {
             let _stream = ctx.shard_metrics.stream_opened();
+            if ctx.audit.is_some() {
+                // One audit event for the whole LIST, its cluster `fleet`.
+                let decided = fleet.members.first().map(|(_, decided)| decided);
+                audit.authenticated = decided.and_then(|d| d.authenticated.clone());
+                audit.acting_as = decided.and_then(|d| d.identity.clone());
+                audit.classified = Some(Classified::fleet(&fleet.info, target));
+                audit.code = Some(200);
+            }
             let client_request = fleet_request();
             let mut client = FleetStream {
                 respond: &mut *respond,
