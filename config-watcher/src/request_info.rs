@@ -432,8 +432,8 @@ fn trim_slashes(mut path: &[u8]) -> &[u8] {
     path
 }
 
-/// The raw value of the first `name=...` in a query.
-fn param<'q>(query: &'q [u8], name: &[u8]) -> Option<&'q [u8]> {
+/// The raw value of the first `name=...` in a query (without its `?`).
+pub fn param<'q>(query: &'q [u8], name: &[u8]) -> Option<&'q [u8]> {
     query.split(|b| *b == b'&').find_map(|pair| {
         let (key, value) = match pair.iter().position(|b| *b == b'=') {
             Some(eq) => (&pair[..eq], &pair[eq + 1..]),

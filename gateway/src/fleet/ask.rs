@@ -136,7 +136,7 @@ impl ResponseSink for Collect<'_> {
         if self.buf.len() + piece.len() > MAX_ANSWER_BYTES {
             return Err(Failure::Answer(GatewayError::UpstreamProtocol {
                 cluster: self.cluster.name.to_string(),
-                reason: "its list page is larger than the fleet view reads",
+                reason: "its answer is larger than the fleet view reads",
             }));
         }
         self.buf.extend_from_slice(&piece);

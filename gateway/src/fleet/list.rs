@@ -1,14 +1,15 @@
 //! A LIST merged across the members of a fleet request, streamed.
 //!
 //! 1. **Probe.** Each member is asked for one object (`limit=1`, from the continue token's place
-//!    for the member a page resumes in), at most `spec.fleet.membersAtOnce` (16) at a time. A member that
-//!    fails, times out or answers with an error is left out and named in a `Warning` field; a
-//!    Table whose columns differ from the first member's is left out the same way. The response
-//!    head goes out once every probe has answered.
-//! 2. **Stream.** Members in name order: the probe's object, then pages of at most `spec.fleet.pageSize` (500)
-//!    objects (or what the client's `limit` leaves) from the member's continue token, each object
-//!    stamped with its cluster and written out before the next page is asked for. Memory is one
-//!    page plus one probed object per member, whatever the fleet holds.
+//!    for the member a page resumes in), at most `spec.fleet.membersAtOnce` (16) at a time. A
+//!    member that fails, times out or answers with an error is left out and named in a `Warning`
+//!    field; a Table whose columns differ from the first member's is left out the same way. The
+//!    response head goes out once every probe has answered.
+//! 2. **Stream.** Members in name order: the probe's object, then pages of at most
+//!    `spec.fleet.pageSize` (500) objects (or what the client's `limit` leaves) from the member's
+//!    continue token, each object stamped with its cluster and written out before the next page
+//!    is asked for. Memory is one page plus one probed object per member, whatever the fleet
+//!    holds.
 //! 3. **Continue.** With a `limit`, the page ends once that many objects are out; its continue
 //!    token names the cluster and that member's own continue token (or the next member from its
 //!    start). The resourceVersion is composite: each member's, by cluster.
@@ -230,8 +231,8 @@ where
 fn members_after(members: &[(&Arc<ClusterRoute>, Decided)], name: &str) -> Option<String> {
     members
         .iter()
+        .find(|(c, _)| &*c.name > name)
         .map(|(c, _)| c.name.to_string())
-        .find(|n| n.as_str() > name)
 }
 
 /// The merged body as it is written: gathered into chunks of about [`WRITE_CHUNK`].

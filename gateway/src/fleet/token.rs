@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
+use fleetgate_config_watcher::request_info;
 use serde::{Deserialize, Serialize};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -59,19 +60,11 @@ fn valid_cluster_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// The value of `key` in a raw query (`?a=1&b=2`), percent-decoded; `None` when absent.
+/// The value of `key` in a raw query (`?a=1&b=2`), percent-decoded; `None` when absent. The
+/// same reading of a query as the request info's.
 pub fn query_value(query: &[u8], key: &str) -> Option<String> {
     let query = query.strip_prefix(b"?").unwrap_or(query);
-    query
-        .split(|b| *b == b'&')
-        .filter_map(|pair| {
-            let (k, v) = match pair.iter().position(|b| *b == b'=') {
-                Some(eq) => (&pair[..eq], &pair[eq + 1..]),
-                None => (pair, &b""[..]),
-            };
-            (k == key.as_bytes()).then(|| percent_decode(v))
-        })
-        .next()
+    request_info::param(query, key.as_bytes()).map(percent_decode)
 }
 
 /// The raw query without `keys`, then `extra` (`k=v` pairs, already encoded), with its `?`.
