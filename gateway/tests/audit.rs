@@ -142,6 +142,11 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
     assert_eq!(setup.curl("admin", "audit-test-list", list), 200);
     let fleet_list = "/fleet/api/v1/namespaces/default/configmaps";
     assert_eq!(setup.curl("admin", "audit-test-fleet", fleet_list), 200);
+    let fleet_missing = "/fleet/api/v1/namespaces/default/configmaps/no-such-fleet-map";
+    assert_eq!(
+        setup.curl("admin", "audit-test-fleet-missing", fleet_missing),
+        404
+    );
     let unknown = "/clusters/member9/api/v1/namespaces";
     assert_eq!(setup.curl("admin", "audit-test-unknown", unknown), 404);
     // alice (group devs) may read the env=dev clusters only; member2 is prod.
@@ -168,6 +173,13 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
         &["get", "configmap", "no-such-map", "-n", "default"],
     );
     assert!(!missing.status.success());
+    // And over h2 through the fleet view: no member has it.
+    let fleet_missing_h2 = setup.kubectl(
+        None,
+        "fleet",
+        &["get", "configmap", "no-such-fleet-map-h2", "-n", "default"],
+    );
+    assert!(!fleet_missing_h2.status.success());
     assert!(
         String::from_utf8_lossy(&missing.stderr).contains("not found"),
         "{}",
@@ -202,6 +214,7 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
         [
             "audit-test-list",
             "audit-test-fleet",
+            "audit-test-fleet-missing",
             "audit-test-unknown",
             "audit-test-denied",
             "audit-test-denied-token",
@@ -212,6 +225,9 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
             && events
                 .iter()
                 .any(|e| e["objectRef"]["name"] == "no-such-map")
+            && events
+                .iter()
+                .any(|e| e["objectRef"]["name"] == "no-such-fleet-map-h2")
             && events
                 .iter()
                 .any(|e| e["objectRef"]["resource"] == "selfsubjectreviews")
@@ -274,6 +290,22 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
         200,
     );
     assert_eq!(fleet_event["objectRef"]["resource"], "configmaps");
+    // A named object no member has: the owner lookup's 404, audited as the fleet view's, over
+    // HTTP/1.1 and h2.
+    expect(
+        "audit-test-fleet-missing",
+        "admin",
+        "get",
+        "fleet",
+        fleet_missing,
+        404,
+    );
+    let fleet_h2 = events
+        .iter()
+        .find(|e| e["objectRef"]["name"] == "no-such-fleet-map-h2")
+        .unwrap();
+    assert_eq!(fleet_h2["annotations"]["fleetgate.io/cluster"], "fleet");
+    assert_eq!(fleet_h2["responseStatus"]["code"], 404);
     expect(
         "audit-test-unknown",
         "admin",

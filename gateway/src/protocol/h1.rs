@@ -276,15 +276,20 @@ where
             };
             match Box::pin(crate::fleet::owner::find(ctx, &fleet, &client_request)).await {
                 Ok(owner) => fleet.into_owner(owner),
-                Err(failure) => {
-                    let error = match failure {
-                        Failure::Answer(error) => error,
-                        Failure::Abort(_) => return Next::Close,
+                Err(Failure::Answer(error)) => {
+                    // No owner (404), several (409), or some could not be asked (503): answered
+                    // and audited as any refusal, the request classified as the fleet view's.
+                    let classified = Classified::fleet(&fleet.info, head.target());
+                    let answer = Refusal {
+                        error: &error,
+                        counted: None,
+                        audited: fleet_audited(&fleet, &classified),
+                        close,
                     };
-                    let close = close || error.must_close();
-                    respond_error(down, &error, close, head.method() == b"HEAD").await;
-                    return if close { Next::Close } else { Next::KeepAlive };
+                    return Box::pin(answer_with_status(ctx, down, head, peer, answer, started))
+                        .await;
                 }
+                Err(Failure::Abort(_)) => return Next::Close,
             }
         }
         Ok(Decision::Fleet(fleet)) => {
@@ -534,37 +539,42 @@ where
     };
     let result = crate::fleet::list::list(ctx, fleet, &client_request, &mut client).await;
     let head_sent = client.head_sent;
-    // One audit event for the whole LIST, its cluster `fleet`; the user is the one who
-    // authenticated (the same on every member it spans).
-    if ctx.audit.is_some() {
-        let outcome = match &result {
-            Ok(()) => Outcome::Complete(200),
-            Err(Failure::Answer(error)) if !head_sent => {
-                Outcome::Complete(error.code_and_reason().0)
-            }
-            Err(_) => Outcome::Aborted(head_sent.then_some(200), "fleet list cut short"),
-        };
-        let decided = fleet.members.first().map(|(_, decided)| decided);
-        let classified = Classified::fleet(&fleet.info, head.target());
-        let audited = Audited {
-            authenticated: decided.and_then(|d| d.authenticated.as_ref()),
-            acting_as: decided.and_then(|d| d.identity.as_ref()),
-            classified: Some(&classified),
-        };
-        audit_response(ctx, head, peer, audited, answer.started, outcome);
-    }
-    match result {
-        Ok(()) if !close => Next::KeepAlive,
+    // One audit event for the whole LIST, its cluster `fleet`.
+    let classified = Classified::fleet(&fleet.info, head.target());
+    let audited = fleet_audited(fleet, &classified);
+    let (outcome, next) = match result {
+        // Refused before anything went out (a bad limit or continue token, an expired one).
         Err(Failure::Answer(error)) if !head_sent => {
-            let close = close || error.must_close();
-            respond_error(down, &error, close, false).await;
-            if close {
-                Next::Close
-            } else {
-                Next::KeepAlive
-            }
+            let refusal = Refusal {
+                error: &error,
+                counted: None,
+                audited,
+                close,
+            };
+            return answer_with_status(ctx, down, head, peer, refusal, answer.started).await;
         }
-        Ok(()) | Err(_) => Next::Close,
+        Ok(()) if !close => (Outcome::Complete(200), Next::KeepAlive),
+        Ok(()) => (Outcome::Complete(200), Next::Close),
+        Err(_) => (
+            Outcome::Aborted(head_sent.then_some(200), "fleet list cut short"),
+            Next::Close,
+        ),
+    };
+    audit_response(ctx, head, peer, audited, answer.started, outcome);
+    next
+}
+
+/// What the audit log says of a fleet-view request: the user who authenticated (the same on
+/// every member it spans) and its classification.
+fn fleet_audited<'a>(
+    fleet: &'a request::FleetRequest<'_>,
+    classified: &'a Classified,
+) -> Audited<'a> {
+    let decided = fleet.members.first().map(|(_, decided)| decided);
+    Audited {
+        authenticated: decided.and_then(|d| d.authenticated.as_ref()),
+        acting_as: decided.and_then(|d| d.identity.as_ref()),
+        classified: Some(classified),
     }
 }
 

@@ -408,6 +408,11 @@ async fn proxy_stream(
     let proxied = match request::decide(&table, conn_auth, method, target, headers) {
         Ok(Decision::Proxy(proxied)) => proxied,
         Ok(Decision::FleetNamed(fleet)) => {
+            // A refusal of the owner lookup (404, 409, 503) is audited as the fleet view's;
+            // once the owner is found the request is classified as an ordinary one below.
+            if ctx.audit.is_some() {
+                audit_fleet(audit, &fleet, target);
+            }
             let client_request = fleet_request();
             let owner = Box::pin(fleet::owner::find(ctx, &fleet, &client_request)).await?;
             fleet.into_owner(owner)
@@ -416,10 +421,7 @@ async fn proxy_stream(
             let _stream = ctx.shard_metrics.stream_opened();
             if ctx.audit.is_some() {
                 // One audit event for the whole LIST, its cluster `fleet`.
-                let decided = fleet.members.first().map(|(_, decided)| decided);
-                audit.authenticated = decided.and_then(|d| d.authenticated.clone());
-                audit.acting_as = decided.and_then(|d| d.identity.clone());
-                audit.classified = Some(Classified::fleet(&fleet.info, target));
+                audit_fleet(audit, &fleet, target);
                 audit.code = Some(200);
             }
             let client_request = fleet_request();
@@ -667,6 +669,15 @@ impl RequestBody for StreamBody<'_> {
 /// client's window allows, END_STREAM at the end, a reset as the client going away.
 struct StreamSink<'a> {
     send: &'a mut SendStream<Bytes>,
+}
+
+/// What the audit log says of a fleet-view request: the user who authenticated (the same on
+/// every member it spans) and its classification as the fleet view's.
+fn audit_fleet(audit: &mut StreamAudit, fleet: &request::FleetRequest<'_>, target: &[u8]) {
+    let decided = fleet.members.first().map(|(_, decided)| decided);
+    audit.authenticated = decided.and_then(|d| d.authenticated.clone());
+    audit.acting_as = decided.and_then(|d| d.identity.clone());
+    audit.classified = Some(Classified::fleet(&fleet.info, target));
 }
 
 /// The fleet view's client side on an h2 stream.
