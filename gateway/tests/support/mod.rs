@@ -505,6 +505,16 @@ spec:
     # of their own.
     - verbs: ["*"]
       nonResourceURLs: ["*"]
+---
+# The fleet view merges pods from the one recording member (hostile.rs sends it forged fields).
+apiVersion: fleetgate.io/v1alpha1
+kind: FleetResource
+metadata:
+  name: pods
+spec:
+  resourceSelectors:
+    - {{apiVersion: v1, kind: Pod}}
+  clusters: {{names: [member]}}
 "#,
         stopped = closed_port()
     );
