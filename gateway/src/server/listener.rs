@@ -141,8 +141,25 @@ pub fn bind_shard_socket(address: SocketAddr) -> io::Result<TcpListener> {
 mod tests {
     use super::*;
 
+    /// These tests bind port-0 SO_REUSEPORT groups and count the listeners on a port: run side by
+    /// side in one process, the kernel may hand one test's port to another's bind for the moment
+    /// between its bind and its count. The gateway itself then retries; a test's own count does
+    /// not, so they take turns.
+    #[allow(
+        clippy::disallowed_types,
+        reason = "a test-only lock, off the data path"
+    )]
+    static PORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        PORTS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     #[test]
     fn a_port_another_process_listens_on_is_refused_not_shared() {
+        let _turn = one_at_a_time();
         // Another program's plain listener, and another gateway's SO_REUSEPORT one.
         let plain = TcpListener::bind("127.0.0.1:0").unwrap();
         let error = bind_reuseport(&plain.local_addr().unwrap().to_string(), 2).unwrap_err();
@@ -159,6 +176,7 @@ mod tests {
 
     #[test]
     fn port_zero_never_shares_a_port_with_another_reuseport_listener() {
+        let _turn = one_at_a_time();
         // Other SO_REUSEPORT listeners of this user (another gateway, say): the kernel may pick
         // one of their ports for port 0; the bind must then move on, not share it.
         let others: Vec<_> = (0..64)
@@ -181,12 +199,14 @@ mod tests {
 
     #[test]
     fn proc_net_tcp_counts_this_process_listeners() {
+        let _turn = one_at_a_time();
         let sockets = bind_reuseport("127.0.0.1:0", 3).unwrap();
         assert_eq!(listening_on(sockets[0].local_addr().unwrap()), Some(3));
     }
 
     #[test]
     fn port_zero_gives_every_shard_the_same_port() {
+        let _turn = one_at_a_time();
         let sockets = bind_reuseport("127.0.0.1:0", 3).unwrap();
         let port = sockets[0].local_addr().unwrap().port();
         assert_ne!(port, 0);
