@@ -12,7 +12,7 @@ use crate::auth::Decided;
 use crate::errors::GatewayError;
 use crate::exchange::member_head::{self, MemberRequest, Upgrade};
 use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
-use crate::exchange::{self, Failure, NoBody, Outbound};
+use crate::exchange::{self, Answer, Failure, NoBody, Outbound};
 use crate::protocol::http1::{BodyKind, Head};
 use crate::runtime::{Deadline, ShardContext};
 
@@ -59,6 +59,53 @@ where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
+    let (mut answer, response) = open(ctx, asked, client_request, cluster, identity, false).await?;
+    let mut body = Collect {
+        buf: Vec::new(),
+        cluster,
+    };
+    let pace = exchange::pace(false, &client_request.limits);
+    let complete = relay(&mut answer, &mut body, pace).await.map_err(failed)?;
+    exchange::finish(ctx, answer, complete);
+    if !complete {
+        return Err(Missed::Failed("its answer ended early".into()));
+    }
+    if response.code != 200 {
+        return Err(Missed::Answered(response.code, status_message(&body.buf)));
+    }
+    Ok(body.buf)
+}
+
+/// The `message` of a Status body, or nothing.
+pub(crate) fn status_message(body: &[u8]) -> String {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// A failure of the exchange, as what the fleet view missed.
+pub(crate) fn failed(failure: Failure) -> Missed {
+    match failure {
+        Failure::Answer(error) => Missed::Failed(error.to_string()),
+        Failure::Abort(reason) => Missed::Failed(reason.to_string()),
+    }
+}
+
+/// Sends `asked` to `cluster` as the user (`long_running`: a watch, with no head timeout); the
+/// answer with its head read, its body still to relay.
+pub(crate) async fn open<'h, F, H>(
+    ctx: &ShardContext,
+    asked: &Asked<'_>,
+    client_request: &ClientRequest<'_, F>,
+    cluster: &ClusterRoute,
+    identity: &Decided,
+    long_running: bool,
+) -> Result<(Answer, Head), Missed>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
     let mut head_bytes = Vec::with_capacity(1024);
     member_head::write(
         &mut head_bytes,
@@ -84,7 +131,7 @@ where
         cluster,
         head: &head_bytes,
         replayable: true,
-        long_running: false,
+        long_running,
         upgrade: false,
         head_method: false,
         limits: client_request.limits,
@@ -94,31 +141,10 @@ where
     };
     let mut response = Head::default();
     let mut deadline = Deadline::new();
-    let failed = |failure: Failure| match failure {
-        Failure::Answer(error) => Missed::Failed(error.to_string()),
-        Failure::Abort(reason) => Missed::Failed(reason.to_string()),
-    };
-    let mut answer = exchange::send(ctx, &outbound, &mut NoBody, &mut response, &mut deadline)
+    let answer = exchange::send(ctx, &outbound, &mut NoBody, &mut response, &mut deadline)
         .await
         .map_err(failed)?;
-    let mut body = Collect {
-        buf: Vec::new(),
-        cluster,
-    };
-    let pace = exchange::pace(false, &client_request.limits);
-    let complete = relay(&mut answer, &mut body, pace).await.map_err(failed)?;
-    exchange::finish(ctx, answer, complete);
-    if !complete {
-        return Err(Missed::Failed("its answer ended early".into()));
-    }
-    if response.code != 200 {
-        let message = serde_json::from_slice::<Value>(&body.buf)
-            .ok()
-            .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
-            .unwrap_or_default();
-        return Err(Missed::Answered(response.code, message));
-    }
-    Ok(body.buf)
+    Ok((answer, response))
 }
 
 /// A member's body, gathered whole (up to [`MAX_ANSWER_BYTES`]).

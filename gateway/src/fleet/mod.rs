@@ -5,19 +5,23 @@
 //! - `list`: a LIST merged and streamed, page by page, each object stamped with its cluster
 //!   (`page`), with `limit` / `continue` across clusters and a composite resourceVersion
 //!   (`token`);
+//! - `watch`: a WATCH merged from every member's, each event stamped, with a composite
+//!   resourceVersion to resume from, clusters joining and leaving while it is open;
 //! - `owner`: the one member that has a named object, which the request then goes to as an
 //!   ordinary proxied request;
-//! - `ask`: one GET of a member as the user, read whole (for both);
+//! - `ask`: one request of a member as the user (a GET read whole for `list` and `owner`, a
+//!   watch opened for `watch`);
 //! - discovery is not here: `decide` sends it to one member as an ordinary request.
 //!
-//! Watches are not served yet (`decide` answers 501). Called by the front-ends (`protocol::h1`,
-//! `protocol::h2`) with a [`FleetClient`] for their side.
+//! Called by the front-ends (`protocol::h1`, `protocol::h2`) with a [`FleetClient`] for their
+//! side.
 
 pub mod ask;
 pub mod list;
 pub mod owner;
 pub mod page;
 pub mod token;
+pub mod watch;
 
 use std::time::Instant;
 
@@ -38,6 +42,9 @@ pub(crate) trait FleetClient {
 
     /// The body is complete.
     async fn end(&mut self) -> Result<(), Failure>;
+
+    /// Resolves when the client has gone away (a merged watch waits on it between events).
+    async fn gone(&mut self);
 }
 
 /// What the fleet view needs of the client's request besides the decision: its header fields
@@ -45,6 +52,9 @@ pub(crate) trait FleetClient {
 /// who and when.
 pub(crate) struct ClientRequest<'a, F> {
     pub headers: F,
+    /// How the client's connection authenticated (a merged watch decides again, as the routing
+    /// table changes, which clusters it spans).
+    pub conn: &'a crate::auth::ConnectionAuth,
     pub connection_named: &'a dyn Fn(&[u8]) -> bool,
     pub peer: Peer,
     pub limits: Limits,

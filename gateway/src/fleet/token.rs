@@ -52,6 +52,28 @@ pub fn encode_versions(versions: &BTreeMap<String, String>) -> String {
     B64.encode(serde_json::to_vec(versions).unwrap_or_default())
 }
 
+/// Reads a composite resourceVersion back (a merged watch resumes from one): cluster -> the
+/// member's resourceVersion. Refuses what the fleet view did not write.
+pub fn decode_versions(token: &str) -> Result<BTreeMap<String, String>, &'static str> {
+    const NOT_OURS: &str = "resourceVersion was not written by the fleet view (each member has its own; use one from a fleet LIST or WATCH, or 0)";
+    if token.len() > MAX_TOKEN {
+        return Err("resourceVersion is too long");
+    }
+    let bytes = B64.decode(token).map_err(|_| NOT_OURS)?;
+    let versions: BTreeMap<String, String> =
+        serde_json::from_slice(&bytes).map_err(|_| NOT_OURS)?;
+    let sound = |(cluster, version): (&String, &String)| {
+        valid_cluster_name(cluster)
+            && !version.is_empty()
+            && version.len() <= 256
+            && version.bytes().all(|b| b.is_ascii_graphic())
+    };
+    if !versions.iter().all(sound) {
+        return Err(NOT_OURS);
+    }
+    Ok(versions)
+}
+
 fn valid_cluster_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
@@ -128,6 +150,39 @@ mod tests {
     }
 
     #[test]
+    fn a_composite_resource_version_round_trips() {
+        let versions = BTreeMap::from([
+            ("member-1".to_string(), "1043".to_string()),
+            ("member-2".to_string(), "77".to_string()),
+        ]);
+        let text = encode_versions(&versions);
+        assert!(text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert_eq!(decode_versions(&text), Ok(versions));
+        assert_eq!(
+            decode_versions(&encode_versions(&BTreeMap::new())),
+            Ok(BTreeMap::new())
+        );
+    }
+
+    #[test]
+    fn resource_versions_it_did_not_write_are_refused() {
+        for bad in [
+            "12345",
+            "!!!",
+            &B64.encode(b"[]"),
+            &B64.encode(br#"{"../x":"1"}"#),
+            &B64.encode(br#"{"m":""}"#),
+            &B64.encode(br#"{"m":"1 2"}"#),
+            &B64.encode(br#"{"m":1}"#),
+            &"A".repeat(MAX_TOKEN + 1),
+        ] {
+            assert!(decode_versions(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn tokens_it_did_not_write_are_refused() {
         for bad in [
             "",
@@ -160,6 +215,8 @@ mod tests {
         #[test]
         fn decoding_any_text_never_panics(text in ".{0,200}") {
             let _ = Continue::decode(&text);
+            let _ = decode_versions(&text);
+            let _ = decode_versions(&B64.encode(text.as_bytes()));
             let _ = query_value(text.as_bytes(), "continue");
             let _ = rewrite_query(text.as_bytes(), &["limit"], &[("limit", "5")]);
         }

@@ -269,6 +269,7 @@ where
                 |name: &[u8]| connection_names_fields && head.has_token(b"connection", name);
             let client_request = crate::fleet::ClientRequest {
                 headers: || head.headers(),
+                conn: conn_auth,
                 connection_named: &connection_named,
                 peer,
                 limits,
@@ -299,7 +300,10 @@ where
                 connection_names_fields,
                 started,
             };
-            return Box::pin(serve_fleet(ctx, down, head, &fleet, peer, answer)).await;
+            return Box::pin(serve_fleet(
+                ctx, down, head, &fleet, peer, conn_auth, answer,
+            ))
+            .await;
         }
         Ok(Decision::Health) => {
             let mut reply = if close { HEALTH_OK_CLOSE } else { HEALTH_OK };
@@ -513,6 +517,7 @@ async fn serve_fleet<S>(
     head: &Head,
     fleet: &request::FleetRequest<'_>,
     peer: Peer,
+    conn_auth: &auth::ConnectionAuth,
     answer: FleetAnswer,
 ) -> Next
 where
@@ -520,11 +525,14 @@ where
 {
     let _stream = ctx.shard_metrics.stream_opened();
     let chunked = head.minor_version > 0;
-    let close = answer.close || !chunked;
+    let watch = fleet.info.verb == fleetgate_config_watcher::request_info::KubeVerb::Watch;
+    // A watch's connection closes after it: the client's bytes meanwhile were not kept.
+    let close = answer.close || !chunked || watch;
     let connection_named =
         |name: &[u8]| answer.connection_names_fields && head.has_token(b"connection", name);
     let client_request = crate::fleet::ClientRequest {
         headers: || head.headers(),
+        conn: conn_auth,
         connection_named: &connection_named,
         peer,
         limits: answer.limits,
@@ -537,9 +545,13 @@ where
         write_timeout: answer.limits.client_write_timeout,
         head_sent: false,
     };
-    let result = crate::fleet::list::list(ctx, fleet, &client_request, &mut client).await;
+    let result = if watch {
+        crate::fleet::watch::watch(ctx, fleet, &client_request, &mut client).await
+    } else {
+        crate::fleet::list::list(ctx, fleet, &client_request, &mut client).await
+    };
     let head_sent = client.head_sent;
-    // One audit event for the whole LIST, its cluster `fleet`.
+    // One audit event for the whole LIST or WATCH, its cluster `fleet`.
     let classified = Classified::fleet(&fleet.info, head.target());
     let audited = fleet_audited(fleet, &classified);
     let (outcome, next) = match result {
@@ -556,7 +568,7 @@ where
         Ok(()) if !close => (Outcome::Complete(200), Next::KeepAlive),
         Ok(()) => (Outcome::Complete(200), Next::Close),
         Err(_) => (
-            Outcome::Aborted(head_sent.then_some(200), "fleet list cut short"),
+            Outcome::Aborted(head_sent.then_some(200), "fleet response cut short"),
             Next::Close,
         ),
     };
@@ -587,7 +599,7 @@ struct FleetConnection<'a, S> {
     head_sent: bool,
 }
 
-impl<S: AsyncWrite + Unpin> FleetConnection<'_, S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> FleetConnection<'_, S> {
     /// Writes `parts` within the write timeout; a client that does not take them is cut.
     async fn write(&mut self, parts: &[&[u8]]) -> Result<(), Failure> {
         let io = &mut *self.io;
@@ -605,7 +617,7 @@ impl<S: AsyncWrite + Unpin> FleetConnection<'_, S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> crate::fleet::FleetClient for FleetConnection<'_, S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> crate::fleet::FleetClient for FleetConnection<'_, S> {
     async fn head(&mut self, content_type: &str, warnings: &[String]) -> Result<(), Failure> {
         let mut out = Vec::with_capacity(256);
         out.extend_from_slice(b"HTTP/1.1 200 OK\r\nCache-Control: no-cache, private\r\n");
@@ -634,6 +646,18 @@ impl<S: AsyncWrite + Unpin> crate::fleet::FleetClient for FleetConnection<'_, S>
         }
         let size = format!("{:x}\r\n", piece.len());
         self.write(&[size.as_bytes(), &piece, b"\r\n"]).await
+    }
+
+    async fn gone(&mut self) {
+        // The connection closes after a fleet response that waits on its client (a watch):
+        // whatever the client sends meanwhile is not read as a request.
+        let mut byte = [0u8; 1];
+        loop {
+            match self.io.read(&mut byte).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
     }
 
     async fn end(&mut self) -> Result<(), Failure> {

@@ -64,7 +64,8 @@ pub enum Decision<'t> {
     Health,
     /// Proxied to a member.
     Proxy(Proxied<'t>),
-    /// A LIST served by the fleet view from the members it spans (`fleet::list`).
+    /// A LIST or WATCH served by the fleet view from the members it spans (`fleet::list`,
+    /// `fleet::watch`).
     Fleet(FleetRequest<'t>),
     /// A named object through the fleet view: proxied to the one member that has it, once
     /// `fleet::owner` has found it.
@@ -209,22 +210,37 @@ where
     }
     let identity = auth::decide(table.access(), conn, cluster, &info, headers)
         .map_err(|refusal| Refused::by_policy(refusal, counted, classified))?;
-    Ok(Decision::Proxy(Proxied {
-        cluster,
-        name,
-        rest,
-        query,
-        info,
-        verb,
-        long_running: info.long_running,
-        identity,
-    }))
+    Ok(Decision::Proxy(Proxied::new(
+        cluster, name, rest, query, info, identity,
+    )))
+}
+
+impl<'t> Proxied<'t> {
+    fn new(
+        cluster: &'t Arc<ClusterRoute>,
+        name: &'t str,
+        rest: &'t [u8],
+        query: &'t [u8],
+        info: RequestInfo<'t>,
+        identity: Decided,
+    ) -> Proxied<'t> {
+        Proxied {
+            cluster,
+            name,
+            rest,
+            query,
+            info,
+            verb: info.metrics_verb(),
+            long_running: info.long_running,
+            identity,
+        }
+    }
 }
 
 /// Decides a fleet-view request. Discovery and other non-resource requests go to the first
-/// cluster (by name) the user may reach, as an ordinary proxied request; a LIST of a merged kind
-/// spans every cluster of the kind the user's AccessPolicies allow it on. Clusters the user may
-/// not reach are left out without a word: no item and no error names them.
+/// cluster (by name) the user may reach, as an ordinary proxied request; a LIST or WATCH of a
+/// merged kind spans every cluster of the kind the user's AccessPolicies allow it on. Clusters
+/// the user may not reach are left out without a word: no item and no error names them.
 #[allow(
     clippy::result_large_err,
     reason = "as `decide`: the refusal is as large as the decision"
@@ -243,41 +259,22 @@ where
 {
     let info = RequestInfo::parse(method, rest, query);
     let verb = info.metrics_verb();
-    // Whom the members would see, per cluster; the first refusal tells why none may be reached.
-    let mut refusal = None;
-    let mut decide_on = |cluster: &'t Arc<ClusterRoute>| {
-        if !cluster.impersonation && !cluster.pass_through {
-            if let Err(error) = auth::check_request(headers()) {
-                refusal.get_or_insert(Refused::from(error));
-                return None;
-            }
-        }
-        match auth::decide(table.access(), conn, cluster, &info, &headers) {
-            Ok(identity) => Some(identity),
-            Err(refused) => {
-                refusal.get_or_insert(Refused::by_policy(refused, None, None));
-                None
-            }
-        }
-    };
     if !info.is_resource_request {
         let mut names: Vec<&Arc<ClusterRoute>> = table.clusters().collect();
         names.sort_by(|a, b| a.name.cmp(&b.name));
-        for cluster in names {
-            if let Some(identity) = decide_on(cluster) {
-                return Ok(Decision::Proxy(Proxied {
-                    cluster,
-                    name: &cluster.name,
-                    rest,
-                    query,
-                    info,
-                    verb,
-                    long_running: info.long_running,
-                    identity,
-                }));
-            }
-        }
-        return Err(fleet_refusal(refusal, rest, &info));
+        let (mut allowed, refusal) =
+            fleet_members(table, conn, &info, names.into_iter(), 1, &headers);
+        let Some((cluster, identity)) = allowed.drain(..).next() else {
+            return Err(fleet_refusal(refusal, rest, &info));
+        };
+        return Ok(Decision::Proxy(Proxied::new(
+            cluster,
+            &cluster.name,
+            rest,
+            query,
+            info,
+            identity,
+        )));
     }
     let Some(kind) = table.fleet().kind(info.api_group, info.resource) else {
         return Err(GatewayError::FleetKindNotMerged {
@@ -293,8 +290,8 @@ where
         .into()
     };
     let named = match info.verb {
-        KubeVerb::List if method == b"GET" => false,
-        KubeVerb::Watch => return Err(unsupported("watch")),
+        // A LIST, or a WATCH (of a collection or of one name): merged from every member.
+        KubeVerb::List | KubeVerb::Watch if method == b"GET" => false,
         // A named object and its subresources (exec and the like are a create of one).
         KubeVerb::Get
         | KubeVerb::Update
@@ -313,14 +310,14 @@ where
         }
         _ => return Err(unsupported("this verb")),
     };
-    let mut members = Vec::with_capacity(kind.clusters.len());
-    for name in &kind.clusters {
-        if let Some(cluster) = table.cluster(name) {
-            if let Some(identity) = decide_on(cluster) {
-                members.push((cluster, identity));
-            }
-        }
-    }
+    let (members, refusal) = fleet_members(
+        table,
+        conn,
+        &info,
+        kind.clusters.iter().filter_map(|name| table.cluster(name)),
+        usize::MAX,
+        &headers,
+    );
     if members.is_empty() {
         return Err(fleet_refusal(refusal, rest, &info));
     }
@@ -340,20 +337,60 @@ where
     })
 }
 
+/// The clusters of `candidates` (in their order) the request may reach, at most `want` of them,
+/// each with the identity its member is told about, and the first refusal met (why none may be,
+/// if none may). Used when
+/// a fleet request is decided, and again by a merged watch when the routing table changes.
+#[allow(
+    clippy::result_large_err,
+    reason = "as `decide`: the refusal is as large as the decision"
+)]
+pub fn fleet_members<'t, 'h, F, H>(
+    table: &'t RouteTable,
+    conn: &ConnectionAuth,
+    info: &RequestInfo<'_>,
+    candidates: impl Iterator<Item = &'t Arc<ClusterRoute>>,
+    want: usize,
+    headers: &F,
+) -> (Vec<(&'t Arc<ClusterRoute>, Decided)>, Option<Refused<'t>>)
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let mut refusal = None;
+    let mut members = Vec::new();
+    for cluster in candidates {
+        if members.len() == want {
+            break;
+        }
+        if !cluster.impersonation && !cluster.pass_through {
+            if let Err(error) = auth::check_request(headers()) {
+                refusal.get_or_insert(Refused::from(error));
+                continue;
+            }
+        }
+        match auth::decide(table.access(), conn, cluster, info, headers) {
+            Ok(identity) => members.push((cluster, identity)),
+            Err(refused) => {
+                refusal.get_or_insert(Refused::by_policy(refused, None, None));
+            }
+        }
+    }
+    (members, refusal)
+}
+
 impl<'t> FleetRequest<'t> {
     /// The request as an ordinary one to `members[owner]`, the cluster that has its object.
     pub fn into_owner(mut self, owner: usize) -> Proxied<'t> {
         let (cluster, identity) = self.members.swap_remove(owner);
-        Proxied {
+        Proxied::new(
             cluster,
-            name: &cluster.name,
-            rest: self.rest,
-            query: self.query,
-            info: self.info,
-            verb: self.verb,
-            long_running: self.info.long_running,
+            &cluster.name,
+            self.rest,
+            self.query,
+            self.info,
             identity,
-        }
+        )
     }
 }
 

@@ -400,6 +400,7 @@ async fn proxy_stream(
     let no_connection_field = |_: &[u8]| false;
     let fleet_request = || fleet::ClientRequest {
         headers,
+        conn: conn_auth,
         connection_named: &no_connection_field,
         peer,
         limits: table.gateway().limits,
@@ -429,8 +430,17 @@ async fn proxy_stream(
                 respond: &mut *respond,
                 send: None,
             };
-            // Boxed: a fleet LIST's state (member pages in flight) would otherwise be part of
-            // every stream's future, watches included.
+            // Boxed: a fleet LIST's or WATCH's state (member pages or watches in flight) would
+            // otherwise be part of every stream's future.
+            if fleet.info.verb == fleetgate_config_watcher::request_info::KubeVerb::Watch {
+                return Box::pin(fleet::watch::watch(
+                    ctx,
+                    &fleet,
+                    &client_request,
+                    &mut client,
+                ))
+                .await;
+            }
             return Box::pin(fleet::list::list(ctx, &fleet, &client_request, &mut client)).await;
         }
         Ok(Decision::Health) => {
@@ -714,6 +724,15 @@ impl fleet::FleetClient for FleetStream<'_> {
         send_flow_controlled(send, piece, false)
             .await
             .map_err(|_| Failure::Abort("client reset the stream"))
+    }
+
+    async fn gone(&mut self) {
+        match self.send.as_mut() {
+            Some(send) => {
+                let _ = poll_fn(|cx| send.poll_reset(cx)).await;
+            }
+            None => std::future::pending().await,
+        }
     }
 
     async fn end(&mut self) -> Result<(), Failure> {

@@ -1,0 +1,835 @@
+//! A WATCH merged across the members of a fleet request, in one task.
+//!
+//! - **Members.** Each member the request spans is watched as the user ([`follow`]): its stream
+//!   is split into events, each parsed and handed to the merge through a bounded queue, so a
+//!   client that reads slowly slows the members down instead of growing a buffer. A member whose
+//!   watch ends (its own timeout, a closed connection) is watched again from the last
+//!   resourceVersion it sent; one that cannot be reached is tried again with backoff, from the
+//!   same place. Members are always asked for bookmarks, so that place stays recent.
+//! - **Merge.** Every event's object is stamped with its cluster (`page::stamp`: annotations, and
+//!   for a Table the CLUSTER cell) and its resourceVersion replaced by the composite one (each
+//!   member's latest, by cluster: `token::encode_versions`), so a client resumes the whole
+//!   watch from any event. A Table watch's column definitions go out once, CLUSTER first.
+//!   Bookmarks are forwarded (with the composite resourceVersion) when the client asked for
+//!   them; with `sendInitialEvents`, one `k8s.io/initial-events-end` bookmark follows the
+//!   initial events of every member.
+//! - **Membership.** The routing table is looked at again every [`RECHECK`] and whenever a
+//!   member's route is retired: a cluster that joins the merged kind (or that the user's
+//!   AccessPolicies now allow) is watched from its start, so its objects arrive as ADDED events
+//!   in the open watch; one that leaves ends its part. A member that becomes unreachable, comes
+//!   back, leaves or refuses the watch is told to a client that asked for bookmarks as a BOOKMARK
+//!   annotated `fleetgate.io/cluster-state` (other clients are not sent event types they did not
+//!   ask for; the gateway's log says it either way).
+//! - **Expiry.** A member answering 410 Gone (its resourceVersion expired) ends the whole watch
+//!   with that ERROR event, as kube-apiserver does: the client lists again.
+//!
+//! The watch ends at the client's `timeoutSeconds`, when the shard drains, or when the client
+//! goes away. Called by the front-ends for a [`FleetRequest`] whose verb is `watch`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use fleetgate_config_watcher::ClusterRoute;
+use futures_channel::mpsc;
+use futures_util::future::{AbortHandle, Abortable};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::SinkExt;
+use serde_json::{json, Map, Value};
+use tracing::{info, warn};
+
+use super::ask::{failed, open, Asked, Missed};
+use super::page::{cluster_column, stamp};
+use super::token::{decode_versions, encode_versions, query_value, rewrite_query};
+use super::{ClientRequest, FleetClient};
+use crate::auth::Decided;
+use crate::errors::GatewayError;
+use crate::exchange::relay::{relay, ClientEvent, Pace, ResponseSink};
+use crate::exchange::{self, Failure};
+use crate::request::{fleet_members, FleetRequest};
+use crate::runtime::{self, First, ShardContext};
+
+/// How often the routing table is looked at for clusters that joined or left.
+pub const RECHECK: Duration = Duration::from_secs(1);
+/// Events queued between the members and the client.
+const QUEUE: usize = 64;
+/// The longest event line read from a member.
+const MAX_EVENT_BYTES: usize = 16 << 20;
+const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+const BACKOFF_MOST: Duration = Duration::from_secs(30);
+/// The annotation on a bookmark that tells a cluster's part changed.
+pub const CLUSTER_STATE: &str = "fleetgate.io/cluster-state";
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// Where the client asked the watch to start.
+enum Start {
+    /// No resourceVersion: every member's objects as ADDED events, then changes.
+    Unset,
+    /// `0`: any recent state, as each member likes.
+    Any,
+    /// A composite resourceVersion: each member from its own (a member not in it, from its
+    /// start).
+    From(BTreeMap<String, String>),
+}
+
+/// Serves a merged WATCH.
+pub(crate) async fn watch<'h, F, H>(
+    ctx: &ShardContext,
+    request: &FleetRequest<'_>,
+    client_request: &ClientRequest<'_, F>,
+    client: &mut impl FleetClient,
+) -> Result<(), Failure>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let bad = |reason: &'static str| Failure::Answer(GatewayError::BadRequest { reason });
+    let start = match query_value(request.query, "resourceVersion").as_deref() {
+        None | Some("") => Start::Unset,
+        Some("0") => Start::Any,
+        Some(token) => Start::From(decode_versions(token).map_err(bad)?),
+    };
+    let timeout = match query_value(request.query, "timeoutSeconds").as_deref() {
+        None | Some("") | Some("0") => None,
+        Some(secs) => Some(Duration::from_secs(
+            secs.parse::<u64>()
+                .map_err(|_| bad("timeoutSeconds is not a whole number"))?
+                .min(u64::from(u32::MAX)),
+        )),
+    };
+    let flag = |key| query_value(request.query, key).is_some_and(|v| v == "true" || v == "1");
+    let bookmarks = flag("allowWatchBookmarks");
+    let initial_events = flag("sendInitialEvents");
+
+    client.head("application/json", &[]).await?;
+    let (notes, mut queue) = mpsc::channel::<Note>(QUEUE);
+    let mut merge = Merge {
+        versions: match &start {
+            Start::From(versions) => versions.clone(),
+            _ => BTreeMap::new(),
+        },
+        columns: None,
+        columns_sent: false,
+        bookmarks,
+        kind: request.kind.kind.clone(),
+        api_version: request.kind.group_version(),
+        initial_pending: None,
+    };
+    let mut parts = Parts {
+        following: BTreeMap::new(),
+        refused: BTreeSet::new(),
+        next_id: 0,
+        running: FuturesUnordered::new(),
+    };
+    let first_from = |cluster: &str| -> String {
+        match &start {
+            Start::Unset => String::new(),
+            Start::Any => "0".into(),
+            Start::From(versions) => versions.get(cluster).cloned().unwrap_or_default(),
+        }
+    };
+    for (cluster, identity) in &request.members {
+        let from = first_from(&cluster.name);
+        let id = parts.start(
+            ctx,
+            request,
+            client_request,
+            Arc::clone(cluster),
+            clone_decided(identity),
+            from,
+            &notes,
+        );
+        if initial_events {
+            merge
+                .initial_pending
+                .get_or_insert_with(BTreeSet::new)
+                .insert(id);
+        }
+    }
+    let mut table = ctx.table.load();
+    let mut recheck = Box::pin(runtime::sleep(RECHECK));
+    let mut ends: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> = match timeout {
+        Some(timeout) => Box::pin(runtime::sleep(timeout)),
+        None => Box::pin(std::future::pending()),
+    };
+    let mut drain = ctx.drain.started();
+
+    loop {
+        let running = &mut parts.running;
+        let member_ended = async {
+            if running.is_empty() {
+                std::future::pending().await
+            } else {
+                running.next().await
+            }
+        };
+        let members = runtime::race(queue.next(), member_ended);
+        let timers = runtime::race(&mut recheck, &mut ends);
+        let outside = runtime::race(&mut drain, client.gone());
+        let woke = runtime::race(runtime::race(members, timers), outside).await;
+        let mut look_again = false;
+        match woke {
+            First::Left(First::Left(First::Left(Some(note)))) => {
+                let Some(cluster) = parts.current(note.id) else {
+                    // From a part that has since ended.
+                    continue;
+                };
+                let out = match note.what {
+                    What::Event(event) => match merge.event(&cluster, event) {
+                        Ok(out) => out,
+                        Err(reason) => {
+                            warn!(cluster = %cluster, reason, "fleet watch: member's part ended");
+                            parts.end(&cluster, true);
+                            merge.left(note.id);
+                            merge.state(&cluster, "Refused")
+                        }
+                    },
+                    What::Down(reason) => {
+                        warn!(cluster = %cluster, %reason, "fleet watch: member unreachable; trying again");
+                        merge.state(&cluster, "Unreachable")
+                    }
+                    What::Up => {
+                        info!(cluster = %cluster, "fleet watch: member reachable again");
+                        merge.state(&cluster, "Reachable")
+                    }
+                };
+                for piece in out {
+                    client.body(piece).await?;
+                }
+                if let Some(piece) = merge.initial_events_end() {
+                    client.body(piece).await?;
+                }
+            }
+            // Every sender is held by `notes`: the queue never ends while the watch runs.
+            First::Left(First::Left(First::Left(None))) => {}
+            First::Left(First::Left(First::Right(ended))) => match ended {
+                Some(Ok(Ended::Expired(id, status))) => {
+                    if let Some(cluster) = parts.current(id) {
+                        client.body(merge.expired(&cluster, status)).await?;
+                        break;
+                    }
+                }
+                Some(Ok(Ended::Refused(id, reason))) => {
+                    if let Some(cluster) = parts.current(id) {
+                        warn!(cluster = %cluster, %reason, "fleet watch: member refused the watch");
+                        parts.end(&cluster, true);
+                        merge.left(id);
+                        for piece in merge.state(&cluster, "Refused") {
+                            client.body(piece).await?;
+                        }
+                    }
+                }
+                Some(Ok(Ended::Retired(id))) => {
+                    if let Some(cluster) = parts.current(id) {
+                        parts.end(&cluster, false);
+                        look_again = true;
+                    }
+                }
+                Some(Ok(Ended::QueueClosed)) | Some(Err(_)) | None => {}
+            },
+            First::Left(First::Right(First::Left(()))) => {
+                recheck = Box::pin(runtime::sleep(RECHECK));
+                let latest = ctx.table.load();
+                if !Rc::ptr_eq(&latest, &table) {
+                    table = latest;
+                    look_again = true;
+                }
+            }
+            // The client's timeoutSeconds: the watch ends cleanly.
+            First::Left(First::Right(First::Right(()))) => break,
+            First::Right(First::Left(())) => break,
+            First::Right(First::Right(())) => return Err(Failure::Abort("client went away")),
+        }
+        if look_again {
+            table = ctx.table.load();
+            let want = wanted(&table, request, client_request);
+            // Clusters that left the kind, the user's reach or the table.
+            let gone: Vec<String> = parts
+                .following
+                .keys()
+                .filter(|name| !want.iter().any(|(c, _)| *c.name == ***name))
+                .cloned()
+                .collect();
+            for cluster in gone {
+                info!(cluster = %cluster, "fleet watch: cluster left the view");
+                if let Some(id) = parts.end(&cluster, false) {
+                    merge.left(id);
+                }
+                merge.versions.remove(&cluster);
+                for piece in merge.state(&cluster, "Left") {
+                    client.body(piece).await?;
+                }
+            }
+            parts.refused.retain(|(name, route)| {
+                want.iter()
+                    .any(|(c, _)| *c.name == **name && c.id == *route)
+            });
+            for (cluster, identity) in want {
+                let same = parts
+                    .following
+                    .get(&*cluster.name)
+                    .is_some_and(|f| f.route.id == cluster.id);
+                if same
+                    || parts
+                        .refused
+                        .contains(&(cluster.name.to_string(), cluster.id))
+                {
+                    continue;
+                }
+                // A new cluster from its start; a changed route from where its part was.
+                let joined = !parts.following.contains_key(&*cluster.name);
+                parts.end(&cluster.name, false);
+                let from = merge
+                    .versions
+                    .get(&*cluster.name)
+                    .cloned()
+                    .unwrap_or_default();
+                let name = cluster.name.to_string();
+                parts.start(
+                    ctx,
+                    request,
+                    client_request,
+                    cluster,
+                    identity,
+                    from,
+                    &notes,
+                );
+                if joined {
+                    info!(cluster = %name, "fleet watch: cluster joined the view");
+                    for piece in merge.state(&name, "Joined") {
+                        client.body(piece).await?;
+                    }
+                }
+            }
+        }
+    }
+    drop(parts);
+    client.end().await
+}
+
+/// The clusters the request spans in `table` now, each with the identity its member is told
+/// about.
+fn wanted<'h, F, H>(
+    table: &fleetgate_config_watcher::RouteTable,
+    request: &FleetRequest<'_>,
+    client_request: &ClientRequest<'_, F>,
+) -> Vec<(Arc<ClusterRoute>, Decided)>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let info = &request.info;
+    let Some(kind) = table.fleet().kind(info.api_group, info.resource) else {
+        return Vec::new();
+    };
+    let (members, _) = fleet_members(
+        table,
+        client_request.conn,
+        info,
+        kind.clusters.iter().filter_map(|name| table.cluster(name)),
+        usize::MAX,
+        &client_request.headers,
+    );
+    members
+        .into_iter()
+        .map(|(cluster, identity)| (Arc::clone(cluster), identity))
+        .collect()
+}
+
+fn clone_decided(decided: &Decided) -> Decided {
+    Decided {
+        identity: decided.identity.clone(),
+        authenticated: decided.authenticated.clone(),
+        pass_through: decided.pass_through,
+    }
+}
+
+/// What a member's part hands the merge.
+struct Note {
+    /// The part it came from.
+    id: u64,
+    what: What,
+}
+
+enum What {
+    /// One event, parsed.
+    Event(Value),
+    /// The member could not be reached (its part is tried again).
+    Down(String),
+    /// It can be again.
+    Up,
+}
+
+/// How a member's part ended.
+enum Ended {
+    /// Its resourceVersion expired (410): the ERROR event's Status.
+    Expired(u64, Value),
+    /// It refused the watch with a 4xx other than 410 and 429 (say, its RBAC): not asked again.
+    Refused(u64, String),
+    /// Its route was retired (its cluster removed or changed): look at the table again.
+    Retired(u64),
+    /// The merge is gone.
+    QueueClosed,
+}
+
+type PartFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Ended> + 'a>>;
+
+/// The members being watched.
+struct Parts<'a> {
+    /// By cluster name: the part's id and route, and how to stop it.
+    following: BTreeMap<String, Following>,
+    /// Clusters (and the route) whose member refused the watch: not asked again until the route
+    /// changes.
+    refused: BTreeSet<(String, u64)>,
+    next_id: u64,
+    running: FuturesUnordered<Abortable<PartFuture<'a>>>,
+}
+
+struct Following {
+    id: u64,
+    route: Arc<ClusterRoute>,
+    abort: AbortHandle,
+}
+
+impl<'a> Parts<'a> {
+    /// The cluster of part `id`, if it is still followed.
+    fn current(&self, id: u64) -> Option<String> {
+        self.following
+            .iter()
+            .find(|(_, f)| f.id == id)
+            .map(|(name, _)| name.clone())
+    }
+
+    /// Stops following `cluster` (`refused`: and does not ask it again on this route); its id.
+    fn end(&mut self, cluster: &str, refused: bool) -> Option<u64> {
+        let following = self.following.remove(cluster)?;
+        following.abort.abort();
+        if refused {
+            self.refused
+                .insert((cluster.to_string(), following.route.id));
+        }
+        Some(following.id)
+    }
+
+    /// Starts following `cluster` from its resourceVersion `from` (empty: from its start); the
+    /// part's id.
+    #[allow(clippy::too_many_arguments, reason = "the part's whole context")]
+    fn start<'h, F, H>(
+        &mut self,
+        ctx: &'a ShardContext,
+        request: &'a FleetRequest<'a>,
+        client_request: &'a ClientRequest<'a, F>,
+        cluster: Arc<ClusterRoute>,
+        identity: Decided,
+        from: String,
+        notes: &mpsc::Sender<Note>,
+    ) -> u64
+    where
+        F: Fn() -> H + 'a,
+        H: Iterator<Item = (&'h [u8], &'h [u8])> + 'a,
+        'h: 'a,
+    {
+        let id = self.next_id;
+        self.next_id += 1;
+        let (abort, registration) = AbortHandle::new_pair();
+        self.following.insert(
+            cluster.name.to_string(),
+            Following {
+                id,
+                route: Arc::clone(&cluster),
+                abort,
+            },
+        );
+        let part = Part {
+            id,
+            cluster,
+            identity,
+            from,
+        };
+        let future: PartFuture<'a> =
+            Box::pin(follow(ctx, request, client_request, part, notes.clone()));
+        self.running.push(Abortable::new(future, registration));
+        id
+    }
+}
+
+/// One member's part of the watch.
+struct Part {
+    id: u64,
+    cluster: Arc<ClusterRoute>,
+    identity: Decided,
+    /// The resourceVersion to watch from (empty: from its start); then the last one it sent.
+    from: String,
+}
+
+/// Watches one member as the user, again and again, handing its events to the merge, until its
+/// resourceVersion expires, it refuses, its route is retired or the merge is gone.
+async fn follow<'h, F, H>(
+    ctx: &ShardContext,
+    request: &FleetRequest<'_>,
+    client_request: &ClientRequest<'_, F>,
+    mut part: Part,
+    mut notes: mpsc::Sender<Note>,
+) -> Ended
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let mut backoff = BACKOFF_FIRST;
+    let mut down = false;
+    let mut first = true;
+    loop {
+        let mut extra = vec![("allowWatchBookmarks", "true")];
+        if !part.from.is_empty() {
+            extra.push(("resourceVersion", part.from.as_str()));
+        }
+        // Asked again from a resourceVersion: not the initial events once more.
+        let mut drop_keys = vec!["resourceVersion", "timeoutSeconds", "allowWatchBookmarks"];
+        if !first {
+            drop_keys.extend(["sendInitialEvents", "resourceVersionMatch"]);
+        }
+        let query = rewrite_query(request.query, &drop_keys, &extra);
+        let asked = Asked {
+            rest: request.rest,
+            query: &query,
+            verb: request.verb,
+        };
+        let opened = open(
+            ctx,
+            &asked,
+            client_request,
+            &part.cluster,
+            &part.identity,
+            true,
+        )
+        .await;
+        let failure = match opened {
+            Ok((mut answer, response)) if response.code == 200 => {
+                if std::mem::take(&mut down) && note(&mut notes, part.id, What::Up).await.is_err() {
+                    return Ended::QueueClosed;
+                }
+                backoff = BACKOFF_FIRST;
+                first = false;
+                let mut lines = Lines {
+                    notes: &mut notes,
+                    part: &mut part,
+                    partial: BytesMut::new(),
+                    expired: None,
+                };
+                let relayed = relay(&mut answer, &mut lines, Pace::LongRunning).await;
+                if let Some(status) = lines.expired.take() {
+                    return Ended::Expired(part.id, status);
+                }
+                if notes.is_closed() {
+                    return Ended::QueueClosed;
+                }
+                match relayed {
+                    Ok(complete) => {
+                        exchange::finish(ctx, answer, complete);
+                        if part.cluster.retirement.is_retired() {
+                            return Ended::Retired(part.id);
+                        }
+                        // The member ended its watch (its own timeout): watch it again.
+                        continue;
+                    }
+                    Err(failure) => failed(failure),
+                }
+            }
+            Ok((_, response)) => Missed::Answered(response.code, String::new()),
+            Err(missed) => missed,
+        };
+        match failure {
+            Missed::Answered(410, _) => {
+                return Ended::Expired(part.id, expired_status(&part.from));
+            }
+            Missed::Answered(code, _) if (400..500).contains(&code) && code != 429 => {
+                return Ended::Refused(part.id, format!("it answered {code}"));
+            }
+            missed => {
+                if part.cluster.retirement.is_retired() {
+                    return Ended::Retired(part.id);
+                }
+                if !std::mem::replace(&mut down, true)
+                    && note(
+                        &mut notes,
+                        part.id,
+                        What::Down(missed.warning(&part.cluster.name)),
+                    )
+                    .await
+                    .is_err()
+                {
+                    return Ended::QueueClosed;
+                }
+                runtime::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MOST);
+            }
+        }
+    }
+}
+
+async fn note(notes: &mut mpsc::Sender<Note>, id: u64, what: What) -> Result<(), ()> {
+    notes.send(Note { id, what }).await.map_err(|_| ())
+}
+
+/// The Status of a 410 a member answered with a head rather than an ERROR event.
+fn expired_status(from: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("too old resource version: {from}"),
+        "reason": "Expired",
+        "code": 410
+    })
+}
+
+/// A member's watch body split into events (one JSON object per line), each parsed and queued.
+struct Lines<'p> {
+    notes: &'p mut mpsc::Sender<Note>,
+    part: &'p mut Part,
+    partial: BytesMut,
+    /// The member's ERROR event said 410: the Status.
+    expired: Option<Value>,
+}
+
+impl Lines<'_> {
+    async fn line(&mut self, line: &[u8]) -> Result<(), Failure> {
+        let line = line.trim_ascii();
+        if line.is_empty() {
+            return Ok(());
+        }
+        let event: Value = serde_json::from_slice(line)
+            .map_err(|_| Failure::Abort("a member's watch event is not JSON"))?;
+        let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
+        if kind == "ERROR" {
+            let status = event.get("object").cloned().unwrap_or(Value::Null);
+            if status.get("code").and_then(Value::as_u64) == Some(410) {
+                self.expired = Some(status);
+                return Err(Failure::Abort("a member's resourceVersion expired"));
+            }
+            return Err(Failure::Abort("a member's watch ended with an error"));
+        }
+        if let Some(version) = event_version(&event) {
+            self.part.from = version.to_owned();
+        }
+        self.notes
+            .send(Note {
+                id: self.part.id,
+                what: What::Event(event),
+            })
+            .await
+            .map_err(|_| Failure::Abort("fleet watch ended"))
+    }
+}
+
+impl ResponseSink for Lines<'_> {
+    fn decodes_chunks(&self) -> bool {
+        true
+    }
+
+    async fn send(&mut self, piece: Bytes) -> Result<(), Failure> {
+        let mut rest = &piece[..];
+        while let Some(end) = memchr::memchr(b'\n', rest) {
+            let (line, after) = rest.split_at(end + 1);
+            rest = after;
+            if self.partial.is_empty() {
+                self.line(line).await?;
+            } else {
+                let mut whole = std::mem::take(&mut self.partial);
+                whole.extend_from_slice(line);
+                self.line(&whole).await?;
+            }
+        }
+        if self.partial.len() + rest.len() > MAX_EVENT_BYTES {
+            return Err(Failure::Abort("a member's watch event is too large"));
+        }
+        self.partial.extend_from_slice(rest);
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), Failure> {
+        Ok(())
+    }
+
+    async fn end(&mut self) -> Result<(), Failure> {
+        let last = std::mem::take(&mut self.partial);
+        self.line(&last).await
+    }
+
+    async fn end_early(&mut self, _last_chunk: bool) -> Result<(), Failure> {
+        Ok(())
+    }
+
+    async fn client_event(&mut self) -> ClientEvent {
+        // The client is the merge's to watch.
+        std::future::pending().await
+    }
+}
+
+/// The resourceVersion an event carries (a Table's own, for a Table watch).
+fn event_version(event: &Value) -> Option<&str> {
+    event
+        .get("object")?
+        .get("metadata")?
+        .get("resourceVersion")?
+        .as_str()
+        .filter(|v| !v.is_empty())
+}
+
+/// The merged stream's state: each member's latest resourceVersion and a Table's columns.
+struct Merge {
+    versions: BTreeMap<String, String>,
+    /// The first member's Table column definitions (without CLUSTER).
+    columns: Option<Value>,
+    columns_sent: bool,
+    /// The client asked for bookmarks.
+    bookmarks: bool,
+    kind: String,
+    api_version: String,
+    /// `sendInitialEvents`: the parts whose initial events have not ended yet.
+    initial_pending: Option<BTreeSet<u64>>,
+}
+
+impl Merge {
+    /// One member event as the client gets it (nothing for a bookmark it did not ask for); an
+    /// error ends that member's part.
+    fn event(&mut self, cluster: &str, mut event: Value) -> Result<Vec<Bytes>, &'static str> {
+        if let Some(version) = event_version(&event) {
+            self.versions.insert(cluster.to_owned(), version.to_owned());
+        }
+        let composite = Value::String(encode_versions(&self.versions));
+        let bookmark = event.get("type").and_then(Value::as_str) == Some("BOOKMARK");
+        let Some(Value::Object(object)) = event.get_mut("object") else {
+            return Err("a member's watch event has no object");
+        };
+        if bookmark {
+            let initial_end = object
+                .get("metadata")
+                .and_then(|m| m.get("annotations"))
+                .and_then(|a| a.get(INITIAL_EVENTS_END))
+                .is_some();
+            if initial_end {
+                // One for the merged watch, once every member's initial events are out.
+                return Ok(Vec::new());
+            }
+            if !self.bookmarks {
+                return Ok(Vec::new());
+            }
+            set_version(object, &composite);
+            return Ok(vec![line(&event)]);
+        }
+        if object.get("kind").and_then(Value::as_str) == Some("Table") {
+            match object.get_mut("columnDefinitions") {
+                Some(Value::Array(columns)) if !columns.is_empty() => {
+                    let columns = Value::Array(std::mem::take(columns));
+                    match &self.columns {
+                        None => self.columns = Some(columns),
+                        Some(first) if *first != columns => {
+                            return Err("its Table columns differ from the first member's");
+                        }
+                        Some(_) => {}
+                    }
+                }
+                _ => {}
+            }
+            let definitions = if std::mem::replace(&mut self.columns_sent, true) {
+                Vec::new()
+            } else {
+                let mut all = vec![cluster_column()];
+                if let Some(Value::Array(columns)) = &self.columns {
+                    all.extend(columns.iter().cloned());
+                }
+                all
+            };
+            object.insert("columnDefinitions".into(), Value::Array(definitions));
+            set_version(object, &composite);
+            if let Some(Value::Array(rows)) = object.get_mut("rows") {
+                for row in rows {
+                    stamp(row, cluster, true);
+                    if let Some(Value::Object(inner)) = row.get_mut("object") {
+                        set_version(inner, &composite);
+                    }
+                }
+            }
+        } else {
+            let mut stamped = Value::Object(std::mem::take(object));
+            stamp(&mut stamped, cluster, false);
+            if let Value::Object(stamped) = stamped {
+                *object = stamped;
+            }
+            set_version(object, &composite);
+        }
+        Ok(vec![line(&event)])
+    }
+
+    /// Part `id` ended: its initial events are not waited for.
+    fn left(&mut self, id: u64) {
+        if let Some(pending) = &mut self.initial_pending {
+            pending.remove(&id);
+        }
+    }
+
+    /// The merged `k8s.io/initial-events-end` bookmark, once every member's initial events are
+    /// out (asked with `sendInitialEvents`).
+    fn initial_events_end(&mut self) -> Option<Bytes> {
+        if !self
+            .initial_pending
+            .as_ref()
+            .is_some_and(BTreeSet::is_empty)
+        {
+            return None;
+        }
+        self.initial_pending = None;
+        let mut object = self.bookmark_object();
+        object["metadata"]["annotations"] = json!({ INITIAL_EVENTS_END: "true" });
+        Some(line(&json!({"type": "BOOKMARK", "object": object})))
+    }
+
+    /// A BOOKMARK telling a client that asked for bookmarks what became of `cluster`'s part.
+    fn state(&self, cluster: &str, state: &str) -> Vec<Bytes> {
+        if !self.bookmarks {
+            return Vec::new();
+        }
+        let mut object = self.bookmark_object();
+        object["metadata"]["annotations"] = json!({
+            super::page::CLUSTER_ANNOTATIONS[0]: cluster,
+            CLUSTER_STATE: state,
+        });
+        vec![line(&json!({"type": "BOOKMARK", "object": object}))]
+    }
+
+    fn bookmark_object(&self) -> Value {
+        json!({
+            "kind": self.kind,
+            "apiVersion": self.api_version,
+            "metadata": {"resourceVersion": encode_versions(&self.versions)},
+        })
+    }
+
+    /// The ERROR event that ends the watch when `cluster`'s resourceVersion expired.
+    fn expired(&self, cluster: &str, mut status: Value) -> Bytes {
+        if let Some(Value::String(message)) = status.get_mut("message") {
+            *message = format!("cluster {cluster}: {message}");
+        }
+        line(&json!({"type": "ERROR", "object": status}))
+    }
+}
+
+fn set_version(object: &mut Map<String, Value>, composite: &Value) {
+    let metadata = object
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Value::Object(metadata) = metadata {
+        metadata.insert("resourceVersion".into(), composite.clone());
+    }
+}
+
+/// One event as a line of the merged stream.
+fn line(event: &Value) -> Bytes {
+    let mut out = serde_json::to_vec(event).unwrap_or_default();
+    out.push(b'\n');
+    Bytes::from(out)
+}
