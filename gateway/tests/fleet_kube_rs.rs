@@ -1,6 +1,7 @@
 //! kube-rs against the fleet view: a typed LIST of every member's ConfigMaps through the `fleet`
 //! context, paged with `limit` / `continue` across clusters, equals the members' own lists, each
-//! object stamped with its cluster; a named object is read from the member that has it.
+//! object stamped with its cluster; a named object is read from the member that has it; a
+//! kube-rs watcher (an informer's list-then-watch) follows every member.
 
 mod support;
 
@@ -101,4 +102,82 @@ async fn lists_and_reads(fleet: &Fleet) {
         .await
         .expect("read through the fleet view");
     assert_eq!(read.metadata.name.as_deref(), Some("kube-rs-only"));
+}
+
+#[test]
+fn a_kube_rs_watcher_follows_every_member() {
+    let mut fleet = Fleet::sim(2, 2);
+    fleet.serve(&["--workers", "1"], None);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(watches(&fleet));
+}
+
+async fn watches(fleet: &Fleet) {
+    use futures_util::TryStreamExt as _;
+    use kube::runtime::watcher::{self, Event};
+
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
+    let mut want = BTreeSet::new();
+    for member in ["member1", "member2"] {
+        let api = Api::<ConfigMap>::all(client(fleet, member).await);
+        want.extend(all(&api, 500, Some(member)).await);
+    }
+    let key = |cm: &ConfigMap| {
+        (
+            cm.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("fleetgate.io/cluster"))
+                .cloned()
+                .expect("stamped with its cluster"),
+            cm.metadata.namespace.clone().unwrap_or_default(),
+            cm.metadata.name.clone().unwrap_or_default(),
+        )
+    };
+    let merged = Api::<ConfigMap>::all(client(fleet, "fleet").await);
+    let stream = watcher::watcher(merged, watcher::Config::default());
+    let mut stream = std::pin::pin!(stream);
+    let mut next = async || {
+        tokio::time::timeout(WITHIN, stream.try_next())
+            .await
+            .expect("an event in time")
+            .expect("no watcher error")
+            .expect("the stream goes on")
+    };
+    // The initial list: every member's objects.
+    let mut initial = BTreeSet::new();
+    loop {
+        match next().await {
+            Event::Init => {}
+            Event::InitApply(cm) => {
+                initial.insert(key(&cm));
+            }
+            Event::InitDone => break,
+            other => panic!("before the initial list ended: {other:?}"),
+        }
+    }
+    assert_eq!(initial, want);
+    // Then the changes, from either member.
+    let made = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("kube-rs-watched".into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    Api::<ConfigMap>::namespaced(client(fleet, "member2").await, "default")
+        .create(&PostParams::default(), &made)
+        .await
+        .expect("create in member2");
+    loop {
+        if let Event::Apply(cm) = next().await {
+            if cm.metadata.name.as_deref() == Some("kube-rs-watched") {
+                assert_eq!(key(&cm).0, "member2");
+                break;
+            }
+        }
+    }
 }

@@ -1,11 +1,12 @@
 """The Python `kubernetes` client (HTTP/1.1) against the fleet view of `fleetgate demo`: the
 `fleet` context lists every member's objects, each stamped with its cluster, pages across
-clusters with `limit` / `_continue`, and reads a named object from the one member that has it."""
+clusters with `limit` / `_continue`, reads a named object from the one member that has it, and
+watches the whole fleet from a list's resourceVersion."""
 
 import uuid
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 
@@ -57,3 +58,24 @@ def test_a_named_object_is_read_from_its_owner(demo):
     with pytest.raises(ApiException) as err:
         fleet.read_namespaced_config_map(f"{name}-nowhere", "default")
     assert err.value.status == 404
+
+
+def test_a_watch_follows_every_member_from_a_lists_resource_version(demo):
+    fleet = api(demo, "fleet")
+    listed = fleet.list_config_map_for_all_namespaces()
+    names = {member: f"py-watch-{member}-{uuid.uuid4().hex[:6]}" for member in ["member1", "member2"]}
+    for member, name in names.items():
+        api(demo, member).create_namespaced_config_map(
+            "default", client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name)))
+    seen = {}
+    # Bounded by the watch's own timeout: the gateway ends it after 20 s at most.
+    for event in watch.Watch().stream(fleet.list_config_map_for_all_namespaces,
+                                      resource_version=listed.metadata.resource_version,
+                                      timeout_seconds=20):
+        obj = event["object"]
+        if obj.metadata.name in names.values():
+            assert event["type"] == "ADDED"
+            seen[obj.metadata.name] = obj.metadata.annotations["fleetgate.io/cluster"]
+        if len(seen) == len(names):
+            break
+    assert seen == {name: member for member, name in names.items()}

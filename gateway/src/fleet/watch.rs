@@ -222,10 +222,10 @@ where
                     }
                 }
                 Some(Ok(Ended::Retired(id))) => {
-                    if let Some(cluster) = parts.current(id) {
-                        parts.end(&cluster, false);
-                        look_again = true;
-                    }
+                    // Still followed (by name) until the table is looked at: the cluster left,
+                    // or its route changed and its part goes on from where it was. The table
+                    // holding the new route is published before the old one is retired.
+                    look_again = parts.current(id).is_some();
                 }
                 Some(Ok(Ended::QueueClosed)) | Some(Err(_)) | None => {}
             },

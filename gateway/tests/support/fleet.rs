@@ -135,7 +135,13 @@ pub fn loadtest_binary() -> PathBuf {
 
 /// Starts `fleetgate-loadtest sim` writing its files to `dir`, its gateway to bind a free port,
 /// and waits for its `ready` line (the sim's readiness signal).
-fn spawn_sim(dir: &Path, log: &Path, clusters: usize, objects: usize) -> KillOnDrop {
+fn spawn_sim(
+    dir: &Path,
+    log: &Path,
+    clusters: usize,
+    objects: usize,
+    extra: &[&str],
+) -> KillOnDrop {
     let log = std::fs::File::create(log).unwrap();
     let mut child = KillOnDrop(
         Command::new(loadtest_binary())
@@ -145,6 +151,7 @@ fn spawn_sim(dir: &Path, log: &Path, clusters: usize, objects: usize) -> KillOnD
             .args(["--clusters", &clusters.to_string()])
             .args(["--objects", &objects.to_string()])
             .args(["--gateway-listen", UNBOUND_GATEWAY])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -229,6 +236,12 @@ impl Fleet {
     /// Like [`Fleet::sim`], with the fleet's files in `subdir` of the temporary directory
     /// (tests that write their own gateway configuration beside it).
     pub fn sim_in(subdir: &str, clusters: usize, objects: usize) -> Fleet {
+        Fleet::sim_with(subdir, clusters, objects, &[])
+    }
+
+    /// Like [`Fleet::sim_in`], with more arguments for `fleetgate-loadtest sim` (say, a short
+    /// `--history-window`).
+    pub fn sim_with(subdir: &str, clusters: usize, objects: usize, extra: &[&str]) -> Fleet {
         let dir = tempfile::tempdir().unwrap();
         let fleet_dir = dir.path().join(subdir);
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -236,7 +249,13 @@ impl Fleet {
             .enable_all()
             .build()
             .unwrap();
-        let sim = spawn_sim(&fleet_dir, &dir.path().join("sim.log"), clusters, objects);
+        let sim = spawn_sim(
+            &fleet_dir,
+            &dir.path().join("sim.log"),
+            clusters,
+            objects,
+            extra,
+        );
         let kubeconfig_template =
             std::fs::read_to_string(fleet_dir.join("gateway.kubeconfig")).unwrap();
         Fleet {
