@@ -147,8 +147,16 @@ fn is_state(event: &Value, cluster: &str, state: &str) -> bool {
 
 /// `kubectl --context fleet ARGS` running (killed when dropped), and its stdout line by line.
 fn kubectl_lines(fleet: &Fleet, args: &[&str]) -> (KillOnDrop, Receiver<String>) {
+    kubectl_lines_with(&fleet.gateway_kubeconfig(), "fleet", args)
+}
+
+fn kubectl_lines_with(
+    kubeconfig: &std::path::Path,
+    context: &str,
+    args: &[&str],
+) -> (KillOnDrop, Receiver<String>) {
     let mut child = KillOnDrop(
-        kubectl_command(&fleet.gateway_kubeconfig(), "fleet")
+        kubectl_command(kubeconfig, context)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -169,7 +177,7 @@ fn kubectl_lines(fleet: &Fleet, args: &[&str]) -> (KillOnDrop, Receiver<String>)
 
 #[test]
 fn kubectl_get_w_follows_every_member_with_a_cluster_column() {
-    let mut fleet = Fleet::sim(3, 1);
+    let mut fleet = Fleet::sim(10, 1);
     fleet.serve(&["--workers", "2"], None);
     let (_kubectl, rows) = kubectl_lines(&fleet, &["get", "pods", "-A", "-w"]);
     let next_row = || {
@@ -181,16 +189,15 @@ fn kubectl_get_w_follows_every_member_with_a_cluster_column() {
     assert_eq!(columns[..3], ["NAMESPACE", "CLUSTER", "NAME"], "{header}");
     // The listed pods of every member, then the watch.
     let mut clusters = BTreeSet::new();
-    while clusters.len() < 3 {
+    while clusters.len() < 10 {
         let row = next_row();
         clusters.insert(row.split_whitespace().nth(1).unwrap().to_owned());
     }
     assert_eq!(
         clusters,
-        ["member1", "member2", "member3"]
-            .map(String::from)
-            .into_iter()
-            .collect()
+        (1..=10)
+            .map(|k| format!("member{k}"))
+            .collect::<BTreeSet<_>>()
     );
     // A pod created in member2 (through its own context) shows up in the open watch.
     fleet.kubectl_ok(
@@ -510,4 +517,79 @@ fn each_users_watch_spans_only_the_clusters_their_policies_allow() {
     }
     let seen: BTreeSet<String> = seen.into_iter().map(|(_, n)| n).collect();
     assert!(!seen.contains("new-in-member2"));
+}
+
+#[test]
+fn a_karmada_style_kubeconfig_lists_and_watches_through_the_karmada_search_path() {
+    let mut fleet = Fleet::sim(2, 1);
+    fleet.serve(&["--workers", "1"], None);
+    // A kubeconfig as a Karmada user has it for karmada-search: one cluster whose server is the
+    // proxying path, the fleet's credentials.
+    let gateway: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(fleet.gateway_kubeconfig()).unwrap())
+            .unwrap();
+    let named = |list: &str, name: &str| -> serde_yaml::Value {
+        gateway[list]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {list}"))
+            .clone()
+    };
+    let context = named("contexts", "fleet");
+    let mut cluster = named("clusters", context["context"]["cluster"].as_str().unwrap());
+    let user = named("users", context["context"]["user"].as_str().unwrap());
+    let server = format!(
+        "https://{}/apis/search.karmada.io/v1alpha1/proxying/karmada/proxy",
+        fleet.https()
+    );
+    cluster["cluster"]["server"] = server.into();
+    cluster["name"] = "karmada-apiserver".into();
+    let karmada = serde_yaml::to_string(&serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [cluster],
+        "users": [user],
+        "contexts": [{"name": "karmada-apiserver", "context": {
+            "cluster": "karmada-apiserver", "user": context["context"]["user"]}}],
+        "current-context": "karmada-apiserver",
+    }))
+    .unwrap();
+    let kubeconfig = fleet.path("karmada.kubeconfig");
+    std::fs::write(&kubeconfig, karmada).unwrap();
+
+    let listed = support::kubectl::succeeded(
+        support::kubectl::kubectl(&kubeconfig, "karmada-apiserver", &["get", "pods", "-A"]),
+        "list through karmada-search's path",
+        &fleet.log_tail(20),
+    );
+    let clusters: BTreeSet<&str> = listed
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(clusters, ["member1", "member2"].into_iter().collect());
+
+    let (_kubectl, rows) = kubectl_lines_with(
+        &kubeconfig,
+        "karmada-apiserver",
+        &["get", "pods", "-A", "-w"],
+    );
+    // Header and the two listed pods, then a new one from member1.
+    for _ in 0..3 {
+        rows.recv_timeout(WITHIN).expect("the listed pods");
+    }
+    fleet.kubectl_ok(
+        "member1",
+        &["run", "karmada-watched", "--image=busybox", "-n", "default"],
+    );
+    loop {
+        let row = rows.recv_timeout(WITHIN).expect("the new pod");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        if cells.get(2) == Some(&"karmada-watched") {
+            assert_eq!(cells[1], "member1", "{row}");
+            break;
+        }
+    }
 }
