@@ -4,7 +4,8 @@
 //! told about and comes back without losing its events; a cluster that joins the view appears in
 //! the open watch as ADDED events and one that leaves ends its part, the watch staying open; a
 //! member's expired resourceVersion ends the watch with a 410 ERROR event, as kube-apiserver's;
-//! each user's watch spans only the clusters their AccessPolicies allow.
+//! each user's watch spans only the clusters their AccessPolicies allow. And a LIST whose member
+//! dies after the head went out is cut rather than silently short (the next one names it).
 
 mod support;
 
@@ -592,4 +593,67 @@ fn a_karmada_style_kubeconfig_lists_and_watches_through_the_karmada_search_path(
             break;
         }
     }
+}
+
+#[test]
+fn a_list_whose_member_dies_after_the_head_is_cut_and_the_next_one_names_it() {
+    // Each member has 2000 ConfigMaps, read ten a page: member1's part takes 200 member requests
+    // before member2's, which is reached through a relay the test cuts as soon as the head
+    // arrived.
+    let mut fleet = Fleet::sim(2, 2000);
+    let gateway = fleet.fleet_path("gateway.yaml");
+    let yaml = std::fs::read_to_string(&gateway).unwrap();
+    assert!(yaml.contains("\nspec:\n"), "{yaml}");
+    std::fs::write(
+        &gateway,
+        yaml.replace("\nspec:\n", "\nspec:\n  fleet: {pageSize: 10}\n"),
+    )
+    .unwrap();
+    let member2 = server_of(&fleet, "member2");
+    let relay = Relay::start(
+        &fleet,
+        member2.trim_start_matches("https://").parse().unwrap(),
+    );
+    repoint(&fleet, "member2", &format!("https://{}", relay.addr));
+    fleet.serve(&["--workers", "1"], None);
+
+    let addrs = fleet.addrs();
+    let (head, head_seen) = std::sync::mpsc::channel();
+    let (cut, cut_done) = tokio::sync::oneshot::channel::<()>();
+    let body = fleet.runtime.spawn(async move {
+        let mut sender = Sender::connect(&addrs, false).await.unwrap();
+        let response = sender
+            .send("GET", "/fleet/api/v1/configmaps", "")
+            .await
+            .unwrap();
+        head.send(response.status().as_u16()).unwrap();
+        // The body is read only once the member is gone.
+        let _ = cut_done.await;
+        response
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes().len())
+    });
+    assert_eq!(head_seen.recv_timeout(WITHIN).unwrap(), 200);
+    relay.cut();
+    cut.send(()).unwrap();
+    let read = fleet.runtime.block_on(body).unwrap();
+    assert!(
+        read.is_err(),
+        "a list short of member2's objects ended as if complete ({read:?} bytes)"
+    );
+
+    // The next list names member2 in a Warning and has member1's objects.
+    let out = fleet.kubectl_output("fleet", &["get", "configmaps", "-A", "-o", "name"]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}\n{}", fleet.log_tail(20));
+    assert!(
+        stderr.contains("Warning") && stderr.contains("member2"),
+        "{stderr}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).lines().count() >= 2000,
+        "member1's objects"
+    );
 }

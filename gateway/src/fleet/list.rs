@@ -14,8 +14,9 @@
 //!    token names the cluster and that member's own continue token (or the next member from its
 //!    start). The resourceVersion is composite: each member's, by cluster.
 //!
-//! A member that fails after the head went out ends its part there (logged; the head can no
-//! longer say so).
+//! A member that fails after the head went out (asked twice) cuts the response: the head can no
+//! longer name it, and a list silently short of its objects would tell an informer they were
+//! deleted. The client's next list finds it at the probe and names it in a `Warning`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -187,22 +188,17 @@ where
                 break;
             }
             let ask = remaining.min(request.settings.page_size);
-            page = match fetch(
-                ctx,
-                request,
-                client_request,
-                cluster,
-                identity,
-                ask,
-                &page.continue_token,
-            )
-            .await
-            {
+            let from = std::mem::take(&mut page.continue_token);
+            let fetch_page = || fetch(ctx, request, client_request, cluster, identity, ask, &from);
+            // Once more on a failure (a member's connection may have been closed under us); then
+            // the response is cut: its head went out, and a list silently short of a member's
+            // objects would tell an informer they were deleted.
+            page = match fetch_page().await {
                 Ok(page) => page,
-                Err(missed) => {
-                    warn!(warning = %missed.warning(&cluster.name), "fleet list cut short");
-                    break;
-                }
+                Err(_) => fetch_page().await.map_err(|missed| {
+                    warn!(warning = %missed.warning(&cluster.name), "fleet list cut: a member failed after the head went out");
+                    Failure::Abort("a member failed in the middle of a fleet list")
+                })?,
             };
         }
         if remaining == 0 {
