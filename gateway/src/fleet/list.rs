@@ -73,11 +73,20 @@ where
     }
     // The members from where this page starts: a continue token's cluster (or, if it left the
     // fleet since, the next one by name) resumes at its own continue token.
-    let members: Vec<&(&Arc<ClusterRoute>, Decided)> = request
+    let mut members: Vec<&(&Arc<ClusterRoute>, Decided)> = request
         .members
         .iter()
         .filter(|(c, _)| start.as_ref().is_none_or(|s| *c.name >= *s.cluster))
         .collect();
+    // A page of a paged list spans at most one batch of members: each page probes a bounded
+    // number of members (not every member after the cursor, page after page), and a member of a
+    // later batch that fails is named by the page that reaches it. The page may then hold fewer
+    // than `limit` objects, with a continue token, as kube allows.
+    let mut beyond = None;
+    if limit.is_some() && members.len() > request.settings.members_at_once {
+        beyond = Some(members[request.settings.members_at_once].0.name.to_string());
+        members.truncate(request.settings.members_at_once);
+    }
     let resume = |cluster: &ClusterRoute| {
         start
             .as_ref()
@@ -211,6 +220,13 @@ where
             }
             break;
         }
+    }
+    if next.is_none() {
+        // The batch ended before the page was full: the next page starts at the next batch.
+        next = beyond.map(|cluster| Continue {
+            cluster,
+            member: String::new(),
+        });
     }
     out.raw(b"],\"metadata\":{\"resourceVersion\":");
     out.json(&Value::String(encode_versions(&versions)));
