@@ -1,7 +1,7 @@
-//! The Kubernetes API source: follows `fleetgate.io/v1alpha1` Clusters, Gateways and
-//! AccessPolicies, Karmada `cluster.karmada.io/v1alpha1` Clusters and the Secrets they reference in
-//! a management cluster, and publishes a routing table through a [`TablePublisher`] on every
-//! change.
+//! The Kubernetes API source: follows `fleetgate.io/v1alpha1` Clusters, Gateways,
+//! AccessPolicies and FleetResources, Karmada `cluster.karmada.io/v1alpha1` Clusters and the
+//! Secrets they reference, and Karmada `search.karmada.io/v1alpha1` ResourceRegistries in a
+//! management cluster, and publishes a routing table through a [`TablePublisher`] on every change.
 //!
 //! kube-rs needs tokio; the shards run monoio. So the source runs on a thread of its own with a
 //! current-thread tokio runtime, one kube-rs runtime watcher per kind feeding one channel, and the
@@ -14,9 +14,16 @@
 //! `Apply`, `Delete` and re-list rebuilds the configuration; events already queued are applied
 //! first, so a burst costs one rebuild.
 //!
-//! Each fleetgate Cluster object gets a `Ready` condition in its status: `True` when the serving
-//! table holds it as written, `False` with the validation message (or the other object that made
-//! the change fail). Karmada's objects are never written to.
+//! FleetResources and ResourceRegistries say which kinds the fleet view merges; they are read as
+//! the file source reads them (`fleet::FleetSource`) and resolved against the clusters when the
+//! table is built, so a bad one is rejected like a bad Cluster. Their kinds are optional: a
+//! management cluster that does not serve them (no CRD: karmada-search is an optional Karmada
+//! component, and a gateway may be upgraded before `deploy/crds.yaml` is applied) simply has none,
+//! and readiness does not fail for it. Every other kind that is not served fails `/readyz`.
+//!
+//! Each fleetgate Cluster and FleetResource object gets a `Ready` condition in its status: `True`
+//! when the serving table holds it as written, `False` with the validation message (or the other
+//! object that made the change fail). Karmada's objects are never written to.
 //!
 //! Objects read from the API may not name local files (`caFile`, `tokenFile`, ...): a management
 //! cluster's user must not make the gateway read its own files and send them to a server of their
@@ -34,22 +41,27 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::error::ConfigError;
+use crate::fleet::{FleetSource, ResourceRegistryObject};
 use crate::karmada::{
     karmada_cluster_config, KarmadaClusterObject, SecretData, SecretObject, KARMADA_API_VERSION,
     KARMADA_CLUSTER_KIND,
 };
-use crate::load::{check_unique_names, resolve_cluster, resolve_gateway};
-use crate::objects::{AccessPolicyObject, ClusterObject, GatewayObject, API_VERSION};
+use crate::load::{check_unique_names, resolve_cluster, resolve_gateway, FindSecret};
+use crate::objects::{
+    AccessPolicyObject, ClusterObject, FleetResourceObject, GatewayObject, API_VERSION,
+};
 use crate::reload::TablePublisher;
 use crate::settings::{Config, GatewaySettings};
 
 /// What the API source follows.
 #[derive(Debug, Clone)]
 pub struct KubeSourceOptions {
-    /// `fleetgate.io/v1alpha1` Clusters, Gateways and AccessPolicies (their CRDs must exist).
+    /// `fleetgate.io/v1alpha1` Clusters, Gateways and AccessPolicies (their CRDs must exist), and
+    /// FleetResources (when their CRD exists).
     pub fleetgate: bool,
     /// Karmada `cluster.karmada.io/v1alpha1` Clusters and the Secrets they reference (the CRD
-    /// must exist).
+    /// must exist), and `search.karmada.io/v1alpha1` ResourceRegistries (when karmada-search
+    /// serves them).
     pub karmada: bool,
     /// Where referenced Secrets live; `None` watches Secrets in every namespace (which needs
     /// cluster-wide `list`/`watch` on secrets). Karmada keeps them in `karmada-cluster`.
@@ -128,7 +140,9 @@ enum Kind {
     Cluster,
     Gateway,
     AccessPolicy,
+    FleetResource,
     KarmadaCluster,
+    ResourceRegistry,
     Secret,
 }
 
@@ -162,6 +176,12 @@ impl Kind {
         }
     }
 
+    /// Whether the management cluster may not serve this kind at all: then it has no objects of
+    /// it, and that is no problem (the fleet view's kinds; see the module comment).
+    fn is_optional(self) -> bool {
+        matches!(self, Kind::FleetResource | Kind::ResourceRegistry)
+    }
+
     /// The `/readyz` check that reports this kind's watch.
     fn readiness_check(self) -> String {
         format!("kubernetes-api-watch {}", self.resource_name())
@@ -172,11 +192,70 @@ impl Kind {
             Kind::Cluster => ("fleetgate.io", "v1alpha1", "Cluster", "clusters"),
             Kind::Gateway => ("fleetgate.io", "v1alpha1", "Gateway", "gateways"),
             Kind::AccessPolicy => ("fleetgate.io", "v1alpha1", "AccessPolicy", "accesspolicies"),
+            Kind::FleetResource => (
+                "fleetgate.io",
+                "v1alpha1",
+                "FleetResource",
+                "fleetresources",
+            ),
             Kind::KarmadaCluster => ("cluster.karmada.io", "v1alpha1", "Cluster", "clusters"),
+            Kind::ResourceRegistry => (
+                "search.karmada.io",
+                "v1alpha1",
+                "ResourceRegistry",
+                "resourceregistries",
+            ),
             Kind::Secret => ("", "v1", "Secret", "secrets"),
         };
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
     }
+}
+
+/// The kinds `options` says to follow.
+fn watched_kinds(options: &KubeSourceOptions) -> Vec<Kind> {
+    let mut kinds = Vec::new();
+    if options.fleetgate {
+        kinds.extend([
+            Kind::Cluster,
+            Kind::Gateway,
+            Kind::AccessPolicy,
+            Kind::FleetResource,
+        ]);
+    }
+    if options.karmada {
+        kinds.extend([Kind::KarmadaCluster, Kind::ResourceRegistry]);
+    }
+    // Karmada Clusters and fleetgate Clusters (`spec.credentials.secretRef`) reference Secrets;
+    // watched, so a rotated Secret rebuilds the table.
+    if !kinds.is_empty() {
+        kinds.push(Kind::Secret);
+    }
+    kinds
+}
+
+/// What the API source asks of the management cluster with `options`, as RBAC rules name it:
+/// (API group, resource, verbs). `secrets` are read in `options.secrets_namespace` only, when
+/// set. `deploy/rbac.yaml` grants these (a test compares them).
+pub fn api_source_permissions(
+    options: &KubeSourceOptions,
+) -> Vec<(String, String, &'static [&'static str])> {
+    let mut permissions = Vec::new();
+    for kind in watched_kinds(options) {
+        let resource = kind.resource();
+        permissions.push((
+            resource.group.clone(),
+            resource.plural.clone(),
+            &["get", "list", "watch"][..],
+        ));
+        if CONDITION_KINDS.contains(&kind) {
+            permissions.push((
+                resource.group,
+                format!("{}/status", resource.plural),
+                &["patch"][..],
+            ));
+        }
+    }
+    permissions
 }
 
 /// Starts following the API that `client_config` reaches. Returns at once; the first table is
@@ -186,18 +265,7 @@ pub fn watch_kube_api(
     options: KubeSourceOptions,
     publisher: TablePublisher,
 ) -> Result<KubeWatcher, KubeSourceError> {
-    let mut kinds = Vec::new();
-    if options.fleetgate {
-        kinds.extend([Kind::Cluster, Kind::Gateway, Kind::AccessPolicy]);
-    }
-    if options.karmada {
-        kinds.push(Kind::KarmadaCluster);
-    }
-    // Karmada Clusters and fleetgate Clusters (`spec.credentials.secretRef`) reference Secrets;
-    // watched, so a rotated Secret rebuilds the table.
-    if !kinds.is_empty() {
-        kinds.push(Kind::Secret);
-    }
+    let kinds = watched_kinds(&options);
     if kinds.is_empty() {
         return Err(KubeSourceError::NothingToWatch);
     }
@@ -329,6 +397,8 @@ async fn follow(
         tokio::spawn(async move {
             let check = kind.readiness_check();
             let mut failing = false;
+            // An optional kind the management cluster does not serve (said once, not per retry).
+            let mut absent = false;
             let mut stream = watcher::watcher(api, watcher::Config::default())
                 .default_backoff()
                 .boxed();
@@ -340,7 +410,37 @@ async fn follow(
                             status.set_source_problem(&check, None);
                             info!(?kind, "Kubernetes API watch recovered");
                         }
+                        if absent {
+                            absent = false;
+                            info!(
+                                ?kind,
+                                "the management cluster serves {} now",
+                                kind.resource_name()
+                            );
+                        }
                         if tx.send((kind, Update::Event(Box::new(event)))).is_err() {
+                            return;
+                        }
+                    }
+                    // An optional kind that is not served has no objects, and that is all: no
+                    // readiness problem. The watcher keeps retrying (with backoff, at most 30 s
+                    // apart), so a CRD installed later is listed then.
+                    Err(error) if kind.is_optional() && is_not_found(&error) => {
+                        if absent {
+                            debug!(?kind, %error, "still not served");
+                        } else {
+                            absent = true;
+                            info!(
+                                ?kind,
+                                "the management cluster does not serve {}: none are read until its CRD is installed",
+                                kind.resource_name()
+                            );
+                        }
+                        if failing {
+                            failing = false;
+                            status.set_source_problem(&check, None);
+                        }
+                        if tx.send((kind, Update::Missing)).is_err() {
                             return;
                         }
                     }
@@ -393,40 +493,30 @@ async fn follow(
         }
         let config = build_config(&objects, &options);
         publisher.publish(crate::reload::API_SOURCE, config);
-        write_cluster_conditions(&client, &objects, &publisher).await;
+        write_conditions(&client, &objects, &publisher).await;
     }
 }
 
-/// The `Ready` condition a fleetgate Cluster object should carry now: `True` when the serving
-/// table holds it as written, `False` with the reason otherwise.
-fn desired_condition(
+/// The fleetgate kinds whose objects get a `Ready` condition (Gateways and AccessPolicies do
+/// not yet; Karmada's objects never do).
+const CONDITION_KINDS: [Kind; 2] = [Kind::Cluster, Kind::FleetResource];
+
+/// Whether `value`, a fleetgate Cluster or FleetResource, is valid on its own (against the
+/// serving table's Gateway and clusters), and if so whether the serving table holds it as written.
+fn check_alone(
+    kind: Kind,
     value: &serde_json::Value,
-    publisher: &TablePublisher,
+    table: &crate::table::RouteTable,
     secrets: &BTreeMap<(String, String), SecretData>,
-) -> (&'static str, &'static str, String) {
-    let table = publisher.table().load();
-    let resolved = no_file_references(Kind::Cluster, "Cluster", value)
-        .and_then(|()| {
-            parse::<ClusterObject>(
-                Kind::Cluster,
-                value,
-                &["apiVersion", "kind", "metadata", "spec"],
-            )
-        })
-        .and_then(|obj| {
-            let origin = origin(Kind::Cluster, value);
-            resolve_cluster(
-                obj,
-                Path::new("/nonexistent"),
-                &origin,
-                &|namespace, name| {
-                    secrets
-                        .get(&(namespace.to_owned(), name.to_owned()))
-                        .cloned()
-                },
-            )
-        })
-        .and_then(|cluster| {
+) -> Result<bool, ConfigError> {
+    let serving = table.config();
+    match kind {
+        Kind::Cluster => {
+            let cluster = fleetgate_cluster(value, &|namespace, name| {
+                secrets
+                    .get(&(namespace.to_owned(), name.to_owned()))
+                    .cloned()
+            })?;
             // Certificates and keys are only parsed when a table is built.
             let alone = Config {
                 gateway: table.gateway().clone(),
@@ -434,16 +524,42 @@ fn desired_condition(
                 policies: Vec::new(),
                 fleet: Vec::new(),
             };
-            crate::table::RouteTable::build(&alone).map(|_| cluster)
-        });
-    match resolved {
+            crate::table::RouteTable::build(&alone)?;
+            Ok(serving.clusters.contains(&cluster))
+        }
+        Kind::FleetResource => {
+            let source = fleet_resource(value)?;
+            crate::fleet::resolve(
+                std::slice::from_ref(&source),
+                serving
+                    .clusters
+                    .iter()
+                    .map(|c| (c.name.as_str(), &c.labels)),
+            )?;
+            Ok(serving.fleet.contains(&source))
+        }
+        // Not in CONDITION_KINDS: never asked.
+        _ => Ok(false),
+    }
+}
+
+/// The `Ready` condition a fleetgate object should carry now: `True` when the serving table
+/// holds it as written, `False` with the reason otherwise.
+fn desired_condition(
+    kind: Kind,
+    value: &serde_json::Value,
+    publisher: &TablePublisher,
+    secrets: &BTreeMap<(String, String), SecretData>,
+) -> (&'static str, &'static str, String) {
+    let table = publisher.table().load();
+    match check_alone(kind, value, &table, secrets) {
         Err(err) => ("False", "Invalid", err.to_string()),
-        Ok(cluster) if table.config().clusters.contains(&cluster) => (
+        Ok(true) => (
             "True",
             "Served",
             format!("served in routing table generation {}", table.generation()),
         ),
-        Ok(_) => (
+        Ok(false) => (
             "False",
             "NotServed",
             match publisher.status().last_error() {
@@ -457,59 +573,58 @@ fn desired_condition(
     }
 }
 
-/// Writes the `Ready` condition of every fleetgate Cluster object whose condition changed.
-/// Karmada's objects are left alone: their status belongs to Karmada's controllers. An
-/// unchanged condition is never rewritten, so the status write (itself a watch event) settles.
-async fn write_cluster_conditions(
-    client: &kube::Client,
-    objects: &Objects,
-    publisher: &TablePublisher,
-) {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &Kind::Cluster.resource());
+/// Writes the `Ready` condition of every fleetgate Cluster and FleetResource object whose
+/// condition changed. Karmada's objects are left alone: their status belongs to Karmada's
+/// controllers. An unchanged condition is never rewritten, so the status write (itself a watch
+/// event) settles.
+async fn write_conditions(client: &kube::Client, objects: &Objects, publisher: &TablePublisher) {
     // A Secret that does not parse fails the table build already (and shows there).
     let secrets = secrets_of(objects).unwrap_or_default();
-    for value in objects.of(Kind::Cluster) {
-        let (status, reason, message) = desired_condition(value, publisher, &secrets);
-        let current = value["status"]["conditions"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
-        if current.is_some_and(|c| {
-            c["status"] == status && c["reason"] == reason && c["message"] == message.as_str()
-        }) {
-            continue;
-        }
-        let Some(name) = value["metadata"]["name"].as_str() else {
-            continue;
-        };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
-        let transition = match current {
-            Some(c) if c["status"] == status => c["lastTransitionTime"].clone(),
-            _ => serde_json::Value::String(rfc3339(now)),
-        };
-        let patch = serde_json::json!({"status": {"conditions": [{
-            "type": "Ready",
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": transition,
-            "observedGeneration": value["metadata"]["generation"],
-        }]}});
-        let params = kube::api::PatchParams::default();
-        let written = match api
-            .patch_status(name, &params, &kube::api::Patch::Merge(&patch))
-            .await
-        {
-            // Without a status subresource (an older CRD), status is part of the object.
-            Err(kube::Error::Api(e)) if e.code == 404 => api
-                .patch(name, &params, &kube::api::Patch::Merge(&patch))
+    for kind in CONDITION_KINDS {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.resource());
+        for value in objects.of(kind) {
+            let (status, reason, message) = desired_condition(kind, value, publisher, &secrets);
+            let current = value["status"]["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
+            if current.is_some_and(|c| {
+                c["status"] == status && c["reason"] == reason && c["message"] == message.as_str()
+            }) {
+                continue;
+            }
+            let Some(name) = value["metadata"]["name"].as_str() else {
+                continue;
+            };
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            let transition = match current {
+                Some(c) if c["status"] == status => c["lastTransitionTime"].clone(),
+                _ => serde_json::Value::String(rfc3339(now)),
+            };
+            let patch = serde_json::json!({"status": {"conditions": [{
+                "type": "Ready",
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": transition,
+                "observedGeneration": value["metadata"]["generation"],
+            }]}});
+            let params = kube::api::PatchParams::default();
+            let written = match api
+                .patch_status(name, &params, &kube::api::Patch::Merge(&patch))
                 .await
-                .map(|_| ()),
-            other => other.map(|_| ()),
-        };
-        if let Err(error) = written {
-            warn!(cluster = name, %error, "cannot write the Ready condition");
+            {
+                // Without a status subresource (an older CRD), status is part of the object.
+                Err(kube::Error::Api(e)) if e.code == 404 => api
+                    .patch(name, &params, &kube::api::Patch::Merge(&patch))
+                    .await
+                    .map(|_| ()),
+                other => other.map(|_| ()),
+            };
+            if let Err(error) = written {
+                warn!(?kind, object = name, %error, "cannot write the Ready condition");
+            }
         }
     }
 }
@@ -585,6 +700,14 @@ fn parse<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// An object of a kind whose wire type is `apiVersion`, `kind`, `metadata` and `spec`.
+fn parse_object<T: serde::de::DeserializeOwned>(
+    kind: Kind,
+    value: &serde_json::Value,
+) -> Result<T, ConfigError> {
+    parse(kind, value, &["apiVersion", "kind", "metadata", "spec"])
+}
+
 fn no_file_references(
     kind: Kind,
     kind_name: &'static str,
@@ -619,6 +742,41 @@ fn secrets_of(objects: &Objects) -> Result<BTreeMap<(String, String), SecretData
     Ok(secrets)
 }
 
+/// A fleetgate Cluster object, resolved (its Secret found through `find_secret`).
+fn fleetgate_cluster(
+    value: &serde_json::Value,
+    find_secret: &FindSecret<'_>,
+) -> Result<crate::settings::ClusterConfig, ConfigError> {
+    no_file_references(Kind::Cluster, "Cluster", value)?;
+    let obj: ClusterObject = parse_object(Kind::Cluster, value)?;
+    debug_assert_eq!(obj.api_version, API_VERSION);
+    // File references are refused above, so the base directory is never read.
+    resolve_cluster(
+        obj,
+        Path::new("/nonexistent"),
+        &origin(Kind::Cluster, value),
+        find_secret,
+    )
+}
+
+/// A FleetResource object, read as the file source reads it (resolved against the clusters when
+/// the table is built).
+fn fleet_resource(value: &serde_json::Value) -> Result<FleetSource, ConfigError> {
+    let obj: FleetResourceObject = parse_object(Kind::FleetResource, value)?;
+    Ok(FleetSource::from_fleet_resource(
+        &obj.metadata,
+        &obj.spec,
+        &origin(Kind::FleetResource, value),
+    ))
+}
+
+/// A Karmada ResourceRegistry object, read as the file source reads it.
+fn resource_registry(value: &serde_json::Value) -> Result<FleetSource, ConfigError> {
+    // Karmada's status and any spec field fleetgate does not read (`backendStore`) are ignored.
+    let obj: ResourceRegistryObject = parse_object(Kind::ResourceRegistry, value)?;
+    FleetSource::from_resource_registry(&obj, &origin(Kind::ResourceRegistry, value))
+}
+
 /// Builds a configuration from the objects seen (blocking work is only certificate parsing).
 fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config, ConfigError> {
     // File references are refused above, so the base directory is never read.
@@ -626,11 +784,7 @@ fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config
     let mut gateways = Vec::new();
     for value in objects.of(Kind::Gateway) {
         no_file_references(Kind::Gateway, "Gateway", value)?;
-        let obj: GatewayObject = parse(
-            Kind::Gateway,
-            value,
-            &["apiVersion", "kind", "metadata", "spec"],
-        )?;
+        let obj: GatewayObject = parse_object(Kind::Gateway, value)?;
         gateways.push(resolve_gateway(
             obj,
             no_base,
@@ -659,26 +813,10 @@ fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config
     };
     let mut clusters = Vec::new();
     for value in objects.of(Kind::Cluster) {
-        no_file_references(Kind::Cluster, "Cluster", value)?;
-        let obj: ClusterObject = parse(
-            Kind::Cluster,
-            value,
-            &["apiVersion", "kind", "metadata", "spec"],
-        )?;
-        debug_assert_eq!(obj.api_version, API_VERSION);
-        clusters.push(resolve_cluster(
-            obj,
-            no_base,
-            &origin(Kind::Cluster, value),
-            &find_secret,
-        )?);
+        clusters.push(fleetgate_cluster(value, &find_secret)?);
     }
     for value in objects.of(Kind::KarmadaCluster) {
-        let obj: KarmadaClusterObject = parse(
-            Kind::KarmadaCluster,
-            value,
-            &["apiVersion", "kind", "metadata", "spec"],
-        )?;
+        let obj: KarmadaClusterObject = parse_object(Kind::KarmadaCluster, value)?;
         debug_assert_eq!(obj.api_version, KARMADA_API_VERSION);
         let origin = origin(Kind::KarmadaCluster, value);
         clusters.push(karmada_cluster_config(&obj, &origin, &find_secret).map_err(
@@ -691,12 +829,17 @@ fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config
     check_unique_names(&clusters)?;
     let mut policies = Vec::new();
     for value in objects.of(Kind::AccessPolicy) {
-        let obj: AccessPolicyObject = parse(
-            Kind::AccessPolicy,
-            value,
-            &["apiVersion", "kind", "metadata", "spec"],
-        )?;
+        let obj: AccessPolicyObject = parse_object(Kind::AccessPolicy, value)?;
         policies.push(obj);
+    }
+    // Resolved against the clusters (selectors, kinds, one version per kind) when the table is
+    // built, as the file source's are: a bad one rejects the change there, naming it.
+    let mut fleet = Vec::new();
+    for value in objects.of(Kind::FleetResource) {
+        fleet.push(fleet_resource(value)?);
+    }
+    for value in objects.of(Kind::ResourceRegistry) {
+        fleet.push(resource_registry(value)?);
     }
     // A stable order, whatever order the API listed objects in.
     clusters.sort_by(|a, b| a.name.cmp(&b.name));
@@ -704,8 +847,7 @@ fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config
         gateway,
         clusters,
         policies,
-        // FleetResource and ResourceRegistry objects are read from files only for now.
-        fleet: Vec::new(),
+        fleet,
     })
 }
 

@@ -30,7 +30,8 @@ pub use crd::crd_manifests;
 pub use error::ConfigError;
 pub use file_source::{watch_config_path, FileWatcher, WatchError, DEBOUNCE_MAX, DEBOUNCE_QUIET};
 pub use kube_source::{
-    kube_client_config, watch_kube_api, KubeSourceError, KubeSourceOptions, KubeWatcher,
+    api_source_permissions, kube_client_config, watch_kube_api, KubeSourceError, KubeSourceOptions,
+    KubeWatcher,
 };
 pub use load::{load_path, load_texts};
 pub use objects::ConnectMode;

@@ -1,6 +1,7 @@
 //! `deploy/crds.yaml` is generated from the Rust types; this fails when it is out of date, and
 //! checks that the manifests are CustomResourceDefinitions the API server would take for the
-//! objects fleetgate reads (same group, kinds, cluster scope, a status subresource).
+//! objects fleetgate reads (same group, kinds, cluster scope, a status subresource). And
+//! `deploy/rbac.yaml` grants what the Kubernetes API source asks of the management cluster.
 
 use fleetgate_config_watcher::crd_manifests;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -79,4 +80,76 @@ fn a_cluster_object_as_documented_is_an_instance_of_the_crd_type() {
         )
         .is_err()
     );
+}
+
+/// The rules of every ClusterRole (namespace `None`) and Role in `deploy/rbac.yaml`.
+fn rbac_rules() -> Vec<(Option<String>, k8s_openapi::api::rbac::v1::PolicyRule)> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut rules = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(document).unwrap();
+        match value["kind"].as_str() {
+            Some("ClusterRole") => {
+                let role: ClusterRole = serde_yaml::from_value(value).unwrap();
+                rules.extend(role.rules.into_iter().flatten().map(|r| (None, r)));
+            }
+            Some("Role") => {
+                let role: Role = serde_yaml::from_value(value).unwrap();
+                let namespace = role.metadata.namespace.clone();
+                assert!(namespace.is_some(), "a Role without a namespace");
+                rules.extend(
+                    role.rules
+                        .into_iter()
+                        .flatten()
+                        .map(|r| (namespace.clone(), r)),
+                );
+            }
+            _ => {}
+        }
+    }
+    rules
+}
+
+#[test]
+fn deploy_rbac_yaml_grants_what_the_api_source_asks_for() {
+    use fleetgate_config_watcher::{api_source_permissions, KubeSourceOptions};
+    let options = KubeSourceOptions {
+        fleetgate: true,
+        karmada: true,
+        // `serve --secrets-namespace`'s default.
+        secrets_namespace: Some("karmada-cluster".into()),
+        fallback_gateway: None,
+    };
+    let rules = rbac_rules();
+    let asked = api_source_permissions(&options);
+    for (group, resource, verbs) in &asked {
+        // Secrets are granted in their namespace only, never cluster-wide.
+        let namespace = (resource == "secrets").then(|| "karmada-cluster".to_owned());
+        let granted = |verb: &str| {
+            rules.iter().any(|(ns, rule)| {
+                *ns == namespace
+                    && rule.api_groups.iter().flatten().any(|g| g == group)
+                    && rule.resources.iter().flatten().any(|r| r == resource)
+                    && rule.verbs.iter().any(|v| v == verb)
+            })
+        };
+        for verb in *verbs {
+            assert!(
+                granted(verb),
+                "deploy/rbac.yaml does not grant {verb} on {resource} of group {group:?} ({namespace:?})"
+            );
+        }
+    }
+    // The fleet view's objects are among them.
+    for (group, resource) in [
+        ("fleetgate.io", "fleetresources"),
+        ("search.karmada.io", "resourceregistries"),
+    ] {
+        assert!(
+            asked.iter().any(|(g, r, _)| g == group && r == resource),
+            "{asked:?}"
+        );
+    }
 }

@@ -1,9 +1,10 @@
 //! The Kubernetes API source against the simulated fleet acting as the management cluster
 //! (member1, reached as admin through the fleet's kubeconfig): fleetgate.io Clusters and Karmada
-//! Clusters with their Secrets, created before and after the source starts, changed, rotated,
-//! broken and deleted. The first table must hold everything that existed before the start (the
-//! watcher's initial list, never a partial view); every later change must be published within a
-//! deadline; a broken object keeps the last good table and is reported.
+//! Clusters with their Secrets, and the fleet view's FleetResources and Karmada
+//! ResourceRegistries, created before and after the source starts, changed, rotated, broken and
+//! deleted. The first table must hold everything that existed before the start (the watcher's
+//! initial list, never a partial view); every later change must be published within a deadline;
+//! a broken object keeps the last good table and is reported.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,11 +12,12 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use base64::Engine;
 use fleetgate_config_watcher::{
-    load_path, watch_kube_api, KubeSourceOptions, ReloadStatus, RouteTable, SharedTable,
-    TablePublisher,
+    crd_manifests, load_path, watch_kube_api, KubeSourceOptions, KubeWatcher, ReloadStatus,
+    RouteTable, SharedTable, TablePublisher,
 };
-use fleetgate_loadtest::sim::{start_fleet, FleetOptions};
+use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use serde::Deserialize;
 use serde_json::json;
 
 const GATEWAY: &str = "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: gw\nspec:\n  listeners:\n  - address: 127.0.0.1:0\n    tls: false\n";
@@ -107,22 +109,36 @@ fn karmada_cluster(name: &str, server: &str, secret: &str) -> serde_json::Value 
 }
 
 /// Polls `check` until it holds; panics after 5 s.
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+async fn eventually(what: &str, check: impl FnMut() -> bool) {
+    eventually_within(what, Duration::from_secs(5), check).await;
+}
+
+/// Polls `check` until it holds; panics after `deadline`.
+async fn eventually_within(what: &str, deadline: Duration, mut check: impl FnMut() -> bool) {
     let start = Instant::now();
     while !check() {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "timed out waiting for: {what}"
-        );
+        assert!(start.elapsed() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
+/// Waits for the change just made to be rejected: the error names each of `names`, and the
+/// table of generation `serving` keeps serving.
+async fn rejected(status: &ReloadStatus, table: &SharedTable, serving: u64, names: &[&str]) {
+    eventually(&format!("a rejection naming {names:?}"), || {
+        status.last_error().is_some()
+    })
+    .await;
+    let failure = status.last_error().unwrap().message;
+    assert!(names.iter().all(|n| failure.contains(n)), "{failure}");
+    assert_eq!(table.load().generation(), serving, "{failure}");
+}
+
 /// Polls the object's `Ready` condition until it has `status`; returns the condition.
-async fn ready_condition(management: &Management, name: &str, status: &str) -> serde_json::Value {
+async fn ready_condition(api: &Api<DynamicObject>, name: &str, status: &str) -> serde_json::Value {
     let start = Instant::now();
     loop {
-        let object = management.clusters().get(name).await.unwrap();
+        let object = api.get(name).await.unwrap();
         let condition = object.data["status"]["conditions"]
             .as_array()
             .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
@@ -156,64 +172,126 @@ fn port(table: &SharedTable, name: &str) -> Option<u16> {
     table.load().cluster(name).map(|c| c.upstream.port)
 }
 
+/// The simulated fleet (two members) with member1 as the management cluster, reached as admin.
+struct ManagementFleet {
+    runtime: tokio::runtime::Runtime,
+    fleet: FleetHandle,
+    /// Holds the fleet's files until the test ends.
+    fleet_dir: tempfile::TempDir,
+    kube_config: kube::Config,
+    management: Management,
+}
+
+impl ManagementFleet {
+    fn start() -> ManagementFleet {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let fleet_dir = tempfile::tempdir().unwrap();
+        let fleet = runtime
+            .block_on(start_fleet(FleetOptions {
+                dir: fleet_dir.path().to_path_buf(),
+                clusters: 2,
+                objects: 0,
+                churn_per_sec: 0.0,
+                gateway_listen: None,
+            }))
+            .unwrap();
+        let kube_config = runtime.block_on(async {
+            let kubeconfig =
+                kube::config::Kubeconfig::read_from(fleet_dir.path().join("kubeconfig")).unwrap();
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions {
+                    context: Some("member1".into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap()
+        });
+        let management = Management {
+            client: runtime
+                .block_on(async { kube::Client::try_from(kube_config.clone()).unwrap() }),
+        };
+        ManagementFleet {
+            runtime,
+            fleet,
+            fleet_dir,
+            kube_config,
+            management,
+        }
+    }
+
+    /// member2's server, CA and token, as its file in the fleet's directory has them.
+    fn member2(&self) -> (String, String, String) {
+        let member2: serde_yaml::Value = serde_yaml::from_str(
+            &std::fs::read_to_string(self.fleet_dir.path().join("clusters/member2.yaml")).unwrap(),
+        )
+        .unwrap();
+        let field = |v: &serde_yaml::Value| v.as_str().unwrap().to_owned();
+        (
+            field(&member2["spec"]["server"]),
+            field(&member2["spec"]["caData"]),
+            field(&member2["spec"]["credentials"]["token"]),
+        )
+    }
+
+    /// Starts the API source (fleetgate and Karmada objects, Secrets in `karmada-cluster`) on a
+    /// table built from a local Gateway, its fallback.
+    fn watch(&self) -> (KubeWatcher, SharedTable, Arc<ReloadStatus>) {
+        let local = tempfile::tempdir().unwrap();
+        std::fs::write(local.path().join("gateway.yaml"), GATEWAY).unwrap();
+        let local = load_path(local.path()).unwrap();
+        let table: SharedTable =
+            Arc::new(ArcSwap::from_pointee(RouteTable::build(&local).unwrap()));
+        let status = ReloadStatus::new();
+        let source = watch_kube_api(
+            self.kube_config.clone(),
+            KubeSourceOptions {
+                fleetgate: true,
+                karmada: true,
+                secrets_namespace: Some("karmada-cluster".into()),
+                fallback_gateway: Some(local.gateway.clone()),
+            },
+            TablePublisher::new(table.clone(), status.clone()),
+        )
+        .unwrap();
+        (source, table, status)
+    }
+
+    /// Stops the source, then the fleet.
+    fn shutdown(self, source: KubeWatcher) {
+        drop(source);
+        self.runtime.block_on(self.fleet.shutdown());
+    }
+}
+
+/// Creates a CRD (the sim serves its resource from then on).
+async fn create_crd(management: &Management, crd: serde_json::Value) {
+    let crds = management.api(
+        "apiextensions.k8s.io",
+        "v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+    );
+    management.create(&crds, crd).await;
+}
+
 #[test]
 fn clusters_and_karmada_clusters_follow_the_management_cluster() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let fleet_dir = tempfile::tempdir().unwrap();
-    let fleet = runtime
-        .block_on(start_fleet(FleetOptions {
-            dir: fleet_dir.path().to_path_buf(),
-            clusters: 2,
-            objects: 0,
-            churn_per_sec: 0.0,
-            gateway_listen: None,
-        }))
-        .unwrap();
-    let member2: serde_yaml::Value = serde_yaml::from_str(
-        &std::fs::read_to_string(fleet_dir.path().join("clusters/member2.yaml")).unwrap(),
-    )
-    .unwrap();
-    let server = member2["spec"]["server"].as_str().unwrap().to_owned();
-    let ca = member2["spec"]["caData"].as_str().unwrap().to_owned();
-    let token = member2["spec"]["credentials"]["token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-
-    let kube_config = runtime.block_on(async {
-        let kubeconfig =
-            kube::config::Kubeconfig::read_from(fleet_dir.path().join("kubeconfig")).unwrap();
-        kube::Config::from_custom_kubeconfig(
-            kubeconfig,
-            &kube::config::KubeConfigOptions {
-                context: Some("member1".into()),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap()
-    });
-    let management = Management {
-        client: runtime.block_on(async { kube::Client::try_from(kube_config.clone()).unwrap() }),
-    };
+    let setup = ManagementFleet::start();
+    let (server, ca, token) = setup.member2();
+    let (runtime, management) = (&setup.runtime, &setup.management);
 
     // Before the source starts: the Karmada CRD, its namespace, a Secret, a Karmada Cluster and a
     // fleetgate Cluster.
     runtime.block_on(async {
-        let crds = management.api(
-            "apiextensions.k8s.io",
-            "v1",
-            "CustomResourceDefinition",
-            "customresourcedefinitions",
-        );
-        management
-            .create(
-                &crds,
-                json!({
+        create_crd(
+            management,
+            json!({
                     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
                     "metadata": {"name": "clusters.cluster.karmada.io"},
                     "spec": {
@@ -250,22 +328,7 @@ fn clusters_and_karmada_clusters_follow_the_management_cluster() {
             .await;
     });
 
-    let local = tempfile::tempdir().unwrap();
-    std::fs::write(local.path().join("gateway.yaml"), GATEWAY).unwrap();
-    let local = load_path(local.path()).unwrap();
-    let table: SharedTable = Arc::new(ArcSwap::from_pointee(RouteTable::build(&local).unwrap()));
-    let status = ReloadStatus::new();
-    let _source = watch_kube_api(
-        kube_config,
-        KubeSourceOptions {
-            fleetgate: true,
-            karmada: true,
-            secrets_namespace: Some("karmada-cluster".into()),
-            fallback_gateway: Some(local.gateway.clone()),
-        },
-        TablePublisher::new(table.clone(), status.clone()),
-    )
-    .unwrap();
+    let (source, table, status) = setup.watch();
 
     runtime.block_on(async {
         // The first table holds every object that existed before the start, at once.
@@ -370,27 +433,26 @@ fn clusters_and_karmada_clusters_follow_the_management_cluster() {
                 fleetgate_cluster("broken", "ftp://nowhere", &ca, "t"),
             )
             .await;
-        eventually("the broken object reported", || {
-            status.last_error().is_some()
-        })
+        rejected(
+            &status,
+            &table,
+            generation,
+            &[
+                "api:clusters.fleetgate.io/broken",
+                "Cluster broken",
+                "spec.server",
+            ],
+        )
         .await;
-        let failure = status.last_error().unwrap().message;
-        assert!(
-            failure.contains("api:clusters.fleetgate.io/broken")
-                && failure.contains("Cluster broken")
-                && failure.contains("spec.server"),
-            "{failure}"
-        );
-        assert_eq!(table.load().generation(), generation);
         assert_eq!(port(&table, "extra"), Some(2));
         // The objects say so in their status: the broken one why, the served ones that they are.
-        let broken = ready_condition(&management, "broken", "False").await;
+        let broken = ready_condition(&management.clusters(), "broken", "False").await;
         assert_eq!(broken["reason"], "Invalid");
         assert!(
             broken["message"].as_str().unwrap().contains("spec.server"),
             "{broken}"
         );
-        let served = ready_condition(&management, "fg-member2", "True").await;
+        let served = ready_condition(&management.clusters(), "fg-member2", "True").await;
         assert_eq!(served["reason"], "Served");
         management.delete(&management.clusters(), "broken").await;
         eventually("the error cleared", || status.last_error().is_none()).await;
@@ -399,15 +461,13 @@ fn clusters_and_karmada_clusters_follow_the_management_cluster() {
         let mut with_file = fleetgate_cluster("with-file", "https://127.0.0.1:3", &ca, "t");
         with_file["spec"]["credentials"] = json!({"tokenFile": "/etc/shadow"});
         management.create(&management.clusters(), with_file).await;
-        eventually("the file reference refused", || {
-            status.last_error().is_some()
-        })
+        rejected(
+            &status,
+            &table,
+            generation,
+            &["spec.credentials.tokenFile", "local files"],
+        )
         .await;
-        let failure = status.last_error().unwrap().message;
-        assert!(
-            failure.contains("spec.credentials.tokenFile") && failure.contains("local files"),
-            "{failure}"
-        );
         assert!(table.load().cluster("with-file").is_none());
         management.delete(&management.clusters(), "with-file").await;
 
@@ -423,6 +483,294 @@ fn clusters_and_karmada_clusters_follow_the_management_cluster() {
         assert!(table.load().cluster("fg-member2").is_some());
         assert!(status.last_error().is_none());
     });
-    drop(_source);
-    runtime.block_on(fleet.shutdown());
+    setup.shutdown(source);
+}
+
+impl Management {
+    fn fleet_resources(&self) -> Api<DynamicObject> {
+        self.api(
+            "fleetgate.io",
+            "v1alpha1",
+            "FleetResource",
+            "fleetresources",
+        )
+    }
+
+    fn resource_registries(&self) -> Api<DynamicObject> {
+        self.api(
+            "search.karmada.io",
+            "v1alpha1",
+            "ResourceRegistry",
+            "resourceregistries",
+        )
+    }
+}
+
+/// The FleetResource CRD as `deploy/crds.yaml` installs it.
+fn fleet_resource_crd() -> serde_json::Value {
+    let manifests = crd_manifests();
+    let crd = serde_yaml::Deserializer::from_str(&manifests)
+        .map(|doc| serde_json::Value::deserialize(doc).unwrap())
+        .find(|crd| crd["metadata"]["name"] == "fleetresources.fleetgate.io")
+        .expect("deploy/crds.yaml defines FleetResource");
+    crd
+}
+
+/// The ResourceRegistry CRD (a stand-in for Karmada's: the sim does not check schemas).
+fn resource_registry_crd() -> serde_json::Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "resourceregistries.search.karmada.io"},
+        "spec": {
+            "group": "search.karmada.io", "scope": "Cluster",
+            "names": {"kind": "ResourceRegistry", "plural": "resourceregistries",
+                "singular": "resourceregistry", "listKind": "ResourceRegistryList"},
+            "versions": [{"name": "v1alpha1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                "subresources": {"status": {}}}],
+        },
+    })
+}
+
+/// A fleetgate Cluster labelled `env: ENV` (never dialled: only its labels matter here).
+fn labelled_cluster(name: &str, env: &str, ca: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "fleetgate.io/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": name, "labels": {"env": env}},
+        "spec": {"server": "https://127.0.0.1:1", "caData": ca, "credentials": {"token": "t"}},
+    })
+}
+
+fn fleet_resource(name: &str, selectors: serde_json::Value, env: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "fleetgate.io/v1alpha1", "kind": "FleetResource",
+        "metadata": {"name": name},
+        "spec": {"resourceSelectors": selectors, "clusters": {"selector": {"matchLabels": {"env": env}}}},
+    })
+}
+
+fn resource_registry(name: &str, spec: serde_json::Value) -> serde_json::Value {
+    json!({
+        "apiVersion": "search.karmada.io/v1alpha1", "kind": "ResourceRegistry",
+        "metadata": {"name": name},
+        "spec": spec,
+    })
+}
+
+/// The fleet view as a user of `/fleet` meets it: `resource.group` (`pods`, `deployments.apps`)
+/// at its version, and the clusters it is merged from.
+fn fleet_view(table: &SharedTable) -> Vec<(String, String, Vec<String>)> {
+    table
+        .load()
+        .fleet()
+        .kinds
+        .iter()
+        .map(|k| {
+            let resource = if k.group.is_empty() {
+                k.resource.clone()
+            } else {
+                format!("{}.{}", k.resource, k.group)
+            };
+            (resource, k.group_version(), k.clusters.clone())
+        })
+        .collect()
+}
+
+fn kind(resource: &str, version: &str, clusters: &[&str]) -> (String, String, Vec<String>) {
+    (
+        resource.to_owned(),
+        version.to_owned(),
+        clusters.iter().map(|c| c.to_string()).collect(),
+    )
+}
+
+#[test]
+fn fleet_resources_and_resource_registries_follow_the_management_cluster() {
+    let setup = ManagementFleet::start();
+    let (_, ca, _) = setup.member2();
+    let (runtime, management) = (&setup.runtime, &setup.management);
+
+    // Before the source starts: three clusters, the FleetResource CRD and one FleetResource
+    // merging pods and deployments from the prod clusters. Karmada's ResourceRegistry CRD is not
+    // installed (karmada-search is an optional component).
+    runtime.block_on(async {
+        for (name, env) in [("east-1", "prod"), ("east-2", "prod"), ("west-1", "dev")] {
+            management
+                .create(&management.clusters(), labelled_cluster(name, env, &ca))
+                .await;
+        }
+        create_crd(management, fleet_resource_crd()).await;
+        management
+            .create(
+                &management.fleet_resources(),
+                fleet_resource(
+                    "workloads",
+                    json!([{"apiVersion": "v1", "kind": "Pod"},
+                           {"apiVersion": "apps/v1", "kind": "Deployment"}]),
+                    "prod",
+                ),
+            )
+            .await;
+    });
+
+    let (source, table, status) = setup.watch();
+
+    runtime.block_on(async {
+        // The first table merges the FleetResource's kinds from the clusters its selector picks;
+        // the missing ResourceRegistry CRD neither held it back nor fails readiness.
+        eventually("the first table", || status.published() >= 1).await;
+        assert_eq!(
+            fleet_view(&table),
+            [
+                kind("pods", "v1", &["east-1", "east-2"]),
+                kind("deployments.apps", "apps/v1", &["east-1", "east-2"]),
+            ]
+        );
+        let problems: Vec<String> = status
+            .source_problems()
+            .into_iter()
+            .map(|(check, _)| check)
+            .collect();
+        // Karmada's Cluster CRD is missing too, and that one is required.
+        assert_eq!(
+            problems,
+            ["kubernetes-api-watch clusters.cluster.karmada.io"],
+            "{:?}",
+            status.source_problems()
+        );
+        let served = ready_condition(&management.fleet_resources(), "workloads", "True").await;
+        assert_eq!(served["reason"], "Served");
+
+        // karmada-search installed later: its ResourceRegistries are read once the watcher's
+        // retry (kube-rs's backoff: 0.8 s doubling) lists them. Names, a label selector and
+        // `exclude` together: west-1 by name, the prod clusters but east-2.
+        create_crd(management, resource_registry_crd()).await;
+        management
+            .create(
+                &management.resource_registries(),
+                resource_registry(
+                    "configs",
+                    json!({
+                        "targetCluster": {
+                            "clusterNames": ["west-1"],
+                            "labelSelector": {"matchLabels": {"env": "prod"}},
+                            "exclude": ["east-2"],
+                        },
+                        "resourceSelectors": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+                        "backendStore": {"openSearch": {"addresses": ["http://unused:9200"]}},
+                    }),
+                ),
+            )
+            .await;
+        eventually_within(
+            "the ResourceRegistry's kind",
+            Duration::from_secs(20),
+            || fleet_view(&table).iter().any(|(r, ..)| r == "configmaps"),
+        )
+        .await;
+        assert_eq!(
+            fleet_view(&table),
+            [
+                kind("configmaps", "v1", &["east-1", "west-1"]),
+                kind("pods", "v1", &["east-1", "east-2"]),
+                kind("deployments.apps", "apps/v1", &["east-1", "east-2"]),
+            ]
+        );
+
+        // A cluster relabelled into prod joins the FleetResource's kinds.
+        management
+            .replace(
+                &management.clusters(),
+                "west-1",
+                labelled_cluster("west-1", "prod", &ca),
+            )
+            .await;
+        eventually("west-1 merged for pods", || {
+            fleet_view(&table).contains(&kind("pods", "v1", &["east-1", "east-2", "west-1"]))
+        })
+        .await;
+
+        // A FleetResource naming a kind that is not one: refused, the object and field named,
+        // and the last good table keeps serving; the object's status says why.
+        let generation = table.load().generation();
+        let good_view = fleet_view(&table);
+        management
+            .create(
+                &management.fleet_resources(),
+                fleet_resource(
+                    "broken",
+                    json!([{"apiVersion": "v1", "kind": "pod"}]),
+                    "prod",
+                ),
+            )
+            .await;
+        rejected(
+            &status,
+            &table,
+            generation,
+            &[
+                "api:fleetresources.fleetgate.io/broken",
+                "FleetResource broken",
+                "spec.resourceSelectors[].kind",
+            ],
+        )
+        .await;
+        assert_eq!(fleet_view(&table), good_view);
+        let broken = ready_condition(&management.fleet_resources(), "broken", "False").await;
+        assert_eq!(broken["reason"], "Invalid");
+        assert!(
+            broken["message"]
+                .as_str()
+                .unwrap()
+                .contains("spec.resourceSelectors[].kind"),
+            "{broken}"
+        );
+        management
+            .delete(&management.fleet_resources(), "broken")
+            .await;
+        eventually("the error cleared", || status.last_error().is_none()).await;
+
+        // A ResourceRegistry restricted to a namespace: refused (fleetgate merges whole kinds).
+        management
+            .create(
+                &management.resource_registries(),
+                resource_registry(
+                    "one-namespace",
+                    json!({"resourceSelectors": [
+                        {"apiVersion": "v1", "kind": "Secret", "namespace": "default"}]}),
+                ),
+            )
+            .await;
+        rejected(
+            &status,
+            &table,
+            generation,
+            &[
+                "api:resourceregistries.search.karmada.io/one-namespace",
+                "ResourceRegistry one-namespace",
+                "spec.resourceSelectors[].namespace",
+            ],
+        )
+        .await;
+        assert_eq!(fleet_view(&table), good_view);
+        management
+            .delete(&management.resource_registries(), "one-namespace")
+            .await;
+        eventually("the error cleared", || status.last_error().is_none()).await;
+
+        // Deleting an object removes its kinds (and only those).
+        management
+            .delete(&management.fleet_resources(), "workloads")
+            .await;
+        eventually("pods and deployments removed", || {
+            fleet_view(&table) == [kind("configmaps", "v1", &["east-1", "west-1"])]
+        })
+        .await;
+        management
+            .delete(&management.resource_registries(), "configs")
+            .await;
+        eventually("configmaps removed", || fleet_view(&table).is_empty()).await;
+        assert!(status.last_error().is_none());
+    });
+    setup.shutdown(source);
 }
