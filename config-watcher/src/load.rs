@@ -5,6 +5,7 @@
 //! path.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -361,6 +362,14 @@ pub(crate) fn resolve_gateway(
             )
             .map_err(|(field, message)| invalid(field, message))?
                 as usize,
+            create_in: match fleet.create_in {
+                None => None,
+                Some(name) => {
+                    check_cluster_name(&name)
+                        .map_err(|message| invalid("spec.fleet.createIn", message))?;
+                    Some(Arc::from(name))
+                }
+            },
         }
     };
     if limits.max_head_bytes < 1024 {

@@ -269,6 +269,11 @@ pub struct FleetSpec {
     /// Members asked at the same time by one request (default 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub members_at_once: Option<u32>,
+    /// The cluster a CREATE of a merged kind through the fleet view goes to (Karmada's "create
+    /// goes to the control plane"), for users who may reach it there; absent: such a create is
+    /// refused (405).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_in: Option<String>,
 }
 
 /// `kind: Cluster`.

@@ -2,6 +2,7 @@
 //! a reload compares and what the routing table is built from; nothing here touches the network.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::auth::AuthSettings;
@@ -105,12 +106,15 @@ impl Default for Limits {
 }
 
 /// How the fleet view reads the members (`spec.fleet`, resolved).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FleetSettings {
     /// Objects asked of a member per page of a fleet LIST.
     pub page_size: usize,
     /// Members asked at the same time by one request.
     pub members_at_once: usize,
+    /// The cluster a CREATE of a merged kind through the fleet view goes to (a valid cluster
+    /// name; the cluster itself may come and go).
+    pub create_in: Option<Arc<str>>,
 }
 
 impl FleetSettings {
@@ -123,6 +127,7 @@ impl Default for FleetSettings {
         FleetSettings {
             page_size: 500,
             members_at_once: 16,
+            create_in: None,
         }
     }
 }

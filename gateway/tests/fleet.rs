@@ -2,7 +2,10 @@
 //! member's pods with a CLUSTER column; JSON items carry their cluster's annotations; paging with
 //! `--chunk-size` crosses clusters and loses nothing; each user sees only the clusters their
 //! AccessPolicies allow; a member that cannot be reached is named in a warning while the others
-//! are listed; what the view does not serve is refused with a Status that says so.
+//! are listed; what the view does not serve is refused with a Status that says so; discovery
+//! shows only the merged kinds; a `cluster.fleetgate.io/NAME` hint aims a request at one cluster
+//! (and a hint to a cluster the user may not reach reads as one to no cluster); a create goes to
+//! `spec.fleet.createIn` when set.
 
 mod support;
 
@@ -11,7 +14,43 @@ use std::collections::BTreeSet;
 use support::fleet::Fleet;
 use support::kubectl::succeeded;
 
+/// What the simulated fleet's FleetResource merges, as `kubectl api-resources -o name` names it.
+const MERGED: [&str; 7] = [
+    "configmaps",
+    "deployments.apps",
+    "events",
+    "namespaces",
+    "nodes",
+    "pods",
+    "services",
+];
+
 impl Fleet {
+    /// kubectl with the `fleet` context's credentials (as `user`, when given) against `path` on
+    /// the gateway: a fleet prefix, aimed at a cluster or not.
+    fn kubectl_at(&self, path: &str, user: Option<&str>, args: &[&str]) -> std::process::Output {
+        let server = format!("--server=https://{}{path}", self.https());
+        let mut all = vec![server.as_str()];
+        if let Some(user) = user {
+            all.extend(["--user", user]);
+        }
+        all.extend_from_slice(args);
+        self.kubectl_output("fleet", &all)
+    }
+
+    /// The same, for a run that must succeed; its stdout.
+    fn kubectl_at_ok(&self, path: &str, user: Option<&str>, args: &[&str]) -> String {
+        let out = self.kubectl_at(path, user, args);
+        succeeded(out, &format!("at {path} {args:?}"), &self.log_tail(20))
+    }
+
+    /// `metadata.uid` of one object, through `context`.
+    fn uid(&self, context: &str, args: &[&str]) -> String {
+        let mut all = args.to_vec();
+        all.extend(["-o", "jsonpath={.metadata.uid}"]);
+        self.kubectl_ok(context, &all)
+    }
+
     /// (cluster, namespace, name) of every item of a `-o json` list through the fleet view.
     fn fleet_items(&self, args: &[&str]) -> Vec<(String, String, String)> {
         let mut all = vec!["-o", "json"];
@@ -237,9 +276,19 @@ fn what_the_fleet_view_does_not_serve_is_refused_saying_so() {
     assert!(!create.status.success());
     let stderr = String::from_utf8_lossy(&create.stderr);
     assert!(stderr.contains("/clusters/NAME"), "{stderr}");
+    assert!(stderr.contains("cluster.fleetgate.io/NAME"), "{stderr}");
+    // Discovery does not show secrets: kubectl knows no such resource type here.
     let unmerged = fleet.kubectl_output("fleet", &["get", "secrets", "-A"]);
     assert!(!unmerged.status.success());
     let stderr = String::from_utf8_lossy(&unmerged.stderr);
+    assert!(
+        stderr.contains(r#"the server doesn't have a resource type "secrets""#),
+        "{stderr}"
+    );
+    // Asked for by path all the same (`--raw` takes the whole path): kube's 404, saying the view
+    // does not merge them.
+    let raw = fleet.kubectl_output("fleet", &["get", "--raw", "/fleet/api/v1/secrets"]);
+    let stderr = String::from_utf8_lossy(&raw.stderr);
     assert!(stderr.contains("does not merge secrets"), "{stderr}");
 }
 
@@ -322,7 +371,167 @@ fn a_named_object_is_served_by_the_one_cluster_that_has_it() {
     let several = fleet.kubectl_output("fleet", &["get", "pod", "hello", "-n", "default"]);
     let stderr = String::from_utf8_lossy(&several.stderr);
     assert!(
-        stderr.contains("member1, member2, member3") && stderr.contains("/clusters/NAME"),
+        stderr.contains("member1, member2, member3")
+            && stderr.contains("/fleet/cluster.fleetgate.io/NAME")
+            && stderr.contains("/clusters/NAME"),
         "{stderr}"
     );
+}
+
+#[test]
+fn discovery_through_the_fleet_view_shows_only_the_merged_kinds() {
+    let mut fleet = Fleet::sim(2, 1);
+    fleet.serve(&["--workers", "1"], None);
+    let names = |text: String| -> BTreeSet<String> { text.lines().map(str::to_owned).collect() };
+    let served = names(fleet.kubectl_ok("member1", &["api-resources", "-o", "name"]));
+    assert!(served.contains("secrets"), "{served:?}");
+    let want: BTreeSet<String> = MERGED
+        .iter()
+        .filter(|n| served.contains(**n))
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(
+        want.len(),
+        MERGED.len(),
+        "the members serve every merged kind"
+    );
+    // kubectl 1.32 asks for aggregated discovery first and goes on with the legacy documents.
+    let karmada_search = "/apis/search.karmada.io/v1alpha1/proxying/karmada/proxy";
+    for prefix in ["/fleet", karmada_search] {
+        let listed = names(fleet.kubectl_at_ok(prefix, None, &["api-resources", "-o", "name"]));
+        assert_eq!(listed, want, "{prefix}");
+    }
+    // Subresources of merged kinds stay (kubectl logs and exec need them); the rest goes.
+    let core: serde_json::Value =
+        serde_json::from_str(&fleet.kubectl_ok("fleet", &["get", "--raw", "/fleet/api/v1"]))
+            .unwrap();
+    let resources: BTreeSet<&str> = core["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    for kept in ["pods", "pods/log", "pods/exec", "configmaps"] {
+        assert!(resources.contains(kept), "{resources:?}");
+    }
+    assert!(
+        !resources.iter().any(|r| r.starts_with("secrets")),
+        "{resources:?}"
+    );
+    let groups = fleet.kubectl_ok("fleet", &["api-versions"]);
+    let groups: BTreeSet<&str> = groups.lines().collect();
+    assert_eq!(groups, ["apps/v1", "v1"].into_iter().collect());
+    // A group with no merged kind is kube's 404, and the version stays as the member says it.
+    let batch = fleet.kubectl_output("fleet", &["get", "--raw", "/fleet/apis/batch/v1"]);
+    assert!(!batch.status.success());
+    assert!(
+        String::from_utf8_lossy(&batch.stderr).contains("NotFound"),
+        "{}",
+        String::from_utf8_lossy(&batch.stderr)
+    );
+    let version = fleet.kubectl_ok("fleet", &["get", "--raw", "/fleet/version"]);
+    assert!(version.contains("gitVersion"), "{version}");
+    // The merged kinds work as kubectl names them.
+    for resource in ["pods", "deployments"] {
+        fleet.kubectl_ok("fleet", &["get", resource, "-A"]);
+    }
+}
+
+#[test]
+fn a_hint_aims_a_request_at_one_cluster_and_never_reveals_a_cluster_out_of_reach() {
+    let mut fleet = Fleet::sim(3, 1);
+    fleet.serve(&["--workers", "1"], None);
+    // Every member has the seed pod `hello`: by name, the fleet view cannot tell which.
+    let ambiguous = fleet.kubectl_output("fleet", &["get", "pod", "hello", "-n", "default"]);
+    assert!(!ambiguous.status.success());
+    let pod = ["get", "pod", "hello", "-n", "default"];
+    let member2 = fleet.uid("member2", &pod);
+    assert_ne!(member2, fleet.uid("member1", &pod));
+    let aimed = "/fleet/cluster.fleetgate.io/member2";
+    let mut args = pod.to_vec();
+    args.extend(["-o", "jsonpath={.metadata.uid}"]);
+    assert_eq!(fleet.kubectl_at_ok(aimed, None, &args), member2);
+    let logs = fleet.kubectl_at_ok(aimed, None, &["logs", "hello", "-n", "default", "--tail=1"]);
+    assert!(!logs.is_empty(), "no log line from member2");
+    // Aimed, the view is that one cluster's: discovery shows its merged kinds, a list its
+    // objects only.
+    let listed = fleet.kubectl_at_ok(aimed, None, &["api-resources", "-o", "name"]);
+    assert_eq!(listed.lines().count(), MERGED.len(), "{listed}");
+    let pods = fleet.kubectl_at_ok(aimed, None, &["get", "pods", "-A", "-o", "name"]);
+    let direct = fleet.kubectl_ok("member2", &["get", "pods", "-A", "-o", "name"]);
+    assert_eq!(pods, direct);
+
+    // alice reaches member1 and member3 (env=dev). Aimed at member2, which she may not reach,
+    // she is answered exactly as when aimed at a cluster that does not exist.
+    let at = |cluster: &str| format!("/fleet/cluster.fleetgate.io/{cluster}");
+    let list = |cluster: &str| {
+        let path = format!("{}/api/v1/namespaces/dev/configmaps", at(cluster));
+        fleet.kubectl_output("fleet", &["--user", "alice", "get", "--raw", &path])
+    };
+    let allowed = list("member3");
+    assert!(allowed.status.success(), "{allowed:?}");
+    let hidden = list("member2");
+    let missing = list("member9");
+    assert!(!hidden.status.success());
+    let hidden_text = String::from_utf8_lossy(&hidden.stderr).replace("member2", "NAME");
+    let missing_text = String::from_utf8_lossy(&missing.stderr).replace("member9", "NAME");
+    assert_eq!(hidden_text, missing_text);
+    assert!(hidden_text.contains("NotFound"), "{hidden_text}");
+    // The same for a named object and for discovery (kubectl's own discovery cache is keyed by
+    // server, not user: `--raw` shows what the gateway answers).
+    for tail in ["/api/v1/namespaces/dev/pods/hello", "/api", "/version"] {
+        let get = |cluster: &str| {
+            let path = format!("{}{tail}", at(cluster));
+            let out = fleet.kubectl_output("fleet", &["--user", "alice", "get", "--raw", &path]);
+            String::from_utf8_lossy(&out.stderr).replace(cluster, "NAME")
+        };
+        assert_eq!(get("member2"), get("member9"), "{tail}");
+    }
+}
+
+#[test]
+fn a_create_goes_to_create_in_for_whoever_may_reach_it_there() {
+    let mut fleet = Fleet::sim(2, 1);
+    fleet.serve(&["--workers", "1"], None);
+    let exists_in = |fleet: &Fleet, context: &str, name: &str| {
+        fleet
+            .kubectl_output(context, &["get", "configmap", name, "-n", "default"])
+            .status
+            .success()
+    };
+    // Without createIn: refused, saying how to create in one cluster; aimed: created there.
+    let refused = fleet.kubectl_output("fleet", &["create", "configmap", "a", "-n", "default"]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("cannot create") && stderr.contains("cluster.fleetgate.io/NAME"),
+        "{stderr}"
+    );
+    let aimed = "/fleet/cluster.fleetgate.io/member2";
+    fleet.kubectl_at_ok(aimed, None, &["create", "configmap", "a", "-n", "default"]);
+    assert!(exists_in(&fleet, "member2", "a") && !exists_in(&fleet, "member1", "a"));
+
+    let gateway = fleet.fleet_path("gateway.yaml");
+    let yaml = std::fs::read_to_string(&gateway).unwrap();
+    let with = yaml.replace("\nspec:\n", "\nspec:\n  fleet: {createIn: member2}\n");
+    assert_ne!(with, yaml);
+    std::fs::write(&gateway, with).unwrap();
+    fleet.serve(&["--workers", "1"], None);
+    fleet.kubectl_ok("fleet", &["create", "configmap", "b", "-n", "default"]);
+    assert!(exists_in(&fleet, "member2", "b") && !exists_in(&fleet, "member1", "b"));
+    // The new object is found by name through the view, in its one cluster.
+    fleet.kubectl_ok("fleet", &["get", "configmap", "b", "-n", "default"]);
+    // bob may create in member1's `default` only: createIn is out of his reach, so his create is
+    // the 405 it would be without it, and member2 is not named.
+    let bob = fleet.kubectl_output(
+        "fleet",
+        &["--user", "bob", "create", "configmap", "c", "-n", "default"],
+    );
+    assert!(!bob.status.success());
+    let stderr = String::from_utf8_lossy(&bob.stderr);
+    assert!(
+        stderr.contains("cannot create") && !stderr.contains("member2"),
+        "{stderr}"
+    );
+    assert!(!exists_in(&fleet, "member2", "c") && !exists_in(&fleet, "member1", "c"));
 }

@@ -316,6 +316,35 @@ async fn through_the_fleet_view_forged_fields_never_reach_a_member_and_bad_input
             let (response, rest) = send_raw(gw.tls().await, raw.as_bytes()).await;
             assert_refused(response, &rest, 400, target);
         }
+        // Hostile `cluster.fleetgate.io` hints: dot segments, encoded slashes, a name over 63
+        // bytes, upper case, no name, a second hint, and a cluster that does not exist.
+        let long = format!("/fleet/cluster.fleetgate.io/{}/api/v1/pods", "m".repeat(64));
+        for (target, code) in [
+            ("/fleet/cluster.fleetgate.io/../api/v1/pods", 400),
+            (
+                "/fleet/cluster.fleetgate.io/member/../nosuch/api/v1/pods",
+                400,
+            ),
+            ("/fleet/cluster.fleetgate.io/%2e%2e/api/v1/pods", 400),
+            ("/fleet/cluster.fleetgate.io/mem%2Fber/api/v1/pods", 400),
+            ("/fleet/cluster.fleetgate.io/member%2Fapi/v1/pods", 400),
+            (long.as_str(), 404),
+            ("/fleet/cluster.fleetgate.io/MEMBER/api/v1/pods", 404),
+            ("/fleet/cluster.fleetgate.io/api/v1/pods", 404),
+            (
+                "/fleet/cluster.fleetgate.io/member/cluster.fleetgate.io/member/api",
+                404,
+            ),
+            (
+                "/fleet/cluster.fleetgate.io/nosuch/api/v1/namespaces/d/pods/hello",
+                404,
+            ),
+            ("/fleet/cluster.fleetgate.io/nosuch/api", 404),
+        ] {
+            let raw = format!("GET {target} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n");
+            let (response, rest) = send_raw(gw.tls().await, raw.as_bytes()).await;
+            assert_refused(response, &rest, code, target);
+        }
         assert!(
             upstream.requests().is_empty(),
             "{driver}: {:#?}",

@@ -77,6 +77,8 @@ fn h2_and_timeout_settings_out_of_range_are_refused_naming_the_field() {
             "  fleet:\n    membersAtOnce: 257\n",
             "spec.fleet.membersAtOnce",
         ),
+        ("  fleet:\n    createIn: Member2\n", "spec.fleet.createIn"),
+        ("  fleet:\n    createIn: fleet\n", "spec.fleet.createIn"),
     ];
     for (block, field) in cases {
         let dir = tempfile::tempdir().unwrap();

@@ -79,3 +79,23 @@ def test_a_watch_follows_every_member_from_a_lists_resource_version(demo):
         if len(seen) == len(names):
             break
     assert seen == {name: member for member, name in names.items()}
+
+
+def test_discovery_shows_only_merged_kinds_and_a_hint_aims_at_one_cluster(demo):
+    fleet = api(demo, "fleet")
+    resources = {r.name for r in fleet.get_api_resources().resources}
+    assert {"pods", "pods/log", "pods/exec", "configmaps"} <= resources
+    assert not any(name.startswith("secrets") for name in resources)
+    # Aimed at member2 (`/fleet/cluster.fleetgate.io/member2`): that cluster's list, as it is.
+    aimed_config = client.Configuration()
+    config.load_kube_config(config_file=str(demo / "kubeconfig"), context="fleet", client_configuration=aimed_config)
+    aimed_config.host = aimed_config.host.rstrip("/") + "/cluster.fleetgate.io/member2"
+    aimed = client.CoreV1Api(client.ApiClient(aimed_config))
+    names = sorted((i.metadata.namespace, i.metadata.name) for i in aimed.list_config_map_for_all_namespaces().items)
+    direct = api(demo, "member2").list_config_map_for_all_namespaces().items
+    assert names == sorted((i.metadata.namespace, i.metadata.name) for i in direct)
+    # A cluster that does not exist is a 404, as any the user may not reach would be.
+    aimed_config.host = aimed_config.host.replace("member2", "member9")
+    with pytest.raises(ApiException) as err:
+        client.CoreV1Api(client.ApiClient(aimed_config)).list_config_map_for_all_namespaces()
+    assert err.value.status == 404

@@ -67,9 +67,7 @@ pub enum GatewayError {
     #[error("{resource} {name:?} not found in the fleet")]
     FleetObjectNotFound { resource: String, name: String },
     /// A named object several clusters have: the request must say which.
-    #[error(
-        "{resource} {name:?} exists in clusters {clusters}: aim at one through /clusters/NAME"
-    )]
+    #[error("{resource} {name:?} exists in clusters {clusters}: aim at one by adding cluster.fleetgate.io/NAME after the fleet prefix (kubectl --server https://GATEWAY/fleet/cluster.fleetgate.io/NAME), or through /clusters/NAME")]
     FleetObjectAmbiguous {
         resource: String,
         name: String,
@@ -83,10 +81,15 @@ pub enum GatewayError {
         clusters: String,
     },
     /// A create through the fleet view: it would not know which cluster to create in.
-    #[error(
-        "the fleet view cannot create {resource}: create it in one cluster through /clusters/NAME"
-    )]
+    #[error("the fleet view cannot create {resource}: create it in one cluster by adding cluster.fleetgate.io/NAME after the fleet prefix (kubectl --server https://GATEWAY/fleet/cluster.fleetgate.io/NAME), or through /clusters/NAME")]
     FleetCreate { resource: String },
+    /// A fleet discovery request whose `Accept` admits no JSON discovery document (the fleet
+    /// view serves no aggregated discovery, as a kube-apiserver 1.24 does not).
+    #[error("only the following media types are accepted: application/json")]
+    FleetDiscoveryNotAcceptable,
+    /// No member the user may reach could answer a fleet discovery request.
+    #[error("the fleet view could not read discovery from any cluster: {reasons}")]
+    FleetDiscoveryUnavailable { reasons: String },
     #[error("upgrading to {protocol:?} is not supported: the gateway carries SPDY/3.1 and websocket upgrades (exec, attach, port-forward)")]
     UpgradeNotSupported { protocol: String },
     #[error("{protocol:?} cannot be carried over h2: exec, attach and port-forward need an HTTP/1.1 connection")]
@@ -145,6 +148,7 @@ impl GatewayError {
             | FleetContinueExpired { .. }
             | FleetObjectNotFound { .. }
             | FleetObjectAmbiguous { .. }
+            | FleetDiscoveryNotAcceptable
             | TooManyMemberConnections => Side::Downstream,
             ConnectTimeout { .. }
             | Connect { .. }
@@ -152,7 +156,7 @@ impl GatewayError {
             | UpstreamProtocol { .. }
             | UpstreamClosed { .. } => Side::Upstream,
             TunnelNotSupported { .. } | OutOfDescriptors { .. } => Side::Internal,
-            FleetOwnerUnknown { .. } => Side::Upstream,
+            FleetOwnerUnknown { .. } | FleetDiscoveryUnavailable { .. } => Side::Upstream,
         }
     }
 
@@ -168,7 +172,10 @@ impl GatewayError {
             FleetContinueExpired { .. } => (410, "Expired"),
             FleetObjectNotFound { .. } => (404, "NotFound"),
             FleetObjectAmbiguous { .. } => (409, "Conflict"),
-            FleetOwnerUnknown { .. } => (503, "ServiceUnavailable"),
+            FleetOwnerUnknown { .. } | FleetDiscoveryUnavailable { .. } => {
+                (503, "ServiceUnavailable")
+            }
+            FleetDiscoveryNotAcceptable => (406, "NotAcceptable"),
             FleetNotServed { .. } => (501, "NotImplemented"),
             ClientImpersonation | Forbidden { .. } => (403, "Forbidden"),
             Unauthorized { .. } => (401, "Unauthorized"),
@@ -293,6 +300,10 @@ pub fn reason_phrase(code: u16) -> &'static str {
         401 => "Unauthorized",
         403 => "Forbidden",
         404 => "Not Found",
+        405 => "Method Not Allowed",
+        406 => "Not Acceptable",
+        409 => "Conflict",
+        410 => "Gone",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         501 => "Not Implemented",

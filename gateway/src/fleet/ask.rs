@@ -1,7 +1,8 @@
 //! One request the fleet view makes of a member, as the user: the member's head written as for
 //! an ordinary request (the user's identity, the client's fields but `Accept-Encoding`, so the
-//! answer can be read), sent through the exchange, and the whole answer read (up to
-//! [`MAX_ANSWER_BYTES`]). The answer's connection goes back to the pool.
+//! answer can be read, and, when the view needs one form of answer, but `Accept`), sent through
+//! the exchange, and the whole answer read (up to [`MAX_ANSWER_BYTES`]). The answer's
+//! connection goes back to the pool.
 
 use bytes::Bytes;
 use fleetgate_config_watcher::ClusterRoute;
@@ -59,7 +60,24 @@ where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
-    let (mut answer, response) = open(ctx, asked, client_request, cluster, identity, false).await?;
+    ask_accepting(ctx, asked, None, client_request, cluster, identity).await
+}
+
+/// [`ask`], with `accept` (when given) as the member's `Accept` instead of the client's.
+pub(crate) async fn ask_accepting<'h, F, H>(
+    ctx: &ShardContext,
+    asked: &Asked<'_>,
+    accept: Option<&'static [u8]>,
+    client_request: &ClientRequest<'_, F>,
+    cluster: &ClusterRoute,
+    identity: &Decided,
+) -> Result<Vec<u8>, Missed>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let (mut answer, response) =
+        open_accepting(ctx, asked, accept, client_request, cluster, identity, false).await?;
     let mut body = Collect {
         buf: Vec::new(),
         cluster,
@@ -106,6 +124,32 @@ where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
+    open_accepting(
+        ctx,
+        asked,
+        None,
+        client_request,
+        cluster,
+        identity,
+        long_running,
+    )
+    .await
+}
+
+/// [`open`], with `accept` (when given) as the member's `Accept` instead of the client's.
+async fn open_accepting<'h, F, H>(
+    ctx: &ShardContext,
+    asked: &Asked<'_>,
+    accept: Option<&'static [u8]>,
+    client_request: &ClientRequest<'_, F>,
+    cluster: &ClusterRoute,
+    identity: &Decided,
+    long_running: bool,
+) -> Result<(Answer, Head), Missed>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
     let mut head_bytes = Vec::with_capacity(1024);
     member_head::write(
         &mut head_bytes,
@@ -120,10 +164,14 @@ where
             identity: identity.identity.as_deref(),
             upgrade: Upgrade::None,
         },
-        // The answer is parsed here: it must come uncompressed.
+        // The answer is parsed here: it must come uncompressed (and in the form asked for).
         || {
             (client_request.headers)()
-                .filter(|(name, _)| !name.eq_ignore_ascii_case(b"accept-encoding"))
+                .filter(|(name, _)| {
+                    let replaced = accept.is_some() && name.eq_ignore_ascii_case(b"accept");
+                    !replaced && !name.eq_ignore_ascii_case(b"accept-encoding")
+                })
+                .chain(accept.map(|value| (&b"Accept"[..], value)))
         },
         client_request.connection_named,
     );

@@ -9,14 +9,18 @@
 //!   resourceVersion to resume from, clusters joining and leaving while it is open;
 //! - `owner`: the one member that has a named object, which the request then goes to as an
 //!   ordinary proxied request;
-//! - `ask`: one request of a member as the user (a GET read whole for `list` and `owner`, a
-//!   watch opened for `watch`);
-//! - discovery is not here: `decide` sends it to one member as an ordinary request.
+//! - `ask`: one request of a member as the user (a GET read whole for `list`, `owner` and
+//!   `discovery`, a watch opened for `watch`);
+//! - `discovery`: `/api`, `/apis` and below from one member, filtered to the merged kinds.
+//!
+//! A request aimed at one cluster (`/fleet/cluster.fleetgate.io/NAME/...`, or a create that
+//! `spec.fleet.createIn` sends) is not here: `decide` makes it an ordinary proxied request.
 //!
 //! Called by the front-ends (`protocol::h1`, `protocol::h2`) with a [`FleetClient`] for their
 //! side.
 
 pub mod ask;
+pub mod discovery;
 pub mod list;
 pub mod owner;
 pub mod page;

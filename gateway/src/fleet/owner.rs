@@ -118,7 +118,7 @@ mod tests {
             kind: &kind,
             members: Vec::new(),
             verb: "get",
-            settings: Default::default(),
+            settings: &Default::default(),
         };
         object_path(&request)
     }

@@ -284,7 +284,7 @@ where
                     let answer = Refusal {
                         error: &error,
                         counted: None,
-                        audited: fleet_audited(&fleet, &classified),
+                        audited: fleet_audited(&fleet.members, &classified),
                         close,
                     };
                     return Box::pin(answer_with_status(ctx, down, head, peer, answer, started))
@@ -293,17 +293,19 @@ where
                 Err(Failure::Abort(_)) => return Next::Close,
             }
         }
-        Ok(Decision::Fleet(fleet)) => {
+        Ok(decision @ (Decision::Fleet(_) | Decision::FleetDiscovery(_))) => {
             let answer = FleetAnswer {
                 limits,
                 close,
                 connection_names_fields,
                 started,
             };
-            return Box::pin(serve_fleet(
-                ctx, down, head, &fleet, peer, conn_auth, answer,
-            ))
-            .await;
+            let work = match &decision {
+                Decision::FleetDiscovery(discovery) => FleetWork::Discovery(discovery),
+                Decision::Fleet(fleet) => FleetWork::Merged(fleet),
+                _ => unreachable!("matched above"),
+            };
+            return Box::pin(serve_fleet(ctx, down, head, work, peer, conn_auth, answer)).await;
         }
         Ok(Decision::Health) => {
             let mut reply = if close { HEALTH_OK_CLOSE } else { HEALTH_OK };
@@ -509,13 +511,21 @@ struct FleetAnswer {
     started: Instant,
 }
 
-/// Serves a fleet-view request (`fleet`): the merged answer, chunked (or, to an HTTP/1.0
-/// client, until the connection closes).
+/// What a fleet-view response serves.
+enum FleetWork<'a, 't> {
+    /// A merged LIST or WATCH.
+    Merged(&'a request::FleetRequest<'t>),
+    /// A filtered discovery document.
+    Discovery(&'a request::FleetDiscovery<'t>),
+}
+
+/// Serves a fleet-view request (`work`): the merged or filtered answer, chunked (or, to an
+/// HTTP/1.0 client, until the connection closes).
 async fn serve_fleet<S>(
     ctx: &ShardContext,
     down: &mut Downstream<'_, S>,
     head: &Head,
-    fleet: &request::FleetRequest<'_>,
+    work: FleetWork<'_, '_>,
     peer: Peer,
     conn_auth: &auth::ConnectionAuth,
     answer: FleetAnswer,
@@ -525,7 +535,11 @@ where
 {
     let _stream = ctx.shard_metrics.stream_opened();
     let chunked = head.minor_version > 0;
-    let watch = fleet.info.verb == fleetgate_config_watcher::request_info::KubeVerb::Watch;
+    let (info, members) = match work {
+        FleetWork::Merged(fleet) => (&fleet.info, &fleet.members),
+        FleetWork::Discovery(discovery) => (&discovery.info, &discovery.members),
+    };
+    let watch = info.verb == fleetgate_config_watcher::request_info::KubeVerb::Watch;
     // A watch's connection closes after it: the client's bytes meanwhile were not kept.
     let close = answer.close || !chunked || watch;
     let connection_named =
@@ -545,15 +559,21 @@ where
         write_timeout: answer.limits.client_write_timeout,
         head_sent: false,
     };
-    let result = if watch {
-        crate::fleet::watch::watch(ctx, fleet, &client_request, &mut client).await
-    } else {
-        crate::fleet::list::list(ctx, fleet, &client_request, &mut client).await
+    let result = match work {
+        FleetWork::Merged(fleet) if watch => {
+            crate::fleet::watch::watch(ctx, fleet, &client_request, &mut client).await
+        }
+        FleetWork::Merged(fleet) => {
+            crate::fleet::list::list(ctx, fleet, &client_request, &mut client).await
+        }
+        FleetWork::Discovery(discovery) => {
+            crate::fleet::discovery::serve(ctx, discovery, &client_request, &mut client).await
+        }
     };
     let head_sent = client.head_sent;
-    // One audit event for the whole LIST or WATCH, its cluster `fleet`.
-    let classified = Classified::fleet(&fleet.info, head.target());
-    let audited = fleet_audited(fleet, &classified);
+    // One audit event for the whole LIST, WATCH or discovery request, its cluster `fleet`.
+    let classified = Classified::fleet(info, head.target());
+    let audited = fleet_audited(members, &classified);
     let (outcome, next) = match result {
         // Refused before anything went out (a bad limit or continue token, an expired one).
         Err(Failure::Answer(error)) if !head_sent => {
@@ -579,10 +599,10 @@ where
 /// What the audit log says of a fleet-view request: the user who authenticated (the same on
 /// every member it spans) and its classification.
 fn fleet_audited<'a>(
-    fleet: &'a request::FleetRequest<'_>,
+    members: &'a [(&Arc<ClusterRoute>, auth::Decided)],
     classified: &'a Classified,
 ) -> Audited<'a> {
-    let decided = fleet.members.first().map(|(_, decided)| decided);
+    let decided = members.first().map(|(_, decided)| decided);
     Audited {
         authenticated: decided.and_then(|d| d.authenticated.as_ref()),
         acting_as: decided.and_then(|d| d.identity.as_ref()),

@@ -17,10 +17,11 @@ use std::sync::Arc;
 
 use fleetgate_config_watcher::fleet::FleetKind;
 use fleetgate_config_watcher::request_info::{KubeVerb, RequestInfo};
-use fleetgate_config_watcher::{ClusterRoute, RouteTable};
+use fleetgate_config_watcher::{ClusterRoute, FleetSettings, RouteTable};
 
 use crate::auth::{self, ClientIdentity, ConnectionAuth, Decided};
 use crate::errors::GatewayError;
+use crate::fleet::discovery::{Document, MergedKind};
 use route::Route;
 
 /// The client's address, with its IP as text (what `X-Forwarded-For` carries), formatted once per
@@ -70,6 +71,9 @@ pub enum Decision<'t> {
     /// A named object through the fleet view: proxied to the one member that has it, once
     /// `fleet::owner` has found it.
     FleetNamed(FleetRequest<'t>),
+    /// A discovery document through the fleet view, filtered to the merged kinds
+    /// (`fleet::discovery`).
+    FleetDiscovery(FleetDiscovery<'t>),
 }
 
 /// A fleet-view request on a merged kind, classified and authorized per member.
@@ -86,7 +90,21 @@ pub struct FleetRequest<'t> {
     /// The verb metrics count it under.
     pub verb: &'static str,
     /// Page size and members asked at once (`spec.fleet`).
-    pub settings: fleetgate_config_watcher::FleetSettings,
+    pub settings: &'t FleetSettings,
+}
+
+/// A discovery request through the fleet view (`/api`, `/apis` and below).
+pub struct FleetDiscovery<'t> {
+    pub rest: &'t [u8],
+    pub query: &'t [u8],
+    pub info: RequestInfo<'t>,
+    pub document: Document<'t>,
+    /// The merged kinds it may show (those merged in the aimed cluster, when aimed at one).
+    pub kinds: Vec<MergedKind<'t>>,
+    /// The clusters that may answer it, in the order they are asked (by name), each with the
+    /// identity the member is told about.
+    pub members: Vec<(&'t Arc<ClusterRoute>, Decided)>,
+    pub verb: &'static str,
 }
 
 /// A request routed to a member cluster, classified and authorized.
@@ -176,8 +194,8 @@ where
             .into())
         }
         Route::Cluster { name, rest, query } => (name, rest, query),
-        Route::Fleet { rest, query } => {
-            return decide_fleet(table, conn, method, rest, query, headers)
+        Route::Fleet { aimed, rest, query } => {
+            return decide_fleet(table, conn, method, aimed, rest, query, headers)
         }
     };
     let info = RequestInfo::parse(method, rest, query);
@@ -216,6 +234,23 @@ where
 }
 
 impl<'t> Proxied<'t> {
+    /// A fleet-view request as an ordinary one to `member`, named by its own name.
+    fn to_member(
+        (cluster, identity): (&'t Arc<ClusterRoute>, Decided),
+        rest: &'t [u8],
+        query: &'t [u8],
+        info: RequestInfo<'t>,
+    ) -> Decision<'t> {
+        Decision::Proxy(Proxied::new(
+            cluster,
+            &cluster.name,
+            rest,
+            query,
+            info,
+            identity,
+        ))
+    }
+
     fn new(
         cluster: &'t Arc<ClusterRoute>,
         name: &'t str,
@@ -237,10 +272,15 @@ impl<'t> Proxied<'t> {
     }
 }
 
-/// Decides a fleet-view request. Discovery and other non-resource requests go to the first
-/// cluster (by name) the user may reach, as an ordinary proxied request; a LIST or WATCH of a
-/// merged kind spans every cluster of the kind the user's AccessPolicies allow it on. Clusters
-/// the user may not reach are left out without a word: no item and no error names them.
+/// Decides a fleet-view request. Discovery (`/api`, `/apis` and below) is filtered to the merged
+/// kinds by the first cluster (by name) the user may reach that answers; other non-resource
+/// requests go to the first such cluster as ordinary proxied requests. A LIST or WATCH of a
+/// merged kind spans every cluster of the kind the user's AccessPolicies allow it on; a named
+/// object goes to the one that has it. A request `aimed` at one cluster (a
+/// `cluster.fleetgate.io/NAME` hint), and a CREATE when `spec.fleet.createIn` names a cluster, is
+/// that cluster's, proxied as through `/clusters/NAME`. Clusters the user may not reach are left
+/// out without a word: no item and no error names them, and a hint naming one is answered as one
+/// naming no cluster.
 #[allow(
     clippy::result_large_err,
     reason = "as `decide`: the refusal is as large as the decision"
@@ -249,6 +289,7 @@ fn decide_fleet<'t, 'h, F, H>(
     table: &'t RouteTable,
     conn: &ConnectionAuth,
     method: &'t [u8],
+    aimed: Option<&'t str>,
     rest: &'t [u8],
     query: &'t [u8],
     headers: F,
@@ -259,22 +300,56 @@ where
 {
     let info = RequestInfo::parse(method, rest, query);
     let verb = info.metrics_verb();
-    if !info.is_resource_request {
-        let mut names: Vec<&Arc<ClusterRoute>> = table.clusters().collect();
-        names.sort_by(|a, b| a.name.cmp(&b.name));
-        let (mut allowed, refusal) =
-            fleet_members(table, conn, &info, names.into_iter(), 1, &headers);
-        let Some((cluster, identity)) = allowed.drain(..).next() else {
-            return Err(fleet_refusal(refusal, rest, &info));
+    // What a hint to a cluster the request may not reach is answered with: exactly what a hint
+    // to a cluster that does not exist is.
+    let hidden = |name: &str| -> Refused<'t> {
+        let unknown = GatewayError::UnknownCluster {
+            name: name.to_string(),
         };
-        return Ok(Decision::Proxy(Proxied::new(
-            cluster,
-            &cluster.name,
-            rest,
-            query,
-            info,
-            identity,
-        )));
+        auth::hide_unknown_cluster(unknown, table.access(), conn, &headers).into()
+    };
+    // The aimed cluster, or every cluster by name.
+    let candidates = || -> Vec<&'t Arc<ClusterRoute>> {
+        match aimed {
+            Some(name) => table.cluster(name).into_iter().collect(),
+            None => {
+                let mut all: Vec<&Arc<ClusterRoute>> = table.clusters().collect();
+                all.sort_by(|a, b| a.name.cmp(&b.name));
+                all
+            }
+        }
+    };
+    if !info.is_resource_request {
+        let document = Document::of(rest).filter(|_| method == b"GET");
+        let want = if document.is_some() { usize::MAX } else { 1 };
+        let (members, refusal) =
+            fleet_members(table, conn, &info, candidates().into_iter(), want, &headers);
+        if members.is_empty() {
+            return Err(match aimed {
+                Some(name) => hidden(name),
+                None => fleet_refusal(refusal, rest, &info),
+            });
+        }
+        if let Some(document) = document {
+            let kinds = table
+                .fleet()
+                .kinds
+                .iter()
+                .filter(|k| aimed.is_none_or(|name| k.clusters.iter().any(|c| c == name)))
+                .map(|k| (k.group.as_str(), k.version.as_str(), k.resource.as_str()))
+                .collect();
+            return Ok(Decision::FleetDiscovery(FleetDiscovery {
+                rest,
+                query,
+                info,
+                document,
+                kinds,
+                members,
+                verb,
+            }));
+        }
+        let member = members.into_iter().next().expect("one member, checked");
+        return Ok(Proxied::to_member(member, rest, query, info));
     }
     let Some(kind) = table.fleet().kind(info.api_group, info.resource) else {
         return Err(GatewayError::FleetKindNotMerged {
@@ -303,13 +378,26 @@ where
             true
         }
         KubeVerb::Create => {
-            return Err(GatewayError::FleetCreate {
-                resource: fleet_resource_name(&info),
-            }
-            .into())
+            let create = || -> Refused<'t> {
+                GatewayError::FleetCreate {
+                    resource: fleet_resource_name(&info),
+                }
+                .into()
+            };
+            // Without a hint, `spec.fleet.createIn` says where, for those who may reach it
+            // there; for anyone else the create is refused as if it did not say.
+            let Some(create_in) = aimed.or(table.gateway().fleet.create_in.as_deref()) else {
+                return Err(create());
+            };
+            return aimed_at(table, conn, kind, create_in, rest, query, info, &headers)
+                .map_err(|_| aimed.map_or_else(create, hidden));
         }
         _ => return Err(unsupported("this verb")),
     };
+    if let Some(name) = aimed {
+        return aimed_at(table, conn, kind, name, rest, query, info, &headers)
+            .map_err(|_| hidden(name));
+    }
     let (members, refusal) = fleet_members(
         table,
         conn,
@@ -328,13 +416,41 @@ where
         kind,
         members,
         verb,
-        settings: table.gateway().fleet,
+        settings: &table.gateway().fleet,
     };
     Ok(if named {
         Decision::FleetNamed(request)
     } else {
         Decision::Fleet(request)
     })
+}
+
+/// A fleet request aimed at cluster `name` (a hint, or `spec.fleet.createIn`) as an ordinary
+/// request to it, if the cluster exists, merges `kind` and this request may reach it there;
+/// else `Err(())`, which the caller answers without telling which of those failed.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the parts of one request, as `decide_fleet` took them apart"
+)]
+fn aimed_at<'t, 'h, F, H>(
+    table: &'t RouteTable,
+    conn: &ConnectionAuth,
+    kind: &FleetKind,
+    name: &str,
+    rest: &'t [u8],
+    query: &'t [u8],
+    info: RequestInfo<'t>,
+    headers: &F,
+) -> Result<Decision<'t>, ()>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let merged_here = kind.clusters.iter().any(|c| c == name);
+    let cluster = table.cluster(name).filter(|_| merged_here);
+    let (mut members, _) = fleet_members(table, conn, &info, cluster.into_iter(), 1, headers);
+    let member = members.pop().ok_or(())?;
+    Ok(Proxied::to_member(member, rest, query, info))
 }
 
 /// The clusters of `candidates` (in their order) the request may reach, at most `want` of them,

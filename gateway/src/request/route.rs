@@ -2,8 +2,10 @@
 //!
 //! Recognizes the native `/clusters/{name}/...` form, the Karmada and Karpor aggregated-proxy
 //! forms, the OCM user-server `/{name}/...` form (when the Gateway enables it), the fleet view
-//! (`/fleet/...` and karmada-search's proxying path), and the gateway's own health paths. The prefix is stripped (an empty rest becomes `/`), the query is passed on
-//! raw and percent-encoding is never decoded, so the member sees exactly the bytes the client sent.
+//! (`/fleet/...` and karmada-search's proxying path, either aimed at one cluster by a
+//! `/cluster.fleetgate.io/{name}` hint after the prefix), and the gateway's own health paths. The
+//! prefix is stripped (an empty rest becomes `/`), the query is passed on raw and
+//! percent-encoding is never decoded, so the member sees exactly the bytes the client sent.
 //! This module does no lookup in the routing table and never allocates; the connection driver
 //! (`proxy`) calls [`route`] and then asks the table for the cluster.
 
@@ -21,8 +23,13 @@ pub enum Route<'a> {
         rest: &'a [u8],
         query: &'a [u8],
     },
-    /// The fleet view: the kube path after the prefix (possibly empty) and the query.
-    Fleet { rest: &'a [u8], query: &'a [u8] },
+    /// The fleet view: the cluster a `cluster.fleetgate.io/NAME` hint aims it at, the kube path
+    /// after the prefix and the hint (possibly empty) and the query.
+    Fleet {
+        aimed: Option<&'a str>,
+        rest: &'a [u8],
+        query: &'a [u8],
+    },
     /// Nothing the gateway serves.
     NotFound,
 }
@@ -33,6 +40,8 @@ const NATIVE: &[u8] = b"/clusters/";
 const FLEET: &[u8] = b"/fleet";
 /// karmada-search's global-resource proxy, so a Karmada user's kubeconfig keeps working.
 const KARMADA_SEARCH: &[u8] = b"/apis/search.karmada.io/v1alpha1/proxying/karmada/proxy";
+/// After a fleet prefix, aims the fleet view at one cluster: `/fleet/cluster.fleetgate.io/NAME/...`.
+const FLEET_HINT: &[u8] = b"/cluster.fleetgate.io";
 
 /// Splits `{name}{tail}` where the name ends at `/` or the end of the path.
 fn split_name(after: &[u8]) -> Option<(&str, &[u8])> {
@@ -64,7 +73,7 @@ pub fn route(target: &[u8], ocm_style: bool) -> Route<'_> {
     for prefix in [FLEET, KARMADA_SEARCH] {
         if let Some(rest) = path.strip_prefix(prefix) {
             if rest.is_empty() || rest.starts_with(b"/") {
-                return Route::Fleet { rest, query };
+                return fleet(rest, query);
             }
         }
     }
@@ -96,6 +105,36 @@ pub fn route(target: &[u8], ocm_style: bool) -> Route<'_> {
         }
     }
     Route::NotFound
+}
+
+/// The fleet view's path after its prefix: a `cluster.fleetgate.io/NAME` hint (a cluster name as
+/// `/clusters/NAME` takes it, once) and the kube path. A hint without a valid name, or a second
+/// hint, routes nowhere: it never reaches a member as part of a kube path.
+fn fleet<'a>(rest: &'a [u8], query: &'a [u8]) -> Route<'a> {
+    let Some(after) = hint_at(rest) else {
+        return Route::Fleet {
+            aimed: None,
+            rest,
+            query,
+        };
+    };
+    let Some((name, rest)) = after.strip_prefix(b"/").and_then(split_name) else {
+        return Route::NotFound;
+    };
+    if hint_at(rest).is_some() {
+        return Route::NotFound;
+    }
+    Route::Fleet {
+        aimed: Some(name),
+        rest,
+        query,
+    }
+}
+
+/// What follows a `/cluster.fleetgate.io` segment that `path` starts with.
+fn hint_at(path: &[u8]) -> Option<&[u8]> {
+    path.strip_prefix(FLEET_HINT)
+        .filter(|after| after.is_empty() || after.starts_with(b"/"))
 }
 
 /// Appends the upstream request target: the cluster's server path prefix, the rest (or `/`) and
@@ -165,6 +204,7 @@ mod tests {
     #[test]
     fn the_fleet_view_has_two_prefixes() {
         let want = Route::Fleet {
+            aimed: None,
             rest: b"/api/v1/pods",
             query: b"?limit=500",
         };
@@ -179,6 +219,7 @@ mod tests {
         assert_eq!(
             route(b"/fleet", true),
             Route::Fleet {
+                aimed: None,
                 rest: b"",
                 query: b""
             }
@@ -212,6 +253,68 @@ mod tests {
                 false
             ),
             Route::NotFound
+        );
+    }
+
+    #[test]
+    fn a_hint_aims_the_fleet_view_at_one_cluster() {
+        let aimed = |target: &str| match route(target.as_bytes(), false) {
+            Route::Fleet { aimed, rest, query } => Some((
+                aimed.map(str::to_owned),
+                String::from_utf8([rest, query].concat()).unwrap(),
+            )),
+            _ => None,
+        };
+        let want = Some((
+            Some("member2".to_owned()),
+            "/api/v1/pods?limit=1".to_owned(),
+        ));
+        assert_eq!(
+            aimed("/fleet/cluster.fleetgate.io/member2/api/v1/pods?limit=1"),
+            want
+        );
+        assert_eq!(
+            aimed("/apis/search.karmada.io/v1alpha1/proxying/karmada/proxy/cluster.fleetgate.io/member2/api/v1/pods?limit=1"),
+            want
+        );
+        assert_eq!(
+            aimed("/fleet/cluster.fleetgate.io/m?x"),
+            Some((Some("m".to_owned()), "?x".to_owned()))
+        );
+        // Hostile hints route nowhere: no name, a name kube would not take, a dot segment,
+        // an encoded slash, a name over 63 bytes, upper case, a second hint, a name glued to
+        // its path.
+        let long = "a".repeat(64);
+        for target in [
+            "/fleet/cluster.fleetgate.io",
+            "/fleet/cluster.fleetgate.io/",
+            "/fleet/cluster.fleetgate.io//api",
+            "/fleet/cluster.fleetgate.io/../api/v1/pods",
+            "/fleet/cluster.fleetgate.io/./api",
+            "/fleet/cluster.fleetgate.io/member%2F2/api",
+            "/fleet/cluster.fleetgate.io/member2%2Fapi",
+            &format!("/fleet/cluster.fleetgate.io/{long}/api"),
+            "/fleet/cluster.fleetgate.io/Member2/api",
+            "/fleet/cluster.fleetgate.io/member2/cluster.fleetgate.io/member1/api",
+            "/fleet/cluster.fleetgate.io/member2/cluster.fleetgate.io",
+            "/fleet/cluster.fleetgate.io/member2?/api",
+        ] {
+            let routed = route(target.as_bytes(), true);
+            let refused = routed == Route::NotFound
+                || matches!(
+                    routed,
+                    Route::Fleet {
+                        aimed: Some("member2"),
+                        rest: b"",
+                        ..
+                    }
+                );
+            assert!(refused, "{target}: {routed:?}");
+        }
+        // Without the hint's own slash, it is an ordinary (non-resource) fleet path.
+        assert_eq!(
+            aimed("/fleet/cluster.fleetgate.iox/api"),
+            Some((None, "/cluster.fleetgate.iox/api".to_owned()))
         );
     }
 }

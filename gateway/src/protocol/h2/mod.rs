@@ -412,7 +412,7 @@ async fn proxy_stream(
             // A refusal of the owner lookup (404, 409, 503) is audited as the fleet view's;
             // once the owner is found the request is classified as an ordinary one below.
             if ctx.audit.is_some() {
-                audit_fleet(audit, &fleet, target);
+                audit_fleet(audit, &fleet.info, &fleet.members, target);
             }
             let client_request = fleet_request();
             let owner = Box::pin(fleet::owner::find(ctx, &fleet, &client_request)).await?;
@@ -422,7 +422,7 @@ async fn proxy_stream(
             let _stream = ctx.shard_metrics.stream_opened();
             if ctx.audit.is_some() {
                 // One audit event for the whole LIST, its cluster `fleet`.
-                audit_fleet(audit, &fleet, target);
+                audit_fleet(audit, &fleet.info, &fleet.members, target);
                 audit.code = Some(200);
             }
             let client_request = fleet_request();
@@ -442,6 +442,19 @@ async fn proxy_stream(
                 .await;
             }
             return Box::pin(fleet::list::list(ctx, &fleet, &client_request, &mut client)).await;
+        }
+        Ok(Decision::FleetDiscovery(discovery)) => {
+            if ctx.audit.is_some() {
+                audit_fleet(audit, &discovery.info, &discovery.members, target);
+                audit.code = Some(200);
+            }
+            let client_request = fleet_request();
+            let mut client = FleetStream {
+                respond: &mut *respond,
+                send: None,
+            };
+            let serving = fleet::discovery::serve(ctx, &discovery, &client_request, &mut client);
+            return Box::pin(serving).await;
         }
         Ok(Decision::Health) => {
             let response = Response::builder()
@@ -683,11 +696,16 @@ struct StreamSink<'a> {
 
 /// What the audit log says of a fleet-view request: the user who authenticated (the same on
 /// every member it spans) and its classification as the fleet view's.
-fn audit_fleet(audit: &mut StreamAudit, fleet: &request::FleetRequest<'_>, target: &[u8]) {
-    let decided = fleet.members.first().map(|(_, decided)| decided);
+fn audit_fleet(
+    audit: &mut StreamAudit,
+    info: &fleetgate_config_watcher::request_info::RequestInfo<'_>,
+    members: &[(&Arc<ClusterRoute>, auth::Decided)],
+    target: &[u8],
+) {
+    let decided = members.first().map(|(_, decided)| decided);
     audit.authenticated = decided.and_then(|d| d.authenticated.clone());
     audit.acting_as = decided.and_then(|d| d.identity.clone());
-    audit.classified = Some(Classified::fleet(&fleet.info, target));
+    audit.classified = Some(Classified::fleet(info, target));
 }
 
 /// The fleet view's client side on an h2 stream.
