@@ -18,12 +18,18 @@
 //! longer name it, and a list silently short of its objects would tell an informer they were
 //! deleted. The client's next list finds it at the probe and names it in a `Warning`.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::Bytes;
 use fleetgate_config_watcher::ClusterRoute;
+use futures_channel::mpsc;
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::SinkExt;
 use serde_json::Value;
 use tracing::warn;
 
@@ -35,10 +41,13 @@ use crate::auth::Decided;
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
 use crate::request::FleetRequest;
-use crate::runtime::ShardContext;
+use crate::runtime::{self, First, ShardContext};
 
 /// Body bytes gathered before they go to the client.
 const WRITE_CHUNK: usize = 64 * 1024;
+/// Members whose later pages are read ahead of the writer in an unpaged LIST: the one being
+/// written and the next.
+pub const READ_AHEAD: usize = 2;
 
 /// Serves a merged LIST.
 pub(crate) async fn list<'h, F, H>(
@@ -94,21 +103,22 @@ where
             .map_or("", |s| s.member.as_str())
     };
 
+    let member_pages = |cluster, identity| MemberPages {
+        ctx,
+        request,
+        client_request,
+        cluster,
+        identity,
+    };
+
     // 1. Probe.
     let mut probes = Vec::with_capacity(members.len());
     for batch in members.chunks(request.settings.members_at_once) {
         let asked = batch
             .iter()
-            .map(|(cluster, identity)| {
-                fetch(
-                    ctx,
-                    request,
-                    client_request,
-                    cluster,
-                    identity,
-                    1,
-                    resume(cluster),
-                )
+            .map(|(cluster, identity)| async move {
+                let member = member_pages(cluster, identity);
+                member.page(1, resume(cluster)).await
             })
             .collect::<Vec<_>>();
         probes.extend(join_all(asked).await);
@@ -175,59 +185,115 @@ where
     } else {
         out.raw(b",\"items\":[");
     }
-    let mut remaining = limit.unwrap_or(usize::MAX);
-    let mut versions = BTreeMap::new();
-    let mut next = None;
-    for (cluster, identity, mut page) in healthy {
-        versions.insert(cluster.name.to_string(), page.resource_version.clone());
-        loop {
-            remaining = remaining.saturating_sub(page.entries.len());
-            for mut entry in page.entries.drain(..) {
-                stamp(&mut entry, &cluster.name, table);
-                out.entry(&entry).await?;
+    // Unpaged, the members' later pages are read ahead of the writer (`READ_AHEAD` members at
+    // a time, one page waiting each); paged, each page is asked for when the writer needs it,
+    // sized by what the client's limit leaves.
+    let ahead = limit.is_none();
+    let (senders, mut receivers): (Vec<_>, Vec<_>) = healthy
+        .iter()
+        .map(|_| mpsc::channel::<Result<Vec<u8>, Missed>>(0))
+        .unzip();
+    let written = Cell::new(0usize);
+    // Where each member's reader starts: after its probe.
+    let starts: Vec<(&ClusterRoute, &Decided, String)> = healthy
+        .iter()
+        .map(|(cluster, identity, probe)| (*cluster, *identity, probe.continue_token.clone()))
+        .collect();
+    let readers = async {
+        if !ahead {
+            return std::future::pending::<Infallible>().await;
+        }
+        let mut running = FuturesUnordered::new();
+        let mut members = starts.into_iter().zip(senders);
+        let mut started = 0;
+        std::future::poll_fn(|cx| {
+            // A member's reader starts once the writer is within READ_AHEAD members of it.
+            while started < written.get() + READ_AHEAD {
+                let Some(((cluster, identity, from), pages)) = members.next() else {
+                    break;
+                };
+                started += 1;
+                if !from.is_empty() {
+                    running.push(async move {
+                        let member = member_pages(cluster, identity);
+                        member.read_ahead(from, pages).await;
+                    });
+                }
             }
-            if page.continue_token.is_empty() {
-                break;
-            }
-            if remaining == 0 {
-                next = Some(Continue {
-                    cluster: cluster.name.to_string(),
-                    member: std::mem::take(&mut page.continue_token),
-                });
-                break;
-            }
-            let ask = remaining.min(request.settings.page_size);
-            let from = std::mem::take(&mut page.continue_token);
-            let fetch_page = || fetch(ctx, request, client_request, cluster, identity, ask, &from);
-            // Once more on a failure (a member's connection may have been closed under us); then
-            // the response is cut: its head went out, and a list silently short of a member's
-            // objects would tell an informer they were deleted.
-            page = match fetch_page().await {
-                Ok(page) => page,
-                Err(_) => fetch_page().await.map_err(|missed| {
+            while let Poll::Ready(Some(())) = running.poll_next_unpin(cx) {}
+            Poll::<Infallible>::Pending
+        })
+        .await
+    };
+    let writer = async {
+        let mut remaining = limit.unwrap_or(usize::MAX);
+        let mut versions = BTreeMap::new();
+        let mut next = None;
+        for ((cluster, identity, mut page), pages) in healthy.into_iter().zip(&mut receivers) {
+            versions.insert(cluster.name.to_string(), page.resource_version.clone());
+            loop {
+                remaining = remaining.saturating_sub(page.entries.len());
+                for mut entry in page.entries.drain(..) {
+                    stamp(&mut entry, &cluster.name, table);
+                    out.entry(&entry).await?;
+                }
+                if page.continue_token.is_empty() {
+                    break;
+                }
+                if remaining == 0 {
+                    next = Some(Continue {
+                        cluster: cluster.name.to_string(),
+                        member: std::mem::take(&mut page.continue_token),
+                    });
+                    break;
+                }
+                let from = std::mem::take(&mut page.continue_token);
+                let got = if ahead {
+                    match pages.next().await {
+                        Some(Ok(raw)) => parsed(&raw),
+                        Some(Err(missed)) => Err(missed),
+                        None => Err(Missed::Failed("its reader ended".into())),
+                    }
+                } else {
+                    let ask = remaining.min(request.settings.page_size);
+                    let member = member_pages(cluster, identity);
+                    member
+                        .body_twice(ask, &from)
+                        .await
+                        .and_then(|body| parsed(&body))
+                };
+                // The head went out: a list silently short of a member's objects would tell an
+                // informer they were deleted, so the response is cut.
+                page = got.map_err(|missed| {
                     warn!(warning = %missed.warning(&cluster.name), "fleet list cut: a member failed after the head went out");
                     Failure::Abort("a member failed in the middle of a fleet list")
-                })?,
-            };
-        }
-        if remaining == 0 {
-            if next.is_none() {
-                // This member ended with the page: the next page starts at the next one.
-                next = members_after(&request.members, &cluster.name).map(|name| Continue {
-                    cluster: name,
-                    member: String::new(),
-                });
+                })?;
             }
-            break;
+            written.set(written.get() + 1);
+            if remaining == 0 {
+                if next.is_none() {
+                    // This member ended with the page: the next page starts at the next one.
+                    next = members_after(&request.members, &cluster.name).map(|name| Continue {
+                        cluster: name,
+                        member: String::new(),
+                    });
+                }
+                break;
+            }
         }
-    }
-    if next.is_none() {
-        // The batch ended before the page was full: the next page starts at the next batch.
-        next = beyond.map(|cluster| Continue {
-            cluster,
-            member: String::new(),
-        });
-    }
+        if next.is_none() {
+            // The batch ended before the page was full: the next page starts at the next batch.
+            next = beyond.map(|cluster| Continue {
+                cluster,
+                member: String::new(),
+            });
+        }
+        Ok::<_, Failure>((versions, next))
+    };
+    let (versions, next) = match runtime::race(writer, readers).await {
+        First::Left(written) => written?,
+        First::Right(never) => match never {},
+    };
     out.raw(b"],\"metadata\":{\"resourceVersion\":");
     out.json(&Value::String(encode_versions(&versions)));
     if let Some(next) = next {
@@ -286,32 +352,88 @@ impl<C: FleetClient> Out<'_, C> {
     }
 }
 
-/// Asks one member for a page of at most `limit` objects from its continue token `from`, as the
-/// user, and parses it.
-async fn fetch<'h, F, H>(
-    ctx: &ShardContext,
-    request: &FleetRequest<'_>,
-    client_request: &ClientRequest<'_, F>,
-    cluster: &ClusterRoute,
-    identity: &Decided,
-    limit: usize,
-    from: &str,
-) -> Result<Page, Missed>
+/// One member's pages, asked as the user.
+struct MemberPages<'a, 'r, F> {
+    ctx: &'a ShardContext,
+    request: &'a FleetRequest<'r>,
+    client_request: &'a ClientRequest<'a, F>,
+    cluster: &'a ClusterRoute,
+    identity: &'a Decided,
+}
+
+impl<'h, F, H> MemberPages<'_, '_, F>
 where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
+    /// A page of at most `limit` objects from the member's continue token `from`, as it came.
+    async fn body(&self, limit: usize, from: &str) -> Result<Vec<u8>, Missed> {
+        let query = page_query(self.request.query, limit, from);
+        let asked = Asked {
+            rest: self.request.rest,
+            query: &query,
+            verb: self.request.verb,
+        };
+        ask(
+            self.ctx,
+            &asked,
+            self.client_request,
+            self.cluster,
+            self.identity,
+        )
+        .await
+    }
+
+    /// [`Self::body`], once more on a failure (a pooled connection may have been closed under
+    /// us).
+    async fn body_twice(&self, limit: usize, from: &str) -> Result<Vec<u8>, Missed> {
+        match self.body(limit, from).await {
+            Ok(body) => Ok(body),
+            Err(_) => self.body(limit, from).await,
+        }
+    }
+
+    /// A page, parsed.
+    async fn page(&self, limit: usize, from: &str) -> Result<Page, Missed> {
+        parsed(&self.body(limit, from).await?)
+    }
+
+    /// Reads the member's pages (of `spec.fleet.pageSize`) from its continue token `from` ahead
+    /// of the writer, each page as it came (unparsed: a parsed page is several times larger),
+    /// one waiting in `pages` at a time. Asks twice, then hands a failure on.
+    async fn read_ahead(&self, mut from: String, mut pages: mpsc::Sender<Result<Vec<u8>, Missed>>) {
+        let size = self.request.settings.page_size;
+        loop {
+            let read = self.body_twice(size, &from).await.and_then(|body| {
+                let next = Page::continue_token(&body).map_err(|r| Missed::Failed(r.into()))?;
+                Ok((body, next))
+            });
+            let (body, next) = match read {
+                Ok(read) => read,
+                Err(missed) => {
+                    let _ = pages.send(Err(missed)).await;
+                    return;
+                }
+            };
+            if pages.send(Ok(body)).await.is_err() || next.is_empty() {
+                return;
+            }
+            from = next;
+        }
+    }
+}
+
+/// A member's page as the fleet view reads it.
+fn parsed(body: &[u8]) -> Result<Page, Missed> {
+    Page::parse(body).map_err(|reason| Missed::Failed(reason.to_string()))
+}
+
+/// The client's query with a member page's `limit` and `continue`.
+fn page_query(query: &[u8], limit: usize, from: &str) -> Vec<u8> {
     let limit_text = limit.to_string();
     let mut extra = vec![("limit", limit_text.as_str())];
     if !from.is_empty() {
         extra.push(("continue", from));
     }
-    let query = rewrite_query(request.query, &["limit", "continue"], &extra);
-    let asked = Asked {
-        rest: request.rest,
-        query: &query,
-        verb: request.verb,
-    };
-    let body = ask(ctx, &asked, client_request, cluster, identity).await?;
-    Page::parse(&body).map_err(|reason| Missed::Failed(reason.to_string()))
+    rewrite_query(query, &["limit", "continue"], &extra)
 }

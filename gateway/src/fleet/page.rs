@@ -44,6 +44,23 @@ impl Page {
         self.kind == "Table"
     }
 
+    /// The continue token of a member's 200 answer to a LIST, without parsing its items.
+    pub fn continue_token(body: &[u8]) -> Result<String, &'static str> {
+        #[derive(serde::Deserialize)]
+        struct List {
+            #[serde(default)]
+            metadata: Meta,
+        }
+        #[derive(serde::Deserialize, Default)]
+        struct Meta {
+            #[serde(rename = "continue", default)]
+            continue_token: String,
+        }
+        serde_json::from_slice::<List>(body)
+            .map(|list| list.metadata.continue_token)
+            .map_err(|_| "its list is not JSON")
+    }
+
     /// Parses a member's 200 answer to a LIST.
     pub fn parse(body: &[u8]) -> Result<Page, &'static str> {
         let Value::Object(mut top) =
