@@ -329,6 +329,32 @@ fn a_named_object_is_served_by_the_one_cluster_that_has_it() {
     };
     let got = value_in("fleet");
     assert_eq!(got, "v");
+    // Read through the fleet view, the object says where it lives, as list items do.
+    let read: serde_json::Value = serde_json::from_str(&fleet.kubectl_ok(
+        "fleet",
+        &[
+            "get",
+            "configmap",
+            "only-here",
+            "-n",
+            "default",
+            "-o",
+            "json",
+        ],
+    ))
+    .unwrap();
+    let annotations = &read["metadata"]["annotations"];
+    assert_eq!(annotations["fleetgate.io/cluster"], "member2", "{read}");
+    assert_eq!(
+        annotations["resource.karmada.io/cached-from-cluster"],
+        "member2"
+    );
+    let table = fleet.kubectl_ok("fleet", &["get", "pod", "solo", "-n", "default"]);
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header[..2], ["CLUSTER", "NAME"], "{table}");
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(row[..2], ["member2", "solo"], "{table}");
     fleet.kubectl_ok(
         "fleet",
         &[

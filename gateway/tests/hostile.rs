@@ -352,11 +352,12 @@ async fn through_the_fleet_view_forged_fields_never_reach_a_member_and_bad_input
         );
 
         // A fleet LIST (the member's echo is no list: it is left out with a warning) and a named
-        // object (the echo answers 200: the member owns it, and the GET goes there), with forged
-        // identity fields, an encoding the view could not read, and a hop-by-hop field.
+        // object's log (the echo answers 200: the member owns the object, and the GET of its log
+        // goes there), with forged identity fields, an encoding the view could not read, and a
+        // hop-by-hop field.
         for target in [
             "/fleet/api/v1/pods",
-            "/fleet/api/v1/namespaces/default/pods/hello",
+            "/fleet/api/v1/namespaces/default/pods/hello/log",
         ] {
             let raw = format!("GET {target} HTTP/1.1\r\nHost: gw\r\n{forged}\r\n");
             let response = exchange(gw.tls().await, raw.as_bytes()).await.unwrap();

@@ -7,30 +7,48 @@
 //! A member answering 404 or 403 does not have it (for this user). None: kube's 404. Several: a
 //! 409 naming them (all of them clusters the user may reach), to be aimed with
 //! `/clusters/NAME/...`. None, with members that could not be asked: a 503 naming those.
+//!
+//! A plain GET of the object is answered with the owner's answer to the lookup itself (asked
+//! with the client's query and `Accept`), stamped with its cluster as list items are: no second
+//! request, and the object says where it lives. Anything else (a subresource, a write, an answer
+//! that is not JSON) goes to the owner as an ordinary request.
 
+use bytes::Bytes;
+use fleetgate_config_watcher::request_info::KubeVerb;
 use futures_util::future::join_all;
 
 use super::ask::{ask, Asked, Missed};
-use super::ClientRequest;
+use super::page::stamp_object;
+use super::{ClientRequest, FleetClient};
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
 use crate::request::FleetRequest;
 use crate::runtime::ShardContext;
 
-/// The index (in `request.members`) of the one cluster that has the object `request` names.
+/// The one cluster that has the object a fleet request names.
+pub(crate) struct Owner {
+    /// Its index in `request.members`.
+    pub index: usize,
+    /// For a plain GET of the object: the object as the owner answered the lookup, stamped
+    /// with its cluster (JSON), to answer with.
+    pub object: Option<Bytes>,
+}
+
+/// The one cluster that has the object `request` names.
 pub(crate) async fn find<'h, F, H>(
     ctx: &ShardContext,
     request: &FleetRequest<'_>,
     client_request: &ClientRequest<'_, F>,
-) -> Result<usize, Failure>
+) -> Result<Owner, Failure>
 where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
     let path = object_path(request);
+    let plain_get = request.info.verb == KubeVerb::Get && request.info.subresource.is_empty();
     let asked = Asked {
         rest: path.as_bytes(),
-        query: b"",
+        query: if plain_get { request.query } else { b"" },
         verb: "get",
     };
     let mut answers = Vec::with_capacity(request.members.len());
@@ -42,10 +60,16 @@ where
     }
     let mut owners = Vec::new();
     let mut unknown = Vec::new();
+    let mut stamped = None;
     for (index, answer) in answers.into_iter().enumerate() {
         let name = request.members[index].0.name.to_string();
         match answer {
-            Ok(_) => owners.push(index),
+            Ok(body) => {
+                if plain_get && owners.is_empty() {
+                    stamped = stamp_object(&body, &name).map(Bytes::from);
+                }
+                owners.push(index);
+            }
             Err(Missed::Answered(404 | 403, _)) => {}
             Err(_) => unknown.push(name),
         }
@@ -53,7 +77,10 @@ where
     let resource = request.info.resource.to_owned();
     let object = request.info.name.to_owned();
     match owners.as_slice() {
-        [one] => Ok(*one),
+        [one] => Ok(Owner {
+            index: *one,
+            object: stamped,
+        }),
         [] if unknown.is_empty() => Err(Failure::Answer(GatewayError::FleetObjectNotFound {
             resource,
             name: object,
@@ -73,6 +100,13 @@ where
                 .join(", "),
         })),
     }
+}
+
+/// Answers with the owner's object, stamped ([`Owner::object`]).
+pub(crate) async fn answer(client: &mut impl FleetClient, object: Bytes) -> Result<(), Failure> {
+    client.head("application/json", &[]).await?;
+    client.body(object).await?;
+    client.end().await
 }
 
 /// The object's own path (its subresource left off): `/api/v1/namespaces/NS/pods/NAME`.

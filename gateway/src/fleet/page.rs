@@ -108,6 +108,30 @@ impl Page {
     }
 }
 
+/// A member's answer to a GET of one object (or its Table), stamped with `cluster` as list items
+/// are (a Table also gets the CLUSTER column first); `None` when it is not a JSON object.
+pub fn stamp_object(body: &[u8], cluster: &str) -> Option<Vec<u8>> {
+    let mut value: Value = serde_json::from_slice(body).ok()?;
+    if !value.is_object() {
+        return None;
+    }
+    if value.get("kind").and_then(Value::as_str) == Some("Table") {
+        if let Some(Value::Array(columns)) = value.get_mut("columnDefinitions") {
+            columns.insert(0, cluster_column());
+        }
+        if let Some(Value::Array(rows)) = value.get_mut("rows") {
+            for row in rows {
+                stamp(row, cluster, true);
+            }
+        }
+    } else {
+        stamp(&mut value, cluster, false);
+    }
+    let mut out = serde_json::to_vec(&value).ok()?;
+    out.push(b'\n');
+    Some(out)
+}
+
 /// Stamps one item (or Table row) with `cluster`: the annotations on the object, and for a row
 /// the cluster cell first.
 pub fn stamp(entry: &mut Value, cluster: &str, table: bool) {

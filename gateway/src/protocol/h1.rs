@@ -276,7 +276,22 @@ where
                 started,
             };
             match Box::pin(crate::fleet::owner::find(ctx, &fleet, &client_request)).await {
-                Ok(owner) => fleet.into_owner(owner),
+                // A plain GET: answered with the owner's object from the lookup, stamped.
+                Ok(crate::fleet::owner::Owner {
+                    object: Some(object),
+                    ..
+                }) => {
+                    let answer = FleetAnswer {
+                        limits,
+                        close,
+                        connection_names_fields,
+                        started,
+                    };
+                    let work = FleetWork::Object(&fleet, object);
+                    return Box::pin(serve_fleet(ctx, down, head, work, peer, conn_auth, answer))
+                        .await;
+                }
+                Ok(owner) => fleet.into_owner(owner.index),
                 Err(Failure::Answer(error)) => {
                     // No owner (404), several (409), or some could not be asked (503): answered
                     // and audited as any refusal, the request classified as the fleet view's.
@@ -517,6 +532,8 @@ enum FleetWork<'a, 't> {
     Merged(&'a request::FleetRequest<'t>),
     /// A filtered discovery document.
     Discovery(&'a request::FleetDiscovery<'t>),
+    /// A named object, as its owner answered the lookup, stamped.
+    Object(&'a request::FleetRequest<'t>, Bytes),
 }
 
 /// Serves a fleet-view request (`work`): the merged or filtered answer, chunked (or, to an
@@ -535,8 +552,8 @@ where
 {
     let _stream = ctx.shard_metrics.stream_opened();
     let chunked = head.minor_version > 0;
-    let (info, members) = match work {
-        FleetWork::Merged(fleet) => (&fleet.info, &fleet.members),
+    let (info, members) = match &work {
+        FleetWork::Merged(fleet) | FleetWork::Object(fleet, _) => (&fleet.info, &fleet.members),
         FleetWork::Discovery(discovery) => (&discovery.info, &discovery.members),
     };
     let watch = info.verb == fleetgate_config_watcher::request_info::KubeVerb::Watch;
@@ -569,6 +586,7 @@ where
         FleetWork::Discovery(discovery) => {
             crate::fleet::discovery::serve(ctx, discovery, &client_request, &mut client).await
         }
+        FleetWork::Object(_, object) => crate::fleet::owner::answer(&mut client, object).await,
     };
     let head_sent = client.head_sent;
     // One audit event for the whole LIST, WATCH or discovery request, its cluster `fleet`.

@@ -416,7 +416,18 @@ async fn proxy_stream(
             }
             let client_request = fleet_request();
             let owner = Box::pin(fleet::owner::find(ctx, &fleet, &client_request)).await?;
-            fleet.into_owner(owner)
+            if let Some(object) = owner.object {
+                // A plain GET: answered with the owner's object from the lookup, stamped.
+                if ctx.audit.is_some() {
+                    audit.code = Some(200);
+                }
+                let mut client = FleetStream {
+                    respond: &mut *respond,
+                    send: None,
+                };
+                return fleet::owner::answer(&mut client, object).await;
+            }
+            fleet.into_owner(owner.index)
         }
         Ok(Decision::Fleet(fleet)) => {
             let _stream = ctx.shard_metrics.stream_opened();
