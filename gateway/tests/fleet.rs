@@ -122,9 +122,10 @@ fn sorted(mut items: Vec<(String, String, String)>) -> Vec<(String, String, Stri
 
 #[test]
 fn kubectl_lists_the_whole_fleet_with_a_cluster_column_and_pages_across_clusters() {
-    let mut fleet = Fleet::sim(3, 5);
+    let mut fleet = Fleet::sim(10, 5);
     fleet.serve(&["--workers", "2"], None);
-    let members = ["member1", "member2", "member3"];
+    let names: Vec<String> = (1..=10).map(|k| format!("member{k}")).collect();
+    let members: Vec<&str> = names.iter().map(String::as_str).collect();
 
     let table = fleet.kubectl_ok("fleet", &["get", "pods", "-A"]);
     let mut lines = table.lines();
@@ -133,7 +134,7 @@ fn kubectl_lists_the_whole_fleet_with_a_cluster_column_and_pages_across_clusters
     let clusters: BTreeSet<&str> = lines
         .map(|l| l.split_whitespace().nth(1).unwrap())
         .collect();
-    assert_eq!(clusters, members.into_iter().collect(), "{table}");
+    assert_eq!(clusters, members.iter().copied().collect(), "{table}");
 
     // Every member's pods and ConfigMaps, each once, stamped with their cluster.
     for resource in ["pods", "configmaps"] {

@@ -67,7 +67,7 @@ async fn all(
 #[test]
 fn kube_rs_lists_and_reads_through_the_fleet_view() {
     // The fleet runs on its own runtime; the client gets another, dropped before the fleet's.
-    let mut fleet = Fleet::sim(2, 3);
+    let mut fleet = Fleet::sim(10, 3);
     fleet.serve(&["--workers", "1"], None);
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -78,7 +78,9 @@ fn kube_rs_lists_and_reads_through_the_fleet_view() {
 
 async fn lists_and_reads(fleet: &Fleet) {
     let mut want = BTreeSet::new();
-    for member in ["member1", "member2"] {
+    for k in 1..=10 {
+        let member = format!("member{k}");
+        let member = member.as_str();
         let api = Api::<ConfigMap>::all(client(fleet, member).await);
         want.extend(all(&api, 500, Some(member)).await);
     }

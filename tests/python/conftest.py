@@ -17,9 +17,20 @@ FLEETGATE = os.environ.get("FLEETGATE_BIN", str(REPO / "target" / "debug" / "fle
 def demo(tmp_path_factory):
     """`fleetgate demo` with two members (member1 env=dev, member2 env=prod); yields its directory
     once it printed `ready`. One per test module: a module's tests share the fleet's state."""
+    yield from run_demo(tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="module")
+def demo10(tmp_path_factory):
+    """`fleetgate demo` with ten members, as `demo`."""
+    yield from run_demo(tmp_path_factory, 10)
+
+
+def run_demo(tmp_path_factory, clusters):
     d = tmp_path_factory.mktemp("demo")
     proc = subprocess.Popen(
-        [FLEETGATE, "demo", "--dir", str(d), "--clusters", "2", "--listen", "127.0.0.1:0", "--workers", "1"],
+        [FLEETGATE, "demo", "--dir", str(d), "--clusters", str(clusters), "--listen", "127.0.0.1:0",
+         "--workers", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     for line in proc.stdout:  # the readiness signal; ends if the demo dies
         if "ready" in line:

@@ -24,10 +24,11 @@ def stamped(items):
     return out
 
 
-def test_fleet_list_is_every_members_list_stamped_and_paged(demo):
+def test_fleet_list_is_every_members_list_stamped_and_paged(demo10):
+    demo = demo10
     fleet = api(demo, "fleet")
     want = []
-    for member in ["member1", "member2"]:
+    for member in [f"member{k}" for k in range(1, 11)]:
         items = api(demo, member).list_config_map_for_all_namespaces().items
         want += [(member, i.metadata.namespace, i.metadata.name) for i in items]
     assert len(want) >= 2
