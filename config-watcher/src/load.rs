@@ -535,7 +535,13 @@ pub(crate) fn resolve_cluster(
     };
     check_cluster_name(&name).map_err(|m| invalid("metadata.name", m))?;
     let spec = obj.spec;
-    crate::table::parse_server(&spec.server).map_err(|m| invalid("spec.server", m))?;
+    match (spec.mode, spec.server.is_empty()) {
+        // A pull-mode member has no address: its agent dials the gateway.
+        (crate::objects::ConnectMode::Tunnel, true) => {}
+        _ => {
+            crate::table::parse_server(&spec.server).map_err(|m| invalid("spec.server", m))?;
+        }
+    }
     let ca_pem = pem_field(spec.ca_data, spec.ca_file, base)
         .map_err(|m| invalid("spec.caData/caFile", m))?;
     let c = spec.credentials;

@@ -304,6 +304,9 @@ pub struct ClusterObject {
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSpec {
+    /// The member's API server URL; empty for a `Tunnel` cluster, which has no address the
+    /// gateway could dial (its agent dials out instead).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub server: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_data: Option<String>,
@@ -320,7 +323,8 @@ pub struct ClusterSpec {
     /// the client. `PassThrough`: the client's own bearer token goes to the member (OCM style).
     #[serde(default)]
     pub auth_mode: ClusterAuthMode,
-    #[serde(default)]
+    /// `Direct` (default) or `Tunnel` (pull mode); `connectMode` is accepted as well.
+    #[serde(default, alias = "connectMode")]
     pub mode: ConnectMode,
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "proxyURL")]
     pub proxy_url: Option<String>,

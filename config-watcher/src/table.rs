@@ -360,6 +360,19 @@ impl<'a> TlsConfigCache<'a> {
     }
 }
 
+/// The target of a `Tunnel` cluster without a server: never dialed (requests ride its agent's
+/// tunnel); the cluster name stands in as the `Host` of the member's request heads, and there
+/// is no path prefix. The agent's TLS to its member is its own.
+fn tunnel_target(name: &str) -> UpstreamTarget {
+    UpstreamTarget {
+        tls: false,
+        host: name.to_owned(),
+        port: 443,
+        authority: name.to_owned(),
+        path_prefix: String::new(),
+    }
+}
+
 fn build_route<'a>(
     c: &'a ClusterConfig,
     tls_configs: &mut TlsConfigCache<'a>,
@@ -371,7 +384,11 @@ fn build_route<'a>(
         field,
         message,
     };
-    let upstream = parse_server(&c.server).map_err(|m| invalid("spec.server", m))?;
+    let upstream = if c.mode == ConnectMode::Tunnel && c.server.is_empty() {
+        tunnel_target(&c.name)
+    } else {
+        parse_server(&c.server).map_err(|m| invalid("spec.server", m))?
+    };
     let server_name = ServerName::try_from(upstream.host.clone()).map_err(|e| {
         invalid(
             "spec.server",

@@ -52,6 +52,31 @@ fn cluster_yaml(name: &str, server: &str, pki: &Pki, extra: &str) -> String {
 }
 
 #[test]
+fn a_tunnel_cluster_needs_no_server_and_a_direct_one_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    write_gateway(dir.path(), &pki);
+    std::fs::write(
+        dir.path().join("pulled.yaml"),
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: pulled\nspec:\n  connectMode: Tunnel\n  credentials:\n    token: tok-pulled\n",
+    )
+    .unwrap();
+    let config = load_path(dir.path()).unwrap();
+    let table = RouteTable::build(&config).unwrap();
+    let route = table.cluster("pulled").unwrap();
+    assert_eq!(route.mode, fleetgate_config_watcher::ConnectMode::Tunnel);
+    assert_eq!(route.upstream.path_prefix, "");
+    assert!(route.tls_client.is_none());
+    std::fs::write(
+        dir.path().join("pulled.yaml"),
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: pulled\nspec:\n  credentials:\n    token: tok-pulled\n",
+    )
+    .unwrap();
+    let err = load_path(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("spec.server"), "{err}");
+}
+
+#[test]
 fn loads_a_directory_into_a_routing_table() {
     let dir = tempfile::tempdir().unwrap();
     let pki = pki();
