@@ -12,10 +12,13 @@
 //! - `exchange`: the one way a decided request goes to a member and its answer comes back
 //!   (retries, relay, upgrades spliced, streams ended when their route is retired);
 //! - `upstream`: connections to members (direct, through an egress proxy) and the per-shard pool;
+//! - `tunnel`: pull mode: the listener agents dial, their tunnels, and streams on them for
+//!   `upstream` to use as connections;
 //! - `errors`: every Status the gateway itself answers;
 //! - `observe`: metrics and the audit log.
 //!
-//! `cli` holds the commands (`serve`, `demo`, `certs`, `kubeconfig`), apart from the data path.
+//! `cli` holds the commands (`serve`, `demo`, `certs`, `kubeconfig`, `agent`), apart from the data
+//! path.
 //! The library never prints except the commands' `ready` lines.
 
 pub mod auth;
@@ -29,4 +32,5 @@ pub mod request;
 pub mod runtime;
 pub mod server;
 pub mod tls;
+pub mod tunnel;
 pub mod upstream;

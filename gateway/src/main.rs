@@ -27,6 +27,8 @@ enum Command {
     Certs(fleetgate::cli::certs::CertsArgs),
     /// Write a kubeconfig with one context per cluster a user may reach through the gateway.
     Kubeconfig(fleetgate::cli::kubeconfig::KubeconfigArgs),
+    /// Beside a pull-mode member: dial the gateways and carry their requests to the member.
+    Agent(fleetgate::cli::agent::AgentArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,5 +44,6 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => fleetgate::cli::demo::run(args),
         Command::Certs(args) => fleetgate::cli::certs::run(args),
         Command::Kubeconfig(args) => fleetgate::cli::kubeconfig::run(args),
+        Command::Agent(args) => fleetgate::cli::agent::run(args),
     }
 }

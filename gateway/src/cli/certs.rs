@@ -3,7 +3,8 @@
 //! `certs init` writes a client CA (the Gateway's `spec.tls.clientCAFile`: it signs the
 //! certificates users authenticate with, CN = user, O = groups, as Kubernetes reads them) and,
 //! unless told otherwise, a serving CA with a serving certificate for the gateway. `certs issue`
-//! signs a client certificate with that CA. Keys are written 0600 and never printed; existing keys
+//! signs a client certificate with that CA. `certs issue-agent` signs a pull-mode agent's
+//! certificate (CN = its cluster) with a separate agent CA. Keys are written 0600 and never printed; existing keys
 //! are never overwritten without `--force`, because replacing the client CA silently invalidates
 //! every certificate it issued. Called by the binary (`main.rs`) and by `kubeconfig`, which issues
 //! the certificate it embeds. Never touches the network.
@@ -21,6 +22,10 @@ use rcgen::{
 /// The client CA's certificate and key in a certs directory.
 pub const CLIENT_CA_CERT: &str = "ca.crt";
 pub const CLIENT_CA_KEY: &str = "ca.key";
+/// The agent CA: it signs pull-mode agents' certificates only (`serve --agent-ca`), apart from
+/// the client CA, so no user certificate can ever claim a cluster's tunnel.
+pub const AGENT_CA_CERT: &str = "agent-ca.crt";
+pub const AGENT_CA_KEY: &str = "agent-ca.key";
 /// The serving CA (what clients trust for the gateway's own certificate).
 pub const SERVING_CA_CERT: &str = "serving-ca.crt";
 pub const SERVING_CA_KEY: &str = "serving-ca.key";
@@ -49,6 +54,29 @@ pub enum CertsCommand {
     Init(InitArgs),
     /// Issue a client certificate (CN = user, O = each group) signed by the client CA.
     Issue(IssueArgs),
+    /// Issue a pull-mode agent's certificate (CN = cluster, O = fleetgate:agents) signed by the
+    /// agent CA (agent-ca.crt / agent-ca.key, created on first use).
+    IssueAgent(IssueAgentArgs),
+}
+
+/// Arguments of `fleetgate certs issue-agent`.
+#[derive(Debug, clap::Args)]
+pub struct IssueAgentArgs {
+    /// The certs directory: its agent-ca.crt and agent-ca.key sign (written if missing).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// The cluster the agent serves (the certificate's CN).
+    #[arg(long)]
+    pub cluster: String,
+    /// Validity: a number with a unit s, m, h or d (24h, 30d).
+    #[arg(long, default_value = "30d", value_parser = parse_ttl)]
+    pub ttl: Duration,
+    /// Where agent-CLUSTER.crt and agent-CLUSTER.key go (default: --dir).
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+    /// Replace an existing agent-CLUSTER.key.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Arguments of `fleetgate certs init`.
@@ -277,6 +305,55 @@ pub fn issue_client(
         key_pem: key.serialize_pem(),
         not_after,
     })
+}
+
+/// `certs issue-agent`: an agent certificate for `--cluster`, signed by the directory's agent CA,
+/// which is created (0600 key) when the directory has none yet.
+pub fn issue_agent(args: &IssueAgentArgs) -> Result<Written, CertsError> {
+    let cluster = &args.cluster;
+    if !crate::tunnel::wire::is_cluster_name(cluster) {
+        return Err(CertsError::Invalid {
+            what: "--cluster",
+            reason: format!("{cluster:?} is not a cluster name"),
+        });
+    }
+    let out_dir = args.out_dir.as_deref().unwrap_or(&args.dir);
+    let cert_path = out_dir.join(format!("agent-{cluster}.crt"));
+    let key_path = out_dir.join(format!("agent-{cluster}.key"));
+    if !args.force && key_path.exists() {
+        return Err(CertsError::Exists(key_path));
+    }
+    let mut written = Written::default();
+    create_dir(&args.dir)?;
+    let ca_cert = args.dir.join(AGENT_CA_CERT);
+    let ca_key = args.dir.join(AGENT_CA_KEY);
+    let issuer = if ca_cert.exists() {
+        load_issuer(&ca_cert, &ca_key)?
+    } else {
+        let (ca, issuer) = new_ca("fleetgate-agent-ca")?;
+        write_public(&ca_cert, &ca.cert_pem)?;
+        written.file(
+            &ca_cert,
+            "agent CA certificate: `fleetgate serve --agent-ca`",
+        );
+        write_private(&ca_key, ca.key_pem.as_bytes())?;
+        written.file(&ca_key, "agent CA key, 0600");
+        issuer
+    };
+    let groups = [crate::tunnel::wire::AGENT_ORGANIZATION.to_string()];
+    let cert = issue_client(&issuer, cluster, &groups, args.ttl)?;
+    create_dir(out_dir)?;
+    write_public(&cert_path, &cert.cert_pem)?;
+    written.file(
+        &cert_path,
+        &format!(
+            "agent certificate for cluster {cluster}, valid until {}",
+            format_time(cert.not_after)
+        ),
+    );
+    write_private(&key_path, cert.key_pem.as_bytes())?;
+    written.file(&key_path, "agent key, 0600");
+    Ok(written)
 }
 
 /// The subject Kubernetes reads a client certificate's identity from: CN = user, one O per group.
@@ -602,6 +679,7 @@ pub fn run(args: CertsArgs) -> anyhow::Result<()> {
     let written = match &args.command {
         CertsCommand::Init(init_args) => init(init_args)?,
         CertsCommand::Issue(issue_args) => issue(issue_args)?,
+        CertsCommand::IssueAgent(agent_args) => issue_agent(agent_args)?,
     };
     let mut stdout = std::io::stdout().lock();
     for line in written.lines {
@@ -686,6 +764,44 @@ mod tests {
             std::fs::read(dir.path().join(CLIENT_CA_CERT)).unwrap(),
             ca_before
         );
+    }
+
+    #[test]
+    fn issue_agent_names_the_cluster_with_its_own_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = IssueAgentArgs {
+            dir: dir.path().to_path_buf(),
+            cluster: "member2".into(),
+            ttl: Duration::from_secs(3600),
+            out_dir: None,
+            force: false,
+        };
+        issue_agent(&args).unwrap();
+        let pem = std::fs::read(dir.path().join("agent-member2.crt")).unwrap();
+        let der = rustls_pki_types::pem::PemObject::from_pem_slice(&pem)
+            .map(|c: rustls_pki_types::CertificateDer<'static>| c)
+            .unwrap();
+        let identity = crate::auth::ClientIdentity::from_certificate(&der).unwrap();
+        assert_eq!(identity.user, "member2");
+        assert_eq!(identity.groups, vec!["fleetgate:agents".to_string()]);
+        assert!(dir.path().join(AGENT_CA_CERT).exists());
+        assert!(!dir.path().join(CLIENT_CA_CERT).exists());
+        // A second cluster reuses the CA.
+        let ca = std::fs::read(dir.path().join(AGENT_CA_CERT)).unwrap();
+        issue_agent(&IssueAgentArgs {
+            cluster: "member3".into(),
+            ..args
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(dir.path().join(AGENT_CA_CERT)).unwrap(), ca);
+        let bad = IssueAgentArgs {
+            dir: dir.path().to_path_buf(),
+            cluster: "../x".into(),
+            ttl: Duration::from_secs(3600),
+            out_dir: None,
+            force: false,
+        };
+        assert!(matches!(issue_agent(&bad), Err(CertsError::Invalid { .. })));
     }
 
     #[test]

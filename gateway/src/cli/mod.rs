@@ -1,8 +1,9 @@
-//! The `fleetgate` commands, apart from the data path: `serve` (run the gateway), `demo` (a
-//! simulated fleet and the gateway in front of it), `certs` (the gateway's own CA) and
-//! `kubeconfig` (one-pass kubeconfigs). Each parses its arguments with clap and calls the library;
+//! The `fleetgate` commands, apart from the data path: `serve` (run the gateway), `agent` (a
+//! pull-mode member's tunnels to the gateways), `demo` (a simulated fleet and the gateway in front
+//! of it), `certs` (the gateway's own CAs) and `kubeconfig` (one-pass kubeconfigs). Each parses its arguments with clap and calls the library;
 //! none touches a request.
 
+pub mod agent;
 pub mod certs;
 pub mod demo;
 pub mod kubeconfig;

@@ -1,6 +1,7 @@
 //! `fleetgate serve`: loads the configuration, builds the routing table behind its `ArcSwap`,
 //! starts the gateway (`server::start_with_reload`), prints one `ready` line with the bound
-//! addresses, and runs until SIGINT or SIGTERM. Once the first table serves, the config-watcher's
+//! addresses, and runs until SIGINT or SIGTERM. With `--tunnel-listen` it also accepts pull-mode
+//! agents (`tunnel::listener`) before `ready`. Once the first table serves, the config-watcher's
 //! file source (and, with `--management-kubeconfig`, the API source) publishes into the same
 //! `SharedTable`; the shards see a new table from their next request.
 //!
@@ -48,6 +49,18 @@ pub struct ServeArgs {
     /// The namespace of the Secrets Karmada Clusters reference.
     #[arg(long, default_value = "karmada-cluster")]
     pub secrets_namespace: String,
+    /// Listen for pull-mode agents (`fleetgate agent`) on this address; their tunnels carry the
+    /// requests of `Tunnel` clusters. The ready line then names it `tunnel=ADDR`.
+    #[arg(long, requires = "agent_ca")]
+    pub tunnel_listen: Option<String>,
+    /// The CA agent certificates must chain to (`fleetgate certs issue-agent` writes it); keep
+    /// it apart from the client CA.
+    #[arg(long, requires = "tunnel_listen")]
+    pub agent_ca: Option<PathBuf>,
+    /// How long a request for a `Tunnel` cluster without a connected agent waits for one
+    /// (reconnecting) before its 503.
+    #[arg(long, default_value_t = crate::tunnel::DEFAULT_WAIT.as_secs_f64())]
+    pub tunnel_wait_seconds: f64,
 }
 
 /// The objects `serve` follows in a management cluster.
@@ -86,6 +99,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         Some(reload.clone()),
     )?;
+    let tunnel = start_tunnel_listener(&args, &table)?;
     let publisher = match &args.management_kubeconfig {
         None => TablePublisher::new(table.clone(), reload.clone()),
         // Both sources feed one table: the files stay watched beside the management cluster.
@@ -124,7 +138,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     {
         use std::io::Write;
         let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "{}", running.ready_line())?;
+        let mut line = running.ready_line();
+        if let Some(tunnel) = tunnel {
+            line.push_str(&format!(" tunnel={tunnel}"));
+        }
+        writeln!(stdout, "{line}")?;
         stdout.flush()?;
     }
     let drained = run_until_drained(&running, &table, signals);
@@ -132,6 +150,24 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         audit.flush(std::time::Duration::from_secs(2));
     }
     drained
+}
+
+/// The tunnel listener, when `--tunnel-listen` asks for one: its bound address.
+fn start_tunnel_listener(
+    args: &ServeArgs,
+    table: &SharedTable,
+) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    let wait = std::time::Duration::try_from_secs_f64(args.tunnel_wait_seconds)
+        .context("--tunnel-wait-seconds must be a number of seconds")?;
+    crate::tunnel::registry().set_wait(wait);
+    let (Some(address), Some(agent_ca)) = (&args.tunnel_listen, &args.agent_ca) else {
+        return Ok(None);
+    };
+    let agent_ca_pem = std::fs::read(agent_ca)
+        .with_context(|| format!("reading the agent CA {}", agent_ca.display()))?;
+    let config = crate::tunnel::listener::server_config(table, &agent_ca_pem)?;
+    let bound = crate::tunnel::listener::start(address, config, table.clone())?;
+    Ok(Some(bound))
 }
 
 /// Waits (at most 30 s) until the management cluster's objects are listed and published, so that

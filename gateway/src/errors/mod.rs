@@ -94,8 +94,9 @@ pub enum GatewayError {
     UpgradeNotSupported { protocol: String },
     #[error("{protocol:?} cannot be carried over h2: exec, attach and port-forward need an HTTP/1.1 connection")]
     UpgradeOverH2 { protocol: String },
-    #[error("cluster {cluster:?} is tunnel-connected, which this gateway does not serve yet")]
-    TunnelNotSupported { cluster: String },
+    /// A pull-mode cluster with no agent tunnel up, after waiting `waited_ms` for one.
+    #[error("cluster {cluster:?} is unavailable: it is served through its agent's tunnel, and no agent of it is connected (waited {waited_ms} ms for one)")]
+    NoTunnel { cluster: String, waited_ms: u64 },
     /// The process is within its reserve of file descriptors: no new member connection.
     #[error("cluster {cluster:?} is unavailable: the gateway is out of file descriptors for new member connections; retry shortly")]
     OutOfDescriptors { cluster: String },
@@ -154,8 +155,9 @@ impl GatewayError {
             | Connect { .. }
             | ResponseHeadTimeout { .. }
             | UpstreamProtocol { .. }
-            | UpstreamClosed { .. } => Side::Upstream,
-            TunnelNotSupported { .. } | OutOfDescriptors { .. } => Side::Internal,
+            | UpstreamClosed { .. }
+            | NoTunnel { .. } => Side::Upstream,
+            OutOfDescriptors { .. } => Side::Internal,
             FleetOwnerUnknown { .. } | FleetDiscoveryUnavailable { .. } => Side::Upstream,
         }
     }
@@ -180,10 +182,9 @@ impl GatewayError {
             ClientImpersonation | Forbidden { .. } => (403, "Forbidden"),
             Unauthorized { .. } => (401, "Unauthorized"),
             UpgradeNotSupported { .. } | UpgradeOverH2 { .. } => (501, "NotImplemented"),
-            TunnelNotSupported { .. }
-            | OutOfDescriptors { .. }
-            | ConnectTimeout { .. }
-            | Connect { .. } => (503, "ServiceUnavailable"),
+            NoTunnel { .. } | OutOfDescriptors { .. } | ConnectTimeout { .. } | Connect { .. } => {
+                (503, "ServiceUnavailable")
+            }
             TooManyMemberConnections => (429, "TooManyRequests"),
             ResponseHeadTimeout { .. } => (504, "Timeout"),
             UpstreamProtocol { .. } | UpstreamClosed { .. } => (502, "BadGateway"),

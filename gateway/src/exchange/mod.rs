@@ -1,7 +1,7 @@
 //! The exchange: the one way a decided request goes to a member and its answer comes back, for
 //! both client protocols. The front-ends (`protocol::h1`, `protocol::h2`) decide the request
 //! (`request::decide`), write the member's head (`member_head`), and then hand over:
-//! - [`send`]: the connector (direct TCP/TLS or an egress proxy today; a tunnel later), a pooled
+//! - [`send`]: the connector (direct TCP/TLS, an egress proxy, or a pull-mode member's tunnel), a pooled
 //!   connection or a new one, the head and the body (through the front-end's [`RequestBody`]), one
 //!   retry on a fresh connection for a replayable request that found its pooled connection closed,
 //!   and the response head within its timeout (none for long-running requests);
@@ -23,7 +23,7 @@ pub mod splice;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use fleetgate_config_watcher::{ClusterRoute, ConnectMode, Limits};
+use fleetgate_config_watcher::{ClusterRoute, Limits};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::debug;
 
@@ -133,12 +133,6 @@ pub(crate) async fn send(
     deadline: &mut Deadline,
 ) -> Result<Answer, Failure> {
     let cluster = out.cluster;
-    if cluster.mode == ConnectMode::Tunnel {
-        return Err(GatewayError::TunnelNotSupported {
-            cluster: cluster.name.to_string(),
-        }
-        .into());
-    }
     let per_shard = out
         .limits
         .max_member_connections_per_client

@@ -6,6 +6,9 @@
 //! `proxyHeader` fields), a 2xx answer, then TLS to the member inside the tunnel; any other answer
 //! fails the connect with an error naming the proxy and its answer.
 //!
+//! A `Tunnel` cluster is never dialed: its connection is a stream of an agent's tunnel
+//! (`crate::tunnel::open`), pooled and reused like any other.
+//!
 //! Runtime-specific (monoio) and never called off a shard thread. Called by `proxy` through
 //! [`connect`] when the shard's pool has no idle connection for the cluster.
 
@@ -16,7 +19,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use fleetgate_config_watcher::{ClusterRoute, EgressProxy, RouteRetirement};
+use fleetgate_config_watcher::{ClusterRoute, ConnectMode, EgressProxy, RouteRetirement};
 use monoio::io::IntoPollIo;
 use monoio::net::tcp::stream_poll::TcpStreamPoll;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -25,10 +28,12 @@ use crate::errors::GatewayError;
 use crate::observe::metrics::{ShardMetrics, UpstreamGuard};
 use crate::runtime::clock;
 
-/// A connection to a member: plaintext or rustls over a readiness-based monoio socket.
+/// A connection to a member: plaintext or rustls over a readiness-based monoio socket, or a
+/// stream of a pull-mode member's tunnel (`crate::tunnel`), which its agent carries to the member.
 pub enum UpstreamIo {
     Plain(TcpStreamPoll),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStreamPoll>>),
+    Tunnel(Box<crate::tunnel::TunnelStream>),
 }
 
 impl AsyncRead for UpstreamIo {
@@ -40,6 +45,7 @@ impl AsyncRead for UpstreamIo {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -53,6 +59,7 @@ impl AsyncWrite for UpstreamIo {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -60,6 +67,7 @@ impl AsyncWrite for UpstreamIo {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_flush(cx),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
@@ -67,6 +75,7 @@ impl AsyncWrite for UpstreamIo {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -93,6 +102,21 @@ pub struct UpstreamConn {
 }
 
 impl UpstreamConn {
+    fn new(io: UpstreamIo, cluster: &ClusterRoute, metrics: &ShardMetrics) -> UpstreamConn {
+        UpstreamConn {
+            io,
+            // Grown by the driver as it reads: a big LIST gets large reads, an idle watch a
+            // small buffer.
+            buf: BytesMut::new(),
+            cluster_id: cluster.id,
+            retirement: cluster.retirement.clone(),
+            idle_since: clock::now(),
+            reused: false,
+            socket: None,
+            _open: metrics.upstream_connected(&cluster.name),
+        }
+    }
+
     /// Whether the member closed this idle connection (or sent something unasked): one
     /// non-blocking read attempt. A pooled connection that fails this is dropped instead of
     /// carrying a request the member will never answer, which matters for requests that cannot
@@ -114,6 +138,15 @@ pub async fn connect(
     timeout: Duration,
     metrics: &ShardMetrics,
 ) -> Result<UpstreamConn, GatewayError> {
+    if cluster.mode == ConnectMode::Tunnel {
+        // Pull mode: a stream of one of the cluster's agents' tunnels, never a dial.
+        let stream = crate::tunnel::open(cluster, timeout).await?;
+        return Ok(UpstreamConn::new(
+            UpstreamIo::Tunnel(Box::new(stream)),
+            cluster,
+            metrics,
+        ));
+    }
     let target = &cluster.upstream;
     let address = match &cluster.egress_proxy {
         None => format!("{}:{}", target.host, target.port),
@@ -151,18 +184,7 @@ pub async fn connect(
         Ok::<_, io::Error>(UpstreamIo::Tls(Box::new(tls)))
     };
     match monoio::time::timeout(timeout, attempt).await {
-        Ok(Ok(io)) => Ok(UpstreamConn {
-            io,
-            // Grown by the driver as it reads: a big LIST gets large reads, an idle watch a
-            // small buffer.
-            buf: BytesMut::new(),
-            cluster_id: cluster.id,
-            retirement: cluster.retirement.clone(),
-            idle_since: clock::now(),
-            reused: false,
-            socket: None,
-            _open: metrics.upstream_connected(&cluster.name),
-        }),
+        Ok(Ok(io)) => Ok(UpstreamConn::new(io, cluster, metrics)),
         Ok(Err(source)) => Err(GatewayError::Connect {
             cluster: cluster.name.to_string(),
             address,

@@ -1,0 +1,421 @@
+//! `fleetgate agent`: runs beside a member cluster that the gateway cannot dial (pull mode) and
+//! dials out instead: one TLS connection per gateway (`--gateway`, repeatable), authenticated by
+//! the agent's certificate (`fleetgate certs issue-agent`: CN = the cluster, O =
+//! `fleetgate:agents`), then h2 with roles reversed: the gateway opens a stream per member
+//! connection it wants, and the agent carries each to the member's apiserver (`--kube-server`,
+//! else the in-cluster service account's) and back, bytes as they are, with h2's per-stream flow
+//! control between the two.
+//!
+//! A stream is one member connection for as long as it lives: the gateway pools its streams as it
+//! pools direct connections, so an idle stream keeps its member connection (no dial per request),
+//! and an upgrade (exec, attach, port-forward) gets a stream and a member connection of its own.
+//! Each tunnel is pinged every second and dropped when a PING goes unanswered for 3 s; it is
+//! dialed again with exponential backoff and jitter. Prints one line containing `ready` once a
+//! tunnel to every gateway is up. Not the hot path: tokio, h2 and tokio-rustls, two threads.
+//! Never logs key material or the requests it carries.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use bytes::Bytes;
+use fleetgate_config_watcher::{crypto_provider, parse_certs, parse_key, parse_server};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tracing::{debug, info, warn};
+
+use crate::tunnel::{wire, TunnelStream};
+
+/// Arguments of `fleetgate agent`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentArgs {
+    /// A gateway's tunnel listener (`https://host:port` or `host:port`); repeatable, one tunnel
+    /// each.
+    #[arg(long = "gateway", required = true)]
+    pub gateways: Vec<String>,
+    /// The cluster this agent serves; its certificate must name it.
+    #[arg(long)]
+    pub cluster: String,
+    /// The agent's certificate (PEM), from `fleetgate certs issue-agent`.
+    #[arg(long)]
+    pub cert: PathBuf,
+    /// The agent's key (PEM).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// The CA that signed the gateways' serving certificate.
+    #[arg(long)]
+    pub ca: PathBuf,
+    /// The member's apiserver (default: the in-cluster service, KUBERNETES_SERVICE_HOST/PORT).
+    #[arg(long)]
+    pub kube_server: Option<String>,
+    /// The CA of the member's apiserver (default in-cluster: the service account's ca.crt).
+    #[arg(long)]
+    pub kube_ca: Option<PathBuf>,
+}
+
+/// Where the in-cluster service account keeps the apiserver's CA.
+const IN_CLUSTER_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+/// Dialing a gateway or the member: TCP and TLS.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Reconnect backoff: first delay, ceiling, and how long a tunnel must have lived for the next
+/// failure to start from the first delay again.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+const STABLE_AFTER: Duration = Duration::from_secs(10);
+
+/// The member's apiserver as the agent dials it.
+struct Member {
+    host: String,
+    port: u16,
+    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
+}
+
+impl Member {
+    fn from_args(args: &AgentArgs) -> anyhow::Result<Member> {
+        let (server, ca) = match &args.kube_server {
+            Some(server) => (server.clone(), args.kube_ca.clone()),
+            None => {
+                let host = std::env::var("KUBERNETES_SERVICE_HOST")
+                    .context("no --kube-server, and not in a cluster (KUBERNETES_SERVICE_HOST)")?;
+                let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or("443".into());
+                let host = if host.contains(':') {
+                    format!("[{host}]")
+                } else {
+                    host
+                };
+                (
+                    format!("https://{host}:{port}"),
+                    Some(args.kube_ca.clone().unwrap_or(IN_CLUSTER_CA.into())),
+                )
+            }
+        };
+        let target = parse_server(&server).map_err(|e| anyhow!("--kube-server: {e}"))?;
+        if !target.path_prefix.is_empty() {
+            bail!("--kube-server {server:?}: a path prefix is not supported");
+        }
+        let tls = if target.tls {
+            let ca = ca.context("--kube-server is https: give its CA with --kube-ca")?;
+            let roots = roots(&ca)?;
+            let mut config = rustls::ClientConfig::builder_with_provider(crypto_provider())
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let name = ServerName::try_from(target.host.clone())
+                .map_err(|e| anyhow!("--kube-server host {:?}: {e}", target.host))?;
+            Some((tokio_rustls::TlsConnector::from(Arc::new(config)), name))
+        } else {
+            None
+        };
+        Ok(Member {
+            host: target.host,
+            port: target.port,
+            tls,
+        })
+    }
+
+    /// A new connection to the member, within [`DIAL_TIMEOUT`].
+    async fn dial(&self) -> anyhow::Result<MemberConn> {
+        let attempt = async {
+            let tcp = TcpStream::connect((self.host.as_str(), self.port)).await?;
+            tcp.set_nodelay(true)?;
+            Ok::<_, anyhow::Error>(match &self.tls {
+                None => MemberConn::Plain(tcp),
+                Some((connector, name)) => {
+                    MemberConn::Tls(Box::new(connector.connect(name.clone(), tcp).await?))
+                }
+            })
+        };
+        tokio::time::timeout(DIAL_TIMEOUT, attempt)
+            .await
+            .map_err(|_| anyhow!("connecting to {}:{} timed out", self.host, self.port))?
+            .with_context(|| format!("connecting to {}:{}", self.host, self.port))
+    }
+}
+
+/// A connection to the member.
+enum MemberConn {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+fn roots(path: &std::path::Path) -> anyhow::Result<rustls::RootCertStore> {
+    let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in parse_certs(&pem).map_err(|e| anyhow!("{}: {e}", path.display()))? {
+        roots
+            .add(cert)
+            .with_context(|| format!("{}", path.display()))?;
+    }
+    Ok(roots)
+}
+
+/// One gateway to keep a tunnel to.
+struct Gateway {
+    url: String,
+    host: String,
+    port: u16,
+    name: ServerName<'static>,
+}
+
+fn parse_gateway(url: &str) -> anyhow::Result<Gateway> {
+    let with_scheme = if url.contains("://") {
+        url.to_owned()
+    } else {
+        format!("https://{url}")
+    };
+    let target = parse_server(&with_scheme).map_err(|e| anyhow!("--gateway: {e}"))?;
+    if !target.tls {
+        bail!("--gateway {url:?}: tunnels are TLS only (https)");
+    }
+    let name = ServerName::try_from(target.host.clone())
+        .map_err(|e| anyhow!("--gateway host {:?}: {e}", target.host))?;
+    Ok(Gateway {
+        url: url.to_owned(),
+        host: target.host,
+        port: target.port,
+        name,
+    })
+}
+
+/// The cluster an agent certificate names (its CN), checked against `--cluster` before any dial:
+/// the gateway refuses a mismatch anyway, and saying so here is clearer.
+fn check_certificate(cert_pem: &[u8], cluster: &str) -> anyhow::Result<()> {
+    let certs = parse_certs(cert_pem).map_err(|e| anyhow!("--cert: {e}"))?;
+    let first = certs.first().context("--cert holds no certificate")?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(first)
+        .map_err(|_| anyhow!("--cert does not parse as X.509"))?;
+    let subject = parsed.subject();
+    let names: Vec<&str> = subject
+        .iter_common_name()
+        .filter_map(|n| n.as_str().ok())
+        .collect();
+    let agent = subject
+        .iter_organization()
+        .any(|o| o.as_str() == Ok(wire::AGENT_ORGANIZATION));
+    if names != [cluster] || !agent {
+        bail!(
+            "--cert is not an agent certificate for cluster {cluster:?} (CN {names:?}, \
+             O={} {}): issue one with `fleetgate certs issue-agent --cluster {cluster}`",
+            wire::AGENT_ORGANIZATION,
+            if agent { "present" } else { "missing" }
+        );
+    }
+    Ok(())
+}
+
+/// The `agent` command: runs until SIGINT or SIGTERM.
+pub fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let cert_pem =
+        std::fs::read(&args.cert).with_context(|| format!("reading {}", args.cert.display()))?;
+    check_certificate(&cert_pem, &args.cluster)?;
+    let key_pem =
+        std::fs::read(&args.key).with_context(|| format!("reading {}", args.key.display()))?;
+    let certs = parse_certs(&cert_pem).map_err(|e| anyhow!("--cert: {e}"))?;
+    let key = parse_key(&key_pem).map_err(|e| anyhow!("--key: {e}"))?;
+    let mut config = rustls::ClientConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots(&args.ca)?)
+        .with_client_auth_cert(certs, key)
+        .context("the agent's certificate and key")?;
+    config.alpn_protocols = vec![wire::ALPN.to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let gateways = args
+        .gateways
+        .iter()
+        .map(|g| parse_gateway(g))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let member = Arc::new(Member::from_args(&args)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("fleetgate-agent")
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let mut interrupt =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let (up_tx, mut up_rx) = tokio::sync::mpsc::unbounded_channel();
+        let total = gateways.len();
+        for (index, gateway) in gateways.into_iter().enumerate() {
+            let tunnel = KeptTunnel {
+                gateway,
+                cluster: args.cluster.clone(),
+                connector: connector.clone(),
+                member: member.clone(),
+                index,
+                up: up_tx.clone(),
+            };
+            tokio::spawn(tunnel.keep());
+        }
+        let mut up = vec![false; total];
+        let mut announced = false;
+        loop {
+            tokio::select! {
+                Some(index) = up_rx.recv() => {
+                    up[index] = true;
+                    if !announced && up.iter().all(|u| *u) {
+                        announced = true;
+                        println!(
+                            "ready: cluster {} tunnelled to {total} gateway(s)",
+                            args.cluster
+                        );
+                        use std::io::Write as _;
+                        std::io::stdout().flush()?;
+                    }
+                }
+                _ = interrupt.recv() => break,
+                _ = terminate.recv() => break,
+            }
+        }
+        info!("stopping: tunnels closed");
+        Ok(())
+    })
+}
+
+/// A tunnel to one gateway, kept up for the life of the agent.
+struct KeptTunnel {
+    gateway: Gateway,
+    cluster: String,
+    connector: tokio_rustls::TlsConnector,
+    member: Arc<Member>,
+    index: usize,
+    up: tokio::sync::mpsc::UnboundedSender<usize>,
+}
+
+impl KeptTunnel {
+    /// Dials, serves, and dials again after a failure, with backoff and jitter, forever.
+    async fn keep(self) {
+        let mut failures: u32 = 0;
+        loop {
+            let started = Instant::now();
+            let outcome = self.serve_once().await;
+            if started.elapsed() >= STABLE_AFTER {
+                failures = 0;
+            }
+            failures = failures.saturating_add(1);
+            let delay = backoff(failures);
+            match outcome {
+                Ok(reason) => {
+                    info!(gateway = %self.gateway.url, reason = %reason, retry_in_ms = delay.as_millis() as u64, "tunnel down")
+                }
+                Err(error) => {
+                    warn!(gateway = %self.gateway.url, error = %format!("{error:#}"), retry_in_ms = delay.as_millis() as u64, "tunnel failed")
+                }
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// One tunnel's life: dial, hello, h2 (as the server), streams carried, pings; returns why
+    /// it ended.
+    async fn serve_once(&self) -> anyhow::Result<String> {
+        let gateway = &self.gateway;
+        let dial = async {
+            let tcp = TcpStream::connect((gateway.host.as_str(), gateway.port)).await?;
+            tcp.set_nodelay(true)?;
+            let mut tls = self.connector.connect(gateway.name.clone(), tcp).await?;
+            tls.write_all(wire::hello(&self.cluster).as_bytes()).await?;
+            tls.flush().await?;
+            let answer = read_line(&mut tls).await?;
+            Ok::<_, std::io::Error>((tls, answer))
+        };
+        let (tls, answer) = tokio::time::timeout(wire::HANDSHAKE_TIMEOUT, dial)
+            .await
+            .map_err(|_| anyhow!("no TLS handshake and hello answer within the timeout"))?
+            .context("dialing the gateway")?;
+        if answer != wire::HELLO_OK.trim_end() {
+            let reason = answer.strip_prefix(wire::HELLO_REFUSED).unwrap_or(&answer);
+            bail!(
+                "the gateway refused the tunnel: {}",
+                wire::printable(reason)
+            );
+        }
+        let mut connection = h2::server::Builder::new()
+            .initial_window_size(wire::STREAM_WINDOW)
+            .initial_connection_window_size(wire::CONNECTION_WINDOW)
+            .max_frame_size(wire::MAX_FRAME)
+            .max_concurrent_streams(u32::MAX)
+            .handshake::<_, Bytes>(tls)
+            .await
+            .context("the h2 handshake")?;
+        let mut pings = connection.ping_pong().context("h2 gave no ping handle")?;
+        info!(gateway = %gateway.url, cluster = %self.cluster, "tunnel up");
+        let _ = self.up.send(self.index);
+        let heartbeat = crate::tunnel::heartbeat::until_unanswered(&mut pings);
+        tokio::pin!(heartbeat);
+        loop {
+            tokio::select! {
+                stream = connection.accept() => match stream {
+                    Some(Ok((request, respond))) => {
+                        tokio::spawn(carry(self.member.clone(), request.into_body(), respond));
+                    }
+                    Some(Err(error)) => return Err(anyhow!(error).context("the tunnel failed")),
+                    None => return Ok("the gateway closed the tunnel".into()),
+                },
+                reason = &mut heartbeat => return Ok(reason),
+            }
+        }
+    }
+}
+
+/// The gateway's answer line (without `\n`), read a byte at a time so that no h2 byte after it
+/// is consumed; at most [`wire::MAX_HELLO`] bytes.
+async fn read_line<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<String> {
+    let mut line = Vec::new();
+    loop {
+        let byte = stream.read_u8().await?;
+        if byte == b'\n' || line.len() >= wire::MAX_HELLO {
+            return Ok(String::from_utf8_lossy(&line).into_owned());
+        }
+        line.push(byte);
+    }
+}
+
+/// `BACKOFF_FIRST * 2^(failures-1)`, at most `BACKOFF_MAX`, times a random factor in [0.5, 1):
+/// agents that lost their gateway together do not all come back in the same instant.
+fn backoff(failures: u32) -> Duration {
+    let base = BACKOFF_FIRST
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(BACKOFF_MAX);
+    let random = (uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0;
+    base.mul_f64(0.5 + random / 2.0)
+}
+
+/// Carries one stream: a member connection for it (or the reason there is none, answered in
+/// [`wire::ERROR_HEADER`]), then bytes both ways until both sides are done or either fails.
+async fn carry(
+    member: Arc<Member>,
+    body: h2::RecvStream,
+    mut respond: h2::server::SendResponse<Bytes>,
+) {
+    let conn = match member.dial().await {
+        Ok(conn) => conn,
+        Err(error) => {
+            let reason = wire::printable(&format!("{error:#}"));
+            debug!(reason = %reason, "no member connection for a stream");
+            let mut answer = http::Response::new(());
+            *answer.status_mut() = http::StatusCode::BAD_GATEWAY;
+            if let Ok(value) = http::HeaderValue::from_str(&reason) {
+                answer.headers_mut().insert(wire::ERROR_HEADER, value);
+            }
+            let _ = respond.send_response(answer, true);
+            return;
+        }
+    };
+    let send = match respond.send_response(http::Response::new(()), false) {
+        Ok(send) => send,
+        Err(_) => return,
+    };
+    let mut stream = TunnelStream::new(send, body);
+    let outcome = match conn {
+        MemberConn::Plain(mut tcp) => tokio::io::copy_bidirectional(&mut stream, &mut tcp).await,
+        MemberConn::Tls(mut tls) => tokio::io::copy_bidirectional(&mut stream, tls.as_mut()).await,
+    };
+    if let Err(error) = outcome {
+        debug!(%error, "stream ended with an error");
+    }
+}

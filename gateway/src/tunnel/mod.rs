@@ -1,0 +1,242 @@
+//! Pull mode: members behind NAT are reached through tunnels their agents (`fleetgate agent`)
+//! dial to the gateway. This station sits under `upstream`: for a `Tunnel` cluster,
+//! `upstream::connect` asks [`open`] for a stream instead of dialing, and the rest of the exchange
+//! (member head, relay, pool, upgrades spliced) runs on it unchanged.
+//!
+//! - `listener`: the tunnel listener, on a thread and a tokio runtime of its own: it accepts
+//!   agents by mTLS (the agent CA, the cluster name in the certificate's subject), reads the
+//!   hello, runs the h2 connection with roles reversed (the gateway is the h2 client that opens
+//!   streams), pings it, and registers it here while it lives;
+//! - `stream`: one h2 stream as a byte pipe with per-stream flow control (also used by the agent);
+//! - `wire`: the constants and the hello both sides share; `heartbeat`: the PINGs both ends send.
+//!
+//! The hand-off between the tunnel runtime and the shards is this registry: the tunnel thread
+//! publishes each cluster's live tunnels (an `ArcSwap`, written only when an agent comes or goes);
+//! a shard loads it, picks a tunnel (round robin over the cluster's agents) and opens a stream on
+//! it with the `h2` crate's `Send` handles, whose wakers reach the shard from the tunnel thread.
+//! So an agent's hostile bytes are parsed on the tunnel thread, never on a shard, and a shard
+//! never waits on a lock the tunnel thread holds across I/O (h2's internal lock is held only for
+//! the length of a frame operation).
+
+pub mod heartbeat;
+pub mod listener;
+pub mod stream;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use ahash::AHashMap;
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use fleetgate_config_watcher::ClusterRoute;
+use tracing::debug;
+
+use crate::errors::GatewayError;
+use crate::runtime::{self, clock};
+pub use stream::TunnelStream;
+
+/// How often a request waiting for a cluster's agent looks at the registry again.
+const RECHECK: Duration = Duration::from_millis(20);
+/// How long a request waits for an agent to (re)connect, unless `serve --tunnel-wait` says.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(3);
+
+/// One agent's live tunnel.
+pub struct Tunnel {
+    pub id: u64,
+    pub cluster: Arc<str>,
+    pub agent: SocketAddr,
+    send: h2::client::SendRequest<Bytes>,
+    /// Cleared by whoever sees the connection fail first (a shard opening a stream, or the
+    /// tunnel thread), so no new stream is tried on it.
+    alive: AtomicBool,
+}
+
+impl Tunnel {
+    pub(crate) fn new(
+        cluster: Arc<str>,
+        agent: SocketAddr,
+        send: h2::client::SendRequest<Bytes>,
+    ) -> Tunnel {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Tunnel {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            cluster,
+            agent,
+            send,
+            alive: AtomicBool::new(true),
+        }
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn mark_dead(&self) {
+        self.alive.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Why a stream could not be opened on a tunnel.
+enum OpenError {
+    /// The tunnel is gone (its connection failed or closed): try another, or wait.
+    Gone,
+    /// The agent answered, but could not reach its member: its reason.
+    Refused(String),
+}
+
+impl Tunnel {
+    /// Opens a stream: the agent dials (or reuses) a member connection for it and answers 200.
+    async fn open_stream(&self) -> Result<TunnelStream, OpenError> {
+        let send = self.send.clone();
+        let mut send = send.ready().await.map_err(|_| OpenError::Gone)?;
+        let request = http::Request::post(wire::STREAM_URI)
+            .body(())
+            .map_err(|_| OpenError::Gone)?;
+        let (response, stream) = send
+            .send_request(request, false)
+            .map_err(|_| OpenError::Gone)?;
+        let response = response.await.map_err(|e| match e.reason() {
+            // The agent reset this stream: the tunnel itself is fine.
+            Some(reason) if e.is_reset() => {
+                OpenError::Refused(format!("the agent reset the stream ({reason})"))
+            }
+            _ => OpenError::Gone,
+        })?;
+        if response.status() != http::StatusCode::OK {
+            let reason = response
+                .headers()
+                .get(wire::ERROR_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(wire::printable)
+                .unwrap_or_else(|| format!("the agent answered {}", response.status()));
+            return Err(OpenError::Refused(reason));
+        }
+        Ok(TunnelStream::new(stream, response.into_body()))
+    }
+}
+
+/// Every cluster's live tunnels, published by the tunnel thread, read by the shards.
+pub struct TunnelRegistry {
+    by_cluster: ArcSwap<AHashMap<Arc<str>, Vec<Arc<Tunnel>>>>,
+    /// Round robin over a cluster's tunnels.
+    next: AtomicUsize,
+    /// How long a request waits for an agent (milliseconds).
+    wait_ms: AtomicU64,
+}
+
+/// The process's registry (one tunnel listener per process).
+pub fn registry() -> &'static TunnelRegistry {
+    static REGISTRY: OnceLock<TunnelRegistry> = OnceLock::new();
+    REGISTRY.get_or_init(|| TunnelRegistry {
+        by_cluster: ArcSwap::from_pointee(AHashMap::new()),
+        next: AtomicUsize::new(0),
+        wait_ms: AtomicU64::new(DEFAULT_WAIT.as_millis() as u64),
+    })
+}
+
+impl TunnelRegistry {
+    /// How long a request for a cluster without a tunnel waits for one before its 503.
+    pub fn set_wait(&self, wait: Duration) {
+        self.wait_ms.store(
+            wait.as_millis().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    fn wait(&self) -> Duration {
+        Duration::from_millis(self.wait_ms.load(Ordering::Relaxed))
+    }
+
+    /// Adds a tunnel (tunnel thread only: the one writer).
+    pub(crate) fn add(&self, tunnel: Arc<Tunnel>) {
+        self.by_cluster.rcu(|map| {
+            let mut map = AHashMap::clone(map);
+            map.entry(tunnel.cluster.clone())
+                .or_default()
+                .push(tunnel.clone());
+            map
+        });
+    }
+
+    /// Removes a tunnel whose connection ended (tunnel thread only).
+    pub(crate) fn remove(&self, tunnel: &Tunnel) {
+        tunnel.mark_dead();
+        self.by_cluster.rcu(|map| {
+            let mut map = AHashMap::clone(map);
+            if let Some(list) = map.get_mut(&tunnel.cluster) {
+                list.retain(|t| t.id != tunnel.id);
+                if list.is_empty() {
+                    map.remove(&tunnel.cluster);
+                }
+            }
+            map
+        });
+    }
+
+    /// How many live tunnels `cluster` has.
+    pub fn count(&self, cluster: &str) -> usize {
+        self.by_cluster
+            .load()
+            .get(cluster)
+            .map_or(0, |l| l.iter().filter(|t| t.is_alive()).count())
+    }
+
+    /// A live tunnel of `cluster`, spreading streams over its agents.
+    fn pick(&self, cluster: &str) -> Option<Arc<Tunnel>> {
+        let map = self.by_cluster.load();
+        let list = map.get(cluster)?;
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..list.len())
+            .map(|i| &list[(start + i) % list.len()])
+            .find(|t| t.is_alive())
+            .cloned()
+    }
+}
+
+/// Opens a stream to `cluster`'s member through one of its agents' tunnels, within `timeout`
+/// once a tunnel is found. With none up, waits for one (an agent reconnecting) as long as the
+/// registry says, then fails with a 503 naming the cluster.
+pub(crate) async fn open(
+    cluster: &ClusterRoute,
+    timeout: Duration,
+) -> Result<TunnelStream, GatewayError> {
+    let registry = registry();
+    let wait = registry.wait();
+    let started = clock::now();
+    loop {
+        if let Some(tunnel) = registry.pick(&cluster.name) {
+            match runtime::timeout(timeout, tunnel.open_stream()).await {
+                Ok(Ok(stream)) => return Ok(stream),
+                Ok(Err(OpenError::Refused(reason))) => {
+                    return Err(GatewayError::Connect {
+                        cluster: cluster.name.to_string(),
+                        address: format!("the member through the agent at {}", tunnel.agent),
+                        source: std::io::Error::other(reason),
+                    })
+                }
+                Ok(Err(OpenError::Gone)) => {
+                    debug!(cluster = %cluster.name, agent = %tunnel.agent, "tunnel gone while opening a stream; trying another");
+                    tunnel.mark_dead();
+                    continue;
+                }
+                Err(_) => {
+                    return Err(GatewayError::ConnectTimeout {
+                        cluster: cluster.name.to_string(),
+                        address: format!("the member through the agent at {}", tunnel.agent),
+                    })
+                }
+            }
+        }
+        let waited = clock::now().saturating_duration_since(started);
+        if waited >= wait {
+            return Err(GatewayError::NoTunnel {
+                cluster: cluster.name.to_string(),
+                waited_ms: waited.as_millis() as u64,
+            });
+        }
+        runtime::sleep(RECHECK.min(wait - waited)).await;
+    }
+}
