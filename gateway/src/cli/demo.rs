@@ -1,6 +1,9 @@
 //! `fleetgate demo`: a simulated fleet and the gateway in front of it, in one command, so a
 //! newcomer can point kubectl at a fleet without any cluster.
 //!
+//! With `--pull K`, the last K members are pull-mode: their Cluster files get `mode: Tunnel` and
+//! no server, the gateway gets a tunnel listener, and each of them a `fleetgate agent` child.
+//!
 //! Two child processes, each the real command an operator or a test would run: the simulated
 //! fleet (`fleetgate-loadtest sim`, built on hyper/tokio and sharing no code with the gateway) and
 //! the gateway (`fleetgate serve --config DIR`) reading the files the fleet wrote. The gateway crate
@@ -36,6 +39,10 @@ pub struct DemoArgs {
     /// Gateway shards (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub workers: usize,
+    /// Members served in pull mode (the last K): their Cluster objects get `mode: Tunnel` and no
+    /// server, and each gets a `fleetgate agent` child that dials the gateway's tunnel listener.
+    #[arg(long, default_value_t = 0)]
+    pub pull: usize,
 }
 
 /// Runs the demo until SIGINT or SIGTERM, then stops the gateway gracefully (it drains) and the
@@ -43,6 +50,13 @@ pub struct DemoArgs {
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     if args.clusters == 0 {
         bail!("--clusters must be at least 1");
+    }
+    if args.pull > args.clusters {
+        bail!(
+            "--pull {} is more than the {} members",
+            args.pull,
+            args.clusters
+        );
     }
     args.listen
         .parse::<SocketAddr>()
@@ -60,15 +74,53 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         args.dir.join("direct.kubeconfig"),
     )?;
 
+    let pulled = match pull_mode_members(&args) {
+        Ok(pulled) => pulled,
+        Err(e) => {
+            stop(&mut fleet);
+            return Err(e);
+        }
+    };
+
     let mut gateway = start_gateway(&args)?;
-    let bound = match wait_ready(&mut gateway, "the gateway").and_then(|line| listener_of(&line)) {
-        Ok(addr) => addr,
+    let ready = wait_ready(&mut gateway, "the gateway");
+    let started = ready.and_then(|line| {
+        let tunnel = tunnel_of(&line);
+        Ok((listener_of(&line)?, tunnel))
+    });
+    let (bound, tunnel) = match started {
+        Ok(addrs) => addrs,
         Err(e) => {
             let _ = gateway.kill();
             stop(&mut fleet);
             return Err(e);
         }
     };
+    let mut agents = Vec::new();
+    for member in &pulled {
+        let started = tunnel
+            .ok_or_else(|| anyhow!("the gateway's ready line names no tunnel listener"))
+            .and_then(|tunnel| start_agent(&args.dir, member, tunnel))
+            .and_then(|mut agent| {
+                let ready = wait_ready(&mut agent, &format!("the agent of {}", member.name));
+                match ready {
+                    Ok(_) => Ok(agent),
+                    Err(e) => {
+                        stop(&mut agent);
+                        Err(e)
+                    }
+                }
+            });
+        match started {
+            Ok(agent) => agents.push(agent),
+            Err(e) => {
+                agents.iter_mut().for_each(stop);
+                let _ = gateway.kill();
+                stop(&mut fleet);
+                return Err(e);
+            }
+        }
+    }
     write_kubeconfig(&args.dir, &args.listen, &bound.to_string())?;
     let kubeconfig = args.dir.join("kubeconfig");
     // Caught before `ready` is printed: a stop signal sent as soon as it is read stops the
@@ -79,10 +131,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         terminate: mut term,
     } = Signals::install()?;
     println!(
-        "ready: {} simulated member clusters behind https://{bound}/clusters/{{member1..member{}}}; \
-         export KUBECONFIG={}",
+        "ready: {} simulated member clusters behind https://{bound}/clusters/{{member1..member{}}} \
+         ({} of them pull-mode, through their agents); export KUBECONFIG={}",
         args.clusters,
         args.clusters,
+        args.pull,
         kubeconfig.display()
     );
     std::io::stdout().flush()?;
@@ -116,6 +169,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         Ok(None)
     })?;
     let _ = waiter.join();
+    agents.iter_mut().for_each(stop);
     stop(&mut fleet);
     match outcome {
         Some(status) => Err(anyhow!("the gateway exited unexpectedly ({status})")),
@@ -147,6 +201,16 @@ fn start_gateway(args: &DemoArgs) -> anyhow::Result<Child> {
     if args.workers > 0 {
         cmd.arg("--workers").arg(args.workers.to_string());
     }
+    if args.pull > 0 {
+        cmd.arg("--tunnel-listen")
+            .arg("127.0.0.1:0")
+            .arg("--agent-ca")
+            .arg(
+                args.dir
+                    .join("agents")
+                    .join(crate::cli::certs::AGENT_CA_CERT),
+            );
+    }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -155,6 +219,89 @@ fn start_gateway(args: &DemoArgs) -> anyhow::Result<Child> {
     // be its second signal and cut the drain short.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     cmd.spawn().context("starting `fleetgate serve`")
+}
+
+/// A member the demo serves in pull mode: where its agent finds it.
+struct PulledMember {
+    name: String,
+    server: String,
+}
+
+/// Makes the last `--pull` members pull-mode: each Cluster file loses its server and CA and
+/// gets `mode: Tunnel` (the member's server and CA go to its agent instead), and each gets an
+/// agent certificate in DIR/agents (beside the agent CA the gateway trusts).
+fn pull_mode_members(args: &DemoArgs) -> anyhow::Result<Vec<PulledMember>> {
+    let agents = args.dir.join("agents");
+    let mut pulled = Vec::new();
+    for k in (args.clusters - args.pull + 1)..=args.clusters {
+        let name = format!("member{k}");
+        let path = args.dir.join("clusters").join(format!("{name}.yaml"));
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let mut cluster: serde_yaml::Value = serde_yaml::from_str(&text)?;
+        let spec = cluster
+            .get_mut("spec")
+            .and_then(serde_yaml::Value::as_mapping_mut)
+            .ok_or_else(|| anyhow!("{} has no spec", path.display()))?;
+        let server = spec
+            .remove("server")
+            .and_then(|s| s.as_str().map(str::to_owned))
+            .ok_or_else(|| anyhow!("{} has no spec.server", path.display()))?;
+        let ca = spec
+            .remove("caData")
+            .and_then(|s| s.as_str().map(str::to_owned))
+            .ok_or_else(|| anyhow!("{} has no spec.caData", path.display()))?;
+        spec.insert("mode".into(), "Tunnel".into());
+        std::fs::create_dir_all(&agents)?;
+        std::fs::write(agents.join(format!("{name}-kube-ca.crt")), ca)?;
+        crate::cli::certs::issue_agent(&crate::cli::certs::IssueAgentArgs {
+            dir: agents.clone(),
+            cluster: name.clone(),
+            ttl: Duration::from_secs(30 * 86_400),
+            out_dir: None,
+            force: true,
+        })?;
+        // The token stays: it is what the gateway authenticates with, through the tunnel.
+        crate::cli::certs::write_private(&path, serde_yaml::to_string(&cluster)?.as_bytes())?;
+        pulled.push(PulledMember { name, server });
+    }
+    Ok(pulled)
+}
+
+/// `fleetgate agent` for a pull-mode member, dialing the gateway's tunnel listener, in a process
+/// group of its own (stopped by the demo after the gateway).
+fn start_agent(dir: &Path, member: &PulledMember, tunnel: SocketAddr) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("finding the fleetgate binary")?;
+    let agents = dir.join("agents");
+    let mut cmd = Command::new(exe);
+    cmd.arg("agent")
+        .arg("--gateway")
+        .arg(format!("https://{tunnel}"))
+        .arg("--cluster")
+        .arg(&member.name)
+        .arg("--cert")
+        .arg(agents.join(format!("agent-{}.crt", member.name)))
+        .arg("--key")
+        .arg(agents.join(format!("agent-{}.key", member.name)))
+        .arg("--ca")
+        .arg(dir.join("pki/gateway-ca.crt"))
+        .arg("--kube-server")
+        .arg(&member.server)
+        .arg("--kube-ca")
+        .arg(agents.join(format!("{}-kube-ca.crt", member.name)));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    cmd.spawn()
+        .with_context(|| format!("starting the agent of {}", member.name))
+}
+
+/// The tunnel listener a gateway's `ready` line names (`tunnel=ADDR`), if any.
+fn tunnel_of(line: &str) -> Option<SocketAddr> {
+    line.split_whitespace()
+        .find_map(|tok| tok.strip_prefix("tunnel="))
+        .and_then(|addr| addr.parse().ok())
 }
 
 /// `fleetgate-loadtest sim`, in a process group of its own (as the gateway: a terminal's Ctrl-C
@@ -244,11 +391,11 @@ fn wait_ready(child: &mut Child, what: &str) -> anyhow::Result<String> {
     bail!("{what} exited before it was ready (see its log above)")
 }
 
-/// The address of the first non-admin listener a gateway's `ready` line names.
+/// The address of the first non-admin, non-tunnel listener a gateway's `ready` line names.
 fn listener_of(line: &str) -> anyhow::Result<SocketAddr> {
     line.split_whitespace()
         .filter_map(|tok| tok.split_once('='))
-        .filter(|(key, _)| *key != "admin")
+        .filter(|(key, _)| *key != "admin" && *key != "tunnel")
         .find_map(|(_, v)| v.trim_end_matches(',').parse::<SocketAddr>().ok())
         .ok_or_else(|| anyhow!("the gateway's ready line names no listener address: {line:?}"))
 }
