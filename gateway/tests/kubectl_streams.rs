@@ -242,14 +242,7 @@ fn port_forward_round_trips_bytes_through_the_gateway() {
             let _ = log_pipe.read_to_string(&mut text);
             text
         });
-        let line = lines.wait_line("the Forwarding line", Duration::from_secs(30), |l| {
-            l.starts_with("Forwarding from 127.0.0.1:")
-        });
-        let port: u16 = line["Forwarding from 127.0.0.1:".len()..]
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        let port = support::kubectl::forwarded_port(&mut lines);
         // Two connections one after the other, each larger than one SPDY frame.
         for round in 0..2u32 {
             let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");

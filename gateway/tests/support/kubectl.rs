@@ -64,3 +64,19 @@ pub fn groups_of(user_info: &serde_json::Value) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// The local port of a `kubectl port-forward ... :PORT --address 127.0.0.1`, from its
+/// `Forwarding from 127.0.0.1:LOCAL -> PORT` line (waited for at most 30 s).
+pub fn forwarded_port(stdout: &mut super::wait::LineReader) -> u16 {
+    const PREFIX: &str = "Forwarding from 127.0.0.1:";
+    let line = stdout.wait_line(
+        "the Forwarding line",
+        std::time::Duration::from_secs(30),
+        |l| l.starts_with(PREFIX),
+    );
+    line[PREFIX.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"))
+}

@@ -1,0 +1,614 @@
+//! Pull mode end to end: the simulated fleet's member2 made a `Tunnel` cluster (no server in its
+//! Cluster object), a real `fleetgate serve` with a tunnel listener, and a real `fleetgate agent`
+//! child dialing it and carrying streams to member2's address. Checked with kubectl as a user
+//! would: get and list, a watch, `logs -f`, exec and port-forward (WebSocket and SPDY); the
+//! agent killed during a watch (the watch ends, a request without an agent gets a 503 naming the
+//! cluster, a request made while the agent comes back waits for it) and frozen (a half-open
+//! tunnel noticed by PINGs); wrong certificates, no certificate and garbage refused at the tunnel
+//! listener without harm to the gateway; and a big LIST whose client stops reading while small
+//! GETs on the same tunnel keep their latency.
+//!
+//! Readiness is the `ready` lines (gateway and agent) and the agent's own log lines, never a
+//! sleep; every address is 127.0.0.1:0.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::fleet::{fleetgate_binary, Fleet, KillOnDrop};
+use support::kubectl::kubectl_command;
+use support::wait::{wait_for, LineReader};
+
+/// The simulated fleet with member2 in pull mode and a gateway with a tunnel listener.
+struct PullFleet {
+    fleet: Fleet,
+    /// member2's own address, where its agent carries streams.
+    member2: String,
+    tunnel: SocketAddr,
+    agents_started: usize,
+}
+
+/// A running agent: its process and its stdout lines.
+struct Agent {
+    child: KillOnDrop,
+    _stdout: LineReader,
+    log: std::path::PathBuf,
+}
+
+impl Agent {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Makes `name`'s Cluster file pull-mode (`connectMode: Tunnel`, no server, no CA) and returns
+/// its server URL; its CA goes to `agents/NAME-kube-ca.crt`.
+fn make_pull_mode(fleet: &Fleet, name: &str) -> String {
+    let path = fleet.fleet_path(&format!("clusters/{name}.yaml"));
+    let mut cluster: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let spec = cluster["spec"].as_mapping_mut().unwrap();
+    let server = spec.remove("server").unwrap().as_str().unwrap().to_owned();
+    let ca = spec.remove("caData").unwrap().as_str().unwrap().to_owned();
+    spec.remove("mode");
+    spec.insert("connectMode".into(), "Tunnel".into());
+    std::fs::create_dir_all(fleet.fleet_path("agents")).unwrap();
+    std::fs::write(fleet.fleet_path(&format!("agents/{name}-kube-ca.crt")), ca).unwrap();
+    std::fs::write(&path, serde_yaml::to_string(&cluster).unwrap()).unwrap();
+    server
+}
+
+fn issue_agent(fleet: &Fleet, cluster: &str) {
+    let out = Command::new(fleetgate_binary())
+        .args(["certs", "issue-agent", "--cluster", cluster, "--dir"])
+        .arg(fleet.fleet_path("agents"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl PullFleet {
+    fn start(objects: usize, serve: &[&str]) -> PullFleet {
+        let mut fleet = Fleet::sim(2, objects);
+        let member2 = make_pull_mode(&fleet, "member2");
+        issue_agent(&fleet, "member2");
+        issue_agent(&fleet, "member1");
+        let agent_ca = fleet.fleet_path("agents/agent-ca.crt");
+        let mut args = vec![
+            "--workers",
+            "2",
+            "--tunnel-listen",
+            "127.0.0.1:0",
+            "--agent-ca",
+            agent_ca.to_str().unwrap(),
+        ];
+        args.extend_from_slice(serve);
+        fleet.serve(&args, Some("fleetgate=debug"));
+        let tunnel = fleet.ready().addr("tunnel");
+        PullFleet {
+            fleet,
+            member2,
+            tunnel,
+            agents_started: 0,
+        }
+    }
+
+    /// `fleetgate agent` for `cluster` with `cert_of`'s certificate.
+    fn agent_command(&mut self, cluster: &str, cert_of: &str) -> (Command, std::path::PathBuf) {
+        let agents = self.fleet.fleet_path("agents");
+        self.agents_started += 1;
+        let log = self
+            .fleet
+            .path(&format!("agent-{}.log", self.agents_started));
+        let mut cmd = Command::new(fleetgate_binary());
+        cmd.arg("agent")
+            .arg("--gateway")
+            .arg(format!("https://{}", self.tunnel))
+            .args(["--cluster", cluster])
+            .arg("--cert")
+            .arg(agents.join(format!("agent-{cert_of}.crt")))
+            .arg("--key")
+            .arg(agents.join(format!("agent-{cert_of}.key")))
+            .arg("--ca")
+            .arg(self.fleet.fleet_path("pki/gateway-ca.crt"))
+            .args(["--kube-server", &self.member2])
+            .arg("--kube-ca")
+            .arg(agents.join("member2-kube-ca.crt"))
+            .env("RUST_LOG", "fleetgate=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap());
+        (cmd, log)
+    }
+
+    /// Starts member2's agent and waits for its `ready` line.
+    fn start_agent(&mut self) -> Agent {
+        let (mut cmd, log) = self.agent_command("member2", "member2");
+        let mut child = KillOnDrop(cmd.spawn().unwrap());
+        let mut stdout = LineReader::new(child.stdout.take().unwrap());
+        if stdout
+            .wait_for_text("ready", Duration::from_secs(30))
+            .is_none()
+        {
+            panic!(
+                "the agent printed no ready line:\n{}\ngateway:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default(),
+                self.fleet.log_tail(30)
+            );
+        }
+        Agent {
+            child,
+            _stdout: stdout,
+            log,
+        }
+    }
+
+    fn kubectl(&self, context: &str, args: &[&str]) -> Command {
+        let mut cmd = kubectl_command(&self.fleet.gateway_kubeconfig(), context);
+        cmd.arg("--cache-dir")
+            .arg(self.fleet.path(&format!("kube-cache-{context}")))
+            .args(args);
+        cmd
+    }
+
+    /// A long-running kubectl (watch, follow, port-forward) and its stdout lines.
+    fn spawn_lines(&self, args: &[&str], env: &[(&str, &str)]) -> (KillOnDrop, LineReader) {
+        let mut cmd = self.kubectl("member2", args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = KillOnDrop(
+            cmd.stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let lines = LineReader::new(child.stdout.take().unwrap());
+        (child, lines)
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        self.fleet.kubectl_ok("member2", args)
+    }
+}
+
+fn signal(child: &KillOnDrop, sig: libc::c_int) {
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) on our own child's pid with a valid signal touches no memory.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+/// Waits at most `within` for `child` to exit.
+fn exits_within(child: &mut KillOnDrop, within: Duration, what: &str) {
+    wait_for(what, within, || matches!(child.try_wait(), Ok(Some(_))));
+}
+
+#[test]
+fn kubectl_works_on_a_pull_mode_member_as_on_a_direct_one() {
+    let mut pulled = PullFleet::start(20, &[]);
+    let _agent = pulled.start_agent();
+
+    // get and list: the same objects as the member itself has.
+    let through = pulled.ok(&["get", "configmaps", "-A", "-o", "name"]);
+    let direct = support::kubectl::succeeded(
+        support::kubectl::kubectl(
+            &pulled.fleet.fleet_path("kubeconfig"),
+            "member2",
+            &["get", "configmaps", "-A", "-o", "name"],
+        ),
+        "direct list",
+        "",
+    );
+    assert_eq!(through, direct);
+    assert!(through.lines().count() > 20, "{through}");
+    assert!(pulled.ok(&["get", "namespace", "dev"]).contains("dev"));
+
+    // A watch sees a change made afterwards.
+    let watch_args = [
+        "get",
+        "configmaps",
+        "-n",
+        "dev",
+        "-w",
+        "--output-watch-events",
+    ];
+    let (watch, mut events) = pulled.spawn_lines(&watch_args, &[]);
+    events.wait_line("the watch's first event", Duration::from_secs(30), |l| {
+        l.contains("kube-root-ca.crt")
+    });
+    pulled.ok(&["create", "configmap", "-n", "dev", "made-while-watching"]);
+    events.wait_line("the new ConfigMap's event", Duration::from_secs(30), |l| {
+        l.contains("ADDED") && l.contains("made-while-watching")
+    });
+    drop(watch);
+
+    // logs -f streams lines as they come.
+    let (follow, mut lines) = pulled.spawn_lines(&["logs", "-f", "hello", "-n", "default"], &[]);
+    lines.wait_line("a followed log line", Duration::from_secs(30), |l| {
+        l.contains("log line 1")
+    });
+    drop(follow);
+
+    // exec, over WebSocket and SPDY.
+    for env in [
+        ("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "true"),
+        ("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false"),
+    ] {
+        let out = pulled
+            .kubectl(
+                "member2",
+                &["exec", "hello", "-n", "default", "--", "echo", "tunnelled"],
+            )
+            .env(env.0, env.1)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "exec {env:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, b"tunnelled\n", "exec {env:?}");
+    }
+
+    // port-forward, over WebSocket and SPDY: 200 KB echoed by the pod.
+    for env in [
+        ("KUBECTL_PORT_FORWARD_WEBSOCKETS", "true"),
+        ("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false"),
+    ] {
+        let forward_args = [
+            "port-forward",
+            "-n",
+            "default",
+            "pod/hello",
+            ":8080",
+            "--address",
+            "127.0.0.1",
+        ];
+        let (_forward, mut out) = pulled.spawn_lines(&forward_args, &[env]);
+        let port = support::kubectl::forwarded_port(&mut out);
+        let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7) as u8).collect();
+        conn.write_all(&payload).unwrap();
+        let mut echoed = vec![0u8; payload.len()];
+        conn.read_exact(&mut echoed).expect("the echo");
+        assert!(echoed == payload, "port-forward echo differs ({env:?})");
+    }
+
+    // The direct member beside it is untouched.
+    assert!(pulled
+        .fleet
+        .kubectl_ok("member1", &["get", "ns"])
+        .contains("default"));
+}
+
+#[test]
+fn a_lost_agent_ends_its_streams_and_a_returning_one_is_waited_for() {
+    let mut pulled = PullFleet::start(5, &["--tunnel-wait-seconds", "2"]);
+    let mut agent = pulled.start_agent();
+    let start_watch = |pulled: &PullFleet| {
+        let (watch, mut lines) = pulled.spawn_lines(&["get", "configmaps", "-n", "dev", "-w"], &[]);
+        lines.wait_line("the watch's first row", Duration::from_secs(30), |l| {
+            l.contains("kube-root-ca.crt")
+        });
+        (watch, lines)
+    };
+
+    // Killed: the watch ends (the tunnel's streams fail), no hang.
+    let (mut watch, _lines) = start_watch(&pulled);
+    signal(&agent.child, libc::SIGKILL);
+    exits_within(
+        &mut watch,
+        Duration::from_secs(15),
+        "the watch to end with its tunnel",
+    );
+
+    // No agent: after the wait, a 503 Status naming the cluster.
+    let started = Instant::now();
+    let mut client = admin_https(&pulled, TcpStream::connect(pulled.fleet.https()).unwrap());
+    client
+        .write_all(b"GET /clusters/member2/api/v1/namespaces HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    client.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.contains(r#""kind":"Status""#)
+            && answer.contains(r#"cluster \"member2\""#)
+            && answer.contains("no agent"),
+        "{answer}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "answered before the wait"
+    );
+
+    // A request made while the agent comes back waits for it and succeeds.
+    let waiting = pulled
+        .kubectl("member2", &["get", "ns", "dev", "--request-timeout", "20s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    agent = pulled.start_agent();
+    let out = waiting.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(pulled.ok(&["get", "ns"]).contains("dev"));
+
+    // Frozen (a half-open tunnel: the TCP connection stays, nothing answers): PINGs notice it
+    // within a few seconds and the watch ends.
+    let (mut watch, _lines) = start_watch(&pulled);
+    let frozen = Instant::now();
+    signal(&agent.child, libc::SIGSTOP);
+    exits_within(
+        &mut watch,
+        Duration::from_secs(15),
+        "the watch to end on a half-open tunnel",
+    );
+    assert!(frozen.elapsed() < Duration::from_secs(10));
+    assert!(
+        pulled.fleet.log().contains("half-open"),
+        "{}",
+        pulled.fleet.log_tail(20)
+    );
+    // Thawed, the agent finds its tunnel gone and dials again.
+    signal(&agent.child, libc::SIGCONT);
+    wait_for("the agent's second tunnel", Duration::from_secs(20), || {
+        agent.log().matches("tunnel up").count() >= 2
+    });
+    assert!(pulled.ok(&["get", "ns"]).contains("dev"));
+}
+
+/// An HTTP/1.1 TLS client of the gateway on `tcp`, as the fleet's `admin`.
+fn admin_https(
+    pulled: &PullFleet,
+    tcp: TcpStream,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let conn = rustls::ClientConnection::new(
+        pulled.fleet.admin_tls_config(b"http/1.1"),
+        "127.0.0.1".try_into().unwrap(),
+    )
+    .unwrap();
+    rustls::StreamOwned::new(conn, tcp)
+}
+
+/// A TLS client of the tunnel listener with `identity` (cert and key files, if any).
+fn tunnel_client(
+    pulled: &PullFleet,
+    identity: Option<(&str, &str)>,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let read = |p: &str| std::fs::read(pulled.fleet.fleet_path(p)).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in fleetgate_config_watcher::parse_certs(&read("pki/gateway-ca.crt")).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let builder =
+        rustls::ClientConfig::builder_with_provider(fleetgate_config_watcher::crypto_provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                fleetgate_config_watcher::parse_certs(&read(cert)).unwrap(),
+                fleetgate_config_watcher::parse_key(&read(key)).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"fleetgate-tunnel/1".to_vec()];
+    let tcp = TcpStream::connect(pulled.tunnel).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let conn =
+        rustls::ClientConnection::new(Arc::new(config), "127.0.0.1".try_into().unwrap()).unwrap();
+    rustls::StreamOwned::new(conn, tcp)
+}
+
+/// Sends `hello` and returns the gateway's answer (until it closes), or the I/O error.
+fn answer_to(
+    mut client: rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+    hello: &[u8],
+) -> std::io::Result<String> {
+    client.write_all(hello)?;
+    client.flush()?;
+    let mut answer = Vec::new();
+    client.read_to_end(&mut answer)?;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
+#[test]
+fn wrong_certificates_and_garbage_are_refused_at_the_tunnel_listener() {
+    let mut pulled = PullFleet::start(5, &[]);
+
+    // The agent itself refuses to start with another cluster's certificate.
+    let (mut cmd, log) = pulled.agent_command("member2", "member1");
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success());
+    let stderr = std::fs::read_to_string(log).unwrap();
+    assert!(
+        stderr.contains("not an agent certificate for cluster \"member2\""),
+        "{stderr}"
+    );
+
+    // The gateway refuses it too: member1's certificate claiming member2.
+    let claim = answer_to(
+        tunnel_client(
+            &pulled,
+            Some(("agents/agent-member1.crt", "agents/agent-member1.key")),
+        ),
+        b"FLEETGATE-TUNNEL/1 member2\n",
+    )
+    .unwrap();
+    assert!(
+        claim.starts_with("REFUSED") && claim.contains("certificate for \"member1\""),
+        "{claim:?}"
+    );
+    // member1's own certificate for member1, a Direct cluster.
+    let direct = answer_to(
+        tunnel_client(
+            &pulled,
+            Some(("agents/agent-member1.crt", "agents/agent-member1.key")),
+        ),
+        b"FLEETGATE-TUNNEL/1 member1\n",
+    )
+    .unwrap();
+    assert!(direct.contains("not a Tunnel cluster"), "{direct:?}");
+    // A hostile hello: too long, then not a hello at all.
+    let long = answer_to(
+        tunnel_client(
+            &pulled,
+            Some(("agents/agent-member2.crt", "agents/agent-member2.key")),
+        ),
+        &[b'A'; 4096],
+    )
+    .unwrap_or_default();
+    assert!(!long.starts_with("OK"), "{long:?}");
+    let garbage = answer_to(
+        tunnel_client(
+            &pulled,
+            Some(("agents/agent-member2.crt", "agents/agent-member2.key")),
+        ),
+        b"\x00\xff\r\nGET / HTTP/1.1\r\n\r\n",
+    )
+    .unwrap_or_default();
+    assert!(garbage.starts_with("REFUSED"), "{garbage:?}");
+    // A valid hello followed by garbage instead of h2.
+    let mut client = tunnel_client(
+        &pulled,
+        Some(("agents/agent-member2.crt", "agents/agent-member2.key")),
+    );
+    client.write_all(b"FLEETGATE-TUNNEL/1 member2\n").unwrap();
+    let mut ok = [0u8; 3];
+    client.read_exact(&mut ok).unwrap();
+    assert_eq!(&ok, b"OK\n");
+    let _ = client.write_all(&[0x55; 10_000]);
+    let _ = client.read_to_end(&mut Vec::new());
+
+    // No certificate, and a user's certificate (the client CA, not the agent CA): no handshake.
+    for identity in [None, Some(("users/admin.crt", "users/admin.key"))] {
+        let refused = answer_to(
+            tunnel_client(&pulled, identity),
+            b"FLEETGATE-TUNNEL/1 member2\n",
+        );
+        assert!(
+            !matches!(&refused, Ok(a) if a.starts_with("OK")),
+            "{identity:?}: {refused:?}"
+        );
+    }
+    // Not TLS at all.
+    let mut raw = TcpStream::connect(pulled.tunnel).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x16\x03\x01\xff\xff")
+        .unwrap();
+    let _ = raw.read_to_end(&mut Vec::new());
+
+    // None of it hurt the gateway: the real agent connects and serves.
+    let _agent = pulled.start_agent();
+    assert!(pulled.ok(&["get", "ns"]).contains("dev"));
+    assert!(pulled
+        .fleet
+        .kubectl_ok("member1", &["get", "ns"])
+        .contains("dev"));
+    let log = pulled.fleet.log();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn a_stalled_big_body_leaves_the_other_streams_of_the_tunnel_flowing() {
+    // About 10 MB of ConfigMaps in member2: far more than a stream's window and the socket
+    // buffers on the way.
+    let mut pulled = PullFleet::start(8000, &[]);
+    let _agent = pulled.start_agent();
+    pulled.ok(&["get", "ns"]);
+
+    // A client that asks for the big LIST, reads its first bytes and stops reading.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&pulled.fleet.https().into()).unwrap();
+    let mut stalled = admin_https(&pulled, socket.into());
+    stalled
+        .write_all(
+            b"GET /clusters/member2/api/v1/configmaps HTTP/1.1\r\nHost: gw\r\nAccept: application/json\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap();
+    let mut first = [0u8; 1024];
+    let mut total = stalled.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..total]).starts_with("HTTP/1.1 200"));
+
+    // Small GETs on the same tunnel keep their latency while it stalls.
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        let started = Instant::now();
+        assert!(pulled.ok(&["get", "ns", "dev"]).contains("dev"));
+        slowest = slowest.max(started.elapsed());
+    }
+    assert!(
+        slowest < Duration::from_secs(3),
+        "slowest small GET took {slowest:?}"
+    );
+
+    // The stalled body is intact once its client reads again.
+    let mut rest = Vec::new();
+    stalled.read_to_end(&mut rest).unwrap();
+    total += rest.len();
+    assert!(total > 8_000_000, "only {total} bytes");
+    assert!(rest.ends_with(b"0\r\n\r\n") || rest.ends_with(b"}\n") || rest.ends_with(b"}"));
+}
+
+#[test]
+fn demo_pull_serves_a_pull_mode_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut demo = KillOnDrop(
+        Command::new(fleetgate_binary())
+            .args([
+                "demo",
+                "--clusters",
+                "2",
+                "--pull",
+                "1",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--workers", "1", "--objects", "3", "--dir"])
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = LineReader::new(demo.stdout.take().unwrap());
+    lines.wait_line("the demo's ready line", Duration::from_secs(60), |l| {
+        l.starts_with("ready: 2 simulated")
+    });
+    let cluster = std::fs::read_to_string(dir.path().join("clusters/member2.yaml")).unwrap();
+    assert!(
+        cluster.contains("Tunnel") && !cluster.contains("server:"),
+        "{cluster}"
+    );
+    let kubeconfig = dir.path().join("kubeconfig");
+    for context in ["member1", "member2"] {
+        let out = support::kubectl::kubectl(&kubeconfig, context, &["get", "ns"]);
+        assert!(
+            support::kubectl::succeeded(out, context, "").contains("default"),
+            "{context}"
+        );
+    }
+    signal(&demo, libc::SIGTERM);
+    exits_within(&mut demo, Duration::from_secs(20), "the demo to stop");
+}
