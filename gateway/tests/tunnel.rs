@@ -101,18 +101,31 @@ impl PullFleet {
         }
     }
 
-    /// `fleetgate agent` for `cluster` with `cert_of`'s certificate.
+    /// `fleetgate agent` for `cluster` with `cert_of`'s certificate, to this fleet's gateway.
     fn agent_command(&mut self, cluster: &str, cert_of: &str) -> (Command, std::path::PathBuf) {
+        let tunnel = self.tunnel;
+        self.agent_command_to(&[tunnel], cluster, cert_of)
+    }
+
+    /// `fleetgate agent` for `cluster` with `cert_of`'s certificate, to every tunnel listener
+    /// in `gateways`.
+    fn agent_command_to(
+        &mut self,
+        gateways: &[SocketAddr],
+        cluster: &str,
+        cert_of: &str,
+    ) -> (Command, std::path::PathBuf) {
         let agents = self.fleet.fleet_path("agents");
         self.agents_started += 1;
         let log = self
             .fleet
             .path(&format!("agent-{}.log", self.agents_started));
         let mut cmd = Command::new(fleetgate_binary());
-        cmd.arg("agent")
-            .arg("--gateway")
-            .arg(format!("https://{}", self.tunnel))
-            .args(["--cluster", cluster])
+        cmd.arg("agent");
+        for gateway in gateways {
+            cmd.arg("--gateway").arg(format!("https://{gateway}"));
+        }
+        cmd.args(["--cluster", cluster])
             .arg("--cert")
             .arg(agents.join(format!("agent-{cert_of}.crt")))
             .arg("--key")
@@ -131,7 +144,14 @@ impl PullFleet {
 
     /// Starts member2's agent and waits for its `ready` line.
     fn start_agent(&mut self) -> Agent {
-        let (mut cmd, log) = self.agent_command("member2", "member2");
+        let tunnel = self.tunnel;
+        self.start_agent_to(&[tunnel])
+    }
+
+    /// Starts member2's agent to every tunnel listener in `gateways` and waits for its `ready`
+    /// line (printed once a tunnel to each is up).
+    fn start_agent_to(&mut self, gateways: &[SocketAddr]) -> Agent {
+        let (mut cmd, log) = self.agent_command_to(gateways, "member2", "member2");
         let mut child = KillOnDrop(cmd.spawn().unwrap());
         let mut stdout = LineReader::new(child.stdout.take().unwrap());
         if stdout
@@ -569,6 +589,69 @@ fn a_stalled_big_body_leaves_the_other_streams_of_the_tunnel_flowing() {
     total += rest.len();
     assert!(total > 8_000_000, "only {total} bytes");
     assert!(rest.ends_with(b"0\r\n\r\n") || rest.ends_with(b"}\n") || rest.ends_with(b"}"));
+}
+
+/// A GET of `path` on the gateway at `https` as `admin`; the whole response.
+fn admin_get(pulled: &PullFleet, https: SocketAddr, path: &str) -> String {
+    let mut client = admin_https(pulled, TcpStream::connect(https).unwrap());
+    write!(
+        client,
+        "GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    client.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+#[test]
+fn streams_spread_over_agents_and_an_agent_serves_every_gateway() {
+    let mut pulled = PullFleet::start(5, &[]);
+    // A second gateway on the same configuration, with its own tunnel listener.
+    let agent_ca = pulled.fleet.fleet_path("agents/agent-ca.crt");
+    let config = pulled.fleet.dir().to_path_buf();
+    let (second, ready) = support::fleet::spawn_serve(
+        [
+            "--config",
+            config.to_str().unwrap(),
+            "--workers",
+            "1",
+            "--tunnel-listen",
+            "127.0.0.1:0",
+            "--agent-ca",
+            agent_ca.to_str().unwrap(),
+        ],
+        &[],
+        &pulled.fleet.path("gateway-2.log"),
+    );
+    let _second = KillOnDrop(second);
+    let both = [pulled.tunnel, ready.addr("tunnel")];
+    // Two agents of member2, each with a tunnel to both gateways (`ready` once both are up).
+    let first = pulled.start_agent_to(&both);
+    let other = pulled.start_agent_to(&both);
+    for https in [pulled.fleet.https(), ready.addr("https")] {
+        let answer = admin_get(&pulled, https, "/clusters/member2/api/v1/namespaces/dev");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    // Watches each hold a stream of their own: four of them reach both agents.
+    let watches: Vec<_> = (0..4)
+        .map(|_| {
+            let (watch, mut lines) =
+                pulled.spawn_lines(&["get", "configmaps", "-n", "dev", "-w"], &[]);
+            lines.wait_line("a watch's first row", Duration::from_secs(30), |l| {
+                l.contains("kube-root-ca.crt")
+            });
+            (watch, lines)
+        })
+        .collect();
+    for agent in [&first, &other] {
+        assert!(
+            agent.log().contains("member connection opened"),
+            "an agent got no stream:\n{}",
+            agent.log()
+        );
+    }
+    drop(watches);
 }
 
 #[test]

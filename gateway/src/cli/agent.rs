@@ -406,6 +406,7 @@ async fn carry(
             return;
         }
     };
+    debug!("member connection opened for a stream");
     let send = match respond.send_response(http::Response::new(()), false) {
         Ok(send) => send,
         Err(_) => return,
