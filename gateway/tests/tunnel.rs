@@ -216,7 +216,7 @@ fn exits_within(child: &mut KillOnDrop, within: Duration, what: &str) {
 #[test]
 fn kubectl_works_on_a_pull_mode_member_as_on_a_direct_one() {
     let mut pulled = PullFleet::start(20, &[]);
-    let _agent = pulled.start_agent();
+    let agent = pulled.start_agent();
 
     // get and list: the same objects as the member itself has.
     let through = pulled.ok(&["get", "configmaps", "-A", "-o", "name"]);
@@ -305,6 +305,25 @@ fn kubectl_works_on_a_pull_mode_member_as_on_a_direct_one() {
         conn.read_exact(&mut echoed).expect("the echo");
         assert!(echoed == payload, "port-forward echo differs ({env:?})");
     }
+
+    // No dial per request: twenty GETs, each on a new client connection, reuse the streams
+    // (and so the member connections) the gateway's shards pooled; at most one new stream per
+    // shard.
+    let opened = || agent.log().matches("member connection opened").count();
+    let before = opened();
+    for _ in 0..20 {
+        let answer = admin_get(
+            &pulled,
+            pulled.fleet.https(),
+            "/clusters/member2/api/v1/namespaces/dev",
+        );
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    assert!(
+        opened() - before <= 2,
+        "{} member connections for 20 GETs",
+        opened() - before
+    );
 
     // The direct member beside it is untouched.
     assert!(pulled

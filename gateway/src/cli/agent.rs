@@ -420,3 +420,49 @@ async fn carry(
         debug!(%error, "stream ended with an error");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_ceiling_with_jitter_below_the_step() {
+        for failures in 1..40 {
+            let step = BACKOFF_FIRST
+                .saturating_mul(1 << (failures - 1).min(16))
+                .min(BACKOFF_MAX);
+            let delay = backoff(failures);
+            assert!(delay >= step / 2 && delay < step, "{failures}: {delay:?}");
+        }
+        assert!(backoff(1) < Duration::from_millis(100));
+        assert!(backoff(30) >= BACKOFF_MAX / 2);
+    }
+
+    #[test]
+    fn the_certificate_must_name_the_cluster_and_be_an_agents() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = crate::cli::certs::IssueAgentArgs {
+            dir: dir.path().to_path_buf(),
+            cluster: "edge-1".into(),
+            ttl: Duration::from_secs(3600),
+            out_dir: None,
+            force: false,
+        };
+        crate::cli::certs::issue_agent(&args).unwrap();
+        let pem = std::fs::read(dir.path().join("agent-edge-1.crt")).unwrap();
+        check_certificate(&pem, "edge-1").unwrap();
+        let wrong = check_certificate(&pem, "edge-2").unwrap_err().to_string();
+        assert!(wrong.contains("edge-2"), "{wrong}");
+        // A user certificate (no O=fleetgate:agents) naming the cluster is not an agent's.
+        let ca = crate::cli::certs::load_issuer(
+            &dir.path().join(crate::cli::certs::AGENT_CA_CERT),
+            &dir.path().join(crate::cli::certs::AGENT_CA_KEY),
+        )
+        .unwrap();
+        let user =
+            crate::cli::certs::issue_client(&ca, "edge-1", &[], Duration::from_secs(60)).unwrap();
+        assert!(check_certificate(user.cert_pem.as_bytes(), "edge-1").is_err());
+        assert!(parse_gateway("http://gw:1").is_err());
+        assert_eq!(parse_gateway("gw.example:8132").unwrap().port, 8132);
+    }
+}
