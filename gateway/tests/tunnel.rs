@@ -4,7 +4,8 @@
 //! would: get and list, a watch, `logs -f`, exec and port-forward (WebSocket and SPDY); the
 //! agent killed during a watch (the watch ends, a request without an agent gets a 503 naming the
 //! cluster, a request made while the agent comes back waits for it) and frozen (a half-open
-//! tunnel noticed by PINGs); wrong certificates, no certificate and garbage refused at the tunnel
+//! tunnel noticed by PINGs), the gateway frozen (noticed by the agent, which dials again);
+//! several agents of a cluster and an agent of several gateways; wrong certificates, no certificate and garbage refused at the tunnel
 //! listener without harm to the gateway; and a big LIST whose client stops reading while small
 //! GETs on the same tunnel keep their latency.
 //!
@@ -408,6 +409,30 @@ fn a_lost_agent_ends_its_streams_and_a_returning_one_is_waited_for() {
     // Thawed, the agent finds its tunnel gone and dials again.
     signal(&agent.child, libc::SIGCONT);
     wait_for("the agent's second tunnel", Duration::from_secs(20), || {
+        agent.log().matches("tunnel up").count() >= 2
+    });
+    assert!(pulled.ok(&["get", "ns"]).contains("dev"));
+}
+
+#[test]
+fn a_frozen_gateway_is_noticed_by_the_agent_which_dials_again() {
+    let mut pulled = PullFleet::start(5, &[]);
+    let agent = pulled.start_agent();
+    assert!(pulled.ok(&["get", "ns"]).contains("dev"));
+    // The gateway frozen: its TCP connections stay open, nothing answers the agent's PINGs.
+    let gateway = &pulled.fleet.gateway.as_ref().unwrap().child;
+    let frozen = Instant::now();
+    signal(gateway, libc::SIGSTOP);
+    wait_for("the agent to notice", Duration::from_secs(15), || {
+        agent.log().contains("half-open")
+    });
+    let noticed = frozen.elapsed();
+    signal(gateway, libc::SIGCONT);
+    assert!(
+        noticed < Duration::from_secs(10),
+        "noticed after {noticed:?}"
+    );
+    wait_for("the agent's second tunnel", Duration::from_secs(40), || {
         agent.log().matches("tunnel up").count() >= 2
     });
     assert!(pulled.ok(&["get", "ns"]).contains("dev"));
