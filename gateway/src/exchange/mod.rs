@@ -23,7 +23,7 @@ pub mod splice;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use fleetgate_config_watcher::{ClusterRoute, Limits};
+use fleetgate_config_watcher::{ClusterRoute, ConnectMode, Limits};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::debug;
 
@@ -151,7 +151,12 @@ pub(crate) async fn send(
         let mut conn = match pooled {
             Some(conn) => conn,
             None => {
-                shard.sockets.check_new_member_connection(&cluster.name)?;
+                // A tunnel stream holds no descriptor of its own (its tunnel's is the tunnel
+                // thread's), so only direct connections count against the reserve.
+                let descriptor = cluster.mode != ConnectMode::Tunnel;
+                if descriptor {
+                    shard.sockets.check_new_member_connection(&cluster.name)?;
+                }
                 let dial = connect(cluster, out.limits.connect_timeout, &shard.shard_metrics);
                 let mut conn = match runtime::race(dial, body.client_gone()).await {
                     First::Left(conn) => conn?,
@@ -159,7 +164,9 @@ pub(crate) async fn send(
                         return Err(Failure::Abort("client gave up during connect"))
                     }
                 };
-                conn.socket = Some(shard.sockets.hold(shard.shard));
+                if descriptor {
+                    conn.socket = Some(shard.sockets.hold(shard.shard));
+                }
                 conn
             }
         };
