@@ -4,7 +4,9 @@
 //!    for the member a page resumes in), at most `spec.fleet.membersAtOnce` (16) at a time. A
 //!    member that fails, times out or answers with an error is left out and named in a `Warning`
 //!    field; a Table whose columns differ from the first member's is left out the same way. The
-//!    response head goes out once every probe has answered.
+//!    response head goes out once every probe has answered. A paged list (`limit`) spans at most
+//!    one batch of members, and asks its first member for the whole page first: when that fills
+//!    the page, no other member is asked.
 //! 2. **Stream.** Members in name order: the probe's object, then pages of at most
 //!    `spec.fleet.pageSize` (500) objects (or what the client's `limit` leaves) from the member's
 //!    continue token, each object stamped with its cluster and written out before the next page
@@ -111,9 +113,25 @@ where
         identity,
     };
 
-    // 1. Probe.
+    // 1. Probe. A paged list asks its first member for the whole page at once: when that fills
+    // the page (the member has more), no other member is asked, so the pages inside one large
+    // member cost one request each. Otherwise the others are probed.
     let mut probes = Vec::with_capacity(members.len());
-    for batch in members.chunks(request.settings.members_at_once) {
+    if let (Some(limit), Some((cluster, identity))) = (limit, members.first()) {
+        let ask = limit.min(request.settings.page_size);
+        let page = member_pages(cluster, identity)
+            .page(ask, resume(cluster))
+            .await;
+        let fills = page
+            .as_ref()
+            .is_ok_and(|p| p.entries.len() >= limit && !p.continue_token.is_empty());
+        probes.push(page);
+        if fills {
+            members.truncate(1);
+            beyond = None;
+        }
+    }
+    for batch in members[probes.len()..].chunks(request.settings.members_at_once) {
         let asked = batch
             .iter()
             .map(|(cluster, identity)| async move {
