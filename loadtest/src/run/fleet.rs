@@ -27,6 +27,10 @@ use super::{RunArgs, TargetResult};
 
 /// The most pages one list may take (a guard against a server whose continue tokens never end).
 const MAX_PAGES: u64 = 1 << 20;
+/// The longest wait for a response head (the fleet view's comes once every member answered its
+/// probe), and for a whole body (a million pods through the fleet view take ~40 s).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+const BODY_TIMEOUT: Duration = Duration::from_secs(600);
 /// A label selector nothing matches: the warm-up list asks every member, lists nothing.
 const WARM_UP_SELECTOR: &str = "labelSelector=fleetgate.io%2Fwarm-up%3Dnothing";
 
@@ -46,6 +50,8 @@ pub async fn fleet_list(
     let mut lister = Lister {
         members,
         conns: members.iter().map(|_| None).collect(),
+        conns_opened: vec![false; members.len()],
+        retries: 0,
         limit: args.limit,
         path: args.path.clone(),
     };
@@ -54,6 +60,7 @@ pub async fn fleet_list(
         .list(WARM_UP_SELECTOR, None)
         .await
         .with_context(|| format!("{name}: warm-up list"))?;
+    lister.retries = 0;
 
     let driver = ProcWatch::new(std::process::id())?;
     let rss = RssSampler::start(charged.target, Duration::from_millis(10))?;
@@ -85,6 +92,8 @@ pub async fn fleet_list(
         lists.push(stats);
     }
     let seconds = start.elapsed().as_secs_f64();
+    // A request asked again counts as an error: the run's figures include the wait.
+    errors += lister.retries;
     let cpu1 = (
         cpu_now(charged.target)?,
         cpu_now(charged.upstream)?,
@@ -146,6 +155,10 @@ struct ListStats {
 struct Lister<'a> {
     members: &'a [Target],
     conns: Vec<Option<HttpConn>>,
+    /// Whether a connection to each member was opened (a later failure to use it is a retry).
+    conns_opened: Vec<bool>,
+    /// Requests asked again on a new connection.
+    retries: u64,
     limit: usize,
     path: String,
 }
@@ -224,13 +237,33 @@ impl Lister<'_> {
     ) -> anyhow::Result<(Option<String>, u64)> {
         let target = &self.members[i];
         let request = target.get_request(path, "application/json");
-        // A kept-alive connection the server closed meanwhile: once more on a new one.
-        let (mut conn, head) = match self.conns[i].take() {
-            Some(mut conn) => match conn.send(&request).await {
-                Ok(head) => (conn, head),
-                Err(_) => fresh(target, &request).await?,
-            },
-            None => fresh(target, &request).await?,
+        // A kept-alive connection the server closed meanwhile, or one where the request or its
+        // head stalled (seen once, a direct list at 100 x 10,000 pods: the driver and the member
+        // both idle, the request not sent; cause not found): once more on a new connection,
+        // counted as an error.
+        let kept = self.conns[i].take();
+        let sent = match kept {
+            Some(mut conn) => tokio::time::timeout(HEAD_TIMEOUT, conn.send(&request))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|head| (conn, head)),
+            None => None,
+        };
+        let (mut conn, head) = match sent {
+            Some(sent) => sent,
+            None => {
+                if self.conns_opened[i] {
+                    self.retries += 1;
+                    tracing::warn!(target = %target.name, "no answer on a kept-alive connection; asking again on a new one");
+                }
+                self.conns_opened[i] = true;
+                tokio::time::timeout(HEAD_TIMEOUT, fresh(target, &request))
+                    .await
+                    .map_err(|_| {
+                        anyhow!("{}: no response head in {HEAD_TIMEOUT:?}", target.name)
+                    })??
+            }
         };
         ttfb.get_or_insert_with(|| start.elapsed());
         if head.status != 200 {
@@ -243,7 +276,12 @@ impl Lister<'_> {
                 String::from_utf8_lossy(&body[..body.len().min(400)])
             );
         }
-        let bytes = conn.read_body(&head, |d| scan.feed(d, on_item)).await?;
+        let bytes = tokio::time::timeout(
+            BODY_TIMEOUT,
+            conn.read_body(&head, |d| scan.feed(d, on_item)),
+        )
+        .await
+        .map_err(|_| anyhow!("{}: the body did not end in {BODY_TIMEOUT:?}", target.name))??;
         if !head.close {
             self.conns[i] = Some(conn);
         }
