@@ -45,7 +45,7 @@ struct SimArgs {
     /// ConfigMaps (~1 KiB each) per member, spread over namespaces load-0..load-9.
     #[arg(long, default_value_t = 0)]
     objects: usize,
-    /// Running pods (~1.3 KiB of JSON each) per member besides `hello`, spread over namespaces
+    /// Running pods (~870 bytes of JSON each) per member besides `hello`, spread over namespaces
     /// load-0..load-9: the objects of the fleet-list benchmark.
     #[arg(long, default_value_t = 0)]
     pods_per_member: usize,
