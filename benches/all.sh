@@ -459,7 +459,9 @@ YAML
         targets direct-members fleetgate-fleet
         measure "$name" fleet-list --path /api/v1/pods --limit "$limit" --upstream-pid "$fsim"
       done
-      kill "$fgw" "$fsim"; wait "$fgw" "$fsim" 2>/dev/null || true
+      # Both go before the next count's fleet (the 10x one holds ~8 GiB).
+      kill "$fgw" "$fsim" 2>/dev/null || true
+      wait "$fgw" "$fsim" 2>/dev/null || true
     done
     ;;
   *) echo "unknown scenario $scenario (${all[*]})" >&2; exit 2 ;;
