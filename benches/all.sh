@@ -8,11 +8,15 @@
 #   benches/all.sh                      # every scenario
 #   benches/all.sh small-get watch-idle # some of them
 #   DURATION=10s WATCHES=8000 EVENT_WATCHES=500 CHURN=20 LATENCY_PAIRS=2 EXEC_STREAMS=4 benches/all.sh
+#   FLEET_MEMBERS=100 FLEET_PODS=1000 FLEET_SCALES="1 10" FLEET_LIMIT=500 benches/all.sh fleet-list
 #   SKIP_BUILD=1 (use the release binaries as they are)  BENCH_MD=FILE (write the tables there)
 #
 # Upstreams (core 0): a static nginx (a ~1 KiB ConfigMap JSON, and a ~90 MB LIST at /big) for the
 # proxy-overhead scenarios; the simulated fleet with a plain-HTTP listener (`sim --plaintext`) for
 # watches and exec, since the peers' upstream leg is plain HTTP/1.1.
+# fleet-list starts its own simulated fleet (FLEET_MEMBERS members x FLEET_PODS pods, then again
+# at each multiple of FLEET_SCALES; core 0) and a fleetgate on it (core 1); run alone, it starts
+# nothing else.
 # Targets: `direct` (the upstream itself), `floor` (small-get only: the byte pump is valid for
 # small GETs only), `haproxy`, `nginx`, `goproxy` (../shared/peers/start.sh; `-tls` ones serve
 # TLS + h2 with the sim's gateway certificate), and `fleetgate` (`serve --workers 1`).
@@ -34,8 +38,15 @@ event_watches=${EVENT_WATCHES:-500}
 churn=${CHURN:-20}
 latency_pairs=${LATENCY_PAIRS:-2}
 exec_streams=${EXEC_STREAMS:-4}
-all=(small-get small-get-h2 big-list watch-idle watch-idle-tls watch-events watch-latency exec-stream portforward-stream reload-storm auth-overhead registry)
+fleet_members=${FLEET_MEMBERS:-100}
+fleet_pods=${FLEET_PODS:-1000}
+fleet_scales=${FLEET_SCALES:-1 10}
+fleet_limit=${FLEET_LIMIT:-500}
+all=(small-get small-get-h2 big-list watch-idle watch-idle-tls watch-events watch-latency exec-stream portforward-stream reload-storm auth-overhead registry fleet-list)
 scenarios=("$@"); [ ${#scenarios[@]} -gt 0 ] || scenarios=("${all[@]}")
+# The shared upstreams, peers and gateways serve every scenario but fleet-list (its own fleet).
+shared=0
+for s in "${scenarios[@]}"; do [ "$s" = fleet-list ] || shared=1; done
 mkdir -p "$out" "$charts"
 # A full run starts from an empty results directory, so the report holds this run only; a run of
 # some scenarios keeps the others' results (the report then mixes runs: rerun all to compare).
@@ -63,6 +74,10 @@ fi
 fg=$repo/target/release/fleetgate
 lt=$repo/target/release/fleetgate-loadtest
 
+declare -A url pid
+admin_token=  # the shared sim's, elided from the printed commands
+# Not indented, so the heredocs below keep their text at column 0.
+if [ $shared = 1 ]; then
 echo "== static upstream (nginx, core 0)"
 mkdir -p "$work/www"
 python3 - "$work/www" <<'PY'
@@ -94,7 +109,6 @@ wait_ready "$work/sim.out" "the simulated fleet"
 sim_plain=$(sed -n 's/^member1=//p' "$sim_dir/plaintext-members")
 admin_token=$(cat "$sim_dir/users/admin.token")
 
-declare -A url pid
 url[direct]=$static
 url[direct-sim]=$sim_plain
 pid[direct-sim]=$sim_pid
@@ -208,6 +222,7 @@ sim_kubeconfig=$work/sim-targets.kubeconfig
   done
 } >"$sim_kubeconfig"
 for t in direct-sim haproxy-sim nginx-sim goproxy-sim fleetgate-sim; do url[$t]=kubeconfig:$sim_kubeconfig:$t; done
+fi # shared
 
 targets() { # names...
   local t
@@ -410,6 +425,45 @@ YAML
         tee -a "$out/registry.txt" || echo "(table-memory example did not run)"
     fi
     ;;
+  fleet-list)
+    # Issue 13 item 8: one LIST of every member's pods through /fleet, unpaged and paged (limit,
+    # following continue tokens), against the same lists asked of each member direct, one
+    # after the other (the baseline). At each multiple of the pod count a new fleet and a new
+    # gateway (fleetgate's peak RSS is its VmHWM since it started: it must not grow with the
+    # objects). The gateway runs as users run it (the fleet's gateway.yaml: TLS, authentication,
+    # AccessPolicy, impersonation of the admin at every member), with one worker.
+    for scale in $fleet_scales; do
+      fdir=$work/fleet-${scale}x
+      per=$((fleet_pods * scale))
+      echo "== simulated fleet: $fleet_members members x $per pods (core 0)"
+      taskset -c 0 "$lt" sim --dir "$fdir" --clusters "$fleet_members" --pods-per-member "$per" \
+        --gateway-listen 127.0.0.1:0 >"$work/fleet-${scale}x.out" 2>"$work/fleet-${scale}x.err" &
+      fsim=$!
+      pids+=("$fsim")
+      # Seeding a million pods takes a while: up to 10 minutes.
+      for _ in $(seq 6000); do grep -q '^ready' "$work/fleet-${scale}x.out" && break; sleep 0.1; done
+      wait_ready "$work/fleet-${scale}x.out" "the simulated fleet (x$scale)"
+      echo "   sim RSS after seeding: $(($(awk '/^VmRSS/ {print $2}' "/proc/$fsim/status") / 1024)) MiB"
+      taskset -c 1 "$fg" serve --config "$fdir" --workers 1 >"$work/fleetgate-fleet.out" 2>"$work/fleetgate-fleet.err" &
+      fgw=$!
+      pids+=("$fgw")
+      wait_ready "$work/fleetgate-fleet.out" "fleetgate on the fleet"
+      https=$(sed -n 's/^ready.* https=\([0-9.:]*\).*/\1/p' "$work/fleetgate-fleet.out")
+      sed "s|https://127.0.0.1:0/|https://$https/|" "$fdir/gateway.kubeconfig" >"$work/fleet-${scale}x-gateway.kubeconfig"
+      url[direct-members]="kubeconfig:$fdir/kubeconfig:member*"
+      url[fleetgate-fleet]="kubeconfig:$work/fleet-${scale}x-gateway.kubeconfig:fleet"
+      pid[fleetgate-fleet]=$fgw
+      for limit in 0 "$fleet_limit"; do
+        name=fleet-list-${scale}x; [ "$limit" = 0 ] || name=$name-paged
+        args=()
+        targets direct-members fleetgate-fleet
+        measure "$name" fleet-list --path /api/v1/pods --limit "$limit" --upstream-pid "$fsim"
+      done
+      # Both go before the next count's fleet (the 10x one holds ~8 GiB).
+      kill "$fgw" "$fsim" 2>/dev/null || true
+      wait "$fgw" "$fsim" 2>/dev/null || true
+    done
+    ;;
   *) echo "unknown scenario $scenario (${all[*]})" >&2; exit 2 ;;
   esac
 done
@@ -417,5 +471,6 @@ done
 echo "== machine load during the run: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%s\n' "${commands[@]}" >"$out/commands.txt"
 python3 "$here/report.py" "$out" "$md" "$(git -C "$repo" rev-parse --short HEAD)" \
-  "$(cut -d' ' -f1-3 /proc/loadavg)" "$duration" "$watches" "$event_watches" "$churn" "$exec_streams"
+  "$(cut -d' ' -f1-3 /proc/loadavg)" "$duration" "$watches" "$event_watches" "$churn" "$exec_streams" \
+  "$fleet_members" "$fleet_pods" "$fleet_limit"
 echo "results: $out; docs/benchmarks.md updated between its all.sh markers"

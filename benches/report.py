@@ -4,8 +4,10 @@ a ratio from that run, and writes them into docs/benchmarks.md between the marke
 `<!-- all.sh:begin -->` and `<!-- all.sh:end -->` (appended when the markers are missing; the
 rest of the file is kept as it is).
 
-    report.py OUT_DIR BENCHMARKS_MD COMMIT LOADAVG DURATION WATCHES EVENT_WATCHES CHURN EXEC_STREAMS
+    report.py OUT_DIR BENCHMARKS_MD COMMIT LOADAVG DURATION WATCHES EVENT_WATCHES CHURN EXEC_STREAMS \
+        [FLEET_MEMBERS FLEET_PODS FLEET_LIMIT]
 """
+import glob
 import datetime
 import json
 import os
@@ -64,8 +66,46 @@ def latency_goals(goals, fg, best_p99, source):
         goals.append(("12", f"added p99 <= half the best peer's ({source})", f"{fmt(ratio(fg and fg[1], best_p99), 2)}x", verdict(ratio(fg and fg[1], best_p99), 0.5)))
 
 
+def fleet_list(out, s, goals, members, pods, limit):
+    """fleet-list (issue 13 item 8): every fleet-list-SCALEx[-paged].json of the run, one table."""
+    runs = []
+    for path in glob.glob(os.path.join(out, "fleet-list-*x*.json")):
+        m = re.fullmatch(r"fleet-list-(\d+)x(-paged)?\.json", os.path.basename(path))
+        if m:
+            runs.append((int(m.group(1)), bool(m.group(2)), load(out, os.path.basename(path)[:-5])))
+    if not runs:
+        return
+    runs.sort(key=lambda r: (r[0], r[1]))
+    s += ["", f"### fleet-list ({members} members x {pods} pods each, and at each multiple; one LIST of every pod through `/fleet`, unpaged and paged with `limit={limit}`, against the same lists asked of each member direct, one after the other)", "",
+          "fleetgate as users run it (the simulated fleet's gateway.yaml: TLS, authentication, AccessPolicy, impersonation at every member; `spec.fleet` defaults: pages of 500 asked of members, 16 members at once), one worker, alone on core 1; the simulated fleet and the driver on core 0. "
+          "TTFB: first request to its response head; total: to the end of the last page (medians over the lists of the run). CPU per object: the gateway's (`/proc/PID/stat`), the simulated fleet's (all members, one process) and the driver's. "
+          "Peak RSS: the gateway's resident memory sampled every 10 ms during the lists, and its VmHWM (highest since it started).", "",
+          " ".join(f"![fleet-list-{sc}x{'-paged' if pg else ''}](charts/fleet-list-{sc}x{'-paged' if pg else ''}.svg)" for sc, pg, _ in runs), "",
+          "| pods | list | target | objects | MB | pages | TTFB ms | total ms | gateway CPU us/obj | members CPU us/obj | driver CPU us/obj | RSS peak MiB | VmHWM MiB |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    mib = lambda k: fmt(k and k / 1024)
+    worst = None
+    for scale, paged, rows in runs:
+        direct = rows.get("direct-members", {})
+        for name, x in rows.items():
+            s.append(f"| {members} x {pods * scale:,} | {'limit ' + str(x.get('limit')) if paged else 'unpaged'} | {name} | {fmt(x.get('objects'), 0)} | "
+                     f"{fmt(x.get('bytes', 0) / 1e6, 0)} | {fmt(x.get('pages'), 0)} | {fmt(x.get('ttfb_ms'))} | {fmt(x.get('total_ms'), 0)} | "
+                     f"{fmt(x.get('cpu_us_per_object'), 2)} | {fmt(x.get('upstream_cpu_us_per_object'), 2)} | {fmt(x.get('driver_cpu_us_per_object'), 2)} | "
+                     f"{mib(x.get('rss_peak_kib'))} | {mib(x.get('rss_hwm_kib'))} |")
+        fg = rows.get("fleetgate-fleet", {})
+        if fg.get("rss_hwm_kib") is not None and (worst is None or fg["rss_hwm_kib"] > worst[0]):
+            worst = (fg["rss_hwm_kib"], scale)
+        r = ratio(fg.get("cpu_us_per_object"), direct.get("upstream_cpu_us_per_object"))
+        goals.append(("13", f"fleet-list {members} x {pods * scale:,} pods, {'paged' if paged else 'unpaged'}: gateway CPU per object against the members' for the same lists direct", f"{fmt(r, 2)}x", "informational"))
+    objects = max(rows.get("fleetgate-fleet", {}).get("objects") or 0 for _, _, rows in runs)
+    goals.append(("13", "fleet-list: gateway peak RSS under 64 MiB whatever the object count",
+                  f"{fmt(worst[0] / 1024)} MiB VmHWM at its highest ({members} x {pods * worst[1]:,} pods), lists of up to {objects:,} objects" if worst else "-",
+                  verdict(worst and worst[0] / 1024, 64)))
+
+
 def main():
     out, md, commit, loadavg, duration, watches, event_watches, churn, exec_streams = sys.argv[1:10]
+    fleet_members, fleet_pods, fleet_limit = (sys.argv[10:13] + ["100", "1000", "500"][len(sys.argv[10:13]):])
     cpu = "unknown"
     try:
         for line in open("/proc/cpuinfo"):
@@ -240,6 +280,8 @@ def main():
         if m:
             ms = float(m.group(2))
             goals.append(("5", f"building a table of {int(m.group(1)):,} clusters < 50 ms", f"{ms:.1f} ms ({ms / 50:.2f}x the limit)", verdict(ms, 50)))
+
+    fleet_list(out, s, goals, int(fleet_members), int(fleet_pods), fleet_limit)
 
     s += ["", "### Goals, each a ratio from this run", "", "| issue | goal | this run | verdict |", "|---|---|---|---|"]
     s += [f"| {i} | {g} | {v} | {ok} |" for i, g, v, ok in goals]

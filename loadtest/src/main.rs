@@ -45,6 +45,10 @@ struct SimArgs {
     /// ConfigMaps (~1 KiB each) per member, spread over namespaces load-0..load-9.
     #[arg(long, default_value_t = 0)]
     objects: usize,
+    /// Running pods (~870 bytes of JSON each) per member besides `hello`, spread over namespaces
+    /// load-0..load-9: the objects of the fleet-list benchmark.
+    #[arg(long, default_value_t = 0)]
+    pods_per_member: usize,
     /// Updates per second per member, each stamped with the fleetgate.io/sent-at annotation.
     #[arg(long = "churn", default_value_t = 0.0)]
     churn_per_sec: f64,
@@ -100,6 +104,7 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
             tuning,
         )
         .await?;
+        fleet.seed_pods(args.pods_per_member).await?;
         let addrs: Vec<String> = fleet.member_addrs().iter().map(|a| a.to_string()).collect();
         let mut stdout = std::io::stdout();
         if args.plaintext {

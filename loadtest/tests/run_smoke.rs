@@ -5,6 +5,7 @@
 mod common;
 
 use std::process::Command;
+use std::time::Duration;
 
 use common::TestFleet;
 
@@ -18,23 +19,30 @@ fn run(fleet: &TestFleet, args: &[&str]) -> serde_json::Value {
 
 /// Runs one scenario against `target` (named `member1`) and returns its JSON result row.
 fn run_against(fleet: &TestFleet, target: &str, args: &[&str]) -> serde_json::Value {
-    let json = fleet.tempdir.path().join(format!("{}.json", args[1]));
     // The fleet runs inside this test process, so this process is the one charged.
     let pid = format!("member1={}", std::process::id());
-    let out = Command::new(env!("CARGO_BIN_EXE_fleetgate-loadtest"))
-        .arg("run")
-        .args(args)
-        .args([
-            "--target",
-            target,
-            "--pid",
-            &pid,
-            "--duration",
-            "1s",
-            "--warmup",
-            "300ms",
-            "--json",
-        ])
+    run_rows(fleet, &[target], &[&pid], args)[0].clone()
+}
+
+/// Runs one scenario against every target (`NAME=...`, each charged to its `NAME=PID`) and
+/// returns the JSON result rows, after checking that the table has a row for each.
+fn run_rows(
+    fleet: &TestFleet,
+    targets: &[&str],
+    pids: &[&str],
+    args: &[&str],
+) -> Vec<serde_json::Value> {
+    let json = fleet.tempdir.path().join(format!("{}.json", args[1]));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fleetgate-loadtest"));
+    command.arg("run").args(args);
+    for target in targets {
+        command.args(["--target", target]);
+    }
+    for pid in pids {
+        command.args(["--pid", pid]);
+    }
+    let out = command
+        .args(["--duration", "1s", "--warmup", "300ms", "--json"])
         .arg(&json)
         .output()
         .expect("fleetgate-loadtest runs");
@@ -44,13 +52,16 @@ fn run_against(fleet: &TestFleet, target: &str, args: &[&str]) -> serde_json::Va
         String::from_utf8_lossy(&out.stderr)
     );
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        table.lines().any(|l| l.starts_with("member1")),
-        "a result row:\n{table}"
-    );
+    for target in targets {
+        let name = target.split('=').next().unwrap();
+        assert!(
+            table.lines().any(|l| l.starts_with(name)),
+            "a result row for {name}:\n{table}"
+        );
+    }
     let results: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    results[0].clone()
+    results.as_array().expect("an array of rows").clone()
 }
 
 #[test]
@@ -268,4 +279,140 @@ fn h2_exec_portforward_storm_and_header_scenarios_run_and_report_their_figures()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     assert_eq!(left, vec!["keep.yaml".to_string()], "storm files removed");
+}
+
+/// `fleetgate serve` on the fleet's directory, killed when dropped.
+struct Gateway(std::process::Child);
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The gateway binary: `FLEETGATE_BIN`, or the one cargo builds beside this crate's binary (a
+/// workspace test run builds it).
+fn gateway_binary() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("FLEETGATE_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_BIN_EXE_fleetgate-loadtest"))
+                .with_file_name("fleetgate")
+        });
+    path.exists().then_some(path)
+}
+
+/// Starts the gateway on the fleet's files with its listener on 127.0.0.1:0, one worker; returns
+/// it and a kubeconfig whose `fleet` context reaches its fleet view.
+fn serve_fleet(fleet: &TestFleet, binary: &std::path::Path) -> (Gateway, std::path::PathBuf) {
+    let dir = fleet.dir();
+    let yaml_path = dir.join("gateway.yaml");
+    let mut gateway: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&yaml_path).unwrap()).unwrap();
+    gateway["spec"]["listeners"][0]["address"] = "127.0.0.1:0".into();
+    std::fs::write(&yaml_path, serde_yaml::to_string(&gateway).unwrap()).unwrap();
+    let mut child = Command::new(binary)
+        .args(["serve", "--workers", "1", "--config"])
+        .arg(&dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start fleetgate serve");
+    let mut lines = common::LineReader::new(child.stdout.take().unwrap());
+    let gateway = Gateway(child);
+    let ready = lines.wait_line("the gateway's ready line", Duration::from_secs(30), |l| {
+        l.starts_with("ready")
+    });
+    let https = ready
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("https="))
+        .expect("an https listener on the ready line");
+    let kubeconfig = std::fs::read_to_string(dir.join("gateway.kubeconfig")).unwrap();
+    let server = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .and_then(|s| s.split('/').next())
+        .expect("a server in gateway.kubeconfig")
+        .to_owned();
+    let path = fleet.tempdir.path().join("through-gateway.kubeconfig");
+    std::fs::write(&path, kubeconfig.replace(&server, https)).unwrap();
+    (gateway, path)
+}
+
+/// Checks a fleet-list row: every pod of the 3 members listed exactly once, 21 from each.
+fn assert_every_pod_once(r: &serde_json::Value) {
+    assert_eq!(r["errors"], 0, "{r}");
+    assert_eq!(r["objects"], 63, "3 members x (20 load pods + hello): {r}");
+    assert_eq!(r["distinct_objects"], 63, "{r}");
+    assert_eq!(r["duplicate_objects"], 0, "{r}");
+    let per_cluster = r["objects_per_cluster"].as_object().expect("per cluster");
+    assert_eq!(per_cluster.len(), 3, "{r}");
+    for (cluster, n) in per_cluster {
+        assert_eq!(n, 21, "{cluster}: {r}");
+    }
+    assert!(
+        r["ttfb_ms"].as_f64().unwrap() <= r["total_ms"].as_f64().unwrap(),
+        "{r}"
+    );
+}
+
+#[test]
+fn fleet_list_lists_every_pod_once_direct_and_through_the_gateway() {
+    let fleet = TestFleet::start_with(3, 0, 0.0, Default::default());
+    fleet
+        .runtime
+        .block_on(fleet.handle().seed_pods(20))
+        .expect("seed pods");
+    let direct = format!("direct=kubeconfig:{}:member*", fleet.kubeconfig().display());
+    let list = |limit: &str, targets: &[&str], pids: &[&str]| {
+        run_rows(
+            &fleet,
+            targets,
+            pids,
+            &[
+                "--scenario",
+                "fleet-list",
+                "--path",
+                "/api/v1/pods",
+                "--limit",
+                limit,
+                "--check-items",
+                "--max-requests",
+                "3",
+            ],
+        )
+    };
+
+    // The members direct, one after the other: one response each, or pages of 7 (3 each).
+    let r = &list("0", &[&direct], &[])[0];
+    assert_every_pod_once(r);
+    assert_eq!(r["members"], 3, "{r}");
+    assert_eq!(r["pages"], 3, "{r}");
+    let r = &list("7", &[&direct], &[])[0];
+    assert_every_pod_once(r);
+    assert_eq!(r["pages"], 9, "21 pods a member in pages of 7: {r}");
+
+    let Some(binary) = gateway_binary() else {
+        eprintln!("no fleetgate binary beside fleetgate-loadtest (set FLEETGATE_BIN): the fleet view half is skipped");
+        return;
+    };
+    let (gateway, kubeconfig) = serve_fleet(&fleet, &binary);
+    let through = format!("fleetgate=kubeconfig:{}:fleet", kubeconfig.display());
+    let pid = format!("fleetgate={}", gateway.0.id());
+    let rows = list("0", &[&direct, &through], &[&pid]);
+    assert_every_pod_once(&rows[1]);
+    assert_eq!(rows[1]["pages"], 1, "one response: {}", rows[1]);
+    // CPU time comes in clock ticks (10 ms): a list of 63 pods may cost none; the figure is there.
+    assert!(rows[1]["cpu_us_per_object"].is_f64(), "{}", rows[1]);
+    assert!(
+        rows[1]["rss_hwm_kib"].as_f64().unwrap() > 1024.0,
+        "{}",
+        rows[1]
+    );
+    // Paged: at most 7 a page, so at least 9 pages, and still every pod once.
+    let rows = list("7", &[&through], &[&pid]);
+    assert_every_pod_once(&rows[0]);
+    assert!(rows[0]["pages"].as_u64().unwrap() >= 9, "{}", rows[0]);
 }

@@ -77,6 +77,41 @@ impl Target {
         build_target(name, rest, ca.as_deref(), None, Vec::new(), opts)
     }
 
+    /// Parses a target that may stand for several: `NAME=kubeconfig:PATH:PREFIX*` is every
+    /// context of the kubeconfig whose name starts with PREFIX (in the file's order), each a
+    /// target named after its context; anything else is one target ([`Target::parse`]).
+    pub fn parse_group(spec: &str, opts: &TlsOptions) -> anyhow::Result<(String, Vec<Target>)> {
+        let (name, rest) = spec
+            .split_once('=')
+            .ok_or_else(|| anyhow!("target {spec:?} is not NAME=URL"))?;
+        let glob = rest
+            .strip_prefix("kubeconfig:")
+            .and_then(|kc| kc.rsplit_once(':'))
+            .and_then(|(path, ctx)| Some((path, ctx.strip_suffix('*')?)));
+        let Some((path, prefix)) = glob else {
+            return Ok((name.to_owned(), vec![Target::parse(spec, opts)?]));
+        };
+        let path = std::path::Path::new(path);
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let kc: serde_yaml::Value = serde_yaml::from_str(&text)?;
+        let members = kc["contexts"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["name"].as_str())
+            .filter(|c| c.starts_with(prefix))
+            .map(|c| from_kubeconfig(c, path, Some(c), opts))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if members.is_empty() {
+            bail!(
+                "target {name}: no context of {} starts with {prefix:?}",
+                path.display()
+            );
+        }
+        Ok((name.to_owned(), members))
+    }
+
     /// Opens a connection (TCP, then TLS when the target is https).
     pub async fn connect(&self) -> anyhow::Result<Box<dyn Io>> {
         let tcp = TcpStream::connect((self.host.as_str(), self.port))

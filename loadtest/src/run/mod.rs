@@ -13,6 +13,7 @@
 pub mod chart;
 pub mod client;
 mod exec;
+mod fleet;
 mod h2load;
 pub mod procstat;
 mod progress;
@@ -31,10 +32,12 @@ use procstat::ProcWatch;
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// small-get, small-get-h2, big-list, watch-idle, watch-events, watch-latency, exec-stream,
-    /// portforward-stream, reload-storm.
+    /// portforward-stream, reload-storm, fleet-list.
     #[arg(long)]
     pub scenario: String,
     /// NAME=URL or NAME=kubeconfig:PATH[:CONTEXT]; repeat for each target, measured in order.
+    /// fleet-list also takes NAME=kubeconfig:PATH:PREFIX*: every context starting with PREFIX,
+    /// listed one after the other (the members direct, the baseline of the fleet view).
     #[arg(long = "target", required = true)]
     pub targets: Vec<String>,
     /// NAME=PID: the process whose CPU and memory are charged to target NAME.
@@ -79,7 +82,19 @@ pub struct RunArgs {
     /// Request path below each target's URL.
     #[arg(long, default_value = "/version")]
     pub path: String,
-    /// Upper bound on requests per target, so a run always ends.
+    /// fleet-list: objects per page the client asks for (`limit`), following continue tokens to
+    /// the end of the list; 0 = each list in one response.
+    #[arg(long, default_value_t = 0)]
+    pub limit: usize,
+    /// fleet-list: the simulated fleet's process, whose CPU per object is reported beside the
+    /// target's.
+    #[arg(long)]
+    pub upstream_pid: Option<u32>,
+    /// fleet-list: parse every listed object and check that each (cluster, namespace, name)
+    /// comes once (costs the driver CPU).
+    #[arg(long)]
+    pub check_items: bool,
+    /// Upper bound on requests per target (fleet-list: whole lists), so a run always ends.
     #[arg(long, default_value_t = 10_000_000)]
     pub max_requests: u64,
     /// CA file for https URL targets.
@@ -133,6 +148,28 @@ pub struct TargetResult {
     pub p50_no_storm_us: Option<f64>,
     pub p99_no_storm_us: Option<f64>,
     pub cpu_us_per_request_no_storm: Option<f64>,
+    /// fleet-list: objects in one list, and pages (member requests for direct) it took.
+    pub objects: Option<u64>,
+    pub pages: Option<u64>,
+    /// fleet-list: the clusters listed one after the other (1 through the gateway).
+    pub members: Option<usize>,
+    /// fleet-list: the client's `limit` (0: unpaged).
+    pub limit: Option<usize>,
+    /// fleet-list: median time to the first response head, and to the end of the list.
+    pub ttfb_ms: Option<f64>,
+    pub total_ms: Option<f64>,
+    /// fleet-list: CPU per listed object of the target (`--pid`), of the simulated fleet
+    /// (`--upstream-pid`), and of the driver itself.
+    pub cpu_us_per_object: Option<f64>,
+    pub upstream_cpu_us_per_object: Option<f64>,
+    pub driver_cpu_us_per_object: Option<f64>,
+    /// The target's highest resident memory since it started (VmHWM).
+    pub rss_hwm_kib: Option<f64>,
+    /// fleet-list with `--check-items`: distinct (cluster, namespace, name) in the last list,
+    /// objects seen more than once, and objects per cluster.
+    pub distinct_objects: Option<u64>,
+    pub duplicate_objects: Option<u64>,
+    pub objects_per_cluster: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 /// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
@@ -187,11 +224,20 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
             .map(|h| client::parse_header(h))
             .collect::<anyhow::Result<_>>()?,
     };
-    let targets: Vec<Target> = args
+    let groups: Vec<(String, Vec<Target>)> = args
         .targets
         .iter()
-        .map(|t| Target::parse(t, &opts))
+        .map(|t| Target::parse_group(t, &opts))
         .collect::<anyhow::Result<_>>()?;
+    if args.scenario != "fleet-list" {
+        if let Some((name, _)) = groups.iter().find(|(_, members)| members.len() != 1) {
+            bail!("target {name} stands for several: only fleet-list takes those");
+        }
+    }
+    let targets: Vec<Target> = groups
+        .iter()
+        .map(|(_, members)| members[0].clone())
+        .collect();
     let mut pids = std::collections::HashMap::new();
     for p in &args.pids {
         let (name, pid) = p
@@ -200,6 +246,7 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         let pid: u32 = pid.parse().with_context(|| format!("--pid {p:?}"))?;
         pids.insert(name.to_owned(), ProcWatch::new(pid)?);
     }
+    let upstream = args.upstream_pid.map(ProcWatch::new).transpose()?;
     if !SCENARIOS.contains(&args.scenario.as_str()) {
         bail!(
             "unknown scenario {:?} ({})",
@@ -208,11 +255,10 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         );
     }
     let mut results = Vec::new();
-    for target in &targets {
-        let proc_watch = pids.get(&target.name);
-        tracing::info!(target = %target.name, scenario = %args.scenario, "measuring");
-        let bar =
-            progress::TargetProgress::start(&target.name, &args.scenario, expected_time(args));
+    for (target, (name, members)) in targets.iter().zip(&groups) {
+        let proc_watch = pids.get(name);
+        tracing::info!(target = %name, scenario = %args.scenario, "measuring");
+        let bar = progress::TargetProgress::start(name, &args.scenario, expected_time(args));
         let r = match args.scenario.as_str() {
             "small-get" => scenarios::small_get(args, target, proc_watch).await,
             "small-get-h2" => h2load::small_get_h2(args, target, proc_watch).await,
@@ -234,6 +280,13 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
                 exec::byte_stream(args, target, proc_watch, exec::StreamKind::PortForward).await
             }
             "reload-storm" => storm::reload_storm(args, target, proc_watch).await,
+            "fleet-list" => {
+                let charged = fleet::Charged {
+                    target: proc_watch,
+                    upstream: upstream.as_ref(),
+                };
+                fleet::fleet_list(args, name, members, charged).await
+            }
             _ => unreachable!("checked against SCENARIOS above"),
         };
         bar.finish();
@@ -253,6 +306,7 @@ pub const SCENARIOS: &[&str] = &[
     "exec-stream",
     "portforward-stream",
     "reload-storm",
+    "fleet-list",
 ];
 
 /// Roughly how long one target takes, for the progress bar.
@@ -293,6 +347,18 @@ pub fn print_table(results: &[TargetResult]) {
                 r.events.map(|e| e.to_string()).unwrap_or_default()
             }),
             ("cpu us/ev", |r| fmt_opt(r.cpu_us_per_event, 1)),
+        ],
+        "fleet-list" => &[
+            ("objects", |r| fmt_opt(r.objects.map(|v| v as f64), 0)),
+            ("pages", |r| fmt_opt(r.pages.map(|v| v as f64), 0)),
+            ("ttfb ms", |r| fmt_opt(r.ttfb_ms, 1)),
+            ("total ms", |r| fmt_opt(r.total_ms, 0)),
+            ("cpu us/obj", |r| fmt_opt(r.cpu_us_per_object, 2)),
+            ("sim us/obj", |r| fmt_opt(r.upstream_cpu_us_per_object, 2)),
+            ("drv us/obj", |r| fmt_opt(r.driver_cpu_us_per_object, 2)),
+            ("peak RSS MiB", |r| {
+                fmt_opt(r.rss_hwm_kib.map(|k| k / 1024.0), 1)
+            }),
         ],
         "reload-storm" => &[
             ("p99 quiet", |r| fmt_opt(r.p99_no_storm_us, 0)),

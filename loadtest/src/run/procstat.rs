@@ -47,18 +47,26 @@ impl ProcWatch {
 
     /// Resident memory (VmRSS) in bytes.
     pub fn rss(&self) -> anyhow::Result<u64> {
+        self.status_kib("VmRSS:").map(|kib| kib * 1024)
+    }
+
+    /// The most resident memory the process ever had (VmHWM) in bytes.
+    pub fn rss_high_water(&self) -> anyhow::Result<u64> {
+        self.status_kib("VmHWM:").map(|kib| kib * 1024)
+    }
+
+    /// A `NAME: N kB` line of `/proc/PID/status`.
+    fn status_kib(&self, field: &str) -> anyhow::Result<u64> {
         let text = std::fs::read_to_string(&self.status)
             .map_err(|e| anyhow::anyhow!("process {} is gone ({e})", self.pid))?;
         let line = text
             .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .ok_or_else(|| anyhow::anyhow!("no VmRSS for {}", self.pid))?;
-        let kib: u64 = line
-            .split_whitespace()
+            .find(|l| l.starts_with(field))
+            .ok_or_else(|| anyhow::anyhow!("no {field} for {}", self.pid))?;
+        line.split_whitespace()
             .nth(1)
             .and_then(|v| v.parse().ok())
-            .ok_or_else(|| anyhow::anyhow!("bad VmRSS line {line:?}"))?;
-        Ok(kib * 1024)
+            .ok_or_else(|| anyhow::anyhow!("bad {field} line {line:?}"))
     }
 }
 
@@ -90,6 +98,7 @@ mod tests {
         std::hint::black_box(x);
         assert!(me.cpu().unwrap() > before);
         assert!(me.rss().unwrap() > 1024 * 1024);
+        assert!(me.rss_high_water().unwrap() >= me.rss().unwrap() / 2);
         assert!(ProcWatch::new(u32::MAX).is_err());
     }
 }

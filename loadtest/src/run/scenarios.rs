@@ -196,19 +196,7 @@ pub async fn big_list(
 ) -> anyhow::Result<TargetResult> {
     let request = target.get_request(&args.path, "application/json");
     let mut conn = HttpConn::new(target.connect().await?);
-    let rss_base = pw.map(|p| p.rss()).transpose()?;
-    let peak = Arc::new(AtomicU64::new(rss_base.unwrap_or(0)));
-    let sampler = pw.cloned().map(|p| {
-        let peak = peak.clone();
-        tokio::spawn(async move {
-            loop {
-                if let Ok(r) = p.rss() {
-                    peak.fetch_max(r, Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    });
+    let rss = RssSampler::start(pw, Duration::from_millis(20))?;
     let cpu0 = cpu_now(pw)?;
     let start = Instant::now();
     let (mut requests, mut bytes) = (0u64, 0u64);
@@ -225,9 +213,7 @@ pub async fn big_list(
     }
     let seconds = start.elapsed().as_secs_f64();
     let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
-    if let Some(s) = sampler {
-        s.abort();
-    }
+    let (rss_base_kib, rss_peak_kib) = rss.stop();
     let mb = bytes as f64 / 1e6;
     Ok(TargetResult {
         target: target.name.clone(),
@@ -237,10 +223,50 @@ pub async fn big_list(
         bytes,
         mb_per_sec: Some(mb / seconds),
         cpu_ms_per_mb: cpu.map(|c| c * 1e3 / mb),
-        rss_base_kib: rss_base.map(|r| r as f64 / 1024.0),
-        rss_peak_kib: rss_base.map(|_| peak.load(Ordering::Relaxed) as f64 / 1024.0),
+        rss_base_kib,
+        rss_peak_kib,
         ..Default::default()
     })
+}
+
+/// A target's resident memory, sampled for its peak while a scenario runs.
+pub(super) struct RssSampler {
+    base: Option<u64>,
+    peak: Arc<AtomicU64>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl RssSampler {
+    /// Reads the resident memory now (the base), then every `every` until [`RssSampler::stop`].
+    /// Without a process, samples nothing.
+    pub fn start(pw: Option<&ProcWatch>, every: Duration) -> anyhow::Result<RssSampler> {
+        let base = pw.map(|p| p.rss()).transpose()?;
+        let peak = Arc::new(AtomicU64::new(base.unwrap_or(0)));
+        let task = pw.cloned().map(|p| {
+            let peak = peak.clone();
+            tokio::spawn(async move {
+                loop {
+                    if let Ok(r) = p.rss() {
+                        peak.fetch_max(r, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(every).await;
+                }
+            })
+        });
+        Ok(RssSampler { base, peak, task })
+    }
+
+    /// Stops sampling: the base and the peak, in KiB (None without a process).
+    pub fn stop(self) -> (Option<f64>, Option<f64>) {
+        if let Some(task) = self.task {
+            task.abort();
+        }
+        let peak = self.peak.load(Ordering::Relaxed) as f64 / 1024.0;
+        (
+            self.base.map(|b| b as f64 / 1024.0),
+            self.base.map(|_| peak),
+        )
+    }
 }
 
 /// Opens `n` watch streams on `path` (at most 256 handshakes at a time) and returns them with their

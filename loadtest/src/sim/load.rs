@@ -1,6 +1,7 @@
 //! What a member holds before the first request, and the write load it generates by itself:
 //! the seed objects (system namespaces, `dev`, a few Ready nodes, one Running pod), the
-//! `--objects K` ConfigMaps (~1 KiB each, spread over `load-0`..`load-9`), and the `--churn E`
+//! `--objects K` ConfigMaps (~1 KiB each, spread over `load-0`..`load-9`), the
+//! `--pods-per-member N` Running pods (the same namespaces), and the `--churn E`
 //! task that updates E objects per second, each update stamped with the annotation
 //! `fleetgate.io/sent-at` (unix nanoseconds) so the loadtest can measure event latency.
 //!
@@ -81,15 +82,15 @@ pub fn load_object_key(index: usize) -> (String, String) {
 /// Seeds `member` with the system objects and `objects` load ConfigMaps.
 pub fn seed(member: &Member, objects: usize) {
     let now = now_rfc3339();
-    let mut namespaces: Vec<String> = ["default", "kube-system", "kube-public", "dev"]
+    let namespaces: Vec<String> = ["default", "kube-system", "kube-public", "dev"]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    namespaces.extend((0..LOAD_NAMESPACES.min(objects)).map(|i| format!("load-{i}")));
     for ns in &namespaces {
         put(member, "namespaces", namespace(ns));
         publish_root_ca(member, ns);
     }
+    load_namespaces(member, objects);
     for (i, node) in member.node_names.iter().enumerate() {
         put(
             member,
@@ -119,19 +120,14 @@ pub fn seed(member: &Member, objects: usize) {
     put(
         member,
         "pods",
-        json!({
-            "kind": "Pod", "apiVersion": "v1",
-            "metadata": {"name": "hello", "namespace": "default", "uid": uuid::Uuid::new_v4().to_string(), "creationTimestamp": now,
-                         "labels": {"app": "hello"}},
-            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox:1.37", "command": ["sleep", "infinity"]}],
-                     "restartPolicy": "Always"},
-            "status": {"phase": "Running", "podIP": "10.244.0.2", "podIPs": [{"ip": "10.244.0.2"}], "hostIP": "10.0.0.10", "startTime": now,
-                       "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
-                       "containerStatuses": [{"name": "main", "ready": true, "started": true, "restartCount": 0, "image": "busybox:1.37",
-                                              "imageID": "sim://busybox:1.37", "containerID": "containerd://hello",
-                                              "state": {"running": {"startedAt": now}}}],
-                       "qosClass": "BestEffort"},
-        }),
+        running_pod(
+            "default",
+            "hello",
+            json!({"app": "hello"}),
+            &node,
+            "10.244.0.2",
+            &now,
+        ),
     );
     let payload = "x".repeat(1000);
     for i in 0..objects {
@@ -145,6 +141,77 @@ pub fn seed(member: &Member, objects: usize) {
                              "labels": {"fleetgate.io/load": "true"}},
                 "data": {"payload": payload},
             }),
+        );
+    }
+    member.store.compact_history();
+}
+
+/// Creates the namespaces `load-0` .. that `objects` load objects spread over (at most
+/// [`LOAD_NAMESPACES`]), those not there yet.
+fn load_namespaces(member: &Member, objects: usize) {
+    for i in 0..LOAD_NAMESPACES.min(objects) {
+        let ns = format!("load-{i}");
+        if member.store.get("namespaces", "", &ns).is_none() {
+            put(member, "namespaces", namespace(&ns));
+            publish_root_ca(member, &ns);
+        }
+    }
+}
+
+/// A pod as the sim's kubelet leaves it: scheduled on `node`, Running, its container `main`
+/// ready (about 870 bytes of compact JSON).
+fn running_pod(ns: &str, name: &str, labels: Value, node: &str, ip: &str, now: &str) -> Value {
+    json!({
+        "kind": "Pod", "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": ns, "uid": uuid::Uuid::new_v4().to_string(), "creationTimestamp": now,
+                     "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox:1.37", "command": ["sleep", "infinity"]}],
+                 "restartPolicy": "Always"},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "10.0.0.10", "startTime": now,
+                   "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+                   "containerStatuses": [{"name": "main", "ready": true, "started": true, "restartCount": 0, "image": "busybox:1.37",
+                                          "imageID": "sim://busybox:1.37", "containerID": format!("containerd://{name}"),
+                                          "state": {"running": {"startedAt": now}}}],
+                   "qosClass": "BestEffort"},
+    })
+}
+
+/// The name of the K-th load pod and its namespace.
+pub fn load_pod_key(index: usize) -> (String, String) {
+    (
+        format!("load-{}", index % LOAD_NAMESPACES),
+        format!("load-pod-{index}"),
+    )
+}
+
+/// Seeds `member` with `pods` Running load pods (`load-pod-0` ..., label
+/// `fleetgate.io/load=true`) spread over namespaces `load-0`..`load-9` and round robin over its
+/// nodes: the objects of the `fleet-list` benchmark (`sim --pods-per-member N`). Written
+/// straight into the store, without the scheduler's events a created pod gets.
+pub fn seed_pods(member: &Member, pods: usize) {
+    load_namespaces(member, pods);
+    let now = now_rfc3339();
+    for i in 0..pods {
+        let (ns, name) = load_pod_key(i);
+        let node = member
+            .node_names
+            .get(i % member.node_names.len().max(1))
+            .map_or("", String::as_str);
+        // 10.244.0.2 is hello's; load pods count from 10.244.1.0 (65,280 distinct addresses,
+        // then they repeat: nothing checks pod IPs for uniqueness).
+        let n = 256 + i % (65_536 - 256);
+        let ip = format!("10.244.{}.{}", n >> 8, n & 0xff);
+        put(
+            member,
+            "pods",
+            running_pod(
+                &ns,
+                &name,
+                json!({"fleetgate.io/load": "true", "app": format!("load-{}", i % 10)}),
+                node,
+                &ip,
+                &now,
+            ),
         );
     }
     member.store.compact_history();

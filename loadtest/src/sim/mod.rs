@@ -110,6 +110,27 @@ impl FleetHandle {
         self.members.get(index)
     }
 
+    /// Seeds `per_member` Running load pods into every member (`sim --pods-per-member N`; see
+    /// [`load::seed_pods`]), the members in parallel on blocking threads. For a fleet just
+    /// started: the pods are written without watch events.
+    pub async fn seed_pods(&self, per_member: usize) -> anyhow::Result<()> {
+        if per_member == 0 {
+            return Ok(());
+        }
+        let seeding: Vec<_> = self
+            .members
+            .iter()
+            .map(|member| {
+                let member = member.clone();
+                tokio::task::spawn_blocking(move || load::seed_pods(&member, per_member))
+            })
+            .collect();
+        for task in seeding {
+            task.await.context("seeding pods")?;
+        }
+        Ok(())
+    }
+
     /// Starts a second, plain-HTTP listener for every member on 127.0.0.1:0 (the sim's
     /// `--plaintext`), serving the same objects; returns their addresses, member1 first. For
     /// proxies whose upstream leg is plain HTTP/1.1; clients authenticate with bearer tokens.
