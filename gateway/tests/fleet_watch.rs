@@ -661,7 +661,7 @@ fn a_list_whose_member_dies_after_the_head_is_cut_and_the_next_one_names_it() {
 #[test]
 fn an_unpaged_list_read_ahead_in_small_pages_has_every_object_once() {
     // Three members of 30 ConfigMaps read four a page: the members' later pages are read ahead
-    // of the writer, two members at a time; the merged list must still be every object once, in
+    // of the writer; the merged list must still be every object once, in
     // cluster order.
     let mut fleet = Fleet::sim(3, 30);
     let gateway = fleet.fleet_path("gateway.yaml");

@@ -48,8 +48,8 @@ use crate::runtime::{self, First, ShardContext};
 /// Body bytes gathered before they go to the client.
 const WRITE_CHUNK: usize = 64 * 1024;
 /// Members whose later pages are read ahead of the writer in an unpaged LIST: the one being
-/// written and the next.
-pub const READ_AHEAD: usize = 2;
+/// written (two measured no faster, with 6 MiB more at the peak: docs/benchmarks.md).
+pub const READ_AHEAD: usize = 1;
 
 /// Serves a merged LIST.
 pub(crate) async fn list<'h, F, H>(
@@ -203,7 +203,7 @@ where
     } else {
         out.raw(b",\"items\":[");
     }
-    // Unpaged, the members' later pages are read ahead of the writer (`READ_AHEAD` members at
+    // Unpaged, the member's next pages are read ahead of the writer (`READ_AHEAD` members at
     // a time, one page waiting each); paged, each page is asked for when the writer needs it,
     // sized by what the client's limit leaves.
     let ahead = limit.is_none();
