@@ -373,6 +373,21 @@ fn a_lost_agent_ends_its_streams_and_a_returning_one_is_waited_for() {
         started.elapsed() >= Duration::from_secs(2),
         "answered before the wait"
     );
+    // The operator sees it: /readyz lists the cluster without an agent (still ready: the others
+    // are served), and the agents gauge is 0.
+    let verbose = pulled.fleet.admin_until(
+        "/readyz?verbose",
+        "without an agent: member2",
+        Duration::from_secs(10),
+        "member2 listed without an agent",
+    );
+    assert!(verbose.contains("readyz check passed"), "{verbose}");
+    pulled.fleet.admin_until(
+        "/metrics",
+        "fleetgate_tunnel_agents{cluster=\"member2\"} 0",
+        Duration::from_secs(10),
+        "the agents gauge at 0",
+    );
 
     // A request made while the agent comes back waits for it and succeeds.
     let waiting = pulled
@@ -389,6 +404,20 @@ fn a_lost_agent_ends_its_streams_and_a_returning_one_is_waited_for() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(pulled.ok(&["get", "ns"]).contains("dev"));
+    let metrics = pulled.fleet.admin_until(
+        "/metrics",
+        "fleetgate_tunnel_agents{cluster=\"member2\"} 1",
+        Duration::from_secs(10),
+        "the agents gauge back at 1",
+    );
+    assert!(
+        metrics.contains("fleetgate_tunnel_connects_total 2"),
+        "{metrics}"
+    );
+    assert!(pulled
+        .fleet
+        .admin_get("/readyz?verbose")
+        .contains("[+]tunnels ok: 1 pull-mode clusters, each with an agent"));
 
     // Frozen (a half-open tunnel: the TCP connection stays, nothing answers): PINGs notice it
     // within a few seconds and the watch ends.

@@ -188,22 +188,21 @@ fn reply_to(buf: &[u8], metrics: &Metrics, config: Option<&ConfigView>) -> Vec<u
     reply
 }
 
-/// The data path's metrics, then the reload metrics, then the one `# EOF`.
+/// The data path's metrics, then the reload and tunnel metrics, then the one `# EOF`.
 fn metrics_text(metrics: &Metrics, config: Option<&ConfigView>) -> String {
     let text = metrics.encode();
-    let Some(ConfigView {
-        table,
-        reload: Some(reload),
-        ..
-    }) = config
-    else {
+    let Some(view) = config else {
         return text;
     };
+    let table = view.table.load();
     let body = text.strip_suffix("# EOF\n").unwrap_or(&text);
-    format!(
-        "{body}{}# EOF\n",
-        reload.openmetrics_lines(table.load().generation())
-    )
+    let reload = view
+        .reload
+        .as_ref()
+        .map(|r| r.openmetrics_lines(table.generation()))
+        .unwrap_or_default();
+    let tunnels = crate::tunnel::registry().openmetrics_lines(&table);
+    format!("{body}{reload}{tunnels}# EOF\n")
 }
 
 /// Kubernetes-style verbose readiness: one `[+]` (passing) or `[-]` (failing, with the reason)
@@ -236,6 +235,29 @@ fn readyz_verbose(metrics: &Metrics, config: Option<&ConfigView>) -> (bool, Stri
             table.generation(),
             table.clusters().count()
         ));
+        // A pull-mode cluster without an agent is served by none (its requests answer 503), but
+        // the gateway serves the others: listed, not failing.
+        let tunnels = crate::tunnel::registry().tunnel_clusters(&table);
+        if !tunnels.is_empty() {
+            let without: Vec<&str> = tunnels
+                .iter()
+                .filter(|(_, agents)| *agents == 0)
+                .map(|(name, _)| &**name)
+                .collect();
+            if without.is_empty() {
+                out.push_str(&format!(
+                    "[+]tunnels ok: {} pull-mode clusters, each with an agent\n",
+                    tunnels.len()
+                ));
+            } else {
+                out.push_str(&format!(
+                    "[+]tunnels: {} of {} pull-mode clusters without an agent: {}\n",
+                    without.len(),
+                    tunnels.len(),
+                    without.join(", ")
+                ));
+            }
+        }
         match view.reload.as_ref().and_then(|r| r.last_error()) {
             Some(failure) => out.push_str(&format!(
                 "[+]config-reload: last change rejected, generation {} keeps serving: {}\n",

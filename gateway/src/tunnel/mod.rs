@@ -31,7 +31,7 @@ use std::time::Duration;
 use ahash::AHashMap;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use fleetgate_config_watcher::ClusterRoute;
+use fleetgate_config_watcher::{ClusterRoute, ConnectMode, RouteTable};
 use tracing::debug;
 
 use crate::errors::GatewayError;
@@ -125,6 +125,8 @@ pub struct TunnelRegistry {
     next: AtomicUsize,
     /// How long a request waits for an agent (milliseconds).
     wait_ms: AtomicU64,
+    /// Tunnels accepted since the start (an agent that reconnects counts again).
+    connects: AtomicU64,
 }
 
 /// The process's registry (one tunnel listener per process).
@@ -134,6 +136,7 @@ pub fn registry() -> &'static TunnelRegistry {
         by_cluster: ArcSwap::from_pointee(AHashMap::new()),
         next: AtomicUsize::new(0),
         wait_ms: AtomicU64::new(DEFAULT_WAIT.as_millis() as u64),
+        connects: AtomicU64::new(0),
     })
 }
 
@@ -152,6 +155,7 @@ impl TunnelRegistry {
 
     /// Adds a tunnel (tunnel thread only: the one writer).
     pub(crate) fn add(&self, tunnel: Arc<Tunnel>) {
+        self.connects.fetch_add(1, Ordering::Relaxed);
         self.by_cluster.rcu(|map| {
             let mut map = AHashMap::clone(map);
             map.entry(tunnel.cluster.clone())
@@ -182,6 +186,37 @@ impl TunnelRegistry {
             .load()
             .get(cluster)
             .map_or(0, |l| l.iter().filter(|t| t.is_alive()).count())
+    }
+
+    /// The Tunnel clusters of `table`, each with its live tunnels, by name.
+    pub fn tunnel_clusters(&self, table: &RouteTable) -> Vec<(Arc<str>, usize)> {
+        let mut out: Vec<(Arc<str>, usize)> = table
+            .clusters()
+            .filter(|c| c.mode == ConnectMode::Tunnel)
+            .map(|c| (c.name.clone(), self.count(&c.name)))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// OpenMetrics lines: each Tunnel cluster's live agents, and the tunnels accepted so far.
+    pub fn openmetrics_lines(&self, table: &RouteTable) -> String {
+        let mut out = String::from(
+            "# HELP fleetgate_tunnel_agents Live agent tunnels of each pull-mode (Tunnel) cluster.\n\
+             # TYPE fleetgate_tunnel_agents gauge\n",
+        );
+        for (cluster, agents) in self.tunnel_clusters(table) {
+            out.push_str(&format!(
+                "fleetgate_tunnel_agents{{cluster=\"{cluster}\"}} {agents}\n"
+            ));
+        }
+        out.push_str(&format!(
+            "# HELP fleetgate_tunnel_connects Agent tunnels accepted since the start (a reconnect counts again).\n\
+             # TYPE fleetgate_tunnel_connects counter\n\
+             fleetgate_tunnel_connects_total {}\n",
+            self.connects.load(Ordering::Relaxed)
+        ));
+        out
     }
 
     /// A live tunnel of `cluster`, spreading streams over its agents.
