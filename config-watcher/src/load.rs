@@ -535,7 +535,7 @@ pub(crate) fn resolve_cluster(
     };
     check_cluster_name(&name).map_err(|m| invalid("metadata.name", m))?;
     let spec = obj.spec;
-    match (spec.mode, spec.server.is_empty()) {
+    match (spec.connect_mode, spec.server.is_empty()) {
         // A pull-mode member has no address: its agent dials the gateway.
         (crate::objects::ConnectMode::Tunnel, true) => {}
         _ => {
@@ -629,7 +629,7 @@ pub(crate) fn resolve_cluster(
         client_key_pem,
         impersonation: spec.impersonation,
         pass_through: spec.auth_mode == crate::objects::ClusterAuthMode::PassThrough,
-        mode: spec.mode,
+        mode: spec.connect_mode,
         proxy_url,
         proxy_headers: spec.proxy_header,
     })

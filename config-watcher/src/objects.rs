@@ -300,7 +300,7 @@ pub struct ClusterObject {
     status = "ObjectStatus",
     doc = "A member cluster fleetgate routes to: its API server, CA, credentials and connect mode",
     printcolumn = r#"{"name":"Server","type":"string","jsonPath":".spec.server"}"#,
-    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.connectMode"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSpec {
@@ -323,9 +323,10 @@ pub struct ClusterSpec {
     /// the client. `PassThrough`: the client's own bearer token goes to the member (OCM style).
     #[serde(default)]
     pub auth_mode: ClusterAuthMode,
-    /// `Direct` (default) or `Tunnel` (pull mode); `connectMode` is accepted as well.
-    #[serde(default, alias = "connectMode")]
-    pub mode: ConnectMode,
+    /// `Direct` (default) or `Tunnel` (pull mode). Files may still say `mode` (the field's
+    /// earlier name); a management cluster prunes it, as the schema names only `connectMode`.
+    #[serde(default, alias = "mode")]
+    pub connect_mode: ConnectMode,
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "proxyURL")]
     pub proxy_url: Option<String>,
     /// Headers sent to the egress proxy on CONNECT.

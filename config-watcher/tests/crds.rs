@@ -65,14 +65,18 @@ fn the_manifests_are_the_crds_of_the_objects_fleetgate_reads() {
 #[test]
 fn a_cluster_object_as_documented_is_an_instance_of_the_crd_type() {
     // The same YAML the file loader takes parses as the CRD's Rust type.
-    let yaml = "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: member1\n  labels:\n    env: dev\nspec:\n  server: https://10.0.0.1:6443\n  insecureSkipTLSVerify: true\n  credentials:\n    token: abc\n  impersonation: true\n  mode: Tunnel\n  proxyURL: http://proxy:3128\n";
+    let yaml = "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: member1\n  labels:\n    env: dev\nspec:\n  server: https://10.0.0.1:6443\n  insecureSkipTLSVerify: true\n  credentials:\n    token: abc\n  impersonation: true\n  connectMode: Tunnel\n  proxyURL: http://proxy:3128\n";
     let cluster: fleetgate_config_watcher::objects::Cluster = serde_yaml::from_str(yaml).unwrap();
     assert_eq!(cluster.spec.server, "https://10.0.0.1:6443");
     assert_eq!(
-        cluster.spec.mode,
+        cluster.spec.connect_mode,
         fleetgate_config_watcher::ConnectMode::Tunnel
     );
     assert_eq!(cluster.spec.credentials.token.as_deref(), Some("abc"));
+    // The field's earlier name still reads the same in a file.
+    let earlier: fleetgate_config_watcher::objects::Cluster =
+        serde_yaml::from_str(&yaml.replace("connectMode:", "mode:")).unwrap();
+    assert_eq!(earlier.spec, cluster.spec);
     // A typo is refused, as the loader refuses it.
     assert!(
         serde_yaml::from_str::<fleetgate_config_watcher::objects::Cluster>(

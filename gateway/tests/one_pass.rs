@@ -389,3 +389,29 @@ fn issued_certificate_authenticates_with_kubectl_flags() {
         "a certificate of another CA was accepted"
     );
 }
+
+#[test]
+fn certs_commands_default_to_the_current_directory() {
+    // `fleetgate certs issue-agent --cluster NAME` (the contract's form, no --dir) writes the
+    // agent CA and the agent's certificate where it runs.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(FLEETGATE)
+        .args(["certs", "issue-agent", "--cluster", "edge-7"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for file in [
+        "agent-ca.crt",
+        "agent-ca.key",
+        "agent-edge-7.crt",
+        "agent-edge-7.key",
+    ] {
+        assert!(dir.path().join(file).is_file(), "{file} not written");
+    }
+    assert_eq!(mode(&dir.path().join("agent-edge-7.key")), 0o600);
+}

@@ -62,8 +62,9 @@ pub enum CertsCommand {
 /// Arguments of `fleetgate certs issue-agent`.
 #[derive(Debug, clap::Args)]
 pub struct IssueAgentArgs {
-    /// The certs directory: its agent-ca.crt and agent-ca.key sign (written if missing).
-    #[arg(long)]
+    /// The certs directory: its agent-ca.crt and agent-ca.key sign (written if missing; default: the
+    /// current directory).
+    #[arg(long, default_value = ".")]
     pub dir: PathBuf,
     /// The cluster the agent serves (the certificate's CN).
     #[arg(long)]
@@ -82,8 +83,9 @@ pub struct IssueAgentArgs {
 /// Arguments of `fleetgate certs init`.
 #[derive(Debug, clap::Args)]
 pub struct InitArgs {
-    /// Where the CA and certificates are written (created if missing).
-    #[arg(long)]
+    /// Where the CA and certificates are written (created if missing; default: the
+    /// current directory).
+    #[arg(long, default_value = ".")]
     pub dir: PathBuf,
     /// A subject alternative name of the serving certificate (DNS name or IP); repeatable.
     /// Default: 127.0.0.1, localhost and ::1.
@@ -100,8 +102,9 @@ pub struct InitArgs {
 /// Arguments of `fleetgate certs issue`.
 #[derive(Debug, clap::Args)]
 pub struct IssueArgs {
-    /// The certs directory written by `certs init` (its ca.crt and ca.key sign).
-    #[arg(long)]
+    /// The certs directory written by `certs init` (its ca.crt and ca.key sign; default: the
+    /// current directory).
+    #[arg(long, default_value = ".")]
     pub dir: PathBuf,
     /// The user name (the certificate's CN).
     #[arg(long)]

@@ -1,7 +1,7 @@
 //! `fleetgate demo`: a simulated fleet and the gateway in front of it, in one command, so a
 //! newcomer can point kubectl at a fleet without any cluster.
 //!
-//! With `--pull K`, the last K members are pull-mode: their Cluster files get `mode: Tunnel` and
+//! With `--pull K`, the last K members are pull-mode: their Cluster files get `connectMode: Tunnel` and
 //! no server, the gateway gets a tunnel listener, and each of them a `fleetgate agent` child.
 //!
 //! Two child processes, each the real command an operator or a test would run: the simulated
@@ -39,7 +39,7 @@ pub struct DemoArgs {
     /// Gateway shards (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub workers: usize,
-    /// Members served in pull mode (the last K): their Cluster objects get `mode: Tunnel` and no
+    /// Members served in pull mode (the last K): their Cluster objects get `connectMode: Tunnel` and no
     /// server, and each gets a `fleetgate agent` child that dials the gateway's tunnel listener.
     #[arg(long, default_value_t = 0)]
     pub pull: usize,
@@ -228,7 +228,7 @@ struct PulledMember {
 }
 
 /// Makes the last `--pull` members pull-mode: each Cluster file loses its server and CA and
-/// gets `mode: Tunnel` (the member's server and CA go to its agent instead), and each gets an
+/// gets `connectMode: Tunnel` (the member's server and CA go to its agent instead), and each gets an
 /// agent certificate in DIR/agents (beside the agent CA the gateway trusts).
 fn pull_mode_members(args: &DemoArgs) -> anyhow::Result<Vec<PulledMember>> {
     let agents = args.dir.join("agents");
@@ -251,7 +251,7 @@ fn pull_mode_members(args: &DemoArgs) -> anyhow::Result<Vec<PulledMember>> {
             .remove("caData")
             .and_then(|s| s.as_str().map(str::to_owned))
             .ok_or_else(|| anyhow!("{} has no spec.caData", path.display()))?;
-        spec.insert("mode".into(), "Tunnel".into());
+        spec.insert("connectMode".into(), "Tunnel".into());
         std::fs::create_dir_all(&agents)?;
         std::fs::write(agents.join(format!("{name}-kube-ca.crt")), ca)?;
         crate::cli::certs::issue_agent(&crate::cli::certs::IssueAgentArgs {

@@ -224,7 +224,7 @@ pub fn write_fleet_files(
                 "caData": creds.fleet_ca.cert_pem,
                 "credentials": {"token": creds.gateway_token},
                 "impersonation": true,
-                "mode": "Direct",
+                "connectMode": "Direct",
             },
         });
         write_secret(&dir.join(format!("clusters/{name}.yaml")), &yaml(&cluster))?;
