@@ -411,8 +411,28 @@ fn a_lost_agent_ends_its_streams_and_a_returning_one_is_waited_for() {
         "the agents gauge back at 1",
     );
     assert!(
-        metrics.contains("fleetgate_tunnel_connects_total 2"),
+        metrics.contains("fleetgate_tunnel_connects_total{cluster=\"member2\"} 2"),
         "{metrics}"
+    );
+    // The requests so far rode streams of member2's tunnels, each way.
+    let sample = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    assert!(sample("fleetgate_tunnel_streams_opened_total{cluster=\"member2\"}") >= 1);
+    assert!(
+        sample("fleetgate_tunnel_streams{cluster=\"member2\"}") >= 1,
+        "the pooled stream stays open"
+    );
+    let to_member =
+        sample("fleetgate_tunnel_bytes_total{cluster=\"member2\",direction=\"to_member\"}");
+    let from_member =
+        sample("fleetgate_tunnel_bytes_total{cluster=\"member2\",direction=\"from_member\"}");
+    assert!(
+        to_member > 100 && from_member > to_member,
+        "{to_member} {from_member}"
     );
     assert!(pulled
         .fleet

@@ -36,7 +36,7 @@ use tracing::debug;
 
 use crate::errors::GatewayError;
 use crate::runtime::{self, clock};
-pub use stream::TunnelStream;
+pub use stream::{StreamStats, TunnelStream};
 
 /// How often a request waiting for a cluster's agent looks at the registry again.
 const RECHECK: Duration = Duration::from_millis(20);
@@ -49,6 +49,8 @@ pub struct Tunnel {
     pub cluster: Arc<str>,
     pub agent: SocketAddr,
     send: h2::client::SendRequest<Bytes>,
+    /// Its cluster's counters, which each stream opened on it adds to.
+    stats: Arc<StreamStats>,
     /// Cleared by whoever sees the connection fail first (a shard opening a stream, or the
     /// tunnel thread), so no new stream is tried on it.
     alive: AtomicBool,
@@ -63,6 +65,7 @@ impl Tunnel {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Tunnel {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            stats: registry().stats(&cluster),
             cluster,
             agent,
             send,
@@ -114,7 +117,11 @@ impl Tunnel {
                 .unwrap_or_else(|| format!("the agent answered {}", response.status()));
             return Err(OpenError::Refused(reason));
         }
-        Ok(TunnelStream::new(stream, response.into_body()))
+        Ok(TunnelStream::counted(
+            stream,
+            response.into_body(),
+            self.stats.clone(),
+        ))
     }
 }
 
@@ -125,8 +132,10 @@ pub struct TunnelRegistry {
     next: AtomicUsize,
     /// How long a request waits for an agent (milliseconds).
     wait_ms: AtomicU64,
-    /// Tunnels accepted since the start (an agent that reconnects counts again).
-    connects: AtomicU64,
+    /// Each Tunnel cluster's counters, from its first agent on (written by the tunnel thread
+    /// when a cluster's first agent comes, read by `/metrics`; a stream holds its cluster's `Arc`
+    /// and adds to it with relaxed atomics: a tunnel stream crosses threads anyway, through h2).
+    stats: ArcSwap<AHashMap<Arc<str>, Arc<StreamStats>>>,
 }
 
 /// The process's registry (one tunnel listener per process).
@@ -136,7 +145,7 @@ pub fn registry() -> &'static TunnelRegistry {
         by_cluster: ArcSwap::from_pointee(AHashMap::new()),
         next: AtomicUsize::new(0),
         wait_ms: AtomicU64::new(DEFAULT_WAIT.as_millis() as u64),
-        connects: AtomicU64::new(0),
+        stats: ArcSwap::from_pointee(AHashMap::new()),
     })
 }
 
@@ -153,9 +162,22 @@ impl TunnelRegistry {
         Duration::from_millis(self.wait_ms.load(Ordering::Relaxed))
     }
 
+    /// `cluster`'s counters (made on its first agent).
+    fn stats(&self, cluster: &Arc<str>) -> Arc<StreamStats> {
+        if let Some(stats) = self.stats.load().get(cluster) {
+            return stats.clone();
+        }
+        self.stats.rcu(|map| {
+            let mut map = AHashMap::clone(map);
+            map.entry(cluster.clone()).or_default();
+            map
+        });
+        self.stats.load()[cluster].clone()
+    }
+
     /// Adds a tunnel (tunnel thread only: the one writer).
     pub(crate) fn add(&self, tunnel: Arc<Tunnel>) {
-        self.connects.fetch_add(1, Ordering::Relaxed);
+        tunnel.stats.connects.fetch_add(1, Ordering::Relaxed);
         self.by_cluster.rcu(|map| {
             let mut map = AHashMap::clone(map);
             map.entry(tunnel.cluster.clone())
@@ -199,23 +221,69 @@ impl TunnelRegistry {
         out
     }
 
-    /// OpenMetrics lines: each Tunnel cluster's live agents, and the tunnels accepted so far.
+    /// OpenMetrics lines, per Tunnel cluster of `table`: live agents, tunnels accepted, streams
+    /// open and opened, bytes each way.
     pub fn openmetrics_lines(&self, table: &RouteTable) -> String {
-        let mut out = String::from(
-            "# HELP fleetgate_tunnel_agents Live agent tunnels of each pull-mode (Tunnel) cluster.\n\
-             # TYPE fleetgate_tunnel_agents gauge\n",
+        let clusters = self.tunnel_clusters(table);
+        let known = self.stats.load();
+        let stats: Vec<Arc<StreamStats>> = clusters
+            .iter()
+            .map(|(name, _)| known.get(name).cloned().unwrap_or_default())
+            .collect();
+        let mut out = String::new();
+        let mut family =
+            |name: &str,
+             kind: &str,
+             help: &str,
+             value: &dyn Fn(usize) -> Vec<(&'static str, u64)>| {
+                out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+                let sample = if kind == "counter" {
+                    format!("{name}_total")
+                } else {
+                    name.to_owned()
+                };
+                for (i, (cluster, _)) in clusters.iter().enumerate() {
+                    for (labels, v) in value(i) {
+                        out.push_str(&format!("{sample}{{cluster=\"{cluster}\"{labels}}} {v}\n"));
+                    }
+                }
+            };
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        family(
+            "fleetgate_tunnel_agents",
+            "gauge",
+            "Live agent tunnels of each pull-mode (Tunnel) cluster.",
+            &|i| vec![("", clusters[i].1 as u64)],
         );
-        for (cluster, agents) in self.tunnel_clusters(table) {
-            out.push_str(&format!(
-                "fleetgate_tunnel_agents{{cluster=\"{cluster}\"}} {agents}\n"
-            ));
-        }
-        out.push_str(&format!(
-            "# HELP fleetgate_tunnel_connects Agent tunnels accepted since the start (a reconnect counts again).\n\
-             # TYPE fleetgate_tunnel_connects counter\n\
-             fleetgate_tunnel_connects_total {}\n",
-            self.connects.load(Ordering::Relaxed)
-        ));
+        family(
+            "fleetgate_tunnel_connects",
+            "counter",
+            "Agent tunnels accepted since the start (a reconnect counts again).",
+            &|i| vec![("", load(&stats[i].connects))],
+        );
+        family(
+            "fleetgate_tunnel_streams",
+            "gauge",
+            "Tunnel streams open (each one member connection, pooled or in use).",
+            &|i| vec![("", load(&stats[i].open))],
+        );
+        family(
+            "fleetgate_tunnel_streams_opened",
+            "counter",
+            "Tunnel streams opened since the start.",
+            &|i| vec![("", load(&stats[i].opened))],
+        );
+        family(
+            "fleetgate_tunnel_bytes",
+            "counter",
+            "Bytes carried through tunnel streams, to the member and from it.",
+            &|i| {
+                vec![
+                    (",direction=\"to_member\"", load(&stats[i].written)),
+                    (",direction=\"from_member\"", load(&stats[i].read)),
+                ]
+            },
+        );
         out
     }
 
