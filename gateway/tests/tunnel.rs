@@ -116,16 +116,27 @@ impl PullFleet {
         cluster: &str,
         cert_of: &str,
     ) -> (Command, std::path::PathBuf) {
-        let agents = self.fleet.fleet_path("agents");
-        self.agents_started += 1;
-        let log = self
-            .fleet
-            .path(&format!("agent-{}.log", self.agents_started));
         let mut cmd = Command::new(fleetgate_binary());
         cmd.arg("agent");
         for gateway in gateways {
             cmd.arg("--gateway").arg(format!("https://{gateway}"));
         }
+        self.agent_args(cmd, cluster, cert_of)
+    }
+
+    /// `cmd` (`fleetgate agent` and its gateways) with the rest of an agent's arguments, its
+    /// stdout piped and its log in the fleet's directory.
+    fn agent_args(
+        &mut self,
+        mut cmd: Command,
+        cluster: &str,
+        cert_of: &str,
+    ) -> (Command, std::path::PathBuf) {
+        let agents = self.fleet.fleet_path("agents");
+        self.agents_started += 1;
+        let log = self
+            .fleet
+            .path(&format!("agent-{}.log", self.agents_started));
         cmd.args(["--cluster", cluster])
             .arg("--cert")
             .arg(agents.join(format!("agent-{cert_of}.crt")))
@@ -170,6 +181,28 @@ impl PullFleet {
             _stdout: stdout,
             log,
         }
+    }
+
+    /// A second gateway (a replica) on the same configuration, its tunnel listener at
+    /// `tunnel_listen`; its ready line.
+    fn second_gateway(&self, tunnel_listen: &str) -> (KillOnDrop, support::fleet::ReadyLine) {
+        let agent_ca = self.fleet.fleet_path("agents/agent-ca.crt");
+        let config = self.fleet.dir().to_path_buf();
+        let (second, ready) = support::fleet::spawn_serve(
+            [
+                "--config",
+                config.to_str().unwrap(),
+                "--workers",
+                "1",
+                "--tunnel-listen",
+                tunnel_listen,
+                "--agent-ca",
+                agent_ca.to_str().unwrap(),
+            ],
+            &[],
+            &self.fleet.path("gateway-2.log"),
+        );
+        (KillOnDrop(second), ready)
     }
 
     fn kubectl(&self, context: &str, args: &[&str]) -> Command {
@@ -415,11 +448,11 @@ fn a_lost_agent_ends_its_streams_and_a_returning_one_is_waited_for() {
         "{metrics}"
     );
     // The requests so far rode streams of member2's tunnels, each way.
-    let sample = |name: &str| -> u64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    let sample = |series: &str| {
+        pulled
+            .fleet
+            .metric(series)
+            .unwrap_or_else(|| panic!("no {series} in {metrics}"))
     };
     assert!(sample("fleetgate_tunnel_streams_opened_total{cluster=\"member2\"}") >= 1);
     assert!(
@@ -700,24 +733,7 @@ fn admin_get(pulled: &PullFleet, https: SocketAddr, path: &str) -> String {
 #[test]
 fn streams_spread_over_agents_and_an_agent_serves_every_gateway() {
     let mut pulled = PullFleet::start(5, &[]);
-    // A second gateway on the same configuration, with its own tunnel listener.
-    let agent_ca = pulled.fleet.fleet_path("agents/agent-ca.crt");
-    let config = pulled.fleet.dir().to_path_buf();
-    let (second, ready) = support::fleet::spawn_serve(
-        [
-            "--config",
-            config.to_str().unwrap(),
-            "--workers",
-            "1",
-            "--tunnel-listen",
-            "127.0.0.1:0",
-            "--agent-ca",
-            agent_ca.to_str().unwrap(),
-        ],
-        &[],
-        &pulled.fleet.path("gateway-2.log"),
-    );
-    let _second = KillOnDrop(second);
+    let (_second, ready) = pulled.second_gateway("127.0.0.1:0");
     let both = [pulled.tunnel, ready.addr("tunnel")];
     // Two agents of member2, each with a tunnel to both gateways (`ready` once both are up).
     let first = pulled.start_agent_to(&both);
@@ -787,4 +803,83 @@ fn demo_pull_serves_a_pull_mode_member() {
     }
     signal(&demo, libc::SIGTERM);
     exits_within(&mut demo, Duration::from_secs(20), "the demo to stop");
+}
+
+#[test]
+fn gateway_replicas_come_from_dns_and_follow_it() {
+    let mut pulled = PullFleet::start(5, &[]);
+    let port = pulled.tunnel.port();
+    // The agent runs in a mount namespace of its own whose /etc/hosts is this file: `localhost`
+    // is the replicas' name (the gateways' certificate names it), at first one address.
+    let hosts = pulled.fleet.path("hosts");
+    std::fs::write(&hosts, "127.0.0.1 localhost\n").unwrap();
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "sh",
+        "-c",
+        r#"mount --bind "$0" /etc/hosts && exec "$@""#,
+    ])
+    .arg(&hosts)
+    .arg(fleetgate_binary())
+    .arg("agent")
+    .args(["--gateway-replicas", &format!("https://localhost:{port}")])
+    .args(["--resolve-seconds", "1"]);
+    let (mut cmd, log) = pulled.agent_args(cmd, "member2", "member2");
+    let mut agent = KillOnDrop(cmd.spawn().unwrap());
+    let mut stdout = LineReader::new(agent.stdout.take().unwrap());
+    let ready = stdout.wait_line("the agent's ready line", Duration::from_secs(30), |l| {
+        l.contains("ready")
+    });
+    assert!(ready.contains("1 gateway(s)"), "{ready}");
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // A second replica comes, at a second address of the name, on the same port.
+    let (mut second, second_ready) = pulled.second_gateway(&format!("127.0.0.2:{port}"));
+    std::fs::write(&hosts, "127.0.0.1 localhost\n127.0.0.2 localhost\n").unwrap();
+    // The agent resolves the name again and dials the new replica, which then serves member2.
+    let second_https = second_ready.addr("https");
+    wait_for(
+        "the second replica serving member2",
+        Duration::from_secs(20),
+        || {
+            admin_get(
+                &pulled,
+                second_https,
+                "/clusters/member2/api/v1/namespaces/dev",
+            )
+            .starts_with("HTTP/1.1 200")
+        },
+    );
+    let first = admin_get(
+        &pulled,
+        pulled.fleet.https(),
+        "/clusters/member2/api/v1/namespaces/dev",
+    );
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+
+    // The second address leaves the name, then its replica goes: the agent does not dial it
+    // again, and the first replica still serves.
+    std::fs::write(&hosts, "127.0.0.1 localhost\n").unwrap();
+    wait_for(
+        "the agent to see one replica again",
+        Duration::from_secs(20),
+        || agent_log().matches("gateway replicas resolved").count() >= 3,
+    );
+    signal(&second, libc::SIGKILL);
+    let _ = second.wait();
+    wait_for(
+        "the retired replica's tunnel to end",
+        Duration::from_secs(20),
+        || agent_log().contains("no longer resolved: not dialed again"),
+    );
+    let after = agent_log();
+    let dials_after_retire = after
+        .lines()
+        .skip_while(|l| !l.contains("no longer resolved"))
+        .skip(1)
+        .filter(|l| l.contains("127.0.0.2"))
+        .count();
+    assert_eq!(dials_after_retire, 0, "{after}");
+    assert!(pulled.ok(&["get", "ns"]).contains("dev"));
 }

@@ -11,10 +11,16 @@
 //! and an upgrade (exec, attach, port-forward) gets a stream and a member connection of its own.
 //! Each tunnel is pinged every second and dropped when a PING goes unanswered for 3 s; it is
 //! dialed again with exponential backoff and jitter. Prints one line containing `ready` once a
-//! tunnel to every gateway is up. Not the hot path: tokio, h2 and tokio-rustls, two threads.
+//! tunnel to every gateway is up. Gateway replicas are listed (`--gateway`, each dialed by its
+//! name) or found in DNS (`--gateway-replicas`: one tunnel per address the name resolves to,
+//! re-resolved every `--resolve-seconds`). Not the hot path: tokio, h2 and tokio-rustls, two
+//! threads.
 //! Never logs key material or the requests it carries.
 
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,9 +38,17 @@ use crate::tunnel::{wire, TunnelStream};
 #[derive(Debug, Clone, clap::Args)]
 pub struct AgentArgs {
     /// A gateway's tunnel listener (`https://host:port` or `host:port`); repeatable, one tunnel
-    /// each.
-    #[arg(long = "gateway", required = true)]
+    /// each (a redial resolves the name again, so it may land on another replica behind it).
+    #[arg(long = "gateway", required_unless_present = "gateway_replicas")]
     pub gateways: Vec<String>,
+    /// A name whose every address is one gateway replica (a headless Service's, say), as
+    /// `https://host:port`: one tunnel per address, the name resolved again every
+    /// `--resolve-seconds`; repeatable. The replicas' serving certificate must name `host`.
+    #[arg(long = "gateway-replicas")]
+    pub gateway_replicas: Vec<String>,
+    /// How often `--gateway-replicas` names are resolved again (0: only at the start).
+    #[arg(long, default_value_t = 30)]
+    pub resolve_seconds: u64,
     /// The cluster this agent serves; its certificate must name it.
     #[arg(long)]
     pub cluster: String,
@@ -222,12 +236,15 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         .context("the agent's certificate and key")?;
     config.alpn_protocols = vec![wire::ALPN.to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let gateways = args
-        .gateways
-        .iter()
-        .map(|g| parse_gateway(g))
+    let listed = args.gateways.iter().map(|url| (url, false));
+    let found = args.gateway_replicas.iter().map(|url| (url, true));
+    let gateways = listed
+        .chain(found)
+        .map(|(url, replicas)| Ok((Arc::new(parse_gateway(url)?), replicas)))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let member = Arc::new(Member::from_args(&args)?);
+    let resolve_every =
+        (args.resolve_seconds > 0).then(|| Duration::from_secs(args.resolve_seconds));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("fleetgate-agent")
@@ -238,27 +255,39 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         let mut terminate =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let (up_tx, mut up_rx) = tokio::sync::mpsc::unbounded_channel();
-        let total = gateways.len();
-        for (index, gateway) in gateways.into_iter().enumerate() {
-            let tunnel = KeptTunnel {
-                gateway,
-                cluster: args.cluster.clone(),
-                connector: connector.clone(),
-                member: member.clone(),
-                index,
-                up: up_tx.clone(),
-            };
-            tokio::spawn(tunnel.keep());
+        let (events, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
+        let tunnels = Tunnels {
+            cluster: args.cluster.clone(),
+            connector,
+            member,
+            events: events.clone(),
+        };
+        // Each gateway's addresses to keep a tunnel to: a listed one is its own (dialed by
+        // name); a replicas name's come from DNS.
+        let mut wanted: Vec<Option<BTreeSet<Target>>> = vec![None; gateways.len()];
+        for (index, (gateway, replicas)) in gateways.into_iter().enumerate() {
+            if replicas {
+                tokio::spawn(keep_replicas(gateway, index, resolve_every, tunnels.clone()));
+            } else {
+                wanted[index] = Some(BTreeSet::from([Target::Name]));
+                tunnels.spawn(gateway, index, Target::Name, Arc::default());
+            }
         }
-        let mut up = vec![false; total];
+        let mut up: HashSet<(usize, Target)> = HashSet::new();
         let mut announced = false;
         loop {
             tokio::select! {
-                Some(index) = up_rx.recv() => {
-                    up[index] = true;
-                    if !announced && up.iter().all(|u| *u) {
+                Some(event) = events_rx.recv() => {
+                    match event {
+                        Event::Up(index, target) => { up.insert((index, target)); }
+                        Event::Resolved(index, targets) => wanted[index] = Some(targets),
+                    }
+                    let all_up = wanted.iter().enumerate().all(|(index, targets)| {
+                        targets.as_ref().is_some_and(|t| t.iter().all(|t| up.contains(&(index, *t))))
+                    });
+                    if !announced && all_up {
                         announced = true;
+                        let total: usize = wanted.iter().flatten().map(BTreeSet::len).sum();
                         println!(
                             "ready: cluster {} tunnelled to {total} gateway(s)",
                             args.cluster
@@ -276,18 +305,135 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     })
 }
 
-/// A tunnel to one gateway, kept up for the life of the agent.
+/// Where one tunnel dials: the gateway's name (resolved at each dial) or one of its replicas'
+/// addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Target {
+    Name,
+    Address(SocketAddr),
+}
+
+/// What the tunnels tell the `run` loop, for its `ready` line.
+enum Event {
+    /// Gateway `.0`'s tunnel to `.1` is up.
+    Up(usize, Target),
+    /// Gateway `.0`'s replicas are now these addresses.
+    Resolved(usize, BTreeSet<Target>),
+}
+
+/// What every tunnel of this agent shares; spawns them.
+#[derive(Clone)]
+struct Tunnels {
+    cluster: String,
+    connector: tokio_rustls::TlsConnector,
+    member: Arc<Member>,
+    events: tokio::sync::mpsc::UnboundedSender<Event>,
+}
+
+impl Tunnels {
+    /// Keeps a tunnel to `target` of gateway `index` until `retired` is set (then it is not
+    /// dialed again once it ends; its open streams finish).
+    fn spawn(&self, gateway: Arc<Gateway>, index: usize, target: Target, retired: Arc<AtomicBool>) {
+        let tunnel = KeptTunnel {
+            gateway,
+            target,
+            retired,
+            cluster: self.cluster.clone(),
+            connector: self.connector.clone(),
+            member: self.member.clone(),
+            index,
+            events: self.events.clone(),
+        };
+        tokio::spawn(tunnel.keep());
+    }
+}
+
+/// The replicas of one `--gateway-replicas` name: a tunnel kept to each address it resolves to.
+#[derive(Default)]
+struct Replicas {
+    kept: BTreeMap<SocketAddr, Arc<AtomicBool>>,
+}
+
+impl Replicas {
+    /// Brings the kept addresses to `resolved`: retires the ones gone from it (their tunnels
+    /// are not dialed again) and returns the new ones, to be started with their flags.
+    fn update(&mut self, resolved: &BTreeSet<SocketAddr>) -> Vec<(SocketAddr, Arc<AtomicBool>)> {
+        self.kept.retain(|address, retired| {
+            let keep = resolved.contains(address);
+            if !keep {
+                retired.store(true, Ordering::Relaxed);
+            }
+            keep
+        });
+        let mut started = Vec::new();
+        for address in resolved {
+            if !self.kept.contains_key(address) {
+                let retired = Arc::new(AtomicBool::new(false));
+                self.kept.insert(*address, retired.clone());
+                started.push((*address, retired));
+            }
+        }
+        started
+    }
+}
+
+/// Resolves `gateway`'s name every `every` (once if `None`) and keeps a tunnel to each address.
+/// A failed resolution keeps the tunnels it has and is tried again with backoff.
+async fn keep_replicas(
+    gateway: Arc<Gateway>,
+    index: usize,
+    every: Option<Duration>,
+    tunnels: Tunnels,
+) {
+    let mut replicas = Replicas::default();
+    let mut failures = 0;
+    loop {
+        let resolved = tokio::time::timeout(
+            DIAL_TIMEOUT,
+            tokio::net::lookup_host((gateway.host.as_str(), gateway.port)),
+        )
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::other("timed out")));
+        let addresses: BTreeSet<SocketAddr> = match resolved {
+            Ok(addresses) => addresses.collect(),
+            Err(error) => {
+                failures += 1;
+                warn!(gateway = %gateway.url, %error, "resolving the gateway replicas failed");
+                tokio::time::sleep(backoff(failures)).await;
+                continue;
+            }
+        };
+        failures = 0;
+        if !replicas.kept.keys().eq(addresses.iter()) {
+            info!(gateway = %gateway.url, replicas = ?addresses, "gateway replicas resolved");
+        }
+        let started = replicas.update(&addresses);
+        for (address, retired) in started {
+            tunnels.spawn(gateway.clone(), index, Target::Address(address), retired);
+        }
+        let targets = addresses.into_iter().map(Target::Address).collect();
+        let _ = tunnels.events.send(Event::Resolved(index, targets));
+        match every {
+            Some(every) => tokio::time::sleep(every).await,
+            None => return,
+        }
+    }
+}
+
+/// A tunnel to one gateway (or one of its replicas), kept up until it is retired.
 struct KeptTunnel {
-    gateway: Gateway,
+    gateway: Arc<Gateway>,
+    target: Target,
+    retired: Arc<AtomicBool>,
     cluster: String,
     connector: tokio_rustls::TlsConnector,
     member: Arc<Member>,
     index: usize,
-    up: tokio::sync::mpsc::UnboundedSender<usize>,
+    events: tokio::sync::mpsc::UnboundedSender<Event>,
 }
 
 impl KeptTunnel {
-    /// Dials, serves, and dials again after a failure, with backoff and jitter, forever.
+    /// Dials, serves, and dials again after a failure, with backoff and jitter, until retired.
     async fn keep(self) {
         let mut failures: u32 = 0;
         loop {
@@ -298,15 +444,28 @@ impl KeptTunnel {
             }
             failures = failures.saturating_add(1);
             let delay = backoff(failures);
+            let target = self.describe();
             match outcome {
                 Ok(reason) => {
-                    info!(gateway = %self.gateway.url, reason = %reason, retry_in_ms = delay.as_millis() as u64, "tunnel down")
+                    info!(gateway = %target, reason = %reason, retry_in_ms = delay.as_millis() as u64, "tunnel down")
                 }
                 Err(error) => {
-                    warn!(gateway = %self.gateway.url, error = %format!("{error:#}"), retry_in_ms = delay.as_millis() as u64, "tunnel failed")
+                    warn!(gateway = %target, error = %format!("{error:#}"), retry_in_ms = delay.as_millis() as u64, "tunnel failed")
                 }
             }
             tokio::time::sleep(delay).await;
+            if self.retired.load(Ordering::Relaxed) {
+                info!(gateway = %target, "the replica is no longer resolved: not dialed again");
+                return;
+            }
+        }
+    }
+
+    /// The gateway's URL, and the replica's address if the tunnel is to one.
+    fn describe(&self) -> String {
+        match self.target {
+            Target::Name => self.gateway.url.clone(),
+            Target::Address(address) => format!("{} ({address})", self.gateway.url),
         }
     }
 
@@ -315,7 +474,10 @@ impl KeptTunnel {
     async fn serve_once(&self) -> anyhow::Result<String> {
         let gateway = &self.gateway;
         let dial = async {
-            let tcp = TcpStream::connect((gateway.host.as_str(), gateway.port)).await?;
+            let tcp = match self.target {
+                Target::Name => TcpStream::connect((gateway.host.as_str(), gateway.port)).await?,
+                Target::Address(address) => TcpStream::connect(address).await?,
+            };
             tcp.set_nodelay(true)?;
             let mut tls = self.connector.connect(gateway.name.clone(), tcp).await?;
             tls.write_all(wire::hello(&self.cluster).as_bytes()).await?;
@@ -343,8 +505,8 @@ impl KeptTunnel {
             .await
             .context("the h2 handshake")?;
         let mut pings = connection.ping_pong().context("h2 gave no ping handle")?;
-        info!(gateway = %gateway.url, cluster = %self.cluster, "tunnel up");
-        let _ = self.up.send(self.index);
+        info!(gateway = %self.describe(), cluster = %self.cluster, "tunnel up");
+        let _ = self.events.send(Event::Up(self.index, self.target));
         let heartbeat = crate::tunnel::heartbeat::until_unanswered(&mut pings);
         tokio::pin!(heartbeat);
         loop {
@@ -436,6 +598,30 @@ mod tests {
         }
         assert!(backoff(1) < Duration::from_millis(100));
         assert!(backoff(30) >= BACKOFF_MAX / 2);
+    }
+
+    #[test]
+    fn replicas_follow_the_resolved_addresses() {
+        let a: SocketAddr = "10.0.0.1:8132".parse().unwrap();
+        let b: SocketAddr = "10.0.0.2:8132".parse().unwrap();
+        let c: SocketAddr = "[fd00::3]:8132".parse().unwrap();
+        let mut replicas = Replicas::default();
+        let first = replicas.update(&BTreeSet::from([a, b]));
+        assert_eq!(first.iter().map(|(x, _)| *x).collect::<Vec<_>>(), [a, b]);
+        // The same answer again starts nothing and retires nothing.
+        assert!(replicas.update(&BTreeSet::from([b, a])).is_empty());
+        assert!(first
+            .iter()
+            .all(|(_, retired)| !retired.load(Ordering::Relaxed)));
+        // b left, c came: c starts, b's tunnel is retired, a's is kept.
+        let second = replicas.update(&BTreeSet::from([a, c]));
+        assert_eq!(second.iter().map(|(x, _)| *x).collect::<Vec<_>>(), [c]);
+        assert!(!first[0].1.load(Ordering::Relaxed));
+        assert!(first[1].1.load(Ordering::Relaxed));
+        // b back: a new tunnel (the retired one ends on its own).
+        let third = replicas.update(&BTreeSet::from([a, b, c]));
+        assert_eq!(third.iter().map(|(x, _)| *x).collect::<Vec<_>>(), [b]);
+        assert!(!third[0].1.load(Ordering::Relaxed));
     }
 
     #[test]
