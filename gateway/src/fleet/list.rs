@@ -37,7 +37,7 @@ use tracing::warn;
 
 use super::ask::{ask, Asked, Missed};
 use super::page::{cluster_column, stamp, Page};
-use super::token::{encode_versions, query_value, rewrite_query, Continue};
+use super::token::{encode_versions, query_count, query_value, rewrite_query, Continue};
 use super::{ClientRequest, FleetClient};
 use crate::auth::Decided;
 use crate::errors::GatewayError;
@@ -63,13 +63,9 @@ where
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
     let bad = |reason: &'static str| Failure::Answer(GatewayError::BadRequest { reason });
-    let limit = match query_value(request.query, "limit").as_deref() {
-        None | Some("") | Some("0") => None,
-        Some(n) => Some(
-            n.parse::<usize>()
-                .map_err(|_| bad("limit is not a whole number"))?,
-        ),
-    };
+    let limit = query_count(request.query, "limit", "limit is not a whole number")
+        .map_err(bad)?
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     let start = match query_value(request.query, "continue").as_deref() {
         None | Some("") => None,
         Some(token) => Some(Continue::decode(token).map_err(bad)?),

@@ -89,6 +89,19 @@ pub fn query_value(query: &[u8], key: &str) -> Option<String> {
     request_info::param(query, key.as_bytes()).map(percent_decode)
 }
 
+/// A whole-number parameter where absent, empty and `0` all mean none (`limit`,
+/// `timeoutSeconds`); `Err(reason)` when it is not a whole number.
+pub fn query_count(
+    query: &[u8],
+    key: &str,
+    reason: &'static str,
+) -> Result<Option<u64>, &'static str> {
+    match query_value(query, key).as_deref() {
+        None | Some("") | Some("0") => Ok(None),
+        Some(n) => n.parse().map(Some).map_err(|_| reason),
+    }
+}
+
 /// The raw query without `keys`, then `extra` (`k=v` pairs, already encoded), with its `?`.
 pub fn rewrite_query(query: &[u8], keys: &[&str], extra: &[(&str, &str)]) -> Vec<u8> {
     let query = query.strip_prefix(b"?").unwrap_or(query);
@@ -203,6 +216,14 @@ mod tests {
         assert_eq!(query_value(q, "limit").as_deref(), Some("500"));
         assert_eq!(query_value(q, "labelSelector").as_deref(), Some("app=web"));
         assert_eq!(query_value(q, "watch"), None);
+        assert_eq!(query_count(q, "limit", "bad"), Ok(Some(500)));
+        assert_eq!(query_count(b"?limit=0&t=", "limit", "bad"), Ok(None));
+        assert_eq!(query_count(b"?limit=0&t=", "t", "bad"), Ok(None));
+        assert_eq!(query_count(b"?t=-1", "t", "bad"), Err("bad"));
+        assert_eq!(
+            query_count(b"?t=99999999999999999999", "t", "bad"),
+            Err("bad")
+        );
         assert_eq!(
             rewrite_query(q, &["limit", "continue"], &[("limit", "1")]),
             b"?labelSelector=app%3Dweb&limit=1"

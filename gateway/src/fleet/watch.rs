@@ -42,7 +42,7 @@ use tracing::{info, warn};
 
 use super::ask::{failed, open, Asked, Missed};
 use super::page::{cluster_column, stamp};
-use super::token::{decode_versions, encode_versions, query_value, rewrite_query};
+use super::token::{decode_versions, encode_versions, query_count, query_value, rewrite_query};
 use super::{ClientRequest, FleetClient};
 use crate::auth::Decided;
 use crate::errors::GatewayError;
@@ -91,14 +91,13 @@ where
         Some("0") => Start::Any,
         Some(token) => Start::From(decode_versions(token).map_err(bad)?),
     };
-    let timeout = match query_value(request.query, "timeoutSeconds").as_deref() {
-        None | Some("") | Some("0") => None,
-        Some(secs) => Some(Duration::from_secs(
-            secs.parse::<u64>()
-                .map_err(|_| bad("timeoutSeconds is not a whole number"))?
-                .min(u64::from(u32::MAX)),
-        )),
-    };
+    let timeout = query_count(
+        request.query,
+        "timeoutSeconds",
+        "timeoutSeconds is not a whole number",
+    )
+    .map_err(bad)?
+    .map(|secs| Duration::from_secs(secs.min(u64::from(u32::MAX))));
     let flag = |key| query_value(request.query, key).is_some_and(|v| v == "true" || v == "1");
     let bookmarks = flag("allowWatchBookmarks");
     let initial_events = flag("sendInitialEvents");
