@@ -230,11 +230,7 @@ where
             },
             First::Left(First::Right(First::Left(()))) => {
                 recheck = Box::pin(runtime::sleep(RECHECK));
-                let latest = ctx.table.load();
-                if !Rc::ptr_eq(&latest, &table) {
-                    table = latest;
-                    look_again = true;
-                }
+                look_again = !Rc::ptr_eq(&ctx.table.load(), &table);
             }
             // The client's timeoutSeconds: the watch ends cleanly.
             First::Left(First::Right(First::Right(()))) => break,
