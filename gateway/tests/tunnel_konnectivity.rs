@@ -343,9 +343,12 @@ fn kubectl_works_through_a_konnectivity_agent() {
 fn wrong_refusing_and_hostile_konnectivity_agents() {
     let konn = KonnFleet::start(5);
 
-    // member1's certificate: member1 is a Direct cluster.
+    // member1's certificate: member1 is a Direct cluster. The agent is told why.
     let (_a, first) = konn.agent("member1", &[]);
-    assert!(first.starts_with("ended UNAVAILABLE"), "{first}");
+    assert!(
+        first.starts_with("ended PERMISSION_DENIED") && first.contains("not a Tunnel cluster"),
+        "{first}"
+    );
     // member2's certificate, identifiers naming another cluster.
     let (_b, first) = konn.agent("member2", &["--identifiers", "host=member1&host=edge"]);
     assert!(

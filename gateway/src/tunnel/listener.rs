@@ -171,8 +171,10 @@ async fn handshake(
         certified_cluster(cert)
     };
     if tls.get_ref().1.alpn_protocol() == Some(KONNECTIVITY_ALPN) {
-        let cluster = serving_cluster(table, &certified?, true)?;
+        // A refusal goes to the agent as its Connect call's gRPC status, which it logs.
+        let cluster = certified.and_then(|name| serving_cluster(table, &name, true));
         let agent = super::konnectivity::handshake(tls, &cluster).await?;
+        let cluster = cluster?;
         debug!(%peer, cluster = %cluster, "konnectivity agent accepted");
         return Ok(Accepted::Konnectivity(Box::new(agent), cluster));
     }

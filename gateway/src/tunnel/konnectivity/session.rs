@@ -113,8 +113,13 @@ const RESOURCE_EXHAUSTED: u32 = 8;
 const INTERNAL: u32 = 13;
 
 /// Runs h2 as the server on an agent's TLS connection and accepts its Connect call, or says why
-/// not (and tells the agent in a gRPC status). `cluster` is the one its certificate names.
-pub async fn handshake(tls: AgentTls, cluster: &str) -> Result<Accepted, String> {
+/// not (and tells the agent in a gRPC status). `cluster` is the one its certificate serves, or
+/// why the certificate serves none (then the Connect call is refused with that reason, so the
+/// agent can log it).
+pub async fn handshake(
+    tls: AgentTls,
+    cluster: &Result<Arc<str>, String>,
+) -> Result<Accepted, String> {
     let mut connection = h2::server::Builder::new()
         .max_concurrent_streams(4)
         .initial_window_size(WINDOW)
@@ -145,7 +150,11 @@ pub async fn handshake(tls: AgentTls, cluster: &str) -> Result<Accepted, String>
             );
             continue;
         }
-        match check_metadata(request.headers(), cluster) {
+        let decision = match cluster {
+            Ok(cluster) => check_metadata(request.headers(), cluster),
+            Err(reason) => Err(reason.clone()),
+        };
+        match decision {
             Ok(agent_id) => {
                 let response = http::Response::builder()
                     .status(200)
