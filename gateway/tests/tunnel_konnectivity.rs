@@ -349,11 +349,14 @@ fn wrong_refusing_and_hostile_konnectivity_agents() {
         first.starts_with("ended PERMISSION_DENIED") && first.contains("not a Tunnel cluster"),
         "{first}"
     );
-    // member2's certificate, identifiers naming another cluster.
-    let (_b, first) = konn.agent("member2", &["--identifiers", "host=member1&host=edge"]);
+    // member2's certificate, identifiers naming another cluster of the gateway.
+    let (_b, first) = konn.agent(
+        "member2",
+        &["--identifiers", "host=4d2a9c&host=member1&host=member1.ns"],
+    );
     assert!(
         first.starts_with("ended PERMISSION_DENIED")
-            && first.contains("not the cluster \"member2\""),
+            && first.contains("name cluster \"member1\", not the cluster \"member2\""),
         "{first}"
     );
     // No agentID.
@@ -404,7 +407,13 @@ fn wrong_refusing_and_hostile_konnectivity_agents() {
     // A hostile agent: DATA, CLOSE_RSP and DIAL_RSP for connections that do not exist, an
     // unknown packet type, a DIAL_REQ, a duplicate DIAL_RSP for every dial and a DATA for an
     // unknown connection after every real one. It still serves, and kubectl sees nothing.
-    let _hostile = konn.member2_agent(&["--hostile"]);
+    // With identifiers as OCM's cluster-proxy sets them (a hashed service-proxy host, the
+    // cluster and its namespaced name, an exposed service): accepted.
+    let _hostile = konn.member2_agent(&[
+        "--hostile",
+        "--identifiers",
+        "host=cluster-proxy-5f3a&host=member2&host=member2.open-cluster-management-agent-addon&host=svc.ns",
+    ]);
     for _ in 0..5 {
         assert!(konn.ok(&["get", "ns", "dev"]).contains("dev"));
     }

@@ -173,7 +173,8 @@ async fn handshake(
     if tls.get_ref().1.alpn_protocol() == Some(KONNECTIVITY_ALPN) {
         // A refusal goes to the agent as its Connect call's gRPC status, which it logs.
         let cluster = certified.and_then(|name| serving_cluster(table, &name, true));
-        let agent = super::konnectivity::handshake(tls, &cluster).await?;
+        let is_cluster = |name: &str| table.load().cluster(name).is_some();
+        let agent = super::konnectivity::handshake(tls, &cluster, &is_cluster).await?;
         let cluster = cluster?;
         debug!(%peer, cluster = %cluster, "konnectivity agent accepted");
         return Ok(Accepted::Konnectivity(Box::new(agent), cluster));

@@ -115,10 +115,11 @@ const INTERNAL: u32 = 13;
 /// Runs h2 as the server on an agent's TLS connection and accepts its Connect call, or says why
 /// not (and tells the agent in a gRPC status). `cluster` is the one its certificate serves, or
 /// why the certificate serves none (then the Connect call is refused with that reason, so the
-/// agent can log it).
+/// agent can log it). `is_cluster` says whether a name is a cluster of the current table.
 pub async fn handshake(
     tls: AgentTls,
     cluster: &Result<Arc<str>, String>,
+    is_cluster: &(dyn Fn(&str) -> bool + Sync),
 ) -> Result<Accepted, String> {
     let mut connection = h2::server::Builder::new()
         .max_concurrent_streams(4)
@@ -151,7 +152,7 @@ pub async fn handshake(
             continue;
         }
         let decision = match cluster {
-            Ok(cluster) => check_metadata(request.headers(), cluster),
+            Ok(cluster) => check_metadata(request.headers(), cluster, is_cluster),
             Err(reason) => Err(reason.clone()),
         };
         match decision {
@@ -189,10 +190,16 @@ pub async fn handshake(
 }
 
 /// The agent's `agentID` (required; only logged: the certificate says which cluster it serves)
-/// and `agentIdentifiers`: when they name hosts (`host=NAME`, as OCM's cluster-proxy sets the
-/// cluster name), one must be the certificate's cluster, so an agent configured for another
-/// cluster is refused instead of silently serving this one.
-fn check_metadata(headers: &http::HeaderMap, cluster: &str) -> Result<String, String> {
+/// and `agentIdentifiers`: a `host=NAME` naming another cluster of this gateway means an agent
+/// configured for that cluster, which is refused instead of silently serving the certificate's
+/// one. Other hosts (OCM's cluster-proxy adds a hashed service-proxy host, its exposed
+/// services, and `host=<cluster>` when it proxies the API server) and other identifier kinds
+/// route nothing here and are ignored.
+fn check_metadata(
+    headers: &http::HeaderMap,
+    cluster: &str,
+    is_cluster: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<String, String> {
     let agent_id = headers
         .get("agentid")
         .and_then(|v| v.to_str().ok())
@@ -215,9 +222,9 @@ fn check_metadata(headers: &http::HeaderMap, cluster: &str) -> Result<String, St
                     .into_owned()
             })
             .collect();
-        if !hosts.is_empty() && !hosts.iter().any(|h| h == cluster) {
+        if let Some(other) = hosts.iter().find(|h| *h != cluster && is_cluster(h)) {
             return Err(format!(
-                "the agent's identifiers name hosts {hosts:?}, not the cluster {cluster:?} its certificate is for"
+                "the agent's identifiers name cluster {other:?}, not the cluster {cluster:?} its certificate is for"
             ));
         }
     }
