@@ -7,7 +7,7 @@
 //! over WebSocket and SPDY. Also: an agent with the wrong certificate or identifiers refused, an
 //! agent that refuses dials giving a 503 Status naming the cluster and its reason, a hostile
 //! agent (packets for unknown connections, duplicate DIAL_RSPs, unknown types) that still
-//! serves, a dropped agent failing its open watch, and a stalled reader closed alone while small
+//! serves, an agent sending a message over the bound ended alone, a dropped agent failing its open watch, and a stalled reader closed alone while small
 //! GETs through the same agent keep their latency.
 //!
 //! The agent needs `grpcio` and `grpcio-tools` (tests/python/requirements.txt) in the venv
@@ -427,6 +427,20 @@ fn wrong_refusing_and_hostile_konnectivity_agents() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // A message over the gateway's 1 MiB bound ends that agent's session alone, telling it why.
+    let (mut oversized, _) = konn.agent("member2", &["--oversized"]);
+    let ended =
+        oversized
+            .lines
+            .wait_line("the oversized agent's end", Duration::from_secs(20), |l| {
+                l.starts_with("ended")
+            });
+    assert!(
+        ended.starts_with("ended INTERNAL") && ended.contains("limit is 1048576"),
+        "{ended}"
+    );
+    assert!(konn.ok(&["get", "ns", "dev"]).contains("dev"));
 
     // Garbage on the h2 ALPN: not gRPC at all.
     let config = support::fleet::tls_config_as(

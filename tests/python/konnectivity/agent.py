@@ -10,7 +10,8 @@ Driven by gateway/tests/tunnel_konnectivity.rs. Its stdout is the test's readine
   ended CODE DETAILS                    when the call ends (then the agent exits)
 Modes for hostile cases: --refuse-dials REASON answers every dial with that error; --hostile sends
 packets no well-behaved agent sends (DATA, CLOSE_RSP and DIAL_RSP for unknown IDs, an unknown
-packet type, a duplicate DIAL_RSP after each real one) and still serves."""
+packet type, a duplicate DIAL_RSP after each real one) and still serves; --oversized sends a
+message over the gateway's bound."""
 
 import argparse
 import os
@@ -48,6 +49,8 @@ def main():
     parser.add_argument("--identifiers", default=None)
     parser.add_argument("--refuse-dials", default=None)
     parser.add_argument("--hostile", action="store_true")
+    parser.add_argument("--oversized", action="store_true",
+                        help="send one 2 MiB DATA packet (over the gateway's bound) once ready")
     args = parser.parse_args()
 
     compile_proto()
@@ -105,6 +108,9 @@ def main():
         send(pb.Packet(type=99))
         send(pb.Packet(type=pb.DIAL_CLS, closeDial=pb.CloseDial(random=4242)))
         send(pb.Packet(type=pb.DIAL_REQ, dialRequest=pb.DialRequest(protocol="tcp", address="127.0.0.1:1")))
+
+    if args.oversized:
+        send(pb.Packet(type=pb.DATA, data=pb.Data(connectID=1, data=b"\0" * (2 << 20))))
 
     def pump(cid, sock):
         """The member's bytes to the gateway until it closes, then CLOSE_RSP."""
