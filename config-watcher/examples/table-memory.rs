@@ -90,6 +90,7 @@ fn cluster(i: usize, ca: Vec<u8>) -> ClusterConfig {
         mode: ConnectMode::Direct,
         proxy_url: None,
         proxy_headers: Default::default(),
+        tunnel_address: None,
     }
 }
 

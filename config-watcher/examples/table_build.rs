@@ -44,6 +44,7 @@ fn main() {
             mode: ConnectMode::Direct,
             proxy_url: None,
             proxy_headers: Default::default(),
+            tunnel_address: None,
         })
         .collect();
 

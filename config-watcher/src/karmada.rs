@@ -258,5 +258,6 @@ pub fn karmada_cluster_config(
         mode: ConnectMode::Direct,
         proxy_url,
         proxy_headers: spec.proxy_header.clone(),
+        tunnel_address: None,
     })
 }

@@ -27,6 +27,7 @@ mod table;
 
 pub use checks::{check_cluster_name, RESERVED_CLUSTER_NAMES};
 pub use crd::crd_manifests;
+pub use endpoint::{parse_tunnel_address, DEFAULT_TUNNEL_ADDRESS};
 pub use error::ConfigError;
 pub use file_source::{watch_config_path, FileWatcher, WatchError, DEBOUNCE_MAX, DEBOUNCE_QUIET};
 pub use kube_source::{
@@ -43,7 +44,7 @@ pub use settings::{
 };
 pub use table::{
     crypto_provider, egress_proxy, parse_certs, parse_key, parse_server, ClusterRoute, EgressProxy,
-    RouteTable, UpstreamTarget,
+    RouteTable, TunnelMember, UpstreamTarget,
 };
 
 /// The routing table as the data path holds it: swapped whole on a change, loaded once per request.

@@ -602,6 +602,20 @@ pub(crate) fn resolve_cluster(
     }
     check_proxy_headers(proxy_url.as_deref(), &spec.proxy_header)
         .map_err(|m| invalid("spec.proxyHeader", m))?;
+    let tunnel_address = match spec.tunnel.and_then(|t| t.address) {
+        Some(_) if spec.connect_mode != crate::objects::ConnectMode::Tunnel => {
+            return Err(invalid(
+                "spec.tunnel.address",
+                "only a Tunnel cluster has an agent to dial it".into(),
+            ))
+        }
+        Some(address) => {
+            crate::endpoint::parse_tunnel_address(&address)
+                .map_err(|m| invalid("spec.tunnel.address", m))?;
+            Some(address)
+        }
+        None => None,
+    };
     let (client_cert_pem, client_key_pem) = match from_secret {
         Some(found) => (found.client_cert_pem, found.client_key_pem),
         None => (
@@ -632,6 +646,7 @@ pub(crate) fn resolve_cluster(
         mode: spec.connect_mode,
         proxy_url,
         proxy_headers: spec.proxy_header,
+        tunnel_address,
     })
 }
 

@@ -332,6 +332,21 @@ pub struct ClusterSpec {
     /// Headers sent to the egress proxy on CONNECT.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub proxy_header: BTreeMap<String, String>,
+    /// How a `Tunnel` cluster's agent reaches its member, for agents that only dial TCP
+    /// (konnectivity proxy-agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<ClusterTunnel>,
+}
+
+/// `spec.tunnel` of a `Tunnel` cluster.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterTunnel {
+    /// `host:port` of the member's API server as its agent sees it, which a konnectivity
+    /// proxy-agent dials for the gateway (default `kubernetes.default.svc:443`); the gateway
+    /// runs TLS to it with `caData` and the credentials. `fleetgate agent` ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 #[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -176,6 +176,8 @@ pub struct ClusterConfig {
     pub proxy_url: Option<String>,
     /// Headers sent to the egress proxy on CONNECT (Karmada's `proxyHeader`).
     pub proxy_headers: BTreeMap<String, String>,
+    /// `spec.tunnel.address` (validated): where a konnectivity agent dials the member.
+    pub tunnel_address: Option<String>,
 }
 
 impl std::fmt::Debug for ClusterConfig {

@@ -119,6 +119,9 @@ pub struct ClusterRoute {
     pub proxy_headers: BTreeMap<String, String>,
     /// The egress proxy to reach `upstream` through (an HTTP CONNECT tunnel), ready to dial.
     pub egress_proxy: Option<EgressProxy>,
+    /// A `Tunnel` cluster's member as an agent that only dials TCP (konnectivity) reaches it:
+    /// the gateway runs TLS to it through the agent's connection.
+    pub tunnel_member: Option<TunnelMember>,
     /// Digest of the resolved spec; changes whenever anything about this cluster changes.
     pub id: u64,
     /// Fired when a published table no longer carries this route (the cluster was removed or its
@@ -360,6 +363,41 @@ impl<'a> TlsConfigCache<'a> {
     }
 }
 
+/// Where a konnectivity agent dials a `Tunnel` cluster's member, and the gateway's TLS to it.
+pub struct TunnelMember {
+    /// `host:port`, as the agent resolves it (`spec.tunnel.address`).
+    pub address: String,
+    pub server_name: ServerName<'static>,
+    /// The member's CA and the gateway's client certificate, as for a Direct cluster; None
+    /// without `caData` (and not `insecureSkipTLSVerify`): konnectivity agents are then refused
+    /// for this cluster rather than the gateway sending credentials to an unverified server.
+    pub tls_client: Option<Arc<rustls::ClientConfig>>,
+}
+
+fn tunnel_member<'a>(
+    c: &'a ClusterConfig,
+    tls_configs: &mut TlsConfigCache<'a>,
+) -> Result<TunnelMember, (&'static str, String)> {
+    let address = c
+        .tunnel_address
+        .as_deref()
+        .unwrap_or(crate::endpoint::DEFAULT_TUNNEL_ADDRESS);
+    let (host, _) =
+        crate::endpoint::parse_tunnel_address(address).map_err(|m| ("spec.tunnel.address", m))?;
+    let server_name =
+        ServerName::try_from(host).map_err(|e| ("spec.tunnel.address", e.to_string()))?;
+    let tls_client = if c.ca_pem.is_some() || c.insecure_skip_tls_verify {
+        Some(tls_configs.get_or_build(c)?)
+    } else {
+        None
+    };
+    Ok(TunnelMember {
+        address: address.to_owned(),
+        server_name,
+        tls_client,
+    })
+}
+
 /// The target of a `Tunnel` cluster without a server: never dialed (requests ride its agent's
 /// tunnel); the cluster name stands in as the `Host` of the member's request heads, and there
 /// is no path prefix. The agent's TLS to its member is its own.
@@ -411,6 +449,12 @@ fn build_route<'a>(
         ),
         None => None,
     };
+    let tunnel_member = match c.mode {
+        ConnectMode::Tunnel => {
+            Some(tunnel_member(c, tls_configs).map_err(|(field, m)| invalid(field, m))?)
+        }
+        ConnectMode::Direct => None,
+    };
     let authorization = c.token.as_ref().map(|t| format!("Bearer {t}"));
     let mut h = std::collections::hash_map::DefaultHasher::new();
     // DefaultHasher::new() uses fixed keys, so the id is stable across rebuilds and processes.
@@ -426,6 +470,7 @@ fn build_route<'a>(
     c.pass_through.hash(&mut h);
     c.proxy_url.hash(&mut h);
     c.proxy_headers.hash(&mut h);
+    c.tunnel_address.hash(&mut h);
     format!("{:?}", c.mode).hash(&mut h);
     Ok(ClusterRoute {
         name: Arc::from(c.name.as_str()),
@@ -440,6 +485,7 @@ fn build_route<'a>(
         proxy_url: c.proxy_url.clone(),
         proxy_headers: c.proxy_headers.clone(),
         egress_proxy,
+        tunnel_member,
         id: h.finish(),
         retirement: Arc::new(RouteRetirement::new()),
     })

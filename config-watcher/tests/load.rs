@@ -77,6 +77,73 @@ fn a_tunnel_cluster_needs_no_server_and_a_direct_one_does() {
 }
 
 #[test]
+fn a_tunnel_cluster_says_where_a_konnectivity_agent_dials_its_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    write_gateway(dir.path(), &pki);
+    let tunnel = |extra: &str| {
+        format!(
+            "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: pulled\nspec:\n  connectMode: Tunnel\n  caData: |\n{}  credentials:\n    token: tok\n{extra}",
+            indent(&pki.ca_pem)
+        )
+    };
+    // The default: the API server's service, with the Cluster's CA for the gateway's TLS.
+    std::fs::write(dir.path().join("pulled.yaml"), tunnel("")).unwrap();
+    let table = RouteTable::build(&load_path(dir.path()).unwrap()).unwrap();
+    let member = table
+        .cluster("pulled")
+        .unwrap()
+        .tunnel_member
+        .as_ref()
+        .unwrap();
+    assert_eq!(member.address, "kubernetes.default.svc:443");
+    assert!(member.tls_client.is_some());
+    // Set, and changing it changes the route's id (pooled connections are not reused).
+    let id = table.cluster("pulled").unwrap().id;
+    std::fs::write(
+        dir.path().join("pulled.yaml"),
+        tunnel("  tunnel:\n    address: 10.96.0.1:443\n"),
+    )
+    .unwrap();
+    let table = RouteTable::build(&load_path(dir.path()).unwrap()).unwrap();
+    let route = table.cluster("pulled").unwrap();
+    assert_eq!(
+        route.tunnel_member.as_ref().unwrap().address,
+        "10.96.0.1:443"
+    );
+    assert_ne!(route.id, id);
+    // Not host:port, or on a Direct cluster: refused, naming the field.
+    for bad in [
+        tunnel("  tunnel:\n    address: https://10.96.0.1:443\n"),
+        tunnel("  tunnel:\n    address: \"evil\\r\\nHost: x:443\"\n"),
+        cluster_yaml(
+            "pulled",
+            "https://127.0.0.1:6443",
+            &pki,
+            "  tunnel:\n    address: a:443\n",
+        ),
+    ] {
+        std::fs::write(dir.path().join("pulled.yaml"), &bad).unwrap();
+        let err = load_path(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("spec.tunnel.address"), "{err}");
+    }
+    // Without a CA the route has no TLS for konnectivity agents (the listener refuses them).
+    std::fs::write(
+        dir.path().join("pulled.yaml"),
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: pulled\nspec:\n  connectMode: Tunnel\n",
+    )
+    .unwrap();
+    let table = RouteTable::build(&load_path(dir.path()).unwrap()).unwrap();
+    let member = table
+        .cluster("pulled")
+        .unwrap()
+        .tunnel_member
+        .as_ref()
+        .unwrap();
+    assert!(member.tls_client.is_none());
+}
+
+#[test]
 fn loads_a_directory_into_a_routing_table() {
     let dir = tempfile::tempdir().unwrap();
     let pki = pki();

@@ -55,7 +55,7 @@ fn make_pull_mode(fleet: &Fleet, name: &str) -> String {
     let spec = cluster["spec"].as_mapping_mut().unwrap();
     let server = spec.remove("server").unwrap().as_str().unwrap().to_owned();
     let ca = spec.remove("caData").unwrap().as_str().unwrap().to_owned();
-    spec.remove("mode");
+    spec.remove("connectMode");
     spec.insert("connectMode".into(), "Tunnel".into());
     std::fs::create_dir_all(fleet.fleet_path("agents")).unwrap();
     std::fs::write(fleet.fleet_path(&format!("agents/{name}-kube-ca.crt")), ca).unwrap();

@@ -8,6 +8,9 @@
 //! (`serve --agent-ca`), whose CN names the cluster and whose O includes
 //! [`wire::AGENT_ORGANIZATION`]; the hello, which must name that same cluster, a `Tunnel`
 //! cluster of the current table; then h2 with the gateway as the client, pinged every second.
+//! An agent whose TLS handshake chose ALPN `h2` instead is a konnectivity (ANP) proxy-agent: same
+//! certificate rules, then gRPC (`super::konnectivity`). One port serves both, told apart by the
+//! ALPN the client offered, so an ANP agent needs only `--proxy-server-host/-port` pointed here.
 //! Anything else is refused and logged with the peer's address, never with key material. When
 //! the connection ends for any reason its tunnel leaves the registry, and h2 fails its open
 //! streams (their relays see an error and end their clients' responses).
@@ -23,14 +26,24 @@ use rustls::{RootCertStore, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{debug, info, warn};
 
-use super::{registry, wire, Tunnel};
+use super::{registry, wire, Carrier, Tunnel};
 
 /// Agents in their handshake at once; more wait in the accept queue (a flood of handshakes
 /// cannot take the tunnel thread's memory).
 const MAX_HANDSHAKES: usize = 256;
 
+/// The ALPN of a konnectivity agent (gRPC over h2).
+const KONNECTIVITY_ALPN: &[u8] = b"h2";
+
+/// An agent through its handshake: which protocol, and the cluster it serves.
+enum Accepted {
+    Fleetgate(Box<AgentTls>, Arc<str>),
+    Konnectivity(Box<super::konnectivity::session::Accepted>, Arc<str>),
+}
+
 /// The rustls configuration of the tunnel listener: the Gateway's serving certificate, client
-/// certificates required and verified against `agent_ca_pem`, ALPN [`wire::ALPN`] only.
+/// certificates required and verified against `agent_ca_pem`, ALPN [`wire::ALPN`] (fleetgate
+/// agents) or `h2` (konnectivity agents, whose gRPC library offers only that).
 pub fn server_config(
     table: &SharedTable,
     agent_ca_pem: &[u8],
@@ -54,7 +67,7 @@ pub fn server_config(
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
         .with_single_cert(certs, key)?;
-    config.alpn_protocols = vec![wire::ALPN.to_vec()];
+    config.alpn_protocols = vec![wire::ALPN.to_vec(), KONNECTIVITY_ALPN.to_vec()];
     Ok(Arc::new(config))
 }
 
@@ -119,7 +132,12 @@ async fn accept_agents(
             .await;
             drop(permit);
             match accepted {
-                Ok(Ok((tls, cluster))) => serve_tunnel(tls, cluster, peer).await,
+                Ok(Ok(Accepted::Fleetgate(tls, cluster))) => {
+                    serve_tunnel(*tls, cluster, peer).await
+                }
+                Ok(Ok(Accepted::Konnectivity(agent, cluster))) => {
+                    super::konnectivity::serve(*agent, cluster, peer).await
+                }
                 Ok(Err(reason)) => info!(%peer, reason = %reason, "agent refused"),
                 Err(_) => {
                     info!(%peer, "agent refused: no TLS handshake and hello within the timeout")
@@ -131,14 +149,15 @@ async fn accept_agents(
 
 type AgentTls = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
 
-/// TLS, the certificate's cluster, the hello: the agent's connection and the cluster it serves,
-/// or why it is refused (sent to the agent too once TLS is up).
+/// TLS, the certificate's cluster, the hello (or konnectivity's Connect call): the agent's
+/// connection and the cluster it serves, or why it is refused (sent to the agent too once TLS is
+/// up).
 async fn handshake(
     acceptor: tokio_rustls::TlsAcceptor,
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     table: &SharedTable,
-) -> Result<(AgentTls, Arc<str>), String> {
+) -> Result<Accepted, String> {
     let mut tls = acceptor
         .accept(tcp)
         .await
@@ -151,6 +170,15 @@ async fn handshake(
             .ok_or("no client certificate")?;
         certified_cluster(cert)
     };
+    if tls.get_ref().1.alpn_protocol() == Some(KONNECTIVITY_ALPN) {
+        // A refusal goes to the agent as its Connect call's gRPC status, which it logs.
+        let cluster = certified.and_then(|name| serving_cluster(table, &name, true));
+        let is_cluster = |name: &str| table.load().cluster(name).is_some();
+        let agent = super::konnectivity::handshake(tls, &cluster, &is_cluster).await?;
+        let cluster = cluster?;
+        debug!(%peer, cluster = %cluster, "konnectivity agent accepted");
+        return Ok(Accepted::Konnectivity(Box::new(agent), cluster));
+    }
     let line = read_hello(&mut tls).await;
     let decision = certified.and_then(|certified| {
         let line = line?;
@@ -160,13 +188,7 @@ async fn handshake(
                 "the agent claims cluster {claimed:?} with a certificate for {certified:?}"
             ));
         }
-        match table.load().cluster(claimed) {
-            Some(route) if route.mode == ConnectMode::Tunnel => Ok(route.name.clone()),
-            Some(_) => Err(format!(
-                "cluster {claimed:?} is not a Tunnel cluster of this gateway"
-            )),
-            None => Err(format!("this gateway has no cluster {claimed:?}")),
-        }
+        serving_cluster(table, claimed, false)
     });
     match decision {
         Ok(cluster) => {
@@ -175,7 +197,7 @@ async fn handshake(
                 .map_err(|e| format!("writing the hello answer: {e}"))?;
             tls.flush().await.map_err(|e| e.to_string())?;
             debug!(%peer, cluster = %cluster, "agent accepted");
-            Ok((tls, cluster))
+            Ok(Accepted::Fleetgate(Box::new(tls), cluster))
         }
         Err(reason) => {
             let answer = format!("{}{}\n", wire::HELLO_REFUSED, wire::printable(&reason));
@@ -184,6 +206,36 @@ async fn handshake(
             Err(reason)
         }
     }
+}
+
+/// The `Tunnel` cluster of the current table an agent certified for `name` serves. A konnectivity
+/// agent only carries TCP, so the gateway must be able to run TLS to the member itself: its
+/// cluster needs a CA (or `insecureSkipTLSVerify`).
+fn serving_cluster(
+    table: &SharedTable,
+    name: &str,
+    konnectivity: bool,
+) -> Result<Arc<str>, String> {
+    let table = table.load();
+    let route = match table.cluster(name) {
+        Some(route) if route.mode == ConnectMode::Tunnel => route,
+        Some(_) => {
+            return Err(format!(
+                "cluster {name:?} is not a Tunnel cluster of this gateway"
+            ))
+        }
+        None => return Err(format!("this gateway has no cluster {name:?}")),
+    };
+    let has_tls = route
+        .tunnel_member
+        .as_ref()
+        .is_some_and(|m| m.tls_client.is_some());
+    if konnectivity && !has_tls {
+        return Err(format!(
+            "cluster {name:?} has no caData, which a konnectivity agent needs (the gateway runs TLS to the member through it)"
+        ));
+    }
+    Ok(route.name.clone())
 }
 
 /// The cluster an agent certificate names: its CN, if its O includes the agents' organization.
@@ -246,7 +298,7 @@ async fn serve_tunnel(tls: AgentTls, cluster: Arc<str>, peer: SocketAddr) {
     let Some(mut pings) = connection.ping_pong() else {
         return;
     };
-    let tunnel = Arc::new(Tunnel::new(cluster.clone(), peer, send));
+    let tunnel = Arc::new(Tunnel::new(cluster.clone(), peer, Carrier::Fleetgate(send)));
     registry().add(tunnel.clone());
     info!(%peer, cluster = %cluster, tunnel = tunnel.id, "tunnel up");
     let heartbeat = super::heartbeat::until_unanswered(&mut pings);

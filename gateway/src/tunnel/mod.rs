@@ -8,6 +8,7 @@
 //!   hello, runs the h2 connection with roles reversed (the gateway is the h2 client that opens
 //!   streams), pings it, and registers it here while it lives;
 //! - `stream`: one h2 stream as a byte pipe with per-stream flow control (also used by the agent);
+//! - `konnectivity`: unmodified konnectivity (ANP) proxy-agents, dispatched to by ALPN `h2`;
 //! - `wire`: the constants and the hello both sides share; `heartbeat`: the PINGs both ends send.
 //!
 //! The hand-off between the tunnel runtime and the shards is this registry: the tunnel thread
@@ -19,7 +20,9 @@
 //! the length of a frame operation).
 
 pub mod heartbeat;
+pub mod konnectivity;
 pub mod listener;
+pub mod stats;
 pub mod stream;
 pub mod wire;
 
@@ -36,7 +39,9 @@ use tracing::debug;
 
 use crate::errors::GatewayError;
 use crate::runtime::{self, clock};
-pub use stream::{StreamStats, TunnelStream};
+use crate::upstream::UpstreamIo;
+pub use stats::{Counted, StreamStats};
+pub use stream::TunnelStream;
 
 /// How often a request waiting for a cluster's agent looks at the registry again.
 const RECHECK: Duration = Duration::from_millis(20);
@@ -48,27 +53,31 @@ pub struct Tunnel {
     pub id: u64,
     pub cluster: Arc<str>,
     pub agent: SocketAddr,
-    send: h2::client::SendRequest<Bytes>,
-    /// Its cluster's counters, which each stream opened on it adds to.
+    carrier: Carrier,
+    /// Its cluster's counters, which each member connection opened on it adds to.
     stats: Arc<StreamStats>,
     /// Cleared by whoever sees the connection fail first (a shard opening a stream, or the
     /// tunnel thread), so no new stream is tried on it.
     alive: AtomicBool,
 }
 
+/// What carries a tunnel's member connections.
+pub(crate) enum Carrier {
+    /// A `fleetgate agent`'s h2 connection (the gateway opens streams on it).
+    Fleetgate(h2::client::SendRequest<Bytes>),
+    /// A konnectivity agent's session (the gateway asks it to dial).
+    Konnectivity(konnectivity::SessionHandle),
+}
+
 impl Tunnel {
-    pub(crate) fn new(
-        cluster: Arc<str>,
-        agent: SocketAddr,
-        send: h2::client::SendRequest<Bytes>,
-    ) -> Tunnel {
+    pub(crate) fn new(cluster: Arc<str>, agent: SocketAddr, carrier: Carrier) -> Tunnel {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Tunnel {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             stats: registry().stats(&cluster),
             cluster,
             agent,
-            send,
+            carrier,
             alive: AtomicBool::new(true),
         }
     }
@@ -91,9 +100,22 @@ enum OpenError {
 }
 
 impl Tunnel {
+    /// A connection to `cluster`'s member through this tunnel's agent.
+    async fn open_stream(&self, cluster: &ClusterRoute) -> Result<UpstreamIo, OpenError> {
+        match &self.carrier {
+            Carrier::Fleetgate(send) => Self::open_h2_stream(send, &self.stats).await,
+            Carrier::Konnectivity(session) => {
+                konnectivity::open_member(session, cluster, &self.stats).await
+            }
+        }
+    }
+
     /// Opens a stream: the agent dials (or reuses) a member connection for it and answers 200.
-    async fn open_stream(&self) -> Result<TunnelStream, OpenError> {
-        let send = self.send.clone();
+    async fn open_h2_stream(
+        send: &h2::client::SendRequest<Bytes>,
+        stats: &Arc<StreamStats>,
+    ) -> Result<UpstreamIo, OpenError> {
+        let send = send.clone();
         let mut send = send.ready().await.map_err(|_| OpenError::Gone)?;
         let request = http::Request::post(wire::STREAM_URI)
             .body(())
@@ -117,11 +139,10 @@ impl Tunnel {
                 .unwrap_or_else(|| format!("the agent answered {}", response.status()));
             return Err(OpenError::Refused(reason));
         }
-        Ok(TunnelStream::counted(
-            stream,
-            response.into_body(),
-            self.stats.clone(),
-        ))
+        Ok(UpstreamIo::Tunnel(Box::new(Counted::new(
+            TunnelStream::new(stream, response.into_body()),
+            stats.clone(),
+        ))))
     }
 }
 
@@ -305,13 +326,13 @@ impl TunnelRegistry {
 pub(crate) async fn open(
     cluster: &ClusterRoute,
     timeout: Duration,
-) -> Result<TunnelStream, GatewayError> {
+) -> Result<UpstreamIo, GatewayError> {
     let registry = registry();
     let wait = registry.wait();
     let started = clock::now();
     loop {
         if let Some(tunnel) = registry.pick(&cluster.name) {
-            match runtime::timeout(timeout, tunnel.open_stream()).await {
+            match runtime::timeout(timeout, tunnel.open_stream(cluster)).await {
                 Ok(Ok(stream)) => return Ok(stream),
                 Ok(Err(OpenError::Refused(reason))) => {
                     return Err(GatewayError::Connect {

@@ -12,8 +12,6 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
@@ -23,25 +21,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// The most one write hands to h2 at once (it copies the bytes into a frame buffer).
 const MAX_WRITE: usize = 64 * 1024;
 
-/// Counters a cluster's streams add to (`/metrics`); relaxed atomics, one add per read or write.
-#[derive(Debug, Default)]
-pub struct StreamStats {
-    /// Tunnels accepted (an agent that reconnects counts again).
-    pub connects: AtomicU64,
-    /// Streams open now, and opened in all.
-    pub open: AtomicU64,
-    pub opened: AtomicU64,
-    /// Bytes read from the stream (from the member) and written to it (to the member).
-    pub read: AtomicU64,
-    pub written: AtomicU64,
-}
-
 /// An h2 stream carrying bytes both ways.
 pub struct TunnelStream {
     send: SendStream<Bytes>,
     recv: RecvStream,
-    /// The gateway counts its streams per cluster; the agent does not.
-    stats: Option<Arc<StreamStats>>,
     /// Received bytes the reader has not taken yet (their window is not released yet).
     unread: Bytes,
     /// Whether END_STREAM was sent.
@@ -53,32 +36,8 @@ impl TunnelStream {
         TunnelStream {
             send,
             recv,
-            stats: None,
             unread: Bytes::new(),
             finished: false,
-        }
-    }
-
-    /// A stream whose bytes and life `stats` counts.
-    pub fn counted(send: SendStream<Bytes>, recv: RecvStream, stats: Arc<StreamStats>) -> Self {
-        stats.open.fetch_add(1, Ordering::Relaxed);
-        stats.opened.fetch_add(1, Ordering::Relaxed);
-        let mut stream = TunnelStream::new(send, recv);
-        stream.stats = Some(stats);
-        stream
-    }
-
-    fn count(&self, counter: fn(&StreamStats) -> &AtomicU64, n: usize) {
-        if let Some(stats) = &self.stats {
-            counter(stats).fetch_add(n as u64, Ordering::Relaxed);
-        }
-    }
-}
-
-impl Drop for TunnelStream {
-    fn drop(&mut self) {
-        if let Some(stats) = &self.stats {
-            stats.open.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -108,7 +67,6 @@ impl AsyncRead for TunnelStream {
         }
         let n = this.unread.len().min(buf.remaining());
         buf.put_slice(&this.unread.split_to(n));
-        this.count(|s| &s.read, n);
         // Only now may the sender send more: the window follows the reader.
         let _ = this.recv.flow_control().release_capacity(n);
         Poll::Ready(Ok(()))
@@ -137,7 +95,6 @@ impl AsyncWrite for TunnelStream {
                 this.send
                     .send_data(Bytes::copy_from_slice(&buf[..n]), false)
                     .map_err(broken)?;
-                this.count(|s| &s.written, n);
                 return Poll::Ready(Ok(n));
             }
             match ready!(this.send.poll_capacity(cx)) {

@@ -8,8 +8,9 @@
 
 use std::time::Duration;
 
-/// The ALPN both sides offer: a client of the ordinary listener (kubectl) pointed at the tunnel
-/// listener fails in the handshake instead of talking h2 to an agent's port.
+/// The ALPN both sides offer. (The tunnel listener also accepts `h2`, for konnectivity agents;
+/// a client of the ordinary listener pointed at it still fails the handshake without an agent
+/// certificate, and gets a gRPC error with one.)
 pub const ALPN: &[u8] = b"fleetgate-tunnel/1";
 
 /// The organization (O) an agent certificate carries beside its CN = cluster name. A certificate

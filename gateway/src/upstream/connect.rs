@@ -6,8 +6,9 @@
 //! `proxyHeader` fields), a 2xx answer, then TLS to the member inside the tunnel; any other answer
 //! fails the connect with an error naming the proxy and its answer.
 //!
-//! A `Tunnel` cluster is never dialed: its connection is a stream of an agent's tunnel
-//! (`crate::tunnel::open`), pooled and reused like any other.
+//! A `Tunnel` cluster is never dialed: its connection is a stream of an agent's tunnel, or a
+//! konnectivity agent's connection with the gateway's TLS inside (`crate::tunnel::open` gives
+//! either), pooled and reused like any other.
 //!
 //! Runtime-specific (monoio) and never called off a shard thread. Called by `proxy` through
 //! [`connect`] when the shard's pool has no idle connection for the cluster.
@@ -27,13 +28,20 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use crate::errors::GatewayError;
 use crate::observe::metrics::{ShardMetrics, UpstreamGuard};
 use crate::runtime::clock;
+use crate::tunnel::Counted;
 
-/// A connection to a member: plaintext or rustls over a readiness-based monoio socket, or a
-/// stream of a pull-mode member's tunnel (`crate::tunnel`), which its agent carries to the member.
+/// A connection to a member: plaintext or rustls over a readiness-based monoio socket, a stream
+/// of a pull-mode member's tunnel (`crate::tunnel`), which its agent carries to the member, or
+/// rustls over a konnectivity agent's connection (which carries TCP only).
 pub enum UpstreamIo {
     Plain(TcpStreamPoll),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStreamPoll>>),
-    Tunnel(Box<crate::tunnel::TunnelStream>),
+    Tunnel(Box<Counted<crate::tunnel::TunnelStream>>),
+    Konnectivity(
+        Box<
+            Counted<tokio_rustls::client::TlsStream<crate::tunnel::konnectivity::KonnectivityConn>>,
+        >,
+    ),
 }
 
 impl AsyncRead for UpstreamIo {
@@ -46,6 +54,7 @@ impl AsyncRead for UpstreamIo {
             UpstreamIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            UpstreamIo::Konnectivity(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -60,6 +69,7 @@ impl AsyncWrite for UpstreamIo {
             UpstreamIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            UpstreamIo::Konnectivity(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -68,6 +78,7 @@ impl AsyncWrite for UpstreamIo {
             UpstreamIo::Plain(s) => Pin::new(s).poll_flush(cx),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
             UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            UpstreamIo::Konnectivity(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
@@ -76,6 +87,7 @@ impl AsyncWrite for UpstreamIo {
             UpstreamIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            UpstreamIo::Konnectivity(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -140,12 +152,8 @@ pub async fn connect(
 ) -> Result<UpstreamConn, GatewayError> {
     if cluster.mode == ConnectMode::Tunnel {
         // Pull mode: a stream of one of the cluster's agents' tunnels, never a dial.
-        let stream = crate::tunnel::open(cluster, timeout).await?;
-        return Ok(UpstreamConn::new(
-            UpstreamIo::Tunnel(Box::new(stream)),
-            cluster,
-            metrics,
-        ));
+        let io = crate::tunnel::open(cluster, timeout).await?;
+        return Ok(UpstreamConn::new(io, cluster, metrics));
     }
     let target = &cluster.upstream;
     let address = match &cluster.egress_proxy {

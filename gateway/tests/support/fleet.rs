@@ -430,6 +430,17 @@ pub fn raw_get(address: SocketAddr, host: &str, path: &str, headers: &str) -> St
 
 /// The `admin` user of a fleet directory's gateway CA, trusting that CA, offering `alpn`.
 pub fn admin_tls_config(fleet_dir: &Path, alpn: &[u8]) -> Arc<rustls::ClientConfig> {
+    tls_config_as(fleet_dir, "users/admin.crt", "users/admin.key", alpn)
+}
+
+/// A TLS client with the certificate and key files `cert` and `key` of a fleet directory,
+/// trusting the gateway CA, offering `alpn`.
+pub fn tls_config_as(
+    fleet_dir: &Path,
+    cert: &str,
+    key: &str,
+    alpn: &[u8],
+) -> Arc<rustls::ClientConfig> {
     let read = |p: &str| std::fs::read(fleet_dir.join(p)).unwrap();
     let mut roots = rustls::RootCertStore::empty();
     for c in fleetgate_config_watcher::parse_certs(&read("pki/gateway-ca.crt")).unwrap() {
@@ -441,8 +452,8 @@ pub fn admin_tls_config(fleet_dir: &Path, alpn: &[u8]) -> Arc<rustls::ClientConf
             .unwrap()
             .with_root_certificates(roots)
             .with_client_auth_cert(
-                fleetgate_config_watcher::parse_certs(&read("users/admin.crt")).unwrap(),
-                fleetgate_config_watcher::parse_key(&read("users/admin.key")).unwrap(),
+                fleetgate_config_watcher::parse_certs(&read(cert)).unwrap(),
+                fleetgate_config_watcher::parse_key(&read(key)).unwrap(),
             )
             .unwrap();
     config.alpn_protocols = vec![alpn.to_vec()];
