@@ -253,6 +253,13 @@ fn kubectl_works_through_a_konnectivity_agent() {
     );
     assert_eq!(through, direct);
     assert!(through.lines().count() > 20, "{through}");
+    // Its member connections count in the cluster's tunnel metrics, as a fleetgate agent's do.
+    let metric = |series: &str| konn.fleet.metric(series).unwrap_or(0);
+    assert!(metric("fleetgate_tunnel_streams_opened_total{cluster=\"member2\"}") >= 1);
+    assert!(
+        metric("fleetgate_tunnel_bytes_total{cluster=\"member2\",direction=\"from_member\"}")
+            > through.len() as i64
+    );
     // The agent dialed what the Cluster says.
     agent
         .lines
