@@ -27,7 +27,9 @@ use support::client::{Load, Sender};
 use support::fleet::{
     admin_get, fleetgate_binary, loadtest_binary, spawn_serve, Fleet, KillOnDrop, ReadyLine,
 };
-use support::kubectl::kubectl_command;
+use support::kubectl::{
+    assert_echoed, assert_switched, kubectl_command, PORT_FORWARD, REMOTE_COMMAND,
+};
 use support::netns::{skipped, Netns};
 use support::pull::{
     admin_get_at, agent_command, exits_within, issue_agent, make_pull_mode, without_ansi, Agent,
@@ -289,30 +291,6 @@ fn serving_certificate_also_for(fleet: &Fleet, address: std::net::Ipv4Addr) {
     std::fs::write(fleet.fleet_path("pki/gateway.key"), key.serialize_pem()).unwrap();
 }
 
-/// The two ways kubectl carries exec, attach and cp; and port-forward.
-const REMOTE_COMMAND: [(&str, &[(&str, &str)]); 2] = [
-    (
-        "websocket",
-        &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "true")],
-    ),
-    ("spdy", &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]),
-];
-const PORT_FORWARD: [(&str, &[(&str, &str)]); 2] = [
-    ("websocket", &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "true")]),
-    ("spdy", &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]),
-];
-
-/// kubectl's `-v=8` log shows a 101 of `protocol` through the gateway (not a fallback).
-fn assert_switched(log: &str, protocol: &str, port_forward: bool) {
-    if let Err(e) = support::trace::kubectl_switched(log, protocol, port_forward) {
-        panic!("{e}");
-    }
-    assert!(
-        log.contains("/clusters/member1/"),
-        "not through the gateway:\n{log}"
-    );
-}
-
 #[test]
 fn kubectl_through_the_gateway_is_kubectl_on_a_member_only_its_agent_reaches() {
     if skipped("kubectl_through_the_gateway_is_kubectl_on_a_member_only_its_agent_reaches") {
@@ -471,7 +449,12 @@ fn kubectl_through_the_gateway_is_kubectl_on_a_member_only_its_agent_reaches() {
         );
         pulled.success(&traced, &["exec", protocol]);
         assert_eq!(traced.stdout, b"tunnelled\n", "over {protocol}");
-        assert_switched(&String::from_utf8_lossy(&traced.stderr), protocol, false);
+        assert_switched(
+            &String::from_utf8_lossy(&traced.stderr),
+            protocol,
+            false,
+            "/clusters/member1/",
+        );
         let failed = pulled.kubectl_io(
             &["exec", "hello", "-n", "default", "--", "sh", "-c", "exit 3"],
             env,
@@ -520,21 +503,11 @@ fn kubectl_through_the_gateway_is_kubectl_on_a_member_only_its_agent_reaches() {
         );
         let port = support::kubectl::forwarded_port(&mut out);
         for round in 0..2u32 {
-            let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
-            conn.set_read_timeout(Some(Duration::from_secs(20)))
-                .unwrap();
-            let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7 + round) as u8).collect();
-            conn.write_all(&payload).unwrap();
-            let mut echoed = vec![0u8; payload.len()];
-            conn.read_exact(&mut echoed).expect("the echo");
-            assert!(
-                echoed == payload,
-                "echo differs over {protocol}, round {round}"
-            );
+            assert_echoed(port, round, protocol);
         }
         let _ = forward.kill();
         let _ = forward.wait();
-        assert_switched(&log.join().unwrap(), protocol, true);
+        assert_switched(&log.join().unwrap(), protocol, true, "/clusters/member1/");
     }
 }
 
