@@ -32,8 +32,8 @@ use support::kubectl::{
 };
 use support::netns::{skipped, Netns};
 use support::pull::{
-    admin_get_at, agent_command, exits_within, issue_agent, make_pull_mode, without_ansi, Agent,
-    AgentSetup,
+    admin_get_at, admin_https, agent_command, exits_within, issue_agent, make_pull_mode,
+    without_ansi, Agent, AgentSetup,
 };
 use support::wait::{wait_for, wait_for_or, LineReader};
 
@@ -545,11 +545,52 @@ fn the_agent_killed_during_a_watch_ends_it_cleanly_and_its_return_is_waited_for(
     rows.wait_line("the watch's event", Duration::from_secs(30), |l| {
         l.starts_with("before-kill")
     });
+    // And an HTTP/1.1 watch, its initial events (before-kill among them) read.
+    let mut raw = admin_https(
+        pulled.fleet.dir(),
+        TcpStream::connect(pulled.fleet.https()).unwrap(),
+    );
+    raw.write_all(
+        b"GET /clusters/member1/api/v1/namespaces/dev/configmaps?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
+    )
+    .unwrap();
+    let mut raw_body = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&raw_body).contains("before-kill") {
+        let n = raw.read(&mut chunk).expect("the HTTP/1.1 watch's events");
+        assert!(n > 0, "{}", String::from_utf8_lossy(&raw_body));
+        raw_body.extend_from_slice(&chunk[..n]);
+    }
     drop(agent); // SIGKILL
     exits_within(
         &mut watch,
         Duration::from_secs(15),
         "the watch to end with its tunnel",
+    );
+    // The HTTP/1.1 watch ends with its last chunk, between two events, and its connection
+    // goes on: the next request on it gets the 503 Status naming the cluster, after the wait.
+    while !raw_body.ends_with(b"\r\n0\r\n\r\n") {
+        match raw.read(&mut chunk) {
+            Ok(n) if n > 0 => raw_body.extend_from_slice(&chunk[..n]),
+            end => panic!(
+                "the HTTP/1.1 watch ended without its last chunk ({end:?}): {}",
+                String::from_utf8_lossy(&raw_body)
+            ),
+        }
+    }
+    let started = Instant::now();
+    raw.write_all(b"GET /clusters/member1/api/v1/namespaces HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    raw.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 503")
+            && answer.contains(r#"cluster \"member1\" is unavailable"#),
+        "{answer}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "answered before the wait"
     );
     // An end, as when the member ends a watch itself: kubectl exits 0 and quietly, every line
     // it printed is a row (a reset stream would print an InternalError "unable to decode an
@@ -570,9 +611,6 @@ fn the_agent_killed_during_a_watch_ends_it_cleanly_and_its_return_is_waited_for(
         status.success() && errors.is_empty(),
         "the watch ended with {status}: {errors}"
     );
-
-    // Away longer than the wait: a 503 Status naming the cluster.
-    assert_unavailable(&pulled, pulled.fleet.https(), Duration::from_secs(3));
 
     // A request made while the agent is away waits for its return, and succeeds.
     let waiting = pulled
