@@ -612,20 +612,27 @@ fn the_agent_killed_during_a_watch_ends_it_cleanly_and_its_return_is_waited_for(
         "the watch ended with {status}: {errors}"
     );
 
-    // A request made while the agent is away waits for its return, and succeeds.
-    let waiting = pulled
-        .kubectl(
-            &["get", "namespace", "dev", "--request-timeout", "20s"],
-            &[],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+    // A request sent while the agent is away (before its process even starts) waits for its
+    // return, and succeeds.
+    let mut waiting = admin_https(
+        pulled.fleet.dir(),
+        TcpStream::connect(pulled.fleet.https()).unwrap(),
+    );
+    waiting
+        .write_all(b"GET /clusters/member1/api/v1/namespaces/dev HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
         .unwrap();
+    waiting.flush().unwrap();
     let _agent = pulled.start_agent(&[tunnel]);
-    let out = waiting.wait_with_output().unwrap();
-    pulled.success(&out, &["get namespace dev, made while the agent was away"]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("dev"));
+    let mut answer = String::new();
+    waiting.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains(r#""name":"dev""#),
+        "{answer}"
+    );
+    assert_eq!(
+        pulled.ok(&["get", "namespace", "dev", "-o", "name"], &[]),
+        "namespace/dev\n"
+    );
 
     // And a new watch works as before.
     let (_watch, mut rows, _) = pulled.spawn_lines(&["get", "configmaps", "-n", "dev", "-w"], &[]);
