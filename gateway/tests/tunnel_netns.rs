@@ -692,7 +692,10 @@ fn with_two_replicas_one_restarted_or_lost_the_other_serves_every_request() {
     let log_before = agent.log().len();
     drop(b); // SIGKILL
     wait_for("the agent to lose B", Duration::from_secs(15), || {
-        agent.log()[log_before..].contains(&b_url)
+        agent
+            .log()
+            .get(log_before..)
+            .is_some_and(|new| new.contains(&b_url))
     });
     let ok_while_b_down = load.ok.load(std::sync::atomic::Ordering::Relaxed);
     b = pulled.replica(&b_tunnel.to_string(), "replica-b-again.log");
