@@ -10,27 +10,14 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use support::fleet::Fleet;
-use support::kubectl::kubectl_command;
+use support::kubectl::{assert_echoed, kubectl_command, PORT_FORWARD, REMOTE_COMMAND};
 use support::wait::{wait_for, LineReader};
-
-/// The two ways kubectl can carry exec/attach/cp.
-const REMOTE_COMMAND: [(&str, &[(&str, &str)]); 2] = [
-    ("websocket", &[]),
-    ("spdy", &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]),
-];
-
-/// The two ways kubectl can carry port-forward.
-const PORT_FORWARD: [(&str, &[(&str, &str)]); 2] = [
-    ("websocket", &[]),
-    ("spdy", &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]),
-];
 
 fn start() -> Fleet {
     let mut fleet = Fleet::sim(1, 5);
@@ -110,13 +97,7 @@ impl Fleet {
 
 /// kubectl's log shows a 101 of `protocol` through the gateway (not a fallback).
 fn assert_switched(log: &str, protocol: &str, port_forward: bool) {
-    if let Err(e) = support::trace::kubectl_switched(log, protocol, port_forward) {
-        panic!("{e}");
-    }
-    assert!(
-        log.contains("/clusters/member1/"),
-        "not through the gateway:\n{log}"
-    );
+    support::kubectl::assert_switched(log, protocol, port_forward, "/clusters/member1/");
 }
 
 #[test]
@@ -245,17 +226,7 @@ fn port_forward_round_trips_bytes_through_the_gateway() {
         let port = support::kubectl::forwarded_port(&mut lines);
         // Two connections one after the other, each larger than one SPDY frame.
         for round in 0..2u32 {
-            let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-            conn.set_read_timeout(Some(Duration::from_secs(20)))
-                .unwrap();
-            let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7 + round) as u8).collect();
-            conn.write_all(&payload).unwrap();
-            let mut echoed = vec![0u8; payload.len()];
-            conn.read_exact(&mut echoed).expect("read the echo");
-            assert!(
-                echoed == payload,
-                "echo differs over {protocol}, round {round}"
-            );
+            let mut conn = assert_echoed(port, round, protocol);
             conn.shutdown(std::net::Shutdown::Write).unwrap();
             let mut rest = Vec::new();
             let _ = conn.read_to_end(&mut rest);

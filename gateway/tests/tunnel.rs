@@ -22,6 +22,10 @@ use std::time::{Duration, Instant};
 
 use support::fleet::{fleetgate_binary, Fleet, KillOnDrop};
 use support::kubectl::kubectl_command;
+use support::pull::{
+    admin_get_at, admin_https, agent_command, exits_within, issue_agent, make_pull_mode, signal,
+    Agent, AgentSetup,
+};
 use support::wait::{wait_for, LineReader};
 
 /// The simulated fleet with member2 in pull mode and a gateway with a tunnel listener.
@@ -33,55 +37,12 @@ struct PullFleet {
     agents_started: usize,
 }
 
-/// A running agent: its process and its stdout lines.
-struct Agent {
-    child: KillOnDrop,
-    _stdout: LineReader,
-    log: std::path::PathBuf,
-}
-
-impl Agent {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-/// Makes `name`'s Cluster file pull-mode (`connectMode: Tunnel`, no server, no CA) and returns
-/// its server URL; its CA goes to `agents/NAME-kube-ca.crt`.
-fn make_pull_mode(fleet: &Fleet, name: &str) -> String {
-    let path = fleet.fleet_path(&format!("clusters/{name}.yaml"));
-    let mut cluster: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let spec = cluster["spec"].as_mapping_mut().unwrap();
-    let server = spec.remove("server").unwrap().as_str().unwrap().to_owned();
-    let ca = spec.remove("caData").unwrap().as_str().unwrap().to_owned();
-    spec.remove("connectMode");
-    spec.insert("connectMode".into(), "Tunnel".into());
-    std::fs::create_dir_all(fleet.fleet_path("agents")).unwrap();
-    std::fs::write(fleet.fleet_path(&format!("agents/{name}-kube-ca.crt")), ca).unwrap();
-    std::fs::write(&path, serde_yaml::to_string(&cluster).unwrap()).unwrap();
-    server
-}
-
-fn issue_agent(fleet: &Fleet, cluster: &str) {
-    let out = Command::new(fleetgate_binary())
-        .args(["certs", "issue-agent", "--cluster", cluster, "--dir"])
-        .arg(fleet.fleet_path("agents"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 impl PullFleet {
     fn start(objects: usize, serve: &[&str]) -> PullFleet {
         let mut fleet = Fleet::sim(2, objects);
         let member2 = make_pull_mode(&fleet, "member2");
-        issue_agent(&fleet, "member2");
-        issue_agent(&fleet, "member1");
+        issue_agent(&fleet.fleet_path("agents"), "member2");
+        issue_agent(&fleet.fleet_path("agents"), "member1");
         let agent_ca = fleet.fleet_path("agents/agent-ca.crt");
         let mut args = vec![
             "--workers",
@@ -116,42 +77,29 @@ impl PullFleet {
         cluster: &str,
         cert_of: &str,
     ) -> (Command, std::path::PathBuf) {
-        let mut cmd = Command::new(fleetgate_binary());
-        cmd.arg("agent");
-        for gateway in gateways {
-            cmd.arg("--gateway").arg(format!("https://{gateway}"));
-        }
-        self.agent_args(cmd, cluster, cert_of)
+        self.agent_command_via(Command::new(fleetgate_binary()), gateways, cluster, cert_of)
     }
 
-    /// `cmd` (`fleetgate agent` and its gateways) with the rest of an agent's arguments, its
-    /// stdout piped and its log in the fleet's directory.
-    fn agent_args(
+    /// [`Self::agent_command_to`], run by `launcher` (`fleetgate` or a command that runs it).
+    fn agent_command_via(
         &mut self,
-        mut cmd: Command,
+        launcher: Command,
+        gateways: &[SocketAddr],
         cluster: &str,
         cert_of: &str,
     ) -> (Command, std::path::PathBuf) {
-        let agents = self.fleet.fleet_path("agents");
         self.agents_started += 1;
-        let log = self
-            .fleet
-            .path(&format!("agent-{}.log", self.agents_started));
-        cmd.args(["--cluster", cluster])
-            .arg("--cert")
-            .arg(agents.join(format!("agent-{cert_of}.crt")))
-            .arg("--key")
-            .arg(agents.join(format!("agent-{cert_of}.key")))
-            .arg("--ca")
-            .arg(self.fleet.fleet_path("pki/gateway-ca.crt"))
-            .args(["--kube-server", &self.member2])
-            .arg("--kube-ca")
-            .arg(agents.join("member2-kube-ca.crt"))
-            .env("RUST_LOG", "fleetgate=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap());
-        (cmd, log)
+        let setup = AgentSetup {
+            cluster,
+            identity: self.fleet.fleet_path(&format!("agents/agent-{cert_of}")),
+            kube_server: &self.member2,
+            kube_ca: self.fleet.fleet_path("agents/member2-kube-ca.crt"),
+            log: self
+                .fleet
+                .path(&format!("agent-{}.log", self.agents_started)),
+        };
+        let command = agent_command(launcher, &self.fleet, gateways, &setup);
+        (command, setup.log)
     }
 
     /// Starts member2's agent and waits for its `ready` line.
@@ -163,24 +111,8 @@ impl PullFleet {
     /// Starts member2's agent to every tunnel listener in `gateways` and waits for its `ready`
     /// line (printed once a tunnel to each is up).
     fn start_agent_to(&mut self, gateways: &[SocketAddr]) -> Agent {
-        let (mut cmd, log) = self.agent_command_to(gateways, "member2", "member2");
-        let mut child = KillOnDrop(cmd.spawn().unwrap());
-        let mut stdout = LineReader::new(child.stdout.take().unwrap());
-        if stdout
-            .wait_for_text("ready", Duration::from_secs(30))
-            .is_none()
-        {
-            panic!(
-                "the agent printed no ready line:\n{}\ngateway:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default(),
-                self.fleet.log_tail(30)
-            );
-        }
-        Agent {
-            child,
-            _stdout: stdout,
-            log,
-        }
+        let (command, log) = self.agent_command_to(gateways, "member2", "member2");
+        Agent::start(command, &log, || self.fleet.log_tail(30))
     }
 
     /// A second gateway (a replica) on the same configuration, its tunnel listener at
@@ -232,19 +164,6 @@ impl PullFleet {
     fn ok(&self, args: &[&str]) -> String {
         self.fleet.kubectl_ok("member2", args)
     }
-}
-
-fn signal(child: &KillOnDrop, sig: libc::c_int) {
-    #[allow(unsafe_code)]
-    // SAFETY: kill(2) on our own child's pid with a valid signal touches no memory.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, sig);
-    }
-}
-
-/// Waits at most `within` for `child` to exit.
-fn exits_within(child: &mut KillOnDrop, within: Duration, what: &str) {
-    wait_for(what, within, || matches!(child.try_wait(), Ok(Some(_))));
 }
 
 #[test]
@@ -330,14 +249,7 @@ fn kubectl_works_on_a_pull_mode_member_as_on_a_direct_one() {
         ];
         let (_forward, mut out) = pulled.spawn_lines(&forward_args, &[env]);
         let port = support::kubectl::forwarded_port(&mut out);
-        let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7) as u8).collect();
-        conn.write_all(&payload).unwrap();
-        let mut echoed = vec![0u8; payload.len()];
-        conn.read_exact(&mut echoed).expect("the echo");
-        assert!(echoed == payload, "port-forward echo differs ({env:?})");
+        support::kubectl::assert_echoed(port, 0, &format!("{env:?}"));
     }
 
     // No dial per request: twenty GETs, each on a new client connection, reuse the streams
@@ -346,8 +258,8 @@ fn kubectl_works_on_a_pull_mode_member_as_on_a_direct_one() {
     let opened = || agent.log().matches("member connection opened").count();
     let before = opened();
     for _ in 0..20 {
-        let answer = admin_get(
-            &pulled,
+        let answer = admin_get_at(
+            pulled.fleet.dir(),
             pulled.fleet.https(),
             "/clusters/member2/api/v1/namespaces/dev",
         );
@@ -389,7 +301,10 @@ fn a_lost_agent_ends_its_streams_and_a_returning_one_is_waited_for() {
 
     // No agent: after the wait, a 503 Status naming the cluster.
     let started = Instant::now();
-    let mut client = admin_https(&pulled, TcpStream::connect(pulled.fleet.https()).unwrap());
+    let mut client = admin_https(
+        pulled.fleet.dir(),
+        TcpStream::connect(pulled.fleet.https()).unwrap(),
+    );
     client
         .write_all(b"GET /clusters/member2/api/v1/namespaces HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
         .unwrap();
@@ -518,20 +433,6 @@ fn a_frozen_gateway_is_noticed_by_the_agent_which_dials_again() {
         agent.log().matches("tunnel up").count() >= 2
     });
     assert!(pulled.ok(&["get", "ns"]).contains("dev"));
-}
-
-/// An HTTP/1.1 TLS client of the gateway on `tcp`, as the fleet's `admin`.
-fn admin_https(
-    pulled: &PullFleet,
-    tcp: TcpStream,
-) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let conn = rustls::ClientConnection::new(
-        pulled.fleet.admin_tls_config(b"http/1.1"),
-        "127.0.0.1".try_into().unwrap(),
-    )
-    .unwrap();
-    rustls::StreamOwned::new(conn, tcp)
 }
 
 /// A TLS client of the tunnel listener with `identity` (cert and key files, if any).
@@ -687,7 +588,7 @@ fn a_stalled_big_body_leaves_the_other_streams_of_the_tunnel_flowing() {
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
     socket.connect(&pulled.fleet.https().into()).unwrap();
-    let mut stalled = admin_https(&pulled, socket.into());
+    let mut stalled = admin_https(pulled.fleet.dir(), socket.into());
     stalled
         .write_all(
             b"GET /clusters/member2/api/v1/configmaps HTTP/1.1\r\nHost: gw\r\nAccept: application/json\r\nConnection: close\r\n\r\n",
@@ -717,19 +618,6 @@ fn a_stalled_big_body_leaves_the_other_streams_of_the_tunnel_flowing() {
     assert!(rest.ends_with(b"0\r\n\r\n") || rest.ends_with(b"}\n") || rest.ends_with(b"}"));
 }
 
-/// A GET of `path` on the gateway at `https` as `admin`; the whole response.
-fn admin_get(pulled: &PullFleet, https: SocketAddr, path: &str) -> String {
-    let mut client = admin_https(pulled, TcpStream::connect(https).unwrap());
-    write!(
-        client,
-        "GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = String::new();
-    client.read_to_string(&mut answer).unwrap();
-    answer
-}
-
 #[test]
 fn streams_spread_over_agents_and_an_agent_serves_every_gateway() {
     let mut pulled = PullFleet::start(5, &[]);
@@ -739,7 +627,11 @@ fn streams_spread_over_agents_and_an_agent_serves_every_gateway() {
     let first = pulled.start_agent_to(&both);
     let other = pulled.start_agent_to(&both);
     for https in [pulled.fleet.https(), ready.addr("https")] {
-        let answer = admin_get(&pulled, https, "/clusters/member2/api/v1/namespaces/dev");
+        let answer = admin_get_at(
+            pulled.fleet.dir(),
+            https,
+            "/clusters/member2/api/v1/namespaces/dev",
+        );
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
     // Watches each hold a stream of their own: four of them reach both agents.
@@ -813,19 +705,19 @@ fn gateway_replicas_come_from_dns_and_follow_it() {
     // is the replicas' name (the gateways' certificate names it), at first one address.
     let hosts = pulled.fleet.path("hosts");
     std::fs::write(&hosts, "127.0.0.1 localhost\n").unwrap();
-    let mut cmd = Command::new("unshare");
-    cmd.args([
-        "--mount",
-        "sh",
-        "-c",
-        r#"mount --bind "$0" /etc/hosts && exec "$@""#,
-    ])
-    .arg(&hosts)
-    .arg(fleetgate_binary())
-    .arg("agent")
-    .args(["--gateway-replicas", &format!("https://localhost:{port}")])
-    .args(["--resolve-seconds", "1"]);
-    let (mut cmd, log) = pulled.agent_args(cmd, "member2", "member2");
+    let mut unshare = Command::new("unshare");
+    unshare
+        .args([
+            "--mount",
+            "sh",
+            "-c",
+            r#"mount --bind "$0" /etc/hosts && exec "$@""#,
+        ])
+        .arg(&hosts)
+        .arg(fleetgate_binary());
+    let (mut cmd, log) = pulled.agent_command_via(unshare, &[], "member2", "member2");
+    cmd.args(["--gateway-replicas", &format!("https://localhost:{port}")])
+        .args(["--resolve-seconds", "1"]);
     let mut agent = KillOnDrop(cmd.spawn().unwrap());
     let mut stdout = LineReader::new(agent.stdout.take().unwrap());
     let ready = stdout.wait_line("the agent's ready line", Duration::from_secs(30), |l| {
@@ -843,16 +735,16 @@ fn gateway_replicas_come_from_dns_and_follow_it() {
         "the second replica serving member2",
         Duration::from_secs(20),
         || {
-            admin_get(
-                &pulled,
+            admin_get_at(
+                pulled.fleet.dir(),
                 second_https,
                 "/clusters/member2/api/v1/namespaces/dev",
             )
             .starts_with("HTTP/1.1 200")
         },
     );
-    let first = admin_get(
-        &pulled,
+    let first = admin_get_at(
+        pulled.fleet.dir(),
         pulled.fleet.https(),
         "/clusters/member2/api/v1/namespaces/dev",
     );

@@ -166,6 +166,16 @@ pub(crate) async fn relay(
                     sink.end().await?;
                     return Ok(false);
                 }
+                // A long-running stream whose member went away between two events (the member
+                // restarted, its connection or its agent's tunnel dropped) ends as the member's
+                // own end of it would: cleanly, so the client watches again. A client of the
+                // member itself sees no error there either (client-go takes a dropped
+                // connection as a watch's end), while a reset h2 stream is reported as an
+                // undecodable event. Inside an event it is cut.
+                if long_running && retired_end(&progress) == RetiredEnd::LastChunk {
+                    sink.end_early(!decode).await?;
+                    return Ok(false);
+                }
                 return Err(Failure::Abort("member closed inside the response body"));
             }
             Ok(n) => turn += n,

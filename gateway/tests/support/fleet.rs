@@ -136,6 +136,7 @@ pub fn loadtest_binary() -> PathBuf {
 /// Starts `fleetgate-loadtest sim` writing its files to `dir`, its gateway to bind a free port,
 /// and waits for its `ready` line (the sim's readiness signal).
 fn spawn_sim(
+    mut launcher: Command,
     dir: &Path,
     log: &Path,
     clusters: usize,
@@ -144,7 +145,7 @@ fn spawn_sim(
 ) -> KillOnDrop {
     let log = std::fs::File::create(log).unwrap();
     let mut child = KillOnDrop(
-        Command::new(loadtest_binary())
+        launcher
             .arg("sim")
             .arg("--dir")
             .arg(dir)
@@ -242,6 +243,25 @@ impl Fleet {
     /// Like [`Fleet::sim_in`], with more arguments for `fleetgate-loadtest sim` (say, a short
     /// `--history-window`).
     pub fn sim_with(subdir: &str, clusters: usize, objects: usize, extra: &[&str]) -> Fleet {
+        Fleet::sim_launched(
+            Command::new(loadtest_binary()),
+            clusters,
+            objects,
+            subdir,
+            extra,
+        )
+    }
+
+    /// Like [`Fleet::sim_with`], with `launcher` as the `fleetgate-loadtest` command (say, the
+    /// binary run inside a network namespace: its members then listen on that namespace's
+    /// loopback only).
+    pub fn sim_launched(
+        launcher: Command,
+        clusters: usize,
+        objects: usize,
+        subdir: &str,
+        extra: &[&str],
+    ) -> Fleet {
         let dir = tempfile::tempdir().unwrap();
         let fleet_dir = dir.path().join(subdir);
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -250,6 +270,7 @@ impl Fleet {
             .build()
             .unwrap();
         let sim = spawn_sim(
+            launcher,
             &fleet_dir,
             &dir.path().join("sim.log"),
             clusters,

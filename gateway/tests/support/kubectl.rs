@@ -2,10 +2,48 @@
 //! kubeconfig and context set, its output captured, and the checks every kubectl test makes.
 //!
 //! It never talks to a member directly and never retries. Used by the kubectl, kubectl_streams,
-//! reload, drain, identity, egress_proxy, one_pass and audit test binaries.
+//! reload, drain, identity, egress_proxy, one_pass, audit, tunnel and tunnel_netns test binaries.
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Output};
+use std::time::Duration;
+
+/// The two ways kubectl can carry exec, attach and cp: WebSocket (its default) and SPDY/3.1.
+pub const REMOTE_COMMAND: [(&str, &[(&str, &str)]); 2] = [
+    ("websocket", &[]),
+    ("spdy", &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]),
+];
+
+/// The two ways kubectl can carry port-forward.
+pub const PORT_FORWARD: [(&str, &[(&str, &str)]); 2] = [
+    ("websocket", &[]),
+    ("spdy", &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]),
+];
+
+/// kubectl's `-v=8` log shows a 101 of `protocol` (not a silent fallback to the other one) for
+/// a path containing `through` (the gateway's `/clusters/NAME/`).
+pub fn assert_switched(log: &str, protocol: &str, port_forward: bool, through: &str) {
+    if let Err(e) = super::trace::kubectl_switched(log, protocol, port_forward) {
+        panic!("{e}");
+    }
+    assert!(log.contains(through), "not through {through}:\n{log}");
+}
+
+/// Sends 200 KB (a pattern of its own per `round`) to a port-forward's local `port` and checks
+/// the pod echoes it back unchanged; the connection, for more checks.
+pub fn assert_echoed(port: u16, round: u32, what: &str) -> TcpStream {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect to the forward");
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7 + round) as u8).collect();
+    conn.write_all(&payload).unwrap();
+    let mut echoed = vec![0u8; payload.len()];
+    conn.read_exact(&mut echoed).expect("read the echo");
+    assert!(echoed == payload, "echo differs ({what}, round {round})");
+    conn
+}
 
 /// `kubectl --kubeconfig KUBECONFIG --context CONTEXT`, to add arguments to. No request
 /// timeout: streaming sessions (exec, port-forward, watches) set their own bounds.

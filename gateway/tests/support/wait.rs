@@ -10,13 +10,25 @@ use std::time::{Duration, Instant};
 
 /// Polls `condition` every 20 ms until it holds, failing the test after `deadline`. Returns
 /// how long it took.
-pub fn wait_for(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) -> Duration {
+pub fn wait_for(what: &str, deadline: Duration, condition: impl FnMut() -> bool) -> Duration {
+    wait_for_or(what, deadline, condition, String::new)
+}
+
+/// Like [`wait_for`]; the failure message ends with `context()` (the logs that say why).
+pub fn wait_for_or(
+    what: &str,
+    deadline: Duration,
+    mut condition: impl FnMut() -> bool,
+    context: impl FnOnce() -> String,
+) -> Duration {
     let start = Instant::now();
     while !condition() {
-        assert!(
-            start.elapsed() < deadline,
-            "timed out after {deadline:?} waiting for {what}"
-        );
+        if start.elapsed() >= deadline {
+            panic!(
+                "timed out after {deadline:?} waiting for {what}\n{}",
+                context()
+            );
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
     start.elapsed()

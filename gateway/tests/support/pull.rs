@@ -1,0 +1,192 @@
+//! Pull mode in tests: a simulated member's Cluster made a `Tunnel` one, agent certificates
+//! (`fleetgate certs issue-agent`), a real `fleetgate agent` child started and waited for (its
+//! `ready` line), signals to it, and raw HTTPS requests to a gateway as the fleet's `admin`.
+//!
+//! Readiness is the agent's `ready` line, never a sleep. Used by the tunnel and tunnel_netns
+//! binaries.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::fleet::{admin_tls_config, fleetgate_binary, Fleet, KillOnDrop};
+use super::wait::{wait_for, LineReader};
+
+/// Makes `name`'s Cluster file pull-mode (`connectMode: Tunnel`, no server, no CA) and returns
+/// its server URL; its CA goes to `agents/NAME-kube-ca.crt`.
+pub fn make_pull_mode(fleet: &Fleet, name: &str) -> String {
+    let path = fleet.fleet_path(&format!("clusters/{name}.yaml"));
+    let mut cluster: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let spec = cluster["spec"].as_mapping_mut().unwrap();
+    let server = spec.remove("server").unwrap().as_str().unwrap().to_owned();
+    let ca = spec.remove("caData").unwrap().as_str().unwrap().to_owned();
+    spec.remove("connectMode");
+    spec.insert("connectMode".into(), "Tunnel".into());
+    std::fs::create_dir_all(fleet.fleet_path("agents")).unwrap();
+    std::fs::write(fleet.fleet_path(&format!("agents/{name}-kube-ca.crt")), ca).unwrap();
+    std::fs::write(&path, serde_yaml::to_string(&cluster).unwrap()).unwrap();
+    server
+}
+
+/// `fleetgate certs issue-agent --cluster CLUSTER --dir DIR`: `DIR/agent-CLUSTER.crt` and
+/// `.key`, signed by `DIR/agent-ca.*` (made the first time).
+pub fn issue_agent(dir: &Path, cluster: &str) {
+    let out = Command::new(fleetgate_binary())
+        .args(["certs", "issue-agent", "--cluster", cluster, "--dir"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// What an agent is started with, beside its gateways.
+pub struct AgentSetup<'a> {
+    /// `--cluster`.
+    pub cluster: &'a str,
+    /// The certificate and key it presents: `IDENTITY.crt` and `IDENTITY.key`.
+    pub identity: PathBuf,
+    /// `--kube-server` and `--kube-ca`: the member it carries streams to.
+    pub kube_server: &'a str,
+    pub kube_ca: PathBuf,
+    /// Where its stderr (its log, `RUST_LOG=fleetgate=debug`) goes.
+    pub log: PathBuf,
+}
+
+/// `LAUNCHER agent --gateway https://G ... ` for `fleet`'s gateways (their serving CA is the
+/// fleet's `pki/gateway-ca.crt`); `launcher` is the `fleetgate` binary or a command that runs
+/// it (inside a network namespace, say).
+pub fn agent_command(
+    mut launcher: Command,
+    fleet: &Fleet,
+    gateways: &[SocketAddr],
+    setup: &AgentSetup<'_>,
+) -> Command {
+    let identity = |extension: &str| {
+        let mut path = setup.identity.clone().into_os_string();
+        path.push(extension);
+        path
+    };
+    launcher.arg("agent");
+    for gateway in gateways {
+        launcher.arg("--gateway").arg(format!("https://{gateway}"));
+    }
+    launcher
+        .args(["--cluster", setup.cluster])
+        .arg("--cert")
+        .arg(identity(".crt"))
+        .arg("--key")
+        .arg(identity(".key"))
+        .arg("--ca")
+        .arg(fleet.fleet_path("pki/gateway-ca.crt"))
+        .args(["--kube-server", setup.kube_server])
+        .arg("--kube-ca")
+        .arg(&setup.kube_ca)
+        .env("RUST_LOG", "fleetgate=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&setup.log).unwrap());
+    launcher
+}
+
+/// A running agent: its process and its stdout lines.
+pub struct Agent {
+    pub child: KillOnDrop,
+    _stdout: LineReader,
+    pub log: PathBuf,
+}
+
+impl Agent {
+    /// Starts `command` (from [`agent_command`], logging to `log`) and waits for its `ready`
+    /// line; the failure message has its log and `context()` (the gateway's log, say).
+    pub fn start(mut command: Command, log: &Path, context: impl FnOnce() -> String) -> Agent {
+        let mut child = KillOnDrop(command.spawn().unwrap());
+        let mut stdout = LineReader::new(child.stdout.take().unwrap());
+        if stdout
+            .wait_for_text("ready", Duration::from_secs(30))
+            .is_none()
+        {
+            panic!(
+                "the agent printed no ready line:\n{}\ngateway:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default(),
+                context()
+            );
+        }
+        Agent {
+            child,
+            _stdout: stdout,
+            log: log.to_path_buf(),
+        }
+    }
+
+    /// Its log so far, without colours.
+    pub fn log(&self) -> String {
+        without_ansi(&std::fs::read_to_string(&self.log).unwrap_or_default())
+    }
+}
+
+/// `text` without its ANSI colour sequences (`ESC [ ... m`): the gateway's and agent's logs
+/// colour field names, so `peer=ADDR` is only found in the plain text.
+pub fn without_ansi(text: &str) -> String {
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+pub fn signal(child: &KillOnDrop, sig: libc::c_int) {
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) on our own child's pid with a valid signal touches no memory.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+/// Waits at most `within` for `child` to exit.
+pub fn exits_within(child: &mut KillOnDrop, within: Duration, what: &str) {
+    wait_for(what, within, || matches!(child.try_wait(), Ok(Some(_))));
+}
+
+/// An HTTP/1.1 TLS client of a gateway on `tcp`, as the `admin` of the fleet in `fleet_dir`.
+pub fn admin_https(
+    fleet_dir: &Path,
+    tcp: TcpStream,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let conn = rustls::ClientConnection::new(
+        admin_tls_config(fleet_dir, b"http/1.1"),
+        "127.0.0.1".try_into().unwrap(),
+    )
+    .unwrap();
+    rustls::StreamOwned::new(conn, tcp)
+}
+
+/// A GET of `path` on the gateway at `https` as `admin` (`Connection: close`); the whole
+/// response, head included.
+pub fn admin_get_at(fleet_dir: &Path, https: SocketAddr, path: &str) -> String {
+    let mut client = admin_https(fleet_dir, TcpStream::connect(https).unwrap());
+    write!(
+        client,
+        "GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    client.read_to_string(&mut answer).unwrap();
+    answer
+}
