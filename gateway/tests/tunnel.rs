@@ -24,7 +24,7 @@ use support::fleet::{fleetgate_binary, Fleet, KillOnDrop};
 use support::kubectl::kubectl_command;
 use support::pull::{
     admin_get_at, admin_https, agent_command, exits_within, issue_agent, make_pull_mode, signal,
-    Agent, AgentSetup,
+    stalled_list, Agent, AgentSetup,
 };
 use support::wait::{wait_for, LineReader};
 
@@ -585,18 +585,8 @@ fn a_stalled_big_body_leaves_the_other_streams_of_the_tunnel_flowing() {
     pulled.ok(&["get", "ns"]);
 
     // A client that asks for the big LIST, reads its first bytes and stops reading.
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    socket.connect(&pulled.fleet.https().into()).unwrap();
-    let mut stalled = admin_https(pulled.fleet.dir(), socket.into());
-    stalled
-        .write_all(
-            b"GET /clusters/member2/api/v1/configmaps HTTP/1.1\r\nHost: gw\r\nAccept: application/json\r\nConnection: close\r\n\r\n",
-        )
-        .unwrap();
-    let mut first = [0u8; 1024];
-    let mut total = stalled.read(&mut first).unwrap();
-    assert!(String::from_utf8_lossy(&first[..total]).starts_with("HTTP/1.1 200"));
+    let (mut stalled, mut total) =
+        stalled_list(pulled.fleet.dir(), pulled.fleet.https(), "member2");
 
     // Small GETs on the same tunnel keep their latency while it stalls.
     let mut slowest = Duration::ZERO;

@@ -23,8 +23,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::fleet::{fleetgate_binary, Fleet, KillOnDrop};
+use support::fleet::{Fleet, KillOnDrop};
 use support::kubectl::kubectl_command;
+use support::pull::{admin_get_at, issue_agent, stalled_list};
 use support::wait::{wait_for, LineReader};
 
 /// The venv's Python with grpcio and grpcio-tools.
@@ -88,16 +89,7 @@ impl KonnFleet {
         std::fs::write(&path, serde_yaml::to_string(&cluster).unwrap()).unwrap();
         std::fs::create_dir_all(fleet.fleet_path("agents")).unwrap();
         for name in ["member1", "member2"] {
-            let out = Command::new(fleetgate_binary())
-                .args(["certs", "issue-agent", "--cluster", name, "--dir"])
-                .arg(fleet.fleet_path("agents"))
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            issue_agent(&fleet.fleet_path("agents"), name);
         }
         let agent_ca = fleet.fleet_path("agents/agent-ca.crt");
         fleet.serve(
@@ -197,31 +189,9 @@ impl KonnFleet {
         self.fleet.kubectl_ok("member2", args)
     }
 
-    /// An HTTP/1.1 TLS client of the gateway as `admin` on `tcp`.
-    fn admin_https(
-        &self,
-        tcp: TcpStream,
-    ) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-        tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let conn = rustls::ClientConnection::new(
-            self.fleet.admin_tls_config(b"http/1.1"),
-            "127.0.0.1".try_into().unwrap(),
-        )
-        .unwrap();
-        rustls::StreamOwned::new(conn, tcp)
-    }
-
     /// A GET of `path` as `admin`; the whole response.
     fn admin_get(&self, path: &str) -> String {
-        let mut client = self.admin_https(TcpStream::connect(self.fleet.https()).unwrap());
-        write!(
-            client,
-            "GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut answer = Vec::new();
-        let _ = client.read_to_end(&mut answer);
-        String::from_utf8_lossy(&answer).into_owned()
+        admin_get_at(self.fleet.dir(), self.fleet.https(), path)
     }
 }
 
@@ -487,18 +457,7 @@ fn a_stalled_reader_is_closed_alone_and_the_others_keep_flowing() {
     konn.ok(&["get", "ns"]);
 
     // A client that asks for the big LIST, reads its first bytes and stops reading.
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    socket.connect(&konn.fleet.https().into()).unwrap();
-    let mut stalled = konn.admin_https(socket.into());
-    stalled
-        .write_all(
-            b"GET /clusters/member2/api/v1/configmaps HTTP/1.1\r\nHost: gw\r\nAccept: application/json\r\nConnection: close\r\n\r\n",
-        )
-        .unwrap();
-    let mut first = [0u8; 1024];
-    let mut total = stalled.read(&mut first).unwrap();
-    assert!(String::from_utf8_lossy(&first[..total]).starts_with("HTTP/1.1 200"));
+    let (mut stalled, mut total) = stalled_list(konn.fleet.dir(), konn.fleet.https(), "member2");
 
     // Small GETs through the same agent keep their latency while it stalls.
     let mut slowest = Duration::ZERO;

@@ -190,3 +190,34 @@ pub fn admin_get_at(fleet_dir: &Path, https: SocketAddr, path: &str) -> String {
     client.read_to_string(&mut answer).unwrap();
     answer
 }
+
+/// A client of the gateway at `https` (as `admin`) that asks for `cluster`'s whole ConfigMap
+/// LIST on a socket with a 4 KiB receive buffer, reads the first bytes (the head must be 200)
+/// and then stops reading: the stalled reader of a flow-control test. Returns it and how many
+/// bytes it read.
+pub fn stalled_list(
+    fleet_dir: &Path,
+    https: SocketAddr,
+    cluster: &str,
+) -> (
+    rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+    usize,
+) {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&https.into()).unwrap();
+    let mut stalled = admin_https(fleet_dir, socket.into());
+    write!(
+        stalled,
+        "GET /clusters/{cluster}/api/v1/configmaps HTTP/1.1\r\nHost: gw\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut first = [0u8; 1024];
+    let read = stalled.read(&mut first).unwrap();
+    assert!(
+        String::from_utf8_lossy(&first[..read]).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&first[..read])
+    );
+    (stalled, read)
+}
