@@ -32,7 +32,9 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Colours only on a terminal: a log written to a file stays greppable (`peer=ADDR`).
     tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
