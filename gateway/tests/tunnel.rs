@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use support::fleet::{fleetgate_binary, Fleet, KillOnDrop};
 use support::kubectl::kubectl_command;
+use support::pull::{issue_agent, make_pull_mode, serve_with_tunnel};
 use support::wait::{wait_for, LineReader};
 
 /// The simulated fleet with member2 in pull mode and a gateway with a tunnel listener.
@@ -46,54 +47,13 @@ impl Agent {
     }
 }
 
-/// Makes `name`'s Cluster file pull-mode (`connectMode: Tunnel`, no server, no CA) and returns
-/// its server URL; its CA goes to `agents/NAME-kube-ca.crt`.
-fn make_pull_mode(fleet: &Fleet, name: &str) -> String {
-    let path = fleet.fleet_path(&format!("clusters/{name}.yaml"));
-    let mut cluster: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let spec = cluster["spec"].as_mapping_mut().unwrap();
-    let server = spec.remove("server").unwrap().as_str().unwrap().to_owned();
-    let ca = spec.remove("caData").unwrap().as_str().unwrap().to_owned();
-    spec.remove("mode");
-    spec.insert("connectMode".into(), "Tunnel".into());
-    std::fs::create_dir_all(fleet.fleet_path("agents")).unwrap();
-    std::fs::write(fleet.fleet_path(&format!("agents/{name}-kube-ca.crt")), ca).unwrap();
-    std::fs::write(&path, serde_yaml::to_string(&cluster).unwrap()).unwrap();
-    server
-}
-
-fn issue_agent(fleet: &Fleet, cluster: &str) {
-    let out = Command::new(fleetgate_binary())
-        .args(["certs", "issue-agent", "--cluster", cluster, "--dir"])
-        .arg(fleet.fleet_path("agents"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 impl PullFleet {
     fn start(objects: usize, serve: &[&str]) -> PullFleet {
         let mut fleet = Fleet::sim(2, objects);
         let member2 = make_pull_mode(&fleet, "member2");
         issue_agent(&fleet, "member2");
         issue_agent(&fleet, "member1");
-        let agent_ca = fleet.fleet_path("agents/agent-ca.crt");
-        let mut args = vec![
-            "--workers",
-            "2",
-            "--tunnel-listen",
-            "127.0.0.1:0",
-            "--agent-ca",
-            agent_ca.to_str().unwrap(),
-        ];
-        args.extend_from_slice(serve);
-        fleet.serve(&args, Some("fleetgate=debug"));
-        let tunnel = fleet.ready().addr("tunnel");
+        let tunnel = serve_with_tunnel(&mut fleet, serve);
         PullFleet {
             fleet,
             member2,
@@ -472,13 +432,7 @@ fn admin_https(
     pulled: &PullFleet,
     tcp: TcpStream,
 ) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let conn = rustls::ClientConnection::new(
-        pulled.fleet.admin_tls_config(b"http/1.1"),
-        "127.0.0.1".try_into().unwrap(),
-    )
-    .unwrap();
-    rustls::StreamOwned::new(conn, tcp)
+    pulled.fleet.admin_https(tcp)
 }
 
 /// A TLS client of the tunnel listener with `identity` (cert and key files, if any).

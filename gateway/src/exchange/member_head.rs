@@ -9,7 +9,14 @@
 //! `Expect` (the gateway answers it), `X-Remote-*` (an aggregated apiserver behind the member
 //! would trust them), and `Authorization` / `Impersonate-*` except on a PassThrough cluster. A
 //! `Connection` naming a field that decides framing, routing or identity is refused outright
-//! ([`check_connection`]). Never does I/O; writes into a reused buffer.
+//! ([`check_connection`]).
+//!
+//! A request to a service (the direct service path of a pull-mode cluster) is not the member's:
+//! its head has the service's own path (no cluster path prefix), `Host` = `NAME.NS.svc:PORT`,
+//! and no credential or identity at all: the client's `Authorization`, `Impersonate-*` and
+//! `X-Remote-*` are dropped whatever the cluster's mode, and the cluster's credentials and the
+//! impersonation headers are never written (they are for the apiserver, not a workload). Never
+//! does I/O; writes into a reused buffer.
 
 use std::io::Write as _;
 
@@ -45,6 +52,8 @@ pub struct MemberRequest<'a> {
     pub peer: &'a [u8],
     pub identity: Option<&'a ClientIdentity>,
     pub upgrade: Upgrade,
+    /// The service the request goes to instead of the member: no credentials, no identity.
+    pub service: Option<crate::tunnel::wire::ServiceRef<'a>>,
 }
 
 /// Fields that describe one hop, never forwarded as they came (RFC 9110 section 7.6.1, plus the
@@ -122,18 +131,21 @@ pub fn write<'h, F, H>(
     out.clear();
     out.extend_from_slice(request.method);
     out.push(b' ');
-    route::push_upstream_target(
-        out,
-        &cluster.upstream.path_prefix,
-        request.rest,
-        request.query,
-    );
+    let path_prefix = match request.service {
+        Some(_) => "",
+        None => &cluster.upstream.path_prefix,
+    };
+    route::push_upstream_target(out, path_prefix, request.rest, request.query);
     out.extend_from_slice(if request.http10 {
         b" HTTP/1.0\r\n"
     } else {
         b" HTTP/1.1\r\n"
     });
-    push_header(out, b"Host", cluster.upstream.authority.as_bytes());
+    match &request.service {
+        Some(service) => push_header(out, b"Host", service.in_cluster_address().as_bytes()),
+        None => push_header(out, b"Host", cluster.upstream.authority.as_bytes()),
+    }
+    let to_service = request.service.is_some();
     let mut has_websocket_version = false;
     let mut has_websocket_key = false;
     for (name, value) in headers() {
@@ -142,6 +154,7 @@ pub fn write<'h, F, H>(
             || is_hop_field(name)
             || is_remote_identity(name)
             || auth::drops_client_header(cluster, name)
+            || (to_service && auth::is_identity_header(name))
             || connection_named(name)
         {
             continue;
@@ -165,7 +178,9 @@ pub fn write<'h, F, H>(
     }
     out.extend_from_slice(request.peer);
     out.extend_from_slice(b"\r\n");
-    auth::push_upstream_identity(out, cluster, request.identity);
+    if !to_service {
+        auth::push_upstream_identity(out, cluster, request.identity);
+    }
     match request.upgrade {
         Upgrade::None => {}
         Upgrade::FromClient => {

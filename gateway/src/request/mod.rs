@@ -17,11 +17,12 @@ use std::sync::Arc;
 
 use fleetgate_config_watcher::fleet::FleetKind;
 use fleetgate_config_watcher::request_info::{KubeVerb, RequestInfo};
-use fleetgate_config_watcher::{ClusterRoute, FleetSettings, RouteTable};
+use fleetgate_config_watcher::{ClusterRoute, ConnectMode, FleetSettings, RouteTable};
 
 use crate::auth::{self, ClientIdentity, ConnectionAuth, Decided};
 use crate::errors::GatewayError;
 use crate::fleet::discovery::{Document, MergedKind};
+use crate::tunnel::wire::ServiceRef;
 use route::Route;
 
 /// The client's address, with its IP as text (what `X-Forwarded-For` carries), formatted once per
@@ -123,6 +124,9 @@ pub struct Proxied<'t> {
     /// A watch, a followed log or a connect subresource: no head timeout, streamed as it comes.
     pub long_running: bool,
     pub identity: Decided,
+    /// The direct service path of a pull-mode cluster: the service the request goes to through
+    /// the cluster's agent (then `rest` is the service's own path), instead of the member.
+    pub service: Option<ServiceRef<'t>>,
 }
 
 /// A request [`decide`] refused: the Status to answer with, who had authenticated by then (for
@@ -198,7 +202,17 @@ where
             return decide_fleet(table, conn, method, aimed, rest, query, headers)
         }
     };
-    let info = RequestInfo::parse(method, rest, query);
+    let service = match route::service_path(rest) {
+        None => None,
+        Some(Ok(service)) => Some(service),
+        Some(Err(reason)) => return Err(GatewayError::BadServicePath { reason }.into()),
+    };
+    let info = match &service {
+        // The direct service path is the service's `proxy` subresource, as the apiserver's
+        // `/api/v1/namespaces/NS/services/NAME:PORT/proxy/...` is: one grant serves both.
+        Some(s) => RequestInfo::service_proxy(method, rest, s.service.namespace, s.name_port),
+        None => RequestInfo::parse(method, rest, query),
+    };
     let classified = Some((name, info));
     let Some(cluster) = table.cluster(name) else {
         let unknown = GatewayError::UnknownCluster {
@@ -228,9 +242,39 @@ where
     }
     let identity = auth::decide(table.access(), conn, cluster, &info, headers)
         .map_err(|refusal| Refused::by_policy(refusal, counted, classified))?;
-    Ok(Decision::Proxy(Proxied::new(
-        cluster, name, rest, query, info, identity,
-    )))
+    let Some(service) = service else {
+        return Ok(Decision::Proxy(Proxied::new(
+            cluster, name, rest, query, info, identity,
+        )));
+    };
+    let refused = |error| Refused {
+        error,
+        authenticated: identity.authenticated.clone(),
+        acting_as: identity.identity.clone(),
+        counted,
+        classified,
+    };
+    if cluster.mode != ConnectMode::Tunnel {
+        // Decided after the policy, so that only who may reach the service learns more.
+        return Err(refused(GatewayError::ServicePathNotTunnelled {
+            cluster: cluster.name.to_string(),
+            service: service.service.to_string(),
+            proxy_path: format!(
+                "/clusters/{}/api/v1/namespaces/{}/services/{}/proxy/",
+                cluster.name, service.service.namespace, service.name_port
+            ),
+        }));
+    }
+    if identity.identity.is_none() {
+        // A PassThrough cluster's token the gateway does not know: only the member could judge
+        // it, and the member is not asked on this path.
+        return Err(refused(GatewayError::Unauthorized {
+            reason: "the service path needs a credential the gateway verifies",
+        }));
+    }
+    let mut proxied = Proxied::new(cluster, name, service.path, query, info, identity);
+    proxied.service = Some(service.service);
+    Ok(Decision::Proxy(proxied))
 }
 
 impl<'t> Proxied<'t> {
@@ -268,6 +312,7 @@ impl<'t> Proxied<'t> {
             verb: info.metrics_verb(),
             long_running: info.long_running,
             identity,
+            service: None,
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod client;
 pub mod fleet;
 pub mod h2raw;
 pub mod kubectl;
+pub mod pull;
 /// Reading kubectl's `-v=8` log for the protocol it switched to: the simulated fleet's own file,
 /// compiled in here (the gateway crate does not depend on the load-test crate).
 #[path = "../../../loadtest/src/sim/stream/trace.rs"]
