@@ -244,4 +244,83 @@ mod tests {
             Ok(true)
         ));
     }
+
+    /// A service's head carries no credential or identity on any kind of cluster, where the
+    /// member's head of the same cluster carries the gateway's (or, PassThrough, the client's).
+    #[test]
+    fn a_service_gets_no_credential_or_identity_on_any_cluster() {
+        let table = crate::request::test_table(
+            "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: imp}\n\
+             spec: {mode: Tunnel, credentials: {token: gateway-secret}}\n---\n\
+             apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: pt}\n\
+             spec: {mode: Tunnel, authMode: PassThrough}\n",
+        );
+        let identity = ClientIdentity {
+            user: "alice".into(),
+            groups: vec!["devs".into()],
+            ..ClientIdentity::default()
+        };
+        let client: [(&[u8], &[u8]); 5] = [
+            (b"Authorization", b"Bearer client-secret"),
+            (b"Impersonate-User", b"root"),
+            (b"X-Remote-User", b"root"),
+            (b"x-remote-group", b"system:masters"),
+            (b"X-Custom", b"kept"),
+        ];
+        let service = crate::tunnel::wire::ServiceRef::parse("team-a/echo:8080").unwrap();
+        for name in ["imp", "pt"] {
+            let cluster = table.cluster(name).unwrap();
+            let head = |service| {
+                let mut out = Vec::new();
+                write(
+                    &mut out,
+                    cluster,
+                    &MemberRequest {
+                        method: b"GET",
+                        http10: false,
+                        rest: b"/x",
+                        query: b"?q=1",
+                        body: BodyKind::Empty,
+                        peer: b"10.0.0.9",
+                        identity: Some(&identity),
+                        upgrade: Upgrade::None,
+                        service,
+                    },
+                    || client.iter().copied(),
+                    |_| false,
+                );
+                String::from_utf8(out).unwrap().to_ascii_lowercase()
+            };
+            let to_service = head(Some(service));
+            assert!(
+                to_service.starts_with("get /x?q=1 http/1.1\r\n"),
+                "{to_service}"
+            );
+            assert!(
+                to_service.contains("host: echo.team-a.svc:8080\r\n"),
+                "{to_service}"
+            );
+            assert!(to_service.contains("x-custom: kept\r\n"), "{to_service}");
+            for secret in [
+                "authorization",
+                "impersonate-",
+                "x-remote-",
+                "secret",
+                "alice",
+            ] {
+                assert!(
+                    !to_service.contains(secret),
+                    "{name}: {secret} in {to_service}"
+                );
+            }
+            // The member's own head, for contrast: its credential is there.
+            let to_member = head(None);
+            let credential = if name == "pt" {
+                "client-secret"
+            } else {
+                "gateway-secret"
+            };
+            assert!(to_member.contains(credential), "{name}: {to_member}");
+        }
+    }
 }

@@ -592,3 +592,62 @@ fn no_fleet_route<'t>(rest: &[u8]) -> Refused<'t> {
     }
     .into()
 }
+
+/// A routing table of a minimal Gateway and the `clusters` objects (YAML), for unit tests.
+#[cfg(test)]
+pub(crate) fn test_table(clusters: &str) -> RouteTable {
+    let yaml = format!(
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata: {{name: g}}\nspec:\n  \
+         listeners: [{{name: http, address: \"127.0.0.1:0\", tls: false}}]\n---\n{clusters}"
+    );
+    let files = [(std::path::PathBuf::from("/t/c.yaml"), yaml)];
+    let config = fleetgate_config_watcher::load_texts(std::path::Path::new("/t"), &files).unwrap();
+    RouteTable::build(&config).unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a PassThrough cluster a token the gateway cannot verify goes to the member, which
+    /// judges it; the service path never reaches the member, so such a token is refused there.
+    #[test]
+    #[allow(
+        clippy::result_large_err,
+        reason = "the closure returns what `decide` returns"
+    )]
+    fn the_service_path_needs_an_identity_the_gateway_verified() {
+        let table = test_table(
+            "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: pt}\n\
+             spec: {mode: Tunnel, authMode: PassThrough}\n",
+        );
+        let conn = ConnectionAuth::new(&ClientIdentity::default());
+        let headers: [(&[u8], &[u8]); 1] = [(b"Authorization", b"Bearer member-only")];
+        let decide = |target: &'static [u8]| {
+            decide(&table, &conn, b"GET", target, || headers.iter().copied())
+        };
+        assert!(matches!(
+            decide(b"/clusters/pt/api/v1/namespaces/a/services/echo:80/proxy/x"),
+            Ok(Decision::Proxy(Proxied { service: None, .. }))
+        ));
+        let refused = |target| match decide(target) {
+            Err(refused) => refused.error,
+            Ok(_) => panic!("{} decided", String::from_utf8_lossy(target)),
+        };
+        assert!(matches!(
+            refused(b"/clusters/pt/services/a/echo:80/x"),
+            GatewayError::Unauthorized { .. }
+        ));
+        for bad in [
+            &b"/clusters/pt/services/a/echo/x"[..],
+            b"/clusters/pt/services/a/echo:0/x",
+            b"/clusters/pt/services/a",
+        ] {
+            let error = refused(bad);
+            assert!(
+                matches!(error, GatewayError::BadServicePath { .. }) && !error.must_close(),
+                "{error}"
+            );
+        }
+    }
+}
