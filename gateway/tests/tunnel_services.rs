@@ -380,6 +380,13 @@ fn services_through_the_apiserver_path_and_the_direct_path() {
         "{echo}"
     );
 
+    // The same path after the Karmada-compatible prefix.
+    let answer = fleet.get_once(
+        "/apis/cluster.karmada.io/v1alpha1/clusters/member2/proxy/services/team-a/echo:8080/karmada",
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"path\":\"/karmada\""), "{answer}");
+
     // A POST with a body, a bearer token beside the certificate, and identity headers a
     // client may not pass on: the backend gets the body, and none of those.
     let mut conn = fleet.admin_conn();
