@@ -1,6 +1,9 @@
 //! What a request is, decided once from its head, for both front-ends: the path rule (`target`),
 //! the route to a member cluster (`route`), the kube request info (verb, resource, namespace,
-//! name, long-running), and who the client is and whether an AccessPolicy lets it (`auth`).
+//! name, long-running), and who the client is and whether an AccessPolicy lets it (`auth`). A
+//! pull-mode cluster's direct service path (`/services/NS/NAME:PORT/...` after its prefix) is
+//! decided here too: classified as the `proxy` subresource of that service, authorized as such,
+//! and refused for a cluster reached directly.
 //!
 //! [`decide`] runs with one routing-table snapshot and never awaits, so a request is routed,
 //! classified (config-watcher's `request_info`: kube-apiserver's RequestInfoFactory, any depth,
