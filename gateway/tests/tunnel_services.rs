@@ -7,7 +7,7 @@
 //! and a pull-mode member; the gateway's direct service path (`/clusters/member2/services/...`)
 //! to the allowed service (the backend gets the path, query and body, never the client's
 //! credentials, impersonation or `X-Remote-*`; kept streams serve later requests; a WebSocket
-//! upgrade spliced both ways); a service the agent does not allow (a 403 naming it, its backend
+//! upgrade spliced both ways, on this path and through the apiserver's proxy); a service the agent does not allow (a 403 naming it, its backend
 //! never dialed); a user without `proxy` refused on both paths; the direct path on a direct
 //! member (a 404); and hostile paths refused with a 4xx while the gateway keeps serving.
 //!
@@ -515,11 +515,21 @@ fn services_through_the_apiserver_path_and_the_direct_path() {
     assert!(opened <= 2, "{opened} service streams for 20 requests");
     assert!(fleet.echo.connections() - backend <= 2);
 
-    // A WebSocket upgrade to the service: a 101, then bytes echoed both ways.
+    // A WebSocket upgrade to the service, on the direct path and through the pull-mode
+    // member's apiserver proxy: a 101, then bytes echoed both ways.
+    websocket_echo(&fleet, "/clusters/member2/services/team-a/echo:8080/ws");
+    websocket_echo(
+        &fleet,
+        "/clusters/member2/api/v1/namespaces/team-a/services/echo:8080/proxy/ws",
+    );
+}
+
+/// Upgrades `path` to WebSocket as the admin and checks 100 KB come back as they went.
+fn websocket_echo(fleet: &ServiceFleet, path: &str) {
     let mut conn = fleet.admin_conn();
     write!(
         conn,
-        "GET /clusters/member2/services/team-a/echo:8080/ws HTTP/1.1\r\nHost: gw\r\n\
+        "GET {path} HTTP/1.1\r\nHost: gw\r\n\
          Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
     )
@@ -527,7 +537,7 @@ fn services_through_the_apiserver_path_and_the_direct_path() {
     let mut reader = BufReader::new(conn);
     let mut status = String::new();
     reader.read_line(&mut status).unwrap();
-    assert!(status.starts_with("HTTP/1.1 101"), "{status}");
+    assert!(status.starts_with("HTTP/1.1 101"), "{path}: {status}");
     loop {
         let mut line = String::new();
         reader.read_line(&mut line).unwrap();
@@ -539,5 +549,8 @@ fn services_through_the_apiserver_path_and_the_direct_path() {
     reader.get_mut().write_all(&payload).unwrap();
     let mut echoed = vec![0u8; payload.len()];
     reader.read_exact(&mut echoed).unwrap();
-    assert!(echoed == payload, "the upgraded stream's echo differs");
+    assert!(
+        echoed == payload,
+        "{path}: the upgraded stream's echo differs"
+    );
 }
