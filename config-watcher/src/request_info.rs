@@ -176,6 +176,34 @@ impl<'a> RequestInfo<'a> {
         }
     }
 
+    /// A request of the gateway's direct service path (`/services/{namespace}/{name}/...` of a
+    /// pull-mode cluster) as what it is: the `proxy` subresource of service `name` (as the
+    /// apiserver path names it, `NAME:PORT`) in `namespace`, long-running, its verb the method's
+    /// (as kube's connect verbs). `path` is the path after the cluster prefix. The caller has
+    /// checked both names; a policy grants it exactly as it grants
+    /// `/api/v1/namespaces/{namespace}/services/{name}/proxy/...`.
+    pub fn service_proxy(
+        method: &[u8],
+        path: &'a [u8],
+        namespace: &'a str,
+        name: &'a str,
+    ) -> RequestInfo<'a> {
+        RequestInfo {
+            path,
+            is_resource_request: true,
+            classified: true,
+            verb: resource_verb(method),
+            api_prefix: "api",
+            api_group: "",
+            api_version: "v1",
+            namespace,
+            resource: "services",
+            subresource: "proxy",
+            name,
+            long_running: true,
+        }
+    }
+
     /// A request whose query asks to stream (`watch=true`, `follow=true`) is long-running
     /// whatever its path.
     fn with_streaming_query(mut self, query: &[u8]) -> Self {
@@ -311,14 +339,7 @@ fn resource_info<'a>(
     }
     let api_version = text(at)?;
     at += 1;
-    let mut verb = match method {
-        b"POST" => KubeVerb::Create,
-        b"GET" | b"HEAD" => KubeVerb::Get,
-        b"PUT" => KubeVerb::Update,
-        b"PATCH" => KubeVerb::Patch,
-        b"DELETE" => KubeVerb::Delete,
-        _ => KubeVerb::Unknown,
-    };
+    let mut verb = resource_verb(method);
     // `/{watch|proxy}/...`: the verb is in the path.
     let first = text(at)?;
     if first == "watch" || first == "proxy" {
@@ -412,6 +433,18 @@ fn resource_info<'a>(
         name,
         long_running,
     }))
+}
+
+/// kube's verb for a resource request's method, before the path and query refine it.
+fn resource_verb(method: &[u8]) -> KubeVerb {
+    match method {
+        b"POST" => KubeVerb::Create,
+        b"GET" | b"HEAD" => KubeVerb::Get,
+        b"PUT" => KubeVerb::Update,
+        b"PATCH" => KubeVerb::Patch,
+        b"DELETE" => KubeVerb::Delete,
+        _ => KubeVerb::Unknown,
+    }
 }
 
 /// A segment as text, if it has no `%` and is UTF-8.

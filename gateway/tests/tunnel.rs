@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use support::fleet::{fleetgate_binary, Fleet, KillOnDrop};
 use support::kubectl::kubectl_command;
 use support::pull::{
-    admin_get_at, admin_https, agent_command, exits_within, issue_agent, make_pull_mode, signal,
-    stalled_list, Agent, AgentSetup,
+    admin_get_at, admin_https, agent_command, exits_within, issue_agent, make_pull_mode,
+    serve_with_tunnel, signal, stalled_list, Agent, AgentSetup,
 };
 use support::wait::{wait_for, LineReader};
 
@@ -43,18 +43,7 @@ impl PullFleet {
         let member2 = make_pull_mode(&fleet, "member2");
         issue_agent(&fleet.fleet_path("agents"), "member2");
         issue_agent(&fleet.fleet_path("agents"), "member1");
-        let agent_ca = fleet.fleet_path("agents/agent-ca.crt");
-        let mut args = vec![
-            "--workers",
-            "2",
-            "--tunnel-listen",
-            "127.0.0.1:0",
-            "--agent-ca",
-            agent_ca.to_str().unwrap(),
-        ];
-        args.extend_from_slice(serve);
-        fleet.serve(&args, Some("fleetgate=debug"));
-        let tunnel = fleet.ready().addr("tunnel");
+        let tunnel = serve_with_tunnel(&mut fleet, serve);
         PullFleet {
             fleet,
             member2,

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use support::fleet::{Fleet, KillOnDrop};
 use support::kubectl::kubectl_command;
-use support::pull::{admin_get_at, issue_agent, stalled_list};
+use support::pull::{admin_get_at, issue_agent, serve_with_tunnel, stalled_list};
 use support::wait::{wait_for, LineReader};
 
 /// The venv's Python with grpcio and grpcio-tools.
@@ -91,21 +91,7 @@ impl KonnFleet {
         for name in ["member1", "member2"] {
             issue_agent(&fleet.fleet_path("agents"), name);
         }
-        let agent_ca = fleet.fleet_path("agents/agent-ca.crt");
-        fleet.serve(
-            &[
-                "--workers",
-                "2",
-                "--tunnel-listen",
-                "127.0.0.1:0",
-                "--agent-ca",
-                agent_ca.to_str().unwrap(),
-                "--tunnel-wait-seconds",
-                "1",
-            ],
-            Some("fleetgate=debug"),
-        );
-        let tunnel = fleet.ready().addr("tunnel");
+        let tunnel = serve_with_tunnel(&mut fleet, &["--tunnel-wait-seconds", "1"]);
         KonnFleet { fleet, tunnel }
     }
 

@@ -66,6 +66,11 @@ struct SimArgs {
     /// before `ready` and written to DIR/plaintext-members (one `NAME=http://ADDR` a line).
     #[arg(long)]
     plaintext: bool,
+    /// A Service every member has (`NS/NAME:PORT`), and with `=HOST:PORT` the backend its
+    /// apiserver proxy (`/api/v1/namespaces/NS/services/NAME:PORT/proxy/...`) forwards to;
+    /// without one, that proxy answers 503 (no endpoints). Repeatable.
+    #[arg(long = "service", value_name = "NS/NAME:PORT[=HOST:PORT]")]
+    services: Vec<sim::services::SimService>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -93,6 +98,7 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         let tuning = SimTuning {
             log_interval: Duration::from_millis(args.log_interval_ms.max(1)),
             history_window: args.history_window.max(1),
+            services: args.services,
             ..SimTuning::default()
         };
         let fleet = sim::start_fleet_with_tuning(

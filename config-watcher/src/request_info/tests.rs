@@ -582,3 +582,29 @@ fn percent_or_non_utf8_where_classification_reads_is_unclassified() {
     let info = parse("GET", "/api/v1/namespaces/a/services/s/proxy/%2e%2e/%ff/x");
     assert!(info.classified && info.is_resource_request);
 }
+
+#[test]
+fn the_direct_service_path_is_classified_as_the_apiserver_proxy_path() {
+    for method in ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] {
+        let apiserver = parse(
+            method,
+            "/api/v1/namespaces/team-a/services/echo:8080/proxy/x/y",
+        );
+        let direct = RequestInfo::service_proxy(
+            method.as_bytes(),
+            b"/services/team-a/echo:8080/x/y",
+            "team-a",
+            "echo:8080",
+        );
+        assert_eq!(
+            RequestInfo {
+                path: apiserver.path,
+                ..direct
+            },
+            apiserver,
+            "{method}"
+        );
+        assert_eq!(direct.policy_verb(), Some(Verb::Proxy));
+        assert_eq!(direct.metrics_verb(), "connect");
+    }
+}

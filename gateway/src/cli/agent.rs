@@ -9,6 +9,10 @@
 //! A stream is one member connection for as long as it lives: the gateway pools its streams as it
 //! pools direct connections, so an idle stream keeps its member connection (no dial per request),
 //! and an upgrade (exec, attach, port-forward) gets a stream and a member connection of its own.
+//! A stream may instead name an in-cluster service (the gateway's direct service path): the agent
+//! serves only the services listed with `--allow-service NS/NAME:PORT[=HOST:PORT]`, dialing
+//! `NAME.NS.svc:PORT` (or the given address) in plain TCP; any other is refused with a 403 and
+//! never dialed.
 //! Each tunnel is pinged every second and dropped when a PING goes unanswered for 3 s; it is
 //! dialed again with exponential backoff and jitter. Prints one line containing `ready` once a
 //! tunnel to every gateway is up. Gateway replicas are listed (`--gateway`, each dialed by its
@@ -67,6 +71,54 @@ pub struct AgentArgs {
     /// The CA of the member's apiserver (default in-cluster: the service account's ca.crt).
     #[arg(long)]
     pub kube_ca: Option<PathBuf>,
+    /// An in-cluster service the gateway's direct service path may reach through this agent
+    /// (`/clusters/CLUSTER/services/NS/NAME:PORT/...`): `NS/NAME:PORT`, dialed as
+    /// `NAME.NS.svc:PORT`, or `NS/NAME:PORT=HOST:PORT` to dial that address instead. Repeatable;
+    /// no other service is reachable through the agent (the default: none).
+    #[arg(long = "allow-service", value_name = "NS/NAME:PORT[=HOST:PORT]")]
+    pub allow_services: Vec<String>,
+}
+
+/// The services this agent serves (`--allow-service`), each with the address it dials.
+#[derive(Debug, Default)]
+struct AllowedServices {
+    /// `NS/NAME:PORT` (as [`wire::ServiceRef`] prints it) -> `HOST:PORT`.
+    by_service: std::collections::HashMap<String, String>,
+}
+
+impl AllowedServices {
+    fn from_args(specs: &[String]) -> anyhow::Result<AllowedServices> {
+        let mut allowed = AllowedServices::default();
+        for spec in specs {
+            let (service, address) = match spec.split_once('=') {
+                Some((service, address)) => (service, Some(address)),
+                None => (spec.as_str(), None),
+            };
+            let service = wire::ServiceRef::parse(service)
+                .map_err(|e| anyhow!("--allow-service {spec:?}: {e}"))?;
+            let address = match address {
+                Some(address) => {
+                    let (host, port) = address.rsplit_once(':').ok_or_else(|| {
+                        anyhow!("--allow-service {spec:?}: the address is HOST:PORT")
+                    })?;
+                    if host.is_empty() || wire::parse_port(port).is_none() {
+                        bail!("--allow-service {spec:?}: the address is HOST:PORT");
+                    }
+                    address.to_owned()
+                }
+                None => service.in_cluster_address(),
+            };
+            allowed.by_service.insert(service.to_string(), address);
+        }
+        Ok(allowed)
+    }
+
+    /// The address `service` is dialed at, if it is allowed.
+    fn address(&self, service: &wire::ServiceRef<'_>) -> Option<&str> {
+        self.by_service
+            .get(&service.to_string())
+            .map(String::as_str)
+    }
 }
 
 /// Where the in-cluster service account keeps the apiserver's CA.
@@ -84,6 +136,8 @@ struct Member {
     host: String,
     port: u16,
     tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
+    /// The services streams may name instead of the apiserver.
+    services: AllowedServices,
 }
 
 impl Member {
@@ -127,6 +181,7 @@ impl Member {
             host: target.host,
             port: target.port,
             tls,
+            services: AllowedServices::from_args(&args.allow_services)?,
         })
     }
 
@@ -146,6 +201,19 @@ impl Member {
             .await
             .map_err(|_| anyhow!("connecting to {}:{} timed out", self.host, self.port))?
             .with_context(|| format!("connecting to {}:{}", self.host, self.port))
+    }
+
+    /// A new plain TCP connection to an allowed service, within [`DIAL_TIMEOUT`].
+    async fn dial_service(&self, address: &str) -> anyhow::Result<MemberConn> {
+        let attempt = async {
+            let tcp = TcpStream::connect(address).await?;
+            tcp.set_nodelay(true)?;
+            Ok::<_, std::io::Error>(MemberConn::Plain(tcp))
+        };
+        tokio::time::timeout(DIAL_TIMEOUT, attempt)
+            .await
+            .map_err(|_| anyhow!("connecting to {address} timed out"))?
+            .with_context(|| format!("connecting to {address}"))
     }
 }
 
@@ -513,7 +581,7 @@ impl KeptTunnel {
             tokio::select! {
                 stream = connection.accept() => match stream {
                     Some(Ok((request, respond))) => {
-                        tokio::spawn(carry(self.member.clone(), request.into_body(), respond));
+                        tokio::spawn(carry(self.member.clone(), request, respond));
                     }
                     Some(Err(error)) => return Err(anyhow!(error).context("the tunnel failed")),
                     None => return Ok("the gateway closed the tunnel".into()),
@@ -547,33 +615,56 @@ fn backoff(failures: u32) -> Duration {
     base.mul_f64(0.5 + random / 2.0)
 }
 
-/// Carries one stream: a member connection for it (or the reason there is none, answered in
-/// [`wire::ERROR_HEADER`]), then bytes both ways until both sides are done or either fails.
+/// Carries one stream: a connection to the target its path names (the member's apiserver, or an
+/// allowed service), or the reason there is none (answered with [`wire::ERROR_HEADER`]: 403 for
+/// a service not allowed, which is never dialed; 400 for a target it cannot read; 502 when the
+/// dial failed), then bytes both ways until both sides are done or either fails.
 async fn carry(
     member: Arc<Member>,
-    body: h2::RecvStream,
+    request: http::Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<Bytes>,
 ) {
-    let conn = match member.dial().await {
+    let refuse = |respond: &mut h2::server::SendResponse<Bytes>, code, reason: &str| {
+        let reason = wire::printable(reason);
+        debug!(code = %code, reason = %reason, "stream refused");
+        let mut answer = http::Response::new(());
+        *answer.status_mut() = code;
+        if let Ok(value) = http::HeaderValue::from_str(&reason) {
+            answer.headers_mut().insert(wire::ERROR_HEADER, value);
+        }
+        let _ = respond.send_response(answer, true);
+    };
+    let target = wire::parse_stream_path(request.uri().path());
+    let dialed = match target {
+        Ok(wire::StreamTarget::Member) => member.dial().await,
+        Ok(wire::StreamTarget::Service(service)) => match member.services.address(&service) {
+            Some(address) => member.dial_service(address).await,
+            None => {
+                let reason =
+                    format!("service {service} is not allowed by this agent (--allow-service)");
+                return refuse(&mut respond, http::StatusCode::FORBIDDEN, &reason);
+            }
+        },
+        Err(reason) => return refuse(&mut respond, http::StatusCode::BAD_REQUEST, reason),
+    };
+    let conn = match dialed {
         Ok(conn) => conn,
         Err(error) => {
-            let reason = wire::printable(&format!("{error:#}"));
-            debug!(reason = %reason, "no member connection for a stream");
-            let mut answer = http::Response::new(());
-            *answer.status_mut() = http::StatusCode::BAD_GATEWAY;
-            if let Ok(value) = http::HeaderValue::from_str(&reason) {
-                answer.headers_mut().insert(wire::ERROR_HEADER, value);
-            }
-            let _ = respond.send_response(answer, true);
-            return;
+            let reason = format!("{error:#}");
+            return refuse(&mut respond, http::StatusCode::BAD_GATEWAY, &reason);
         }
     };
-    debug!("member connection opened for a stream");
+    match target {
+        Ok(wire::StreamTarget::Service(service)) => {
+            debug!(service = %service, "service connection opened for a stream")
+        }
+        _ => debug!("member connection opened for a stream"),
+    }
     let send = match respond.send_response(http::Response::new(()), false) {
         Ok(send) => send,
         Err(_) => return,
     };
-    let mut stream = TunnelStream::new(send, body);
+    let mut stream = TunnelStream::new(send, request.into_body());
     let outcome = match conn {
         MemberConn::Plain(mut tcp) => tokio::io::copy_bidirectional(&mut stream, &mut tcp).await,
         MemberConn::Tls(mut tls) => tokio::io::copy_bidirectional(&mut stream, tls.as_mut()).await,
@@ -649,6 +740,34 @@ mod tests {
             crate::cli::certs::issue_client(&ca, "edge-1", &[], Duration::from_secs(60)).unwrap();
         assert!(check_certificate(user.cert_pem.as_bytes(), "edge-1").is_err());
         assert!(parse_gateway("http://gw:1").is_err());
+    }
+
+    #[test]
+    fn allowed_services_are_parsed_strictly() {
+        let specs = [
+            "team-a/echo:8080".to_owned(),
+            "b/web:80=127.0.0.1:9".to_owned(),
+        ];
+        let allowed = AllowedServices::from_args(&specs).unwrap();
+        let echo = wire::ServiceRef::parse("team-a/echo:8080").unwrap();
+        assert_eq!(allowed.address(&echo), Some("echo.team-a.svc:8080"));
+        let web = wire::ServiceRef::parse("b/web:80").unwrap();
+        assert_eq!(allowed.address(&web), Some("127.0.0.1:9"));
+        let other = wire::ServiceRef::parse("b/web:81").unwrap();
+        assert_eq!(allowed.address(&other), None);
+        for bad in [
+            "b/web",
+            "b/web:80=",
+            "b/web:80=host",
+            "b/web:80=:1",
+            "b/web:80=h:0",
+            "B/web:80",
+        ] {
+            assert!(
+                AllowedServices::from_args(&[bad.to_owned()]).is_err(),
+                "{bad} accepted"
+            );
+        }
         assert_eq!(parse_gateway("gw.example:8132").unwrap().port, 8132);
     }
 }

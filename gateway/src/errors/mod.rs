@@ -97,6 +97,21 @@ pub enum GatewayError {
     /// A pull-mode cluster with no agent tunnel up, after waiting `waited_ms` for one.
     #[error("cluster {cluster:?} is unavailable: it is served through its agent's tunnel, and no agent of it is connected (waited {waited_ms} ms for one)")]
     NoTunnel { cluster: String, waited_ms: u64 },
+    /// The direct service path (`/clusters/NAME/services/...`) for a cluster the gateway reaches
+    /// directly: it serves only pull-mode clusters, whose agents hold the allow list.
+    #[error("cluster {cluster:?} is reached directly, and the service path /clusters/NAME/services/... serves only pull-mode (Tunnel) clusters: reach service {service} through {proxy_path}")]
+    ServicePathNotTunnelled {
+        cluster: String,
+        service: String,
+        proxy_path: String,
+    },
+    /// A direct service path that is not `/services/NAMESPACE/NAME:PORT/...` with valid names
+    /// and a numeric port. Not a framing error: the connection stays usable.
+    #[error("malformed service path: {reason}")]
+    BadServicePath { reason: &'static str },
+    /// The cluster's agent does not serve this service (not in its `--allow-service` list).
+    #[error("service {service} is not reachable through the agent of cluster {cluster:?}: the agent does not allow it (--allow-service)")]
+    ServiceNotAllowed { cluster: String, service: String },
     /// The process is within its reserve of file descriptors: no new member connection.
     #[error("cluster {cluster:?} is unavailable: the gateway is out of file descriptors for new member connections; retry shortly")]
     OutOfDescriptors { cluster: String },
@@ -150,6 +165,9 @@ impl GatewayError {
             | FleetObjectNotFound { .. }
             | FleetObjectAmbiguous { .. }
             | FleetDiscoveryNotAcceptable
+            | ServicePathNotTunnelled { .. }
+            | BadServicePath { .. }
+            | ServiceNotAllowed { .. }
             | TooManyMemberConnections => Side::Downstream,
             ConnectTimeout { .. }
             | Connect { .. }
@@ -167,7 +185,9 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             HeadTooLarge { .. } | TooManyHeaders { .. } => (431, "RequestHeaderFieldsTooLarge"),
-            BadRequest { .. } => (400, "BadRequest"),
+            BadRequest { .. } | BadServicePath { .. } => (400, "BadRequest"),
+            ServicePathNotTunnelled { .. } => (404, "NotFound"),
+            ServiceNotAllowed { .. } => (403, "Forbidden"),
             VersionNotSupported => (505, "BadRequest"),
             UnknownCluster { .. } | NoRoute { .. } | FleetKindNotMerged { .. } => (404, "NotFound"),
             FleetCreate { .. } => (405, "MethodNotAllowed"),
@@ -238,6 +258,9 @@ impl GatewayError {
             GatewayError::FleetObjectNotFound { resource, name }
             | GatewayError::FleetObjectAmbiguous { resource, name, .. } => {
                 serde_json::json!({ "name": name, "kind": resource })
+            }
+            GatewayError::ServiceNotAllowed { service, .. } => {
+                serde_json::json!({ "name": service, "kind": "services" })
             }
             GatewayError::Forbidden { kind, name, .. } => {
                 let mut details = serde_json::Map::new();

@@ -9,7 +9,14 @@
 //! `Expect` (the gateway answers it), `X-Remote-*` (an aggregated apiserver behind the member
 //! would trust them), and `Authorization` / `Impersonate-*` except on a PassThrough cluster. A
 //! `Connection` naming a field that decides framing, routing or identity is refused outright
-//! ([`check_connection`]). Never does I/O; writes into a reused buffer.
+//! ([`check_connection`]).
+//!
+//! A request to a service (the direct service path of a pull-mode cluster) is not the member's:
+//! its head has the service's own path (no cluster path prefix), `Host` = `NAME.NS.svc:PORT`,
+//! and no credential or identity at all: the client's `Authorization`, `Impersonate-*` and
+//! `X-Remote-*` are dropped whatever the cluster's mode, and the cluster's credentials and the
+//! impersonation headers are never written (they are for the apiserver, not a workload). Never
+//! does I/O; writes into a reused buffer.
 
 use std::io::Write as _;
 
@@ -45,6 +52,8 @@ pub struct MemberRequest<'a> {
     pub peer: &'a [u8],
     pub identity: Option<&'a ClientIdentity>,
     pub upgrade: Upgrade,
+    /// The service the request goes to instead of the member: no credentials, no identity.
+    pub service: Option<crate::tunnel::wire::ServiceRef<'a>>,
 }
 
 /// Fields that describe one hop, never forwarded as they came (RFC 9110 section 7.6.1, plus the
@@ -122,18 +131,21 @@ pub fn write<'h, F, H>(
     out.clear();
     out.extend_from_slice(request.method);
     out.push(b' ');
-    route::push_upstream_target(
-        out,
-        &cluster.upstream.path_prefix,
-        request.rest,
-        request.query,
-    );
+    let path_prefix = match request.service {
+        Some(_) => "",
+        None => &cluster.upstream.path_prefix,
+    };
+    route::push_upstream_target(out, path_prefix, request.rest, request.query);
     out.extend_from_slice(if request.http10 {
         b" HTTP/1.0\r\n"
     } else {
         b" HTTP/1.1\r\n"
     });
-    push_header(out, b"Host", cluster.upstream.authority.as_bytes());
+    match &request.service {
+        Some(service) => push_header(out, b"Host", service.in_cluster_address().as_bytes()),
+        None => push_header(out, b"Host", cluster.upstream.authority.as_bytes()),
+    }
+    let to_service = request.service.is_some();
     let mut has_websocket_version = false;
     let mut has_websocket_key = false;
     for (name, value) in headers() {
@@ -142,6 +154,7 @@ pub fn write<'h, F, H>(
             || is_hop_field(name)
             || is_remote_identity(name)
             || auth::drops_client_header(cluster, name)
+            || (to_service && auth::is_identity_header(name))
             || connection_named(name)
         {
             continue;
@@ -165,7 +178,9 @@ pub fn write<'h, F, H>(
     }
     out.extend_from_slice(request.peer);
     out.extend_from_slice(b"\r\n");
-    auth::push_upstream_identity(out, cluster, request.identity);
+    if !to_service {
+        auth::push_upstream_identity(out, cluster, request.identity);
+    }
     match request.upgrade {
         Upgrade::None => {}
         Upgrade::FromClient => {
@@ -228,5 +243,84 @@ mod tests {
             check_connection(std::iter::once(&b"keep-alive, X-Custom"[..])),
             Ok(true)
         ));
+    }
+
+    /// A service's head carries no credential or identity on any kind of cluster, where the
+    /// member's head of the same cluster carries the gateway's (or, PassThrough, the client's).
+    #[test]
+    fn a_service_gets_no_credential_or_identity_on_any_cluster() {
+        let table = crate::request::test_table(
+            "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: imp}\n\
+             spec: {mode: Tunnel, credentials: {token: gateway-secret}}\n---\n\
+             apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: pt}\n\
+             spec: {mode: Tunnel, authMode: PassThrough}\n",
+        );
+        let identity = ClientIdentity {
+            user: "alice".into(),
+            groups: vec!["devs".into()],
+            ..ClientIdentity::default()
+        };
+        let client: [(&[u8], &[u8]); 5] = [
+            (b"Authorization", b"Bearer client-secret"),
+            (b"Impersonate-User", b"root"),
+            (b"X-Remote-User", b"root"),
+            (b"x-remote-group", b"system:masters"),
+            (b"X-Custom", b"kept"),
+        ];
+        let service = crate::tunnel::wire::ServiceRef::parse("team-a/echo:8080").unwrap();
+        for name in ["imp", "pt"] {
+            let cluster = table.cluster(name).unwrap();
+            let head = |service| {
+                let mut out = Vec::new();
+                write(
+                    &mut out,
+                    cluster,
+                    &MemberRequest {
+                        method: b"GET",
+                        http10: false,
+                        rest: b"/x",
+                        query: b"?q=1",
+                        body: BodyKind::Empty,
+                        peer: b"10.0.0.9",
+                        identity: Some(&identity),
+                        upgrade: Upgrade::None,
+                        service,
+                    },
+                    || client.iter().copied(),
+                    |_| false,
+                );
+                String::from_utf8(out).unwrap().to_ascii_lowercase()
+            };
+            let to_service = head(Some(service));
+            assert!(
+                to_service.starts_with("get /x?q=1 http/1.1\r\n"),
+                "{to_service}"
+            );
+            assert!(
+                to_service.contains("host: echo.team-a.svc:8080\r\n"),
+                "{to_service}"
+            );
+            assert!(to_service.contains("x-custom: kept\r\n"), "{to_service}");
+            for secret in [
+                "authorization",
+                "impersonate-",
+                "x-remote-",
+                "secret",
+                "alice",
+            ] {
+                assert!(
+                    !to_service.contains(secret),
+                    "{name}: {secret} in {to_service}"
+                );
+            }
+            // The member's own head, for contrast: its credential is there.
+            let to_member = head(None);
+            let credential = if name == "pt" {
+                "client-secret"
+            } else {
+                "gateway-secret"
+            };
+            assert!(to_member.contains(credential), "{name}: {to_member}");
+        }
     }
 }

@@ -30,7 +30,8 @@ use tracing::debug;
 use crate::errors::GatewayError;
 use crate::protocol::http1::{parse_response, response_body, BodyKind, Head, HeadLimits};
 use crate::runtime::{self, Deadline, First, ShardContext};
-use crate::upstream::{connect, UpstreamConn};
+use crate::tunnel::wire::ServiceRef;
+use crate::upstream::{connect, PoolKey, UpstreamConn};
 
 /// Read-buffer growth step for bodies.
 pub(crate) const READ_CHUNK: usize = 32 * 1024;
@@ -62,6 +63,9 @@ impl From<GatewayError> for Failure {
 /// A decided request, ready for its member.
 pub(crate) struct Outbound<'a> {
     pub cluster: &'a ClusterRoute,
+    /// The service the request goes to instead of the member (the direct service path of a
+    /// pull-mode cluster): its own streams, pooled apart from the member's.
+    pub service: Option<ServiceRef<'a>>,
     /// The member's request head (`member_head::write`).
     pub head: &'a [u8],
     /// GET, HEAD or OPTIONS without a body: safe to send again on a fresh connection.
@@ -139,6 +143,7 @@ pub(crate) async fn send(
         .div_ceil(shard.workers)
         .max(1);
     let hold = shard.client_holds.take(out.client, per_shard)?;
+    let pool_key = PoolKey::new(cluster, out.service.as_ref());
     let mut attempt_on_fresh = false;
     let conn = loop {
         // An upgrade gets a dedicated connection: after the 101 it is no longer HTTP, so it must
@@ -146,7 +151,7 @@ pub(crate) async fn send(
         let pooled = if attempt_on_fresh || out.upgrade {
             None
         } else {
-            shard.pool.take(cluster.id)
+            shard.pool.take(&pool_key)
         };
         let mut conn = match pooled {
             Some(conn) => conn,
@@ -157,7 +162,12 @@ pub(crate) async fn send(
                 if descriptor {
                     shard.sockets.check_new_member_connection(&cluster.name)?;
                 }
-                let dial = connect(cluster, out.limits.connect_timeout, &shard.shard_metrics);
+                let dial = connect(
+                    cluster,
+                    out.service.as_ref(),
+                    out.limits.connect_timeout,
+                    &shard.shard_metrics,
+                );
                 let mut conn = match runtime::race(dial, body.client_gone()).await {
                     First::Left(conn) => conn?,
                     First::Right(()) => {

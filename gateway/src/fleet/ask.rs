@@ -163,6 +163,7 @@ where
             peer: client_request.peer.ip_text(),
             identity: identity.identity.as_deref(),
             upgrade: Upgrade::None,
+            service: None,
         },
         // The answer is parsed here: it must come uncompressed (and in the form asked for).
         || {
@@ -177,6 +178,7 @@ where
     );
     let outbound = Outbound {
         cluster,
+        service: None,
         head: &head_bytes,
         replayable: true,
         long_running,

@@ -805,6 +805,7 @@ where
             } else {
                 Upgrade::None
             },
+            service: proxied.service,
         },
         || head.headers(),
         |name| connection_names_fields && head.has_token(b"connection", name),
@@ -812,6 +813,7 @@ where
     let method = head.method();
     let outbound = Outbound {
         cluster,
+        service: proxied.service,
         head: &down.out,
         replayable: body == BodyKind::Empty && matches!(method, b"GET" | b"HEAD" | b"OPTIONS"),
         long_running: proxied.long_running,

@@ -1,6 +1,9 @@
 //! What a request is, decided once from its head, for both front-ends: the path rule (`target`),
 //! the route to a member cluster (`route`), the kube request info (verb, resource, namespace,
-//! name, long-running), and who the client is and whether an AccessPolicy lets it (`auth`).
+//! name, long-running), and who the client is and whether an AccessPolicy lets it (`auth`). A
+//! pull-mode cluster's direct service path (`/services/NS/NAME:PORT/...` after its prefix) is
+//! decided here too: classified as the `proxy` subresource of that service, authorized as such,
+//! and refused for a cluster reached directly.
 //!
 //! [`decide`] runs with one routing-table snapshot and never awaits, so a request is routed,
 //! classified (config-watcher's `request_info`: kube-apiserver's RequestInfoFactory, any depth,
@@ -17,11 +20,12 @@ use std::sync::Arc;
 
 use fleetgate_config_watcher::fleet::FleetKind;
 use fleetgate_config_watcher::request_info::{KubeVerb, RequestInfo};
-use fleetgate_config_watcher::{ClusterRoute, FleetSettings, RouteTable};
+use fleetgate_config_watcher::{ClusterRoute, ConnectMode, FleetSettings, RouteTable};
 
 use crate::auth::{self, ClientIdentity, ConnectionAuth, Decided};
 use crate::errors::GatewayError;
 use crate::fleet::discovery::{Document, MergedKind};
+use crate::tunnel::wire::ServiceRef;
 use route::Route;
 
 /// The client's address, with its IP as text (what `X-Forwarded-For` carries), formatted once per
@@ -123,6 +127,9 @@ pub struct Proxied<'t> {
     /// A watch, a followed log or a connect subresource: no head timeout, streamed as it comes.
     pub long_running: bool,
     pub identity: Decided,
+    /// The direct service path of a pull-mode cluster: the service the request goes to through
+    /// the cluster's agent (then `rest` is the service's own path), instead of the member.
+    pub service: Option<ServiceRef<'t>>,
 }
 
 /// A request [`decide`] refused: the Status to answer with, who had authenticated by then (for
@@ -198,7 +205,17 @@ where
             return decide_fleet(table, conn, method, aimed, rest, query, headers)
         }
     };
-    let info = RequestInfo::parse(method, rest, query);
+    let service = match route::service_path(rest) {
+        None => None,
+        Some(Ok(service)) => Some(service),
+        Some(Err(reason)) => return Err(GatewayError::BadServicePath { reason }.into()),
+    };
+    let info = match &service {
+        // The direct service path is the service's `proxy` subresource, as the apiserver's
+        // `/api/v1/namespaces/NS/services/NAME:PORT/proxy/...` is: one grant serves both.
+        Some(s) => RequestInfo::service_proxy(method, rest, s.service.namespace, s.name_port),
+        None => RequestInfo::parse(method, rest, query),
+    };
     let classified = Some((name, info));
     let Some(cluster) = table.cluster(name) else {
         let unknown = GatewayError::UnknownCluster {
@@ -228,9 +245,39 @@ where
     }
     let identity = auth::decide(table.access(), conn, cluster, &info, headers)
         .map_err(|refusal| Refused::by_policy(refusal, counted, classified))?;
-    Ok(Decision::Proxy(Proxied::new(
-        cluster, name, rest, query, info, identity,
-    )))
+    let Some(service) = service else {
+        return Ok(Decision::Proxy(Proxied::new(
+            cluster, name, rest, query, info, identity,
+        )));
+    };
+    let refused = |error| Refused {
+        error,
+        authenticated: identity.authenticated.clone(),
+        acting_as: identity.identity.clone(),
+        counted,
+        classified,
+    };
+    if cluster.mode != ConnectMode::Tunnel {
+        // Decided after the policy, so that only who may reach the service learns more.
+        return Err(refused(GatewayError::ServicePathNotTunnelled {
+            cluster: cluster.name.to_string(),
+            service: service.service.to_string(),
+            proxy_path: format!(
+                "/clusters/{}/api/v1/namespaces/{}/services/{}/proxy/",
+                cluster.name, service.service.namespace, service.name_port
+            ),
+        }));
+    }
+    if identity.identity.is_none() {
+        // A PassThrough cluster's token the gateway does not know: only the member could judge
+        // it, and the member is not asked on this path.
+        return Err(refused(GatewayError::Unauthorized {
+            reason: "the service path needs a credential the gateway verifies",
+        }));
+    }
+    let mut proxied = Proxied::new(cluster, name, service.path, query, info, identity);
+    proxied.service = Some(service.service);
+    Ok(Decision::Proxy(proxied))
 }
 
 impl<'t> Proxied<'t> {
@@ -268,6 +315,7 @@ impl<'t> Proxied<'t> {
             verb: info.metrics_verb(),
             long_running: info.long_running,
             identity,
+            service: None,
         }
     }
 }
@@ -546,4 +594,63 @@ fn no_fleet_route<'t>(rest: &[u8]) -> Refused<'t> {
         path: format!("/fleet{}", String::from_utf8_lossy(rest)),
     }
     .into()
+}
+
+/// A routing table of a minimal Gateway and the `clusters` objects (YAML), for unit tests.
+#[cfg(test)]
+pub(crate) fn test_table(clusters: &str) -> RouteTable {
+    let yaml = format!(
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata: {{name: g}}\nspec:\n  \
+         listeners: [{{name: http, address: \"127.0.0.1:0\", tls: false}}]\n---\n{clusters}"
+    );
+    let files = [(std::path::PathBuf::from("/t/c.yaml"), yaml)];
+    let config = fleetgate_config_watcher::load_texts(std::path::Path::new("/t"), &files).unwrap();
+    RouteTable::build(&config).unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a PassThrough cluster a token the gateway cannot verify goes to the member, which
+    /// judges it; the service path never reaches the member, so such a token is refused there.
+    #[test]
+    #[allow(
+        clippy::result_large_err,
+        reason = "the closure returns what `decide` returns"
+    )]
+    fn the_service_path_needs_an_identity_the_gateway_verified() {
+        let table = test_table(
+            "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: pt}\n\
+             spec: {mode: Tunnel, authMode: PassThrough}\n",
+        );
+        let conn = ConnectionAuth::new(&ClientIdentity::default());
+        let headers: [(&[u8], &[u8]); 1] = [(b"Authorization", b"Bearer member-only")];
+        let decide = |target: &'static [u8]| {
+            decide(&table, &conn, b"GET", target, || headers.iter().copied())
+        };
+        assert!(matches!(
+            decide(b"/clusters/pt/api/v1/namespaces/a/services/echo:80/proxy/x"),
+            Ok(Decision::Proxy(Proxied { service: None, .. }))
+        ));
+        let refused = |target| match decide(target) {
+            Err(refused) => refused.error,
+            Ok(_) => panic!("{} decided", String::from_utf8_lossy(target)),
+        };
+        assert!(matches!(
+            refused(b"/clusters/pt/services/a/echo:80/x"),
+            GatewayError::Unauthorized { .. }
+        ));
+        for bad in [
+            &b"/clusters/pt/services/a/echo/x"[..],
+            b"/clusters/pt/services/a/echo:0/x",
+            b"/clusters/pt/services/a",
+        ] {
+            let error = refused(bad);
+            assert!(
+                matches!(error, GatewayError::BadServicePath { .. }) && !error.must_close(),
+                "{error}"
+            );
+        }
+    }
 }

@@ -8,8 +8,15 @@
 //! percent-encoding is never decoded, so the member sees exactly the bytes the client sent.
 //! This module does no lookup in the routing table and never allocates; the connection driver
 //! (`proxy`) calls [`route`] and then asks the table for the cluster.
+//!
+//! After a cluster prefix, [`service_path`] recognizes the direct service path of a pull-mode
+//! cluster, `/services/{namespace}/{name}:{port}/{path}`: `services` is no root segment of a
+//! kube-apiserver (its roots are `api`, `apis`, `version`, `openapi`, `healthz`, `livez`,
+//! `readyz`, `metrics`, `logs`, `.well-known`, `debug`), so no kube path is taken from a member.
 
 use fleetgate_config_watcher::RESERVED_CLUSTER_NAMES;
+
+use crate::tunnel::wire::ServiceRef;
 
 /// Where a request target goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +144,52 @@ fn hint_at(path: &[u8]) -> Option<&[u8]> {
         .filter(|after| after.is_empty() || after.starts_with(b"/"))
 }
 
+/// The direct service path after a cluster prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServicePath<'a> {
+    pub service: ServiceRef<'a>,
+    /// `NAME:PORT`, as the apiserver's proxy path names the service (what a policy's
+    /// `resourceNames` lists for either path).
+    pub name_port: &'a str,
+    /// The service's own path (possibly empty: `/`), passed on raw.
+    pub path: &'a [u8],
+}
+
+const SERVICES: &[u8] = b"/services";
+
+/// The direct service path `rest` (a cluster's path after its prefix) names: None when `rest` is
+/// not under `/services`; an error (for a 400) when it is and is not exactly
+/// `/services/{namespace}/{name}:{port}[/{path}]` with DNS-label names and a numeric port. Never
+/// decodes: a `%` in a name fails it.
+pub fn service_path(rest: &[u8]) -> Option<Result<ServicePath<'_>, &'static str>> {
+    let after = rest.strip_prefix(SERVICES)?;
+    if !(after.is_empty() || after.starts_with(b"/")) {
+        return None;
+    }
+    Some(parse_service_path(after))
+}
+
+fn parse_service_path(after: &[u8]) -> Result<ServicePath<'_>, &'static str> {
+    const FORM: &str = "the service path is /services/NAMESPACE/NAME:PORT/PATH";
+    let after = after.strip_prefix(b"/").ok_or(FORM)?;
+    let slash = after.iter().position(|b| *b == b'/').ok_or(FORM)?;
+    let (namespace, rest) = after.split_at(slash);
+    let rest = &rest[1..];
+    let end = rest.iter().position(|b| *b == b'/').unwrap_or(rest.len());
+    let (name_port, path) = rest.split_at(end);
+    let namespace = std::str::from_utf8(namespace).map_err(|_| FORM)?;
+    let name_port = std::str::from_utf8(name_port).map_err(|_| FORM)?;
+    let (name, port) = name_port
+        .split_once(':')
+        .ok_or("the service path names NAME:PORT (the port, a number, is required)")?;
+    let service = ServiceRef::new(namespace, name, port)?;
+    Ok(ServicePath {
+        service,
+        name_port,
+        path,
+    })
+}
+
 /// Appends the upstream request target: the cluster's server path prefix, the rest (or `/`) and
 /// the raw query.
 pub fn push_upstream_target(out: &mut Vec<u8>, path_prefix: &str, rest: &[u8], query: &[u8]) {
@@ -254,6 +307,54 @@ mod tests {
             ),
             Route::NotFound
         );
+    }
+
+    #[test]
+    fn the_direct_service_path_is_strict() {
+        let parsed = service_path(b"/services/team-a/echo:8080/some/path").unwrap();
+        let want = ServicePath {
+            service: ServiceRef::parse("team-a/echo:8080").unwrap(),
+            name_port: "echo:8080",
+            path: b"/some/path",
+        };
+        assert_eq!(parsed, Ok(want));
+        assert_eq!(service_path(b"/services/a/b:1").unwrap().unwrap().path, b"");
+        assert_eq!(service_path(b"/api/v1/services"), None);
+        assert_eq!(service_path(b"/servicesx/a/b:1"), None);
+        let long = "a".repeat(64);
+        for bad in [
+            "/services".to_owned(),
+            "/services/".to_owned(),
+            "/services/ns".to_owned(),
+            "/services/ns/".to_owned(),
+            "/services/ns/echo".to_owned(),
+            "/services/ns/echo/x".to_owned(),
+            "/services/ns/echo:/x".to_owned(),
+            "/services/ns/:80/x".to_owned(),
+            "/services//echo:80/x".to_owned(),
+            "/services/ns/echo:0".to_owned(),
+            "/services/ns/echo:65536".to_owned(),
+            "/services/ns/echo:http".to_owned(),
+            "/services/ns/http:echo:80".to_owned(),
+            "/services/ns/echo:80:81".to_owned(),
+            "/services/n%73/echo:80".to_owned(),
+            "/services/ns/ech%6f:80".to_owned(),
+            "/services/ns/echo%3A80".to_owned(),
+            "/services/NS/echo:80".to_owned(),
+            "/services/ns/e.cho:80".to_owned(),
+            "/services/../echo:80".to_owned(),
+            format!("/services/{long}/echo:80"),
+            format!("/services/ns/{long}:80"),
+        ] {
+            assert!(
+                matches!(service_path(bad.as_bytes()), Some(Err(_))),
+                "{bad} accepted"
+            );
+        }
+        assert!(matches!(
+            service_path(b"/services/ns/\xff:80"),
+            Some(Err(_))
+        ));
     }
 
     #[test]

@@ -95,29 +95,44 @@ impl Tunnel {
 enum OpenError {
     /// The tunnel is gone (its connection failed or closed): try another, or wait.
     Gone,
-    /// The agent answered, but could not reach its member: its reason.
+    /// The agent answered, but could not reach its member (or the service): its reason.
     Refused(String),
+    /// The agent refuses the target (a service not in its `--allow-service` list).
+    Forbidden,
 }
 
 impl Tunnel {
-    /// A connection to `cluster`'s member through this tunnel's agent.
-    async fn open_stream(&self, cluster: &ClusterRoute) -> Result<UpstreamIo, OpenError> {
+    /// A connection to `uri`'s target (`cluster`'s member, or an allowed service) through this
+    /// tunnel's agent.
+    async fn open_stream(
+        &self,
+        cluster: &ClusterRoute,
+        uri: &str,
+        service: bool,
+    ) -> Result<UpstreamIo, OpenError> {
         match &self.carrier {
-            Carrier::Fleetgate(send) => Self::open_h2_stream(send, &self.stats).await,
+            Carrier::Fleetgate(send) => Self::open_h2_stream(send, uri, &self.stats).await,
+            // A konnectivity agent dials what the gateway names; it has no allow list, so the
+            // gateway never names a service to it.
+            Carrier::Konnectivity(_) if service => Err(OpenError::Refused(
+                "services are reached through fleetgate agents only (a konnectivity agent has no allow list)".into(),
+            )),
             Carrier::Konnectivity(session) => {
                 konnectivity::open_member(session, cluster, &self.stats).await
             }
         }
     }
 
-    /// Opens a stream: the agent dials (or reuses) a member connection for it and answers 200.
+    /// Opens a stream to `uri`'s target: the agent dials a connection for it (its member, or an
+    /// allowed service) and answers 200.
     async fn open_h2_stream(
         send: &h2::client::SendRequest<Bytes>,
+        uri: &str,
         stats: &Arc<StreamStats>,
     ) -> Result<UpstreamIo, OpenError> {
         let send = send.clone();
         let mut send = send.ready().await.map_err(|_| OpenError::Gone)?;
-        let request = http::Request::post(wire::STREAM_URI)
+        let request = http::Request::post(uri)
             .body(())
             .map_err(|_| OpenError::Gone)?;
         let (response, stream) = send
@@ -130,6 +145,9 @@ impl Tunnel {
             }
             _ => OpenError::Gone,
         })?;
+        if response.status() == http::StatusCode::FORBIDDEN {
+            return Err(OpenError::Forbidden);
+        }
         if response.status() != http::StatusCode::OK {
             let reason = response
                 .headers()
@@ -320,25 +338,41 @@ impl TunnelRegistry {
     }
 }
 
-/// Opens a stream to `cluster`'s member through one of its agents' tunnels, within `timeout`
-/// once a tunnel is found. With none up, waits for one (an agent reconnecting) as long as the
-/// registry says, then fails with a 503 naming the cluster.
+/// Opens a stream to `cluster`'s member (or, with `service`, to that service, which the agent
+/// must allow: else a 403 naming it) through one of its agents' tunnels, within `timeout` once a
+/// tunnel is found. With none up, waits for one (an agent reconnecting) as long as the registry
+/// says, then fails with a 503 naming the cluster.
 pub(crate) async fn open(
     cluster: &ClusterRoute,
+    service: Option<&wire::ServiceRef<'_>>,
     timeout: Duration,
 ) -> Result<UpstreamIo, GatewayError> {
+    let uri = service.map(wire::service_uri);
+    let uri = uri.as_deref().unwrap_or(wire::STREAM_URI);
+    let target = || match service {
+        Some(service) => format!("service {service} through the agent"),
+        None => "the member through the agent".to_owned(),
+    };
     let registry = registry();
     let wait = registry.wait();
     let started = clock::now();
     loop {
         if let Some(tunnel) = registry.pick(&cluster.name) {
-            match runtime::timeout(timeout, tunnel.open_stream(cluster)).await {
+            match runtime::timeout(timeout, tunnel.open_stream(cluster, uri, service.is_some()))
+                .await
+            {
                 Ok(Ok(stream)) => return Ok(stream),
                 Ok(Err(OpenError::Refused(reason))) => {
                     return Err(GatewayError::Connect {
                         cluster: cluster.name.to_string(),
-                        address: format!("the member through the agent at {}", tunnel.agent),
+                        address: format!("{} at {}", target(), tunnel.agent),
                         source: std::io::Error::other(reason),
+                    })
+                }
+                Ok(Err(OpenError::Forbidden)) => {
+                    return Err(GatewayError::ServiceNotAllowed {
+                        cluster: cluster.name.to_string(),
+                        service: service.map(ToString::to_string).unwrap_or_default(),
                     })
                 }
                 Ok(Err(OpenError::Gone)) => {
@@ -349,7 +383,7 @@ pub(crate) async fn open(
                 Err(_) => {
                     return Err(GatewayError::ConnectTimeout {
                         cluster: cluster.name.to_string(),
-                        address: format!("the member through the agent at {}", tunnel.agent),
+                        address: format!("{} at {}", target(), tunnel.agent),
                     })
                 }
             }

@@ -28,6 +28,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use crate::errors::GatewayError;
 use crate::observe::metrics::{ShardMetrics, UpstreamGuard};
 use crate::runtime::clock;
+use crate::tunnel::wire::ServiceRef;
 use crate::tunnel::Counted;
 
 /// A connection to a member: plaintext or rustls over a readiness-based monoio socket, a stream
@@ -97,9 +98,10 @@ pub struct UpstreamConn {
     pub io: UpstreamIo,
     /// Bytes read from the member that belong to the current (or, in error, a later) response.
     pub buf: BytesMut,
-    /// The [`ClusterRoute::id`] it was opened for: a pool key, so a changed cluster spec never
-    /// reuses a connection made with old credentials.
-    pub cluster_id: u64,
+    /// What it reaches (the cluster route it was opened for, and the service for a stream to
+    /// one): the pool's key, so a changed cluster spec never reuses a connection made with old
+    /// credentials, and a stream to a service serves only that service.
+    pub pool_key: super::PoolKey,
     /// The route's retirement flag: the pool closes the connection once the route it was made
     /// for has left the serving table.
     pub retirement: Arc<RouteRetirement>,
@@ -114,13 +116,18 @@ pub struct UpstreamConn {
 }
 
 impl UpstreamConn {
-    fn new(io: UpstreamIo, cluster: &ClusterRoute, metrics: &ShardMetrics) -> UpstreamConn {
+    fn new(
+        io: UpstreamIo,
+        cluster: &ClusterRoute,
+        pool_key: super::PoolKey,
+        metrics: &ShardMetrics,
+    ) -> UpstreamConn {
         UpstreamConn {
             io,
             // Grown by the driver as it reads: a big LIST gets large reads, an idle watch a
             // small buffer.
             buf: BytesMut::new(),
-            cluster_id: cluster.id,
+            pool_key,
             retirement: cluster.retirement.clone(),
             idle_since: clock::now(),
             reused: false,
@@ -144,16 +151,28 @@ impl UpstreamConn {
     }
 }
 
-/// Opens a connection to `cluster` (TCP and, for https, the TLS handshake) within `timeout`.
+/// Opens a connection to `cluster` (TCP and, for https, the TLS handshake) within `timeout`;
+/// with `service`, a stream to that service through a pull-mode cluster's agent (never for a
+/// cluster reached directly).
 pub async fn connect(
     cluster: &ClusterRoute,
+    service: Option<&ServiceRef<'_>>,
     timeout: Duration,
     metrics: &ShardMetrics,
 ) -> Result<UpstreamConn, GatewayError> {
+    let key = super::PoolKey::new(cluster, service);
     if cluster.mode == ConnectMode::Tunnel {
         // Pull mode: a stream of one of the cluster's agents' tunnels, never a dial.
-        let io = crate::tunnel::open(cluster, timeout).await?;
-        return Ok(UpstreamConn::new(io, cluster, metrics));
+        let io = crate::tunnel::open(cluster, service, timeout).await?;
+        return Ok(UpstreamConn::new(io, cluster, key, metrics));
+    }
+    if let Some(service) = service {
+        // `request::decide` refuses the service path of a direct cluster; never dial one.
+        return Err(GatewayError::ServicePathNotTunnelled {
+            cluster: cluster.name.to_string(),
+            service: service.to_string(),
+            proxy_path: String::new(),
+        });
     }
     let target = &cluster.upstream;
     let address = match &cluster.egress_proxy {
@@ -192,7 +211,7 @@ pub async fn connect(
         Ok::<_, io::Error>(UpstreamIo::Tls(Box::new(tls)))
     };
     match monoio::time::timeout(timeout, attempt).await {
-        Ok(Ok(io)) => Ok(UpstreamConn::new(io, cluster, metrics)),
+        Ok(Ok(io)) => Ok(UpstreamConn::new(io, cluster, key, metrics)),
         Ok(Err(source)) => Err(GatewayError::Connect {
             cluster: cluster.name.to_string(),
             address,

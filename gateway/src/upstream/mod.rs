@@ -12,4 +12,4 @@ mod pool;
 pub mod resolve;
 
 pub use connect::{connect, UpstreamConn, UpstreamIo};
-pub use pool::ShardPool;
+pub use pool::{PoolKey, ShardPool};

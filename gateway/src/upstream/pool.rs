@@ -1,4 +1,7 @@
-//! The per-shard keep-alive pool: idle upstream connections keyed by the cluster route's `id`.
+//! The per-shard keep-alive pool: idle upstream connections keyed by the cluster route's `id`
+//! and, for a stream to a service of a pull-mode cluster (the direct service path), that
+//! service ([`PoolKey`]): a kept stream to a service serves the next request to that same
+//! service, never one to the member or to another service.
 //!
 //! Per shard, so it needs no lock (`RefCell` in a single-threaded runtime); a connection lives and
 //! dies on the shard that opened it. It never checks a connection's health (the driver retries a
@@ -19,8 +22,31 @@ use ahash::AHashMap;
 use fleetgate_config_watcher::retirement::retirements;
 use tracing::debug;
 
+use fleetgate_config_watcher::ClusterRoute;
+
 use super::UpstreamConn;
 use crate::runtime::clock;
+use crate::tunnel::wire::ServiceRef;
+
+/// What an upstream connection reaches, as the pool keys it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    /// The [`ClusterRoute::id`]: a changed cluster spec never reuses a connection made with old
+    /// credentials.
+    cluster_id: u64,
+    /// `NS/NAME:PORT` for a stream to a service; None for the member itself.
+    service: Option<Box<str>>,
+}
+
+impl PoolKey {
+    /// The key of `cluster`'s member, or of `service` through it (which allocates its name).
+    pub fn new(cluster: &ClusterRoute, service: Option<&ServiceRef<'_>>) -> PoolKey {
+        PoolKey {
+            cluster_id: cluster.id,
+            service: service.map(|s| s.to_string().into_boxed_str()),
+        }
+    }
+}
 
 /// Idle time after which a pooled connection is checked before it is reused.
 const PROBE_AFTER: Duration = Duration::from_millis(500);
@@ -50,11 +76,11 @@ impl ShardPool {
         }
     }
 
-    /// The most recently returned, unexpired idle connection for `cluster_id`.
-    pub fn take(&self, cluster_id: u64) -> Option<UpstreamConn> {
+    /// The most recently returned, unexpired idle connection for `key`.
+    pub fn take(&self, key: &PoolKey) -> Option<UpstreamConn> {
         self.idle.sweep_if_retired();
         let mut idle = self.idle.by_cluster.borrow_mut();
-        let conns = idle.get_mut(&cluster_id)?;
+        let conns = idle.get_mut(key)?;
         while let Some(mut conn) = conns.pop() {
             let idle = clock::now().saturating_duration_since(conn.idle_since);
             if idle >= self.idle_timeout {
@@ -94,7 +120,7 @@ impl ShardPool {
                 !conns.is_empty()
             });
         }
-        let conns = idle.entry(conn.cluster_id).or_default();
+        let conns = idle.entry(conn.pool_key.clone()).or_default();
         if conns.len() >= self.max_idle_per_cluster {
             conns.remove(0);
         }
@@ -109,7 +135,7 @@ impl ShardPool {
 
 /// The idle connections, shared between the pool and its sweeper task (same shard).
 struct IdleConns {
-    by_cluster: RefCell<AHashMap<u64, Vec<UpstreamConn>>>,
+    by_cluster: RefCell<AHashMap<PoolKey, Vec<UpstreamConn>>>,
     /// The process-wide retirement epoch this pool last swept at.
     swept_at_epoch: Cell<u64>,
 }

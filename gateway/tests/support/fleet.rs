@@ -412,6 +412,21 @@ impl Fleet {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    /// An HTTP/1.1 TLS client of the gateway on `tcp` as the fleet's `admin` (its reads time
+    /// out after 30 s).
+    pub fn admin_https(
+        &self,
+        tcp: std::net::TcpStream,
+    ) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+        tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let conn = rustls::ClientConnection::new(
+            self.admin_tls_config(b"http/1.1"),
+            "127.0.0.1".try_into().unwrap(),
+        )
+        .unwrap();
+        rustls::StreamOwned::new(conn, tcp)
+    }
+
     /// A TLS client of the gateway as the fleet's `admin` user (allowed everything by the
     /// fleet's policies), trusting the gateway CA, offering `alpn`.
     pub fn admin_tls_config(&self, alpn: &[u8]) -> Arc<rustls::ClientConfig> {

@@ -221,3 +221,21 @@ pub fn stalled_list(
     );
     (stalled, read)
 }
+
+/// Starts the fleet's gateway (two workers, `fleetgate=debug`) with a tunnel listener on
+/// 127.0.0.1:0 for agents certified by `agents/agent-ca.crt`, and `extra` arguments; returns
+/// the tunnel listener's address.
+pub fn serve_with_tunnel(fleet: &mut Fleet, extra: &[&str]) -> SocketAddr {
+    let agent_ca = fleet.fleet_path("agents/agent-ca.crt");
+    let mut args = vec![
+        "--workers",
+        "2",
+        "--tunnel-listen",
+        "127.0.0.1:0",
+        "--agent-ca",
+        agent_ca.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    fleet.serve(&args, Some("fleetgate=debug"));
+    fleet.ready().addr("tunnel")
+}

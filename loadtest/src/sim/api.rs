@@ -341,6 +341,9 @@ async fn route_and_serve(
     req: Request<Incoming>,
 ) -> Result<Response<SimBody>, ApiError> {
     let path = req.uri().path().to_string();
+    if let Some(target) = crate::sim::services::proxy_path(&path) {
+        return crate::sim::services::serve(member, user, target, req).await;
+    }
     let route = parse_route(&member.registry, &path)?;
     let method = req.method().clone();
     let accept = header_str(&req, header::ACCEPT).map(str::to_string);

@@ -21,7 +21,7 @@ pub const SENT_AT_ANNOTATION: &str = "fleetgate.io/sent-at";
 /// Namespaces of the `--objects` ConfigMaps.
 pub const LOAD_NAMESPACES: usize = 10;
 
-fn put(member: &Member, plural: &'static str, object: Value) {
+pub(crate) fn put(member: &Member, plural: &'static str, object: Value) {
     let ns = object["metadata"]["namespace"]
         .as_str()
         .unwrap_or("")
@@ -61,7 +61,7 @@ pub fn publish_root_ca(member: &Member, ns: &str) {
     );
 }
 
-fn namespace(name: &str) -> Value {
+pub(crate) fn namespace(name: &str) -> Value {
     json!({
         "kind": "Namespace", "apiVersion": "v1",
         "metadata": {"name": name, "uid": uuid::Uuid::new_v4().to_string(), "creationTimestamp": now_rfc3339(),

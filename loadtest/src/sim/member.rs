@@ -19,6 +19,9 @@ pub struct SimTuning {
     pub history_window: usize,
     /// Heartbeat BOOKMARK interval of watches with `allowWatchBookmarks=true`.
     pub bookmark_interval: Duration,
+    /// Services every member has, with their backends (`sim --service`): the apiserver's
+    /// service proxy forwards to them.
+    pub services: Vec<crate::sim::services::SimService>,
 }
 
 impl Default for SimTuning {
@@ -27,6 +30,7 @@ impl Default for SimTuning {
             log_interval: Duration::from_millis(200),
             history_window: 10_000,
             bookmark_interval: Duration::from_secs(60),
+            services: Vec::new(),
         }
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! A request's way through a member: `server` (TCP, TLS, HTTP/1.1 or h2) -> `api` (identity via
 //! `auth`, routing) -> `objects` / `watch` / `logs` / `stream` over the member's `store`; every
-//! error leaves through `status`. `start_fleet` is the only entry point other crates use (the
+//! error leaves through `status`; a service proxy request goes to its backend (`services`). `start_fleet` is the only entry point other crates use (the
 //! gateway's `demo` command and the tests); it never blocks the runtime it is called on.
 
 pub mod api;
@@ -23,6 +23,7 @@ pub mod protobuf;
 pub mod resources;
 pub mod selectors;
 pub mod server;
+pub mod services;
 pub mod status;
 pub mod store;
 pub mod stream;
@@ -253,6 +254,7 @@ pub async fn start_fleet_with_tuning(
             creds.fleet_ca.cert_pem.clone(),
         ));
         load::seed(&member, opts.objects);
+        services::seed(&member);
         servers.push(MemberServer::spawn(member.clone(), listener, tls.clone())?);
         churn_tasks.push(tokio::spawn(load::churn(
             member.clone(),

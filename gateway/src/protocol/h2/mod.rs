@@ -540,6 +540,7 @@ async fn proxy_stream(
             } else {
                 Upgrade::None
             },
+            service: proxied.service,
         },
         headers,
         // h2 has no `Connection` field (the h2 crate refuses connection-specific fields).
@@ -547,6 +548,7 @@ async fn proxy_stream(
     );
     let outbound = Outbound {
         cluster,
+        service: proxied.service,
         head: &head,
         replayable: request_body == BodyKind::Empty
             && matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS),
