@@ -518,22 +518,33 @@ YAML
         "$fg" certs issue-agent --dir "$agents" --cluster "$up-t$suffix" >/dev/null
       done
     done
-    start_fleetgate fleetgate-tunnel "$tdir" "$t_port" --tunnel-listen 127.0.0.1:0 --agent-ca "$agents/agent-ca.crt"
-    gw=${pid[fleetgate-tunnel]}
-    tunnel_at=$(sed -n 's/^ready.* tunnel=\([0-9.:]*\).*/\1/p' "$work/fleetgate-tunnel.out")
-    for mode in $tunnel_members; do
-      suffix=; [ "$mode" = plain ] || suffix=-$mode
-      for up in static member; do
-        name=$up-t$suffix member_ca=()
-        [ -z "$suffix" ] || member_ca=(--kube-ca "${ca[$up$suffix]}")
-        taskset -c "$tunnel_agent_core" "$fg" agent --gateway "https://$tunnel_at" --cluster "$name" \
-          --cert "$agents/agent-$name.crt" --key "$agents/agent-$name.key" --ca "$sim_dir/pki/gateway-ca.crt" \
-          --kube-server "${server[$up$suffix]}" "${member_ca[@]}" >"$work/agent-$name.out" 2>"$work/agent-$name.err" &
-        agent[$name]=$!
-        pids+=("${agent[$name]}")
-        wait_ready "$work/agent-$name.out" "the agent of $name"
+    # The gateway and its agents, started afresh before each idle-watch measurement: resident
+    # memory a process freed is reused before it grows, so only a fresh process's growth is the
+    # cost of the watches it holds. The tunnel listener keeps its port, the agents their names.
+    tunnel_port=$(free_port)
+    tunnel_up() {
+      local mode suffix up name member_ca keep=() p
+      for p in "${pids[@]}"; do [ "$p" = "${gw:-}" ] || [[ " ${agent[*]} " == *" $p "* ]] || keep+=("$p"); done
+      [ -z "${gw:-}" ] || { kill "$gw" "${agent[@]}" 2>/dev/null; wait "$gw" "${agent[@]}" 2>/dev/null || true; }
+      pids=("${keep[@]}")
+      start_fleetgate fleetgate-tunnel "$tdir" "$t_port" --tunnel-listen "127.0.0.1:$tunnel_port" --agent-ca "$agents/agent-ca.crt"
+      gw=${pid[fleetgate-tunnel]}
+      for mode in $tunnel_members; do
+        suffix=; [ "$mode" = plain ] || suffix=-$mode
+        for up in static member; do
+          name=$up-t$suffix member_ca=()
+          [ -z "$suffix" ] || member_ca=(--kube-ca "${ca[$up$suffix]}")
+          taskset -c "$tunnel_agent_core" "$fg" agent --gateway "https://127.0.0.1:$tunnel_port" --cluster "$name" \
+            --cert "$agents/agent-$name.crt" --key "$agents/agent-$name.key" --ca "$sim_dir/pki/gateway-ca.crt" \
+            --kube-server "${server[$up$suffix]}" "${member_ca[@]}" >"$work/agent-$name.out" 2>"$work/agent-$name.err" &
+          agent[$name]=$!
+          pids+=("${agent[$name]}")
+          wait_ready "$work/agent-$name.out" "the agent of $name"
+        done
       done
-    done
+    }
+    gw=
+    tunnel_up
     base=http://127.0.0.1:$t_port/clusters
     rm -f "$out"/tunnel-*
     for round in $(seq "$tunnel_rounds"); do
@@ -555,7 +566,23 @@ YAML
           esac
           # A chart of the last round only.
           chart_name=-; [ "$round" = "$tunnel_rounds" ] && chart_name=tunnel-$mode-$part
-          measure "tunnel-$mode-$part-r$round" "$part" "${extra[@]}"
+          if [ $part != watch-idle ]; then
+            measure "tunnel-$mode-$part-r$round" "$part" "${extra[@]}"
+            continue
+          fi
+          # Idle watches: each target alone in a fresh gateway (and agents), then one JSON.
+          all_args=("${args[@]}") parts=()
+          for t in fg-direct fg-tunnel fg-direct-2; do
+            tunnel_up
+            args=(--target "$t=$base/member-d$suffix" --pid "$t=$gw")
+            [ $t != fg-tunnel ] || args=(--target "$t=$base/member-t$suffix" --pid "$t=$gw,${agent[member-t$suffix]}")
+            chart_name=- measure "tunnel-$mode-$part-r$round-$t" "$part" "${extra[@]}"
+            parts+=("$out/tunnel-$mode-$part-r$round-$t.json")
+          done
+          python3 -c 'import json, sys; json.dump([r for f in sys.argv[2:] for r in json.load(open(f))], open(sys.argv[1], "w"), indent=1)' \
+            "$out/tunnel-$mode-$part-r$round.json" "${parts[@]}"
+          rm -f "${parts[@]}"
+          args=("${all_args[@]}")
         done
       done
       chart_name=
