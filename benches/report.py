@@ -123,7 +123,7 @@ def tunnel_mode(out, s, goals, mode, rounds, loads, event_watches, churn, exec_s
           "of the two direct figures; floor: the second direct over the first (how far the same path moves by itself). "
           "The tunnel's CPU is the gateway's plus the agent's (`/proc/PID/stat`), split in brackets. "
           "Other load: cores busy with work other than this benchmark's processes during the round (the machine is shared).", "",
-          " ".join(f"![tunnel-{mode}-{p}](charts/tunnel-{mode}-{p}.svg)" for p in ["watch-idle"] + [p for p, _, _ in TUNNEL_PARTS]), "",
+          " ".join(f"![tunnel-{mode}-{p}](charts/tunnel-{mode}-{p}.svg)" for p, _, _ in TUNNEL_PARTS), "",
           "| round | start | other load (cores) | scenario | throughput direct | tunnel | direct 2 | ratio | floor | cost direct | tunnel (gateway + agent) | direct 2 | ratio | floor |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     worst_tp, worst_cpu = {}, {}
