@@ -9,6 +9,7 @@
 #   benches/all.sh small-get watch-idle # some of them
 #   DURATION=10s WATCHES=8000 EVENT_WATCHES=500 CHURN=20 LATENCY_PAIRS=2 EXEC_STREAMS=4 benches/all.sh
 #   FLEET_MEMBERS=100 FLEET_PODS=1000 FLEET_SCALES="1 10" FLEET_LIMIT=500 benches/all.sh fleet-list
+#   TUNNEL_ROUNDS=3 TUNNEL_WATCHES=4000 TUNNEL_AGENT_CORE=0 TUNNEL_MEMBERS="plain tls" benches/all.sh tunnel
 #   SKIP_BUILD=1 (use the release binaries as they are)  BENCH_MD=FILE (write the tables there)
 #
 # Upstreams (core 0): a static nginx (a ~1 KiB ConfigMap JSON, and a ~90 MB LIST at /big) for the
@@ -17,6 +18,10 @@
 # fleet-list starts its own simulated fleet (FLEET_MEMBERS members x FLEET_PODS pods, then again
 # at each multiple of FLEET_SCALES; core 0) and a fleetgate on it (core 1); run alone, it starts
 # nothing else.
+# tunnel (issue 14 item 7) starts one fleetgate (core 1) serving each upstream twice, as a Direct
+# cluster and as a Tunnel cluster whose `fleetgate agent` (TUNNEL_AGENT_CORE, default 0: beside
+# the upstreams, as an agent runs beside its member) dials the gateway's tunnel listener; it needs
+# the static nginx and the simulated member but no peer, so run alone it starts no peer.
 # Targets: `direct` (the upstream itself), `floor` (small-get only: the byte pump is valid for
 # small GETs only), `haproxy`, `nginx`, `goproxy` (../shared/peers/start.sh; `-tls` ones serve
 # TLS + h2 with the sim's gateway certificate), and `fleetgate` (`serve --workers 1`).
@@ -42,11 +47,19 @@ fleet_members=${FLEET_MEMBERS:-100}
 fleet_pods=${FLEET_PODS:-1000}
 fleet_scales=${FLEET_SCALES:-1 10}
 fleet_limit=${FLEET_LIMIT:-500}
-all=(small-get small-get-h2 big-list watch-idle watch-idle-tls watch-events watch-latency exec-stream portforward-stream reload-storm auth-overhead registry fleet-list)
+tunnel_rounds=${TUNNEL_ROUNDS:-1}
+tunnel_watches=${TUNNEL_WATCHES:-4000}
+tunnel_agent_core=${TUNNEL_AGENT_CORE:-0}
+tunnel_members=${TUNNEL_MEMBERS:-plain tls}
+all=(small-get small-get-h2 big-list watch-idle watch-idle-tls watch-events watch-latency exec-stream portforward-stream reload-storm auth-overhead registry fleet-list tunnel)
 scenarios=("$@"); [ ${#scenarios[@]} -gt 0 ] || scenarios=("${all[@]}")
-# The shared upstreams, peers and gateways serve every scenario but fleet-list (its own fleet).
-shared=0
-for s in "${scenarios[@]}"; do [ "$s" = fleet-list ] || shared=1; done
+# The shared upstreams serve every scenario but fleet-list (its own fleet); the peers and their
+# gateways every one but fleet-list and tunnel (its own gateway and agents).
+shared=0 peered=0
+for s in "${scenarios[@]}"; do
+  [ "$s" = fleet-list ] || shared=1
+  case $s in fleet-list | tunnel) ;; *) peered=1 ;; esac
+done
 mkdir -p "$out" "$charts"
 # A full run starts from an empty results directory, so the report holds this run only; a run of
 # some scenarios keeps the others' results (the report then mixes runs: rerun all to compare).
@@ -78,6 +91,17 @@ declare -A url pid
 admin_token=  # the shared sim's, elided from the printed commands
 # Not indented, so the heredocs below keep their text at column 0.
 if [ $shared = 1 ]; then
+echo "== simulated fleet (one member, plain listener too, core 0)"
+fg_tls_port=$(free_port)
+sim_dir=$work/sim
+taskset -c 0 "$lt" sim --dir "$sim_dir" --clusters 1 --objects 100 --churn "$churn" --plaintext \
+  --gateway-listen "127.0.0.1:$fg_tls_port" >"$work/sim.out" 2>"$work/sim.err" &
+sim_pid=$!
+pids+=("$sim_pid")
+wait_ready "$work/sim.out" "the simulated fleet"
+sim_plain=$(sed -n 's/^member1=//p' "$sim_dir/plaintext-members")
+admin_token=$(cat "$sim_dir/users/admin.token")
+
 echo "== static upstream (nginx, core 0)"
 mkdir -p "$work/www"
 python3 - "$work/www" <<'PY'
@@ -91,27 +115,21 @@ items = [dict(cm, metadata=dict(cm["metadata"], name=f"bench-{i}")) for i in ran
 open(f"{d}/big.json", "w").write(json.dumps({"kind": "ConfigMapList", "apiVersion": "v1",
      "metadata": {"resourceVersion": "1000"}, "items": items}, separators=(",", ":")) + "\n")
 PY
-up_port=$(free_port)
-sed -e "s|@LISTEN@|127.0.0.1:$up_port|" -e "s|@WORK@|$work|g" "$here/upstream-nginx.conf.in" >"$work/upstream.conf"
+up_port=$(free_port) up_tls_port=$(free_port)
+# A TLS listener too (the tunnel scenario's members over TLS), with the sim's gateway certificate.
+sed -e "s|^\( *\)listen @LISTEN@;|&\n\1listen 127.0.0.1:$up_tls_port ssl; ssl_certificate $sim_dir/pki/gateway.crt; ssl_certificate_key $sim_dir/pki/gateway.key;|" \
+  -e "s|@LISTEN@|127.0.0.1:$up_port|" -e "s|@WORK@|$work|g" "$here/upstream-nginx.conf.in" >"$work/upstream.conf"
+grep -q "listen 127.0.0.1:$up_tls_port ssl;" "$work/upstream.conf" || { echo "upstream-nginx.conf.in changed shape" >&2; exit 1; }
 taskset -c 0 nginx -c "$work/upstream.conf"
 wait_port "$up_port"
 pids+=("$(cat "$work/upstream.pid")")
 static=http://127.0.0.1:$up_port
-
-echo "== simulated fleet (one member, plain listener too, core 0)"
-fg_tls_port=$(free_port)
-sim_dir=$work/sim
-taskset -c 0 "$lt" sim --dir "$sim_dir" --clusters 1 --objects 100 --churn "$churn" --plaintext \
-  --gateway-listen "127.0.0.1:$fg_tls_port" >"$work/sim.out" 2>"$work/sim.err" &
-sim_pid=$!
-pids+=("$sim_pid")
-wait_ready "$work/sim.out" "the simulated fleet"
-sim_plain=$(sed -n 's/^member1=//p' "$sim_dir/plaintext-members")
-admin_token=$(cat "$sim_dir/users/admin.token")
+static_tls=https://127.0.0.1:$up_tls_port
 
 url[direct]=$static
 url[direct-sim]=$sim_plain
 pid[direct-sim]=$sim_pid
+fi # shared
 start_peer() { # peer set upstream [tls]
   local name=$1-$2 port; port=$(free_port)
   [ "$2" = static ] && name=$1
@@ -131,6 +149,7 @@ start_peer() { # peer set upstream [tls]
   [ -f "$work/$name/worker.pid" ] && pid[$name]=$(cat "$work/$name/worker.pid")
   return 0
 }
+if [ $peered = 1 ]; then
 echo "== peers (core 1)"
 start_peer floor static "$static"
 for peer in haproxy nginx goproxy; do
@@ -138,6 +157,7 @@ for peer in haproxy nginx goproxy; do
   start_peer "$peer" tls "$static" tls
   start_peer "$peer" sim "$sim_plain"
 done
+fi # peered
 
 # Without spec.auth the gateway denies anonymous requests (AccessPolicy mode): the proxy-overhead
 # gateways run with authentication, policy and impersonation off, as the peers do.
@@ -167,14 +187,16 @@ YAML
 YAML
   fi
 }
-start_fleetgate() { # name config-dir plain-port
-  taskset -c 1 "$fg" serve --config "$2" --workers 1 --driver epoll >"$work/$1.out" 2>"$work/$1.err" &
+start_fleetgate() { # name config-dir plain-port [serve args...]
+  local name=$1 dir=$2 port=$3; shift 3
+  taskset -c 1 "$fg" serve --config "$dir" --workers 1 --driver epoll "$@" >"$work/$name.out" 2>"$work/$name.err" &
   local p=$!
   pids+=("$p")
-  wait_ready "$work/$1.out" "$1" || return 1
-  url[$1]=http://127.0.0.1:$3/clusters/member1
-  pid[$1]=$p
+  wait_ready "$work/$name.out" "$name" || return 1
+  url[$name]=http://127.0.0.1:$port/clusters/member1
+  pid[$name]=$p
 }
+if [ $peered = 1 ]; then
 echo "== fleetgate (core 1, one worker each)"
 # In front of the static upstream: plain listener, TLS + h2 listener, admin; its config directory
 # is the one reload-storm rewrites.
@@ -222,7 +244,7 @@ sim_kubeconfig=$work/sim-targets.kubeconfig
   done
 } >"$sim_kubeconfig"
 for t in direct-sim haproxy-sim nginx-sim goproxy-sim fleetgate-sim; do url[$t]=kubeconfig:$sim_kubeconfig:$t; done
-fi # shared
+fi # peered
 
 targets() { # names...
   local t
@@ -247,11 +269,42 @@ poke_idle_watches() {
   done
 }
 measure() { # name scenario [extra args...]   (name: the JSON, table and chart file names)
-  local name=$1 scenario=$2; shift 2
+  local name=$1 scenario=$2 chart=(); shift 2
   echo "== $name"
   commands+=("fleetgate-loadtest run --scenario $scenario ${args[*]//$admin_token/TOKEN} ${*//$admin_token/TOKEN}")
+  # chart_name: the chart's file name when not $name; none at all when it is `-`.
+  [ "${chart_name:-}" = - ] || chart=(--chart "$charts/${chart_name:-$name}.svg")
   taskset -c 0 "$lt" run --scenario "$scenario" "${args[@]}" "$@" --duration "$duration" \
-    --json "$out/$name.json" --chart "$charts/$name.svg" | tee "$out/$name.txt"
+    --json "$out/$name.json" "${chart[@]}" | tee "$out/$name.txt"
+}
+# The machine's CPU ticks now, all busy ones and this script's own (its descendants, waited ones
+# included, and the daemons in $pids with theirs), so that a round can say how many cores other
+# work (the other builds on a shared machine) kept busy meanwhile: `busy ours` on one line.
+cpu_ticks() {
+  python3 - "$$" "${pids[@]}" <<'PY'
+import os, sys
+roots = {int(p) for p in sys.argv[1:]}
+procs = {}
+for d in os.listdir("/proc"):
+    if d.isdigit():
+        try:
+            f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # ppid; utime + stime + cutime + cstime (a waited child's time is in its parent's)
+        procs[int(d)] = (int(f[1]), sum(int(x) for x in f[11:15]))
+ours = 0
+for pid, (ppid, ticks) in procs.items():
+    seen, p = set(), pid
+    while p in procs and p not in roots and p not in seen:
+        seen.add(p)
+        p = procs[p][0]
+    if p in roots:
+        ours += ticks
+cpu = open("/proc/stat").readline().split()[1:]
+busy = sum(int(cpu[i]) for i in (0, 1, 2, 5, 6, 7))  # user nice system irq softirq steal
+print(busy, ours)
+PY
 }
 commands=()
 for scenario in "${scenarios[@]}"; do
@@ -424,6 +477,128 @@ YAML
       (cd "$repo" && taskset -c 1 cargo run --release -q -p fleetgate-config-watcher --example table-memory) |
         tee -a "$out/registry.txt" || echo "(table-memory example did not run)"
     fi
+    ;;
+  tunnel)
+    # Issue 14 item 7: pull mode against the direct path, in one gateway (core 1, one worker)
+    # serving each upstream twice: `static-d` / `member-d` as Direct clusters, `static-t` /
+    # `member-t` as Tunnel clusters whose agents (TUNNEL_AGENT_CORE) dial its tunnel listener and
+    # reach the same upstream; with TUNNEL_MEMBERS=tls (default "plain tls") the same four again,
+    # `-tls`, reaching the upstreams over TLS as production members are. Each scenario measures
+    # fleetgate direct, through the tunnel, and direct again (the method's floor: how far the same
+    # path moves by itself); the tunnel's CPU is the gateway's plus its agent's (`--pid
+    # NAME=GATEWAY,AGENT`). TUNNEL_ROUNDS rounds, each recording the cores other work kept busy
+    # meanwhile (tunnel-rN.load).
+    tdir=$work/fg-tunnel agents=$work/agents
+    mkdir -p "$tdir"
+    t_port=$(free_port) t_admin=$(free_port)
+    # spec.tls: the tunnel listener serves the Gateway's certificate.
+    gateway_yaml "$t_port" "$t_admin" "$(free_port)" >"$tdir/gateway.yaml"
+    sim_tls=$(sed -n 's|^  server: \(https://.*\)$|\1|p' "$sim_dir/clusters/member1.yaml")
+    declare -A server ca agent
+    server[static]=$static server[member]=$sim_plain
+    server[static-tls]=$static_tls ca[static-tls]=$sim_dir/pki/gateway-ca.crt
+    server[member-tls]=$sim_tls ca[member-tls]=$sim_dir/pki/fleet-ca.crt
+    for mode in $tunnel_members; do
+      suffix=; [ "$mode" = plain ] || suffix=-$mode
+      for up in static member; do
+        for kind in d t; do
+          name=$up-$kind$suffix
+          {
+            printf 'apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: %s}\nspec:\n' "$name"
+            if [ $kind = t ]; then
+              echo "  mode: Tunnel"
+            else
+              echo "  server: ${server[$up$suffix]}"
+              [ -z "$suffix" ] || { echo "  caData: |"; sed 's/^/    /' "${ca[$up$suffix]}"; }
+            fi
+            [ $up = static ] || echo "  credentials: {token: \"$admin_token\"}"
+            echo "  impersonation: false"
+          } >"$tdir/$name.yaml"
+        done
+        "$fg" certs issue-agent --dir "$agents" --cluster "$up-t$suffix" >/dev/null
+      done
+    done
+    # The gateway and its agents, started afresh before each idle-watch measurement: resident
+    # memory a process freed is reused before it grows, so only a fresh process's growth is the
+    # cost of the watches it holds. The tunnel listener keeps its port, the agents their names.
+    tunnel_port=$(free_port)
+    tunnel_up() {
+      local mode suffix up name member_ca keep=() p
+      for p in "${pids[@]}"; do [ "$p" = "${gw:-}" ] || [[ " ${agent[*]} " == *" $p "* ]] || keep+=("$p"); done
+      [ -z "${gw:-}" ] || { kill "$gw" "${agent[@]}" 2>/dev/null; wait "$gw" "${agent[@]}" 2>/dev/null || true; }
+      pids=("${keep[@]}")
+      start_fleetgate fleetgate-tunnel "$tdir" "$t_port" --tunnel-listen "127.0.0.1:$tunnel_port" --agent-ca "$agents/agent-ca.crt"
+      gw=${pid[fleetgate-tunnel]}
+      for mode in $tunnel_members; do
+        suffix=; [ "$mode" = plain ] || suffix=-$mode
+        for up in static member; do
+          name=$up-t$suffix member_ca=()
+          [ -z "$suffix" ] || member_ca=(--kube-ca "${ca[$up$suffix]}")
+          taskset -c "$tunnel_agent_core" "$fg" agent --gateway "https://127.0.0.1:$tunnel_port" --cluster "$name" \
+            --cert "$agents/agent-$name.crt" --key "$agents/agent-$name.key" --ca "$sim_dir/pki/gateway-ca.crt" \
+            --kube-server "${server[$up$suffix]}" "${member_ca[@]}" >"$work/agent-$name.out" 2>"$work/agent-$name.err" &
+          agent[$name]=$!
+          pids+=("${agent[$name]}")
+          wait_ready "$work/agent-$name.out" "the agent of $name"
+        done
+      done
+    }
+    gw=
+    tunnel_up
+    base=http://127.0.0.1:$t_port/clusters
+    rm -f "$out"/tunnel-*
+    for round in $(seq "$tunnel_rounds"); do
+      load0=$(cut -d' ' -f1-3 /proc/loadavg) ticks0=$(cpu_ticks) t0=$(date +%s.%N)
+      echo "== tunnel round $round of $tunnel_rounds (load average $load0)"
+      for mode in $tunnel_members; do
+        suffix=; [ "$mode" = plain ] || suffix=-$mode
+        for part in watch-idle small-get big-list watch-events exec-stream; do
+          up=member; case $part in small-get | big-list) up=static ;; esac
+          args=(--target "fg-direct=$base/$up-d$suffix" --pid "fg-direct=$gw"
+            --target "fg-tunnel=$base/$up-t$suffix" --pid "fg-tunnel=$gw,${agent[$up-t$suffix]}"
+            --target "fg-direct-2=$base/$up-d$suffix" --pid "fg-direct-2=$gw")
+          case $part in
+          watch-idle) extra=(--watches "$tunnel_watches" --warmup 3s --path "/api/v1/namespaces/kube-public/configmaps?watch=1") ;;
+          small-get) extra=(--path /api/v1/namespaces/default/configmaps/bench --connections "$connections") ;;
+          big-list) extra=(--path /big) ;;
+          watch-events) extra=(--watches "$event_watches" --warmup 2s --path /api/v1/configmaps) ;;
+          exec-stream) extra=(--streams "$exec_streams") ;;
+          esac
+          # A chart of the last round only.
+          chart_name=-; [ "$round" = "$tunnel_rounds" ] && chart_name=tunnel-$mode-$part
+          if [ $part != watch-idle ]; then
+            measure "tunnel-$mode-$part-r$round" "$part" "${extra[@]}"
+            continue
+          fi
+          # Idle watches: each target alone in a fresh gateway (and agents), then one JSON.
+          all_args=("${args[@]}") parts=()
+          for t in fg-direct fg-tunnel fg-direct-2; do
+            tunnel_up
+            args=(--target "$t=$base/member-d$suffix" --pid "$t=$gw")
+            [ $t != fg-tunnel ] || args=(--target "$t=$base/member-t$suffix" --pid "$t=$gw,${agent[member-t$suffix]}")
+            chart_name=- measure "tunnel-$mode-$part-r$round-$t" "$part" "${extra[@]}"
+            parts+=("$out/tunnel-$mode-$part-r$round-$t.json")
+          done
+          python3 -c 'import json, sys; json.dump([r for f in sys.argv[2:] for r in json.load(open(f))], open(sys.argv[1], "w"), indent=1)' \
+            "$out/tunnel-$mode-$part-r$round.json" "${parts[@]}"
+          rm -f "${parts[@]}"
+          args=("${all_args[@]}")
+        done
+      done
+      chart_name=
+      python3 - "$ticks0" "$(cpu_ticks)" "$t0" "$(date +%s.%N)" "$load0" "$(cut -d' ' -f1-3 /proc/loadavg)" \
+        "$tunnel_agent_core" >"$out/tunnel-r$round.load" <<'PY'
+import json, os, sys, time
+(b0, o0), (b1, o1) = (map(int, a.split()) for a in sys.argv[1:3])
+t0, t1 = float(sys.argv[3]), float(sys.argv[4])
+hz = os.sysconf("SC_CLK_TCK")
+print(json.dumps({"start": time.strftime("%H:%M UTC", time.gmtime(t0)), "seconds": round(t1 - t0),
+                  "loadavg_start": sys.argv[5], "loadavg_end": sys.argv[6], "agent_core": sys.argv[7],
+                  "bench_cores": round((o1 - o0) / hz / (t1 - t0), 2),
+                  "other_cores": round(max(0, (b1 - b0) - (o1 - o0)) / hz / (t1 - t0), 2)}))
+PY
+      echo "== tunnel round $round: $(cat "$out/tunnel-r$round.load")"
+    done
     ;;
   fleet-list)
     # Issue 13 item 8: one LIST of every member's pods through /fleet, unpaged and paged (limit,

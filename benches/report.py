@@ -103,6 +103,97 @@ def fleet_list(out, s, goals, members, pods, limit):
                   verdict(worst and worst[0] / 1024, 64)))
 
 
+TUNNEL_PARTS = [
+    # part, throughput (label, key or function), cost (label, key)
+    ("small-get", ("req/s", lambda x: x.get("req_per_sec")), ("CPU us/req", "cpu_us_per_request")),
+    ("big-list", ("MB/s", lambda x: x.get("mb_per_sec")), ("CPU ms/MB", "cpu_ms_per_mb")),
+    ("watch-events", ("events/s", lambda x: x.get("events") and x["events"] / x["seconds"]), ("CPU us/event", "cpu_us_per_event")),
+    ("exec-stream", ("MB/s", lambda x: x.get("mb_per_sec")), ("CPU ms/MB", "cpu_ms_per_mb")),
+]
+
+
+def tunnel_mode(out, s, goals, mode, rounds, loads, event_watches, churn, exec_streams):
+    """One member mode of the tunnel scenario: every round of tunnel-MODE-PART-rN.json."""
+    agent_core = next((l.get("agent_core") for l in loads.values() if l.get("agent_core")), "?")
+    legs = "plain HTTP" if mode == "plain" else "TLS (the agent and the gateway verify the upstream's CA)"
+    s += ["", f"### tunnel, upstreams over {legs} (issue 14: small-get, big-list, watch-events, exec-stream and idle watches through a pull-mode tunnel against the same upstream direct; {len(rounds)} round(s))", "",
+          "One fleetgate (one worker, core 1) serves each upstream as a Direct cluster and as a Tunnel cluster whose "
+          f"`fleetgate agent` (core {agent_core}) dials the gateway's tunnel listener. Each figure is measured direct "
+          "(`fg-direct`), through the tunnel (`fg-tunnel`), and direct again (`fg-direct-2`). Ratio: tunnel over the mean "
+          "of the two direct figures; floor: the second direct over the first (how far the same path moves by itself). "
+          "The tunnel's CPU is the gateway's plus the agent's (`/proc/PID/stat`), split in brackets. "
+          "Other load: cores busy with work other than this benchmark's processes during the round (the machine is shared).", "",
+          " ".join(f"![tunnel-{mode}-{p}](charts/tunnel-{mode}-{p}.svg)" for p, _, _ in TUNNEL_PARTS), "",
+          "| round | start | other load (cores) | scenario | throughput direct | tunnel | direct 2 | ratio | floor | cost direct | tunnel (gateway + agent) | direct 2 | ratio | floor |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    worst_tp, worst_cpu = {}, {}
+    for n in rounds:
+        l = loads[n]
+        for part, (tp_label, tp), (cost_label, cost) in TUNNEL_PARTS:
+            r = load(out, f"tunnel-{mode}-{part}-r{n}")
+            if not r:
+                continue
+            d1, t, d2 = (r.get(k, {}) for k in ("fg-direct", "fg-tunnel", "fg-direct-2"))
+            mean = lambda f: None if f(d1) is None or f(d2) is None else (f(d1) + f(d2)) / 2
+            tpr, cr = ratio(tp(t), mean(tp)), ratio(t.get(cost), mean(lambda x: x.get(cost)))
+            split = t.get("cpu_share")
+            split = f" ({fmt(split[0] * t[cost], 2)} + {fmt(split[1] * t[cost], 2)})" if split and t.get(cost) is not None else ""
+            s.append(f"| {n} | {l.get('start', '-')} | {fmt(l.get('other_cores'), 2)} | {part} | "
+                     f"{fmt(tp(d1))} {tp_label} | {fmt(tp(t))} | {fmt(tp(d2))} | **{fmt(tpr, 2)}x** | {fmt(ratio(tp(d2), tp(d1)), 2)}x | "
+                     f"{fmt(d1.get(cost), 2)} {cost_label} | {fmt(t.get(cost), 2)}{split} | {fmt(d2.get(cost), 2)} | **{fmt(cr, 2)}x** | {fmt(ratio(d2.get(cost), d1.get(cost)), 2)}x |")
+            if tpr is not None:
+                worst_tp[part] = min(worst_tp.get(part, tpr), tpr)
+            if cr is not None:
+                worst_cpu[part] = max(worst_cpu.get(part, cr), cr)
+    s += ["", f"watch-events: {event_watches} watches, the member changes {churn} objects/s (its event rate sets the "
+          f"throughput; the latency shows the tunnel's cost). exec-stream: {exec_streams} WebSocket exec sessions of `cat`.", "",
+          "| round | target | watch-events p50 us | p99 us | errors (all scenarios) |", "|---|---|---|---|---|"]
+    for n in rounds:
+        r = load(out, f"tunnel-{mode}-watch-events-r{n}") or {}
+        for name, x in r.items():
+            errs = sum((load(out, f"tunnel-{mode}-{p}-r{n}") or {}).get(name, {}).get("errors", 0) for p, _, _ in TUNNEL_PARTS)
+            s.append(f"| {n} | {name} | {fmt(x.get('p50_us'), 0)} | {fmt(x.get('p99_us'), 0)} | {errs} |")
+    s += ["", "Idle watches (on a quiet collection, held for the run's duration): resident memory per watch, "
+          "the tunnel's split gateway + agent.", "",
+          "| round | watches | direct KiB/watch | tunnel KiB/watch (gateway + agent) | direct 2 KiB/watch | tunnel CPU at rest % |",
+          "|---|---|---|---|---|---|"]
+    idle = []
+    for n in rounds:
+        r = load(out, f"tunnel-{mode}-watch-idle-r{n}")
+        if not r:
+            continue
+        d1, t, d2 = (r.get(k, {}) for k in ("fg-direct", "fg-tunnel", "fg-direct-2"))
+        each = t.get("kib_per_watch_each")
+        each = f" ({fmt(each[0], 2)} + {fmt(each[1], 2)})" if each else ""
+        s.append(f"| {n} | {t.get('watches', '-')} | {fmt(d1.get('kib_per_watch'), 2)} | {fmt(t.get('kib_per_watch'), 2)}{each} | "
+                 f"{fmt(d2.get('kib_per_watch'), 2)} | {fmt(t.get('idle_cpu_percent'), 2)} |")
+        if t.get("kib_per_watch") is not None:
+            idle.append(t["kib_per_watch"])
+    for part, worst in worst_tp.items():
+        goals.append(("14", f"{part} through the tunnel, upstream over {mode}: throughput >= 0.8x direct (lowest of {len(rounds)} round(s))", f"{fmt(worst, 2)}x", verdict(worst, 0.8, at_most=False)))
+    for part, worst in worst_cpu.items():
+        goals.append(("14", f"{part} through the tunnel, upstream over {mode}: CPU (gateway + agent) <= 1.5x direct (highest of {len(rounds)} round(s))", f"{fmt(worst, 2)}x", verdict(worst, 1.5)))
+    if idle:
+        goals.append(("14", f"memory per idle tunnelled watch (gateway + agent), upstream over {mode}, reported", f"{fmt(min(idle), 2)}-{fmt(max(idle), 2)} KiB", "reported"))
+
+
+def tunnel(out, s, goals, event_watches, churn, exec_streams):
+    """tunnel (issue 14 item 7): every round of tunnel-MODE-PART-rN.json, per member mode (plain,
+    tls), the tunnel's figures against the mean of the two direct measurements that bracket it,
+    and the second direct against the first (the method's floor)."""
+    found = {}
+    for p in glob.glob(os.path.join(out, "tunnel-*-r*.json")):
+        m = re.fullmatch(r"tunnel-([a-z]+)-.*-r(\d+)\.json", os.path.basename(p))
+        if m:
+            found.setdefault(m.group(1), set()).add(int(m.group(2)))
+    loads = {}
+    for n in set().union(*found.values()) if found else ():
+        path = os.path.join(out, f"tunnel-r{n}.load")
+        loads[n] = json.load(open(path)) if os.path.exists(path) else {}
+    for mode in [m for m in ("plain", "tls") if m in found] + sorted(set(found) - {"plain", "tls"}):
+        tunnel_mode(out, s, goals, mode, sorted(found[mode]), loads, event_watches, churn, exec_streams)
+
+
 def main():
     out, md, commit, loadavg, duration, watches, event_watches, churn, exec_streams = sys.argv[1:10]
     fleet_members, fleet_pods, fleet_limit = (sys.argv[10:13] + ["100", "1000", "500"][len(sys.argv[10:13]):])
@@ -282,6 +373,7 @@ def main():
             goals.append(("5", f"building a table of {int(m.group(1)):,} clusters < 50 ms", f"{ms:.1f} ms ({ms / 50:.2f}x the limit)", verdict(ms, 50)))
 
     fleet_list(out, s, goals, int(fleet_members), int(fleet_pods), fleet_limit)
+    tunnel(out, s, goals, event_watches, churn, exec_streams)
 
     s += ["", "### Goals, each a ratio from this run", "", "| issue | goal | this run | verdict |", "|---|---|---|---|"]
     s += [f"| {i} | {g} | {v} | {ok} |" for i, g, v, ok in goals]

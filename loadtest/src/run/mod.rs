@@ -40,7 +40,9 @@ pub struct RunArgs {
     /// listed one after the other (the members direct, the baseline of the fleet view).
     #[arg(long = "target", required = true)]
     pub targets: Vec<String>,
-    /// NAME=PID: the process whose CPU and memory are charged to target NAME.
+    /// NAME=PID: the process whose CPU and memory are charged to target NAME; NAME=PID,PID,...
+    /// charges several, summed (a gateway and the pull-mode agent its requests ride through), and
+    /// reports each one's share of the CPU.
     #[arg(long = "pid")]
     pub pids: Vec<String>,
     /// How long each target is loaded (e.g. 10s, 500ms, 1m).
@@ -170,6 +172,11 @@ pub struct TargetResult {
     pub distinct_objects: Option<u64>,
     pub duplicate_objects: Option<u64>,
     pub objects_per_cluster: Option<std::collections::BTreeMap<String, u64>>,
+    /// With several processes charged (`--pid NAME=PID,PID`): each one's share of their CPU
+    /// time over the target's whole run (warm-up included), in the order given.
+    pub cpu_share: Option<Vec<f64>>,
+    /// watch-idle with several processes charged: each one's resident memory per watch, KiB.
+    pub kib_per_watch_each: Option<Vec<f64>>,
 }
 
 /// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
@@ -243,8 +250,8 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         let (name, pid) = p
             .split_once('=')
             .ok_or_else(|| anyhow!("--pid {p:?} is not NAME=PID"))?;
-        let pid: u32 = pid.parse().with_context(|| format!("--pid {p:?}"))?;
-        pids.insert(name.to_owned(), ProcWatch::new(pid)?);
+        let watch = ProcWatch::parse(pid).with_context(|| format!("--pid {p:?}"))?;
+        pids.insert(name.to_owned(), watch);
     }
     let upstream = args.upstream_pid.map(ProcWatch::new).transpose()?;
     if !SCENARIOS.contains(&args.scenario.as_str()) {
@@ -259,6 +266,8 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         let proc_watch = pids.get(name);
         tracing::info!(target = %name, scenario = %args.scenario, "measuring");
         let bar = progress::TargetProgress::start(name, &args.scenario, expected_time(args));
+        let split = proc_watch.filter(|p| p.count() > 1);
+        let cpu_before = split.map(ProcWatch::cpu_each).transpose()?;
         let r = match args.scenario.as_str() {
             "small-get" => scenarios::small_get(args, target, proc_watch).await,
             "small-get-h2" => h2load::small_get_h2(args, target, proc_watch).await,
@@ -290,9 +299,26 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
             _ => unreachable!("checked against SCENARIOS above"),
         };
         bar.finish();
-        results.push(r?);
+        let mut r = r?;
+        if let (Some(p), Some(before)) = (split, cpu_before) {
+            r.cpu_share = Some(shares(&before, &p.cpu_each()?));
+        }
+        results.push(r);
     }
     Ok(results)
+}
+
+/// Each process's share of the CPU time the group used between two readings.
+fn shares(before: &[Duration], after: &[Duration]) -> Vec<f64> {
+    let used: Vec<f64> = after
+        .iter()
+        .zip(before)
+        .map(|(a, b)| a.saturating_sub(*b).as_secs_f64())
+        .collect();
+    let total: f64 = used.iter().sum();
+    used.iter()
+        .map(|u| if total > 0.0 { u / total } else { 0.0 })
+        .collect()
 }
 
 /// Every scenario `--scenario` accepts.
@@ -405,8 +431,20 @@ pub fn print_table(results: &[TargetResult]) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{parse_duration, shares};
     use std::time::Duration;
+
+    #[test]
+    fn cpu_shares_of_a_group() {
+        let ms = Duration::from_millis;
+        let split = shares(&[ms(100), ms(50)], &[ms(400), ms(150)]);
+        assert!(
+            (split[0] - 0.75).abs() < 1e-9 && (split[1] - 0.25).abs() < 1e-9,
+            "{split:?}"
+        );
+        // Nothing used: no share, rather than NaN.
+        assert_eq!(shares(&[ms(5), ms(5)], &[ms(5), ms(5)]), [0.0, 0.0]);
+    }
 
     #[test]
     fn durations() {

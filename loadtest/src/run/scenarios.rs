@@ -304,13 +304,13 @@ pub async fn watch_idle(
     target: &Target,
     pw: Option<&ProcWatch>,
 ) -> anyhow::Result<TargetResult> {
-    let base = pw.map(|p| p.rss()).transpose()?;
+    let base = pw.map(|p| p.rss_each()).transpose()?;
     let watches = open_watches(target, &args.path, args.watches)
         .await
         .with_context(|| format!("{}: opening {} watches", target.name, args.watches))?;
     // Let the target settle (allocator, lazily grown buffers) before reading memory.
     tokio::time::sleep(args.warmup).await;
-    let held = pw.map(|p| p.rss()).transpose()?;
+    let held = pw.map(|p| p.rss_each()).transpose()?;
     let cpu0 = cpu_now(pw)?;
     let start = Instant::now();
     tokio::time::sleep(args.duration).await;
@@ -318,16 +318,24 @@ pub async fn watch_idle(
     let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
     let w = watches.len();
     drop(watches);
+    let kib = |v: &Vec<u64>| v.iter().sum::<u64>() as f64 / 1024.0;
+    let per_watch = |b: u64, h: u64| (h as f64 - b as f64) / 1024.0 / w as f64;
     Ok(TargetResult {
         target: target.name.clone(),
         scenario: "watch-idle".into(),
         seconds,
         watches: Some(w),
-        rss_base_kib: base.map(|b| b as f64 / 1024.0),
-        rss_peak_kib: held.map(|h| h as f64 / 1024.0),
+        rss_base_kib: base.as_ref().map(kib),
+        rss_peak_kib: held.as_ref().map(kib),
         kib_per_watch: base
-            .zip(held)
-            .map(|(b, h)| (h as f64 - b as f64) / 1024.0 / w as f64),
+            .as_ref()
+            .zip(held.as_ref())
+            .map(|(b, h)| per_watch(b.iter().sum(), h.iter().sum())),
+        kib_per_watch_each: base
+            .as_ref()
+            .zip(held.as_ref())
+            .filter(|(b, _)| b.len() > 1)
+            .map(|(b, h)| b.iter().zip(h).map(|(b, h)| per_watch(*b, *h)).collect()),
         idle_cpu_percent: cpu.map(|c| c * 100.0 / seconds),
         ..Default::default()
     })
