@@ -467,3 +467,128 @@ fn the_gateways_selectors_select_what_the_members_do() {
     // Every watch above was the shared one: the member holds its watch (and no other).
     assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
 }
+
+#[test]
+fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
+    // Churn in other namespaces moves the member's 5-event window past the shared watch of
+    // `default`, and the member ends every watch after 2 s: each time the gateway watches again
+    // its resourceVersion has expired (410), and it lists again.
+    let mut fleet = Fleet::sim_with(
+        "",
+        2,
+        10,
+        &[
+            "--churn",
+            "20",
+            "--history-window",
+            "5",
+            "--watch-timeout-seconds",
+            "2",
+        ],
+    );
+    share_configmaps(&fleet, 64, 16);
+    fleet.serve(&["--workers", "1"], Some("fleetgate=info"));
+    direct(
+        &fleet,
+        &[
+            "create",
+            "configmap",
+            "seed",
+            "-n",
+            "default",
+            "--from-literal=i=0",
+        ],
+    );
+    let columns = kubectl_watch(
+        &fleet,
+        "columns",
+        &[
+            "--no-headers",
+            "-o",
+            "custom-columns=NAME:.metadata.name,I:.data.i",
+        ],
+    );
+    wait_for("the initial list", Duration::from_secs(30), || {
+        values_in(&columns.output()) == [0]
+    });
+    wait_for(
+        "a relist after the member's 410",
+        Duration::from_secs(30),
+        || {
+            fleet
+                .log()
+                .contains("member's resourceVersion expired; listing again")
+        },
+    );
+    for i in 1..=5 {
+        let patch = format!("{{\"data\":{{\"i\":\"{i}\"}}}}");
+        direct(
+            &fleet,
+            &[
+                "patch",
+                "configmap",
+                "seed",
+                "-n",
+                "default",
+                "--type",
+                "merge",
+                "-p",
+                &patch,
+            ],
+        );
+    }
+    // Changes that fell into a relist come as what changed since (the last of them), as from
+    // client-go's reflector: in order, none twice, the last one always.
+    wait_for("the last change", Duration::from_secs(30), || {
+        values_in(&columns.output()).last() == Some(&5)
+    });
+    let values = values_in(&columns.output());
+    assert!(values.windows(2).all(|w| w[0] < w[1]), "{values:?}");
+
+    // member2 is removed from the configuration: its shared watch ends, and with it every
+    // client watch on it, cleanly.
+    let mut raw = kubectl_command(&fleet.gateway_kubeconfig(), "member2")
+        .args([
+            "get",
+            "--raw",
+            "/clusters/member2/api/v1/namespaces/default/configmaps?watch=1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let member2 = |fleet: &Fleet| {
+        let out = kubectl(
+            &fleet.fleet_path("kubeconfig"),
+            "member2",
+            &["get", "--raw", "/metrics"],
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l == "fleetgate_sim_open_watches{resource=\"configmaps\"} 1")
+    };
+    wait_for("member2's shared watch", Duration::from_secs(30), || {
+        member2(&fleet)
+    });
+    std::fs::remove_file(fleet.fleet_path("clusters/member2.yaml")).unwrap();
+    let mut status = None;
+    wait_for(
+        "the client watch on member2 to end",
+        Duration::from_secs(30),
+        || {
+            status = raw.try_wait().unwrap();
+            status.is_some()
+        },
+    );
+    assert!(status.unwrap().success(), "{}", fleet.log_tail(20));
+    wait_for("member2 to hold no watch", Duration::from_secs(30), || {
+        let out = kubectl(
+            &fleet.fleet_path("kubeconfig"),
+            "member2",
+            &["get", "--raw", "/metrics"],
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l == "fleetgate_sim_open_watches{resource=\"configmaps\"} 0")
+    });
+}
