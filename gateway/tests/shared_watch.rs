@@ -592,3 +592,91 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
             .any(|l| l == "fleetgate_sim_open_watches{resource=\"configmaps\"} 0")
     });
 }
+
+#[test]
+fn a_client_that_falls_behind_the_lag_limit_is_cut_with_410() {
+    let mut fleet = Fleet::sim(1, 0);
+    share_configmaps(&fleet, 64, 4);
+    fleet.serve(&["--workers", "1"], None);
+    direct(
+        &fleet,
+        &[
+            "create",
+            "configmap",
+            "big",
+            "-n",
+            "default",
+            "--from-literal=i=0",
+        ],
+    );
+    let rv = direct(
+        &fleet,
+        &[
+            "get",
+            "configmap",
+            "big",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+    );
+    // A client that asks for the watch, reads its head, then stops reading.
+    let tls = fleet.admin_tls_config(b"http/1.1");
+    let https = fleet.https();
+    let mut stream = fleet.runtime.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = support::client::tls_connect(https, tls).await.unwrap();
+        let request = format!(
+            "GET /clusters/member1/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={} HTTP/1.1\r\nHost: gw\r\n\r\n",
+            rv.trim()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
+        stream
+    });
+    // 24 changes of 800 KB each: more than the sockets between gateway and client hold, so the
+    // gateway's write to this client waits while the ring moves on past the lag limit (4).
+    let patch = fleet.path("big.json");
+    for i in 1..=24 {
+        let value = format!("{i}-{}", "x".repeat(800 * 1024));
+        std::fs::write(&patch, format!("{{\"data\":{{\"i\":\"{value}\"}}}}")).unwrap();
+        direct(
+            &fleet,
+            &[
+                "patch",
+                "configmap",
+                "big",
+                "-n",
+                "default",
+                "--type",
+                "merge",
+                "--patch-file",
+                patch.to_str().unwrap(),
+            ],
+        );
+    }
+    // Reading again: what was in flight, then the apiserver's 410 and the end of the stream.
+    let rest = fleet.runtime.block_on(async {
+        use tokio::io::AsyncReadExt;
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut rest))
+            .await
+            .expect("the stream ends")
+            .ok();
+        rest
+    });
+    let text = String::from_utf8_lossy(&rest);
+    let tail = &text[text.len().saturating_sub(400)..];
+    assert!(
+        text.contains("\"type\":\"ERROR\"")
+            && text.contains("\"code\":410")
+            && text.contains("too old resource version"),
+        "{tail}"
+    );
+    assert!(text.ends_with("0\r\n\r\n"), "{tail}");
+    // It did not get all 24 changes: it was cut.
+    assert!(!text.contains("\"i\":\"24-"), "{tail}");
+}
