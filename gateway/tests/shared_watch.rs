@@ -271,6 +271,12 @@ fn many_watches_cost_the_member_one_watch_per_key_and_see_every_change_in_order(
         Duration::from_secs(10),
         || member_watches(&fleet, "member1", "configmaps") == 2,
     );
+    // The gateway's own count: two shared watches, serving the 120 clients.
+    assert_eq!(fleet.metric("fleetgate_shared_watches"), Some(2));
+    assert_eq!(
+        fleet.metric("fleetgate_shared_watch_clients"),
+        Some((CLIENTS_KUBE_RS + CLIENTS_TABLE + CLIENTS_COLUMNS) as i64)
+    );
     assert!(rewatches(&fleet) >= 4, "{}", fleet.log_tail(20));
 
     // A resourceVersion the ring no longer holds (16 events, 24 changes since): the

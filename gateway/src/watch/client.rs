@@ -32,6 +32,7 @@ pub(super) async fn follow(
     client: &mut impl FleetClient,
 ) -> Served {
     let _joined = hub.join();
+    let _counted = ctx.shard_metrics.shared_watch_client();
     // Wait for the hub's first list.
     loop {
         let seen = hub.signal.epoch();

@@ -350,7 +350,9 @@ impl Hub {
         });
         let running = Rc::clone(&hub);
         runtime::spawn(async move {
+            let open = shard.shard_metrics.shared_watch_opened();
             let phase = running.run(&shard, caller).await;
+            drop(open);
             running.end(phase);
             if phase == Phase::Failed {
                 runtime::sleep(FAILED_FOR).await;
