@@ -40,7 +40,7 @@ pub use reload::{ReloadFailure, ReloadOutcome, ReloadStatus, TablePublisher, API
 pub use retirement::{RetirementListener, RouteRetirement};
 pub use settings::{
     ClusterConfig, Config, FleetSettings, GatewaySettings, Http2Settings, Limits, ListenerSettings,
-    ServingTls,
+    ServingTls, SharedWatchSettings,
 };
 pub use table::{
     crypto_provider, egress_proxy, parse_certs, parse_key, parse_server, ClusterRoute, EgressProxy,

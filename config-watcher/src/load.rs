@@ -234,6 +234,7 @@ pub(crate) fn resolve_gateway(
         limits,
         http2,
         fleet,
+        shared_watches,
         auth,
         audit,
     } = obj.spec;
@@ -384,6 +385,10 @@ pub(crate) fn resolve_gateway(
             "must be at least 8".into(),
         ));
     }
+    let shared_watches = match shared_watches {
+        None => None,
+        Some(spec) => Some(resolve_shared_watches(spec).map_err(|(field, m)| invalid(field, m))?),
+    };
     let auth = crate::auth::resolve_auth(auth, base).map_err(|(field, m)| invalid(field, m))?;
     let audit = match audit {
         None => None,
@@ -408,8 +413,79 @@ pub(crate) fn resolve_gateway(
         limits,
         http2,
         fleet,
+        shared_watches,
         auth,
         audit,
+    })
+}
+
+/// `spec.sharedWatches` checked: at least one resource, each named as kube names them and
+/// listed once; the ring between its bounds; the lag limit within the ring.
+fn resolve_shared_watches(
+    spec: crate::objects::SharedWatchesSpec,
+) -> Result<crate::settings::SharedWatchSettings, (&'static str, String)> {
+    use crate::settings::SharedWatchSettings as S;
+    if spec.resources.is_empty() {
+        return Err((
+            "spec.sharedWatches.resources",
+            "at least one resource is required".into(),
+        ));
+    }
+    // A DNS-1123 label (resource, version) or subdomain (group), as kube requires of them.
+    let label = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+    };
+    let mut resources: Vec<(String, String, String)> = Vec::new();
+    for r in spec.resources {
+        if !r.group.is_empty() && (r.group.len() > 253 || !r.group.split('.').all(label)) {
+            return Err((
+                "spec.sharedWatches.resources[].group",
+                format!("{:?} is not an API group name", r.group),
+            ));
+        }
+        if !label(&r.version) {
+            return Err((
+                "spec.sharedWatches.resources[].version",
+                format!("{:?} is not an API version", r.version),
+            ));
+        }
+        if !label(&r.resource) {
+            return Err((
+                "spec.sharedWatches.resources[].resource",
+                format!("{:?} is not a plural resource name", r.resource),
+            ));
+        }
+        let key = (r.group, r.version, r.resource);
+        if resources.contains(&key) {
+            return Err((
+                "spec.sharedWatches.resources",
+                format!("{}/{}/{} is listed twice", key.0, key.1, key.2),
+            ));
+        }
+        resources.push(key);
+    }
+    let ring_size = spec.ring_size.unwrap_or(S::DEFAULT_RING_SIZE);
+    if !(S::MIN_RING_SIZE..=S::MAX_RING_SIZE).contains(&ring_size) {
+        return Err((
+            "spec.sharedWatches.ringSize",
+            format!(
+                "{ring_size} is not between {} and {}",
+                S::MIN_RING_SIZE,
+                S::MAX_RING_SIZE
+            ),
+        ));
+    }
+    let lag_limit = spec.lag_limit.unwrap_or((ring_size / 4).max(1));
+    in_range(lag_limit, ring_size, "spec.sharedWatches.lagLimit")?;
+    Ok(S {
+        resources,
+        ring_size: ring_size as usize,
+        lag_limit: lag_limit as usize,
     })
 }
 

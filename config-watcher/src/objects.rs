@@ -86,6 +86,10 @@ pub struct GatewaySpec {
     /// How the fleet view (`/fleet`) reads the members.
     #[serde(default)]
     pub fleet: FleetSpec,
+    /// Watches shared at the edge: one member watch per resource and scope feeds every client
+    /// watch of it (docs/watches.md). Off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_watches: Option<SharedWatchesSpec>,
     /// Authentication (client certificates, token file, OIDC) and authorization mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AuthSpec>,
@@ -274,6 +278,35 @@ pub struct FleetSpec {
     /// refused (405).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub create_in: Option<String>,
+}
+
+/// `spec.sharedWatches` of the Gateway: which resources' watches are shared, and the bounds of
+/// each shared watch.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SharedWatchesSpec {
+    /// The resources whose watches are shared (at least one).
+    pub resources: Vec<SharedResourceSpec>,
+    /// Events each shared watch keeps for clients that resume from a resourceVersion
+    /// (default 4096).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_size: Option<u32>,
+    /// How many events a client may fall behind before it is cut with 410 Gone (default: a
+    /// quarter of the ring; at most the ring size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_limit: Option<u32>,
+}
+
+/// One resource of `spec.sharedWatches.resources`.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SharedResourceSpec {
+    /// The API group (`""` for the core group).
+    #[serde(default)]
+    pub group: String,
+    pub version: String,
+    /// The plural resource name (`pods`).
+    pub resource: String,
 }
 
 /// `kind: Cluster`.

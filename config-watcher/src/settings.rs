@@ -32,6 +32,8 @@ pub struct GatewaySettings {
     pub limits: Limits,
     pub http2: Http2Settings,
     pub fleet: FleetSettings,
+    /// `spec.sharedWatches`, resolved; None: every watch is the client's own.
+    pub shared_watches: Option<SharedWatchSettings>,
     /// The `spec.auth` block, resolved (token file read, OIDC defaulted).
     pub auth: AuthSettings,
     /// The audit log (`spec.audit`); None: off.
@@ -129,6 +131,30 @@ impl Default for FleetSettings {
             members_at_once: 16,
             create_in: None,
         }
+    }
+}
+
+/// `spec.sharedWatches`, resolved and checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedWatchSettings {
+    /// The shared resources: (group, version, plural resource).
+    pub resources: Vec<(String, String, String)>,
+    /// Events each shared watch keeps.
+    pub ring_size: usize,
+    /// Events a client may fall behind before it is cut.
+    pub lag_limit: usize,
+}
+
+impl SharedWatchSettings {
+    pub const DEFAULT_RING_SIZE: u32 = 4096;
+    pub const MIN_RING_SIZE: u32 = 16;
+    pub const MAX_RING_SIZE: u32 = 1 << 20;
+
+    /// Whether watches of `resource` in `group` (at `version`) are shared.
+    pub fn shares(&self, group: &str, version: &str, resource: &str) -> bool {
+        self.resources
+            .iter()
+            .any(|(g, v, r)| g == group && v == version && r == resource)
     }
 }
 

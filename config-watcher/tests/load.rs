@@ -342,3 +342,86 @@ fn fleet_resources_and_karmada_resource_registries_resolve_against_the_clusters(
         assert!(err.contains(field), "{err}");
     }
 }
+
+/// `spec.sharedWatches` resolved, or the mistake named by field (a reload keeps the last good
+/// table when this fails: see reload.rs).
+fn shared_watches(
+    block: &str,
+) -> Result<Option<fleetgate_config_watcher::SharedWatchSettings>, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    write_gateway(dir.path(), &pki);
+    let path = dir.path().join("gateway.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{text}{block}")).unwrap();
+    load_path(dir.path())
+        .map(|c| c.gateway.shared_watches)
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn shared_watches_are_off_by_default_and_checked_when_on() {
+    assert_eq!(shared_watches(""), Ok(None));
+    let on = shared_watches(
+        "  sharedWatches:\n    resources:\n    - {version: v1, resource: configmaps}\n    - {group: apps, version: v1, resource: deployments}\n",
+    )
+    .unwrap()
+    .unwrap();
+    assert!(on.shares("", "v1", "configmaps"));
+    assert!(on.shares("apps", "v1", "deployments"));
+    assert!(!on.shares("", "v1", "pods"));
+    assert_eq!((on.ring_size, on.lag_limit), (4096, 1024));
+    let sized = shared_watches(
+        "  sharedWatches:\n    resources: [{version: v1, resource: pods}]\n    ringSize: 100\n    lagLimit: 100\n",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!((sized.ring_size, sized.lag_limit), (100, 100));
+    for (block, named) in [
+        ("  sharedWatches:\n    resources: []\n", "spec.sharedWatches.resources"),
+        ("  sharedWatches: {}\n", "missing field `resources`"),
+        (
+            "  sharedWatches:\n    resources: [{version: v1, resource: Pods}]\n",
+            "spec.sharedWatches.resources[].resource",
+        ),
+        (
+            "  sharedWatches:\n    resources: [{version: v1, resource: \"pods/log\"}]\n",
+            "spec.sharedWatches.resources[].resource",
+        ),
+        (
+            "  sharedWatches:\n    resources: [{version: '', resource: pods}]\n",
+            "spec.sharedWatches.resources[].version",
+        ),
+        (
+            "  sharedWatches:\n    resources: [{group: 'a..b', version: v1, resource: pods}]\n",
+            "spec.sharedWatches.resources[].group",
+        ),
+        (
+            "  sharedWatches:\n    resources: [{version: v1, resource: pods}, {version: v1, resource: pods}]\n",
+            "listed twice",
+        ),
+        (
+            "  sharedWatches:\n    resources: [{version: v1, resource: pods}]\n    ringSize: 8\n",
+            "spec.sharedWatches.ringSize",
+        ),
+        (
+            "  sharedWatches:\n    resources: [{version: v1, resource: pods}]\n    ringSize: 100\n    lagLimit: 101\n",
+            "spec.sharedWatches.lagLimit",
+        ),
+        (
+            "  sharedWatches:\n    resources: [{version: v1, resource: pods}]\n    lagLimit: 0\n",
+            "spec.sharedWatches.lagLimit",
+        ),
+        (
+            "  sharedWatches:\n    resources: [{version: v1, resource: pods}]\n    ringSize: -1\n",
+            "gateway.yaml",
+        ),
+        (
+            "  sharedWatches:\n    resources: [{version: v1, resource: pods, verbs: [watch]}]\n",
+            "unknown field `verbs`",
+        ),
+    ] {
+        let e = shared_watches(block).expect_err(block);
+        assert!(e.contains(named), "{block}: {e}");
+    }
+}

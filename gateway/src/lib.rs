@@ -9,6 +9,8 @@
 //! - `auth`: who the client is, whether an AccessPolicy lets it, what the member is told;
 //! - `fleet`: the fleet view: one request answered from several members, each asked through the
 //!   exchange (a LIST merged and streamed);
+//! - `watch`: shared watches: one member watch per resource and scope feeds every client watch
+//!   of it, each client filtered and admitted by the member's own review;
 //! - `exchange`: the one way a decided request goes to a member and its answer comes back
 //!   (retries, relay, upgrades spliced, streams ended when their route is retired);
 //! - `upstream`: connections to members (direct, through an egress proxy) and the per-shard pool;
@@ -34,3 +36,4 @@ pub mod server;
 pub mod tls;
 pub mod tunnel;
 pub mod upstream;
+pub mod watch;

@@ -61,6 +61,10 @@ struct SimArgs {
     /// Watch events each member keeps for resume; older resourceVersions get 410 Expired.
     #[arg(long, default_value_t = 10_000)]
     history_window: usize,
+    /// Ends every watch after this many seconds, as kube-apiserver ends each watch after its
+    /// request timeout (0: only at the client's timeoutSeconds).
+    #[arg(long, default_value_t = 0)]
+    watch_timeout_seconds: u64,
     /// Also serve every member in plain HTTP on a second 127.0.0.1 port (for proxies whose
     /// upstream leg is plain HTTP/1.1, as the benchmark peers'); printed as a `plaintext:` line
     /// before `ready` and written to DIR/plaintext-members (one `NAME=http://ADDR` a line).
@@ -99,6 +103,8 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
             log_interval: Duration::from_millis(args.log_interval_ms.max(1)),
             history_window: args.history_window.max(1),
             services: args.services,
+            watch_timeout: (args.watch_timeout_seconds > 0)
+                .then(|| Duration::from_secs(args.watch_timeout_seconds)),
             ..SimTuning::default()
         };
         let fleet = sim::start_fleet_with_tuning(

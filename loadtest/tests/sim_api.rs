@@ -623,7 +623,8 @@ fn generated_files_follow_the_contract() {
         "{cluster}"
     );
 
-    // The Cluster object's token may impersonate (what the gateway does) but nothing else.
+    // The Cluster object's token may impersonate (what the gateway does), and list and watch
+    // (what its shared watches do), but nothing else: not even a get.
     let token = cluster
         .lines()
         .find_map(|l| l.trim().strip_prefix("token: "))
@@ -644,11 +645,11 @@ fn generated_files_follow_the_contract() {
     let as_self = common::kubectl_with(
         &path,
         &fleet.cache_dir(),
-        &["get", "cm", "-n", "default"],
+        &["get", "cm", "kube-root-ca.crt", "-n", "default"],
         &[],
     );
     assert!(
-        stderr(&as_self).contains("User \"fleetgate-gateway\" cannot list"),
+        stderr(&as_self).contains("User \"fleetgate-gateway\" cannot get"),
         "{}",
         stderr(&as_self)
     );

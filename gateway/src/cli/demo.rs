@@ -73,6 +73,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         args.dir.join("kubeconfig"),
         args.dir.join("direct.kubeconfig"),
     )?;
+    if let Err(e) = share_watches(&args.dir) {
+        stop(&mut fleet);
+        return Err(e);
+    }
 
     let pulled = match pull_mode_members(&args) {
         Ok(pulled) => pulled,
@@ -295,6 +299,26 @@ fn start_agent(dir: &Path, member: &PulledMember, tunnel: SocketAddr) -> anyhow:
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     cmd.spawn()
         .with_context(|| format!("starting the agent of {}", member.name))
+}
+
+/// The demo shares the watches of configmaps and pods (docs/watches.md): DIR/gateway.yaml, as
+/// the fleet wrote it, gets `spec.sharedWatches`.
+fn share_watches(dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join("gateway.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut gateway: serde_yaml::Value =
+        serde_yaml::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+    let shared: serde_yaml::Value = serde_yaml::from_str(
+        "resources:\n- {group: '', version: v1, resource: configmaps}\n- {group: '', version: v1, resource: pods}\n",
+    )?;
+    let spec = gateway
+        .get_mut("spec")
+        .and_then(serde_yaml::Value::as_mapping_mut)
+        .ok_or_else(|| anyhow!("{} has no spec", path.display()))?;
+    spec.insert("sharedWatches".into(), shared);
+    std::fs::write(&path, serde_yaml::to_string(&gateway)?)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The tunnel listener a gateway's `ready` line names (`tunnel=ADDR`), if any.

@@ -15,6 +15,7 @@
 //! identity; errors are [`Failure`]s that say whether anything reached the client yet.
 
 pub mod budget;
+pub mod lines;
 pub mod member_head;
 pub mod relay;
 pub mod retired;

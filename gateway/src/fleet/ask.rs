@@ -13,9 +13,10 @@ use crate::auth::Decided;
 use crate::errors::GatewayError;
 use crate::exchange::member_head::{self, MemberRequest, Upgrade};
 use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
-use crate::exchange::{self, Answer, Failure, NoBody, Outbound};
+use crate::exchange::{self, Answer, Failure, NoBody, Outbound, RequestBody};
 use crate::protocol::http1::{BodyKind, Head};
 use crate::runtime::{Deadline, ShardContext};
+use crate::upstream::UpstreamConn;
 
 /// The largest answer read (a page of 500 large objects).
 pub const MAX_ANSWER_BYTES: usize = 64 << 20;
@@ -76,8 +77,61 @@ where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
-    let (mut answer, response) =
-        open_accepting(ctx, asked, accept, client_request, cluster, identity, false).await?;
+    ask_with(ctx, asked, accept, None, client_request, cluster, identity).await
+}
+
+/// A POST of the JSON `body` to `cluster` as the user (a review the member is asked for); the
+/// body of a 2xx answer.
+pub(crate) async fn post<'h, F, H>(
+    ctx: &ShardContext,
+    asked: &Asked<'_>,
+    body: &[u8],
+    client_request: &ClientRequest<'_, F>,
+    cluster: &ClusterRoute,
+    identity: &Decided,
+) -> Result<Vec<u8>, Missed>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let accept = Some(&b"application/json"[..]);
+    ask_with(
+        ctx,
+        asked,
+        accept,
+        Some(body),
+        client_request,
+        cluster,
+        identity,
+    )
+    .await
+}
+
+/// [`open_accepting`], then the whole body of a 2xx answer.
+async fn ask_with<'h, F, H>(
+    ctx: &ShardContext,
+    asked: &Asked<'_>,
+    accept: Option<&'static [u8]>,
+    post: Option<&[u8]>,
+    client_request: &ClientRequest<'_, F>,
+    cluster: &ClusterRoute,
+    identity: &Decided,
+) -> Result<Vec<u8>, Missed>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    let (mut answer, response) = open_accepting(
+        ctx,
+        asked,
+        accept,
+        post,
+        client_request,
+        cluster,
+        identity,
+        false,
+    )
+    .await?;
     let mut body = Collect {
         buf: Vec::new(),
         cluster,
@@ -88,7 +142,7 @@ where
     if !complete {
         return Err(Missed::Failed("its answer ended early".into()));
     }
-    if response.code != 200 {
+    if !(200..300).contains(&response.code) {
         return Err(Missed::Answered(response.code, status_message(&body.buf)));
     }
     Ok(body.buf)
@@ -128,6 +182,7 @@ where
         ctx,
         asked,
         None,
+        None,
         client_request,
         cluster,
         identity,
@@ -136,11 +191,14 @@ where
     .await
 }
 
-/// [`open`], with `accept` (when given) as the member's `Accept` instead of the client's.
-async fn open_accepting<'h, F, H>(
+/// [`open`], with `accept` (when given) as the member's `Accept` instead of the client's, and
+/// with `post` (when given) a POST of that JSON body instead of a GET.
+#[allow(clippy::too_many_arguments, reason = "the request's whole shape")]
+pub(crate) async fn open_accepting<'h, F, H>(
     ctx: &ShardContext,
     asked: &Asked<'_>,
     accept: Option<&'static [u8]>,
+    post: Option<&[u8]>,
     client_request: &ClientRequest<'_, F>,
     cluster: &ClusterRoute,
     identity: &Decided,
@@ -155,11 +213,11 @@ where
         &mut head_bytes,
         cluster,
         &MemberRequest {
-            method: b"GET",
+            method: if post.is_some() { b"POST" } else { b"GET" },
             http10: false,
             rest: asked.rest,
             query: asked.query,
-            body: BodyKind::Empty,
+            body: post.map_or(BodyKind::Empty, |b| BodyKind::Length(b.len() as u64)),
             peer: client_request.peer.ip_text(),
             identity: identity.identity.as_deref(),
             upgrade: Upgrade::None,
@@ -169,10 +227,15 @@ where
         || {
             (client_request.headers)()
                 .filter(|(name, _)| {
-                    let replaced = accept.is_some() && name.eq_ignore_ascii_case(b"accept");
+                    let replaced = (accept.is_some() && name.eq_ignore_ascii_case(b"accept"))
+                        || (post.is_some()
+                            && (name.eq_ignore_ascii_case(b"content-type")
+                                || name.eq_ignore_ascii_case(b"content-length")
+                                || name.eq_ignore_ascii_case(b"transfer-encoding")));
                     !replaced && !name.eq_ignore_ascii_case(b"accept-encoding")
                 })
                 .chain(accept.map(|value| (&b"Accept"[..], value)))
+                .chain(post.map(|_| (&b"Content-Type"[..], &b"application/json"[..])))
         },
         client_request.connection_named,
     );
@@ -180,7 +243,7 @@ where
         cluster,
         service: None,
         head: &head_bytes,
-        replayable: true,
+        replayable: post.is_none(),
         long_running,
         upgrade: false,
         head_method: false,
@@ -191,10 +254,38 @@ where
     };
     let mut response = Head::default();
     let mut deadline = Deadline::new();
-    let answer = exchange::send(ctx, &outbound, &mut NoBody, &mut response, &mut deadline)
-        .await
-        .map_err(failed)?;
+    let answer = match post {
+        None => exchange::send(ctx, &outbound, &mut NoBody, &mut response, &mut deadline).await,
+        Some(body) => {
+            let mut body = Fixed(body);
+            exchange::send(ctx, &outbound, &mut body, &mut response, &mut deadline).await
+        }
+    }
+    .map_err(failed)?;
     Ok((answer, response))
+}
+
+/// A small request body the gateway wrote itself, sent whole.
+struct Fixed<'b>(&'b [u8]);
+
+impl RequestBody for Fixed<'_> {
+    async fn send(
+        &mut self,
+        conn: &mut UpstreamConn,
+        cluster: &ClusterRoute,
+    ) -> Result<(), Failure> {
+        use tokio::io::AsyncWriteExt as _;
+        conn.io.write_all(self.0).await.map_err(|e| {
+            Failure::Answer(GatewayError::UpstreamClosed {
+                cluster: cluster.name.to_string(),
+                source: Some(e),
+            })
+        })
+    }
+
+    async fn client_gone(&mut self) {
+        std::future::pending().await
+    }
 }
 
 /// A member's body, gathered whole (up to [`MAX_ANSWER_BYTES`]).

@@ -31,7 +31,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use fleetgate_config_watcher::ClusterRoute;
 use futures_channel::mpsc;
 use futures_util::future::{AbortHandle, Abortable};
@@ -46,7 +46,8 @@ use super::token::{decode_versions, encode_versions, query_count, query_value, r
 use super::{ClientRequest, FleetClient};
 use crate::auth::Decided;
 use crate::errors::GatewayError;
-use crate::exchange::relay::{relay, ClientEvent, Pace, ResponseSink};
+use crate::exchange::lines::{LineSink, Lines as LineSplitter};
+use crate::exchange::relay::{relay, Pace};
 use crate::exchange::{self, Failure};
 use crate::request::{fleet_members, FleetRequest};
 use crate::runtime::{self, First, ShardContext};
@@ -55,8 +56,6 @@ use crate::runtime::{self, First, ShardContext};
 pub const RECHECK: Duration = Duration::from_secs(1);
 /// Events queued between the members and the client.
 const QUEUE: usize = 64;
-/// The longest event line read from a member.
-const MAX_EVENT_BYTES: usize = 16 << 20;
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 const BACKOFF_MOST: Duration = Duration::from_secs(30);
 /// The annotation on a bookmark that tells a cluster's part changed.
@@ -507,14 +506,13 @@ where
                 }
                 backoff = BACKOFF_FIRST;
                 first = false;
-                let mut lines = Lines {
+                let mut lines = LineSplitter::new(Lines {
                     notes: &mut notes,
                     part: &mut part,
-                    partial: BytesMut::new(),
                     expired: None,
-                };
+                });
                 let relayed = relay(&mut answer, &mut lines, Pace::LongRunning).await;
-                if let Some(status) = lines.expired.take() {
+                if let Some(status) = lines.sink.expired.take() {
                     return Ended::Expired(part.id, status);
                 }
                 if notes.is_closed() {
@@ -581,21 +579,17 @@ fn expired_status(from: &str) -> Value {
     })
 }
 
-/// A member's watch body split into events (one JSON object per line), each parsed and queued.
+/// A member's watch events (one JSON object per line, split by `exchange::lines`), each parsed
+/// and queued.
 struct Lines<'p> {
     notes: &'p mut mpsc::Sender<Note>,
     part: &'p mut Part,
-    partial: BytesMut,
     /// The member's ERROR event said 410: the Status.
     expired: Option<Value>,
 }
 
-impl Lines<'_> {
+impl LineSink for Lines<'_> {
     async fn line(&mut self, line: &[u8]) -> Result<(), Failure> {
-        let line = line.trim_ascii();
-        if line.is_empty() {
-            return Ok(());
-        }
         let event: Value = serde_json::from_slice(line)
             .map_err(|_| Failure::Abort("a member's watch event is not JSON"))?;
         let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
@@ -617,50 +611,6 @@ impl Lines<'_> {
             })
             .await
             .map_err(|_| Failure::Abort("fleet watch ended"))
-    }
-}
-
-impl ResponseSink for Lines<'_> {
-    fn decodes_chunks(&self) -> bool {
-        true
-    }
-
-    async fn send(&mut self, piece: Bytes) -> Result<(), Failure> {
-        let mut rest = &piece[..];
-        while let Some(end) = memchr::memchr(b'\n', rest) {
-            let (line, after) = rest.split_at(end + 1);
-            rest = after;
-            if self.partial.is_empty() {
-                self.line(line).await?;
-            } else {
-                let mut whole = std::mem::take(&mut self.partial);
-                whole.extend_from_slice(line);
-                self.line(&whole).await?;
-            }
-        }
-        if self.partial.len() + rest.len() > MAX_EVENT_BYTES {
-            return Err(Failure::Abort("a member's watch event is too large"));
-        }
-        self.partial.extend_from_slice(rest);
-        Ok(())
-    }
-
-    async fn flush(&mut self) -> Result<(), Failure> {
-        Ok(())
-    }
-
-    async fn end(&mut self) -> Result<(), Failure> {
-        let last = std::mem::take(&mut self.partial);
-        self.line(&last).await
-    }
-
-    async fn end_early(&mut self, _last_chunk: bool) -> Result<(), Failure> {
-        Ok(())
-    }
-
-    async fn client_event(&mut self) -> ClientEvent {
-        // The client is the merge's to watch.
-        std::future::pending().await
     }
 }
 

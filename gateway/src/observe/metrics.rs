@@ -85,6 +85,9 @@ struct ShardCells {
     open_streams: AtomicI64,
     upgraded_streams: AtomicI64,
     client_connections: AtomicI64,
+    /// Shared watches open (each holds one member watch) and client watches they serve.
+    shared_watches: AtomicI64,
+    shared_watch_clients: AtomicI64,
     /// Every request cell of the shard, for the scrape (appended on a label set's first use).
     requests: Mutex<Vec<Arc<RequestCell>>>,
     /// Open upstream connections per cluster.
@@ -194,7 +197,10 @@ impl Collector for ShardList {
         let mut latency: AHashMap<LatencyLabels, (u64, u64, [u64; BUCKETS + 1])> = AHashMap::new();
         let mut upstream: AHashMap<ClusterLabels, i64> = AHashMap::new();
         let (mut open, mut upgraded, mut clients) = (0, 0, 0);
+        let (mut shared, mut shared_clients) = (0, 0);
         for shard in &shards {
+            shared += shard.shared_watches.load(Ordering::Relaxed);
+            shared_clients += shard.shared_watch_clients.load(Ordering::Relaxed);
             open += shard.open_streams.load(Ordering::Relaxed);
             upgraded += shard.upgraded_streams.load(Ordering::Relaxed);
             clients += shard.client_connections.load(Ordering::Relaxed);
@@ -269,6 +275,16 @@ impl Collector for ShardList {
                 upgraded,
             ),
             ("client_connections", "Client connections open now", clients),
+            (
+                "shared_watches",
+                "Shared watches open now, each one member watch (docs/watches.md)",
+                shared,
+            ),
+            (
+                "shared_watch_clients",
+                "Client watches served by shared watches now",
+                shared_clients,
+            ),
         ] {
             let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(value).encode(family)?;
@@ -357,6 +373,8 @@ impl ShardGauges {
         self.0.open_streams.store(0, Ordering::Relaxed);
         self.0.upgraded_streams.store(0, Ordering::Relaxed);
         self.0.client_connections.store(0, Ordering::Relaxed);
+        self.0.shared_watches.store(0, Ordering::Relaxed);
+        self.0.shared_watch_clients.store(0, Ordering::Relaxed);
         for (_, open) in lock(&self.0.upstream).iter() {
             open.store(0, Ordering::Relaxed);
         }
@@ -419,6 +437,16 @@ impl ShardMetrics {
     /// Marks a client connection open until the returned guard drops.
     pub fn client_connected(&self) -> GaugeGuard {
         GaugeGuard::new(&self.cells, |c| &c.client_connections)
+    }
+
+    /// Counts a shared watch (its member watch) open until the guard is dropped.
+    pub fn shared_watch_opened(&self) -> GaugeGuard {
+        GaugeGuard::new(&self.cells, |c| &c.shared_watches)
+    }
+
+    /// Counts a client watch on a shared watch until the guard is dropped.
+    pub fn shared_watch_client(&self) -> GaugeGuard {
+        GaugeGuard::new(&self.cells, |c| &c.shared_watch_clients)
     }
 
     /// Marks an upstream connection to `cluster` open until the returned guard drops.

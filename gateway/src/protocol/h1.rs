@@ -263,7 +263,21 @@ where
         head.headers()
     });
     let proxied = match decided {
-        Ok(Decision::Proxy(proxied)) => proxied,
+        Ok(Decision::Proxy(proxied)) => {
+            if let Some(plan) = crate::watch::plan(&table, &proxied, head.values(b"accept")) {
+                let shared = SharedAnswer {
+                    plan,
+                    peer,
+                    limits,
+                    started,
+                };
+                if let Some(next) = Box::pin(serve_shared(ctx, down, head, &proxied, shared)).await
+                {
+                    return next;
+                }
+            }
+            proxied
+        }
         Ok(Decision::FleetNamed(fleet)) => {
             let connection_named =
                 |name: &[u8]| connection_names_fields && head.has_token(b"connection", name);
@@ -515,6 +529,68 @@ async fn answer_with_status<S: AsyncWrite + Unpin>(
     } else {
         Next::KeepAlive
     }
+}
+
+/// A watch planned as a shared one (`watch::plan`), and the client's side of it.
+struct SharedAnswer {
+    plan: crate::watch::Plan,
+    peer: Peer,
+    limits: Limits,
+    started: Instant,
+}
+
+/// Serves a shared watch on this connection (which closes after it); None when it is not
+/// shared after all (the member refused the user, say) and nothing was written: proxy it.
+async fn serve_shared<S>(
+    ctx: &ShardContext,
+    down: &mut Downstream<'_, S>,
+    head: &Head,
+    proxied: &request::Proxied<'_>,
+    shared: SharedAnswer,
+) -> Option<Next>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let SharedAnswer {
+        plan,
+        peer,
+        limits,
+        started,
+    } = shared;
+    let _stream = ctx.shard_metrics.stream_opened();
+    let mut client = FleetConnection {
+        io: &mut *down.io,
+        chunked: head.minor_version > 0,
+        close: true,
+        write_timeout: limits.client_write_timeout,
+        head_sent: false,
+    };
+    let caller = crate::watch::Caller {
+        peer,
+        limits,
+        started,
+    };
+    let result = match crate::watch::serve(ctx, proxied, plan, caller, &mut client).await {
+        crate::watch::Served::Proxy => return None,
+        crate::watch::Served::Done(result) => result,
+    };
+    let head_sent = client.head_sent;
+    ctx.count_response(proxied.cluster, proxied.verb, 200, started);
+    let classified = ctx
+        .audit
+        .as_ref()
+        .map(|_| Classified::new(proxied.name, &proxied.info, head.target()));
+    let audited = Audited {
+        authenticated: proxied.identity.authenticated.as_ref(),
+        acting_as: proxied.identity.identity.as_ref(),
+        classified: classified.as_ref(),
+    };
+    let outcome = match result {
+        Ok(()) => Outcome::Complete(200),
+        Err(_) => Outcome::Aborted(head_sent.then_some(200), "shared watch cut short"),
+    };
+    audit_response(ctx, head, peer, audited, started, outcome);
+    Some(Next::Close)
 }
 
 /// How a fleet-view request is answered on this connection.

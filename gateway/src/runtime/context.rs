@@ -30,6 +30,13 @@ pub struct ShardContext {
     pub client_holds: crate::exchange::budget::ClientHolds,
     /// How many shards the gateway runs (per-client limits are split between them).
     pub workers: usize,
+    /// This context itself, for tasks that outlive the request that starts them (a shared
+    /// watch's member watch).
+    pub me: std::rc::Weak<ShardContext>,
+    /// The shard's shared watches (`watch`), by key.
+    pub shared_watches: crate::watch::SharedWatches,
+    /// The members' answers on who may watch what (`watch::access`), for a short while.
+    pub watch_reviews: crate::watch::access::ReviewCache,
 }
 
 impl ShardContext {

@@ -129,7 +129,7 @@ pub fn spawn_shard(
         .spawn(move || {
             let report = started.clone();
             let result = block_on_driver(driver, async move {
-                let ctx = Rc::new(ShardContext {
+                let ctx = Rc::new_cyclic(|me| ShardContext {
                     shard: index,
                     table: crate::runtime::snapshot::ShardTable::new(table),
                     pool: ShardPool::new(POOL_MAX_IDLE, POOL_IDLE_TIMEOUT),
@@ -141,6 +141,9 @@ pub fn spawn_shard(
                     sockets,
                     client_holds: crate::exchange::budget::ClientHolds::default(),
                     workers,
+                    me: me.clone(),
+                    shared_watches: Default::default(),
+                    watch_reviews: Default::default(),
                 });
                 let drain_watch = ctx.clone();
                 monoio::spawn(async move {

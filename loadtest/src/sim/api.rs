@@ -428,7 +428,7 @@ async fn route_and_serve(
             Ok(crate::sim::status::bytes_response(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
-                Bytes::from(crate::sim::stream::metrics_text()),
+                Bytes::from(crate::sim::stream::metrics_text() + &member.open_watches_text()),
                 &ctx,
             ))
         }

@@ -3,7 +3,9 @@
 //!
 //! Holds data only; behaviour lives in `api` (requests), `load` (seed and churn) and `server`.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::sim::auth::TokenAuthenticator;
@@ -22,6 +24,9 @@ pub struct SimTuning {
     /// Services every member has, with their backends (`sim --service`): the apiserver's
     /// service proxy forwards to them.
     pub services: Vec<crate::sim::services::SimService>,
+    /// Every watch ends after this long (kube-apiserver's request timeout); None: only at the
+    /// client's `timeoutSeconds`.
+    pub watch_timeout: Option<Duration>,
 }
 
 impl Default for SimTuning {
@@ -31,6 +36,7 @@ impl Default for SimTuning {
             history_window: 10_000,
             bookmark_interval: Duration::from_secs(60),
             services: Vec::new(),
+            watch_timeout: None,
         }
     }
 }
@@ -52,6 +58,27 @@ pub struct Member {
     /// as ConfigMap `kube-root-ca.crt`, as kube-controller-manager does.
     pub root_ca_pem: String,
     next_ip: AtomicU32,
+    /// Watches open now, by plural resource name (`fleetgate_sim_open_watches` in `/metrics`).
+    open_watches: Mutex<BTreeMap<&'static str, usize>>,
+}
+
+/// Counts one open watch of its resource for as long as it lives.
+pub struct OpenWatch {
+    member: Arc<Member>,
+    resource: &'static str,
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        let mut open = self
+            .member
+            .open_watches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(self.resource) {
+            *count = count.saturating_sub(1);
+        }
+    }
 }
 
 impl Member {
@@ -74,7 +101,44 @@ impl Member {
             server_address,
             root_ca_pem,
             next_ip: AtomicU32::new(2),
+            open_watches: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Counts a watch of `resource` (plural) open until the guard is dropped.
+    pub fn watch_opened(self: &Arc<Self>, resource: &'static str) -> OpenWatch {
+        *self
+            .open_watches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(resource)
+            .or_insert(0) += 1;
+        OpenWatch {
+            member: Arc::clone(self),
+            resource,
+        }
+    }
+
+    /// `fleetgate_sim_open_watches{resource="..."}`: one gauge line per resource ever watched
+    /// (0 once its watches closed), so a test reads "none" as 0 rather than as absent.
+    pub fn open_watches_text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::from(
+            "# HELP fleetgate_sim_open_watches Watches this member holds open now, by resource\n\
+             # TYPE fleetgate_sim_open_watches gauge\n",
+        );
+        for (resource, count) in self
+            .open_watches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "fleetgate_sim_open_watches{{resource=\"{resource}\"}} {count}"
+            );
+        }
+        out
     }
 
     /// A fresh address in the given /16 prefix (`10.244` for pods, `10.96` for services).

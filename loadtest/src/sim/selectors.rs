@@ -19,6 +19,9 @@ enum LabelOp {
     NotIn(Vec<String>),
     Exists,
     DoesNotExist,
+    /// `key > n`, `key < n`: the label's value read as a whole number.
+    Greater(i64),
+    Less(i64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +95,20 @@ impl LabelSelector {
             } else if chars[pos] == '=' {
                 pos += 1;
                 LabelOp::Equals(Self::value(&chars, &mut pos)?)
+            } else if matches!(chars[pos], '>' | '<') {
+                let greater = chars[pos] == '>';
+                pos += 1;
+                let value = Self::value(&chars, &mut pos)?;
+                let n = value.parse::<i64>().map_err(|_| {
+                    SelectorError(format!(
+                        "values[0][{key}]: Invalid value: {value:?}: for 'Gt', 'Lt' operators, the value must be an integer"
+                    ))
+                })?;
+                if greater {
+                    LabelOp::Greater(n)
+                } else {
+                    LabelOp::Less(n)
+                }
             } else {
                 let word = read_while(&mut pos, |c| c.is_ascii_alphabetic());
                 let values = match word.as_str() {
@@ -202,6 +219,12 @@ impl LabelSelector {
                 LabelOp::NotEquals(v) => value != Some(v.as_str()),
                 LabelOp::In(set) => value.is_some_and(|x| set.iter().any(|s| s == x)),
                 LabelOp::NotIn(set) => value.is_none_or(|x| !set.iter().any(|s| s == x)),
+                LabelOp::Greater(n) => value
+                    .and_then(|x| x.parse::<i64>().ok())
+                    .is_some_and(|x| x > *n),
+                LabelOp::Less(n) => value
+                    .and_then(|x| x.parse::<i64>().ok())
+                    .is_some_and(|x| x < *n),
             }
         })
     }
@@ -300,8 +323,13 @@ mod tests {
 
     #[test]
     fn label_operators() {
-        let o = obj(json!({"app":"web","tier":"config"}));
+        let o = obj(json!({"app":"web","tier":"config","n":"7"}));
         for (sel, want) in [
+            ("n>6", true),
+            ("n > 7", false),
+            ("n<8", true),
+            ("app<8", false),
+            ("missing>1", false),
             ("app=web", true),
             ("app==web", true),
             ("app!=web", false),

@@ -245,6 +245,12 @@ pub fn serve(
         .get("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
         .map(|secs| Instant::now() + Duration::from_secs(secs));
+    // The member's own request timeout ends the watch first when it is shorter.
+    let deadline = match (deadline, info.member.tuning.watch_timeout) {
+        (Some(asked), Some(own)) => Some(asked.min(Instant::now() + own)),
+        (None, Some(own)) => Some(Instant::now() + own),
+        (asked, None) => asked,
+    };
     let store = &info.member.store;
     let (initial, receiver, error, start_rv) =
         match store.watch(resource.store_key(), namespace, from_rv, |o| {
@@ -289,10 +295,12 @@ pub fn serve(
         done: false,
     };
     state.schedule_bookmark();
+    let open = info.member.watch_opened(resource.plural);
     let (sender, body) = crate::sim::body::channel(16);
     // One task per watch: it owns the receiver and the filter, and ends when the stream ends or
     // the client goes away (the body, and with it the channel's receiver, is dropped).
     tokio::spawn(async move {
+        let _open = open;
         loop {
             tokio::select! {
                 chunk = state.next_chunk() => match chunk {

@@ -507,6 +507,33 @@ async fn proxy_stream(
         audit.acting_as = proxied.identity.identity.clone();
         audit.classified = Some(Classified::new(proxied.name, &proxied.info, target));
     }
+    let accept = || {
+        parts
+            .headers
+            .get_all(http::header::ACCEPT)
+            .iter()
+            .map(|v| v.as_bytes())
+    };
+    if let Some(plan) = crate::watch::plan(&table, &proxied, accept()) {
+        let _stream = ctx.shard_metrics.stream_opened();
+        let mut client = FleetStream {
+            respond: &mut *respond,
+            send: None,
+        };
+        let caller = crate::watch::Caller {
+            peer,
+            limits: table.gateway().limits,
+            started,
+        };
+        let served = crate::watch::serve(ctx, &proxied, plan, caller, &mut client);
+        if let crate::watch::Served::Done(result) = Box::pin(served).await {
+            ctx.count_response(proxied.cluster, proxied.verb, 200, started);
+            if ctx.audit.is_some() {
+                audit.code = Some(200);
+            }
+            return result;
+        }
+    }
     let cluster: &ClusterRoute = proxied.cluster;
     let limits = table.gateway().limits;
     // The request body: with the client's Content-Length, or chunked when it has none.

@@ -1,0 +1,320 @@
+//! One client of a shared watch: a cursor over its hub's ring and its own filter, nothing else.
+//!
+//! It starts where the client asked (the hub's objects as ADDED events, or the first event after
+//! its resourceVersion, or a 410 ERROR event when that has left the ring), then sends each event
+//! its selectors let through, as kube-apiserver's watch cache would (a MODIFIED event whose object
+//! starts or stops matching becomes ADDED or DELETED), the shared bytes as they are. Bookmarks
+//! go to clients that asked for them when they carry a newer resourceVersion than the client
+//! last got, and one shortly before the client's `timeoutSeconds`. A client that falls more than
+//! the lag limit behind (its socket slower than the member) gets the apiserver's 410 "too old
+//! resource version" ERROR event and its watch ends; it lists again, as with any apiserver.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::json;
+
+use super::hub::{Event, Hub, Kind, Phase};
+use super::{Plan, Served, Start};
+use crate::exchange::Failure;
+use crate::fleet::FleetClient;
+use crate::runtime::{self, First, ShardContext};
+
+/// How long before the client's deadline its last bookmark goes (as the apiserver does).
+const BOOKMARK_BEFORE_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Follows `hub` for the client until its watch ends.
+pub(super) async fn follow(
+    ctx: &ShardContext,
+    hub: &Rc<Hub>,
+    plan: Plan,
+    client: &mut impl FleetClient,
+) -> Served {
+    let _joined = hub.join();
+    let _counted = ctx.shard_metrics.shared_watch_client();
+    // Wait for the hub's first list.
+    loop {
+        let seen = hub.signal.epoch();
+        match hub.phase() {
+            Phase::Starting => {}
+            Phase::Ready => break,
+            Phase::Failed | Phase::Ended => return Served::Proxy,
+        }
+        match runtime::race(hub.signal.after(seen), client.gone()).await {
+            First::Left(()) => {}
+            First::Right(()) => return Served::Done(Err(Failure::Abort("client went away"))),
+        }
+    }
+    let mut cursor = Cursor {
+        plan,
+        initial: Vec::new(),
+        seq: 0,
+        last_sent_rv: 0,
+        columns_sent: false,
+    };
+    let expired = {
+        let state = hub.state.borrow();
+        match cursor.plan.start {
+            Start::Current => {
+                // Newest first: popped from the end, they go out in key order.
+                cursor.initial = state
+                    .objects
+                    .values()
+                    .rev()
+                    .filter(|e| cursor.selects(&e.labels, e))
+                    .cloned()
+                    .collect();
+                cursor.seq = state.next_seq();
+                cursor.last_sent_rv = state.last_rv;
+                None
+            }
+            // Older than anything the hub saw: the member's to answer (it may still replay it).
+            Start::After(rv) if rv < state.start_rv => return Served::Proxy,
+            Start::After(rv) if rv < state.floor_rv => Some((rv, state.floor_rv)),
+            Start::After(rv) => {
+                cursor.seq = state.seek(rv);
+                cursor.last_sent_rv = rv;
+                None
+            }
+        }
+    };
+    if let Some((rv, floor)) = expired {
+        return Served::Done(expire(client, rv, floor).await);
+    }
+    if let Err(failure) = client.head("application/json", &[]).await {
+        return Served::Done(Err(failure));
+    }
+    Served::Done(cursor.run(ctx, hub, client).await)
+}
+
+/// The client's place in the hub and what it asked for.
+struct Cursor {
+    plan: Plan,
+    /// Initial ADDED events still to send (last first).
+    initial: Vec<Rc<Event>>,
+    /// The next event's sequence number in the ring.
+    seq: u64,
+    last_sent_rv: u64,
+    /// A Table client's first event carries the column definitions.
+    columns_sent: bool,
+}
+
+impl Cursor {
+    fn selects(&self, labels: &super::selector::Labels, event: &Event) -> bool {
+        self.plan.labels.matches(labels) && self.plan.fields.matches(&event.namespace, &event.name)
+    }
+
+    /// How the client sees `event`: None (filtered out) or the type it gets it as.
+    fn seen_as(&self, event: &Event) -> Option<Kind> {
+        if event.kind == Kind::Bookmark {
+            return (self.plan.bookmarks && event.rv > self.last_sent_rv).then_some(Kind::Bookmark);
+        }
+        let now = self.selects(&event.labels, event);
+        match (event.kind, &event.previous) {
+            (Kind::Modified, Some(previous)) => match (self.selects(previous, event), now) {
+                (true, true) => Some(Kind::Modified),
+                (false, true) => Some(Kind::Added),
+                (true, false) => Some(Kind::Deleted),
+                (false, false) => None,
+            },
+            (kind, _) => now.then_some(kind),
+        }
+    }
+
+    fn line(&mut self, hub: &Hub, event: &Event, kind: Kind) -> Bytes {
+        self.last_sent_rv = self.last_sent_rv.max(event.rv);
+        if kind == Kind::Bookmark || self.columns_sent || hub.key.form != super::Form::Table {
+            return event.line(kind, None);
+        }
+        self.columns_sent = true;
+        let columns = hub.state.borrow().columns.clone();
+        event.line(kind, columns.as_ref())
+    }
+
+    async fn run(
+        &mut self,
+        ctx: &ShardContext,
+        hub: &Rc<Hub>,
+        client: &mut impl FleetClient,
+    ) -> Result<(), Failure> {
+        let deadline = self.plan.timeout.map(|t| std::time::Instant::now() + t);
+        let mut ends: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> = match deadline {
+            Some(at) => Box::pin(runtime::sleep(
+                at.saturating_duration_since(std::time::Instant::now()),
+            )),
+            None => Box::pin(std::future::pending()),
+        };
+        let mut last_bookmark: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> =
+            match self.plan.timeout.filter(|_| self.plan.bookmarks) {
+                Some(t) if t > BOOKMARK_BEFORE_DEADLINE => {
+                    Box::pin(runtime::sleep(t - BOOKMARK_BEFORE_DEADLINE))
+                }
+                _ => Box::pin(std::future::pending()),
+            };
+        let mut drain = std::pin::pin!(ctx.drain.started());
+        loop {
+            if let Some(event) = self.initial.pop() {
+                let line = self.line(hub, &event, Kind::Added);
+                client.body(line).await?;
+                continue;
+            }
+            let seen = hub.signal.epoch();
+            let next = {
+                let state = hub.state.borrow();
+                match state.phase {
+                    Phase::Ready => {}
+                    // The route retired, the shard drains, the member refused the gateway: the
+                    // watch ends cleanly and the client watches again.
+                    _ => break,
+                }
+                let behind = state.next_seq().saturating_sub(self.seq);
+                if self.seq < state.base || behind > hub.lag_limit as u64 {
+                    Next::Cut(state.floor_rv)
+                } else {
+                    match state.at(self.seq) {
+                        Some(event) => Next::Event(Rc::clone(event)),
+                        None => Next::Wait,
+                    }
+                }
+            };
+            match next {
+                Next::Event(event) => {
+                    self.seq += 1;
+                    if let Some(kind) = self.seen_as(&event) {
+                        let line = self.line(hub, &event, kind);
+                        client.body(line).await?;
+                    }
+                }
+                Next::Cut(floor) => {
+                    tracing::debug!(cluster = %hub.key.cluster, resource = %hub.key.resource, "shared watch: client fell behind the lag limit; cut with 410");
+                    return expire_after_head(client, self.last_sent_rv, floor).await;
+                }
+                Next::Wait => {
+                    let hub_changed = hub.signal.after(seen);
+                    let timers = runtime::race(&mut ends, &mut last_bookmark);
+                    let outside = runtime::race(drain.as_mut(), client.gone());
+                    match runtime::race(runtime::race(hub_changed, timers), outside).await {
+                        First::Left(First::Left(())) => {}
+                        First::Left(First::Right(First::Left(()))) => break,
+                        First::Left(First::Right(First::Right(()))) => {
+                            last_bookmark = Box::pin(std::future::pending());
+                            let latest = hub.state.borrow().last_rv;
+                            if latest > self.last_sent_rv {
+                                self.last_sent_rv = latest;
+                                client.body(bookmark(hub, latest)).await?;
+                            }
+                        }
+                        First::Right(First::Left(())) => break,
+                        First::Right(First::Right(())) => {
+                            return Err(Failure::Abort("client went away"))
+                        }
+                    }
+                }
+            }
+        }
+        client.end().await
+    }
+}
+
+enum Next {
+    Event(Rc<Event>),
+    Cut(u64),
+    Wait,
+}
+
+/// A BOOKMARK as kube-apiserver writes it.
+fn bookmark(hub: &Hub, rv: u64) -> Bytes {
+    let key = &hub.key;
+    let kind = kind_of(&key.resource);
+    let api_version = if key.group.is_empty() {
+        key.version.clone()
+    } else {
+        format!("{}/{}", key.group, key.version)
+    };
+    let object = json!({
+        "kind": kind,
+        "apiVersion": api_version,
+        "metadata": {"resourceVersion": rv.to_string(), "creationTimestamp": null},
+    });
+    let mut out =
+        serde_json::to_vec(&json!({"type": "BOOKMARK", "object": object})).unwrap_or_default();
+    out.push(b'\n');
+    Bytes::from(out)
+}
+
+/// The Kind of a resource, as well as a plural tells it (`configmaps` -> `ConfigMap` needs a
+/// table; the bookmark's kind is informational to clients).
+fn kind_of(resource: &str) -> String {
+    match resource {
+        "configmaps" => "ConfigMap".into(),
+        "pods" => "Pod".into(),
+        "services" => "Service".into(),
+        "secrets" => "Secret".into(),
+        "namespaces" => "Namespace".into(),
+        "nodes" => "Node".into(),
+        "events" => "Event".into(),
+        "deployments" => "Deployment".into(),
+        other => {
+            let singular = other.strip_suffix('s').unwrap_or(other);
+            let mut chars = singular.chars();
+            chars
+                .next()
+                .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
+                .unwrap_or_default()
+        }
+    }
+}
+
+/// The 410 ERROR event kube-apiserver sends inside a 200 watch for a resourceVersion older than
+/// its window (fixtures: configmaps-watch-too-old-rv1-raw.txt).
+fn expired_line(requested: u64, oldest: u64) -> Bytes {
+    let status = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("too old resource version: {requested} ({oldest})"),
+        "reason": "Expired",
+        "code": 410
+    });
+    let mut out =
+        serde_json::to_vec(&json!({"type": "ERROR", "object": status})).unwrap_or_default();
+    out.push(b'\n');
+    Bytes::from(out)
+}
+
+/// A whole watch that is only the 410 ERROR event.
+async fn expire(client: &mut impl FleetClient, requested: u64, oldest: u64) -> Result<(), Failure> {
+    client.head("application/json", &[]).await?;
+    expire_after_head(client, requested, oldest).await
+}
+
+async fn expire_after_head(
+    client: &mut impl FleetClient,
+    requested: u64,
+    oldest: u64,
+) -> Result<(), Failure> {
+    client.body(expired_line(requested, oldest)).await?;
+    client.end().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_410_event_is_the_apiservers() {
+        let fixture = "{\"type\":\"ERROR\",\"object\":{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":{},\"status\":\"Failure\",\"message\":\"too old resource version: 1 (269)\",\"reason\":\"Expired\",\"code\":410}}\n";
+        let ours: serde_json::Value = serde_json::from_slice(&expired_line(1, 269)).unwrap();
+        let theirs: serde_json::Value = serde_json::from_str(fixture).unwrap();
+        assert_eq!(ours, theirs);
+    }
+
+    #[test]
+    fn kinds_of_resources() {
+        assert_eq!(kind_of("configmaps"), "ConfigMap");
+        assert_eq!(kind_of("widgets"), "Widget");
+        assert_eq!(kind_of(""), "");
+    }
+}

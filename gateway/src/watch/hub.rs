@@ -1,0 +1,904 @@
+//! One shared watch on one shard: the member watch, the objects it holds now and a bounded ring
+//! of its recent events, for every client watch of the same key.
+//!
+//! - **Start.** The hub LISTs the resource in its scope as the gateway itself (the Cluster's own
+//!   credentials, no impersonation: clients are admitted one by one by `access`), keeps the
+//!   objects, and watches from the list's resourceVersion, asking for bookmarks.
+//! - **Events.** Each member event is parsed once, encoded once (`{"type":..,"object":..}\n`)
+//!   into a `Bytes` that every client that receives it shares; the object's namespace, name and
+//!   labels (and, for a MODIFIED event, the labels before) are kept beside it for filtering. A
+//!   Table event is kept without its column definitions (a client's first event gets them).
+//! - **Ring.** At most `ringSize` events; the oldest leaves as a new one comes, and the
+//!   resourceVersion before the oldest kept event is the oldest a client may resume from.
+//! - **Resilience.** A member watch that ends or drops is opened again from the last
+//!   resourceVersion seen, with backoff while the member cannot be reached; a member 410 makes the
+//!   hub LIST again and put what changed into the ring (ADDED, MODIFIED, DELETED), as client-go's
+//!   reflector does. The route's retirement (the cluster removed or changed) ends the hub, and
+//!   with it every client watch, cleanly. So does a member that refuses the gateway's own list or
+//!   watch (then clients are proxied for a while: [`FAILED_FOR`]), and having had no client for
+//!   [`IDLE_FOR`].
+//!
+//! Single-threaded: a hub is an `Rc` on its shard; its state is a `RefCell` never held across an
+//! await. Clients wait on its [`Signal`].
+
+use std::cell::{Cell, OnceCell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fleetgate_config_watcher::ClusterRoute;
+use serde_json::{Map, Value};
+use tracing::{debug, info, warn};
+
+use super::selector::Labels;
+use super::{Caller, Form, HubKey, NoFields, OwnRequests, TABLE_ACCEPT};
+use crate::auth::Decided;
+use crate::exchange::lines::{LineSink, Lines};
+use crate::exchange::relay::{relay, Pace};
+use crate::exchange::{self, Failure};
+use crate::fleet::ask::{ask_accepting, failed, open_accepting, Asked, Missed};
+use crate::fleet::ClientRequest;
+use crate::runtime::{self, First, ShardContext};
+
+/// How long a hub without clients keeps its member watch.
+pub const IDLE_FOR: Duration = Duration::from_secs(30);
+/// How long a hub whose member refused the gateway stays failed (its clients are proxied).
+pub const FAILED_FOR: Duration = Duration::from_secs(10);
+const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+const BACKOFF_MOST: Duration = Duration::from_secs(30);
+
+/// An event's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Added,
+    Modified,
+    Deleted,
+    Bookmark,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Added => "ADDED",
+            Kind::Modified => "MODIFIED",
+            Kind::Deleted => "DELETED",
+            Kind::Bookmark => "BOOKMARK",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Kind> {
+        Some(match name {
+            "ADDED" => Kind::Added,
+            "MODIFIED" => Kind::Modified,
+            "DELETED" => Kind::Deleted,
+            "BOOKMARK" => Kind::Bookmark,
+            _ => return None,
+        })
+    }
+}
+
+/// One event, encoded once.
+pub struct Event {
+    pub kind: Kind,
+    pub rv: u64,
+    pub namespace: Box<str>,
+    pub name: Box<str>,
+    pub labels: Labels,
+    /// A MODIFIED event's labels before it (None when the hub did not hold the object).
+    pub previous: Option<Labels>,
+    /// `{"type":KIND,"object":OBJECT}\n`.
+    line: Bytes,
+    /// OBJECT, a slice of `line`.
+    object: Bytes,
+    /// The same object as an ADDED and as a DELETED event (a client whose selector it starts
+    /// or stops matching), and as a Table event with column definitions: built once, when first
+    /// needed.
+    as_added: OnceCell<Bytes>,
+    as_deleted: OnceCell<Bytes>,
+    with_columns: OnceCell<Bytes>,
+}
+
+impl Event {
+    fn new(kind: Kind, rv: u64, object: &Value, meta: Meta) -> Event {
+        let line = encode(kind, &serde_json::to_vec(object).unwrap_or_default());
+        let prefix = line_prefix(kind).len();
+        let object = line.slice(prefix..line.len() - 2);
+        Event {
+            kind,
+            rv,
+            namespace: meta.namespace,
+            name: meta.name,
+            labels: meta.labels,
+            previous: None,
+            line,
+            object,
+            as_added: OnceCell::new(),
+            as_deleted: OnceCell::new(),
+            with_columns: OnceCell::new(),
+        }
+    }
+
+    /// The event as a client sees it: as `kind` (its own, or ADDED / DELETED when the client's
+    /// selector starts or stops matching), with the Table `columns` when given.
+    pub fn line(&self, kind: Kind, columns: Option<&Bytes>) -> Bytes {
+        match (columns, kind == self.kind) {
+            (None, true) => self.line.clone(),
+            (None, false) => {
+                let cell = match kind {
+                    Kind::Deleted => &self.as_deleted,
+                    _ => &self.as_added,
+                };
+                cell.get_or_init(|| encode(kind, &self.object)).clone()
+            }
+            (Some(columns), true) => self
+                .with_columns
+                .get_or_init(|| encode(kind, &with_columns(&self.object, columns)))
+                .clone(),
+            (Some(columns), false) => encode(kind, &with_columns(&self.object, columns)),
+        }
+    }
+}
+
+fn line_prefix(kind: Kind) -> String {
+    format!("{{\"type\":\"{}\",\"object\":", kind.name())
+}
+
+fn encode(kind: Kind, object: &[u8]) -> Bytes {
+    let prefix = line_prefix(kind);
+    let mut out = Vec::with_capacity(prefix.len() + object.len() + 2);
+    out.extend_from_slice(prefix.as_bytes());
+    out.extend_from_slice(object);
+    out.extend_from_slice(b"}\n");
+    Bytes::from(out)
+}
+
+/// A Table object (kept without columns) with `columns` as its column definitions.
+fn with_columns(object: &[u8], columns: &Bytes) -> Vec<u8> {
+    let Ok(mut table) = serde_json::from_slice::<Value>(object) else {
+        return object.to_vec();
+    };
+    if let (Value::Object(map), Ok(columns)) = (&mut table, serde_json::from_slice(columns)) {
+        map.insert("columnDefinitions".into(), columns);
+    }
+    serde_json::to_vec(&table).unwrap_or_else(|_| object.to_vec())
+}
+
+/// What filtering needs of an object.
+struct Meta {
+    namespace: Box<str>,
+    name: Box<str>,
+    labels: Labels,
+}
+
+fn meta_of(metadata: Option<&Value>) -> Meta {
+    let text = |key: &str| -> Box<str> {
+        metadata
+            .and_then(|m| m.get(key))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .into()
+    };
+    let labels = metadata
+        .and_then(|m| m.get("labels"))
+        .and_then(Value::as_object)
+        .map(|labels| {
+            labels
+                .iter()
+                .filter_map(|(k, v)| Some((Box::from(k.as_str()), Box::from(v.as_str()?))))
+                .collect()
+        })
+        .unwrap_or_default();
+    Meta {
+        namespace: text("namespace"),
+        name: text("name"),
+        labels,
+    }
+}
+
+fn version_of(metadata: Option<&Value>) -> Option<u64> {
+    metadata?
+        .get("resourceVersion")?
+        .as_str()?
+        .parse::<u64>()
+        .ok()
+}
+
+/// The objects a hub holds, by namespace and name: their last ADDED or MODIFIED event.
+pub type Objects = BTreeMap<(Box<str>, Box<str>), Rc<Event>>;
+
+/// Where a hub is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Listing: clients wait.
+    Starting,
+    Ready,
+    /// The member refused the gateway; clients are proxied until the hub is gone.
+    Failed,
+    /// Ended (the route retired, no clients, a shard drain): clients end cleanly.
+    Ended,
+}
+
+/// Wakes every waiting client when the hub changes. Single-threaded.
+#[derive(Default)]
+pub struct Signal {
+    epoch: Cell<u64>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl Signal {
+    pub fn epoch(&self) -> u64 {
+        self.epoch.get()
+    }
+
+    fn bump(&self) {
+        self.epoch.set(self.epoch.get().wrapping_add(1));
+        for waker in self.wakers.take() {
+            waker.wake();
+        }
+    }
+
+    /// Resolves once the hub changed after `seen`.
+    pub async fn after(&self, seen: u64) {
+        std::future::poll_fn(|cx| {
+            if self.epoch.get() != seen {
+                return Poll::Ready(());
+            }
+            let mut wakers = self.wakers.borrow_mut();
+            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                wakers.push(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// The hub's state; borrowed briefly, never across an await.
+pub struct State {
+    pub phase: Phase,
+    pub ring: VecDeque<Rc<Event>>,
+    /// The sequence number of `ring[0]`; the next event gets `base + ring.len()`.
+    pub base: u64,
+    /// The resourceVersion just before `ring[0]`: a client may resume from it or later.
+    pub floor_rv: u64,
+    /// The first list's resourceVersion: an older one is the member's to answer.
+    pub start_rv: u64,
+    pub last_rv: u64,
+    /// The objects the member holds now, by namespace and name (their last ADDED or MODIFIED).
+    pub objects: Objects,
+    /// A Table hub's column definitions (JSON).
+    pub columns: Option<Bytes>,
+}
+
+impl State {
+    pub fn next_seq(&self) -> u64 {
+        self.base + self.ring.len() as u64
+    }
+
+    /// The event with sequence number `seq`, if it is still in the ring.
+    pub fn at(&self, seq: u64) -> Option<&Rc<Event>> {
+        let index = seq.checked_sub(self.base)?;
+        self.ring.get(usize::try_from(index).ok()?)
+    }
+
+    /// The sequence number of the first event after resourceVersion `rv`.
+    pub fn seek(&self, rv: u64) -> u64 {
+        self.base + self.ring.partition_point(|e| e.rv <= rv) as u64
+    }
+}
+
+/// One shared watch.
+pub struct Hub {
+    pub key: HubKey,
+    cluster: Arc<ClusterRoute>,
+    pub ring_size: usize,
+    pub lag_limit: usize,
+    pub state: RefCell<State>,
+    pub signal: Signal,
+    clients: Cell<usize>,
+    idle_since: Cell<Option<Instant>>,
+}
+
+/// Counts a client on its hub for as long as it lives.
+pub struct Joined(Rc<Hub>);
+
+impl Drop for Joined {
+    fn drop(&mut self) {
+        let hub = &self.0;
+        hub.clients.set(hub.clients.get().saturating_sub(1));
+        if hub.clients.get() == 0 {
+            hub.idle_since.set(Some(Instant::now()));
+        }
+    }
+}
+
+impl Hub {
+    /// A hub for `key` on `cluster`, its member watch started as a task of the shard.
+    pub fn start(
+        shard: Rc<ShardContext>,
+        cluster: Arc<ClusterRoute>,
+        key: HubKey,
+        caller: Caller,
+    ) -> Rc<Hub> {
+        let table = shard.table.load();
+        let (ring_size, lag_limit) = table
+            .gateway()
+            .shared_watches
+            .as_ref()
+            .map_or((4096, 1024), |s| (s.ring_size, s.lag_limit));
+        let hub = Rc::new(Hub {
+            key,
+            cluster,
+            ring_size,
+            lag_limit,
+            state: RefCell::new(State {
+                phase: Phase::Starting,
+                ring: VecDeque::new(),
+                base: 0,
+                floor_rv: 0,
+                start_rv: 0,
+                last_rv: 0,
+                objects: BTreeMap::new(),
+                columns: None,
+            }),
+            signal: Signal::default(),
+            clients: Cell::new(0),
+            idle_since: Cell::new(Some(Instant::now())),
+        });
+        let running = Rc::clone(&hub);
+        runtime::spawn(async move {
+            let open = shard.shard_metrics.shared_watch_opened();
+            let phase = running.run(&shard, caller).await;
+            drop(open);
+            running.end(phase);
+            if phase == Phase::Failed {
+                runtime::sleep(FAILED_FOR).await;
+            }
+            shard.shared_watches.remove(&running.key, &running);
+        });
+        hub
+    }
+
+    pub fn join(self: &Rc<Self>) -> Joined {
+        self.clients.set(self.clients.get() + 1);
+        self.idle_since.set(None);
+        Joined(Rc::clone(self))
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.state.borrow().phase
+    }
+
+    pub fn failed(&self) -> bool {
+        self.phase() == Phase::Failed
+    }
+
+    fn end(&self, phase: Phase) {
+        let mut state = self.state.borrow_mut();
+        state.phase = phase;
+        // Nothing is served from an ended hub: its memory goes now.
+        state.ring.clear();
+        state.objects.clear();
+        drop(state);
+        self.signal.bump();
+    }
+
+    /// The kube path of the hub's collection.
+    fn collection(&self) -> String {
+        let key = &self.key;
+        let mut path = if key.group.is_empty() {
+            format!("/api/{}", key.version)
+        } else {
+            format!("/apis/{}/{}", key.group, key.version)
+        };
+        if !key.namespace.is_empty() {
+            path.push_str("/namespaces/");
+            path.push_str(&key.namespace);
+        }
+        path.push('/');
+        path.push_str(&key.resource);
+        path
+    }
+
+    fn accept(&self) -> &'static [u8] {
+        match self.key.form {
+            Form::Json => b"application/json",
+            Form::Table => TABLE_ACCEPT,
+        }
+    }
+
+    /// Lists, then watches, until the hub ends; how it ended.
+    async fn run(&self, shard: &ShardContext, caller: Caller) -> Phase {
+        let own = OwnRequests::new();
+        let request = own.request(caller);
+        let gateway_itself = Decided {
+            identity: None,
+            authenticated: None,
+            pass_through: false,
+        };
+        let path = self.collection();
+        let retired = self.cluster.retirement.listen();
+        let mut retired = std::pin::pin!(retired);
+        let mut drain = std::pin::pin!(shard.drain.started());
+        let mut backoff = BACKOFF_FIRST;
+        let mut listed = false;
+        loop {
+            if self.cluster.retirement.is_retired() {
+                info!(cluster = %self.key.cluster, resource = %self.key.resource, "shared watch: route retired; its watches end");
+                return Phase::Ended;
+            }
+            if self.idle_too_long() {
+                debug!(cluster = %self.key.cluster, resource = %self.key.resource, "shared watch: no clients; closed");
+                return Phase::Ended;
+            }
+            let step = async {
+                if !listed {
+                    self.list(shard, &request, &gateway_itself, &path).await?;
+                    listed = true;
+                }
+                self.watch(shard, &request, &gateway_itself, &path).await
+            };
+            let outside = runtime::race(retired.as_mut(), drain.as_mut());
+            let stepped = match runtime::race(runtime::race(step, self.idle()), outside).await {
+                First::Left(First::Left(stepped)) => stepped,
+                First::Left(First::Right(())) => continue,
+                // The route retired, or the shard drains.
+                First::Right(_) => return Phase::Ended,
+            };
+            match stepped {
+                Ok(()) => {
+                    backoff = BACKOFF_FIRST;
+                    let from = self.state.borrow().last_rv;
+                    info!(cluster = %self.key.cluster, resource = %self.key.resource, from, "shared watch: the member ended its watch; watching again");
+                }
+                Err(Upstream::Expired) => {
+                    info!(cluster = %self.key.cluster, resource = %self.key.resource, "shared watch: member's resourceVersion expired; listing again");
+                    listed = false;
+                }
+                Err(Upstream::Refused(code)) => {
+                    warn!(cluster = %self.key.cluster, resource = %self.key.resource, code, "shared watch: the member refused the gateway's own list or watch; its clients are proxied");
+                    return Phase::Failed;
+                }
+                Err(Upstream::Down(reason)) => {
+                    warn!(cluster = %self.key.cluster, resource = %self.key.resource, %reason, "shared watch: member unreachable; trying again");
+                    if self.phase() == Phase::Starting && backoff >= BACKOFF_MOST {
+                        return Phase::Failed;
+                    }
+                    runtime::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MOST);
+                }
+            }
+        }
+    }
+
+    fn idle_too_long(&self) -> bool {
+        self.idle_since
+            .get()
+            .is_some_and(|since| since.elapsed() >= IDLE_FOR)
+    }
+
+    /// Resolves once the hub has had no client for [`IDLE_FOR`].
+    async fn idle(&self) {
+        loop {
+            runtime::sleep(IDLE_FOR / 4).await;
+            if self.idle_too_long() {
+                return;
+            }
+        }
+    }
+
+    /// Lists the collection; the first time, the hub becomes ready; after a 410, what changed
+    /// goes into the ring.
+    async fn list(
+        &self,
+        shard: &ShardContext,
+        request: &ClientRequest<'_, NoFields>,
+        identity: &Decided,
+        path: &str,
+    ) -> Result<(), Upstream> {
+        let asked = Asked {
+            rest: path.as_bytes(),
+            query: b"",
+            verb: "list",
+        };
+        let body = ask_accepting(
+            shard,
+            &asked,
+            Some(self.accept()),
+            request,
+            &self.cluster,
+            identity,
+        )
+        .await
+        .map_err(Upstream::from)?;
+        let list: Value = serde_json::from_slice(&body)
+            .map_err(|_| Upstream::Down("its list is not JSON".into()))?;
+        let list_rv = version_of(list.get("metadata"))
+            .ok_or_else(|| Upstream::Down("its list has no resourceVersion".into()))?;
+        let (objects, columns) = self.list_objects(&list, list_rv);
+        let mut state = self.state.borrow_mut();
+        if state.columns.is_none() {
+            state.columns = columns;
+        }
+        if state.phase == Phase::Starting {
+            state.objects = objects;
+            state.start_rv = list_rv;
+            state.floor_rv = list_rv;
+            state.last_rv = list_rv;
+            state.phase = Phase::Ready;
+        } else {
+            self.relisted(&mut state, objects, list_rv);
+        }
+        drop(state);
+        self.signal.bump();
+        Ok(())
+    }
+
+    /// The objects of a list, as ADDED events, and a Table's column definitions.
+    fn list_objects(&self, list: &Value, list_rv: u64) -> (Objects, Option<Bytes>) {
+        let mut objects = BTreeMap::new();
+        let mut columns = None;
+        match self.key.form {
+            Form::Json => {
+                let kind = list
+                    .get("kind")
+                    .and_then(Value::as_str)
+                    .and_then(|k| k.strip_suffix("List"))
+                    .unwrap_or("")
+                    .to_owned();
+                let api_version = list.get("apiVersion").cloned().unwrap_or(Value::Null);
+                for item in list
+                    .get("items")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let mut item = item.clone();
+                    if let Value::Object(map) = &mut item {
+                        // List items go without kind and apiVersion; watch events carry them.
+                        map.entry("kind")
+                            .or_insert_with(|| Value::String(kind.clone()));
+                        map.entry("apiVersion")
+                            .or_insert_with(|| api_version.clone());
+                    }
+                    let metadata = item.get("metadata");
+                    let rv = version_of(metadata).unwrap_or(list_rv);
+                    let event = Event::new(Kind::Added, rv, &item, meta_of(metadata));
+                    objects.insert(
+                        (event.namespace.clone(), event.name.clone()),
+                        Rc::new(event),
+                    );
+                }
+            }
+            Form::Table => {
+                columns = list
+                    .get("columnDefinitions")
+                    .filter(|c| c.is_array())
+                    .and_then(|c| serde_json::to_vec(c).ok())
+                    .map(Bytes::from);
+                let api_version = list.get("apiVersion").cloned().unwrap_or(Value::Null);
+                for row in list
+                    .get("rows")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let metadata = row.get("object").and_then(|o| o.get("metadata"));
+                    let rv = version_of(metadata).unwrap_or(list_rv);
+                    let table = one_row_table(&api_version, rv, row.clone());
+                    let event = Event::new(Kind::Added, rv, &table, meta_of(metadata));
+                    objects.insert(
+                        (event.namespace.clone(), event.name.clone()),
+                        Rc::new(event),
+                    );
+                }
+            }
+        }
+        (objects, columns)
+    }
+
+    /// After a relist: what changed since the objects the hub held goes into the ring, in
+    /// resourceVersion order, the deletions last at the list's resourceVersion.
+    fn relisted(&self, state: &mut State, now: Objects, list_rv: u64) {
+        let mut changed: Vec<Event> = Vec::new();
+        for (key, event) in &now {
+            match state.objects.get(key) {
+                Some(held) if held.rv == event.rv => {}
+                held => {
+                    let kind = if held.is_some() {
+                        Kind::Modified
+                    } else {
+                        Kind::Added
+                    };
+                    let object: Value =
+                        serde_json::from_slice(&event.object).unwrap_or(Value::Null);
+                    let mut fresh = Event::new(
+                        kind,
+                        event.rv,
+                        &object,
+                        Meta {
+                            namespace: event.namespace.clone(),
+                            name: event.name.clone(),
+                            labels: event.labels.clone(),
+                        },
+                    );
+                    fresh.previous = held.map(|h| h.labels.clone());
+                    changed.push(fresh);
+                }
+            }
+        }
+        changed.sort_by_key(|e| e.rv);
+        for (key, held) in &state.objects {
+            if now.contains_key(key) {
+                continue;
+            }
+            let mut object: Value = serde_json::from_slice(&held.object).unwrap_or(Value::Null);
+            set_version(&mut object, list_rv);
+            changed.push(Event::new(
+                Kind::Deleted,
+                list_rv,
+                &object,
+                Meta {
+                    namespace: held.namespace.clone(),
+                    name: held.name.clone(),
+                    labels: held.labels.clone(),
+                },
+            ));
+        }
+        state.objects = now;
+        for event in changed {
+            self.push_ring(state, Rc::new(event));
+        }
+        state.last_rv = state.last_rv.max(list_rv);
+    }
+
+    /// Watches from the last resourceVersion until the member ends the watch.
+    async fn watch(
+        &self,
+        shard: &ShardContext,
+        request: &ClientRequest<'_, NoFields>,
+        identity: &Decided,
+        path: &str,
+    ) -> Result<(), Upstream> {
+        let from = self.state.borrow().last_rv;
+        let query = format!("?watch=true&allowWatchBookmarks=true&resourceVersion={from}");
+        let asked = Asked {
+            rest: path.as_bytes(),
+            query: query.as_bytes(),
+            verb: "watch",
+        };
+        let (mut answer, response) = open_accepting(
+            shard,
+            &asked,
+            Some(self.accept()),
+            None,
+            request,
+            &self.cluster,
+            identity,
+            true,
+        )
+        .await
+        .map_err(Upstream::from)?;
+        if response.code != 200 {
+            return Err(Upstream::from(Missed::Answered(
+                response.code,
+                String::new(),
+            )));
+        }
+        let mut lines = Lines::new(HubLines {
+            hub: self,
+            expired: false,
+        });
+        let relayed = relay(&mut answer, &mut lines, Pace::LongRunning).await;
+        if lines.sink.expired {
+            return Err(Upstream::Expired);
+        }
+        match relayed {
+            Ok(complete) => {
+                exchange::finish(shard, answer, complete);
+                Ok(())
+            }
+            Err(failure) => Err(Upstream::from(failed(failure))),
+        }
+    }
+
+    /// One member event into the ring.
+    fn receive(&self, line: &[u8]) -> Result<(), Received> {
+        let mut event: Value = serde_json::from_slice(line).map_err(|_| Received::Bad)?;
+        let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
+        if kind == "ERROR" {
+            let code = event
+                .get("object")
+                .and_then(|o| o.get("code"))
+                .and_then(Value::as_u64);
+            return Err(if code == Some(410) {
+                Received::Expired
+            } else {
+                Received::Bad
+            });
+        }
+        let kind = Kind::parse(kind).ok_or(Received::Bad)?;
+        let object = event.get_mut("object").ok_or(Received::Bad)?;
+        let rv = version_of(object.get("metadata")).ok_or(Received::Bad)?;
+        let meta = match self.key.form {
+            Form::Json => meta_of(object.get("metadata")),
+            Form::Table => {
+                if let Value::Object(table) = object {
+                    if let Some(columns) = table.insert("columnDefinitions".into(), Value::Null) {
+                        let mut state = self.state.borrow_mut();
+                        if state.columns.is_none() && columns.is_array() {
+                            state.columns = serde_json::to_vec(&columns).ok().map(Bytes::from);
+                        }
+                    }
+                }
+                meta_of(
+                    object
+                        .get("rows")
+                        .and_then(|rows| rows.get(0))
+                        .and_then(|row| row.get("object"))
+                        .and_then(|o| o.get("metadata")),
+                )
+            }
+        };
+        let mut event = Event::new(kind, rv, object, meta);
+        let mut state = self.state.borrow_mut();
+        let key = (event.namespace.clone(), event.name.clone());
+        match kind {
+            Kind::Added | Kind::Modified => {
+                event.previous = state.objects.get(&key).map(|held| held.labels.clone());
+                let event = Rc::new(event);
+                state.objects.insert(key, Rc::clone(&event));
+                self.push_ring(&mut state, event);
+            }
+            Kind::Deleted => {
+                state.objects.remove(&key);
+                self.push_ring(&mut state, Rc::new(event));
+            }
+            Kind::Bookmark => self.push_ring(&mut state, Rc::new(event)),
+        }
+        state.last_rv = state.last_rv.max(rv);
+        drop(state);
+        self.signal.bump();
+        Ok(())
+    }
+
+    fn push_ring(&self, state: &mut State, event: Rc<Event>) {
+        state.ring.push_back(event);
+        while state.ring.len() > self.ring_size {
+            if let Some(oldest) = state.ring.pop_front() {
+                state.base += 1;
+                state.floor_rv = state.floor_rv.max(oldest.rv);
+            }
+        }
+    }
+}
+
+/// A Table of one row, as the member sends it in a watch event.
+fn one_row_table(api_version: &Value, rv: u64, row: Value) -> Value {
+    let mut table = Map::new();
+    table.insert("kind".into(), Value::String("Table".into()));
+    table.insert("apiVersion".into(), api_version.clone());
+    table.insert(
+        "metadata".into(),
+        serde_json::json!({"resourceVersion": rv.to_string()}),
+    );
+    table.insert("columnDefinitions".into(), Value::Null);
+    table.insert("rows".into(), Value::Array(vec![row]));
+    Value::Object(table)
+}
+
+fn set_version(object: &mut Value, rv: u64) {
+    if let Some(Value::Object(metadata)) = object.get_mut("metadata") {
+        metadata.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    }
+}
+
+/// Why the member watch stopped.
+enum Upstream {
+    /// Its resourceVersion expired (410): list again.
+    Expired,
+    /// It refused the gateway (a 4xx other than 410 and 429).
+    Refused(u16),
+    /// It could not be reached or answered badly: try again.
+    Down(String),
+}
+
+impl From<Missed> for Upstream {
+    fn from(missed: Missed) -> Self {
+        match missed {
+            Missed::Answered(410, _) => Upstream::Expired,
+            Missed::Answered(code, _) if (400..500).contains(&code) && code != 429 => {
+                Upstream::Refused(code)
+            }
+            Missed::Answered(code, message) => Upstream::Down(format!("{code} {message}")),
+            Missed::Failed(reason) => Upstream::Down(reason),
+        }
+    }
+}
+
+enum Received {
+    Expired,
+    Bad,
+}
+
+/// The member watch's lines, into the hub.
+struct HubLines<'h> {
+    hub: &'h Hub,
+    expired: bool,
+}
+
+impl LineSink for HubLines<'_> {
+    async fn line(&mut self, line: &[u8]) -> Result<(), Failure> {
+        match self.hub.receive(line) {
+            Ok(()) => Ok(()),
+            Err(Received::Expired) => {
+                self.expired = true;
+                Err(Failure::Abort("the member's resourceVersion expired"))
+            }
+            Err(Received::Bad) => Err(Failure::Abort(
+                "a member's watch event is not one the hub reads",
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: Kind, rv: u64) -> Rc<Event> {
+        let object = serde_json::json!({"kind": "ConfigMap", "metadata": {"name": "a", "resourceVersion": rv.to_string()}});
+        let metadata = object.get("metadata");
+        Rc::new(Event::new(kind, rv, &object, meta_of(metadata)))
+    }
+
+    #[test]
+    fn an_event_is_encoded_once_and_its_variants_share_the_object() {
+        let e = event(Kind::Modified, 7);
+        let line = e.line(Kind::Modified, None);
+        assert!(
+            line.starts_with(b"{\"type\":\"MODIFIED\",\"object\":{"),
+            "{line:?}"
+        );
+        assert!(line.ends_with(b"}}\n"));
+        // The same bytes for every client.
+        assert_eq!(line.as_ptr(), e.line(Kind::Modified, None).as_ptr());
+        let added = e.line(Kind::Added, None);
+        assert!(added.starts_with(b"{\"type\":\"ADDED\",\"object\":{"));
+        assert_eq!(added.as_ptr(), e.line(Kind::Added, None).as_ptr());
+        let v: Value = serde_json::from_slice(&e.line(Kind::Deleted, None)).unwrap();
+        assert_eq!(v["type"], "DELETED");
+        assert_eq!(v["object"]["metadata"]["name"], "a");
+    }
+
+    #[test]
+    fn the_ring_keeps_its_size_and_seeks_by_resource_version() {
+        let mut state = State {
+            phase: Phase::Ready,
+            ring: VecDeque::new(),
+            base: 0,
+            floor_rv: 10,
+            start_rv: 10,
+            last_rv: 10,
+            objects: BTreeMap::new(),
+            columns: None,
+        };
+        let ring_size = 4;
+        for rv in 11..=16 {
+            state.ring.push_back(event(Kind::Modified, rv));
+            while state.ring.len() > ring_size {
+                let oldest = state.ring.pop_front().unwrap();
+                state.base += 1;
+                state.floor_rv = oldest.rv;
+            }
+        }
+        assert_eq!((state.base, state.floor_rv, state.next_seq()), (2, 12, 6));
+        assert_eq!(state.seek(12), 2);
+        assert_eq!(state.at(state.seek(12)).unwrap().rv, 13);
+        assert_eq!(state.seek(16), 6);
+        assert!(state.at(1).is_none());
+    }
+}

@@ -1,0 +1,316 @@
+//! Shared watches (`spec.sharedWatches`, docs/watches.md): one member watch per (cluster route,
+//! resource, namespace scope, form) on each shard feeds every client watch that asks for it.
+//!
+//! - [`plan`] says whether a decided, proxied WATCH can be shared: its resource is listed, the
+//!   cluster impersonates (the member would otherwise see the gateway, or the client's own
+//!   token), and everything the client asked for is something the gateway serves exactly as the
+//!   member would: `resourceVersion` (a number, or none), `timeoutSeconds`,
+//!   `allowWatchBookmarks`, a label selector and a field selector on `metadata.name` /
+//!   `metadata.namespace`, JSON or kubectl's Table form. Anything else (another field, a
+//!   `sendInitialEvents`, `includeObject`, protobuf, an unreadable selector) is not shared: the
+//!   watch goes to the member as it came, and the member's answer (its 400, its watch-list
+//!   semantics) reaches the client unchanged.
+//! - `access`: the member is asked, as the user, whether the user may watch that resource in
+//!   that scope (a SelfSubjectAccessReview, cached per shard for [`access::TTL`]). A user it
+//!   refuses is not shared either: the watch goes to the member, which answers its own 403.
+//! - `hub`: the member watch, its ring of recent events and the objects it holds now.
+//! - `client`: one client's cursor over a hub, filtered by its selectors.
+//!
+//! Per shard, without locks: a hub lives on the shard that opened it and serves that shard's
+//! clients only (so the member holds one watch per key per shard). Called by the front-ends
+//! (`protocol::h1`, `protocol::h2`) for a `Decision::Proxy` whose verb is `watch`.
+
+pub mod access;
+mod client;
+pub mod hub;
+pub mod selector;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleetgate_config_watcher::request_info::KubeVerb;
+use fleetgate_config_watcher::{Limits, RouteTable};
+
+use crate::exchange::Failure;
+use crate::fleet::FleetClient;
+use crate::request::{Peer, Proxied};
+use crate::runtime::ShardContext;
+use selector::{FieldSelector, LabelSelector};
+
+/// What identifies one shared watch on a shard.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HubKey {
+    pub cluster: Arc<str>,
+    /// The route's id: a changed cluster spec (credentials, server) gets a hub of its own.
+    pub route: u64,
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    /// Empty: every namespace.
+    pub namespace: String,
+    pub form: Form,
+}
+
+/// How the member encodes the events of a shared watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Form {
+    /// `application/json` objects.
+    Json,
+    /// `meta.k8s.io/v1` Tables, as `kubectl get -w` asks (one row per event).
+    Table,
+}
+
+/// The Accept kubectl sends for `get -w` (fixtures: kubectl-get-watch.trace.txt).
+const KUBECTL_TABLE_ACCEPT: &[u8] = b"application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+/// The Table form as the hub asks the member for it.
+pub(crate) const TABLE_ACCEPT: &[u8] = b"application/json;as=Table;v=v1;g=meta.k8s.io";
+
+/// Where a client starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// No resourceVersion, or `0`: the objects the hub holds as ADDED events, then changes.
+    Current,
+    /// After this resourceVersion.
+    After(u64),
+}
+
+/// A client watch that can be shared, and what it asked for.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub key: HubKey,
+    pub start: Start,
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+    pub bookmarks: bool,
+    pub timeout: Option<Duration>,
+}
+
+/// The query parameters a shared watch serves; any other makes the watch the client's own.
+const SERVED_PARAMS: &[&[u8]] = &[
+    b"watch",
+    b"resourceVersion",
+    b"resourceVersionMatch",
+    b"timeoutSeconds",
+    b"allowWatchBookmarks",
+    b"labelSelector",
+    b"fieldSelector",
+    b"timeout",
+];
+
+/// Whether `proxied` (a request `decide` routed to a member) is a watch this gateway shares, and
+/// how; None: it goes to the member as it came. `accept` is the client's `Accept` field values.
+pub fn plan<'a>(
+    table: &RouteTable,
+    proxied: &Proxied<'_>,
+    mut accept: impl Iterator<Item = &'a [u8]>,
+) -> Option<Plan> {
+    let settings = table.gateway().shared_watches.as_ref()?;
+    let info = &proxied.info;
+    if info.verb != KubeVerb::Watch
+        || !info.is_resource_request
+        || !info.classified
+        || !info.subresource.is_empty()
+        || !info.name.is_empty()
+        || !settings.shares(info.api_group, info.api_version, info.resource)
+    {
+        return None;
+    }
+    // The legacy `/api/v1/watch/...` paths: not shared.
+    if !proxied.rest.ends_with(info.resource.as_bytes()) {
+        return None;
+    }
+    let cluster = proxied.cluster;
+    // The member must see the user (impersonated), and the gateway must have credentials of
+    // its own for the shared watch.
+    if !cluster.impersonation || cluster.pass_through || proxied.identity.pass_through {
+        return None;
+    }
+    proxied.identity.identity.as_ref()?;
+    let form = match (accept.next(), accept.next()) {
+        (None, _) => Form::Json,
+        (Some(value), None) => match value.trim_ascii() {
+            b"application/json" | b"*/*" | b"application/json, */*" => Form::Json,
+            KUBECTL_TABLE_ACCEPT => Form::Table,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let query = proxied.query.strip_prefix(b"?").unwrap_or(proxied.query);
+    let mut seen: Vec<&[u8]> = Vec::new();
+    for pair in query.split(|b| *b == b'&').filter(|p| !p.is_empty()) {
+        let key = pair.split(|b| *b == b'=').next().unwrap_or(pair);
+        if !SERVED_PARAMS.contains(&key) || seen.contains(&key) {
+            return None;
+        }
+        seen.push(key);
+    }
+    let value = |key: &str| crate::fleet::token::query_value(query, key);
+    let flag = |key: &str| -> Option<bool> {
+        match value(key).as_deref() {
+            None => Some(false),
+            Some("true" | "1" | "t" | "T" | "TRUE" | "True") => Some(true),
+            Some("false" | "0" | "f" | "F" | "FALSE" | "False") => Some(false),
+            Some(_) => None,
+        }
+    };
+    if !flag("watch")? {
+        return None;
+    }
+    // resourceVersionMatch means nothing to a watch at 1.24 unless it is empty.
+    if value("resourceVersionMatch").is_some_and(|v| !v.is_empty()) {
+        return None;
+    }
+    let start = match value("resourceVersion").as_deref() {
+        None | Some("") | Some("0") => Start::Current,
+        Some(rv) if rv.bytes().all(|b| b.is_ascii_digit()) && rv.len() <= 19 => {
+            Start::After(rv.parse().ok()?)
+        }
+        // The member answers an unreadable resourceVersion itself (a 500).
+        Some(_) => return None,
+    };
+    // A Table's Age cell is the member's at the time it rendered: initial events from the hub's
+    // state would show stale ages. kubectl always starts from its list's resourceVersion.
+    if form == Form::Table && start == Start::Current {
+        return None;
+    }
+    let timeout = match value("timeoutSeconds").as_deref() {
+        None | Some("") | Some("0") => None,
+        Some(secs) if secs.bytes().all(|b| b.is_ascii_digit()) && secs.len() <= 9 => {
+            Some(Duration::from_secs(secs.parse().ok()?))
+        }
+        Some(_) => return None,
+    };
+    let labels = match value("labelSelector") {
+        None => LabelSelector::everything(),
+        Some(text) => LabelSelector::parse(&text).ok()?,
+    };
+    let fields = match value("fieldSelector") {
+        None => FieldSelector::default(),
+        Some(text) => FieldSelector::parse(&text).ok()?,
+    };
+    Some(Plan {
+        key: HubKey {
+            cluster: Arc::clone(&cluster.name),
+            route: cluster.id,
+            group: info.api_group.to_owned(),
+            version: info.api_version.to_owned(),
+            resource: info.resource.to_owned(),
+            namespace: info.namespace.to_owned(),
+            form,
+        },
+        start,
+        labels,
+        fields,
+        bookmarks: flag("allowWatchBookmarks")?,
+        timeout,
+    })
+}
+
+/// The client's side of a request, as the member's review and the hub's requests need it.
+#[derive(Clone, Copy)]
+pub struct Caller {
+    pub peer: Peer,
+    pub limits: Limits,
+    pub started: Instant,
+}
+
+/// The header fields the gateway's own requests to a member carry of a client: none.
+pub(crate) type NoFields = fn() -> std::iter::Empty<(&'static [u8], &'static [u8])>;
+
+fn no_connection_fields(_: &[u8]) -> bool {
+    false
+}
+
+/// What the exchange needs of a client, for the requests the gateway makes of a member for a
+/// shared watch (the access review as the user, the hub's list and watch as itself).
+pub(crate) struct OwnRequests {
+    conn: crate::auth::ConnectionAuth,
+}
+
+impl OwnRequests {
+    pub fn new() -> Self {
+        OwnRequests {
+            conn: crate::auth::ConnectionAuth::new(&crate::auth::ClientIdentity::anonymous()),
+        }
+    }
+
+    pub fn request(&self, caller: Caller) -> crate::fleet::ClientRequest<'_, NoFields> {
+        crate::fleet::ClientRequest {
+            headers: std::iter::empty,
+            conn: &self.conn,
+            connection_named: &no_connection_fields,
+            peer: caller.peer,
+            limits: caller.limits,
+            started: caller.started,
+        }
+    }
+}
+
+/// How [`serve`] ended.
+pub(crate) enum Served {
+    /// Not shared after all (the member refused the user, the hub could not start, the client's
+    /// resourceVersion is older than anything the hub saw): nothing was written; proxy it.
+    Proxy,
+    /// Served; the client's watch has ended (cleanly, or with this failure).
+    Done(Result<(), Failure>),
+}
+
+/// Serves a planned shared watch to `client`, or says it must be proxied.
+pub(crate) async fn serve(
+    ctx: &ShardContext,
+    proxied: &Proxied<'_>,
+    plan: Plan,
+    caller: Caller,
+    client: &mut impl FleetClient,
+) -> Served {
+    if !access::may_watch(ctx, proxied, &plan.key, caller).await {
+        return Served::Proxy;
+    }
+    let Some(hub) = hub_for(ctx, proxied, &plan.key, caller) else {
+        return Served::Proxy;
+    };
+    client::follow(ctx, &hub, plan, client).await
+}
+
+/// The shard's hubs, by key.
+#[derive(Default)]
+pub struct SharedWatches {
+    hubs: RefCell<HashMap<HubKey, Rc<hub::Hub>>>,
+}
+
+impl SharedWatches {
+    /// Hubs open on this shard (for tests and metrics).
+    pub fn open(&self) -> usize {
+        self.hubs.borrow().len()
+    }
+
+    pub(crate) fn remove(&self, key: &HubKey, hub: &Rc<hub::Hub>) {
+        let mut hubs = self.hubs.borrow_mut();
+        if hubs.get(key).is_some_and(|h| Rc::ptr_eq(h, hub)) {
+            hubs.remove(key);
+        }
+    }
+}
+
+/// The hub for `key` on this shard, started if there is none; None when it failed recently
+/// (its member refused the gateway's own list, say).
+fn hub_for(
+    ctx: &ShardContext,
+    proxied: &Proxied<'_>,
+    key: &HubKey,
+    caller: Caller,
+) -> Option<Rc<hub::Hub>> {
+    if let Some(hub) = ctx.shared_watches.hubs.borrow().get(key) {
+        return (!hub.failed()).then(|| Rc::clone(hub));
+    }
+    let shard = ctx.me.upgrade()?;
+    let hub = hub::Hub::start(shard, Arc::clone(proxied.cluster), key.clone(), caller);
+    ctx.shared_watches
+        .hubs
+        .borrow_mut()
+        .insert(key.clone(), Rc::clone(&hub));
+    Some(hub)
+}

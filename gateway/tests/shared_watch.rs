@@ -1,0 +1,688 @@
+//! Shared watches (issue 15, docs/watches.md) as users meet them: many kubectl and kube-rs
+//! watches of configmaps through the gateway cost the member one watch per shared key, every
+//! client sees every change in order, even as the member keeps ending the gateway's watch; a
+//! resourceVersion that left the ring gets the apiserver's 410; and a user the member does not
+//! let watch gets the member's own 403.
+
+// The test's own kube-rs watchers record what they saw under a std Mutex: test code, off the
+// gateway's shards.
+#![allow(clippy::disallowed_types)]
+
+mod support;
+
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher;
+use kube::{Api, Client, Config};
+use support::fleet::Fleet;
+use support::kubectl::{kubectl, kubectl_command};
+use support::wait::wait_for;
+
+/// Turns on `spec.sharedWatches` for configmaps in the fleet's Gateway.
+fn share_configmaps(fleet: &Fleet, ring: u32, lag: u32) {
+    let path = fleet.fleet_path("gateway.yaml");
+    let mut gateway: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let shared: serde_yaml::Value = serde_yaml::from_str(&format!(
+        "resources: [{{group: '', version: v1, resource: configmaps}}]\nringSize: {ring}\nlagLimit: {lag}\n"
+    ))
+    .unwrap();
+    gateway["spec"]
+        .as_mapping_mut()
+        .unwrap()
+        .insert("sharedWatches".into(), shared);
+    std::fs::write(&path, serde_yaml::to_string(&gateway).unwrap()).unwrap();
+}
+
+/// `fleetgate_sim_open_watches{resource=...}` of a member, read from it directly as admin.
+fn member_watches(fleet: &Fleet, context: &str, resource: &str) -> usize {
+    let out = kubectl(
+        &fleet.fleet_path("kubeconfig"),
+        context,
+        &["get", "--raw", "/metrics"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let series = format!("fleetgate_sim_open_watches{{resource=\"{resource}\"}} ");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// How often the gateway watched the member again after the member ended its shared watch.
+fn rewatches(fleet: &Fleet) -> usize {
+    fleet
+        .log()
+        .matches("the member ended its watch; watching again")
+        .count()
+}
+
+/// kubectl straight to the member as admin; must succeed.
+fn direct(fleet: &Fleet, args: &[&str]) -> String {
+    let out = kubectl(&fleet.fleet_path("kubeconfig"), "member1", args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+struct Watcher {
+    child: Child,
+    out: std::path::PathBuf,
+}
+
+impl Watcher {
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `kubectl get cm -n default -w ARGS` through the gateway, its stdout in a file.
+fn kubectl_watch(fleet: &Fleet, name: &str, args: &[&str]) -> Watcher {
+    let out = fleet.path(&format!("{name}.out"));
+    let child = kubectl_command(&fleet.gateway_kubeconfig(), "member1")
+        .args(["get", "cm", "-n", "default", "-w"])
+        .args(args)
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(fleet.path(&format!("{name}.err"))).unwrap())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    Watcher { child, out }
+}
+
+async fn client(fleet: &Fleet) -> Client {
+    let kubeconfig = Kubeconfig::read_from(fleet.gateway_kubeconfig()).expect("kubeconfig");
+    let options = KubeConfigOptions {
+        context: Some("member1".to_owned()),
+        ..KubeConfigOptions::default()
+    };
+    let config = Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .expect("config");
+    Client::try_from(config).expect("client")
+}
+
+/// The values of `data.i` of ConfigMap `seed` in the lines a custom-columns watch printed.
+fn values_in(output: &str) -> Vec<u32> {
+    output
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("seed")).then(|| words.next()?.parse().ok())?
+        })
+        .collect()
+}
+
+const CLIENTS_KUBE_RS: usize = 100;
+const CLIENTS_TABLE: usize = 10;
+const CLIENTS_COLUMNS: usize = 10;
+const CHANGES: u32 = 24;
+
+#[test]
+fn many_watches_cost_the_member_one_watch_per_key_and_see_every_change_in_order() {
+    // The member ends every watch after 2 s, as a real apiserver ends each after its request
+    // timeout: the gateway's shared watch goes on from its last resourceVersion, unseen.
+    let mut fleet = Fleet::sim_with("", 1, 0, &["--watch-timeout-seconds", "2"]);
+    share_configmaps(&fleet, 16, 16);
+    fleet.serve(&["--workers", "1"], Some("fleetgate=info"));
+    direct(
+        &fleet,
+        &[
+            "create",
+            "configmap",
+            "seed",
+            "-n",
+            "default",
+            "--from-literal=i=0",
+        ],
+    );
+
+    // 100 kube-rs watchers (JSON, with bookmarks), each recording the values it saw.
+    let seen: Vec<Arc<Mutex<Vec<u32>>>> = (0..CLIENTS_KUBE_RS)
+        .map(|_| Arc::new(Mutex::new(Vec::new())))
+        .collect();
+    let kube_client = fleet.runtime.block_on(client(&fleet));
+    for record in &seen {
+        let api: Api<ConfigMap> = Api::namespaced(kube_client.clone(), "default");
+        let record = Arc::clone(record);
+        fleet.runtime.spawn(async move {
+            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+            while let Some(event) = events.next().await {
+                let Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) = event else {
+                    continue;
+                };
+                let value = cm.data.and_then(|d| d.get("i")?.parse().ok());
+                if let Some(value) = value {
+                    record.lock().unwrap().push(value);
+                }
+            }
+        });
+    }
+    // 10 plain `kubectl get -w` (Table events) and 10 with custom columns (JSON events).
+    let tables: Vec<Watcher> = (0..CLIENTS_TABLE)
+        .map(|n| kubectl_watch(&fleet, &format!("table-{n}"), &[]))
+        .collect();
+    let columns: Vec<Watcher> = (0..CLIENTS_COLUMNS)
+        .map(|n| {
+            kubectl_watch(
+                &fleet,
+                &format!("columns-{n}"),
+                &[
+                    "--no-headers",
+                    "-o",
+                    "custom-columns=NAME:.metadata.name,I:.data.i",
+                ],
+            )
+        })
+        .collect();
+    // Every client has its list (the initial value) before the changes begin.
+    wait_for(
+        "every client's initial list",
+        Duration::from_secs(60),
+        || {
+            seen.iter().all(|s| !s.lock().unwrap().is_empty())
+                && tables.iter().all(|w| w.output().contains("seed"))
+                && columns.iter().all(|w| values_in(&w.output()) == [0])
+        },
+    );
+
+    for i in 1..=CHANGES {
+        let patch = format!("{{\"data\":{{\"i\":\"{i}\"}}}}");
+        direct(
+            &fleet,
+            &[
+                "patch",
+                "configmap",
+                "seed",
+                "-n",
+                "default",
+                "--type",
+                "merge",
+                "-p",
+                &patch,
+            ],
+        );
+        // Spread over several of the member's watch timeouts: every sixth change waits until
+        // the clients have it and the member has ended the shared watch once more.
+        if i % 6 == 0 {
+            wait_for("the clients to catch up", Duration::from_secs(30), || {
+                columns
+                    .iter()
+                    .all(|w| values_in(&w.output()).last() == Some(&i))
+            });
+            let ended = rewatches(&fleet);
+            wait_for(
+                "the member to end the shared watch",
+                Duration::from_secs(10),
+                || rewatches(&fleet) > ended,
+            );
+        }
+    }
+    let want: Vec<u32> = (0..=CHANGES).collect();
+    wait_for(
+        "every change at every client",
+        Duration::from_secs(60),
+        || {
+            seen.iter()
+                .all(|s| s.lock().unwrap().last() == Some(&CHANGES))
+                && columns
+                    .iter()
+                    .all(|w| values_in(&w.output()).last() == Some(&CHANGES))
+                && tables.iter().all(|w| {
+                    w.output().lines().filter(|l| l.starts_with("seed")).count() > CHANGES as usize
+                })
+        },
+    );
+    for (n, s) in seen.iter().enumerate() {
+        assert_eq!(*s.lock().unwrap(), want, "kube-rs watcher {n}");
+    }
+    for w in &columns {
+        assert_eq!(values_in(&w.output()), want, "{}", w.out.display());
+    }
+    for w in &tables {
+        let rows = w.output().lines().filter(|l| l.starts_with("seed")).count();
+        assert_eq!(rows, 1 + CHANGES as usize, "{}", w.output());
+        // The header once: the column definitions came with the first event only.
+        assert_eq!(w.output().matches("NAME").count(), 1, "{}", w.output());
+    }
+    // 120 client watches, two shared keys on the one shard (JSON and Table forms): the member
+    // holds two watches, whichever of its 2 s timeouts it is in.
+    wait_for(
+        "the member to hold two watches",
+        Duration::from_secs(10),
+        || member_watches(&fleet, "member1", "configmaps") == 2,
+    );
+    // The gateway's own count: two shared watches, serving the 120 clients.
+    assert_eq!(fleet.metric("fleetgate_shared_watches"), Some(2));
+    assert_eq!(
+        fleet.metric("fleetgate_shared_watch_clients"),
+        Some((CLIENTS_KUBE_RS + CLIENTS_TABLE + CLIENTS_COLUMNS) as i64)
+    );
+    assert!(rewatches(&fleet) >= 4, "{}", fleet.log_tail(20));
+
+    // A resourceVersion the ring no longer holds (16 events, 24 changes since): the
+    // apiserver's 410 inside a 200 stream.
+    let first_rv: u64 = direct(
+        &fleet,
+        &[
+            "get",
+            "configmap",
+            "seed",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+    )
+    .trim()
+    .parse::<u64>()
+    .unwrap()
+        - (CHANGES as u64 - 2);
+    let old = kubectl(
+        &fleet.gateway_kubeconfig(),
+        "member1",
+        &[
+            "get",
+            "--raw",
+            &format!("/clusters/member1/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={first_rv}&timeoutSeconds=5"),
+        ],
+    );
+    let body = String::from_utf8_lossy(&old.stdout);
+    assert!(
+        body.contains("\"type\":\"ERROR\"")
+            && body.contains("\"code\":410")
+            && body.contains(&format!("too old resource version: {first_rv} (")),
+        "{body}\n{}\n{}",
+        String::from_utf8_lossy(&old.stderr),
+        fleet.log_tail(30)
+    );
+}
+
+#[test]
+fn a_user_the_member_refuses_gets_its_403_and_one_it_allows_shares() {
+    let mut fleet = Fleet::sim(1, 0);
+    share_configmaps(&fleet, 64, 16);
+    fleet.serve(&["--workers", "1"], Some("fleetgate=debug"));
+    direct(
+        &fleet,
+        &[
+            "create",
+            "configmap",
+            "seed",
+            "-n",
+            "default",
+            "--from-literal=i=0",
+        ],
+    );
+    let path = "/api/v1/namespaces/default/configmaps?watch=1&timeoutSeconds=3";
+    // kubectl's --raw path starts at the server's root, not at its `/clusters/member1`.
+    let through = format!("/clusters/member1{path}");
+    // bob: the gateway's policy and the member's RBAC both let him read configmaps in default.
+    let bob = kubectl(
+        &fleet.gateway_kubeconfig(),
+        "member1",
+        &["--user", "bob", "get", "--raw", &through],
+    );
+    assert!(
+        bob.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&bob.stderr),
+        fleet.log_tail(30)
+    );
+    let events = String::from_utf8_lossy(&bob.stdout);
+    assert!(
+        events.contains("{\"type\":\"ADDED\"") && events.contains("\"name\":\"seed\""),
+        "{events}"
+    );
+    // Shared: the hub's watch outlives bob's (it waits for clients a while); his own would
+    // have ended with his timeoutSeconds.
+    assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
+    // alice: the policy lets her read member1, but the member lets her read only namespace
+    // dev. Her watch gets the member's own 403, as when she asks it directly.
+    let through_gateway = kubectl(
+        &fleet.gateway_kubeconfig(),
+        "member1",
+        &["--user", "alice", "get", "--raw", &through],
+    );
+    let at_member = kubectl(
+        &fleet.fleet_path("kubeconfig"),
+        "member1",
+        &["--as", "alice", "--as-group", "devs", "get", "--raw", path],
+    );
+    assert!(!through_gateway.status.success());
+    let refused = String::from_utf8_lossy(&through_gateway.stderr);
+    assert!(
+        refused.contains("User \"alice\" cannot watch resource \"configmaps\""),
+        "{refused}"
+    );
+    assert_eq!(refused, String::from_utf8_lossy(&at_member.stderr));
+}
+
+/// A query value percent-encoded (everything but unreserved characters).
+fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            b => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The names in the ADDED events of a watch stream, sorted.
+fn added_names(stream: &[u8]) -> Vec<String> {
+    let mut names: Vec<String> = String::from_utf8_lossy(stream)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["type"] == "ADDED")
+        .filter_map(|e| e["object"]["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn the_gateways_selectors_select_what_the_members_do() {
+    let mut fleet = Fleet::sim(1, 0);
+    share_configmaps(&fleet, 64, 16);
+    fleet.serve(&["--workers", "1"], None);
+    for (name, labels) in [
+        ("a", &["app=web", "tier=front", "n=3"][..]),
+        ("b", &["app=api", "n=10"]),
+        ("c", &[]),
+        ("d", &["app=web", "tier=back", "example.com/team=x"]),
+        ("e", &["n=07", "empty="]),
+    ] {
+        direct(&fleet, &["create", "configmap", name, "-n", "default"]);
+        if !labels.is_empty() {
+            let mut args = vec!["label", "configmap", name, "-n", "default"];
+            args.extend(labels);
+            direct(&fleet, &args);
+        }
+    }
+    for (param, selector) in [
+        ("labelSelector", ""),
+        ("labelSelector", "app"),
+        ("labelSelector", "!app"),
+        ("labelSelector", "app=web"),
+        ("labelSelector", "app==web"),
+        ("labelSelector", "app!=web"),
+        ("labelSelector", "app in (web,api)"),
+        ("labelSelector", "app notin (web)"),
+        ("labelSelector", "n>5"),
+        ("labelSelector", "n<5"),
+        ("labelSelector", " app = web , tier in ( front ) "),
+        ("labelSelector", "example.com/team"),
+        ("labelSelector", "empty="),
+        ("labelSelector", "tier!=front,app"),
+        ("fieldSelector", "metadata.name=a"),
+        ("fieldSelector", "metadata.name!=a"),
+        (
+            "fieldSelector",
+            "metadata.namespace=default,metadata.name=d",
+        ),
+    ] {
+        let path = format!(
+            "/api/v1/namespaces/default/configmaps?watch=1&timeoutSeconds=1&{param}={}",
+            encode(selector)
+        );
+        let shared = kubectl(
+            &fleet.gateway_kubeconfig(),
+            "member1",
+            &["get", "--raw", &format!("/clusters/member1{path}")],
+        );
+        let member = kubectl(
+            &fleet.fleet_path("kubeconfig"),
+            "member1",
+            &["get", "--raw", &path],
+        );
+        assert!(
+            member.status.success(),
+            "{selector:?}: {}",
+            String::from_utf8_lossy(&member.stderr)
+        );
+        assert!(
+            shared.status.success(),
+            "{selector:?}: {}",
+            String::from_utf8_lossy(&shared.stderr)
+        );
+        let (ours, theirs) = (added_names(&shared.stdout), added_names(&member.stdout));
+        assert_eq!(ours, theirs, "{param}={selector:?}");
+    }
+    // Every watch above was the shared one: the member holds its watch (and no other).
+    assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
+}
+
+#[test]
+fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
+    // Churn in other namespaces moves the member's 5-event window past the shared watch of
+    // `default`, and the member ends every watch after 2 s: each time the gateway watches again
+    // its resourceVersion has expired (410), and it lists again.
+    let mut fleet = Fleet::sim_with(
+        "",
+        2,
+        10,
+        &[
+            "--churn",
+            "20",
+            "--history-window",
+            "5",
+            "--watch-timeout-seconds",
+            "2",
+        ],
+    );
+    share_configmaps(&fleet, 64, 16);
+    fleet.serve(&["--workers", "1"], Some("fleetgate=info"));
+    direct(
+        &fleet,
+        &[
+            "create",
+            "configmap",
+            "seed",
+            "-n",
+            "default",
+            "--from-literal=i=0",
+        ],
+    );
+    let columns = kubectl_watch(
+        &fleet,
+        "columns",
+        &[
+            "--no-headers",
+            "-o",
+            "custom-columns=NAME:.metadata.name,I:.data.i",
+        ],
+    );
+    wait_for("the initial list", Duration::from_secs(30), || {
+        values_in(&columns.output()) == [0]
+    });
+    wait_for(
+        "a relist after the member's 410",
+        Duration::from_secs(30),
+        || {
+            fleet
+                .log()
+                .contains("member's resourceVersion expired; listing again")
+        },
+    );
+    for i in 1..=5 {
+        let patch = format!("{{\"data\":{{\"i\":\"{i}\"}}}}");
+        direct(
+            &fleet,
+            &[
+                "patch",
+                "configmap",
+                "seed",
+                "-n",
+                "default",
+                "--type",
+                "merge",
+                "-p",
+                &patch,
+            ],
+        );
+    }
+    // Changes that fell into a relist come as what changed since (the last of them), as from
+    // client-go's reflector: in order, none twice, the last one always.
+    wait_for("the last change", Duration::from_secs(30), || {
+        values_in(&columns.output()).last() == Some(&5)
+    });
+    let values = values_in(&columns.output());
+    assert!(values.windows(2).all(|w| w[0] < w[1]), "{values:?}");
+
+    // member2 is removed from the configuration: its shared watch ends, and with it every
+    // client watch on it, cleanly.
+    let mut raw = kubectl_command(&fleet.gateway_kubeconfig(), "member2")
+        .args([
+            "get",
+            "--raw",
+            "/clusters/member2/api/v1/namespaces/default/configmaps?watch=1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let member2 = |fleet: &Fleet| {
+        let out = kubectl(
+            &fleet.fleet_path("kubeconfig"),
+            "member2",
+            &["get", "--raw", "/metrics"],
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l == "fleetgate_sim_open_watches{resource=\"configmaps\"} 1")
+    };
+    wait_for("member2's shared watch", Duration::from_secs(30), || {
+        member2(&fleet)
+    });
+    std::fs::remove_file(fleet.fleet_path("clusters/member2.yaml")).unwrap();
+    let mut status = None;
+    wait_for(
+        "the client watch on member2 to end",
+        Duration::from_secs(30),
+        || {
+            status = raw.try_wait().unwrap();
+            status.is_some()
+        },
+    );
+    assert!(status.unwrap().success(), "{}", fleet.log_tail(20));
+    wait_for("member2 to hold no watch", Duration::from_secs(30), || {
+        let out = kubectl(
+            &fleet.fleet_path("kubeconfig"),
+            "member2",
+            &["get", "--raw", "/metrics"],
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l == "fleetgate_sim_open_watches{resource=\"configmaps\"} 0")
+    });
+}
+
+#[test]
+fn a_client_that_falls_behind_the_lag_limit_is_cut_with_410() {
+    let mut fleet = Fleet::sim(1, 0);
+    share_configmaps(&fleet, 64, 4);
+    fleet.serve(&["--workers", "1"], None);
+    direct(
+        &fleet,
+        &[
+            "create",
+            "configmap",
+            "big",
+            "-n",
+            "default",
+            "--from-literal=i=0",
+        ],
+    );
+    let rv = direct(
+        &fleet,
+        &[
+            "get",
+            "configmap",
+            "big",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+    );
+    // A client that asks for the watch, reads its head, then stops reading.
+    let tls = fleet.admin_tls_config(b"http/1.1");
+    let https = fleet.https();
+    let mut stream = fleet.runtime.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = support::client::tls_connect(https, tls).await.unwrap();
+        let request = format!(
+            "GET /clusters/member1/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={} HTTP/1.1\r\nHost: gw\r\n\r\n",
+            rv.trim()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
+        stream
+    });
+    // 24 changes of 800 KB each: more than the sockets between gateway and client hold, so the
+    // gateway's write to this client waits while the ring moves on past the lag limit (4).
+    let patch = fleet.path("big.json");
+    for i in 1..=24 {
+        let value = format!("{i}-{}", "x".repeat(800 * 1024));
+        std::fs::write(&patch, format!("{{\"data\":{{\"i\":\"{value}\"}}}}")).unwrap();
+        direct(
+            &fleet,
+            &[
+                "patch",
+                "configmap",
+                "big",
+                "-n",
+                "default",
+                "--type",
+                "merge",
+                "--patch-file",
+                patch.to_str().unwrap(),
+            ],
+        );
+    }
+    // Reading again: what was in flight, then the apiserver's 410 and the end of the stream.
+    let rest = fleet.runtime.block_on(async {
+        use tokio::io::AsyncReadExt;
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut rest))
+            .await
+            .expect("the stream ends")
+            .ok();
+        rest
+    });
+    let text = String::from_utf8_lossy(&rest);
+    let tail = &text[text.len().saturating_sub(400)..];
+    assert!(
+        text.contains("\"type\":\"ERROR\"")
+            && text.contains("\"code\":410")
+            && text.contains("too old resource version"),
+        "{tail}"
+    );
+    assert!(text.ends_with("0\r\n\r\n"), "{tail}");
+    // It did not get all 24 changes: it was cut.
+    assert!(!text.contains("\"i\":\"24-"), "{tail}");
+}
