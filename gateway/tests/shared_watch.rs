@@ -77,6 +77,25 @@ fn direct(fleet: &Fleet, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Sets `data.i` of ConfigMap default/seed to `i` on the member itself (one MODIFIED event).
+fn patch_seed(fleet: &Fleet, i: u32) {
+    let patch = format!("{{\"data\":{{\"i\":\"{i}\"}}}}");
+    direct(
+        fleet,
+        &[
+            "patch",
+            "configmap",
+            "seed",
+            "-n",
+            "default",
+            "--type",
+            "merge",
+            "-p",
+            &patch,
+        ],
+    );
+}
+
 struct Watcher {
     child: Child,
     out: std::path::PathBuf,
@@ -206,21 +225,7 @@ fn many_watches_cost_the_member_one_watch_per_key_and_see_every_change_in_order(
     );
 
     for i in 1..=CHANGES {
-        let patch = format!("{{\"data\":{{\"i\":\"{i}\"}}}}");
-        direct(
-            &fleet,
-            &[
-                "patch",
-                "configmap",
-                "seed",
-                "-n",
-                "default",
-                "--type",
-                "merge",
-                "-p",
-                &patch,
-            ],
-        );
+        patch_seed(&fleet, i);
         // Spread over several of the member's watch timeouts: every sixth change waits until
         // the clients have it and the member has ended the shared watch once more.
         if i % 6 == 0 {
@@ -527,21 +532,7 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
         },
     );
     for i in 1..=5 {
-        let patch = format!("{{\"data\":{{\"i\":\"{i}\"}}}}");
-        direct(
-            &fleet,
-            &[
-                "patch",
-                "configmap",
-                "seed",
-                "-n",
-                "default",
-                "--type",
-                "merge",
-                "-p",
-                &patch,
-            ],
-        );
+        patch_seed(&fleet, i);
     }
     // Changes that fell into a relist come as what changed since (the last of them), as from
     // client-go's reflector: in order, none twice, the last one always.
