@@ -192,3 +192,67 @@ fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
         "the gateway is gone after the demo stops"
     );
 }
+
+/// The processes whose command line names `needle` (the demo's children all name its --dir).
+fn processes_naming(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if text.contains(needle) {
+                found.push(text);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn a_demo_whose_stdout_closes_stops_what_it_started() {
+    // `fleetgate demo ... | head -1` and the like: the `ready` line cannot be written, so the
+    // demo fails, and its fleet, gateway and agent must not be left running, orphaned.
+    let dir = tempfile::tempdir().unwrap();
+    let dir_text = dir.path().to_str().unwrap().to_owned();
+    let mut demo = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+            .args([
+                "demo",
+                "--clusters",
+                "2",
+                "--pull",
+                "1",
+                "--listen",
+                "127.0.0.1:0",
+                "--workers",
+                "1",
+                "--dir",
+            ])
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    drop(demo.0.stdout.take());
+    let stderr = demo.0.stderr.take().unwrap();
+    let log = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = demo.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the demo did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = log.join().unwrap();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("Broken pipe") || log.contains("os error 32"),
+        "{log}"
+    );
+    let left = processes_naming(&dir_text);
+    assert!(left.is_empty(), "left running: {left:#?}");
+}

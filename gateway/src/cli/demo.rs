@@ -125,24 +125,40 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             }
         }
     }
-    write_kubeconfig(&args.dir, &args.listen, &bound.to_string())?;
-    let kubeconfig = args.dir.join("kubeconfig");
-    // Caught before `ready` is printed: a stop signal sent as soon as it is read stops the
-    // gateway and the fleet cleanly (the default action would leave both running, orphaned).
+    let announced = (|| {
+        write_kubeconfig(&args.dir, &args.listen, &bound.to_string())?;
+        let kubeconfig = args.dir.join("kubeconfig");
+        // Caught before `ready` is printed: a stop signal sent as soon as it is read stops the
+        // gateway and the fleet cleanly (the default action would leave both running, orphaned).
+        let signals = Signals::install()?;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(
+            stdout,
+            "ready: {} simulated member clusters behind https://{bound}/clusters/{{member1..member{}}} \
+             ({} of them pull-mode, through their agents); export KUBECONFIG={}",
+            args.clusters,
+            args.clusters,
+            args.pull,
+            kubeconfig.display()
+        )?;
+        stdout.flush()?;
+        anyhow::Ok(signals)
+    })();
+    // Any failure here (a closed stdout, say) stops what was started: never orphans.
     let Signals {
         runtime: rt,
         mut interrupt,
         terminate: mut term,
-    } = Signals::install()?;
-    println!(
-        "ready: {} simulated member clusters behind https://{bound}/clusters/{{member1..member{}}} \
-         ({} of them pull-mode, through their agents); export KUBECONFIG={}",
-        args.clusters,
-        args.clusters,
-        args.pull,
-        kubeconfig.display()
-    );
-    std::io::stdout().flush()?;
+    } = match announced {
+        Ok(signals) => signals,
+        Err(e) => {
+            agents.iter_mut().for_each(stop);
+            let _ = gateway.kill();
+            let _ = gateway.wait();
+            stop(&mut fleet);
+            return Err(e);
+        }
+    };
 
     // A thread owns the child and reports its exit; the runtime waits for that or a signal.
     let pid = gateway.id();
@@ -401,13 +417,15 @@ fn wait_ready(child: &mut Child, what: &str) -> anyhow::Result<String> {
     let mut lines = BufReader::new(stdout).lines();
     for line in lines.by_ref() {
         let line = line?;
+        // Passed on as it can be: a closed stdout must not end the demo here (its children
+        // would be left running); the `ready` line's write reports it.
         if !line.contains("ready") {
-            println!("{line}");
+            let _ = writeln!(std::io::stdout(), "{line}");
             continue;
         }
         std::thread::spawn(move || {
             for line in lines.map_while(Result::ok) {
-                println!("{line}");
+                let _ = writeln!(std::io::stdout(), "{line}");
             }
         });
         return Ok(line);
