@@ -24,25 +24,34 @@ fn kubectl(
         .expect("kubectl runs")
 }
 
+/// `fleetgate demo` of two members on a free port, one worker, in `dir`, with `extra`; stdout
+/// piped.
+fn demo_command(dir: &std::path::Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fleetgate"));
+    command
+        .args([
+            "demo",
+            "--clusters",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+        ])
+        .args(extra)
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::piped());
+    command
+}
+
 #[test]
 fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     // Killed when the test ends however it ends: a failed assertion never leaves a fleet and a
     // gateway running.
     let mut demo = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-            .args([
-                "demo",
-                "--clusters",
-                "2",
-                "--listen",
-                "127.0.0.1:0",
-                "--workers",
-                "1",
-                "--dir",
-            ])
-            .arg(dir.path())
-            .stdout(Stdio::piped())
+        demo_command(dir.path(), &[])
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
@@ -214,21 +223,7 @@ fn a_demo_whose_stdout_closes_stops_what_it_started() {
     let dir = tempfile::tempdir().unwrap();
     let dir_text = dir.path().to_str().unwrap().to_owned();
     let mut demo = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_fleetgate"))
-            .args([
-                "demo",
-                "--clusters",
-                "2",
-                "--pull",
-                "1",
-                "--listen",
-                "127.0.0.1:0",
-                "--workers",
-                "1",
-                "--dir",
-            ])
-            .arg(dir.path())
-            .stdout(Stdio::piped())
+        demo_command(dir.path(), &["--pull", "1"])
             .stderr(Stdio::piped())
             .spawn()
             .unwrap(),
