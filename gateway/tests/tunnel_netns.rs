@@ -588,9 +588,11 @@ fn the_agent_killed_during_a_watch_ends_it_cleanly_and_its_return_is_waited_for(
             && answer.contains(r#"cluster \"member1\" is unavailable"#),
         "{answer}"
     );
+    // The gateway times the wait with its coarse clock (a scheduler tick behind at most).
     assert!(
-        started.elapsed() >= Duration::from_secs(3),
-        "answered before the wait"
+        started.elapsed() >= Duration::from_millis(2900),
+        "answered after {:?}, before the wait: {answer}",
+        started.elapsed()
     );
     // An end, as when the member ends a watch itself: kubectl exits 0 and quietly, every line
     // it printed is a row (a reset stream would print an InternalError "unable to decode an
