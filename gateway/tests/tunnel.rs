@@ -21,10 +21,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::fleet::{fleetgate_binary, Fleet, KillOnDrop};
-use support::kubectl::kubectl_command;
 use support::pull::{
-    admin_get_at, admin_https, agent_command, exits_within, issue_agent, make_pull_mode,
-    serve_with_tunnel, signal, stalled_list, Agent, AgentSetup,
+    admin_get_at, admin_https, agent_command, exits_within, gateway_kubectl, issue_agent,
+    kubectl_basics, make_pull_mode, serve_with_tunnel, signal, spawn_lines, stalled_list, Agent,
+    AgentSetup,
 };
 use support::wait::{wait_for, LineReader};
 
@@ -127,27 +127,12 @@ impl PullFleet {
     }
 
     fn kubectl(&self, context: &str, args: &[&str]) -> Command {
-        let mut cmd = kubectl_command(&self.fleet.gateway_kubeconfig(), context);
-        cmd.arg("--cache-dir")
-            .arg(self.fleet.path(&format!("kube-cache-{context}")))
-            .args(args);
-        cmd
+        gateway_kubectl(&self.fleet, context, args)
     }
 
     /// A long-running kubectl (watch, follow, port-forward) and its stdout lines.
     fn spawn_lines(&self, args: &[&str], env: &[(&str, &str)]) -> (KillOnDrop, LineReader) {
-        let mut cmd = self.kubectl("member2", args);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = KillOnDrop(
-            cmd.stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        let lines = LineReader::new(child.stdout.take().unwrap());
-        (child, lines)
+        spawn_lines(&self.fleet, "member2", args, env)
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -160,67 +145,9 @@ fn kubectl_works_on_a_pull_mode_member_as_on_a_direct_one() {
     let mut pulled = PullFleet::start(20, &[]);
     let agent = pulled.start_agent();
 
-    // get and list: the same objects as the member itself has.
-    let through = pulled.ok(&["get", "configmaps", "-A", "-o", "name"]);
-    let direct = support::kubectl::succeeded(
-        support::kubectl::kubectl(
-            &pulled.fleet.fleet_path("kubeconfig"),
-            "member2",
-            &["get", "configmaps", "-A", "-o", "name"],
-        ),
-        "direct list",
-        "",
-    );
-    assert_eq!(through, direct);
-    assert!(through.lines().count() > 20, "{through}");
+    // get and list (the member's own objects), watch, logs -f, exec over WebSocket and SPDY.
+    kubectl_basics(&pulled.fleet, "member2", "tunnelled");
     assert!(pulled.ok(&["get", "namespace", "dev"]).contains("dev"));
-
-    // A watch sees a change made afterwards.
-    let watch_args = [
-        "get",
-        "configmaps",
-        "-n",
-        "dev",
-        "-w",
-        "--output-watch-events",
-    ];
-    let (watch, mut events) = pulled.spawn_lines(&watch_args, &[]);
-    events.wait_line("the watch's first event", Duration::from_secs(30), |l| {
-        l.contains("kube-root-ca.crt")
-    });
-    pulled.ok(&["create", "configmap", "-n", "dev", "made-while-watching"]);
-    events.wait_line("the new ConfigMap's event", Duration::from_secs(30), |l| {
-        l.contains("ADDED") && l.contains("made-while-watching")
-    });
-    drop(watch);
-
-    // logs -f streams lines as they come.
-    let (follow, mut lines) = pulled.spawn_lines(&["logs", "-f", "hello", "-n", "default"], &[]);
-    lines.wait_line("a followed log line", Duration::from_secs(30), |l| {
-        l.contains("log line 1")
-    });
-    drop(follow);
-
-    // exec, over WebSocket and SPDY.
-    for env in [
-        ("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "true"),
-        ("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false"),
-    ] {
-        let out = pulled
-            .kubectl(
-                "member2",
-                &["exec", "hello", "-n", "default", "--", "echo", "tunnelled"],
-            )
-            .env(env.0, env.1)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "exec {env:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(out.stdout, b"tunnelled\n", "exec {env:?}");
-    }
 
     // port-forward, over WebSocket and SPDY: 200 KB echoed by the pod.
     for env in [

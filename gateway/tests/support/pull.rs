@@ -239,3 +239,100 @@ pub fn serve_with_tunnel(fleet: &mut Fleet, extra: &[&str]) -> SocketAddr {
     fleet.serve(&args, Some("fleetgate=debug"));
     fleet.ready().addr("tunnel")
 }
+
+/// kubectl on `cluster` through the fleet's gateway, with a discovery cache of its own.
+pub fn gateway_kubectl(fleet: &Fleet, cluster: &str, args: &[&str]) -> Command {
+    let mut cmd = super::kubectl::kubectl_command(&fleet.gateway_kubeconfig(), cluster);
+    cmd.arg("--cache-dir")
+        .arg(fleet.path(&format!("kube-cache-{cluster}")))
+        .args(args);
+    cmd
+}
+
+/// A long-running [`gateway_kubectl`] (watch, follow, port-forward) with `env`, and its stdout
+/// lines.
+pub fn spawn_lines(
+    fleet: &Fleet,
+    cluster: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (KillOnDrop, LineReader) {
+    let mut cmd = gateway_kubectl(fleet, cluster, args);
+    cmd.envs(env.iter().copied());
+    let mut child = KillOnDrop(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = LineReader::new(child.stdout.take().unwrap());
+    (child, lines)
+}
+
+/// What a kubectl user does first on `cluster` (with the simulated fleet's objects and its
+/// `hello` pod), checked as they would through the gateway: the ConfigMap list is the member's
+/// own (more than 20), a watch sees a ConfigMap made afterwards, `logs -f` streams, and exec
+/// over WebSocket and SPDY prints `said`. Returns the list.
+pub fn kubectl_basics(fleet: &Fleet, cluster: &str, said: &str) -> String {
+    let list = ["get", "configmaps", "-A", "-o", "name"];
+    let through = fleet.kubectl_ok(cluster, &list);
+    let direct = super::kubectl::succeeded(
+        super::kubectl::kubectl(&fleet.fleet_path("kubeconfig"), cluster, &list),
+        "direct list",
+        "",
+    );
+    assert_eq!(through, direct);
+    assert!(through.lines().count() > 20, "{through}");
+
+    // A watch sees a change made afterwards.
+    let watch_args = [
+        "get",
+        "configmaps",
+        "-n",
+        "dev",
+        "-w",
+        "--output-watch-events",
+    ];
+    let (watch, mut events) = spawn_lines(fleet, cluster, &watch_args, &[]);
+    events.wait_line("the watch's first event", Duration::from_secs(30), |l| {
+        l.contains("kube-root-ca.crt")
+    });
+    fleet.kubectl_ok(
+        cluster,
+        &["create", "configmap", "-n", "dev", "made-while-watching"],
+    );
+    events.wait_line("the new ConfigMap's event", Duration::from_secs(30), |l| {
+        l.contains("ADDED") && l.contains("made-while-watching")
+    });
+    drop(watch);
+
+    // logs -f streams lines as they come.
+    let follow_args = ["logs", "-f", "hello", "-n", "default"];
+    let (follow, mut lines) = spawn_lines(fleet, cluster, &follow_args, &[]);
+    lines.wait_line("a followed log line", Duration::from_secs(30), |l| {
+        l.contains("log line 1")
+    });
+    drop(follow);
+
+    // exec, over WebSocket and SPDY.
+    for env in [
+        ("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "true"),
+        ("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false"),
+    ] {
+        let out = gateway_kubectl(
+            fleet,
+            cluster,
+            &["exec", "hello", "-n", "default", "--", "echo", said],
+        )
+        .env(env.0, env.1)
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "exec {env:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, format!("{said}\n").as_bytes(), "exec {env:?}");
+    }
+    through
+}
