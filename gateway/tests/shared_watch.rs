@@ -77,6 +77,21 @@ fn direct(fleet: &Fleet, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Creates ConfigMap default/seed with `data.i` 0 on the member itself.
+fn create_seed(fleet: &Fleet) {
+    direct(
+        fleet,
+        &[
+            "create",
+            "configmap",
+            "seed",
+            "-n",
+            "default",
+            "--from-literal=i=0",
+        ],
+    );
+}
+
 /// Sets `data.i` of ConfigMap default/seed to `i` on the member itself (one MODIFIED event).
 fn patch_seed(fleet: &Fleet, i: u32) {
     let patch = format!("{{\"data\":{{\"i\":\"{i}\"}}}}");
@@ -163,17 +178,7 @@ fn many_watches_cost_the_member_one_watch_per_key_and_see_every_change_in_order(
     let mut fleet = Fleet::sim_with("", 1, 0, &["--watch-timeout-seconds", "2"]);
     share_configmaps(&fleet, 16, 16);
     fleet.serve(&["--workers", "1"], Some("fleetgate=info"));
-    direct(
-        &fleet,
-        &[
-            "create",
-            "configmap",
-            "seed",
-            "-n",
-            "default",
-            "--from-literal=i=0",
-        ],
-    );
+    create_seed(&fleet);
 
     // 100 kube-rs watchers (JSON, with bookmarks), each recording the values it saw.
     let seen: Vec<Arc<Mutex<Vec<u32>>>> = (0..CLIENTS_KUBE_RS)
@@ -327,17 +332,7 @@ fn a_user_the_member_refuses_gets_its_403_and_one_it_allows_shares() {
     let mut fleet = Fleet::sim(1, 0);
     share_configmaps(&fleet, 64, 16);
     fleet.serve(&["--workers", "1"], Some("fleetgate=debug"));
-    direct(
-        &fleet,
-        &[
-            "create",
-            "configmap",
-            "seed",
-            "-n",
-            "default",
-            "--from-literal=i=0",
-        ],
-    );
+    create_seed(&fleet);
     let path = "/api/v1/namespaces/default/configmaps?watch=1&timeoutSeconds=3";
     // kubectl's --raw path starts at the server's root, not at its `/clusters/member1`.
     let through = format!("/clusters/member1{path}");
@@ -499,17 +494,7 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
     );
     share_configmaps(&fleet, 64, 16);
     fleet.serve(&["--workers", "1"], Some("fleetgate=info"));
-    direct(
-        &fleet,
-        &[
-            "create",
-            "configmap",
-            "seed",
-            "-n",
-            "default",
-            "--from-literal=i=0",
-        ],
-    );
+    create_seed(&fleet);
     let columns = kubectl_watch(
         &fleet,
         "columns",
