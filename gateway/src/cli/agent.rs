@@ -17,8 +17,8 @@
 //! dialed again with exponential backoff and jitter. Prints one line containing `ready` once a
 //! tunnel to every gateway is up. Gateway replicas are listed (`--gateway`, each dialed by its
 //! name) or found in DNS (`--gateway-replicas`: one tunnel per address the name resolves to,
-//! re-resolved every `--resolve-seconds`). Not the hot path: tokio, h2 and tokio-rustls, two
-//! threads.
+//! re-resolved every `--resolve-seconds`). tokio, h2 and tokio-rustls on one thread; each
+//! stream carried without copies (`tunnel::carry`).
 //! Never logs key material or the requests it carries.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -36,7 +36,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{debug, info, warn};
 
-use crate::tunnel::{wire, TunnelStream};
+use crate::tunnel::carry::{self, MemberConn};
+use crate::tunnel::wire;
 
 /// Arguments of `fleetgate agent`.
 #[derive(Debug, Clone, clap::Args)]
@@ -217,12 +218,6 @@ impl Member {
     }
 }
 
-/// A connection to the member.
-enum MemberConn {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-}
-
 fn roots(path: &std::path::Path) -> anyhow::Result<rustls::RootCertStore> {
     let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let mut roots = rustls::RootCertStore::empty();
@@ -313,9 +308,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     let member = Arc::new(Member::from_args(&args)?);
     let resolve_every =
         (args.resolve_seconds > 0).then(|| Duration::from_secs(args.resolve_seconds));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("fleetgate-agent")
+    // One thread: a tunnel's h2 connection and its streams' tasks wake each other on every
+    // frame; on one thread that is a queue push, across threads a futex and a context switch.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
@@ -581,7 +576,7 @@ impl KeptTunnel {
             tokio::select! {
                 stream = connection.accept() => match stream {
                     Some(Ok((request, respond))) => {
-                        tokio::spawn(carry(self.member.clone(), request, respond));
+                        tokio::spawn(serve_stream(self.member.clone(), request, respond));
                     }
                     Some(Err(error)) => return Err(anyhow!(error).context("the tunnel failed")),
                     None => return Ok("the gateway closed the tunnel".into()),
@@ -619,7 +614,7 @@ fn backoff(failures: u32) -> Duration {
 /// allowed service), or the reason there is none (answered with [`wire::ERROR_HEADER`]: 403 for
 /// a service not allowed, which is never dialed; 400 for a target it cannot read; 502 when the
 /// dial failed), then bytes both ways until both sides are done or either fails.
-async fn carry(
+async fn serve_stream(
     member: Arc<Member>,
     request: http::Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<Bytes>,
@@ -664,12 +659,7 @@ async fn carry(
         Ok(send) => send,
         Err(_) => return,
     };
-    let mut stream = TunnelStream::new(send, request.into_body());
-    let outcome = match conn {
-        MemberConn::Plain(mut tcp) => tokio::io::copy_bidirectional(&mut stream, &mut tcp).await,
-        MemberConn::Tls(mut tls) => tokio::io::copy_bidirectional(&mut stream, tls.as_mut()).await,
-    };
-    if let Err(error) = outcome {
+    if let Err(error) = carry::carry(conn, send, request.into_body()).await {
         debug!(%error, "stream ended with an error");
     }
 }

@@ -7,7 +7,8 @@
 //!   agents by mTLS (the agent CA, the cluster name in the certificate's subject), reads the
 //!   hello, runs the h2 connection with roles reversed (the gateway is the h2 client that opens
 //!   streams), pings it, and registers it here while it lives;
-//! - `stream`: one h2 stream as a byte pipe with per-stream flow control (also used by the agent);
+//! - `stream`: one h2 stream as a byte pipe with per-stream flow control (the gateway's side);
+//! - `carry`: the agent's side of a stream, to and from its member connection without copies;
 //! - `konnectivity`: unmodified konnectivity (ANP) proxy-agents, dispatched to by ALPN `h2`;
 //! - `wire`: the constants and the hello both sides share; `heartbeat`: the PINGs both ends send.
 //!
@@ -19,6 +20,7 @@
 //! never waits on a lock the tunnel thread holds across I/O (h2's internal lock is held only for
 //! the length of a frame operation).
 
+pub mod carry;
 pub mod heartbeat;
 pub mod konnectivity;
 pub mod listener;

@@ -1,14 +1,14 @@
 //! One tunnel stream as a byte pipe: an h2 stream's DATA both ways behind tokio's `AsyncRead` /
 //! `AsyncWrite`, so the exchange treats a stream to a pull-mode member as it treats a TCP or TLS
 //! connection to a direct one (the member's HTTP/1.1 request head and body go in, its response
-//! comes out, an upgrade is spliced), and the agent copies it to and from its member connection.
+//! comes out, an upgrade is spliced). The agent's side is `super::carry`.
 //!
 //! Flow control is per stream: received bytes are given back to the sender's window only once the
 //! reader took them, so a reader that stops (a watch whose client stopped reading) stops its
 //! sender at one window ([`super::wire::STREAM_WINDOW`]) while the other streams of the tunnel go
 //! on. Shutting the write side down ends the stream (END_STREAM), a half-close the peer passes
 //! on; dropping it unfinished resets the stream. Runtime-agnostic (the `h2` crate's handles are
-//! polled from a shard's monoio runtime on the gateway and from tokio in the agent); never blocks.
+//! polled from a shard's monoio runtime); never blocks.
 
 use std::io;
 use std::pin::Pin;
@@ -42,7 +42,8 @@ impl TunnelStream {
     }
 }
 
-fn broken(e: h2::Error) -> io::Error {
+/// An h2 failure as the I/O error a byte pipe reports.
+pub(super) fn broken(e: h2::Error) -> io::Error {
     if e.is_io() {
         return e
             .into_io()
