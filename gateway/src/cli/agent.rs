@@ -570,7 +570,7 @@ impl KeptTunnel {
         let mut pings = connection.ping_pong().context("h2 gave no ping handle")?;
         info!(gateway = %self.describe(), cluster = %self.cluster, "tunnel up");
         let _ = self.events.send(Event::Up(self.index, self.target));
-        let heartbeat = crate::tunnel::heartbeat::until_unanswered(&mut pings);
+        let heartbeat = crate::tunnel::heartbeat::until_unanswered(&mut pings, tokio::time::sleep);
         tokio::pin!(heartbeat);
         loop {
             tokio::select! {

@@ -145,6 +145,10 @@ pub fn spawn_shard(
                     shared_watches: Default::default(),
                     watch_reviews: Default::default(),
                 });
+                // Pull-mode agents the tunnel thread hands to this shard (`tunnel::handoff`).
+                monoio::spawn(crate::tunnel::handoff::receive(
+                    crate::tunnel::handoff::register(index),
+                ));
                 let drain_watch = ctx.clone();
                 monoio::spawn(async move {
                     drain_watch.shutdown.drain_started().await;

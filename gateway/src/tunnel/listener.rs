@@ -1,19 +1,19 @@
 //! The tunnel listener: where agents dial in. It runs on a thread and a current-thread tokio
-//! runtime of its own, not on the shards: agents are few and long-lived, their connections carry
-//! every stream of a cluster (so none belongs to one shard more than another), and their
-//! handshakes and frames are a stranger's bytes that should never be parsed on a shard. The
-//! shards reach the tunnels only through the registry (`super::registry`).
+//! runtime of its own: it accepts, reads each agent's TLS ClientHello (a stranger's first bytes,
+//! never parsed on a shard) and sends the agent on by the ALPN it offered:
+//! - a fleetgate agent (ALPN [`wire::ALPN`]) is handed to a shard (`super::handoff`), which
+//!   finishes the TLS handshake, reads the hello ([`fleetgate_hello`]) and runs its tunnel;
+//! - a konnectivity (ANP) proxy-agent (ALPN `h2` only) stays here: TLS, then gRPC
+//!   (`super::konnectivity`). One port serves both, so an ANP agent needs only
+//!   `--proxy-server-host/-port` pointed here.
 //!
-//! Per agent: the TLS handshake with a required client certificate chaining to the agent CA
+//! Either way the TLS handshake requires a client certificate chaining to the agent CA
 //! (`serve --agent-ca`), whose CN names the cluster and whose O includes
-//! [`wire::AGENT_ORGANIZATION`]; the hello, which must name that same cluster, a `Tunnel`
-//! cluster of the current table; then h2 with the gateway as the client, pinged every second.
-//! An agent whose TLS handshake chose ALPN `h2` instead is a konnectivity (ANP) proxy-agent: same
-//! certificate rules, then gRPC (`super::konnectivity`). One port serves both, told apart by the
-//! ALPN the client offered, so an ANP agent needs only `--proxy-server-host/-port` pointed here.
-//! Anything else is refused and logged with the peer's address, never with key material. When
-//! the connection ends for any reason its tunnel leaves the registry, and h2 fails its open
-//! streams (their relays see an error and end their clients' responses).
+//! [`wire::AGENT_ORGANIZATION`]; a fleetgate agent's hello must name that same cluster, a
+//! `Tunnel` cluster of the current table. Anything else is refused and logged with the peer's
+//! address, never with key material. When a tunnel's connection ends for any reason it leaves
+//! the registry, and h2 fails its open streams (their relays see an error and end their clients'
+//! responses).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,7 +26,8 @@ use rustls::{RootCertStore, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{debug, info, warn};
 
-use super::{registry, wire, Carrier, Tunnel};
+use super::handoff::{self, Handoff};
+use super::wire;
 
 /// Agents in their handshake at once; more wait in the accept queue (a flood of handshakes
 /// cannot take the tunnel thread's memory).
@@ -34,12 +35,6 @@ const MAX_HANDSHAKES: usize = 256;
 
 /// The ALPN of a konnectivity agent (gRPC over h2).
 const KONNECTIVITY_ALPN: &[u8] = b"h2";
-
-/// An agent through its handshake: which protocol, and the cluster it serves.
-enum Accepted {
-    Fleetgate(Box<AgentTls>, Arc<str>),
-    Konnectivity(Box<super::konnectivity::session::Accepted>, Arc<str>),
-}
 
 /// The rustls configuration of the tunnel listener: the Gateway's serving certificate, client
 /// certificates required and verified against `agent_ca_pem`, ALPN [`wire::ALPN`] (fleetgate
@@ -106,7 +101,6 @@ async fn accept_agents(
     config: Arc<ServerConfig>,
     table: SharedTable,
 ) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     loop {
         let (tcp, peer) = match listener.accept().await {
@@ -121,23 +115,21 @@ async fn accept_agents(
         let Ok(permit) = handshakes.clone().acquire_owned().await else {
             return;
         };
-        let acceptor = acceptor.clone();
+        let config = config.clone();
         let table = table.clone();
         tokio::spawn(async move {
             let _ = tcp.set_nodelay(true);
             let accepted = tokio::time::timeout(
                 wire::HANDSHAKE_TIMEOUT,
-                handshake(acceptor, tcp, peer, &table),
+                first_hello(tcp, peer, config, table),
             )
             .await;
             drop(permit);
             match accepted {
-                Ok(Ok(Accepted::Fleetgate(tls, cluster))) => {
-                    serve_tunnel(*tls, cluster, peer).await
-                }
-                Ok(Ok(Accepted::Konnectivity(agent, cluster))) => {
+                Ok(Ok(Some((agent, cluster)))) => {
                     super::konnectivity::serve(*agent, cluster, peer).await
                 }
+                Ok(Ok(None)) => {}
                 Ok(Err(reason)) => info!(%peer, reason = %reason, "agent refused"),
                 Err(_) => {
                     info!(%peer, "agent refused: no TLS handshake and hello within the timeout")
@@ -147,39 +139,86 @@ async fn accept_agents(
     }
 }
 
-type AgentTls = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-
-/// TLS, the certificate's cluster, the hello (or konnectivity's Connect call): the agent's
-/// connection and the cluster it serves, or why it is refused (sent to the agent too once TLS is
-/// up).
-async fn handshake(
-    acceptor: tokio_rustls::TlsAcceptor,
+/// Reads the agent's ClientHello; a fleetgate agent goes to a shard (`None`), a konnectivity
+/// agent through its TLS handshake and Connect call here (its session and cluster), or why it
+/// is refused.
+async fn first_hello(
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
-    table: &SharedTable,
-) -> Result<Accepted, String> {
-    let mut tls = acceptor
-        .accept(tcp)
+    config: Arc<ServerConfig>,
+    table: SharedTable,
+) -> Result<Option<KonnectivityAgent>, String> {
+    let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp)
         .await
         .map_err(|e| format!("TLS handshake failed: {e}"))?;
-    let certified = {
-        let (_, session) = tls.get_ref();
-        let cert = session
-            .peer_certificates()
-            .and_then(|c| c.first())
-            .ok_or("no client certificate")?;
-        certified_cluster(cert)
+    let offers = |alpn: &[u8]| {
+        start
+            .client_hello()
+            .alpn()
+            .is_some_and(|mut offered| offered.any(|p| p == alpn))
     };
-    if tls.get_ref().1.alpn_protocol() == Some(KONNECTIVITY_ALPN) {
-        // A refusal goes to the agent as its Connect call's gRPC status, which it logs.
-        let cluster = certified.and_then(|name| serving_cluster(table, &name, true));
-        let is_cluster = |name: &str| table.load().cluster(name).is_some();
-        let agent = super::konnectivity::handshake(tls, &cluster, &is_cluster).await?;
-        let cluster = cluster?;
-        debug!(%peer, cluster = %cluster, "konnectivity agent accepted");
-        return Ok(Accepted::Konnectivity(Box::new(agent), cluster));
+    if offers(KONNECTIVITY_ALPN) && !offers(wire::ALPN) {
+        let tls = start
+            .into_stream(config)
+            .await
+            .map_err(|e| format!("TLS handshake failed: {e}"))?;
+        return konnectivity_hello(tls, peer, &table).await.map(Some);
     }
-    let line = read_hello(&mut tls).await;
+    let tcp = start
+        .io
+        .into_std()
+        .map_err(|e| format!("the socket could not leave the tunnel thread: {e}"))?;
+    let agent = Handoff {
+        tcp,
+        hello: start.accepted,
+        peer,
+        config,
+        table,
+    };
+    handoff::hand_off(agent).map_err(|_| "no shard runs to serve the tunnel".to_string())?;
+    Ok(None)
+}
+
+/// A konnectivity agent through its Connect call, and the cluster it serves.
+type KonnectivityAgent = (Box<super::konnectivity::session::Accepted>, Arc<str>);
+
+/// A konnectivity agent's TLS connection: the certificate's cluster, then its Connect call;
+/// a refusal goes to the agent as the call's gRPC status, which it logs.
+async fn konnectivity_hello(
+    tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    peer: SocketAddr,
+    table: &SharedTable,
+) -> Result<KonnectivityAgent, String> {
+    let cluster =
+        peer_cluster(tls.get_ref().1).and_then(|name| serving_cluster(table, &name, true));
+    let is_cluster = |name: &str| table.load().cluster(name).is_some();
+    let agent = super::konnectivity::handshake(tls, &cluster, &is_cluster).await?;
+    let cluster = cluster?;
+    debug!(%peer, cluster = %cluster, "konnectivity agent accepted");
+    Ok((Box::new(agent), cluster))
+}
+
+/// The cluster the peer's certificate names (see [`certified_cluster`]).
+fn peer_cluster(session: &rustls::ServerConnection) -> Result<String, String> {
+    let cert = session
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .ok_or("no client certificate")?;
+    certified_cluster(cert)
+}
+
+/// A fleetgate agent's hello, after its TLS handshake: the cluster it serves (the one its
+/// certificate names, a `Tunnel` cluster of the current table) once `OK` went back, or why not
+/// (sent to the agent too). Runs on the shard the agent was handed to.
+pub(super) async fn fleetgate_hello<S>(
+    tls: &mut tokio_rustls::server::TlsStream<S>,
+    table: &SharedTable,
+) -> Result<Arc<str>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let certified = peer_cluster(tls.get_ref().1);
+    let line = read_hello(tls).await;
     let decision = certified.and_then(|certified| {
         let line = line?;
         let claimed = wire::parse_hello(&line).map_err(str::to_owned)?;
@@ -196,8 +235,8 @@ async fn handshake(
                 .await
                 .map_err(|e| format!("writing the hello answer: {e}"))?;
             tls.flush().await.map_err(|e| e.to_string())?;
-            debug!(%peer, cluster = %cluster, "agent accepted");
-            Ok(Accepted::Fleetgate(Box::new(tls), cluster))
+            debug!(cluster = %cluster, "agent accepted");
+            Ok(cluster)
         }
         Err(reason) => {
             let answer = format!("{}{}\n", wire::HELLO_REFUSED, wire::printable(&reason));
@@ -261,7 +300,7 @@ fn certified_cluster(cert: &[u8]) -> Result<String, String> {
 
 /// The hello line without its `\n`: read a byte at a time (the h2 bytes after it are not
 /// consumed), at most [`wire::MAX_HELLO`] bytes.
-async fn read_hello(tls: &mut AgentTls) -> Result<Vec<u8>, String> {
+async fn read_hello<S: tokio::io::AsyncRead + Unpin>(tls: &mut S) -> Result<Vec<u8>, String> {
     let mut line = Vec::with_capacity(64);
     loop {
         let byte = tls
@@ -276,42 +315,4 @@ async fn read_hello(tls: &mut AgentTls) -> Result<Vec<u8>, String> {
         }
         line.push(byte);
     }
-}
-
-/// Runs an accepted agent's h2 connection (the gateway as client) with its registry entry and
-/// heartbeat, until it ends.
-async fn serve_tunnel(tls: AgentTls, cluster: Arc<str>, peer: SocketAddr) {
-    let handshake = h2::client::Builder::new()
-        .enable_push(false)
-        .initial_window_size(wire::STREAM_WINDOW)
-        .initial_connection_window_size(wire::CONNECTION_WINDOW)
-        .max_frame_size(wire::MAX_FRAME)
-        .handshake::<_, bytes::Bytes>(tls)
-        .await;
-    let (send, mut connection) = match handshake {
-        Ok(pair) => pair,
-        Err(error) => {
-            info!(%peer, cluster = %cluster, %error, "agent's h2 handshake failed");
-            return;
-        }
-    };
-    let Some(mut pings) = connection.ping_pong() else {
-        return;
-    };
-    let tunnel = Arc::new(Tunnel::new(cluster.clone(), peer, Carrier::Fleetgate(send)));
-    registry().add(tunnel.clone());
-    info!(%peer, cluster = %cluster, tunnel = tunnel.id, "tunnel up");
-    let heartbeat = super::heartbeat::until_unanswered(&mut pings);
-    let reason = tokio::select! {
-        ended = &mut connection => match ended {
-            Ok(()) => "the agent closed the connection".to_string(),
-            Err(error) => format!("connection error: {error}"),
-        },
-        reason = heartbeat => reason,
-    };
-    // Out of the registry first, so no new stream picks it; dropping the connection then fails
-    // the streams still open on it.
-    registry().remove(&tunnel);
-    drop(connection);
-    info!(%peer, cluster = %cluster, tunnel = tunnel.id, reason = %reason, "tunnel down");
 }

@@ -4,23 +4,27 @@
 //! (member head, relay, pool, upgrades spliced) runs on it unchanged.
 //!
 //! - `listener`: the tunnel listener, on a thread and a tokio runtime of its own: it accepts
-//!   agents by mTLS (the agent CA, the cluster name in the certificate's subject), reads the
-//!   hello, runs the h2 connection with roles reversed (the gateway is the h2 client that opens
-//!   streams), pings it, and registers it here while it lives;
+//!   agents, reads their TLS ClientHello and sends each on by its ALPN;
+//! - `handoff`: a fleetgate agent's tunnel on a shard: the rest of the mTLS handshake (the agent
+//!   CA, the cluster name in the certificate's subject), the hello, the h2 connection with roles
+//!   reversed (the gateway is the h2 client that opens streams), pinged, and registered here
+//!   while it lives;
 //! - `stream`: one h2 stream as a byte pipe with per-stream flow control (the gateway's side);
 //! - `carry`: the agent's side of a stream, to and from its member connection without copies;
-//! - `konnectivity`: unmodified konnectivity (ANP) proxy-agents, dispatched to by ALPN `h2`;
+//! - `konnectivity`: unmodified konnectivity (ANP) proxy-agents, dispatched to by ALPN `h2`, on
+//!   the tunnel thread;
 //! - `wire`: the constants and the hello both sides share; `heartbeat`: the PINGs both ends send.
 //!
-//! The hand-off between the tunnel runtime and the shards is this registry: the tunnel thread
-//! publishes each cluster's live tunnels (an `ArcSwap`, written only when an agent comes or goes);
-//! a shard loads it, picks a tunnel (round robin over the cluster's agents) and opens a stream on
-//! it with the `h2` crate's `Send` handles, whose wakers reach the shard from the tunnel thread.
-//! So an agent's hostile bytes are parsed on the tunnel thread, never on a shard, and a shard
-//! never waits on a lock the tunnel thread holds across I/O (h2's internal lock is held only for
-//! the length of a frame operation).
+//! The shards find tunnels in this registry: each cluster's live tunnels in an `ArcSwap`, written
+//! only when an agent comes or goes. A shard loads it, picks a tunnel (its own if the cluster has
+//! one on it, round robin over the cluster's agents) and opens a stream on it with the `h2`
+//! crate's `Send` handles; on its own tunnel no thread is crossed, on another's the wakers reach
+//! it across threads and h2's internal lock is held only for the length of a frame operation.
+//! An agent's bytes are parsed by rustls and h2 on the shard serving its tunnel, as a client's
+//! are; its ClientHello and a konnectivity agent's gRPC on the tunnel thread.
 
 pub mod carry;
+pub mod handoff;
 pub mod heartbeat;
 pub mod konnectivity;
 pub mod listener;
@@ -56,6 +60,9 @@ pub struct Tunnel {
     pub cluster: Arc<str>,
     pub agent: SocketAddr,
     carrier: Carrier,
+    /// The shard whose runtime runs its connection (a fleetgate agent's); `None` for a tunnel on
+    /// the tunnel thread (a konnectivity agent's).
+    pub shard: Option<usize>,
     /// Its cluster's counters, which each member connection opened on it adds to.
     stats: Arc<StreamStats>,
     /// Cleared by whoever sees the connection fail first (a shard opening a stream, or the
@@ -80,6 +87,7 @@ impl Tunnel {
             cluster,
             agent,
             carrier,
+            shard: None,
             alive: AtomicBool::new(true),
         }
     }
@@ -216,7 +224,8 @@ impl TunnelRegistry {
         self.stats.load()[cluster].clone()
     }
 
-    /// Adds a tunnel (tunnel thread only: the one writer).
+    /// Adds a tunnel (its shard, or the tunnel thread for a konnectivity agent; the writers are
+    /// few and `rcu` retries a lost race).
     pub(crate) fn add(&self, tunnel: Arc<Tunnel>) {
         tunnel.stats.connects.fetch_add(1, Ordering::Relaxed);
         self.by_cluster.rcu(|map| {
@@ -228,7 +237,7 @@ impl TunnelRegistry {
         });
     }
 
-    /// Removes a tunnel whose connection ended (tunnel thread only).
+    /// Removes a tunnel whose connection ended.
     pub(crate) fn remove(&self, tunnel: &Tunnel) {
         tunnel.mark_dead();
         self.by_cluster.rcu(|map| {
@@ -328,15 +337,22 @@ impl TunnelRegistry {
         out
     }
 
-    /// A live tunnel of `cluster`, spreading streams over its agents.
+    /// A live tunnel of `cluster`, spreading streams over its agents: one whose connection runs
+    /// on the calling shard if there is one (no thread between the request and its tunnel),
+    /// else any.
     fn pick(&self, cluster: &str) -> Option<Arc<Tunnel>> {
         let map = self.by_cluster.load();
         let list = map.get(cluster)?;
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        (0..list.len())
+        let shard = handoff::current_shard();
+        let mut live = (0..list.len())
             .map(|i| &list[(start + i) % list.len()])
-            .find(|t| t.is_alive())
-            .cloned()
+            .filter(|t| t.is_alive());
+        let first = live.next()?;
+        if shard.is_none() || first.shard == shard {
+            return Some(first.clone());
+        }
+        Some(live.find(|t| t.shard == shard).unwrap_or(first).clone())
     }
 }
 
