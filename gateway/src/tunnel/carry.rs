@@ -79,12 +79,16 @@ async fn to_member<W: AsyncWrite + Unpin>(recv: &mut RecvStream, member: &mut W)
 async fn send_all(send: &mut SendStream<Bytes>, mut data: Bytes) -> io::Result<()> {
     while !data.is_empty() {
         send.reserve_capacity(data.len());
-        let granted = match send.capacity() {
-            0 => match poll_fn(|cx| send.poll_capacity(cx)).await {
-                Some(granted) => granted.map_err(broken)?,
-                None => return Err(io::ErrorKind::BrokenPipe.into()),
-            },
-            granted => granted,
+        // What `poll_capacity` returns may be 0 (a window that shrank): only `capacity` counts.
+        let granted = loop {
+            match send.capacity() {
+                0 => match poll_fn(|cx| send.poll_capacity(cx)).await {
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(broken(e)),
+                    None => return Err(io::ErrorKind::BrokenPipe.into()),
+                },
+                granted => break granted,
+            }
         };
         let chunk = data.split_to(granted.min(data.len()));
         send.send_data(chunk, false).map_err(broken)?;
