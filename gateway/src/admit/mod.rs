@@ -89,9 +89,9 @@ pub struct Admission {
 impl std::fmt::Debug for Admission {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Admission")
-            .field("users", &self.users.len())
-            .field("clusters", &self.clusters.len())
-            .field("addresses", &self.addresses.len())
+            .field("users", &self.users.keys())
+            .field("clusters", &self.clusters.keys())
+            .field("addresses", &self.addresses.keys())
             .finish()
     }
 }

@@ -143,7 +143,7 @@ impl<K: Hash + Eq + Clone> Tally<K> {
     }
 
     /// Keys in the map now.
-    pub fn len(&self) -> usize {
+    pub fn keys(&self) -> usize {
         self.map.load().len()
     }
 }
@@ -161,7 +161,7 @@ mod tests {
         // Both held: a third key gets the overflow, and so does a fourth.
         let three = tally.get(&3, || 3, 20);
         assert!(Arc::ptr_eq(&three, &tally.get(&4, || 4, 20)));
-        assert_eq!(tally.len(), 2);
+        assert_eq!(tally.keys(), 2);
         drop((one, three));
         // Within the second since the last sweep: still the overflow.
         assert!(Arc::ptr_eq(
@@ -171,7 +171,7 @@ mod tests {
         // A second later key 1, held by nothing, is swept out for key 5.
         let five = tally.get(&5, || 5, 2 * SWEEP_EVERY_NS);
         assert!(!Arc::ptr_eq(&five, &two));
-        assert_eq!(tally.len(), 2);
+        assert_eq!(tally.keys(), 2);
         assert!(tally.snapshot().iter().any(|(k, _)| *k == 5));
     }
 
