@@ -10,6 +10,7 @@ mod checks;
 pub mod crd;
 mod endpoint;
 mod error;
+pub mod fairness;
 mod file_source;
 pub mod fleet;
 mod jwks;

@@ -237,6 +237,7 @@ pub(crate) fn resolve_gateway(
         shared_watches,
         auth,
         audit,
+        fairness,
     } = obj.spec;
     if listeners.is_empty() {
         return Err(invalid(
@@ -403,6 +404,8 @@ pub(crate) fn resolve_gateway(
             queue: a.queue.unwrap_or(8192),
         }),
     };
+    let fairness = crate::fairness::resolve_fairness(fairness)
+        .map_err(|(field, message)| invalid(field, message))?;
     Ok(GatewaySettings {
         name,
         workers,
@@ -416,6 +419,7 @@ pub(crate) fn resolve_gateway(
         shared_watches,
         auth,
         audit,
+        fairness,
     })
 }
 

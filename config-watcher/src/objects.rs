@@ -96,6 +96,49 @@ pub struct GatewaySpec {
     /// The audit log (`audit.k8s.io/v1` Event JSON lines); off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<AuditSpec>,
+    /// Fair shares of the members and the gateway between users: concurrent requests, a request
+    /// rate, open watches per user and per cluster, connections per client address
+    /// (docs/fairness.md). Off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fairness: Option<FairnessSpec>,
+}
+
+/// `spec.fairness` of the Gateway: what one user, one cluster and one client address may hold.
+/// Each limit left out is no limit.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FairnessSpec {
+    /// What each authenticated user may hold, over every cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_user: Option<FairShareSpec>,
+    /// What all users together may hold on each member cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_cluster: Option<FairShareSpec>,
+    /// Client connections one client address may have open at once; a connection over it is
+    /// closed as soon as it is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_address_connections: Option<u32>,
+    /// Per-user overrides of `perUser`, by user name: the fields given replace `perUser`'s.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub users: BTreeMap<String, FairShareSpec>,
+}
+
+/// One fair share: each field left out is no limit.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FairShareSpec {
+    /// Ordinary (not long-running) requests in flight at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent: Option<u32>,
+    /// Requests per second, long-running ones included (a token bucket).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    /// Requests the token bucket holds (default: the rate, rounded up); needs `rate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    /// Long-running requests open at once: watches, `logs -f`, exec, attach, port-forward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watches: Option<u32>,
 }
 
 /// `spec.audit` of the Gateway: where audit events go.

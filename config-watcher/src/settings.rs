@@ -38,6 +38,8 @@ pub struct GatewaySettings {
     pub auth: AuthSettings,
     /// The audit log (`spec.audit`); None: off.
     pub audit: Option<AuditSettings>,
+    /// `spec.fairness`, resolved (`fairness`); off (nothing limited) when absent.
+    pub fairness: crate::fairness::FairnessSettings,
 }
 
 /// `spec.audit`, resolved: an absolute (or working-directory relative) path and a queue size.

@@ -7,6 +7,8 @@
 //! - `protocol`: the HTTP/1.1 codec and the two client front-ends, HTTP/1.1 (`h1`) and h2 (`h2`);
 //! - `request`: what a request is (its route to a cluster and its kube request info), parsed once;
 //! - `auth`: who the client is, whether an AccessPolicy lets it, what the member is told;
+//! - `admit`: whether the decided request may go on now: the user's and the cluster's fair
+//!   shares (`spec.fairness`), a 429 with `Retry-After` beyond them;
 //! - `fleet`: the fleet view: one request answered from several members, each asked through the
 //!   exchange (a LIST merged and streamed);
 //! - `watch`: shared watches: one member watch per resource and scope feeds every client watch
@@ -23,6 +25,7 @@
 //! path.
 //! The library never prints except the commands' `ready` lines.
 
+pub mod admit;
 pub mod auth;
 pub mod cli;
 pub mod errors;

@@ -118,6 +118,10 @@ pub enum GatewayError {
     /// The client's address holds `limits.maxMemberConnectionsPerClient` member connections.
     #[error("too many requests: this client address holds as many member connections (watches, streams, requests in flight) as the gateway allows; retry once some have ended")]
     TooManyMemberConnections,
+    /// A user or a cluster is over a limit of the Gateway's `spec.fairness` (admission): the
+    /// message names whom and which, `retry_after` says when to try again.
+    #[error("too many requests: {message}; retry after {retry_after} s")]
+    TooManyRequests { message: String, retry_after: u32 },
     #[error("cluster {cluster:?} is unavailable: connecting to {address} timed out")]
     ConnectTimeout { cluster: String, address: String },
     #[error("cluster {cluster:?} is unavailable: connecting to {address} failed")]
@@ -168,7 +172,8 @@ impl GatewayError {
             | ServicePathNotTunnelled { .. }
             | BadServicePath { .. }
             | ServiceNotAllowed { .. }
-            | TooManyMemberConnections => Side::Downstream,
+            | TooManyMemberConnections
+            | TooManyRequests { .. } => Side::Downstream,
             ConnectTimeout { .. }
             | Connect { .. }
             | ResponseHeadTimeout { .. }
@@ -205,7 +210,7 @@ impl GatewayError {
             NoTunnel { .. } | OutOfDescriptors { .. } | ConnectTimeout { .. } | Connect { .. } => {
                 (503, "ServiceUnavailable")
             }
-            TooManyMemberConnections => (429, "TooManyRequests"),
+            TooManyMemberConnections | TooManyRequests { .. } => (429, "TooManyRequests"),
             ResponseHeadTimeout { .. } => (504, "Timeout"),
             UpstreamProtocol { .. } | UpstreamClosed { .. } => (502, "BadGateway"),
         }
@@ -218,6 +223,7 @@ impl GatewayError {
             GatewayError::OutOfDescriptors { .. } | GatewayError::TooManyMemberConnections => {
                 Some(1)
             }
+            GatewayError::TooManyRequests { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -272,7 +278,11 @@ impl GatewayError {
                 }
                 serde_json::Value::Object(details)
             }
-            _ => serde_json::json!({}),
+            _ => match self.retry_after() {
+                // As kube-apiserver's 429: `details.retryAfterSeconds` beside the header.
+                Some(seconds) if code == 429 => serde_json::json!({ "retryAfterSeconds": seconds }),
+                _ => serde_json::json!({}),
+            },
         };
         let status = serde_json::json!({
             "kind": "Status",
@@ -357,6 +367,23 @@ mod tests {
         assert_eq!(status["code"], 404);
         assert!(status["message"].as_str().unwrap().contains("\"nope\""));
         assert!(!response.contains("Connection: close"));
+    }
+
+    #[test]
+    fn too_many_requests_is_kube_apiservers_429() {
+        let err = GatewayError::TooManyRequests {
+            message: "user \"bob\" has 4 requests in flight".into(),
+            retry_after: 3,
+        };
+        let response = String::from_utf8(err.to_response(false)).unwrap();
+        assert!(response.starts_with("HTTP/1.1 429 Too Many Requests\r\n"));
+        assert!(response.contains("\r\nRetry-After: 3\r\n"));
+        assert!(!response.contains("Connection: close"));
+        let body = response.split("\r\n\r\n").nth(1).unwrap();
+        let status: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(status["reason"], "TooManyRequests");
+        assert_eq!(status["code"], 429);
+        assert_eq!(status["details"]["retryAfterSeconds"], 3);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! scrape sums the cells of every shard. A shard looks a request's cell up in a map of its own;
 //! the shard's list of cells is locked only when a label set is seen for the first time on that
 //! shard, and by the scrape. The few process-wide counters (the audit log's, h2 connections
-//! calmed) are rare events. Called by the front-ends, the exchange, `server::shard` and
+//! calmed) are rare events. `spec.fairness`'s refusals and per-cluster requests in flight are
+//! read at scrape time from admission's shared counters (`admit`). Called by the front-ends, the exchange, `server::shard` and
 //! `upstream`; encoded by `server::admin`.
 
 // The one lock of the crate (see clippy.toml): taken by a shard only for a label set's first use,
@@ -104,6 +105,9 @@ pub struct Metrics {
     /// Audit events written / dropped because the writer was behind (the `audit` module).
     pub audit_events: Counter,
     pub audit_events_dropped: Counter,
+    /// Admission's counters (`admit`): process-wide like this registry, made with it so the
+    /// scrape reads them; the shards reach them through their context's metrics.
+    pub admission: Arc<crate::admit::Admission>,
 }
 
 /// The cells of every shard, summed by the scrape.
@@ -141,6 +145,8 @@ impl Metrics {
         registry.register_collector(Box::new(shards.clone()));
         let supervision = Arc::new(Supervision::default());
         registry.register_collector(Box::new(supervision.clone()));
+        let admission = Arc::new(crate::admit::Admission::default());
+        registry.register_collector(Box::new(FairnessCollector(admission.clone())));
         Arc::new(Metrics {
             registry,
             shards,
@@ -148,6 +154,7 @@ impl Metrics {
             supervision,
             audit_events,
             audit_events_dropped,
+            admission,
         })
     }
 
@@ -297,6 +304,60 @@ impl Collector for ShardList {
         )?;
         for (labels, open) in &upstream {
             ConstGauge::new(*open).encode(family.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Labels of the fairness refusal counter: which limit of which scope refused what kind of
+/// request. No user label: users are as many as tokens, and a series per user would let them
+/// grow the scrape without bound (the audit log names who got each 429).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    scope: &'static str,
+    limit: &'static str,
+    kind: &'static str,
+}
+
+/// Labels of the per-cluster in-flight gauge (clusters are bounded by the configuration).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InFlightLabels {
+    cluster: Arc<str>,
+    kind: &'static str,
+}
+
+/// `spec.fairness`'s refusals and the requests in flight per cluster, read from admission's
+/// shared counters at scrape time.
+#[derive(Debug)]
+struct FairnessCollector(Arc<crate::admit::Admission>);
+
+impl Collector for FairnessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "fairness_rejections",
+            "Requests (and connections) refused by spec.fairness, by scope (user, cluster, address), limit and kind (short or long-running)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (limit, kind, count) in self.0.refusals() {
+            let (scope, limit) = limit.labels();
+            let labels = RefusalLabels { scope, limit, kind };
+            ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "fairness_in_flight",
+            "Requests in flight per member cluster while spec.fairness is on, by kind (short or long-running)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (cluster, short, long) in self.0.in_flight() {
+            for (kind, n) in [("short", short), ("long", long)] {
+                let labels = InFlightLabels {
+                    cluster: cluster.clone(),
+                    kind,
+                };
+                ConstGauge::new(i64::from(n)).encode(family.encode_family(&labels)?)?;
+            }
         }
         Ok(())
     }

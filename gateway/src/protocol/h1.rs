@@ -262,6 +262,36 @@ where
     let decided = request::decide(&table, conn_auth, head.method(), head.target(), || {
         head.headers()
     });
+    // Admission (`spec.fairness`): the seats it takes are held until this function returns,
+    // that is until the response (a watch's whole stream included) has ended.
+    let _admitted = match decided.as_ref().ok().and_then(Decision::subject) {
+        None => None,
+        Some(subject) => {
+            let fairness = &table.gateway().fairness;
+            match ctx.metrics.admission.admit(fairness, &subject) {
+                Ok(admitted) => Some(admitted),
+                Err(error) => {
+                    let classified = ctx
+                        .audit
+                        .as_ref()
+                        .and(subject.classified)
+                        .map(|(cluster, info)| Classified::new(cluster, &info, head.target()));
+                    let answer = Refusal {
+                        error: &error,
+                        counted: subject.counted(),
+                        audited: Audited {
+                            authenticated: subject.authenticated,
+                            acting_as: subject.acting_as,
+                            classified: classified.as_ref(),
+                        },
+                        close,
+                    };
+                    return Box::pin(answer_with_status(ctx, down, head, peer, answer, started))
+                        .await;
+                }
+            }
+        }
+    };
     let proxied = match decided {
         Ok(Decision::Proxy(proxied)) => {
             if let Some(plan) = crate::watch::plan(&table, &proxied, head.values(b"accept")) {

@@ -80,6 +80,47 @@ pub enum Decision<'t> {
     FleetDiscovery(FleetDiscovery<'t>),
 }
 
+impl Decision<'_> {
+    /// Who sends the request and where it goes, as admission (`admit`) counts it; None for the
+    /// gateway's own health answers. A fleet-view request spans several members: it is its
+    /// user's alone.
+    pub fn subject(&self) -> Option<crate::admit::Subject<'_>> {
+        use crate::admit::Subject;
+        Some(match self {
+            Decision::Health => return None,
+            Decision::Proxy(p) => Subject {
+                authenticated: p.identity.authenticated.as_ref(),
+                acting_as: p.identity.identity.as_ref(),
+                cluster: Some(p.cluster),
+                verb: p.verb,
+                long_running: p.long_running,
+                classified: Some((p.name, p.info)),
+            },
+            Decision::Fleet(f) | Decision::FleetNamed(f) => {
+                fleet_subject(&f.members, f.verb, f.info.long_running)
+            }
+            Decision::FleetDiscovery(d) => fleet_subject(&d.members, d.verb, false),
+        })
+    }
+}
+
+/// A fleet-view request's subject: its user (every member's decision names the same one).
+fn fleet_subject<'a>(
+    members: &'a [(&'a Arc<ClusterRoute>, Decided)],
+    verb: &'static str,
+    long_running: bool,
+) -> crate::admit::Subject<'a> {
+    let first = members.first().map(|(_, decided)| decided);
+    crate::admit::Subject {
+        authenticated: first.and_then(|d| d.authenticated.as_ref()),
+        acting_as: first.and_then(|d| d.identity.as_ref()),
+        cluster: None,
+        verb,
+        long_running,
+        classified: None,
+    }
+}
+
 /// A fleet-view request on a merged kind, classified and authorized per member.
 pub struct FleetRequest<'t> {
     /// The kube path after the fleet prefix and the raw query (with its `?`).

@@ -220,6 +220,19 @@ async fn accept_loop(
                 continue;
             }
         };
+        // `spec.fairness.perAddressConnections`: an address over it has its new connection
+        // closed now, before a TLS handshake is spent on it.
+        let counted = {
+            let table = ctx.table.load();
+            ctx.metrics
+                .admission
+                .connect(&table.gateway().fairness, peer.ip())
+        };
+        let Some(counted) = counted else {
+            debug!(shard = ctx.shard, listener = %name, "connection refused: its address has perAddressConnections open");
+            drop(tcp);
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let tcp = match tcp.into_poll_io() {
             Ok(tcp) => tcp,
@@ -236,6 +249,7 @@ async fn accept_loop(
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
                 crate::runtime::spawn(async move {
+                    let _counted = counted;
                     let _connected = ctx.shard_metrics.client_connected();
                     let _socket = ctx.sockets.hold(ctx.shard);
                     let _open = ctx.shutdown.connection_opened();
@@ -244,6 +258,7 @@ async fn accept_loop(
             }
             None => {
                 crate::runtime::spawn(async move {
+                    let _counted = counted;
                     let _connected = ctx.shard_metrics.client_connected();
                     let _socket = ctx.sockets.hold(ctx.shard);
                     let _open = ctx.shutdown.connection_opened();

@@ -406,7 +406,33 @@ async fn proxy_stream(
         limits: table.gateway().limits,
         started,
     };
-    let proxied = match request::decide(&table, conn_auth, method, target, headers) {
+    let decided = request::decide(&table, conn_auth, method, target, headers);
+    // Admission (`spec.fairness`): the seats it takes are held until this stream's response
+    // has ended.
+    let _admitted = match decided.as_ref().ok().and_then(Decision::subject) {
+        None => None,
+        Some(subject) => match ctx
+            .metrics
+            .admission
+            .admit(&table.gateway().fairness, &subject)
+        {
+            Ok(admitted) => Some(admitted),
+            Err(error) => {
+                if let Some((cluster, verb)) = subject.counted() {
+                    ctx.count_response(cluster, verb, error.code_and_reason().0, started);
+                }
+                if ctx.audit.is_some() {
+                    audit.authenticated = subject.authenticated.cloned();
+                    audit.acting_as = subject.acting_as.cloned();
+                    audit.classified = subject
+                        .classified
+                        .map(|(cluster, info)| Classified::new(cluster, &info, target));
+                }
+                return Err(error.into());
+            }
+        },
+    };
+    let proxied = match decided {
         Ok(Decision::Proxy(proxied)) => proxied,
         Ok(Decision::FleetNamed(fleet)) => {
             // A refusal of the owner lookup (404, 409, 503) is audited as the fleet view's;
