@@ -396,13 +396,13 @@ mod tests {
         let jwks = r#"{"keys":[{"kty":"EC","crv":"P-256","kid":"k","x":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA","y":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}]}"#;
         let address = serve(jwks.to_owned());
         let url = format!("http://{address}/keys");
-        let keys = shared_keys(&url, Duration::from_secs(60), None);
+        let (keys, refetch) = shared_keys(&url, Duration::from_secs(60), None);
         assert_eq!(keys.load().len(), 1);
         assert_eq!(keys.load()[0].kid.as_deref(), Some("k"));
-        let again = shared_keys(&url, Duration::from_secs(60), None);
+        let (again, refetch_again) = shared_keys(&url, Duration::from_secs(60), None);
         assert!(
-            Arc::ptr_eq(&keys, &again),
-            "a second table shares the fetched keys"
+            Arc::ptr_eq(&keys, &again) && Arc::ptr_eq(&refetch, &refetch_again),
+            "a second table shares the fetched keys and their fetcher"
         );
         let missing = fetch_keys(&format!("http://{}/", crate_closed_port()), None);
         assert!(missing.is_err());

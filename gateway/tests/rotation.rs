@@ -21,7 +21,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use std::time::Duration;
 
 use base64::Engine;
@@ -553,7 +555,7 @@ impl SigningKey {
 }
 
 /// A JWKS endpoint on 127.0.0.1:0 serving whatever `document` holds, counting its fetches.
-fn jwks_server(document: Arc<Mutex<String>>, fetches: Arc<AtomicUsize>) -> SocketAddr {
+fn jwks_server(document: Arc<ArcSwap<String>>, fetches: Arc<AtomicUsize>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap();
     std::thread::spawn(move || {
@@ -565,7 +567,7 @@ fn jwks_server(document: Arc<Mutex<String>>, fetches: Arc<AtomicUsize>) -> Socke
                 head.push(byte[0]);
             }
             fetches.fetch_add(1, Ordering::SeqCst);
-            let body = document.lock().unwrap().clone();
+            let body = document.load_full();
             let _ = write!(
                 stream,
                 "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -580,7 +582,7 @@ fn jwks_server(document: Arc<Mutex<String>>, fetches: Arc<AtomicUsize>) -> Socke
 fn an_unknown_kid_fetches_the_issuers_keys_again_at_most_once_per_interval() {
     let first = SigningKey::generate("key-1");
     let second = SigningKey::generate("key-2");
-    let document = Arc::new(Mutex::new(
+    let document = Arc::new(ArcSwap::from_pointee(
         serde_json::json!({"keys": [first.jwk()]}).to_string(),
     ));
     let fetches = Arc::new(AtomicUsize::new(0));
@@ -603,8 +605,9 @@ fn an_unknown_kid_fetches_the_issuers_keys_again_at_most_once_per_interval() {
     assert_eq!(fetches.load(Ordering::SeqCst), 1, "fetched once at start");
 
     // The issuer rotates: its document now has key-2, which signs the new tokens.
-    *document.lock().unwrap() =
-        serde_json::json!({"keys": [first.jwk(), second.jwk()]}).to_string();
+    document.store(Arc::new(
+        serde_json::json!({"keys": [first.jwk(), second.jwk()]}).to_string(),
+    ));
     let token = second.token("key-2");
     wait_for_or(
         "a token of the new key accepted",

@@ -103,7 +103,7 @@ pub fn start_with_reload(
     let mut per_shard: Vec<Vec<ShardListener>> = (0..workers).map(|_| Vec::new()).collect();
     let mut specs = Vec::new();
     // One configuration for every TLS listener, rebuilt when the certificate or CA rotate.
-    let status = reload.clone().unwrap_or_else(ReloadStatus::new);
+    let status = reload.clone().unwrap_or_default();
     let mut serving = None;
     for listener in &gateway.listeners {
         let tls = if listener.tls {
