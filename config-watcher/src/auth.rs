@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::jwks::{parse_jwks, Jwk, JwtAlgorithm};
+pub use crate::jwks::{parse_jwks, Jwk, JwtAlgorithm, Refetch, REFETCH_MIN_INTERVAL};
 use crate::objects::{AuthSpec, AuthorizationMode};
 
 /// The group every authenticated user is in (kube-apiserver adds it; so does the check).
@@ -313,6 +313,19 @@ impl std::fmt::Debug for Authenticators {
 pub struct OidcVerifierConfig {
     pub settings: OidcSettings,
     pub keys: Arc<arc_swap::ArcSwap<Vec<Jwk>>>,
+    /// With a `jwksURL`: asks the fetcher for the keys again (rate-limited).
+    pub refetch: Option<Arc<crate::jwks::Refetch>>,
+}
+
+impl OidcVerifierConfig {
+    /// A token named a `kid` none of the known keys has: the issuer may have rotated its key, so
+    /// ask for its keys again (at most once per `jwks::REFETCH_MIN_INTERVAL`; never blocks).
+    /// Nothing to do for a `jwksFile`: the file source reloads it when it changes.
+    pub fn unknown_kid(&self) {
+        if let Some(refetch) = &self.refetch {
+            refetch.request();
+        }
+    }
 }
 
 impl Authenticators {
@@ -323,20 +336,28 @@ impl Authenticators {
             .map(|t| (t.token.clone(), Arc::new(t.identity.clone())))
             .collect();
         let oidc = settings.oidc.as_ref().map(|o| {
-            let keys = match &o.jwks_url {
+            let (keys, refetch) = match &o.jwks_url {
                 // Shared by every table that names the URL, refreshed by one fetcher thread.
-                Some(url) => crate::jwks::shared_keys(url, o.jwks_refresh, o.ca_pem.clone()),
+                Some(url) => {
+                    let (keys, refetch) =
+                        crate::jwks::shared_keys(url, o.jwks_refresh, o.ca_pem.clone());
+                    (keys, Some(refetch))
+                }
                 // Validated at load: a jwksFile document parses.
-                None => Arc::new(arc_swap::ArcSwap::from_pointee(
-                    o.jwks
-                        .as_deref()
-                        .and_then(|text| parse_jwks(text).ok())
-                        .unwrap_or_default(),
-                )),
+                None => (
+                    Arc::new(arc_swap::ArcSwap::from_pointee(
+                        o.jwks
+                            .as_deref()
+                            .and_then(|text| parse_jwks(text).ok())
+                            .unwrap_or_default(),
+                    )),
+                    None,
+                ),
             };
             OidcVerifierConfig {
                 settings: o.clone(),
                 keys,
+                refetch,
             }
         });
         Authenticators { tokens, oidc }

@@ -8,9 +8,19 @@
 //! `cp -r`) are debounced: the reload starts once the path has been quiet for
 //! [`DEBOUNCE_QUIET`], or [`DEBOUNCE_MAX`] after the first event while changes keep coming.
 //!
-//! Loading, validating and building run on the watcher's own thread, never on a shard. Files
-//! referenced from outside the watched path (a `tokenFile` elsewhere) are read on each reload but
-//! not watched themselves. Started by `fleetgate serve` after the first table is built.
+//! Files the objects name (the serving certificate, key and client CA, the token file, a
+//! `jwksFile`, a cluster's credentials) often live outside the watched path: a Secret mounted
+//! apart from the ConfigMap, which cert-manager rewrites in place and the kubelet swaps in
+//! through a `..data` symlink. Rather than one inotify watch per such file (which would follow
+//! the old inode of a swapped symlink, and miss a file created later), the path is also loaded
+//! again every [`POLL_INTERVAL`] and published only when the result differs from the serving
+//! configuration: the comparison is of the files' contents, so a touched but unchanged file does
+//! nothing, and a swap is seen whatever inode it leaves behind. A poll whose load fails the same
+//! way as the last one is not reported again (a broken file is logged and counted once, not
+//! every two seconds), and a poll's failure counts only if a second load 0.4 s later fails too.
+//!
+//! Loading, validating and building run on the watcher's own thread, never on a shard. Started
+//! by `fleetgate serve` after the first table is built.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -28,6 +38,11 @@ use crate::reload::{ReloadOutcome, TablePublisher};
 pub const DEBOUNCE_QUIET: Duration = Duration::from_millis(100);
 /// ...or this long after the first change of a burst that does not stop (a reload storm).
 pub const DEBOUNCE_MAX: Duration = Duration::from_millis(400);
+
+/// How often the path (and every file its objects name) is loaded again to catch changes no
+/// inotify event reports: a rotated certificate or token file outside the watched path. A load
+/// reads a few small files; at this pace it costs nothing measurable.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Why watching could not start.
 #[derive(Debug, thiserror::Error)]
@@ -91,8 +106,22 @@ pub fn watch_config_path(
         .name("fleetgate-config-watch".into())
         .spawn(move || {
             let source = path.display().to_string();
-            reload(&path, &source, &publisher);
-            while let Some(first) = next_relevant(&events_rx, None) {
+            let mut reloader = Reloader {
+                path: &path,
+                source: &source,
+                publisher: &publisher,
+                last_error: None,
+            };
+            reloader.reload(false);
+            loop {
+                let first = match next_relevant(&events_rx, Some(POLL_INTERVAL)) {
+                    Next::Closed => break,
+                    Next::Quiet => {
+                        reloader.reload(true);
+                        continue;
+                    }
+                    Next::Event(first) => first,
+                };
                 debug!(source = %source, event = ?first, "config path changed");
                 let burst_start = Instant::now();
                 // Debounce: wait for quiet, bounded by DEBOUNCE_MAX from the first event.
@@ -102,11 +131,11 @@ pub fn watch_config_path(
                         break;
                     }
                     match next_relevant(&events_rx, Some(DEBOUNCE_QUIET.min(left))) {
-                        Some(_) => continue,
-                        None => break,
+                        Next::Event(_) => continue,
+                        Next::Quiet | Next::Closed => break,
                     }
                 }
-                reload(&path, &source, &publisher);
+                reloader.reload(false);
             }
             debug!(source = %source, "config watch ended");
         })
@@ -117,29 +146,45 @@ pub fn watch_config_path(
     })
 }
 
-/// The next event that can change what `load_path` reads; `None` when the channel closed or the
-/// timeout passed. Reads (our own, on every reload) are not changes.
+/// What waiting for the next event gave.
+enum Next {
+    /// An event that can change what `load_path` reads.
+    Event(notify::Result<notify::Event>),
+    /// The timeout passed without one.
+    Quiet,
+    /// The watch ended.
+    Closed,
+}
+
+/// The next event that can change what `load_path` reads. Reads (our own, on every reload) are
+/// not changes.
 fn next_relevant(
     events: &mpsc::Receiver<notify::Result<notify::Event>>,
     timeout: Option<Duration>,
-) -> Option<notify::Result<notify::Event>> {
+) -> Next {
     let deadline = timeout.map(|t| Instant::now() + t);
     loop {
         let received = match deadline {
-            None => events.recv().ok(),
+            None => events.recv().map_err(|_| Next::Closed),
             Some(deadline) => events
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .ok(),
+                .map_err(|e| match e {
+                    mpsc::RecvTimeoutError::Timeout => Next::Quiet,
+                    mpsc::RecvTimeoutError::Disconnected => Next::Closed,
+                }),
         };
-        let event = received?;
+        let event = match received {
+            Ok(event) => event,
+            Err(next) => return next,
+        };
         match &event {
             Ok(e) if is_read_only(&e.kind) => continue,
             // An error (e.g. the inotify queue overflowed) may hide changes: reload to be sure.
             Err(error) => {
                 warn!(%error, "config watch error; reloading to be safe");
-                return Some(event);
+                return Next::Event(event);
             }
-            Ok(_) => return Some(event),
+            Ok(_) => return Next::Event(event),
         }
     }
 }
@@ -152,6 +197,30 @@ fn is_read_only(kind: &EventKind) -> bool {
     }
 }
 
-fn reload(path: &Path, source: &str, publisher: &TablePublisher) -> ReloadOutcome {
-    publisher.publish(source, load_path(path))
+/// The watcher thread's reloads, remembering the last failure so a poll does not report it again.
+struct Reloader<'a> {
+    path: &'a Path,
+    source: &'a str,
+    publisher: &'a TablePublisher,
+    last_error: Option<String>,
+}
+
+impl Reloader<'_> {
+    /// Loads the path and publishes the result. A poll (`polled`) that fails is tried once more
+    /// [`DEBOUNCE_MAX`] later (a file caught in the middle of a write, or a certificate written
+    /// before its key, is whole by then), and one that fails exactly as the last attempt did is
+    /// dropped: it was reported then, and the last good table still serves.
+    fn reload(&mut self, polled: bool) -> Option<ReloadOutcome> {
+        let mut loaded = load_path(self.path);
+        if polled && loaded.is_err() {
+            std::thread::sleep(DEBOUNCE_MAX);
+            loaded = load_path(self.path);
+        }
+        let error = loaded.as_ref().err().map(ToString::to_string);
+        if polled && error.is_some() && error == self.last_error {
+            return None;
+        }
+        self.last_error = error;
+        Some(self.publisher.publish(self.source, loaded))
+    }
 }

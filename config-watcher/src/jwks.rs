@@ -8,6 +8,13 @@
 //! first table naming the URL is built (bounded by a timeout), so tokens verify as soon as the
 //! gateway is ready. A fetcher stops once no table holds its keys any more. Called by
 //! `auth::Authenticators::build`.
+//!
+//! An issuer that rotates its signing key publishes the new key before it signs with it, but a
+//! token signed by it may arrive before the next scheduled refresh. A token whose `kid` no known
+//! key has therefore asks for a fetch now ([`Refetch::request`], from a shard: two atomics and at
+//! most one `unpark`, never a lock or I/O). Requests are coalesced and rate-limited: at most one
+//! such fetch per [`REFETCH_MIN_INTERVAL`] (counted from the last fetch of any kind), so a flood
+//! of made-up `kid`s costs the issuer one request per interval, not one per token.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -19,8 +26,72 @@ use base64::Engine;
 use tracing::{info, warn};
 
 type Keys = Arc<ArcSwap<Vec<Jwk>>>;
-/// The live key set of each URL a fetcher runs for (weak: the tables own the keys).
-type Fetchers = Mutex<HashMap<String, Weak<ArcSwap<Vec<Jwk>>>>>;
+/// The live key set of each URL a fetcher runs for (weak: the tables own the keys), and the
+/// handle that asks its fetcher for an early fetch.
+type Fetchers = Mutex<HashMap<String, (Weak<ArcSwap<Vec<Jwk>>>, Arc<Refetch>)>>;
+
+/// The least time between two fetches of a URL that unknown `kid`s ask for.
+pub const REFETCH_MIN_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Asks a URL's fetcher thread for a fetch before its scheduled refresh (a token named a `kid`
+/// no known key has). Shared by the tables (through `OidcVerifierConfig`) and the fetcher.
+#[derive(Debug)]
+pub struct Refetch {
+    /// Set by [`Refetch::request`], cleared by the fetcher when it fetches.
+    requested: std::sync::atomic::AtomicBool,
+    /// When the last fetch started, in milliseconds since `epoch`.
+    last_fetch_ms: std::sync::atomic::AtomicU64,
+    epoch: std::time::Instant,
+    min_interval: Duration,
+    /// The fetcher thread, woken by a request.
+    fetcher: OnceLock<std::thread::Thread>,
+}
+
+impl Refetch {
+    fn new(min_interval: Duration) -> Refetch {
+        Refetch {
+            requested: Default::default(),
+            last_fetch_ms: Default::default(),
+            epoch: std::time::Instant::now(),
+            min_interval,
+            fetcher: OnceLock::new(),
+        }
+    }
+
+    /// Asks for a fetch: coalesced with every other request until the fetcher runs it, and run
+    /// no sooner than the minimum interval after the last fetch. Never blocks.
+    pub fn request(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.requested.swap(true, Ordering::AcqRel) {
+            if let Some(thread) = self.fetcher.get() {
+                thread.unpark();
+            }
+        }
+    }
+
+    fn fetched_now(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.last_fetch_ms
+            .store(ms, std::sync::atomic::Ordering::Release);
+    }
+
+    /// When an asked-for fetch may run: the last fetch plus the minimum interval.
+    fn allowed_at(&self) -> std::time::Instant {
+        let last = self
+            .last_fetch_ms
+            .load(std::sync::atomic::Ordering::Acquire);
+        self.epoch + Duration::from_millis(last) + self.min_interval
+    }
+
+    fn take_request(&self) -> bool {
+        self.requested
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    fn is_requested(&self) -> bool {
+        self.requested.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
 
 /// How long one fetch may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -34,12 +105,21 @@ fn fetchers() -> &'static Fetchers {
 
 /// The key set of `url`: the live one when a fetcher already runs for it, otherwise a new one,
 /// fetched once now and then refreshed by a new fetcher thread.
-pub(crate) fn shared_keys(url: &str, refresh: Duration, ca_pem: Option<Vec<u8>>) -> Keys {
+pub(crate) fn shared_keys(
+    url: &str,
+    refresh: Duration,
+    ca_pem: Option<Vec<u8>>,
+) -> (Keys, Arc<Refetch>) {
     let mut map = fetchers().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(keys) = map.get(url).and_then(Weak::upgrade) {
-        return keys;
+    if let Some((keys, refetch)) = map
+        .get(url)
+        .and_then(|(keys, refetch)| Some((keys.upgrade()?, refetch.clone())))
+    {
+        return (keys, refetch);
     }
     let keys: Keys = Arc::new(ArcSwap::from_pointee(Vec::new()));
+    let refetch = Arc::new(Refetch::new(REFETCH_MIN_INTERVAL.min(refresh)));
+    refetch.fetched_now();
     match fetch_keys(url, ca_pem.as_deref()) {
         Ok(found) => {
             info!(url, keys = found.len(), "OIDC keys fetched");
@@ -47,37 +127,63 @@ pub(crate) fn shared_keys(url: &str, refresh: Duration, ca_pem: Option<Vec<u8>>)
         }
         Err(error) => warn!(url, %error, "OIDC keys could not be fetched; retrying"),
     }
-    map.insert(url.to_owned(), Arc::downgrade(&keys));
+    map.insert(url.to_owned(), (Arc::downgrade(&keys), refetch.clone()));
     let weak = Arc::downgrade(&keys);
     let url = url.to_owned();
+    let thread_refetch = refetch.clone();
     let spawned = std::thread::Builder::new()
         .name("jwks-fetch".into())
-        .spawn(move || refresh_loop(&url, refresh, ca_pem.as_deref(), weak));
+        .spawn(move || refresh_loop(&url, refresh, ca_pem.as_deref(), weak, &thread_refetch));
     if let Err(error) = spawned {
         warn!(%error, "cannot start the OIDC key fetcher; keys will not be refreshed");
     }
-    keys
+    (keys, refetch)
 }
 
+/// Fetches on schedule (every `refresh`, sooner while no key is known) and when a request asks
+/// (no sooner than the refetch's minimum interval after the last fetch).
 fn refresh_loop(
     url: &str,
     refresh: Duration,
     ca_pem: Option<&[u8]>,
     keys: Weak<ArcSwap<Vec<Jwk>>>,
+    refetch: &Refetch,
 ) {
+    // Set here, before the first look at the request flag: a request made before it is seen
+    // by that look, and every later one finds the thread to wake.
+    let _ = refetch.fetcher.set(std::thread::current());
+    let schedule = |keys: &ArcSwap<Vec<Jwk>>| {
+        std::time::Instant::now()
+            + if keys.load().is_empty() {
+                RETRY_WITHOUT_KEYS.min(refresh)
+            } else {
+                refresh
+            }
+    };
+    let mut next_refresh = match keys.upgrade() {
+        Some(keys) => schedule(&keys),
+        None => return,
+    };
     loop {
-        let empty = match keys.upgrade() {
-            Some(keys) => keys.load().is_empty(),
-            None => return, // no table uses this URL any more
-        };
-        std::thread::sleep(if empty {
-            RETRY_WITHOUT_KEYS.min(refresh)
+        let now = std::time::Instant::now();
+        let wake = if refetch.is_requested() {
+            next_refresh.min(refetch.allowed_at())
         } else {
-            refresh
-        });
+            next_refresh
+        };
+        if now < wake {
+            // Woken early by a request (or spuriously): the loop works out the wait again.
+            std::thread::park_timeout(wake - now);
+            if keys.strong_count() == 0 {
+                return; // no table uses this URL any more
+            }
+            continue;
+        }
+        let asked = refetch.take_request();
         let Some(live) = keys.upgrade() else {
             return;
         };
+        refetch.fetched_now();
         match fetch_keys(url, ca_pem) {
             Ok(found) => {
                 if **live.load() != found {
@@ -86,8 +192,9 @@ fn refresh_loop(
                 live.store(Arc::new(found));
             }
             // The last good keys stay in use.
-            Err(error) => warn!(url, %error, "OIDC keys could not be refreshed"),
+            Err(error) => warn!(url, %error, asked, "OIDC keys could not be refreshed"),
         }
+        next_refresh = schedule(&live);
     }
 }
 
@@ -289,13 +396,13 @@ mod tests {
         let jwks = r#"{"keys":[{"kty":"EC","crv":"P-256","kid":"k","x":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA","y":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}]}"#;
         let address = serve(jwks.to_owned());
         let url = format!("http://{address}/keys");
-        let keys = shared_keys(&url, Duration::from_secs(60), None);
+        let (keys, refetch) = shared_keys(&url, Duration::from_secs(60), None);
         assert_eq!(keys.load().len(), 1);
         assert_eq!(keys.load()[0].kid.as_deref(), Some("k"));
-        let again = shared_keys(&url, Duration::from_secs(60), None);
+        let (again, refetch_again) = shared_keys(&url, Duration::from_secs(60), None);
         assert!(
-            Arc::ptr_eq(&keys, &again),
-            "a second table shares the fetched keys"
+            Arc::ptr_eq(&keys, &again) && Arc::ptr_eq(&refetch, &refetch_again),
+            "a second table shares the fetched keys and their fetcher"
         );
         let missing = fetch_keys(&format!("http://{}/", crate_closed_port()), None);
         assert!(missing.is_err());

@@ -17,6 +17,7 @@ mod jwks;
 pub mod karmada;
 mod kube_source;
 mod load;
+pub mod material;
 pub mod objects;
 pub mod policy;
 mod reload;
@@ -30,7 +31,9 @@ pub use checks::{check_cluster_name, RESERVED_CLUSTER_NAMES};
 pub use crd::crd_manifests;
 pub use endpoint::{parse_tunnel_address, DEFAULT_TUNNEL_ADDRESS};
 pub use error::ConfigError;
-pub use file_source::{watch_config_path, FileWatcher, WatchError, DEBOUNCE_MAX, DEBOUNCE_QUIET};
+pub use file_source::{
+    watch_config_path, FileWatcher, WatchError, DEBOUNCE_MAX, DEBOUNCE_QUIET, POLL_INTERVAL,
+};
 pub use kube_source::{
     api_source_permissions, kube_client_config, watch_kube_api, KubeSourceError, KubeSourceOptions,
     KubeWatcher,

@@ -261,6 +261,14 @@ pub(crate) fn resolve_gateway(
     let tls = match tls {
         None => None,
         Some(t) => {
+            // Named in messages: the files a rotation rewrites.
+            let name =
+                |file: &Option<String>, data: &str| file.clone().unwrap_or_else(|| data.to_owned());
+            let names = (
+                name(&t.cert_file, "certData"),
+                name(&t.key_file, "keyData"),
+                name(&t.client_ca_file, "clientCAData"),
+            );
             let cert_pem = pem_field(t.cert_data, t.cert_file, base)
                 .map_err(|m| invalid("spec.tls.certData/certFile", m))?
                 .ok_or_else(|| {
@@ -279,11 +287,14 @@ pub(crate) fn resolve_gateway(
                 })?;
             let client_ca_pem = pem_field(t.client_ca_data, t.client_ca_file, base)
                 .map_err(|m| invalid("spec.tls.clientCAData/clientCAFile", m))?;
-            Some(ServingTls {
+            let tls = ServingTls {
                 cert_pem,
                 key_pem,
                 client_ca_pem,
-            })
+            };
+            crate::material::check_serving_tls(&tls, &names.0, &names.1, &names.2)
+                .map_err(|(field, message)| invalid(field, message))?;
+            Some(tls)
         }
     };
     if resolved_listeners.iter().any(|l| l.tls) && tls.is_none() {
@@ -736,14 +747,15 @@ fn pem_field(
     file: Option<String>,
     base: &Path,
 ) -> Result<Option<Vec<u8>>, String> {
-    let pem = match (data, file) {
+    let pem = match (data, &file) {
         (Some(_), Some(_)) => return Err("set the Data or the File form, not both".into()),
         (Some(d), None) => d.into_bytes(),
-        (None, Some(f)) => std::fs::read(base.join(&f)).map_err(|e| format!("{f}: {e}"))?,
+        (None, Some(f)) => std::fs::read(base.join(f)).map_err(|e| format!("{f}: {e}"))?,
         (None, None) => return Ok(None),
     };
     if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
-        return Err("not PEM (no -----BEGIN line)".into());
+        let name = file.as_deref().unwrap_or("the Data value");
+        return Err(format!("{name}: not PEM (no -----BEGIN line)"));
     }
     Ok(Some(pem))
 }

@@ -37,6 +37,24 @@ pub struct ReloadStatus {
     /// Problems of the sources themselves, by readiness check name (a watch whose resource the
     /// management cluster does not serve, say): failing `/readyz` checks until they clear.
     source_problems: Mutex<std::collections::BTreeMap<String, String>>,
+    /// Per kind of key material (`crate::material`'s names: serving certificate, client CA, token
+    /// file, agent CA...): failed reloads and the last success. Written by the config sources and
+    /// the gateway's TLS reloader, read by the admin thread.
+    material: Mutex<std::collections::BTreeMap<&'static str, MaterialStatus>>,
+}
+
+/// The reload record of one kind of key material.
+#[derive(Debug, Default, Clone, Copy)]
+struct MaterialStatus {
+    failures: u64,
+    /// Seconds since the Unix epoch of the last successful load; 0: none since start.
+    last_success: u64,
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// A failed reload as the operator sees it.
@@ -98,6 +116,31 @@ impl ReloadStatus {
             .collect()
     }
 
+    /// Records one reload of `what` (a `crate::material` name): a failure counts in
+    /// `fleetgate_reload_failures_total{what}`, a success sets
+    /// `fleetgate_reload_last_success_timestamp_seconds{what}`.
+    pub fn record_material(&self, what: &'static str, succeeded: bool) {
+        let mut material = self
+            .material
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let entry = material.entry(what).or_default();
+        if succeeded {
+            entry.last_success = unix_seconds();
+        } else {
+            entry.failures += 1;
+        }
+    }
+
+    /// Failed reloads of `what` so far.
+    pub fn material_failures(&self, what: &str) -> u64 {
+        self.material
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(what)
+            .map_or(0, |m| m.failures)
+    }
+
     fn record_success(&self) {
         *self
             .last_error
@@ -105,11 +148,10 @@ impl ReloadStatus {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
     }
 
-    fn record_failure(&self, message: String) {
+    fn record_failure(&self, message: String, what: &'static str) {
         self.failed.fetch_add(1, Ordering::Relaxed);
-        let at_unix_seconds = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        self.record_material(what, false);
+        let at_unix_seconds = unix_seconds();
         *self
             .last_error
             .lock()
@@ -136,7 +178,36 @@ impl ReloadStatus {
              fleetgate_config_generation {serving_generation}\n",
             self.published(),
             self.failed(),
-        )
+        ) + &self.material_lines()
+    }
+
+    fn material_lines(&self) -> String {
+        let material = self
+            .material
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let mut out = String::from(
+            "# HELP fleetgate_reload_failures Reloads of key material refused (the last good material kept serving), by what.\n\
+             # TYPE fleetgate_reload_failures counter\n",
+        );
+        for (what, status) in &material {
+            out.push_str(&format!(
+                "fleetgate_reload_failures_total{{what=\"{what}\"}} {}\n",
+                status.failures
+            ));
+        }
+        out.push_str(
+            "# HELP fleetgate_reload_last_success_timestamp_seconds When key material last loaded, by what (0: not since start).\n\
+             # TYPE fleetgate_reload_last_success_timestamp_seconds gauge\n",
+        );
+        for (what, status) in &material {
+            out.push_str(&format!(
+                "fleetgate_reload_last_success_timestamp_seconds{{what=\"{what}\"}} {}\n",
+                status.last_success
+            ));
+        }
+        out
     }
 }
 
@@ -292,6 +363,15 @@ impl TablePublisher {
         let retired = serving.retire_routes_missing_from(&table);
         self.status.published.fetch_add(1, Ordering::Relaxed);
         self.status.record_success();
+        // The serving TLS material is recorded by the gateway once it has built it.
+        let (o, n) = (&serving.config().gateway.auth, &config.gateway.auth);
+        if o.tokens != n.tokens {
+            self.status
+                .record_material(crate::material::TOKEN_FILE, true);
+        }
+        if o.oidc.as_ref().map(|o| &o.jwks) != n.oidc.as_ref().map(|o| &o.jwks) {
+            self.status.record_material(crate::material::JWKS, true);
+        }
         info!(
             source,
             generation,
@@ -313,7 +393,8 @@ impl TablePublisher {
             serving_generation = serving,
             "configuration rejected; the last good routing table keeps serving"
         );
-        self.status.record_failure(err.to_string());
+        self.status
+            .record_failure(err.to_string(), crate::material::what_failed(err));
         ReloadOutcome::Rejected
     }
 }
@@ -339,15 +420,16 @@ fn cluster_diff(old: &Config, new: &Config) -> (usize, usize, usize) {
     (added, changed, removed)
 }
 
-/// Listeners, serving TLS, shards and the admin address are bound once at start; a change to
-/// them is published (limits and routing options apply) but only takes effect on a restart.
+/// Listeners, shards and the admin address are bound once at start; a change to them is
+/// published (limits and routing options apply) but only takes effect on a restart. Serving TLS
+/// (certificate, key, client CA) is not among them: the gateway's TLS reloader rebuilds it from
+/// the published table for new connections.
 fn warn_on_restart_only_changes(old: &Config, new: &Config) {
     let (o, n) = (&old.gateway, &new.gateway);
-    if o.listeners != n.listeners || o.tls != n.tls || o.workers != n.workers || o.admin != n.admin
-    {
+    if o.listeners != n.listeners || o.workers != n.workers || o.admin != n.admin {
         warn!(
             gateway = %n.name,
-            "Gateway listeners, TLS, workers or admin address changed: these apply on the next restart"
+            "Gateway listeners, workers or admin address changed: these apply on the next restart"
         );
     }
 }

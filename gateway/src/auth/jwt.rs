@@ -43,6 +43,13 @@ pub fn verify_jwt(
         .filter(|k| k.algorithm == algorithm && (kid.is_none() || k.kid.as_deref() == kid))
         .any(|key| verify_signature(key, signed, &signature));
     if !verified {
+        if let Some(kid) = kid {
+            if !keys.iter().any(|k| k.kid.as_deref() == Some(kid)) {
+                // Perhaps a key the issuer rotated in since the last fetch.
+                oidc.unknown_kid();
+                return Err("JWT key id is not among the issuer's keys (asked for them again)");
+            }
+        }
         return Err("JWT signature does not verify with any issuer key");
     }
     let claims: serde_json::Value = b64

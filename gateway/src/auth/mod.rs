@@ -528,6 +528,7 @@ mod tests {
         let oidc = OidcVerifierConfig {
             settings: settings(),
             keys: Arc::new(arc_swap::ArcSwap::from_pointee(keys)),
+            refetch: None,
         };
         let sign_rsa = |m: &[u8]| {
             let mut sig = vec![0; rsa.public().modulus_len()];

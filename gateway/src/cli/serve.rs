@@ -99,7 +99,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         Some(reload.clone()),
     )?;
-    let tunnel = start_tunnel_listener(&args, &table)?;
+    let tunnel = start_tunnel_listener(&args, &table, &reload)?;
     let publisher = match &args.management_kubeconfig {
         None => TablePublisher::new(table.clone(), reload.clone()),
         // Both sources feed one table: the files stay watched beside the management cluster.
@@ -135,6 +135,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The signal handlers are in place before `ready` is printed: a SIGTERM sent as soon as the
     // line is read drains the gateway instead of killing it with the default action.
     let signals = Signals::install()?;
+    // SIGHUP reopens the audit log (log rotation); caught from here on, like the stop signals.
+    let hangup = {
+        let _entered = signals.runtime.enter();
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?
+    };
     {
         use std::io::Write;
         let mut stdout = std::io::stdout().lock();
@@ -145,7 +150,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         writeln!(stdout, "{line}")?;
         stdout.flush()?;
     }
-    let drained = run_until_drained(&running, &table, signals);
+    let drained = run_until_drained(&running, &table, signals, hangup);
     if let Some(audit) = &running.audit {
         audit.flush(std::time::Duration::from_secs(2));
     }
@@ -156,6 +161,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 fn start_tunnel_listener(
     args: &ServeArgs,
     table: &SharedTable,
+    reload: &Arc<ReloadStatus>,
 ) -> anyhow::Result<Option<std::net::SocketAddr>> {
     let wait = std::time::Duration::try_from_secs_f64(args.tunnel_wait_seconds)
         .context("--tunnel-wait-seconds must be a number of seconds")?;
@@ -163,9 +169,7 @@ fn start_tunnel_listener(
     let (Some(address), Some(agent_ca)) = (&args.tunnel_listen, &args.agent_ca) else {
         return Ok(None);
     };
-    let agent_ca_pem = std::fs::read(agent_ca)
-        .with_context(|| format!("reading the agent CA {}", agent_ca.display()))?;
-    let config = crate::tunnel::listener::server_config(table, &agent_ca_pem)?;
+    let config = crate::tunnel::listener::watch_agent_ca(table, agent_ca, reload.clone())?;
     let bound = crate::tunnel::listener::start(address, config, table.clone())?;
     Ok(Some(bound))
 }
@@ -188,11 +192,13 @@ fn wait_for_first_table(reload: &ReloadStatus) {
 
 /// Blocks until SIGINT or SIGTERM, then drains the gateway: returns once every client connection
 /// has closed or the grace period is over. A second signal during the drain exits the process at
-/// once (status 128 + the signal number, as a shell reports a signal).
+/// once (status 128 + the signal number, as a shell reports a signal). Until then, each SIGHUP
+/// reopens the audit log.
 fn run_until_drained(
     running: &RunningGateway,
     table: &SharedTable,
     signals: Signals,
+    mut hangup: tokio::signal::unix::Signal,
 ) -> anyhow::Result<()> {
     let Signals {
         runtime,
@@ -200,9 +206,12 @@ fn run_until_drained(
         mut terminate,
     } = signals;
     runtime.block_on(async {
-        let first = tokio::select! {
-            _ = interrupt.recv() => "SIGINT",
-            _ = terminate.recv() => "SIGTERM",
+        let first = loop {
+            tokio::select! {
+                _ = interrupt.recv() => break "SIGINT",
+                _ = terminate.recv() => break "SIGTERM",
+                _ = hangup.recv() => reopen_audit_log(running),
+            }
         };
         let grace = table.load().gateway().limits.shutdown_grace;
         info!(
@@ -234,6 +243,19 @@ fn run_until_drained(
         }
         Ok::<_, anyhow::Error>(())
     })
+}
+
+/// SIGHUP: the audit log (when there is one) is reopened at its configured path.
+fn reopen_audit_log(running: &RunningGateway) {
+    match &running.audit {
+        // Blocks this (signal) thread briefly, never a shard.
+        Some(audit) => {
+            if !audit.reopen(std::time::Duration::from_secs(2)) {
+                tracing::warn!("SIGHUP: the audit writer did not reopen the log in time");
+            }
+        }
+        None => info!("SIGHUP: no audit log to reopen"),
+    }
 }
 
 fn exit_on_second_signal(name: &str, number: i32, running: &RunningGateway) -> ! {

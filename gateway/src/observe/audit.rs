@@ -10,6 +10,10 @@
 //! and writes through a buffered writer, flushing at least once a second. Built by `serve` from
 //! the Gateway's `spec.audit`; records come from `proxy` (HTTP/1.1, upgrades when the session ends)
 //! and `http2` (each stream) where a response ends.
+//!
+//! On SIGHUP (`serve`) the writer reopens the configured path ([`AuditLog::reopen`]): a log
+//! rotator renames the file, signals, and the next lines go to a new file at the path, as with
+//! nginx or kube-apiserver's own rotation. Lines already queued are flushed to the old file first.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -187,6 +191,8 @@ enum Message {
     Record(Box<Record>),
     /// Flush and acknowledge (shutdown, tests).
     Flush(SyncSender<()>),
+    /// Flush, then open the path again (SIGHUP), and acknowledge.
+    Reopen(SyncSender<()>),
 }
 
 /// The shards' handle on the audit log: cheap to clone, never blocks.
@@ -224,22 +230,16 @@ impl AuditLog {
     pub fn start(path: &Path, queue: usize, metrics: &Metrics) -> Result<AuditLog, AuditError> {
         let dropped = metrics.audit_events_dropped.clone();
         let written = metrics.audit_events.clone();
-        use std::os::unix::fs::OpenOptionsExt;
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|source| AuditError::Open {
                 path: path.to_path_buf(),
                 source,
             })?;
         }
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|source| AuditError::Open {
-                path: path.to_path_buf(),
-                source,
-            })?;
+        let file = open_log(path).map_err(|source| AuditError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let (sender, receiver) = mpsc::sync_channel(queue.max(1));
         let writer = Writer {
             out: BufWriter::with_capacity(64 * 1024, file),
@@ -281,9 +281,21 @@ impl AuditLog {
     /// Blocks (up to `timeout`) until every event queued before the call is written and flushed.
     /// For shutdown and tests, never for a shard.
     pub fn flush(&self, timeout: Duration) -> bool {
+        self.ask(Message::Flush, timeout)
+    }
+
+    /// Flushes what is queued to the current file, then opens the configured path again (a file
+    /// a rotator renamed keeps what it holds; new lines go to a new file). Blocks up to `timeout`
+    /// for the writer to do it: for the signal handler, never for a shard. A path that cannot be
+    /// opened is logged and the old file kept.
+    pub fn reopen(&self, timeout: Duration) -> bool {
+        self.ask(Message::Reopen, timeout)
+    }
+
+    fn ask(&self, message: fn(SyncSender<()>) -> Message, timeout: Duration) -> bool {
         let (ack, done) = mpsc::sync_channel(1);
         let deadline = Instant::now() + timeout;
-        let mut message = Message::Flush(ack);
+        let mut message = message(ack);
         loop {
             match self.sender.try_send(message) {
                 Ok(()) => break,
@@ -297,6 +309,16 @@ impl AuditLog {
         done.recv_timeout(deadline.saturating_duration_since(Instant::now()))
             .is_ok()
     }
+}
+
+/// Opens the log for appending, created 0600 if missing (the log names users).
+fn open_log(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
 }
 
 /// The writer thread's state.
@@ -377,6 +399,22 @@ impl Writer {
             }
             Message::Flush(ack) => {
                 self.flush();
+                let _ = ack.send(());
+            }
+            Message::Reopen(ack) => {
+                self.flush();
+                match open_log(&self.path) {
+                    Ok(file) => {
+                        self.out = BufWriter::with_capacity(64 * 1024, file);
+                        self.failing = false;
+                        info!(path = %self.path.display(), "audit log reopened");
+                    }
+                    Err(error) => warn!(
+                        path = %self.path.display(),
+                        %error,
+                        "audit log could not be reopened; writing on to the file already open"
+                    ),
+                }
                 let _ = ack.send(());
             }
         }

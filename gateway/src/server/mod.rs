@@ -102,12 +102,18 @@ pub fn start_with_reload(
     let mut bound = Vec::new();
     let mut per_shard: Vec<Vec<ShardListener>> = (0..workers).map(|_| Vec::new()).collect();
     let mut specs = Vec::new();
+    // One configuration for every TLS listener, rebuilt when the certificate or CA rotate.
+    let status = reload.clone().unwrap_or_default();
+    let mut serving = None;
     for listener in &gateway.listeners {
         let tls = if listener.tls {
-            Some(
-                crate::tls::server_config(&table.load())
-                    .with_context(|| format!("TLS for listener {:?}", listener.name))?,
-            )
+            if serving.is_none() {
+                serving = Some(
+                    crate::tls::watch_serving(&table, status.clone())
+                        .with_context(|| format!("TLS for listener {:?}", listener.name))?,
+                );
+            }
+            serving.clone()
         } else {
             None
         };

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use fleetgate_config_watcher::SharedTable;
 use monoio::io::IntoPollIo;
-use rustls::ServerConfig;
 use tracing::{debug, error, warn};
 
 use crate::auth::ClientIdentity;
@@ -43,7 +42,7 @@ pub enum Driver {
 pub struct ShardListener {
     pub name: String,
     pub socket: TcpListener,
-    pub tls: Option<Arc<ServerConfig>>,
+    pub tls: Option<crate::tls::reload::LiveServerConfig>,
 }
 
 /// Idle upstream connections kept per cluster per shard.
@@ -194,9 +193,8 @@ async fn accept_loop(
     name: String,
     listener: monoio::net::TcpListener,
     stop: TcpListener,
-    tls: Option<Arc<ServerConfig>>,
+    tls: Option<crate::tls::reload::LiveServerConfig>,
 ) {
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     // Pinned once: the wait for the drain lives as long as the loop, not one accept.
     let mut drain_started = std::pin::pin!(ctx.drain.started());
     loop {
@@ -245,9 +243,10 @@ async fn accept_loop(
         // Each connection is a task of its own whose panic closes that connection only
         // (`runtime::spawn`). The accept loop itself is a bare task: if it panicked the shard
         // would stop accepting, so it takes the thread down and the supervisor restarts it.
-        match &acceptor {
-            Some(acceptor) => {
-                let acceptor = acceptor.clone();
+        match &tls {
+            Some(live) => {
+                // The configuration of this moment: a rotation after it leaves this connection be.
+                let acceptor = tokio_rustls::TlsAcceptor::from(live.load_full());
                 crate::runtime::spawn(async move {
                     let _counted = counted;
                     let _connected = ctx.shard_metrics.client_connected();

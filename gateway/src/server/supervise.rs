@@ -20,7 +20,6 @@ use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use rustls::ServerConfig;
 use tracing::{error, info, warn};
 
 use crate::server::listener::bind_shard_socket;
@@ -31,7 +30,7 @@ use crate::server::shard::{spawn_shard, Driver, ShardListener, SharedState, Star
 pub struct ListenerSpec {
     pub name: String,
     pub address: SocketAddr,
-    pub tls: Option<Arc<ServerConfig>>,
+    pub tls: Option<crate::tls::reload::LiveServerConfig>,
 }
 
 const FIRST_PAUSE: Duration = Duration::from_secs(1);

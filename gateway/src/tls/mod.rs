@@ -7,14 +7,19 @@
 //! over (any `AsyncRead + AsyncWrite` stream; this module names no runtime type), so the
 //! same accepted stream can go to the HTTP/1.1 driver now and to the `h2` crate when ALPN says
 //! `h2` (issue 4): [`dispatch`] is that branch point. Never does HTTP itself. Called by `shard`
-//! for every connection accepted on a TLS listener.
+//! for every connection accepted on a TLS listener. The configuration itself is rebuilt when the
+//! certificate, key or client CA change (`reload`): each accept loads the current one.
+
+pub mod reload;
 
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetgate_config_watcher::{crypto_provider, parse_certs, parse_key, RouteTable};
+use fleetgate_config_watcher::{
+    crypto_provider, parse_certs, parse_key, ReloadStatus, RouteTable, ServingTls, SharedTable,
+};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tracing::debug;
@@ -39,6 +44,8 @@ pub enum TlsSetupError {
     Rustls(#[from] rustls::Error),
     #[error("client certificate verifier")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
+    #[error("starting the TLS reload thread")]
+    Thread(#[source] std::io::Error),
 }
 
 /// Whether clients may authenticate with a bearer token (token file, OIDC, or a PassThrough
@@ -51,15 +58,47 @@ pub fn accepts_bearer_tokens(table: &RouteTable) -> bool {
 /// The server configuration for TLS listeners: the Gateway's certificate, client certificates
 /// verified against its client CA (optional when bearer tokens are accepted: a request without
 /// any credential then gets a 401 Status instead of a failed handshake), ALPN `h2` and
-/// `http/1.1`. Built at start: a token file or OIDC added by a later reload does not make
-/// certificates optional until the gateway restarts.
+/// `http/1.1`. Rebuilt by [`watch_serving`] when any of these change.
 pub fn server_config(table: &RouteTable) -> Result<Arc<ServerConfig>, TlsSetupError> {
-    let tls = table
-        .gateway()
-        .tls
-        .as_ref()
-        .ok_or(TlsSetupError::NoServingTls)?;
-    let bearer = accepts_bearer_tokens(table);
+    let (tls, bearer) = serving_inputs(table);
+    build_server_config(tls.as_ref(), bearer)
+}
+
+/// What the serving configuration is built from: the Gateway's TLS material and whether bearer
+/// tokens are accepted.
+fn serving_inputs(table: &RouteTable) -> (Option<ServingTls>, bool) {
+    (table.gateway().tls.clone(), accepts_bearer_tokens(table))
+}
+
+/// Builds the serving configuration once now and starts the thread that rebuilds it whenever the
+/// published table's certificate, key, client CA (or whether bearer tokens are accepted) change.
+pub fn watch_serving(
+    table: &SharedTable,
+    status: Arc<ReloadStatus>,
+) -> Result<reload::LiveServerConfig, TlsSetupError> {
+    let first = serving_inputs(&table.load());
+    let live = Arc::new(arc_swap::ArcSwap::new(build_server_config(
+        first.0.as_ref(),
+        first.1,
+    )?));
+    let table = table.clone();
+    reload::watch(
+        fleetgate_config_watcher::material::SERVING_CERTIFICATE,
+        &live,
+        status,
+        first,
+        move || Ok(serving_inputs(&table.load())),
+        |(tls, bearer)| build_server_config(tls.as_ref(), *bearer).map_err(|e| format!("{e}")),
+    )
+    .map_err(TlsSetupError::Thread)?;
+    Ok(live)
+}
+
+fn build_server_config(
+    tls: Option<&ServingTls>,
+    bearer: bool,
+) -> Result<Arc<ServerConfig>, TlsSetupError> {
+    let tls = tls.ok_or(TlsSetupError::NoServingTls)?;
     let pem_error = |what| move |reason| TlsSetupError::Pem { what, reason };
     let certs = parse_certs(&tls.cert_pem).map_err(pem_error("serving certificate"))?;
     let key = parse_key(&tls.key_pem).map_err(pem_error("serving key"))?;

@@ -8,7 +8,8 @@
 //!   `--proxy-server-host/-port` pointed here.
 //!
 //! Either way the TLS handshake requires a client certificate chaining to the agent CA
-//! (`serve --agent-ca`), whose CN names the cluster and whose O includes
+//! (`serve --agent-ca`, read again when it changes: [`watch_agent_ca`]; each accept takes the
+//! configuration of that moment, and a handed-off agent carries it to its shard), whose CN names the cluster and whose O includes
 //! [`wire::AGENT_ORGANIZATION`]; a fleetgate agent's hello must name that same cluster, a
 //! `Tunnel` cluster of the current table. Anything else is refused and logged with the peer's
 //! address, never with key material. When a tunnel's connection ends for any reason it leaves
@@ -20,7 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use fleetgate_config_watcher::{crypto_provider, parse_certs, parse_key, ConnectMode, SharedTable};
+use fleetgate_config_watcher::{
+    crypto_provider, parse_certs, parse_key, ConnectMode, ReloadStatus, ServingTls, SharedTable,
+};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,8 +46,14 @@ pub fn server_config(
     table: &SharedTable,
     agent_ca_pem: &[u8],
 ) -> anyhow::Result<Arc<ServerConfig>> {
-    let table = table.load();
-    let tls = table.gateway().tls.as_ref().context(
+    server_config_from(table.load().gateway().tls.as_ref(), agent_ca_pem)
+}
+
+fn server_config_from(
+    tls: Option<&ServingTls>,
+    agent_ca_pem: &[u8],
+) -> anyhow::Result<Arc<ServerConfig>> {
+    let tls = tls.context(
         "the tunnel listener serves the Gateway's spec.tls certificate, and there is none",
     )?;
     let certs =
@@ -66,11 +75,48 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// Reads the agent CA at `path`, builds the listener's configuration, and starts the thread
+/// that rebuilds it when the file's content (or the serving certificate) changes; a file that does
+/// not build keeps the last good configuration and is reported (`agent_ca`).
+pub fn watch_agent_ca(
+    table: &SharedTable,
+    path: &std::path::Path,
+    status: Arc<ReloadStatus>,
+) -> anyhow::Result<crate::tls::reload::LiveServerConfig> {
+    let read = {
+        let (table, path) = (table.clone(), path.to_owned());
+        move || {
+            let ca = std::fs::read(&path)
+                .map_err(|e| format!("the agent CA {}: {e}", path.display()))?;
+            Ok((table.load().gateway().tls.clone(), ca))
+        }
+    };
+    let read_now = read.clone();
+    let first = read_now().map_err(anyhow::Error::msg)?;
+    let live = Arc::new(arc_swap::ArcSwap::new(server_config_from(
+        first.0.as_ref(),
+        &first.1,
+    )?));
+    let named = path.display().to_string();
+    crate::tls::reload::watch(
+        fleetgate_config_watcher::material::AGENT_CA,
+        &live,
+        status,
+        first,
+        read,
+        move |(tls, ca): &(Option<ServingTls>, Vec<u8>)| {
+            server_config_from(tls.as_ref(), ca).map_err(|e| format!("{named}: {e:#}"))
+        },
+    )
+    .context("starting the agent CA reloader")?;
+    Ok(live)
+}
+
 /// Binds `address` (refused when another process holds it), starts the tunnel thread and
 /// returns the bound address.
 pub fn start(
     address: &str,
-    config: Arc<ServerConfig>,
+    config: crate::tls::reload::LiveServerConfig,
     table: SharedTable,
 ) -> anyhow::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(address)
@@ -98,7 +144,7 @@ pub fn start(
 
 async fn accept_agents(
     listener: tokio::net::TcpListener,
-    config: Arc<ServerConfig>,
+    config: crate::tls::reload::LiveServerConfig,
     table: SharedTable,
 ) {
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
@@ -115,7 +161,8 @@ async fn accept_agents(
         let Ok(permit) = handshakes.clone().acquire_owned().await else {
             return;
         };
-        let config = config.clone();
+        // The agent CA of this moment (rotated by `watch_agent_ca`).
+        let config = config.load_full();
         let table = table.clone();
         tokio::spawn(async move {
             let _ = tcp.set_nodelay(true);
