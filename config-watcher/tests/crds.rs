@@ -7,7 +7,8 @@ use fleetgate_config_watcher::crd_manifests;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Deserialize;
 
-const REGENERATE: &str = "cargo run -p fleetgate-config-watcher --example crds > deploy/base/crds.yaml";
+const REGENERATE: &str =
+    "cargo run -p fleetgate-config-watcher --example crds > deploy/base/crds.yaml";
 
 fn committed() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/base/crds.yaml");
