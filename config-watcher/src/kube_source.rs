@@ -878,9 +878,11 @@ fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config
     for value in objects.of(Kind::AccessPolicy) {
         let mut obj: AccessPolicyObject = parse_object(Kind::AccessPolicy, value)?;
         obj.origin = origin(Kind::AccessPolicy, value);
-        // The status is the gateway's own output (the Ready condition), not configuration: kept,
-        // each condition written would be a new configuration, and a new condition after it.
+        // The status is the gateway's own output (the Ready condition), and the resourceVersion
+        // changes with every write of it: neither is configuration. Kept, each condition written
+        // would be a new configuration, and a new condition after it.
         obj.status = None;
+        obj.metadata.resource_version = None;
         policies.push(obj);
     }
     // Resolved against the clusters (selectors, kinds, one version per kind) when the table is

@@ -105,7 +105,10 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
     let gateway = format!(
         "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata: {{name: fleetgate}}\nspec:\n  listeners: [{{name: https, address: 127.0.0.1:0}}]\n  tls: {{certFile: {certs_dir}/gateway.crt, keyFile: {certs_dir}/gateway.key, clientCAFile: {certs_dir}/ca.crt}}\n  admin: {{address: 127.0.0.1:0}}\n"
     );
-    let gateway_file = fleet.path("deploy-gateway.yaml");
+    // A directory of its own: `serve` watches the file's directory, and the gateway's log is
+    // written beside the fleet's files.
+    std::fs::create_dir(fleet.path("gateway")).unwrap();
+    let gateway_file = fleet.path("gateway/gateway.yaml");
     std::fs::write(&gateway_file, gateway).unwrap();
     let kubeconfig = fleet.fleet_path("kubeconfig");
     fleet.serve_config(
@@ -265,13 +268,21 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
         ) && message.contains("unknown verb \"gett\""),
         "{message}"
     );
+    // Writing the conditions settles: a written status is not a new configuration (it was a
+    // publish loop while the policies' resourceVersion was part of it).
+    let published = fleet.log().matches("routing table published").count();
+    assert!(
+        published < 10,
+        "{published} tables published\n{}",
+        fleet.log_tail(10)
+    );
 }
 
 /// Polls the object's `Ready` condition (in the management cluster) until it is `status`.
 fn wait_for_ready(fleet: &Fleet, resource: &str, name: &str, status: &str) {
     support::wait::wait_for_or(
         &format!("{resource} {name}: Ready {status}"),
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || {
             management(
                 fleet,
