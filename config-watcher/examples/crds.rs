@@ -1,5 +1,5 @@
 //! Prints fleetgate's CustomResourceDefinitions, generated from the Rust types:
-//! `cargo run -p fleetgate-config-watcher --example crds > deploy/crds.yaml`.
+//! `cargo run -p fleetgate-config-watcher --example crds > deploy/base/crds.yaml`.
 
 fn main() {
     print!("{}", fleetgate_config_watcher::crd_manifests());

@@ -1,8 +1,8 @@
 //! The CustomResourceDefinitions of fleetgate's objects, generated from the same Rust types the
 //! loader parses (kube's `CustomResource` derive on `ClusterSpec` and `GatewaySpec`, JSON Schema
-//! by schemars), so the manifests in `deploy/crds.yaml` cannot drift from what fleetgate accepts.
+//! by schemars), so the manifests in `deploy/base/crds.yaml` cannot drift from what fleetgate accepts.
 //! A test compares the committed file with [`crd_manifests`]; regenerate it with
-//! `cargo run -p fleetgate-config-watcher --example crds > deploy/crds.yaml`.
+//! `cargo run -p fleetgate-config-watcher --example crds > deploy/base/crds.yaml`.
 //!
 //! Only builds values; never talks to a cluster.
 

@@ -18,12 +18,14 @@
 //! the file source reads them (`fleet::FleetSource`) and resolved against the clusters when the
 //! table is built, so a bad one is rejected like a bad Cluster. Their kinds are optional: a
 //! management cluster that does not serve them (no CRD: karmada-search is an optional Karmada
-//! component, and a gateway may be upgraded before `deploy/crds.yaml` is applied) simply has none,
+//! component, and a gateway may be upgraded before `deploy/base/crds.yaml` is applied) simply has none,
 //! and readiness does not fail for it. Every other kind that is not served fails `/readyz`.
 //!
-//! Each fleetgate Cluster and FleetResource object gets a `Ready` condition in its status: `True`
-//! when the serving table holds it as written, `False` with the validation message (or the other
-//! object that made the change fail). Karmada's objects are never written to.
+//! Each fleetgate Cluster, AccessPolicy and FleetResource object gets a `Ready` condition in its
+//! status: `True` when the serving table holds it as written, `False` with the validation message
+//! (or the other object that made the change fail). Karmada's objects are never written to.
+//! A Cluster's `spec.credentials.secretRef` without a namespace names a Secret in the namespace
+//! the source reads Secrets in (`--secrets-namespace`).
 //!
 //! Objects read from the API may not name local files (`caFile`, `tokenFile`, ...): a management
 //! cluster's user must not make the gateway read its own files and send them to a server of their
@@ -235,7 +237,7 @@ fn watched_kinds(options: &KubeSourceOptions) -> Vec<Kind> {
 
 /// What the API source asks of the management cluster with `options`, as RBAC rules name it:
 /// (API group, resource, verbs). `secrets` are read in `options.secrets_namespace` only, when
-/// set. `deploy/rbac.yaml` grants these (a test compares them).
+/// set. `deploy/base/rbac.yaml` grants these (a test compares them).
 pub fn api_source_permissions(
     options: &KubeSourceOptions,
 ) -> Vec<(String, String, &'static [&'static str])> {
@@ -493,26 +495,34 @@ async fn follow(
         }
         let config = build_config(&objects, &options);
         publisher.publish(crate::reload::API_SOURCE, config);
-        write_conditions(&client, &objects, &publisher).await;
+        write_conditions(
+            &client,
+            &objects,
+            &publisher,
+            options.secrets_namespace.as_deref(),
+        )
+        .await;
     }
 }
 
-/// The fleetgate kinds whose objects get a `Ready` condition (Gateways and AccessPolicies do
-/// not yet; Karmada's objects never do).
-const CONDITION_KINDS: [Kind; 2] = [Kind::Cluster, Kind::FleetResource];
+/// The fleetgate kinds whose objects get a `Ready` condition (Gateways do not: there is one, and
+/// `/readyz` says whether it is served; Karmada's objects never do).
+const CONDITION_KINDS: [Kind; 3] = [Kind::Cluster, Kind::AccessPolicy, Kind::FleetResource];
 
-/// Whether `value`, a fleetgate Cluster or FleetResource, is valid on its own (against the
-/// serving table's Gateway and clusters), and if so whether the serving table holds it as written.
+/// Whether `value`, a fleetgate Cluster, AccessPolicy or FleetResource, is valid on its own
+/// (against the serving table's Gateway and clusters), and if so whether the serving table holds
+/// it as written.
 fn check_alone(
     kind: Kind,
     value: &serde_json::Value,
     table: &crate::table::RouteTable,
     secrets: &BTreeMap<(String, String), SecretData>,
+    secrets_namespace: Option<&str>,
 ) -> Result<bool, ConfigError> {
     let serving = table.config();
     match kind {
         Kind::Cluster => {
-            let cluster = fleetgate_cluster(value, &|namespace, name| {
+            let cluster = fleetgate_cluster(value, secrets_namespace, &|namespace, name| {
                 secrets
                     .get(&(namespace.to_owned(), name.to_owned()))
                     .cloned()
@@ -538,6 +548,22 @@ fn check_alone(
             )?;
             Ok(serving.fleet.contains(&source))
         }
+        Kind::AccessPolicy => {
+            let mut policy: AccessPolicyObject = parse_object(Kind::AccessPolicy, value)?;
+            policy.origin = origin(Kind::AccessPolicy, value);
+            // Compiled against the serving clusters (a selector is checked against their labels).
+            let alone = Config {
+                gateway: table.gateway().clone(),
+                clusters: serving.clusters.clone(),
+                policies: vec![policy.clone()],
+                fleet: Vec::new(),
+            };
+            crate::table::RouteTable::build(&alone)?;
+            Ok(serving
+                .policies
+                .iter()
+                .any(|p| p.metadata.name == policy.metadata.name && p.spec == policy.spec))
+        }
         // Not in CONDITION_KINDS: never asked.
         _ => Ok(false),
     }
@@ -550,9 +576,10 @@ fn desired_condition(
     value: &serde_json::Value,
     publisher: &TablePublisher,
     secrets: &BTreeMap<(String, String), SecretData>,
+    secrets_namespace: Option<&str>,
 ) -> (&'static str, &'static str, String) {
     let table = publisher.table().load();
-    match check_alone(kind, value, &table, secrets) {
+    match check_alone(kind, value, &table, secrets, secrets_namespace) {
         Err(err) => ("False", "Invalid", err.to_string()),
         Ok(true) => (
             "True",
@@ -573,17 +600,23 @@ fn desired_condition(
     }
 }
 
-/// Writes the `Ready` condition of every fleetgate Cluster and FleetResource object whose
-/// condition changed. Karmada's objects are left alone: their status belongs to Karmada's
+/// Writes the `Ready` condition of every fleetgate Cluster, AccessPolicy and FleetResource object
+/// whose condition changed. Karmada's objects are left alone: their status belongs to Karmada's
 /// controllers. An unchanged condition is never rewritten, so the status write (itself a watch
 /// event) settles.
-async fn write_conditions(client: &kube::Client, objects: &Objects, publisher: &TablePublisher) {
+async fn write_conditions(
+    client: &kube::Client,
+    objects: &Objects,
+    publisher: &TablePublisher,
+    secrets_namespace: Option<&str>,
+) {
     // A Secret that does not parse fails the table build already (and shows there).
     let secrets = secrets_of(objects).unwrap_or_default();
     for kind in CONDITION_KINDS {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.resource());
         for value in objects.of(kind) {
-            let (status, reason, message) = desired_condition(kind, value, publisher, &secrets);
+            let (status, reason, message) =
+                desired_condition(kind, value, publisher, &secrets, secrets_namespace);
             let current = value["status"]["conditions"]
                 .as_array()
                 .and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
@@ -745,10 +778,20 @@ fn secrets_of(objects: &Objects) -> Result<BTreeMap<(String, String), SecretData
 /// A fleetgate Cluster object, resolved (its Secret found through `find_secret`).
 fn fleetgate_cluster(
     value: &serde_json::Value,
+    secrets_namespace: Option<&str>,
     find_secret: &FindSecret<'_>,
 ) -> Result<crate::settings::ClusterConfig, ConfigError> {
     no_file_references(Kind::Cluster, "Cluster", value)?;
-    let obj: ClusterObject = parse_object(Kind::Cluster, value)?;
+    let mut obj: ClusterObject = parse_object(Kind::Cluster, value)?;
+    // A `secretRef` without a namespace names a Secret where the source reads Secrets (the files'
+    // default, `default`, is a namespace this source may not even watch).
+    if let (Some(reference), Some(namespace)) =
+        (obj.spec.credentials.secret_ref.as_mut(), secrets_namespace)
+    {
+        if reference.namespace.as_deref().is_none_or(str::is_empty) {
+            reference.namespace = Some(namespace.to_owned());
+        }
+    }
     debug_assert_eq!(obj.api_version, API_VERSION);
     // File references are refused above, so the base directory is never read.
     resolve_cluster(
@@ -813,7 +856,11 @@ fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config
     };
     let mut clusters = Vec::new();
     for value in objects.of(Kind::Cluster) {
-        clusters.push(fleetgate_cluster(value, &find_secret)?);
+        clusters.push(fleetgate_cluster(
+            value,
+            options.secrets_namespace.as_deref(),
+            &find_secret,
+        )?);
     }
     for value in objects.of(Kind::KarmadaCluster) {
         let obj: KarmadaClusterObject = parse_object(Kind::KarmadaCluster, value)?;
@@ -829,7 +876,13 @@ fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config
     check_unique_names(&clusters)?;
     let mut policies = Vec::new();
     for value in objects.of(Kind::AccessPolicy) {
-        let obj: AccessPolicyObject = parse_object(Kind::AccessPolicy, value)?;
+        let mut obj: AccessPolicyObject = parse_object(Kind::AccessPolicy, value)?;
+        obj.origin = origin(Kind::AccessPolicy, value);
+        // The status is the gateway's own output (the Ready condition), and the resourceVersion
+        // changes with every write of it: neither is configuration. Kept, each condition written
+        // would be a new configuration, and a new condition after it.
+        obj.status = None;
+        obj.metadata.resource_version = None;
         policies.push(obj);
     }
     // Resolved against the clusters (selectors, kinds, one version per kind) when the table is

@@ -92,8 +92,9 @@ pub fn load_texts(path: &Path, files: &[(PathBuf, String)]) -> Result<Config, Co
                     fleetgate_clusters.push((obj, base.to_path_buf(), origin));
                 }
                 (API_VERSION, "AccessPolicy") => {
-                    let obj: AccessPolicyObject = serde_yaml::from_value(value)
+                    let mut obj: AccessPolicyObject = serde_yaml::from_value(value)
                         .map_err(|e| parse_err(format!("AccessPolicy: {e}")))?;
+                    obj.origin = origin;
                     policies.push(obj);
                 }
                 (API_VERSION, "FleetResource") => {

@@ -484,6 +484,10 @@ pub struct AccessPolicyObject {
     pub spec: AccessPolicySpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<serde_json::Value>,
+    /// Where it was read (the file, or `api:accesspolicies.fleetgate.io/NAME`), so that an error
+    /// compiling it names the place to fix; not part of the object.
+    #[serde(skip)]
+    pub origin: String,
 }
 
 /// Who (users, groups) may reach which clusters (names, label selector) with which verbs,

@@ -234,6 +234,8 @@ pub struct CompiledPolicy {
 #[error("AccessPolicy {policy}: {field}: {message}")]
 pub struct PolicyError {
     pub policy: String,
+    /// Where the policy was read (its file, or `api:...`), empty when unknown.
+    pub origin: String,
     pub field: &'static str,
     pub message: String,
 }
@@ -255,6 +257,7 @@ impl CompiledPolicy {
             let name = policy.metadata.name.as_str();
             let err = |field: &'static str, message: String| PolicyError {
                 policy: name.to_owned(),
+                origin: policy.origin.clone(),
                 field,
                 message,
             };

@@ -224,7 +224,12 @@ impl RouteTable {
         }
         let access =
             crate::policy::AccessControl::build(config).map_err(|e| ConfigError::Invalid {
-                origin: "AccessPolicy".into(),
+                // The file (or API object) that holds it, as every other object's error names it.
+                origin: if e.origin.is_empty() {
+                    "AccessPolicy".into()
+                } else {
+                    e.origin.clone()
+                },
                 kind: "AccessPolicy",
                 name: e.policy.clone(),
                 field: e.field,

@@ -1,16 +1,17 @@
-//! `deploy/crds.yaml` is generated from the Rust types; this fails when it is out of date, and
+//! `deploy/base/crds.yaml` is generated from the Rust types; this fails when it is out of date, and
 //! checks that the manifests are CustomResourceDefinitions the API server would take for the
 //! objects fleetgate reads (same group, kinds, cluster scope, a status subresource). And
-//! `deploy/rbac.yaml` grants what the Kubernetes API source asks of the management cluster.
+//! `deploy/base/rbac.yaml` grants what the Kubernetes API source asks of the management cluster.
 
 use fleetgate_config_watcher::crd_manifests;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Deserialize;
 
-const REGENERATE: &str = "cargo run -p fleetgate-config-watcher --example crds > deploy/crds.yaml";
+const REGENERATE: &str =
+    "cargo run -p fleetgate-config-watcher --example crds > deploy/base/crds.yaml";
 
 fn committed() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds.yaml");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/base/crds.yaml");
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}; run `{REGENERATE}`"))
 }
 
@@ -27,7 +28,7 @@ fn deploy_crds_yaml_is_up_to_date() {
                 format!("line {}", i + 1)
             });
         panic!(
-            "deploy/crds.yaml is out of date (first difference at {first_difference}); run `{REGENERATE}`"
+            "deploy/base/crds.yaml is out of date (first difference at {first_difference}); run `{REGENERATE}`"
         );
     }
 }
@@ -86,10 +87,10 @@ fn a_cluster_object_as_documented_is_an_instance_of_the_crd_type() {
     );
 }
 
-/// The rules of every ClusterRole (namespace `None`) and Role in `deploy/rbac.yaml`.
+/// The rules of every ClusterRole (namespace `None`) and Role in `deploy/base/rbac.yaml`.
 fn rbac_rules() -> Vec<(Option<String>, k8s_openapi::api::rbac::v1::PolicyRule)> {
     use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/base/rbac.yaml");
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let mut rules = Vec::new();
     for document in serde_yaml::Deserializer::from_str(&text) {
@@ -122,15 +123,15 @@ fn deploy_rbac_yaml_grants_what_the_api_source_asks_for() {
     let options = KubeSourceOptions {
         fleetgate: true,
         karmada: true,
-        // `serve --secrets-namespace`'s default.
-        secrets_namespace: Some("karmada-cluster".into()),
+        // What deploy/base/gateway.yaml passes as `serve --secrets-namespace`.
+        secrets_namespace: Some("fleetgate".into()),
         fallback_gateway: None,
     };
     let rules = rbac_rules();
     let asked = api_source_permissions(&options);
     for (group, resource, verbs) in &asked {
         // Secrets are granted in their namespace only, never cluster-wide.
-        let namespace = (resource == "secrets").then(|| "karmada-cluster".to_owned());
+        let namespace = (resource == "secrets").then(|| "fleetgate".to_owned());
         let granted = |verb: &str| {
             rules.iter().any(|(ns, rule)| {
                 *ns == namespace
@@ -142,7 +143,7 @@ fn deploy_rbac_yaml_grants_what_the_api_source_asks_for() {
         for verb in *verbs {
             assert!(
                 granted(verb),
-                "deploy/rbac.yaml does not grant {verb} on {resource} of group {group:?} ({namespace:?})"
+                "deploy/base/rbac.yaml does not grant {verb} on {resource} of group {group:?} ({namespace:?})"
             );
         }
     }

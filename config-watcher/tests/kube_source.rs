@@ -506,13 +506,13 @@ impl Management {
     }
 }
 
-/// The FleetResource CRD as `deploy/crds.yaml` installs it.
+/// The FleetResource CRD as `deploy/base/crds.yaml` installs it.
 fn fleet_resource_crd() -> serde_json::Value {
     let manifests = crd_manifests();
     let crd = serde_yaml::Deserializer::from_str(&manifests)
         .map(|doc| serde_json::Value::deserialize(doc).unwrap())
         .find(|crd| crd["metadata"]["name"] == "fleetresources.fleetgate.io")
-        .expect("deploy/crds.yaml defines FleetResource");
+        .expect("deploy/base/crds.yaml defines FleetResource");
     crd
 }
 

@@ -89,6 +89,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         generation = table.generation(),
         "routing table built"
     );
+    warn_without_auth(&table);
     let table: SharedTable = Arc::new(ArcSwap::from_pointee(table));
     let reload = ReloadStatus::new();
     let running = start_with_reload(
@@ -155,6 +156,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         audit.flush(std::time::Duration::from_secs(2));
     }
     drained
+}
+
+/// Says once, at start, what a Gateway without `spec.auth` means: no bearer token is accepted
+/// (no token file, no OIDC issuer, no PassThrough cluster), so the TLS handshake requires a client
+/// certificate, and a reload that adds `spec.auth` later does not change that until a restart.
+fn warn_without_auth(table: &RouteTable) {
+    if !crate::tls::accepts_bearer_tokens(table) {
+        tracing::warn!(
+            "the Gateway has no spec.auth (no tokenFile, no oidc): only client certificates signed \
+             by spec.tls.clientCA authenticate, and every anonymous request will be refused"
+        );
+    }
 }
 
 /// The tunnel listener, when `--tunnel-listen` asks for one: its bound address.

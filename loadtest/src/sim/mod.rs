@@ -21,6 +21,7 @@ pub mod patch;
 pub mod pki;
 pub mod protobuf;
 pub mod resources;
+pub mod schema;
 pub mod selectors;
 pub mod server;
 pub mod services;

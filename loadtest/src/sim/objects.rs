@@ -19,6 +19,7 @@ use crate::sim::body::SimBody;
 use crate::sim::member::Member;
 use crate::sim::patch::{self, PatchError, PatchType};
 use crate::sim::resources::{self, ResourceInfo};
+use crate::sim::schema;
 use crate::sim::selectors::{FieldSelector, LabelSelector};
 use crate::sim::status::{bytes_response, json_response, success_status, ApiError, ResponseCtx};
 use crate::sim::store::Mutation;
@@ -937,6 +938,9 @@ fn insert_new(
         }
     }
     validate(res, &object)?;
+    if let Some(schema) = schema::lookup(&member.store, res) {
+        schema::check(res, &schema, field_validation(info), &mut object)?;
+    }
     namespace_check(member, res, ns)?;
     let meta = &mut object["metadata"];
     meta["uid"] = json!(uuid::Uuid::new_v4().to_string());
@@ -978,6 +982,11 @@ fn insert_new(
         record_pod_start_events(member, &stored);
     }
     Ok(respond_object(info, res, StatusCode::CREATED, &stored))
+}
+
+/// How unknown fields of a custom resource are treated (`?fieldValidation=`).
+fn field_validation(info: &RequestInfo<'_>) -> schema::FieldValidation {
+    schema::FieldValidation::from_query(info.query.get("fieldValidation"))
 }
 
 /// POST to a collection.
@@ -1057,6 +1066,7 @@ pub fn update(
     let wanted_uid = object["metadata"]["uid"].as_str().map(str::to_string);
     let dry_run = info.query.get("dryRun") == Some("All");
     let mut dry_result = None;
+    let schema = schema::lookup(&info.member.store, res);
     let result = info.member.store.mutate(res.store_key(), ns.unwrap_or(""), name, |current| {
         let Some(current) = current else {
             if wanted_uid.is_some() {
@@ -1078,6 +1088,9 @@ pub fn update(
         let mut next = object;
         carry_over(res, current, &mut next, sub == Some("status"));
         validate(res, &next)?;
+        if let Some(schema) = &schema {
+            schema::check(res, schema, field_validation(info), &mut next)?;
+        }
         if dry_run {
             dry_result = Some(next);
             return Ok(Mutation::Nothing);
@@ -1117,6 +1130,7 @@ pub fn patch(
     let dry_run = info.query.get("dryRun") == Some("All");
     let mut create_instead: Option<Value> = None;
     let mut dry_result = None;
+    let schema = schema::lookup(&info.member.store, res);
     let result = info
         .member
         .store
@@ -1154,6 +1168,9 @@ pub fn patch(
                 next["status"] = patched["status"].clone();
             }
             validate(res, &next)?;
+            if let Some(schema) = &schema {
+                schema::check(res, schema, field_validation(info), &mut next)?;
+            }
             if dry_run {
                 dry_result = Some(next);
                 return Ok(Mutation::Nothing);

@@ -1,0 +1,304 @@
+//! docs/deploy.md, as written, on a simulated management cluster: the simulated fleet's member1
+//! is the management cluster and member2 the member. The example overlay is applied there with
+//! `kubectl apply -k`, the member's credentials go in a Secret, a Cluster and the example's
+//! AccessPolicies are applied, and the gateway runs as the Deployment runs it (its ConfigMap's
+//! Gateway with the certificates on disk, `--management-kubeconfig`, `--secrets-namespace
+//! fleetgate`; the simulated members run no pods). A user with a certificate from the client CA
+//! and a kubeconfig built with `kubectl config` then runs `kubectl get ns` through the gateway.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use support::fleet::{fleetgate_binary, Fleet};
+
+fn deploy_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy")
+        .join(rel)
+}
+
+/// kubectl on the management cluster (member1, directly, as the fleet's admin).
+fn management(fleet: &Fleet, args: &[&str]) -> String {
+    let kubeconfig = fleet.fleet_path("kubeconfig");
+    let out = support::kubectl::kubectl(&kubeconfig, "member1", args);
+    succeeded(out, &format!("{args:?}"))
+}
+
+fn succeeded(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed:\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn run(program: &Path, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().unwrap();
+    succeeded(out, &format!("{} {args:?}", program.display()))
+}
+
+/// `sed -n 's/^ *KEY: //p'` of the fleet's Cluster file of member2, as the walk-through does.
+fn member2_field(fleet: &Fleet, key: &str) -> String {
+    let text = std::fs::read_to_string(fleet.fleet_path("clusters/member2.yaml")).unwrap();
+    text.lines()
+        .find_map(|l| l.trim_start().strip_prefix(&format!("{key}: ")))
+        .unwrap_or_else(|| panic!("no {key} in member2.yaml"))
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
+    let mut fleet = Fleet::sim(2, 0);
+    let certs = fleet.path("certs");
+    let certs_dir = certs.to_str().unwrap();
+    run(&fleetgate_binary(), &["certs", "init", "--dir", certs_dir]);
+
+    // Step 3: the example overlay, as is.
+    let overlay = deploy_path("overlays/example");
+    let out = management(&fleet, &["apply", "-k", overlay.to_str().unwrap()]);
+    assert!(out.contains("deployment.apps/fleetgate created"), "{out}");
+    management(
+        &fleet,
+        &[
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout=10s",
+            "crd/clusters.fleetgate.io",
+            "crd/accesspolicies.fleetgate.io",
+        ],
+    );
+
+    // Step 4: the member's credentials in a Secret, a Cluster naming it, the policies.
+    let token = member2_field(&fleet, "token");
+    let ca = fleet.fleet_path("pki/fleet-ca.crt");
+    management(
+        &fleet,
+        &[
+            "-n",
+            "fleetgate",
+            "create",
+            "secret",
+            "generic",
+            "member2-credentials",
+            &format!("--from-literal=token={token}"),
+            &format!("--from-file=ca.crt={}", ca.display()),
+        ],
+    );
+    let cluster = format!(
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {{name: member2}}\nspec:\n  server: {}\n  credentials: {{secretRef: {{name: member2-credentials, namespace: fleetgate}}}}\n",
+        member2_field(&fleet, "server")
+    );
+    let cluster_file = fleet.path("member2-cluster.yaml");
+    std::fs::write(&cluster_file, cluster).unwrap();
+    management(&fleet, &["apply", "-f", cluster_file.to_str().unwrap()]);
+    let policy = deploy_path("overlays/example/fleet/policy.yaml");
+    management(&fleet, &["apply", "-f", policy.to_str().unwrap()]);
+
+    // The gateway as the pod runs it: the ConfigMap's Gateway with local files and free ports.
+    let gateway = format!(
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata: {{name: fleetgate}}\nspec:\n  listeners: [{{name: https, address: 127.0.0.1:0}}]\n  tls: {{certFile: {certs_dir}/gateway.crt, keyFile: {certs_dir}/gateway.key, clientCAFile: {certs_dir}/ca.crt}}\n  admin: {{address: 127.0.0.1:0}}\n"
+    );
+    // A directory of its own: `serve` watches the file's directory, and the gateway's log is
+    // written beside the fleet's files.
+    std::fs::create_dir(fleet.path("gateway")).unwrap();
+    let gateway_file = fleet.path("gateway/gateway.yaml");
+    std::fs::write(&gateway_file, gateway).unwrap();
+    let kubeconfig = fleet.fleet_path("kubeconfig");
+    fleet.serve_config(
+        &gateway_file,
+        &[
+            "--workers",
+            "1",
+            "--management-kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--management-context",
+            "member1",
+            "--secrets-namespace",
+            "fleetgate",
+        ],
+        Some("info"),
+    );
+
+    // No spec.auth in the Deployment's Gateway: said once at start.
+    assert!(
+        fleet
+            .log()
+            .contains("no spec.auth (no tokenFile, no oidc): only client certificates signed by spec.tls.clientCA authenticate, and every anonymous request will be refused"),
+        "{}",
+        fleet.log_tail(20)
+    );
+
+    // Step 5: a user of group platform, a kubeconfig built with kubectl config.
+    let alice_dir = fleet.path("alice");
+    run(
+        &fleetgate_binary(),
+        &[
+            "certs",
+            "issue",
+            "--dir",
+            certs_dir,
+            "--user",
+            "alice",
+            "--group",
+            "platform",
+            // The simulated member's own RBAC lets group ops read (docs/simulated-fleet.md).
+            "--group",
+            "ops",
+            "--ttl",
+            "1h",
+            "--out-dir",
+            alice_dir.to_str().unwrap(),
+        ],
+    );
+    let alice = fleet.path("alice.kubeconfig");
+    let alice_config = |args: &[&str]| {
+        let mut all = vec!["config", "--kubeconfig", alice.to_str().unwrap()];
+        all.extend_from_slice(args);
+        run(Path::new("kubectl"), &all);
+    };
+    let server = format!("--server=https://{}/clusters/member2", fleet.https());
+    let serving_ca = format!("--certificate-authority={certs_dir}/serving-ca.crt");
+    alice_config(&[
+        "set-cluster",
+        "member2",
+        &server,
+        &serving_ca,
+        "--embed-certs",
+    ]);
+    let cert = format!("--client-certificate={}/alice.crt", alice_dir.display());
+    let key = format!("--client-key={}/alice.key", alice_dir.display());
+    alice_config(&["set-credentials", "alice", &cert, &key, "--embed-certs"]);
+    alice_config(&[
+        "set-context",
+        "member2",
+        "--cluster=member2",
+        "--user=alice",
+    ]);
+    alice_config(&["use-context", "member2"]);
+
+    let namespaces = succeeded(
+        support::kubectl::kubectl(&alice, "member2", &["get", "ns", "-o", "name"]),
+        &format!("kubectl get ns through the gateway\n{}", fleet.log_tail(20)),
+    );
+    assert!(
+        namespaces.contains("namespace/default") && namespaces.contains("namespace/kube-system"),
+        "{namespaces}"
+    );
+    let whoami = succeeded(
+        support::kubectl::kubectl(
+            &alice,
+            "member2",
+            &[
+                "auth",
+                "whoami",
+                "-o",
+                "jsonpath={.status.userInfo.username}",
+            ],
+        ),
+        "kubectl auth whoami",
+    );
+    assert_eq!(whoami, "alice");
+
+    // The Cluster object says it is served.
+    wait_for_ready(&fleet, "clusters.fleetgate.io", "member2", "True");
+    wait_for_ready(&fleet, "accesspolicies", "platform-admins", "True");
+
+    // A secretRef without a namespace names a Secret where the gateway reads them (fleetgate).
+    let token1 = std::fs::read_to_string(fleet.fleet_path("clusters/member1.yaml"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("token: ").map(str::to_owned))
+        .unwrap();
+    management(
+        &fleet,
+        &[
+            "-n",
+            "fleetgate",
+            "create",
+            "secret",
+            "generic",
+            "member1-credentials",
+            &format!("--from-literal=token={}", token1.trim()),
+            &format!("--from-file=ca.crt={}", ca.display()),
+        ],
+    );
+    let server1 = std::fs::read_to_string(fleet.fleet_path("clusters/member1.yaml"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("server: ").map(str::to_owned))
+        .unwrap();
+    let member1 = fleet.path("member1-cluster.yaml");
+    std::fs::write(
+        &member1,
+        format!("apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {{name: member1}}\nspec:\n  server: {server1}\n  credentials: {{secretRef: {{name: member1-credentials}}}}\n"),
+    )
+    .unwrap();
+    management(&fleet, &["apply", "-f", member1.to_str().unwrap()]);
+    wait_for_ready(&fleet, "clusters.fleetgate.io", "member1", "True");
+
+    // A policy that does not compile says why in its own status.
+    let bad = fleet.path("bad-policy.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: fleetgate.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: typo}\nspec:\n  subjects: [{kind: User, name: bob}]\n  clusters: {names: [member2]}\n  rules: [{verbs: [gett]}]\n",
+    )
+    .unwrap();
+    management(&fleet, &["apply", "-f", bad.to_str().unwrap()]);
+    wait_for_ready(&fleet, "accesspolicies", "typo", "False");
+    let message = management(
+        &fleet,
+        &[
+            "get",
+            "accesspolicies",
+            "typo",
+            "-o",
+            "jsonpath={.status.conditions[0].reason}: {.status.conditions[0].message}",
+        ],
+    );
+    assert!(
+        message.starts_with(
+            "Invalid: api:accesspolicies.fleetgate.io/typo: AccessPolicy typo: spec.rules"
+        ) && message.contains("unknown verb \"gett\""),
+        "{message}"
+    );
+    // Writing the conditions settles: a written status is not a new configuration (it was a
+    // publish loop while the policies' resourceVersion was part of it).
+    let published = fleet.log().matches("routing table published").count();
+    assert!(
+        published < 10,
+        "{published} tables published\n{}",
+        fleet.log_tail(10)
+    );
+}
+
+/// Polls the object's `Ready` condition (in the management cluster) until it is `status`.
+fn wait_for_ready(fleet: &Fleet, resource: &str, name: &str, status: &str) {
+    support::wait::wait_for_or(
+        &format!("{resource} {name}: Ready {status}"),
+        Duration::from_secs(30),
+        || {
+            management(
+                fleet,
+                &[
+                    "get",
+                    resource,
+                    name,
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+                ],
+            ) == status
+        },
+        || {
+            let conditions =
+                management(fleet, &["get", resource, name, "-o", "jsonpath={.status}"]);
+            format!("{conditions}\n{}", fleet.log_tail(20))
+        },
+    );
+}
