@@ -317,6 +317,21 @@ fn the_demos_twenty_kubectl_watches_cost_each_member_one_watch() {
         assert_eq!(held, 1, "{member}: one worker, one watch");
     }
     drop(watchers);
+    // SIGTERM, so the demo stops its gateway and fleet (a SIGKILL by KillOnDrop would orphan
+    // them).
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) on our own child's pid with a valid signal touches no memory.
+    unsafe {
+        libc::kill(demo.0.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while demo.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "demo did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let dir_text = dir.path().to_str().unwrap().to_owned();
+    let left = processes_naming(&dir_text);
+    assert!(left.is_empty(), "left running: {left:#?}");
 }
 
 /// The processes whose command line names `needle` (the demo's children all name its --dir).
