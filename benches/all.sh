@@ -10,6 +10,7 @@
 #   DURATION=10s WATCHES=8000 EVENT_WATCHES=500 CHURN=20 LATENCY_PAIRS=2 EXEC_STREAMS=4 benches/all.sh
 #   FLEET_MEMBERS=100 FLEET_PODS=1000 FLEET_SCALES="1 10" FLEET_LIMIT=500 benches/all.sh fleet-list
 #   TUNNEL_ROUNDS=3 TUNNEL_WATCHES=4000 TUNNEL_AGENT_CORE=0 TUNNEL_MEMBERS="plain tls" benches/all.sh tunnel
+#   WATCHES=8000 FANOUT_CHURN=20 FANOUT_REOPEN=10 FANOUT_SHARDS="1 2" benches/all.sh watch-fanout
 #   SKIP_BUILD=1 (use the release binaries as they are)  BENCH_MD=FILE (write the tables there)
 #
 # Upstreams (core 0): a static nginx (a ~1 KiB ConfigMap JSON, and a ~90 MB LIST at /big) for the
@@ -22,6 +23,9 @@
 # cluster and as a Tunnel cluster whose `fleetgate agent` (TUNNEL_AGENT_CORE, default 0: beside
 # the upstreams, as an agent runs beside its member) dials the gateway's tunnel listener; it needs
 # the static nginx and the simulated member but no peer, so run alone it starts no peer.
+# watch-fanout (issue 15 item 7) starts its own simulated fleet (2 members, TLS, core 0) and, one
+# after the other and each fresh, HAProxy and fleetgate with and without spec.sharedWatches
+# (core 1) in front of it; run alone, it starts nothing else.
 # Targets: `direct` (the upstream itself), `floor` (small-get only: the byte pump is valid for
 # small GETs only), `haproxy`, `nginx`, `goproxy` (../shared/peers/start.sh; `-tls` ones serve
 # TLS + h2 with the sim's gateway certificate), and `fleetgate` (`serve --workers 1`).
@@ -51,14 +55,14 @@ tunnel_rounds=${TUNNEL_ROUNDS:-1}
 tunnel_watches=${TUNNEL_WATCHES:-4000}
 tunnel_agent_core=${TUNNEL_AGENT_CORE:-0}
 tunnel_members=${TUNNEL_MEMBERS:-plain tls}
-all=(small-get small-get-h2 big-list watch-idle watch-idle-tls watch-events watch-latency exec-stream portforward-stream reload-storm auth-overhead registry fleet-list tunnel)
+all=(small-get small-get-h2 big-list watch-idle watch-idle-tls watch-events watch-latency exec-stream portforward-stream reload-storm auth-overhead registry fleet-list tunnel watch-fanout)
 scenarios=("$@"); [ ${#scenarios[@]} -gt 0 ] || scenarios=("${all[@]}")
 # The shared upstreams serve every scenario but fleet-list (its own fleet); the peers and their
 # gateways every one but fleet-list and tunnel (its own gateway and agents).
 shared=0 peered=0
 for s in "${scenarios[@]}"; do
-  [ "$s" = fleet-list ] || shared=1
-  case $s in fleet-list | tunnel) ;; *) peered=1 ;; esac
+  case $s in fleet-list | watch-fanout) ;; *) shared=1 ;; esac
+  case $s in fleet-list | tunnel | watch-fanout) ;; *) peered=1 ;; esac
 done
 mkdir -p "$out" "$charts"
 # A full run starts from an empty results directory, so the report holds this run only; a run of
@@ -638,6 +642,128 @@ PY
       kill "$fgw" "$fsim" 2>/dev/null || true
       wait "$fgw" "$fsim" 2>/dev/null || true
     done
+    ;;
+  watch-fanout)
+    # Issue 15 item 7: WATCHES client watches (8000) spread over 10 resources on 2 members, with
+    # churn (FANOUT_CHURN writes/s on the members, FANOUT_REOPEN client watches closed and opened
+    # again a second), through: the members direct (the floor of the latency), HAProxy (the
+    # baseline: one member watch per client watch), and fleetgate without and with
+    # spec.sharedWatches for the 10 resources, at each shard count of FANOUT_SHARDS (default
+    # "1 2": one worker, and two, this machine's default of one per core; all on core 1, so two
+    # shards share it). TLS on both legs for every proxy, configured alike: client certificates
+    # verified against the gateway CA, the members over TLS (their CA verified) with the admin's
+    # token for HAProxy; fleetgate as users run it (authentication, AccessPolicy, impersonation:
+    # a watch is shared only when the member sees the user). Each proxy is started fresh just
+    # before its measurement and stopped after it, so its memory growth is the watches' and the
+    # members hold no watch of an earlier target.
+    fanout_shards=${FANOUT_SHARDS:-1 2}
+    fdir=$work/fanout
+    echo "== simulated fleet for watch-fanout: 2 members (core 0)"
+    : >"$work/fanout-sim.out"  # there before wait_ready reads it
+    taskset -c 0 "$lt" sim --dir "$fdir/sim" --clusters 2 --gateway-listen "127.0.0.1:$(free_port)" \
+      >"$work/fanout-sim.out" 2>"$work/fanout-sim.err" &
+    pids+=("$!")
+    wait_ready "$work/fanout-sim.out" "the simulated fleet for watch-fanout"
+    fsim=$fdir/sim
+    fkc=$work/fanout-targets.kubeconfig
+    cp "$fsim/gateway.kubeconfig" "$fkc"
+    fan_target() { # name port: contexts NAME-member1, NAME-member2 through 127.0.0.1:PORT as admin
+      local m
+      for m in member1 member2; do
+        kubectl config --kubeconfig "$fkc" set-cluster "$1-$m" --server "https://127.0.0.1:$2/clusters/$m" \
+          --certificate-authority "$fsim/pki/gateway-ca.crt" --embed-certs >/dev/null
+        kubectl config --kubeconfig "$fkc" set-context "$1-$m" --cluster "$1-$m" --user admin >/dev/null
+      done
+    }
+    fan_measure() { # name pid: one target, its own JSON
+      args=(--target "$1=kubeconfig:$fkc:$1-member*")
+      [ -z "${2:-}" ] || args+=(--pid "$1=$2")
+      chart_name=- measure "watch-fanout-$1" watch-fanout --members "kubeconfig:$fsim/kubeconfig:member*" \
+        --watches "$watches" --churn "${FANOUT_CHURN:-20}" --reopen-per-sec "${FANOUT_REOPEN:-10}" --warmup 3s
+      parts+=("$out/watch-fanout-$1.json")
+    }
+    fan_stop() { # pid
+      local keep=() p
+      kill "$1" 2>/dev/null || true
+      while kill -0 "$1" 2>/dev/null; do sleep 0.1; done
+      for p in "${pids[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
+      pids=("${keep[@]}")
+    }
+    parts=()
+    rm -f "$out"/watch-fanout*.json
+    # The members direct: the floor of the write-to-delivery latency (no proxy, no process charged).
+    args=(--target "direct=kubeconfig:$fsim/kubeconfig:member*")
+    chart_name=- measure watch-fanout-direct watch-fanout --members "kubeconfig:$fsim/kubeconfig:member*" \
+      --watches "$watches" --churn "${FANOUT_CHURN:-20}" --reopen-per-sec "${FANOUT_REOPEN:-10}" --warmup 3s
+    parts+=("$out/watch-fanout-direct.json")
+    # HAProxy, one thread, both members behind one TLS frontend.
+    ha_port=$(free_port) ha=$fdir/haproxy
+    mkdir -p "$ha"
+    cat "$fsim/pki/gateway.crt" "$fsim/pki/gateway.key" >"$ha/gateway.pem"
+    fan_token=$(cat "$fsim/users/admin.token")
+    {
+      printf 'global\n  nbthread 1\n  maxconn 9000\ndefaults\n  mode http\n  option http-no-delay\n'
+      printf '  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\nfrontend fe\n'
+      printf '  bind 127.0.0.1:%s ssl crt %s ca-file %s verify required alpn http/1.1\n' "$ha_port" "$ha/gateway.pem" "$fsim/pki/gateway-ca.crt"
+      for m in member1 member2; do printf '  use_backend %s if { path_beg /clusters/%s/ }\n' $m $m; done
+      for m in member1 member2; do
+        server=$(sed -n 's|^  server: https://\(.*\)$|\1|p' "$fsim/clusters/$m.yaml")
+        printf 'backend %s\n  http-request replace-path /clusters/%s(/.*) \\1\n' $m $m
+        printf '  http-request set-header Authorization "Bearer %s"\n  http-reuse always\n' "$fan_token"
+        printf '  server s1 %s ssl verify required ca-file %s sni str(localhost)\n' "$server" "$fsim/pki/fleet-ca.crt"
+      done
+    } >"$ha/haproxy.cfg"
+    taskset -c 1 haproxy -D -p "$ha/haproxy.pid" -f "$ha/haproxy.cfg" 2>"$ha/haproxy.log"
+    wait_port "$ha_port"
+    ha_pid=$(cat "$ha/haproxy.pid")
+    pids+=("$ha_pid")
+    fan_target haproxy "$ha_port"
+    fan_measure haproxy "$ha_pid"
+    fan_stop "$ha_pid"
+    # fleetgate: the simulated fleet's own configuration (TLS, tokens, AccessPolicy, the members
+    # with impersonation), on its own port, with or without sharedWatches for the 10 resources.
+    for shards in $fanout_shards; do
+      for sharing in off on; do
+        name=fleetgate-unshared-w$shards; [ $sharing = off ] || name=fleetgate-shared-w$shards
+        gdir=$fdir/$name port=$(free_port)
+        mkdir -p "$gdir/clusters"
+        ln -sfn "$fsim/pki" "$gdir/pki"
+        ln -sfn "$fsim/users" "$gdir/users"
+        cp "$fsim/policies.yaml" "$gdir/"
+        cp "$fsim/clusters/"*.yaml "$gdir/clusters/"
+        cat >"$gdir/gateway.yaml" <<YAML
+apiVersion: fleetgate.io/v1alpha1
+kind: Gateway
+metadata: {name: fanout}
+spec:
+  workers: $shards
+  listeners: [{name: https, address: "127.0.0.1:$port", tls: true}]
+  tls: {certFile: pki/gateway.crt, keyFile: pki/gateway.key, clientCAFile: pki/gateway-ca.crt}
+  admin: {address: "127.0.0.1:$(free_port)"}
+  limits: {maxMemberConnectionsPerClient: 20000, shutdownGraceSeconds: 5}
+  auth: {tokenFile: users/tokens.csv}
+YAML
+        if [ $sharing = on ]; then
+          {
+            echo "  sharedWatches:"
+            echo "    resources:"
+            for r in configmaps secrets services serviceaccounts events pods; do echo "    - {group: '', version: v1, resource: $r}"; done
+            for r in deployments replicasets statefulsets daemonsets; do echo "    - {group: apps, version: v1, resource: $r}"; done
+          } >>"$gdir/gateway.yaml"
+        fi
+        taskset -c 1 "$fg" serve --config "$gdir" --workers "$shards" >"$work/$name.out" 2>"$work/$name.err" &
+        gw=$!
+        pids+=("$gw")
+        wait_ready "$work/$name.out" "$name"
+        fan_target "$name" "$port"
+        fan_measure "$name" "$gw"
+        fan_stop "$gw"
+      done
+    done
+    python3 -c 'import json, sys; json.dump([r for f in sys.argv[2:] for r in json.load(open(f))], open(sys.argv[1], "w"), indent=1)' \
+      "$out/watch-fanout.json" "${parts[@]}"
+    rm -f "${parts[@]}"
+    chart_name=
     ;;
   *) echo "unknown scenario $scenario (${all[*]})" >&2; exit 2 ;;
   esac

@@ -194,6 +194,52 @@ def tunnel(out, s, goals, event_watches, churn, exec_streams):
         tunnel_mode(out, s, goals, mode, sorted(found[mode]), loads, event_watches, churn, exec_streams)
 
 
+def watch_fanout(out, s, goals):
+    """watch-fanout (issue 15 item 7): client watches on 10 resources across 2 members, with
+    churn, direct, through HAProxy and through fleetgate without and with sharedWatches, per
+    shard count (targets named fleetgate-(un)shared-wN)."""
+    r = load(out, "watch-fanout")
+    if not r:
+        return
+    shards = lambda name: int(name.rsplit("-w", 1)[1]) if re.search(r"-w\d+$", name) else None
+    on_members = lambda x: " + ".join(str(v) for v in (x.get("member_watches") or {}).values()) or "-"
+    anyx = next(iter(r.values()))
+    per_sec = lambda x: x["events"] / x["seconds"] if x.get("events") and x.get("seconds") else None
+    s += ["", f"### watch-fanout ({anyx.get('watches')} client watches, cluster-wide, spread evenly over 10 resources on 2 simulated members, with churn; issue 15)", "",
+          "Each target alone and fresh, TLS on both legs (client certificates verified, the members over TLS); HAProxy and fleetgate on core 1, "
+          "the members and the driver on core 0 (fleetgate with 2 shards has both on core 1). The driver writes to the members direct "
+          f"(about {fmt(anyx.get('requests', 0) / max(anyx.get('seconds') or 1, 1e-9), 0)} writes/s in all, each stamped with its send time: merge patches, every fourth a create) "
+          "and closes and reopens client watches from their last resourceVersion. Member watches: each member's `fleetgate_sim_open_watches` summed over the 10 resources, "
+          "near the end of the measured phase. Latency: write to delivery, events written after the stream opened. Memory: the proxy's RSS growth "
+          "from before the watches opened to after they and the warm-up, per client watch. CPU: the proxy's (`/proc/PID/stat`) over the measured phase, per stamped event delivered.", "",
+          table(r, [("shards", lambda x: str(shards(x["target"]) or "-")),
+                    ("member watches", on_members),
+                    ("events", lambda x: fmt(x.get("events"), 0)),
+                    ("events/s", lambda x: fmt(per_sec(x), 0)),
+                    ("CPU us/event", lambda x: fmt(x.get("cpu_us_per_event"), 2)),
+                    ("p50 us", lambda x: fmt(x.get("p50_us"), 0)),
+                    ("p99 us", lambda x: fmt(x.get("p99_us"), 0)),
+                    ("KiB/client watch", lambda x: fmt(x.get("kib_per_watch"), 2)),
+                    ("reopens", lambda x: fmt(x.get("reopens"), 0)),
+                    ("errors", lambda x: str(x.get("errors")))])]
+    ha = r.get("haproxy", {})
+    direct_p99 = r.get("direct", {}).get("p99_us")
+    for name, x in r.items():
+        n = shards(name)
+        if n is None or not name.startswith("fleetgate-shared"):
+            continue
+        most = max((x.get("member_watches") or {}).values(), default=None)
+        goals.append(("15", f"watch-fanout, {n} shard(s): watches on each member <= 10 x shards ({10 * n})", f"{most} at most ({on_members(x)})", verdict(most, 10 * n)))
+        cr = ratio(x.get("cpu_us_per_event"), ha.get("cpu_us_per_event"))
+        goals.append(("15", f"watch-fanout, {n} shard(s): CPU per delivered event <= 0.25x HAProxy's", f"{fmt(cr, 2)}x ({fmt(x.get('cpu_us_per_event'), 2)} vs {fmt(ha.get('cpu_us_per_event'), 2)} us)", verdict(cr, 0.25)))
+        mr = ratio(x.get("kib_per_watch"), ha.get("kib_per_watch"))
+        goals.append(("15", f"watch-fanout, {n} shard(s): memory per client watch <= 0.5x HAProxy's", f"{fmt(mr, 2)}x ({fmt(x.get('kib_per_watch'), 2)} vs {fmt(ha.get('kib_per_watch'), 2)} KiB)", verdict(mr, 0.5)))
+        added = lambda y: None if y.get("p99_us") is None or direct_p99 is None else y["p99_us"] - direct_p99
+        p99_ok = None if x.get("p99_us") is None or ha.get("p99_us") is None else x["p99_us"] - ha["p99_us"]
+        goals.append(("15", f"watch-fanout, {n} shard(s): added p99 <= HAProxy's (write to delivery, the members direct as the floor)",
+                      f"{fmt(x.get('p99_us'), 0)} vs {fmt(ha.get('p99_us'), 0)} us (added over direct: {fmt(added(x), 0)} vs {fmt(added(ha), 0)} us)", verdict(p99_ok, 0)))
+
+
 def main():
     out, md, commit, loadavg, duration, watches, event_watches, churn, exec_streams = sys.argv[1:10]
     fleet_members, fleet_pods, fleet_limit = (sys.argv[10:13] + ["100", "1000", "500"][len(sys.argv[10:13]):])
@@ -374,6 +420,7 @@ def main():
 
     fleet_list(out, s, goals, int(fleet_members), int(fleet_pods), fleet_limit)
     tunnel(out, s, goals, event_watches, churn, exec_streams)
+    watch_fanout(out, s, goals)
 
     s += ["", "### Goals, each a ratio from this run", "", "| issue | goal | this run | verdict |", "|---|---|---|---|"]
     s += [f"| {i} | {g} | {v} | {ok} |" for i, g, v, ok in goals]

@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::fleet::KillOnDrop;
+use support::wait::LineReader;
 
 fn kubectl(
     kubeconfig: &std::path::Path,
@@ -200,6 +201,137 @@ fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
         !after.status.success(),
         "the gateway is gone after the demo stops"
     );
+}
+
+/// `fleetgate_sim_open_watches{resource=...}` of a member, read from it directly (the demo's
+/// `direct.kubeconfig`, as its admin).
+fn member_watches(
+    direct: &std::path::Path,
+    cache: &std::path::Path,
+    context: &str,
+    resource: &str,
+) -> usize {
+    let out = kubectl(
+        direct,
+        cache,
+        &["--context", context, "get", "--raw", "/metrics"],
+    );
+    assert!(
+        out.status.success(),
+        "{context}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let series = format!("fleetgate_sim_open_watches{{resource=\"{resource}\"}} ");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+#[test]
+fn the_demos_twenty_kubectl_watches_cost_each_member_one_watch() {
+    // Issue 15's done-when: with sharedWatches on (the demo turns it on for configmaps and pods),
+    // 20 `kubectl get -w` through the gateway, 10 on each member, cost each member one watch of
+    // configmaps per shard; the demo here runs one worker, so exactly one.
+    const PER_MEMBER: usize = 10;
+    const WORKERS: usize = 1;
+    let dir = tempfile::tempdir().unwrap();
+    let mut demo = KillOnDrop(
+        demo_command(dir.path(), &[])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(demo.0.stdout.take().unwrap()).lines();
+    lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("ready"))
+        .expect("demo printed a ready line");
+    std::thread::spawn(move || for _ in lines {});
+    let kubeconfig = dir.path().join("kubeconfig");
+    let direct = dir.path().join("direct.kubeconfig");
+    let cache = dir.path().join("kube-cache");
+    let gateway = std::fs::read_to_string(dir.path().join("gateway.yaml")).unwrap();
+    assert!(
+        gateway.contains("sharedWatches") && gateway.contains("configmaps"),
+        "the demo shares configmap watches:\n{gateway}"
+    );
+
+    let mut watchers = Vec::new();
+    for member in ["member1", "member2"] {
+        for _ in 0..PER_MEMBER {
+            let mut child = KillOnDrop(
+                Command::new("/usr/bin/kubectl")
+                    .arg("--kubeconfig")
+                    .arg(&kubeconfig)
+                    .arg("--cache-dir")
+                    .arg(&cache)
+                    .args(["--context", member, "get", "configmaps", "-w"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            );
+            let out = LineReader::new(child.0.stdout.take().unwrap());
+            watchers.push((member, child, out));
+        }
+    }
+    // Every watcher has listed (kube-root-ca.crt is in every namespace) ...
+    for (member, _, out) in &mut watchers {
+        out.wait_line(
+            &format!("{member}'s kubectl list"),
+            Duration::from_secs(60),
+            |l| l.starts_with("kube-root-ca.crt"),
+        );
+    }
+    // ... and is watching: a ConfigMap created at the member reaches every one of its watchers.
+    for member in ["member1", "member2"] {
+        let name = format!("shared-{member}");
+        let out = kubectl(
+            &direct,
+            &cache,
+            &["--context", member, "create", "configmap", &name],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for (member, _, out) in &mut watchers {
+        let name = format!("shared-{member}");
+        out.wait_line(
+            &format!("{name} at a watcher of {member}"),
+            Duration::from_secs(30),
+            |l| l.starts_with(name.as_str()),
+        );
+    }
+    for member in ["member1", "member2"] {
+        let held = member_watches(&direct, &cache, member, "configmaps");
+        assert!(
+            (1..=WORKERS).contains(&held),
+            "{member} holds {held} configmap watches for {PER_MEMBER} kubectl watchers and {WORKERS} worker(s)"
+        );
+        assert_eq!(held, 1, "{member}: one worker, one watch");
+    }
+    drop(watchers);
+    // SIGTERM, so the demo stops its gateway and fleet (a SIGKILL by KillOnDrop would orphan
+    // them).
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) on our own child's pid with a valid signal touches no memory.
+    unsafe {
+        libc::kill(demo.0.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while demo.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "demo did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let dir_text = dir.path().to_str().unwrap().to_owned();
+    let left = processes_naming(&dir_text);
+    assert!(left.is_empty(), "left running: {left:#?}");
 }
 
 /// The processes whose command line names `needle` (the demo's children all name its --dir).

@@ -416,3 +416,89 @@ fn fleet_list_lists_every_pod_once_direct_and_through_the_gateway() {
     assert_every_pod_once(&rows[0]);
     assert!(rows[0]["pages"].as_u64().unwrap() >= 9, "{}", rows[0]);
 }
+
+/// `fleetgate_sim_open_watches` per member in a watch-fanout row.
+fn member_watches(r: &serde_json::Value) -> Vec<u64> {
+    r["member_watches"]
+        .as_object()
+        .expect("member watches per member")
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn watch_fanout_counts_member_watches_direct_and_through_a_sharing_gateway() {
+    let fleet = TestFleet::start_with(2, 0, 0.0, Default::default());
+    let members = format!("kubeconfig:{}:member*", fleet.kubeconfig().display());
+    let fanout = |target: &str, pid: &str| {
+        run_rows(
+            &fleet,
+            &[target],
+            &[pid],
+            &[
+                "--scenario",
+                "watch-fanout",
+                "--members",
+                &members,
+                "--watches",
+                "40",
+                "--churn",
+                "40",
+                "--reopen-per-sec",
+                "10",
+            ],
+        )[0]
+        .clone()
+    };
+    // Direct: every client watch is a watch on its member, 20 each (give or take one reopening).
+    let direct = format!("direct={members}");
+    let r = fanout(&direct, &format!("direct={}", std::process::id()));
+    assert_eq!(r["watches"], 40, "{r}");
+    for held in member_watches(&r) {
+        assert!((16..=24).contains(&held), "{r}");
+    }
+    assert!(r["events"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["requests"].as_u64().unwrap() > 10, "the churn wrote: {r}");
+    assert!(r["reopens"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["p99_us"].as_f64().is_some(), "{r}");
+
+    let Some(binary) = gateway_binary() else {
+        eprintln!("no fleetgate binary beside fleetgate-loadtest (set FLEETGATE_BIN): the gateway half is skipped");
+        return;
+    };
+    // Through one worker sharing the 10 resources: one member watch per resource per member.
+    let yaml_path = fleet.dir().join("gateway.yaml");
+    let mut gateway: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&yaml_path).unwrap()).unwrap();
+    let resources: Vec<serde_yaml::Value> = [
+        ("", "configmaps"),
+        ("", "secrets"),
+        ("", "services"),
+        ("", "serviceaccounts"),
+        ("", "events"),
+        ("", "pods"),
+        ("apps", "deployments"),
+        ("apps", "replicasets"),
+        ("apps", "statefulsets"),
+        ("apps", "daemonsets"),
+    ]
+    .iter()
+    .map(|(group, resource)| {
+        serde_yaml::from_str(&format!(
+            "{{group: '{group}', version: v1, resource: {resource}}}"
+        ))
+        .unwrap()
+    })
+    .collect();
+    gateway["spec"]["sharedWatches"]["resources"] = resources.into();
+    std::fs::write(&yaml_path, serde_yaml::to_string(&gateway).unwrap()).unwrap();
+    let (gateway, kubeconfig) = serve_fleet(&fleet, &binary);
+    let through = format!("fleetgate=kubeconfig:{}:member*", kubeconfig.display());
+    let r = fanout(&through, &format!("fleetgate={}", gateway.0.id()));
+    assert_eq!(r["watches"], 40, "{r}");
+    assert_eq!(member_watches(&r), [10, 10], "{r}");
+    assert!(r["events"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["cpu_us_per_event"].is_f64(), "{r}");
+    assert!(r["kib_per_watch"].is_f64(), "{r}");
+}

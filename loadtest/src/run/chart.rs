@@ -27,6 +27,9 @@ pub fn main_figure(scenario: &str) -> (&'static str, fn(&TargetResult) -> Option
             "added event latency p50 against direct, us (lower is better)",
             |r| r.p50_us,
         ),
+        "watch-fanout" => ("CPU us per delivered event (lower is better)", |r| {
+            r.cpu_us_per_event
+        }),
         "fleet-list" => (
             "CPU us per object: the target's, or the members' for direct (lower is better)",
             |r| r.cpu_us_per_object.or(r.upstream_cpu_us_per_object),

@@ -13,6 +13,7 @@
 pub mod chart;
 pub mod client;
 mod exec;
+mod fanout;
 mod fleet;
 mod h2load;
 pub mod procstat;
@@ -32,12 +33,13 @@ use procstat::ProcWatch;
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// small-get, small-get-h2, big-list, watch-idle, watch-events, watch-latency, exec-stream,
-    /// portforward-stream, reload-storm, fleet-list.
+    /// portforward-stream, reload-storm, fleet-list, watch-fanout.
     #[arg(long)]
     pub scenario: String,
     /// NAME=URL or NAME=kubeconfig:PATH[:CONTEXT]; repeat for each target, measured in order.
     /// fleet-list also takes NAME=kubeconfig:PATH:PREFIX*: every context starting with PREFIX,
-    /// listed one after the other (the members direct, the baseline of the fleet view).
+    /// listed one after the other (the members direct, the baseline of the fleet view);
+    /// watch-fanout takes the same form: the members through the target, in `--members` order.
     #[arg(long = "target", required = true)]
     pub targets: Vec<String>,
     /// NAME=PID: the process whose CPU and memory are charged to target NAME; NAME=PID,PID,...
@@ -78,9 +80,20 @@ pub struct RunArgs {
     /// target when not given.
     #[arg(long)]
     pub reference: Option<String>,
-    /// Open watch streams (watch-idle, watch-events), or pairs of them (watch-latency).
+    /// Open watch streams (watch-idle, watch-events, watch-fanout: 8000 in benches/all.sh), or
+    /// pairs of them (watch-latency).
     #[arg(long, default_value_t = 1000)]
     pub watches: usize,
+    /// watch-fanout: the members direct, as their admin (`kubeconfig:PATH:PREFIX*`, one context
+    /// per member): the churn writes there and their `/metrics` is read.
+    #[arg(long)]
+    pub members: Option<String>,
+    /// watch-fanout: writes per second on the members, all of them together.
+    #[arg(long, default_value_t = 20.0)]
+    pub churn: f64,
+    /// watch-fanout: client watches closed and opened again per second.
+    #[arg(long, default_value_t = 10.0)]
+    pub reopen_per_sec: f64,
     /// Request path below each target's URL.
     #[arg(long, default_value = "/version")]
     pub path: String,
@@ -177,6 +190,12 @@ pub struct TargetResult {
     pub cpu_share: Option<Vec<f64>>,
     /// watch-idle with several processes charged: each one's resident memory per watch, KiB.
     pub kib_per_watch_each: Option<Vec<f64>>,
+    /// watch-fanout: the watches each member held for the watched resources near the end of the
+    /// measured phase, and before the client watches opened.
+    pub member_watches: Option<std::collections::BTreeMap<String, u64>>,
+    pub member_watches_before: Option<std::collections::BTreeMap<String, u64>>,
+    /// watch-fanout: client watches closed and opened again (by the driver, or ended early).
+    pub reopens: Option<u64>,
 }
 
 /// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
@@ -236,9 +255,9 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         .iter()
         .map(|t| Target::parse_group(t, &opts))
         .collect::<anyhow::Result<_>>()?;
-    if args.scenario != "fleet-list" {
+    if !matches!(args.scenario.as_str(), "fleet-list" | "watch-fanout") {
         if let Some((name, _)) = groups.iter().find(|(_, members)| members.len() != 1) {
-            bail!("target {name} stands for several: only fleet-list takes those");
+            bail!("target {name} stands for several: only fleet-list and watch-fanout take those");
         }
     }
     let targets: Vec<Target> = groups
@@ -254,6 +273,11 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         pids.insert(name.to_owned(), watch);
     }
     let upstream = args.upstream_pid.map(ProcWatch::new).transpose()?;
+    let upstream_members = match &args.members {
+        Some(spec) => Target::parse_group(&format!("members={spec}"), &opts)?.1,
+        None if args.scenario == "watch-fanout" => bail!("watch-fanout needs --members"),
+        None => Vec::new(),
+    };
     if !SCENARIOS.contains(&args.scenario.as_str()) {
         bail!(
             "unknown scenario {:?} ({})",
@@ -296,6 +320,9 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
                 };
                 fleet::fleet_list(args, name, members, charged).await
             }
+            "watch-fanout" => {
+                fanout::watch_fanout(args, name, members, &upstream_members, proc_watch).await
+            }
             _ => unreachable!("checked against SCENARIOS above"),
         };
         bar.finish();
@@ -333,6 +360,7 @@ pub const SCENARIOS: &[&str] = &[
     "portforward-stream",
     "reload-storm",
     "fleet-list",
+    "watch-fanout",
 ];
 
 /// Roughly how long one target takes, for the progress bar.
@@ -373,6 +401,30 @@ pub fn print_table(results: &[TargetResult]) {
                 r.events.map(|e| e.to_string()).unwrap_or_default()
             }),
             ("cpu us/ev", |r| fmt_opt(r.cpu_us_per_event, 1)),
+        ],
+        "watch-fanout" => &[
+            ("watches", |r| {
+                r.watches.map(|w| w.to_string()).unwrap_or_default()
+            }),
+            ("on members", |r| {
+                r.member_watches
+                    .as_ref()
+                    .map(|m| {
+                        m.values()
+                            .map(|v| v.to_string())
+                            .collect::<Vec<_>>()
+                            .join("+")
+                    })
+                    .unwrap_or_default()
+            }),
+            ("events", |r| {
+                r.events.map(|e| e.to_string()).unwrap_or_default()
+            }),
+            ("cpu us/ev", |r| fmt_opt(r.cpu_us_per_event, 2)),
+            ("KiB/watch", |r| fmt_opt(r.kib_per_watch, 2)),
+            ("reopens", |r| {
+                r.reopens.map(|e| e.to_string()).unwrap_or_default()
+            }),
         ],
         "fleet-list" => &[
             ("objects", |r| fmt_opt(r.objects.map(|v| v as f64), 0)),

@@ -271,7 +271,7 @@ impl RssSampler {
 
 /// Opens `n` watch streams on `path` (at most 256 handshakes at a time) and returns them with their
 /// response heads read.
-async fn open_watches(
+pub(super) async fn open_watches(
     target: &Target,
     path: &str,
     n: usize,
@@ -350,7 +350,7 @@ pub fn sent_at_nanos(event: &[u8]) -> Option<u128> {
     std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
 }
 
-fn unix_nanos() -> u128 {
+pub(super) fn unix_nanos() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -359,7 +359,7 @@ fn unix_nanos() -> u128 {
 
 /// The collection's current resourceVersion (a `limit=1` LIST), so watches started there replay
 /// no old events.
-async fn current_rv(target: &Target, path: &str) -> anyhow::Result<String> {
+pub(super) async fn current_rv(target: &Target, path: &str) -> anyhow::Result<String> {
     let mut conn = HttpConn::new(target.connect().await?);
     let head = conn
         .send(&target.get_request(&with_query(path, "limit=1"), "application/json"))
@@ -374,19 +374,19 @@ async fn current_rv(target: &Target, path: &str) -> anyhow::Result<String> {
         .to_owned())
 }
 
-fn with_query(path: &str, query: &str) -> String {
+pub(super) fn with_query(path: &str, query: &str) -> String {
     let sep = if path.contains('?') { '&' } else { '?' };
     format!("{path}{sep}{query}")
 }
 
 /// Reads one watch stream until `deadline`, handing every complete event line that carries a
 /// send stamp to `on_event` with the time its read arrived (one clock read per read, not per
-/// line).
-async fn read_events(
+/// line) and the line itself.
+pub(super) async fn read_events(
     mut conn: HttpConn,
     head: super::client::Head,
     deadline: Instant,
-    mut on_event: impl FnMut(u128, Instant),
+    mut on_event: impl FnMut(u128, Instant, &[u8]),
 ) {
     let mut line = Vec::with_capacity(4096);
     let read = conn.read_body(&head, |data| {
@@ -395,7 +395,7 @@ async fn read_events(
             line.extend_from_slice(piece);
             if line.ends_with(b"\n") {
                 if let Some(sent) = sent_at_nanos(&line) {
-                    on_event(sent, arrived);
+                    on_event(sent, arrived, &line);
                 }
                 line.clear();
             }
@@ -424,7 +424,7 @@ pub async fn watch_events(
         let events = events.clone();
         tasks.push(tokio::spawn(async move {
             let mut hist = new_hist();
-            read_events(conn, head, deadline, |sent, arrived| {
+            read_events(conn, head, deadline, |sent, arrived, _| {
                 if arrived >= measure_from {
                     let lat = unix_nanos().saturating_sub(sent) / 1000;
                     let _ = hist.record((lat as u64).max(1));
@@ -491,7 +491,7 @@ pub async fn watch_latency(
             .map(|(conn, head)| {
                 tokio::spawn(async move {
                     let mut seen = std::collections::HashMap::new();
-                    read_events(conn, head, deadline, |sent, arrived| {
+                    read_events(conn, head, deadline, |sent, arrived, _| {
                         if arrived >= measure_from {
                             seen.insert(sent, arrived);
                         }
