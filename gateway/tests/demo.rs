@@ -216,16 +216,7 @@ fn member_watches(
         cache,
         &["--context", context, "get", "--raw", "/metrics"],
     );
-    assert!(
-        out.status.success(),
-        "{context}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let series = format!("fleetgate_sim_open_watches{{resource=\"{resource}\"}} ");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .map_or(0, |n| n.trim().parse().unwrap())
+    support::fleet::sim_open_watches(&out, resource)
 }
 
 #[test]

@@ -46,16 +46,7 @@ fn member_watches(fleet: &Fleet, context: &str, resource: &str) -> usize {
         context,
         &["get", "--raw", "/metrics"],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let series = format!("fleetgate_sim_open_watches{{resource=\"{resource}\"}} ");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .map_or(0, |n| n.trim().parse().unwrap())
+    support::fleet::sim_open_watches(&out, resource)
 }
 
 /// How often the gateway watched the member again after the member ended its shared watch.

@@ -495,3 +495,18 @@ pub fn tls_config_as(
     config.alpn_protocols = vec![alpn.to_vec()];
     Arc::new(config)
 }
+
+/// `fleetgate_sim_open_watches{resource=...}` (the watches a simulated member holds) from kubectl's
+/// answer to `get --raw /metrics`, which must have succeeded; 0 when the series is absent.
+pub fn sim_open_watches(metrics: &std::process::Output, resource: &str) -> usize {
+    assert!(
+        metrics.status.success(),
+        "{}",
+        String::from_utf8_lossy(&metrics.stderr)
+    );
+    let series = format!("fleetgate_sim_open_watches{{resource=\"{resource}\"}} ");
+    String::from_utf8_lossy(&metrics.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
