@@ -447,7 +447,8 @@ pub struct ClusterCredentials {
     pub secret_ref: Option<SecretReference>,
 }
 
-/// A reference to a `v1` Secret; `namespace` defaults to `default`.
+/// A reference to a `v1` Secret; `namespace` defaults to the namespace the kube source reads
+/// Secrets in (`--secrets-namespace`), or `default` in files.
 #[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SecretReference {
