@@ -5,7 +5,8 @@
 //! No copy between user-space buffers: what the member sends is read into a buffer whose filled
 //! part is handed to h2 as it is (`Bytes`, sent as DATA without a copy), and what the gateway sends
 //! arrives as h2's own `Bytes`, written to the member from there. Reads are up to
-//! [`READ_CHUNK`], so a big LIST travels in full-size DATA frames. An idle plain connection (a
+//! [`READ_CHUNK`] (sized to the traffic: small while reads are small, a whole chunk once one fills
+//! its room), so a big LIST travels in full-size DATA frames. An idle plain connection (a
 //! watch between events) holds no read buffer: the buffer is given up before waiting for the
 //! socket to become readable. Flow control follows the writer: received bytes are released to
 //! the gateway's window only once the member took them. Half-closes pass through (the gateway's
@@ -56,11 +57,35 @@ pub async fn carry(
     Ok(())
 }
 
-/// A buffer with room for a read: the one given, while it has a quarter chunk left, else a new
-/// one (the filled parts split off earlier keep the old allocation alive until h2 sent them).
-fn with_room(buf: &mut BytesMut) {
-    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
-        *buf = BytesMut::with_capacity(READ_CHUNK);
+/// The first read after a wait: most are then one watch event or one small answer.
+const FIRST_READ: usize = 4 * 1024;
+
+/// How much the next read from the member offers: [`FIRST_READ`] while reads are small (watch
+/// events, small answers), [`READ_CHUNK`] once one fills its room (a big LIST). Never a whole chunk per
+/// event: a 64 KiB buffer taken and given back for every event of every watch made the allocator
+/// hand out fresh pages (zeroed by the kernel, two MiB at a time where it asks for huge pages)
+/// at each event, a quarter millisecond of the agent's CPU per event.
+struct ReadSize(usize);
+
+impl ReadSize {
+    /// A buffer with room for the next read: the one given while it has a quarter of the size
+    /// left, else a new one (the filled parts split off earlier keep the old allocation alive
+    /// until h2 sent them). Returns the room offered.
+    fn room(&self, buf: &mut BytesMut) -> usize {
+        if buf.capacity() - buf.len() < self.0 / 4 {
+            *buf = BytesMut::with_capacity(self.0);
+        }
+        buf.capacity() - buf.len()
+    }
+
+    /// After a read of `read` bytes into `offered`: a read that filled its room means a body is
+    /// streaming (a whole chunk next); one that took less than a quarter of it, small traffic.
+    fn after(&mut self, read: usize, offered: usize) {
+        if read == offered {
+            self.0 = READ_CHUNK;
+        } else if read < offered / 4 {
+            self.0 = FIRST_READ;
+        }
     }
 }
 
@@ -108,11 +133,15 @@ async fn from_plain(
     send: &mut SendStream<Bytes>,
 ) -> io::Result<()> {
     let mut buf = BytesMut::new();
+    let mut size = ReadSize(FIRST_READ);
     loop {
-        with_room(&mut buf);
+        let offered = size.room(&mut buf);
         match member.try_read_buf(&mut buf) {
             Ok(0) => return finish(send),
-            Ok(_) => send_all(send, buf.split().freeze()).await?,
+            Ok(read) => {
+                size.after(read, offered);
+                send_all(send, buf.split().freeze()).await?
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 // Nothing now: wait without a buffer (an idle watch holds none).
                 buf = BytesMut::new();
@@ -129,11 +158,51 @@ async fn from_member<R: AsyncRead + Unpin>(
     send: &mut SendStream<Bytes>,
 ) -> io::Result<()> {
     let mut buf = BytesMut::new();
+    let mut size = ReadSize(FIRST_READ);
     loop {
-        with_room(&mut buf);
-        if member.read_buf(&mut buf).await? == 0 {
+        let offered = size.room(&mut buf);
+        let read = member.read_buf(&mut buf).await?;
+        if read == 0 {
             return finish(send);
         }
+        size.after(read, offered);
         send_all(send, buf.split().freeze()).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_are_small_for_small_traffic_and_whole_chunks_for_a_streaming_body() {
+        let mut size = ReadSize(FIRST_READ);
+        let mut buf = BytesMut::new();
+        // A watch event: one small allocation, not a chunk.
+        let offered = size.room(&mut buf);
+        assert_eq!(offered, FIRST_READ);
+        size.after(900, offered);
+        assert_eq!(size.0, FIRST_READ);
+        // A big LIST: the first read fills its room, the next ones offer a whole chunk.
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let mut buf = BytesMut::new();
+            let offered = size.room(&mut buf);
+            seen.push(offered);
+            size.after(offered, offered);
+        }
+        assert_eq!(seen, [FIRST_READ, READ_CHUNK, READ_CHUNK, READ_CHUNK]);
+        // A read of half a chunk keeps the size (a body still streaming, the member slower).
+        size.after(READ_CHUNK / 2, READ_CHUNK);
+        assert_eq!(size.0, READ_CHUNK);
+        // The LIST ended: a small read brings the next one back down.
+        size.after(100, READ_CHUNK);
+        assert_eq!(size.0, FIRST_READ);
+        // A buffer with enough room left is kept (no allocation per read).
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        buf.extend_from_slice(&[0; 1000]);
+        let before = buf.as_ptr();
+        size.room(&mut buf);
+        assert_eq!(buf.as_ptr(), before);
     }
 }
