@@ -26,7 +26,7 @@ use rustls::ServerConfig;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tracing::info;
 
-use super::{listener, registry, wire, Carrier, Tunnel};
+use super::{claim, registry, wire, Carrier, Tunnel};
 use crate::runtime;
 
 /// An agent whose ClientHello offered the fleetgate ALPN, for a shard to serve.
@@ -124,7 +124,7 @@ async fn serve(agent: Handoff) {
             .into_stream(config)
             .await
             .map_err(|e| format!("TLS handshake failed: {e}"))?;
-        let cluster = listener::fleetgate_hello(&mut tls, &table).await?;
+        let cluster = claim::fleetgate_hello(&mut tls, &table).await?;
         Ok::<_, String>((tls, cluster))
     })
     .await;

@@ -2,7 +2,7 @@
 //! runtime of its own: it accepts, reads each agent's TLS ClientHello (a stranger's first bytes,
 //! never parsed on a shard) and sends the agent on by the ALPN it offered:
 //! - a fleetgate agent (ALPN [`wire::ALPN`]) is handed to a shard (`super::handoff`), which
-//!   finishes the TLS handshake, reads the hello ([`fleetgate_hello`]) and runs its tunnel;
+//!   finishes the TLS handshake, reads the hello (`super::claim::fleetgate_hello`) and runs its tunnel;
 //! - a konnectivity (ANP) proxy-agent (ALPN `h2` only) stays here: TLS, then gRPC
 //!   (`super::konnectivity`). One port serves both, so an ANP agent needs only
 //!   `--proxy-server-host/-port` pointed here.
@@ -22,13 +22,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fleetgate_config_watcher::{
-    crypto_provider, parse_certs, parse_key, ConnectMode, ReloadStatus, ServingTls, SharedTable,
+    crypto_provider, parse_certs, parse_key, ReloadStatus, ServingTls, SharedTable,
 };
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{debug, info, warn};
 
+use super::claim::{peer_cluster, serving_cluster};
 use super::handoff::{self, Handoff};
 use super::wire;
 
@@ -243,123 +243,4 @@ async fn konnectivity_hello(
     let cluster = cluster?;
     debug!(%peer, cluster = %cluster, "konnectivity agent accepted");
     Ok((Box::new(agent), cluster))
-}
-
-/// The cluster the peer's certificate names (see [`certified_cluster`]).
-fn peer_cluster(session: &rustls::ServerConnection) -> Result<String, String> {
-    let cert = session
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .ok_or("no client certificate")?;
-    certified_cluster(cert)
-}
-
-/// A fleetgate agent's hello, after its TLS handshake: the cluster it serves (the one its
-/// certificate names, a `Tunnel` cluster of the current table) once `OK` went back, or why not
-/// (sent to the agent too). Runs on the shard the agent was handed to.
-pub(super) async fn fleetgate_hello<S>(
-    tls: &mut tokio_rustls::server::TlsStream<S>,
-    table: &SharedTable,
-) -> Result<Arc<str>, String>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let certified = peer_cluster(tls.get_ref().1);
-    let line = read_hello(tls).await;
-    let decision = certified.and_then(|certified| {
-        let line = line?;
-        let claimed = wire::parse_hello(&line).map_err(str::to_owned)?;
-        if claimed != certified {
-            return Err(format!(
-                "the agent claims cluster {claimed:?} with a certificate for {certified:?}"
-            ));
-        }
-        serving_cluster(table, claimed, false)
-    });
-    match decision {
-        Ok(cluster) => {
-            tls.write_all(wire::HELLO_OK.as_bytes())
-                .await
-                .map_err(|e| format!("writing the hello answer: {e}"))?;
-            tls.flush().await.map_err(|e| e.to_string())?;
-            debug!(cluster = %cluster, "agent accepted");
-            Ok(cluster)
-        }
-        Err(reason) => {
-            let answer = format!("{}{}\n", wire::HELLO_REFUSED, wire::printable(&reason));
-            let _ = tls.write_all(answer.as_bytes()).await;
-            let _ = tls.shutdown().await;
-            Err(reason)
-        }
-    }
-}
-
-/// The `Tunnel` cluster of the current table an agent certified for `name` serves. A konnectivity
-/// agent only carries TCP, so the gateway must be able to run TLS to the member itself: its
-/// cluster needs a CA (or `insecureSkipTLSVerify`).
-fn serving_cluster(
-    table: &SharedTable,
-    name: &str,
-    konnectivity: bool,
-) -> Result<Arc<str>, String> {
-    let table = table.load();
-    let route = match table.cluster(name) {
-        Some(route) if route.mode == ConnectMode::Tunnel => route,
-        Some(_) => {
-            return Err(format!(
-                "cluster {name:?} is not a Tunnel cluster of this gateway"
-            ))
-        }
-        None => return Err(format!("this gateway has no cluster {name:?}")),
-    };
-    let has_tls = route
-        .tunnel_member
-        .as_ref()
-        .is_some_and(|m| m.tls_client.is_some());
-    if konnectivity && !has_tls {
-        return Err(format!(
-            "cluster {name:?} has no caData, which a konnectivity agent needs (the gateway runs TLS to the member through it)"
-        ));
-    }
-    Ok(route.name.clone())
-}
-
-/// The cluster an agent certificate names: its CN, if its O includes the agents' organization.
-fn certified_cluster(cert: &[u8]) -> Result<String, String> {
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert)
-        .map_err(|_| "the client certificate does not parse".to_string())?;
-    let subject = parsed.subject();
-    let is_agent = subject
-        .iter_organization()
-        .any(|o| o.as_str() == Ok(wire::AGENT_ORGANIZATION));
-    if !is_agent {
-        return Err(format!(
-            "the client certificate is not an agent's (no O={})",
-            wire::AGENT_ORGANIZATION
-        ));
-    }
-    let mut names = subject.iter_common_name();
-    match (names.next().map(|n| n.as_str()), names.next()) {
-        (Some(Ok(name)), None) if !name.is_empty() => Ok(name.to_owned()),
-        _ => Err("the agent certificate must have exactly one CN, the cluster's name".into()),
-    }
-}
-
-/// The hello line without its `\n`: read a byte at a time (the h2 bytes after it are not
-/// consumed), at most [`wire::MAX_HELLO`] bytes.
-async fn read_hello<S: tokio::io::AsyncRead + Unpin>(tls: &mut S) -> Result<Vec<u8>, String> {
-    let mut line = Vec::with_capacity(64);
-    loop {
-        let byte = tls
-            .read_u8()
-            .await
-            .map_err(|_| "the connection ended inside the hello".to_string())?;
-        if byte == b'\n' {
-            return Ok(line);
-        }
-        if line.len() >= wire::MAX_HELLO {
-            return Err("the hello is too long".into());
-        }
-        line.push(byte);
-    }
 }

@@ -24,6 +24,7 @@
 //! are; its ClientHello and a konnectivity agent's gRPC on the tunnel thread.
 
 pub mod carry;
+pub mod claim;
 pub mod handoff;
 pub mod heartbeat;
 pub mod konnectivity;
