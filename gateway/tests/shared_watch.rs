@@ -17,7 +17,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Config};
 use support::fleet::Fleet;
 use support::kubectl::{kubectl, kubectl_command};
@@ -180,7 +180,11 @@ fn many_watches_cost_the_member_one_watch_per_key_and_see_every_change_in_order(
         let api: Api<ConfigMap> = Api::namespaced(kube_client.clone(), "default");
         let record = Arc::clone(record);
         fleet.runtime.spawn(async move {
-            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+            // With backoff, as informers run: once the gateway is gone at the test's end, a
+            // watcher without it retries in a loop that never yields, and the runtime's drop
+            // waits for it forever (seen once in CI).
+            let mut events =
+                std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
             while let Some(event) = events.next().await {
                 let Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) = event else {
                     continue;
