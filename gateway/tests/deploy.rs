@@ -43,13 +43,33 @@ fn run(program: &Path, args: &[&str]) -> String {
 }
 
 /// `sed -n 's/^ *KEY: //p'` of the fleet's Cluster file of member2, as the walk-through does.
-fn member2_field(fleet: &Fleet, key: &str) -> String {
-    let text = std::fs::read_to_string(fleet.fleet_path("clusters/member2.yaml")).unwrap();
+fn member_field(fleet: &Fleet, member: &str, key: &str) -> String {
+    let text =
+        std::fs::read_to_string(fleet.fleet_path(&format!("clusters/{member}.yaml"))).unwrap();
     text.lines()
         .find_map(|l| l.trim_start().strip_prefix(&format!("{key}: ")))
-        .unwrap_or_else(|| panic!("no {key} in member2.yaml"))
+        .unwrap_or_else(|| panic!("no {key} in {member}.yaml"))
         .trim()
         .to_owned()
+}
+
+/// A member's credentials as the walkthrough stores them: a Secret in `fleetgate` with its
+/// token and the fleet's CA.
+fn credentials_secret(fleet: &Fleet, name: &str, token: &str) {
+    let ca = fleet.fleet_path("pki/fleet-ca.crt");
+    management(
+        fleet,
+        &[
+            "-n",
+            "fleetgate",
+            "create",
+            "secret",
+            "generic",
+            name,
+            &format!("--from-literal=token={token}"),
+            &format!("--from-file=ca.crt={}", ca.display()),
+        ],
+    );
 }
 
 #[test]
@@ -76,24 +96,14 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
     );
 
     // Step 4: the member's credentials in a Secret, a Cluster naming it, the policies.
-    let token = member2_field(&fleet, "token");
-    let ca = fleet.fleet_path("pki/fleet-ca.crt");
-    management(
+    credentials_secret(
         &fleet,
-        &[
-            "-n",
-            "fleetgate",
-            "create",
-            "secret",
-            "generic",
-            "member2-credentials",
-            &format!("--from-literal=token={token}"),
-            &format!("--from-file=ca.crt={}", ca.display()),
-        ],
+        "member2-credentials",
+        &member_field(&fleet, "member2", "token"),
     );
     let cluster = format!(
         "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {{name: member2}}\nspec:\n  server: {}\n  credentials: {{secretRef: {{name: member2-credentials, namespace: fleetgate}}}}\n",
-        member2_field(&fleet, "server")
+        member_field(&fleet, "member2", "server")
     );
     let cluster_file = fleet.path("member2-cluster.yaml");
     std::fs::write(&cluster_file, cluster).unwrap();
@@ -211,23 +221,10 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
     wait_for_ready(&fleet, "accesspolicies", "platform-admins", "True");
 
     // A secretRef without a namespace names a Secret where the gateway reads them (fleetgate).
-    let token1 = std::fs::read_to_string(fleet.fleet_path("clusters/member1.yaml"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.trim_start().strip_prefix("token: ").map(str::to_owned))
-        .unwrap();
-    management(
+    credentials_secret(
         &fleet,
-        &[
-            "-n",
-            "fleetgate",
-            "create",
-            "secret",
-            "generic",
-            "member1-credentials",
-            &format!("--from-literal=token={}", token1.trim()),
-            &format!("--from-file=ca.crt={}", ca.display()),
-        ],
+        "member1-credentials",
+        &member_field(&fleet, "member1", "token"),
     );
     let server1 = std::fs::read_to_string(fleet.fleet_path("clusters/member1.yaml"))
         .unwrap()
