@@ -46,18 +46,16 @@ fn demo_command(dir: &std::path::Path, extra: &[&str]) -> Command {
     command
 }
 
-#[test]
-fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
-    // Killed when the test ends however it ends: a failed assertion never leaves a fleet and a
-    // gateway running.
+/// `fleetgate demo` in `dir`, and its ready line once printed (the demo's readiness signal,
+/// bounded by the process itself); its later output is drained. Killed when the test ends however
+/// it ends: a failed assertion never leaves a fleet and a gateway running.
+fn start_demo(dir: &std::path::Path) -> (KillOnDrop, String) {
     let mut demo = KillOnDrop(
-        demo_command(dir.path(), &[])
+        demo_command(dir, &[])
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    // Wait for the ready line (the demo's readiness signal), bounded by the process itself.
     let mut lines = BufReader::new(demo.0.stdout.take().unwrap()).lines();
     let ready = lines
         .by_ref()
@@ -65,6 +63,13 @@ fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
         .find(|l| l.contains("ready"))
         .expect("demo printed a ready line");
     std::thread::spawn(move || for _ in lines {});
+    (demo, ready)
+}
+
+#[test]
+fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut demo, ready) = start_demo(dir.path());
     assert!(ready.contains("https://127.0.0.1:"), "{ready}");
 
     let kubeconfig = dir.path().join("kubeconfig");
@@ -227,19 +232,7 @@ fn the_demos_twenty_kubectl_watches_cost_each_member_one_watch() {
     const PER_MEMBER: usize = 10;
     const WORKERS: usize = 1;
     let dir = tempfile::tempdir().unwrap();
-    let mut demo = KillOnDrop(
-        demo_command(dir.path(), &[])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut lines = BufReader::new(demo.0.stdout.take().unwrap()).lines();
-    lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|l| l.contains("ready"))
-        .expect("demo printed a ready line");
-    std::thread::spawn(move || for _ in lines {});
+    let (mut demo, _) = start_demo(dir.path());
     let kubeconfig = dir.path().join("kubeconfig");
     let direct = dir.path().join("direct.kubeconfig");
     let cache = dir.path().join("kube-cache");
