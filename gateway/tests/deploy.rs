@@ -120,19 +120,9 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
     std::fs::create_dir(fleet.path("gateway")).unwrap();
     let gateway_file = fleet.path("gateway/gateway.yaml");
     std::fs::write(&gateway_file, gateway).unwrap();
-    let kubeconfig = fleet.fleet_path("kubeconfig");
-    fleet.serve_config(
+    fleet.serve_with_management(
         &gateway_file,
-        &[
-            "--workers",
-            "1",
-            "--management-kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--management-context",
-            "member1",
-            "--secrets-namespace",
-            "fleetgate",
-        ],
+        &["--secrets-namespace", "fleetgate"],
         Some("info"),
     );
 

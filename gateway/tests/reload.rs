@@ -36,22 +36,6 @@ fn start(clusters: usize) -> Fleet {
     fleet
 }
 
-/// `serve --config CONFIG --workers 1 --management-kubeconfig ... --management-context member1`
-/// and `extra`: the fleet's member1 is the management cluster.
-fn serve_with_management(fleet: &mut Fleet, config: &Path, extra: &[&str]) {
-    let kubeconfig = fleet.fleet_path("kubeconfig");
-    let mut args = vec![
-        "--workers",
-        "1",
-        "--management-kubeconfig",
-        kubeconfig.to_str().unwrap(),
-        "--management-context",
-        "member1",
-    ];
-    args.extend_from_slice(extra);
-    fleet.serve_config(config, &args, None);
-}
-
 impl Fleet {
     /// A fresh connection and one GET (as a new kubectl would do).
     fn get_once(&self, path: &str) -> (u16, String) {
@@ -181,7 +165,7 @@ fn clusters_follow_the_management_cluster() {
     kubectl(fleet.dir(), &["apply", "-f", policies.to_str().unwrap()]);
 
     let config = fleet.fleet_path("gateway.yaml");
-    serve_with_management(&mut fleet, &config, &[]);
+    fleet.serve_with_management(&config, &[], None);
     // `ready` comes after the first list: member2 is served at once, member1 (not in the
     // management cluster) is not.
     assert_eq!(
@@ -291,7 +275,7 @@ fn files_and_the_management_cluster_are_merged() {
     );
 
     let config = fleet.dir().to_path_buf();
-    serve_with_management(&mut fleet, &config, &[]);
+    fleet.serve_with_management(&config, &[], None);
     // `ready` comes after both sources reported: both clusters are served at once.
     assert_eq!(
         fleet.get_once(&path_of("member1")).0,
@@ -357,7 +341,7 @@ fn a_missing_crd_fails_readiness_until_it_is_installed() {
     let policies = fleet.dir().join("policies.yaml");
     kubectl(fleet.dir(), &["apply", "-f", policies.to_str().unwrap()]);
     let config = fleet.fleet_path("gateway.yaml");
-    serve_with_management(&mut fleet, &config, &["--management-objects", "both"]);
+    fleet.serve_with_management(&config, &["--management-objects", "both"], None);
     let (code, body) = fleet.get_once(&path_of("member2"));
     assert_eq!(code, 200, "{body}\n{}", fleet.log_tail(20));
     let readyz = fleet.admin_get("/readyz");

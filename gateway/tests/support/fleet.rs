@@ -296,6 +296,22 @@ impl Fleet {
         self.serve_config(&config, args, rust_log);
     }
 
+    /// `serve --config CONFIG --workers 1 --management-kubeconfig ... --management-context
+    /// member1` and `extra`: the fleet's member1 is the management cluster.
+    pub fn serve_with_management(&mut self, config: &Path, extra: &[&str], rust_log: Option<&str>) {
+        let kubeconfig = self.fleet_path("kubeconfig");
+        let mut args = vec![
+            "--workers",
+            "1",
+            "--management-kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--management-context",
+            "member1",
+        ];
+        args.extend_from_slice(extra);
+        self.serve_config(config, &args, rust_log);
+    }
+
     /// Like [`Fleet::serve`] with `--config config` (a file or another directory).
     pub fn serve_config(&mut self, config: &Path, args: &[&str], rust_log: Option<&str>) {
         drop(self.gateway.take());
