@@ -33,6 +33,13 @@ use super::{StreamKind, StreamRequest};
 const STREAM_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long we wait for the client to close after we said goodbye.
 const CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// How long an exec'd process takes to start. A kubelet starts it through the container runtime
+/// (tens of milliseconds); a simulated process would otherwise write its first bytes within
+/// microseconds of the 101. That matters over WebSocket: client-go (kubectl 1.32) starts reading
+/// the connection before it has made its stream readers, and drops what arrives for a stream it
+/// has not made yet ("Unknown stream id 1, discarding message"), so `kubectl exec -- hostname`
+/// lost its output under load. SPDY has no such window (the server waits for the client's streams).
+const PROCESS_START: Duration = Duration::from_millis(50);
 
 /// The remote-command protocol version agreed in the handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +76,13 @@ fn start_process(
         terminal_size,
     };
     match &target.kind {
-        StreamKind::Exec { command } => Box::pin(shell::run_exec(command.clone(), io, ctx)),
+        StreamKind::Exec { command } => {
+            let command = command.clone();
+            Box::pin(async move {
+                tokio::time::sleep(PROCESS_START).await;
+                shell::run_exec(command, io, ctx).await
+            })
+        }
         _ => Box::pin(shell::run_attach(io, target.stdin)),
     }
 }
