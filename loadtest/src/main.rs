@@ -75,6 +75,10 @@ struct SimArgs {
     /// without one, that proxy answers 503 (no endpoints). Repeatable.
     #[arg(long = "service", value_name = "NS/NAME:PORT[=HOST:PORT]")]
     services: Vec<sim::services::SimService>,
+    /// On SIGUSR1 the next member (member1, member2, ... round robin) goes down for this long,
+    /// then listens again with the same objects (the soak's member restarts).
+    #[arg(long, default_value = "5s", value_parser = fleetgate_loadtest::run::parse_duration)]
+    restart_down: Duration,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -143,10 +147,41 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
             fleet.dir().join("kubeconfig").display()
         )?;
         stdout.flush()?;
+        let fleet = std::sync::Arc::new(fleet);
+        let restarts = tokio::spawn(restart_on_sigusr1(fleet.clone(), args.restart_down));
         wait_for_termination().await;
-        fleet.shutdown().await;
+        restarts.abort();
+        let _ = restarts.await;
+        match std::sync::Arc::try_unwrap(fleet) {
+            Ok(fleet) => fleet.shutdown().await,
+            Err(_) => tracing::warn!("a member restart still holds the fleet; not stopped cleanly"),
+        }
         anyhow::Ok(())
     })
+}
+
+/// Restarts the next member (round robin) on every SIGUSR1, one restart at a time; signals that
+/// arrive during a restart are taken after it.
+async fn restart_on_sigusr1(fleet: std::sync::Arc<sim::FleetHandle>, down: Duration) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut usr1) = signal(SignalKind::user_defined1()) else {
+            return;
+        };
+        let count = fleet.member_addrs().len();
+        let mut next = 0usize;
+        while usr1.recv().await.is_some() {
+            let index = next % count;
+            next += 1;
+            tracing::warn!(member = index + 1, ?down, "SIGUSR1: restarting member");
+            if let Err(error) = fleet.bounce_member(index, down).await {
+                tracing::error!(member = index + 1, %error, "member restart failed");
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (fleet, down);
 }
 
 async fn wait_for_termination() {

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
+use super::soak::{SoakReport, SoakSample};
 use super::TargetResult;
 
 /// The figure a scenario's chart shows, its axis label, and how to read it from a result.
@@ -85,6 +86,135 @@ pub fn write_svg(path: &Path, scenario: &str, results: &[TargetResult]) -> anyho
             ("sans-serif", 14).into_font(),
         )
     }))?;
+    root.present()?;
+    Ok(())
+}
+
+/// `soak`'s chart: its timeline in five panels sharing the time axis (resident memory, open
+/// descriptors, latency p99 by kind, errors per sample split into those the restarts explain and
+/// the rest, open watches), each member restart a red line across all of them.
+pub fn write_soak_svg(path: &Path, target: &str, report: &SoakReport) -> anyhow::Result<()> {
+    type Series = (&'static str, RGBColor, fn(&SoakSample) -> Option<f64>);
+    let minutes = |s: f64| s / 60.0;
+    let end = report
+        .samples
+        .last()
+        .map(|s| minutes(s.at_s))
+        .unwrap_or(1.0)
+        .max(0.1);
+    let root = SVGBackend::new(path, (1000, 1150)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(
+        &format!("fleetgate-loadtest soak: {target} (red: a member restart)"),
+        ("sans-serif", 20),
+    )?;
+    let explained_at = |s: &SoakSample| (s.errors_restart as f64, s.errors_other as f64);
+    let panels: Vec<(&str, Vec<Series>)> = vec![
+        (
+            "resident memory, MiB",
+            vec![("gateway RSS", BLUE, |s| s.rss_mib)],
+        ),
+        (
+            "open file descriptors",
+            vec![("gateway fds", BLUE, |s| s.fds.map(|f| f as f64))],
+        ),
+        (
+            "latency p99, ms",
+            vec![
+                ("GET", BLUE, |s| s.get_p99_ms),
+                ("list", GREEN, |s| s.list_p99_ms),
+                ("exec", MAGENTA, |s| s.exec_p99_ms),
+            ],
+        ),
+        ("errors per sample", Vec::new()),
+        (
+            "open watches",
+            vec![("watches", BLUE, |s| Some(s.watches_open as f64))],
+        ),
+    ];
+    let areas = root.split_evenly((panels.len(), 1));
+    for (area, (label, series)) in areas.iter().zip(panels) {
+        let values: Vec<f64> = if series.is_empty() {
+            report
+                .samples
+                .iter()
+                .map(|s| {
+                    let (a, b) = explained_at(s);
+                    a.max(b)
+                })
+                .collect()
+        } else {
+            report
+                .samples
+                .iter()
+                .flat_map(|s| series.iter().filter_map(move |(_, _, f)| f(s)))
+                .collect()
+        };
+        let max = values.iter().copied().fold(0.0_f64, f64::max);
+        let top = if max > 0.0 { max * 1.15 } else { 1.0 };
+        let mut chart = ChartBuilder::on(area)
+            .margin(8)
+            .x_label_area_size(28)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..end, 0.0..top)?;
+        chart
+            .configure_mesh()
+            .x_desc("minutes")
+            .y_desc(label)
+            .light_line_style(WHITE)
+            .draw()?;
+        for r in &report.restarts {
+            let x = minutes(r.down_s);
+            chart.draw_series(LineSeries::new([(x, 0.0), (x, top)], RED.stroke_width(1)))?;
+        }
+        if series.is_empty() {
+            let bar = |x: f64, h: f64, color: RGBColor| {
+                Rectangle::new(
+                    [(x - end / 400.0, 0.0), (x + end / 400.0, h)],
+                    color.filled(),
+                )
+            };
+            chart
+                .draw_series(report.samples.iter().filter_map(|s| {
+                    let (explained, _) = explained_at(s);
+                    (explained > 0.0)
+                        .then(|| bar(minutes(s.at_s), explained, RGBColor(255, 160, 0)))
+                }))?
+                .label("near a restart")
+                .legend(|(x, y)| {
+                    Rectangle::new(
+                        [(x, y - 4), (x + 12, y + 4)],
+                        RGBColor(255, 160, 0).filled(),
+                    )
+                });
+            chart
+                .draw_series(report.samples.iter().filter_map(|s| {
+                    let (_, other) = explained_at(s);
+                    (other > 0.0).then(|| bar(minutes(s.at_s), other, RED))
+                }))?
+                .label("elsewhere")
+                .legend(|(x, y)| Rectangle::new([(x, y - 4), (x + 12, y + 4)], RED.filled()));
+        } else {
+            for (name, color, f) in series {
+                chart
+                    .draw_series(LineSeries::new(
+                        report
+                            .samples
+                            .iter()
+                            .filter_map(|s| Some((minutes(s.at_s), f(s)?))),
+                        color.stroke_width(2),
+                    ))?
+                    .label(name)
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], color));
+            }
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
     root.present()?;
     Ok(())
 }

@@ -79,7 +79,7 @@ impl StreamKind {
 }
 
 /// Opens one exec session and returns the WebSocket.
-async fn open_session(
+pub(super) async fn open_session(
     target: &Target,
     path: &str,
     kind: StreamKind,

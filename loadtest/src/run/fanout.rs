@@ -216,7 +216,7 @@ fn sum_open_watches(text: &str) -> u64 {
 
 /// The object's resourceVersion in one watch event line: the first one after the first
 /// `"metadata":{` (the object's own; nested objects come after it or carry none).
-fn event_rv(line: &[u8]) -> Option<u64> {
+pub(super) fn event_rv(line: &[u8]) -> Option<u64> {
     const META: &[u8] = b"\"metadata\":{";
     const KEY: &[u8] = b"\"resourceVersion\":\"";
     let m = line.windows(META.len()).position(|w| w == META)?;

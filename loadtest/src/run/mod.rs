@@ -19,6 +19,7 @@ mod h2load;
 pub mod procstat;
 mod progress;
 mod scenarios;
+pub mod soak;
 mod storm;
 
 use std::time::Duration;
@@ -33,13 +34,14 @@ use procstat::ProcWatch;
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// small-get, small-get-h2, big-list, watch-idle, watch-events, watch-latency, exec-stream,
-    /// portforward-stream, reload-storm, fleet-list, watch-fanout.
+    /// portforward-stream, reload-storm, fleet-list, watch-fanout, soak.
     #[arg(long)]
     pub scenario: String,
     /// NAME=URL or NAME=kubeconfig:PATH[:CONTEXT]; repeat for each target, measured in order.
     /// fleet-list also takes NAME=kubeconfig:PATH:PREFIX*: every context starting with PREFIX,
     /// listed one after the other (the members direct, the baseline of the fleet view);
-    /// watch-fanout takes the same form: the members through the target, in `--members` order.
+    /// watch-fanout and soak take the same form: the members through the target (for
+    /// watch-fanout in `--members` order).
     #[arg(long = "target", required = true)]
     pub targets: Vec<String>,
     /// NAME=PID: the process whose CPU and memory are charged to target NAME; NAME=PID,PID,...
@@ -124,9 +126,35 @@ pub struct RunArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
-    /// Draw the main figure of the scenario per target as an SVG bar chart here.
+    /// Draw the main figure of the scenario per target as an SVG bar chart here (soak: its
+    /// timeline).
     #[arg(long)]
     pub chart: Option<std::path::PathBuf>,
+    /// soak: small GETs a second, all connections together (`--connections` of them).
+    #[arg(long, default_value_t = 200.0)]
+    pub get_rate: f64,
+    /// soak: lists a second.
+    #[arg(long, default_value_t = 5.0)]
+    pub list_rate: f64,
+    /// soak: exec sessions a second.
+    #[arg(long, default_value_t = 1.0)]
+    pub exec_rate: f64,
+    /// soak: one configuration change in `--config-dir` this often.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub reload_every: Duration,
+    /// soak: SIGUSR1 to the simulated fleet (`--sim-pid`) this often, which restarts its next
+    /// member.
+    #[arg(long, value_parser = parse_duration)]
+    pub restart_every: Option<Duration>,
+    /// soak: how long a restarted member stays down (the sim's own `--restart-down`).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub restart_down: Duration,
+    /// soak: the simulated fleet's process (`fleetgate-loadtest sim`).
+    #[arg(long)]
+    pub sim_pid: Option<u32>,
+    /// soak: one sample of the gateway and of the load this often.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub sample_every: Duration,
 }
 
 /// What one target did in one scenario. Fields that do not apply are None.
@@ -196,6 +224,8 @@ pub struct TargetResult {
     pub member_watches_before: Option<std::collections::BTreeMap<String, u64>>,
     /// watch-fanout: client watches closed and opened again (by the driver, or ended early).
     pub reopens: Option<u64>,
+    /// soak: its timeline and verdict.
+    pub soak: Option<Box<soak::SoakReport>>,
 }
 
 /// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
@@ -233,8 +263,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<Vec<TargetResult>> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.chart {
-        chart::write_svg(path, &args.scenario, &results)
-            .with_context(|| format!("drawing {}", path.display()))?;
+        match results
+            .first()
+            .and_then(|r| Some((&r.target, r.soak.as_deref()?)))
+        {
+            Some((target, report)) => chart::write_soak_svg(path, target, report),
+            None => chart::write_svg(path, &args.scenario, &results),
+        }
+        .with_context(|| format!("drawing {}", path.display()))?;
+    }
+    for r in &results {
+        if let Some(report) = &r.soak {
+            for failure in &report.failures {
+                eprintln!("soak goal missed ({}): {failure}", r.target);
+            }
+        }
     }
     Ok(results)
 }
@@ -255,9 +298,14 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         .iter()
         .map(|t| Target::parse_group(t, &opts))
         .collect::<anyhow::Result<_>>()?;
-    if !matches!(args.scenario.as_str(), "fleet-list" | "watch-fanout") {
+    if !matches!(
+        args.scenario.as_str(),
+        "fleet-list" | "watch-fanout" | "soak"
+    ) {
         if let Some((name, _)) = groups.iter().find(|(_, members)| members.len() != 1) {
-            bail!("target {name} stands for several: only fleet-list and watch-fanout take those");
+            bail!(
+                "target {name} stands for several: only fleet-list, watch-fanout and soak take those"
+            );
         }
     }
     let targets: Vec<Target> = groups
@@ -323,6 +371,7 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
             "watch-fanout" => {
                 fanout::watch_fanout(args, name, members, &upstream_members, proc_watch).await
             }
+            "soak" => soak::soak(args, name, members, proc_watch).await,
             _ => unreachable!("checked against SCENARIOS above"),
         };
         bar.finish();
@@ -361,6 +410,7 @@ pub const SCENARIOS: &[&str] = &[
     "reload-storm",
     "fleet-list",
     "watch-fanout",
+    "soak",
 ];
 
 /// Roughly how long one target takes, for the progress bar.
@@ -451,6 +501,45 @@ pub fn print_table(results: &[TargetResult]) {
             }),
             ("rejected", |r| {
                 fmt_opt(r.reloads_failed.map(|v| v as f64), 0)
+            }),
+        ],
+        "soak" => &[
+            ("restarts", |r| {
+                r.soak
+                    .as_ref()
+                    .map(|s| s.restarts.len().to_string())
+                    .unwrap_or_default()
+            }),
+            ("restart errs", |r| {
+                r.soak
+                    .as_ref()
+                    .map(|s| s.restart_errors.values().sum::<u64>().to_string())
+                    .unwrap_or_default()
+            }),
+            ("watches end", |r| {
+                r.soak
+                    .as_ref()
+                    .map(|s| format!("{}/{}", s.watches_open_at_end, s.watches))
+                    .unwrap_or_default()
+            }),
+            ("RSS +MiB", |r| {
+                fmt_opt(r.soak.as_ref().and_then(|s| s.rss_growth_mib), 1)
+            }),
+            ("fds +", |r| {
+                fmt_opt(r.soak.as_ref().and_then(|s| s.fds_growth), 0)
+            }),
+            ("goals", |r| {
+                r.soak
+                    .as_ref()
+                    .map(|s| {
+                        if s.failures.is_empty() {
+                            "met"
+                        } else {
+                            "MISSED"
+                        }
+                        .to_owned()
+                    })
+                    .unwrap_or_default()
             }),
         ],
         _ => &[],

@@ -90,6 +90,18 @@ impl ProcWatch {
             .collect()
     }
 
+    /// Open file descriptors of all of them (entries of `/proc/PID/fd`).
+    pub fn open_fds(&self) -> anyhow::Result<u64> {
+        let mut total = 0;
+        for p in &self.procs {
+            let dir = format!("/proc/{}/fd", p.pid);
+            let entries =
+                std::fs::read_dir(&dir).map_err(|e| anyhow!("cannot list {dir} ({e})"))?;
+            total += entries.count() as u64;
+        }
+        Ok(total)
+    }
+
     /// The most resident memory each process ever had (VmHWM), summed, in bytes (an upper
     /// bound of the group's peak: the processes need not have peaked together).
     pub fn rss_high_water(&self) -> anyhow::Result<u64> {

@@ -30,7 +30,7 @@ const STORM_CLUSTERS: usize = 10;
 /// The gateway debounces reloads; after the last write, this long is enough for the last reload.
 const SETTLE: Duration = Duration::from_millis(1500);
 
-fn cluster_yaml(name: &str, generation: u64) -> String {
+pub(super) fn cluster_yaml(name: &str, generation: u64) -> String {
     format!(
         "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\n  labels:\n    \
          fleetgate.io/loadtest-storm: \"{generation}\"\nspec:\n  server: http://127.0.0.1:9\n  \
@@ -38,7 +38,7 @@ fn cluster_yaml(name: &str, generation: u64) -> String {
     )
 }
 
-fn write_atomically(dir: &Path, file: &str, content: &str) -> std::io::Result<()> {
+pub(super) fn write_atomically(dir: &Path, file: &str, content: &str) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{file}.tmp"));
     std::fs::write(&tmp, content)?;
     std::fs::rename(&tmp, dir.join(file))
@@ -59,7 +59,7 @@ fn clean(dir: &Path) {
 }
 
 /// The gateway's reload counters (success, failure) from its admin `/metrics`.
-async fn read_reloads(admin: &Target) -> anyhow::Result<(u64, u64)> {
+pub(super) async fn read_reloads(admin: &Target) -> anyhow::Result<(u64, u64)> {
     let mut conn = HttpConn::new(admin.connect().await?);
     let head = conn
         .send(&admin.get_request("/metrics", "text/plain"))
@@ -81,6 +81,22 @@ async fn read_reloads(admin: &Target) -> anyhow::Result<(u64, u64)> {
              --config directory?)"
         )),
     }
+}
+
+/// The gateway's admin listener (`--admin-url`) and its reload counters now, if given.
+pub(super) async fn admin_reloads(
+    args: &RunArgs,
+) -> anyhow::Result<(Option<Target>, Option<(u64, u64)>)> {
+    let admin = args
+        .admin_url
+        .as_deref()
+        .map(|url| Target::parse(&format!("admin={url}"), &TlsOptions::default()))
+        .transpose()?;
+    let now = match &admin {
+        Some(a) => Some(read_reloads(a).await?),
+        None => None,
+    };
+    Ok((admin, now))
 }
 
 /// Writes changes until `stop`, `per_sec` a second; returns how many it wrote.
@@ -144,17 +160,9 @@ pub async fn reload_storm(
         "--config-dir {} is not a directory",
         dir.display()
     );
-    let admin = args
-        .admin_url
-        .as_deref()
-        .map(|url| Target::parse(&format!("admin={url}"), &TlsOptions::default()))
-        .transpose()?;
+    let (admin, before) = admin_reloads(args).await?;
 
     // The storm's clusters exist in both phases, so both serve a table of the same size.
-    let before = match &admin {
-        Some(a) => Some(read_reloads(a).await?),
-        None => None,
-    };
     for i in 0..STORM_CLUSTERS {
         write_atomically(
             &dir,

@@ -34,6 +34,7 @@ pub mod watch;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -105,6 +106,19 @@ impl FleetHandle {
                 format!("no member {index}"),
             )),
         }
+    }
+
+    /// Restarts member `index` as a kube-apiserver restarts in front of its etcd: the listener
+    /// and every connection close, nothing answers for `down`, then it listens again on the same
+    /// address with the same objects and watch history. Its churn goes on meanwhile (writes from
+    /// elsewhere), so resumed watches have events to catch up on. The sim's SIGUSR1.
+    pub async fn bounce_member(&self, index: usize, down: Duration) -> std::io::Result<()> {
+        let server = self.servers.get(index).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, format!("no member {index}"))
+        })?;
+        server.stop().await;
+        tokio::time::sleep(down).await;
+        server.restart().await
     }
 
     /// The in-memory state of member `index` (for tests and the loadtest driver).
