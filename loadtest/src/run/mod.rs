@@ -272,12 +272,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         }
         .with_context(|| format!("drawing {}", path.display()))?;
     }
+    let mut missed = 0;
     for r in &results {
         if let Some(report) = &r.soak {
             for failure in &report.failures {
                 eprintln!("soak goal missed ({}): {failure}", r.target);
+                missed += 1;
             }
         }
+    }
+    if missed > 0 {
+        bail!("the soak missed {missed} of its goals (above); results written");
     }
     Ok(results)
 }
