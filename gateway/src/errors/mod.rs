@@ -6,9 +6,12 @@
 //! the client connection may be reused after the answer (it may not after a framing error, since the
 //! gateway can no longer tell where the next request starts). Nothing else in the crate writes a
 //! `Status` by hand: the connection driver calls [`GatewayError::to_response`]. This module never does
-//! I/O.
+//! I/O; [`log_answered`] is where an answered error is logged.
 
+use std::cell::RefCell;
 use std::io;
+use std::mem::Discriminant;
+use std::time::{Duration, Instant};
 
 /// Who caused an error: decides log level and the metrics `code` family, never the wire format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,9 +352,80 @@ pub fn reason_phrase(code: u16) -> &'static str {
     }
 }
 
+/// How often a shard logs a warning for one kind of failure; the ones between are counted into
+/// the next line.
+const WARN_EVERY: Duration = Duration::from_secs(1);
+
+thread_local! {
+    /// Per shard: each failure kind's last warning and how many were held back since.
+    static WARNED: RefCell<Vec<(Discriminant<GatewayError>, Instant, u64)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+/// Logs an error the gateway answered a request with (`what`: "request", "h2 request").
+/// Refusals of the client's own doing go to debug. Failures upstream or inside warn, at most once a
+/// second per shard for each kind: a member away for a few seconds fails every request sent to it,
+/// and one line a second says so (with how many like it were not logged) instead of thousands.
+pub fn log_answered(err: &GatewayError, what: &'static str) {
+    if err.side() == Side::Downstream {
+        tracing::debug!(error = %err, "refused {what}");
+        return;
+    }
+    match warn_now(std::mem::discriminant(err), Instant::now()) {
+        Some(0) => tracing::warn!(error = %err, "{what} failed"),
+        Some(n) => tracing::warn!(error = %err, like_it_not_logged = n, "{what} failed"),
+        None => {}
+    }
+}
+
+/// Whether a failure of `kind` at `now` is logged on this shard: Some(how many like it were held
+/// back since the last line), or None to hold it back.
+fn warn_now(kind: Discriminant<GatewayError>, now: Instant) -> Option<u64> {
+    WARNED.with(|warned| {
+        let mut warned = warned.borrow_mut();
+        match warned.iter_mut().find(|(k, _, _)| *k == kind) {
+            Some((_, last, held)) if now.duration_since(*last) < WARN_EVERY => {
+                *held += 1;
+                None
+            }
+            Some((_, last, held)) => {
+                *last = now;
+                Some(std::mem::take(held))
+            }
+            None => {
+                warned.push((kind, now, 0));
+                Some(0)
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_warns_once_a_second_per_kind_and_counts_the_rest() {
+        let refused = GatewayError::ConnectTimeout {
+            cluster: "m1".into(),
+            address: "127.0.0.1:1".into(),
+        };
+        let timeout = std::mem::discriminant(&refused);
+        let other = std::mem::discriminant(&GatewayError::OutOfDescriptors {
+            cluster: "m1".into(),
+        });
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert_eq!(warn_now(timeout, at(0)), Some(0));
+        assert_eq!(warn_now(timeout, at(10)), None);
+        assert_eq!(warn_now(timeout, at(500)), None);
+        // Another kind is not held back by the first.
+        assert_eq!(warn_now(other, at(600)), Some(0));
+        assert_eq!(warn_now(timeout, at(999)), None);
+        assert_eq!(warn_now(timeout, at(1000)), Some(3));
+        assert_eq!(warn_now(timeout, at(1001)), None);
+        assert_eq!(warn_now(timeout, at(3000)), Some(1));
+    }
 
     #[test]
     fn unknown_cluster_is_a_404_status_naming_the_cluster() {

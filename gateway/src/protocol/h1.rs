@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes, BytesMut};
 use fleetgate_config_watcher::{ClusterRoute, Limits};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::auth::{self, ClientIdentity};
-use crate::errors::{GatewayError, Side};
+use crate::errors::GatewayError;
 use crate::exchange::member_head::{self, MemberRequest, Upgrade};
 use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
 use crate::exchange::retired::LAST_CHUNK;
@@ -195,10 +195,7 @@ async fn respond_error<S: AsyncWrite + Unpin>(
     close: bool,
     head_method: bool,
 ) {
-    match err.side() {
-        Side::Downstream => debug!(error = %err, "refused request"),
-        Side::Upstream | Side::Internal => warn!(error = %err, "request failed"),
-    }
+    crate::errors::log_answered(err, "request");
     let response = err.to_response(close);
     // A response to HEAD has no body (its Content-Length still says how long it would be).
     let response = if head_method {

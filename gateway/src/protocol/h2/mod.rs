@@ -36,7 +36,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
 
 use crate::auth::{self, ClientIdentity};
-use crate::errors::{GatewayError, Side};
+use crate::errors::GatewayError;
 use crate::exchange::member_head::{self, MemberRequest, Upgrade};
 use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
 use crate::exchange::{
@@ -305,10 +305,7 @@ async fn serve_stream(
     match proxied {
         Ok(()) => {}
         Err(Failure::Answer(err)) => {
-            match err.side() {
-                Side::Downstream => debug!(error = %err, "refused h2 request"),
-                Side::Upstream | Side::Internal => warn!(error = %err, "h2 request failed"),
-            }
+            crate::errors::log_answered(&err, "h2 request");
             let (code, _) = err.code_and_reason();
             let body = Bytes::from(err.status_body());
             let mut response = Response::builder()
