@@ -21,7 +21,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Config};
 use support::fleet::Fleet;
 use support::kubectl::{kubectl, kubectl_command};
-use support::wait::wait_for;
+use support::wait::{wait_for, wait_for_or};
 
 /// Turns on `spec.sharedWatches` for configmaps in the fleet's Gateway.
 fn share_configmaps(fleet: &Fleet, ring: u32, lag: u32) {
@@ -490,6 +490,28 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
     share_configmaps(&fleet, 64, 16);
     fleet.serve(&["--workers", "1"], Some("fleetgate=info"));
     create_seed(&fleet);
+    // The shared watch first, opened by a watch from now (which the hub always serves). Were
+    // kubectl's watch the hub's first client, a change between kubectl's list and the hub's could
+    // leave kubectl's resourceVersion older than anything the hub saw: the gateway hands such a
+    // watch to the member, which ends it after 2 s here, and `kubectl get -w` exits with it.
+    let warm = Watcher {
+        child: kubectl_command(&fleet.gateway_kubeconfig(), "member1")
+            .args([
+                "get",
+                "--raw",
+                "/clusters/member1/api/v1/namespaces/default/configmaps?watch=1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+        out: fleet.path("warm.out"),
+    };
+    wait_for(
+        "the shared watch of default",
+        Duration::from_secs(30),
+        || member_watches(&fleet, "member1", "configmaps") == 1,
+    );
     let columns = kubectl_watch(
         &fleet,
         "columns",
@@ -516,9 +538,19 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
     }
     // Changes that fell into a relist come as what changed since (the last of them), as from
     // client-go's reflector: in order, none twice, the last one always.
-    wait_for("the last change", Duration::from_secs(30), || {
-        values_in(&columns.output()).last() == Some(&5)
-    });
+    wait_for_or(
+        "the last change",
+        Duration::from_secs(30),
+        || values_in(&columns.output()).last() == Some(&5),
+        || {
+            format!(
+                "watch printed {:?}; kubectl said {:?}\ngateway log:\n{}",
+                columns.output(),
+                std::fs::read_to_string(fleet.path("columns.err")).unwrap_or_default(),
+                fleet.log_tail(60)
+            )
+        },
+    );
     let values = values_in(&columns.output());
     assert!(values.windows(2).all(|w| w[0] < w[1]), "{values:?}");
 
@@ -558,6 +590,7 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
         },
     );
     assert!(status.unwrap().success(), "{}", fleet.log_tail(20));
+    drop(warm);
     wait_for("member2 to hold no watch", Duration::from_secs(30), || {
         let out = kubectl(
             &fleet.fleet_path("kubeconfig"),
