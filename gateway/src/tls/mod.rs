@@ -165,8 +165,10 @@ pub async fn dispatch<S>(
         None => ClientIdentity::default(),
     };
     // The protocol branch: h2 when the client chose it, HTTP/1.1 otherwise (also without ALPN).
+    // The h2 connection's future is boxed: it is twice the size of HTTP/1.1's, and this future
+    // (every TLS connection's, for its whole life) would otherwise be as large as the larger.
     if session.alpn_protocol() == Some(b"h2") {
-        crate::protocol::h2::serve_h2(ctx, tls, peer, identity).await;
+        Box::pin(crate::protocol::h2::serve_h2(ctx, tls, peer, identity)).await;
     } else {
         serve_http1(ctx, &mut tls, peer, &identity).await;
     }

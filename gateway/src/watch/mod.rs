@@ -266,7 +266,9 @@ pub(crate) async fn serve(
     caller: Caller,
     client: &mut impl FleetClient,
 ) -> Served {
-    if !access::may_watch(ctx, proxied, &plan.key, caller).await {
+    // Boxed: the access review is a whole member request, and a future that held it inline would
+    // keep its room for as long as the client watches.
+    if !Box::pin(access::may_watch(ctx, proxied, &plan.key, caller)).await {
         return Served::Proxy;
     }
     let Some(hub) = hub_for(ctx, proxied, &plan.key, caller) else {
