@@ -226,7 +226,7 @@ fn kind(load: &str, error: &anyhow::Error) -> String {
         format!("{load}: {status}")
     } else if text.contains("timed out") || text.contains("deadline") {
         format!("{load}: timeout")
-    } else if text.contains("refused") || text.contains("connect") {
+    } else if text == "connect" || text.contains("refused") {
         format!("{load}: connect")
     } else {
         format!("{load}: connection lost")
@@ -958,6 +958,20 @@ pub fn failures(r: &SoakReport) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_are_sorted_by_kind() {
+        let refused =
+            anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+                .context("connect");
+        assert_eq!(kind("get", &refused), "get: connect");
+        assert_eq!(kind("get", &anyhow!("status 503")), "get: 503");
+        assert_eq!(kind("exec", &anyhow!("timed out")), "exec: timeout");
+        assert_eq!(
+            kind("watch", &anyhow!("connection reset by peer")),
+            "watch: connection lost"
+        );
+    }
 
     #[test]
     fn a_steady_line_is_flat_and_a_leak_shows() {
