@@ -122,9 +122,21 @@ impl Drop for Watcher {
 
 /// `kubectl get cm -n default -w ARGS` through the gateway, its stdout in a file.
 fn kubectl_watch(fleet: &Fleet, name: &str, args: &[&str]) -> Watcher {
+    let mut command = vec!["get", "cm", "-n", "default", "-w"];
+    command.extend_from_slice(args);
+    kubectl_watcher(fleet, name, "member1", &command)
+}
+
+/// `kubectl get --raw` of the watch of `default`'s configmaps on `context` through the gateway.
+fn raw_watch(fleet: &Fleet, name: &str, context: &str) -> Watcher {
+    let path = format!("/clusters/{context}/api/v1/namespaces/default/configmaps?watch=1");
+    kubectl_watcher(fleet, name, context, &["get", "--raw", &path])
+}
+
+/// kubectl with `args` on the gateway's `context`, its stdout and stderr in NAME.out / NAME.err.
+fn kubectl_watcher(fleet: &Fleet, name: &str, context: &str, args: &[&str]) -> Watcher {
     let out = fleet.path(&format!("{name}.out"));
-    let child = kubectl_command(&fleet.gateway_kubeconfig(), "member1")
-        .args(["get", "cm", "-n", "default", "-w"])
+    let child = kubectl_command(&fleet.gateway_kubeconfig(), context)
         .args(args)
         .stdout(std::fs::File::create(&out).unwrap())
         .stderr(std::fs::File::create(fleet.path(&format!("{name}.err"))).unwrap())
@@ -494,19 +506,7 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
     // kubectl's watch the hub's first client, a change between kubectl's list and the hub's could
     // leave kubectl's resourceVersion older than anything the hub saw: the gateway hands such a
     // watch to the member, which ends it after 2 s here, and `kubectl get -w` exits with it.
-    let warm = Watcher {
-        child: kubectl_command(&fleet.gateway_kubeconfig(), "member1")
-            .args([
-                "get",
-                "--raw",
-                "/clusters/member1/api/v1/namespaces/default/configmaps?watch=1",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-        out: fleet.path("warm.out"),
-    };
+    let warm = raw_watch(&fleet, "warm", "member1");
     wait_for(
         "the shared watch of default",
         Duration::from_secs(30),
@@ -556,16 +556,7 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
 
     // member2 is removed from the configuration: its shared watch ends, and with it every
     // client watch on it, cleanly.
-    let mut raw = kubectl_command(&fleet.gateway_kubeconfig(), "member2")
-        .args([
-            "get",
-            "--raw",
-            "/clusters/member2/api/v1/namespaces/default/configmaps?watch=1",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut raw = raw_watch(&fleet, "raw", "member2");
     let member2 = |fleet: &Fleet| {
         let out = kubectl(
             &fleet.fleet_path("kubeconfig"),
@@ -585,7 +576,7 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
         "the client watch on member2 to end",
         Duration::from_secs(30),
         || {
-            status = raw.try_wait().unwrap();
+            status = raw.child.try_wait().unwrap();
             status.is_some()
         },
     );
