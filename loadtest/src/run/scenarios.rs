@@ -388,20 +388,33 @@ pub(super) async fn read_events(
     deadline: Instant,
     mut on_event: impl FnMut(u128, Instant, &[u8]),
 ) {
+    let read = read_lines(&mut conn, &head, |arrived, line| {
+        if let Some(sent) = sent_at_nanos(line) {
+            on_event(sent, arrived, line);
+        }
+    });
+    let _ = tokio::time::timeout_at(deadline.into(), read).await;
+}
+
+/// Reads a watch body to its end, handing each complete line (with its `\n`) to `on_line` with
+/// the time its read arrived (one clock read per read, not per line).
+pub(super) async fn read_lines(
+    conn: &mut HttpConn,
+    head: &super::client::Head,
+    mut on_line: impl FnMut(Instant, &[u8]),
+) -> anyhow::Result<u64> {
     let mut line = Vec::with_capacity(4096);
-    let read = conn.read_body(&head, |data| {
+    conn.read_body(head, |data| {
         let arrived = Instant::now();
         for piece in data.split_inclusive(|b| *b == b'\n') {
             line.extend_from_slice(piece);
             if line.ends_with(b"\n") {
-                if let Some(sent) = sent_at_nanos(&line) {
-                    on_event(sent, arrived, &line);
-                }
+                on_line(arrived, &line);
                 line.clear();
             }
         }
-    });
-    let _ = tokio::time::timeout_at(deadline.into(), read).await;
+    })
+    .await
 }
 
 /// `watch-events`: W watches on `--path` (a collection the upstream churns with sent-at stamped

@@ -44,7 +44,7 @@ use super::client::{HttpConn, Target};
 use super::exec::{open_session, StreamKind};
 use super::fanout::event_rv;
 use super::procstat::ProcWatch;
-use super::scenarios::{current_rv, new_hist, with_query};
+use super::scenarios::{current_rv, new_hist, read_lines, with_query};
 use super::storm::{admin_reloads, cluster_yaml, read_reloads, write_atomically};
 use super::{RunArgs, TargetResult};
 
@@ -363,23 +363,16 @@ async fn read_watch(
     last_event: &mut Instant,
     cycle: &Notify,
 ) -> StreamEnd {
-    let mut line = Vec::with_capacity(2048);
     let mut gone = false;
-    let read = conn.read_body(&head, |data| {
-        for piece in data.split_inclusive(|b| *b == b'\n') {
-            line.extend_from_slice(piece);
-            if line.ends_with(b"\n") {
-                if line.windows(14).any(|w| w == b"\"type\":\"ERROR\"") {
-                    gone |= line.windows(10).any(|w| w == b"\"code\":410");
-                } else {
-                    if let Some(r) = event_rv(&line) {
-                        *rv = (*rv).max(r);
-                    }
-                    *last_event = Instant::now();
-                    soak.watch_events.fetch_add(1, Ordering::Relaxed);
-                }
-                line.clear();
+    let read = read_lines(&mut conn, &head, |arrived, line| {
+        if line.windows(14).any(|w| w == b"\"type\":\"ERROR\"") {
+            gone |= line.windows(10).any(|w| w == b"\"code\":410");
+        } else {
+            if let Some(r) = event_rv(line) {
+                *rv = (*rv).max(r);
             }
+            *last_event = arrived;
+            soak.watch_events.fetch_add(1, Ordering::Relaxed);
         }
     });
     tokio::select! {
