@@ -620,12 +620,14 @@ fn soak_restarts_members_and_every_watch_resumes_through_the_gateway() {
         .map(|x| x["member"].as_str().unwrap())
         .collect();
     assert_eq!(restarted, ["member1", "member2"], "{r}");
-    // Each restart ended its member's 20 watches; every one of them resumed and is open at the end.
+    // Each restart broke its member's 20 watches (ended their streams, or refused the reopening
+    // of one the driver had just closed on purpose); every one of them resumed and is open at
+    // the end.
     assert!(r["watch_breaks"].as_u64().unwrap() >= 40, "{r}");
     assert_eq!(r["watch_resumes"], r["watch_breaks"], "{r}");
     assert_eq!(r["watches_open_at_end"], 40, "{r}");
     assert!(
-        r["restart_errors"]["watch: ended"].as_u64().unwrap() >= 40,
+        r["restart_errors"]["watch: ended"].as_u64().unwrap() > 0,
         "{r}"
     );
     assert_eq!(r["unexplained_errors"], serde_json::json!({}), "{r}");

@@ -116,7 +116,8 @@ pub struct SoakReport {
     pub execs: u64,
     pub watches: usize,
     pub watches_open_at_end: i64,
-    /// Watch streams that ended without the driver closing them, and how many opened again.
+    /// Watches a failure broke (a stream that ended without the driver closing it, or a
+    /// reopening after the driver closed one that was refused), and how many opened again.
     pub watch_breaks: u64,
     pub watch_resumes: u64,
     /// The longest a broken watch took to open again, seconds.
@@ -446,6 +447,13 @@ async fn client_watch(
             }
             Err(error) => {
                 soak.error(member, kind("watch open", &error));
+                // A watch the driver closed on purpose (or relisted) just before a member went
+                // away is broken by its reopening being refused, as much as one whose stream
+                // the restart ended: it must resume too.
+                if !first && broken_since.is_none() {
+                    soak.watch_breaks.fetch_add(1, Ordering::Relaxed);
+                    broken_since = Some(Instant::now());
+                }
                 let left = soak.deadline.saturating_duration_since(Instant::now());
                 tokio::time::sleep(backoff.min(left)).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
