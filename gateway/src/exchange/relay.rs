@@ -220,7 +220,7 @@ async fn paced(
     let Pace::Ordinary { write_timeout } = pace else {
         return write.await;
     };
-    match runtime::timeout_if_pending(write_timeout, write).await {
+    match runtime::timeout(write_timeout, write).await {
         Ok(written) => written,
         Err(_) => Err(Failure::Abort("client stopped reading the response")),
     }

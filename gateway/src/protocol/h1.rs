@@ -585,6 +585,13 @@ where
         started,
     } = shared;
     let _stream = ctx.shard_metrics.stream_opened();
+    // A shared watch holds its connection until the client leaves, and the connection closes
+    // after it: the request head's buffers go now instead (the next read makes a new one, should
+    // the watch be proxied after all). Bytes a client pipelined stay where they are.
+    if down.buf.is_empty() {
+        down.buf = BytesMut::new();
+    }
+    down.out = Vec::new();
     let mut client = FleetConnection {
         io: &mut *down.io,
         chunked: head.minor_version > 0,
@@ -743,14 +750,7 @@ struct FleetConnection<'a, S> {
 impl<S: AsyncRead + AsyncWrite + Unpin> FleetConnection<'_, S> {
     /// Writes `parts` within the write timeout; a client that does not take them is cut.
     async fn write(&mut self, parts: &[&[u8]]) -> Result<(), Failure> {
-        let io = &mut *self.io;
-        let write = async {
-            for part in parts {
-                io.write_all(part).await?;
-            }
-            Ok::<_, std::io::Error>(())
-        };
-        match runtime::timeout(self.write_timeout, write).await {
+        match runtime::timeout(self.write_timeout, write_all_parts(self.io, parts)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(Failure::Abort("client went away")),
             Err(_) => Err(Failure::Abort("client stopped reading")),
@@ -785,8 +785,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> crate::fleet::FleetClient for FleetConne
         if !self.chunked {
             return self.write(&[&piece]).await;
         }
-        let size = format!("{:x}\r\n", piece.len());
-        self.write(&[size.as_bytes(), &piece, b"\r\n"]).await
+        let mut size = [0u8; 18];
+        let size = chunk_size_line(&mut size, piece.len());
+        self.write(&[size, &piece, b"\r\n"]).await
     }
 
     async fn gone(&mut self) {
@@ -810,6 +811,58 @@ impl<S: AsyncRead + AsyncWrite + Unpin> crate::fleet::FleetClient for FleetConne
             .await
             .map_err(|_| Failure::Abort("client went away"))
     }
+}
+
+/// Writes `parts` one after another, as few writes as the stream allows: over TLS one record
+/// and one socket write for a watch event's chunk (size line, event, CRLF) instead of three.
+async fn write_all_parts<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    mut parts: &[&[u8]],
+) -> std::io::Result<()> {
+    // The bytes of parts[0] already written.
+    let mut done = 0;
+    loop {
+        while parts.first().is_some_and(|p| p.len() == done) {
+            parts = &parts[1..];
+            done = 0;
+        }
+        let Some(first) = parts.first() else {
+            return Ok(());
+        };
+        let mut slices = [std::io::IoSlice::new(&[]); 4];
+        slices[0] = std::io::IoSlice::new(&first[done..]);
+        let mut count = 1;
+        for part in parts[1..].iter().take(slices.len() - 1) {
+            slices[count] = std::io::IoSlice::new(part);
+            count += 1;
+        }
+        let mut written = io.write_vectored(&slices[..count]).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        // Step over what went out: whole parts, then into the one it stopped in.
+        written += done;
+        done = 0;
+        while let Some(part) = parts.first() {
+            if written < part.len() {
+                done = written;
+                break;
+            }
+            written -= part.len();
+            parts = &parts[1..];
+        }
+    }
+}
+
+/// `{len:x}\r\n` in `room`, without an allocation.
+fn chunk_size_line(room: &mut [u8; 18], len: usize) -> &[u8] {
+    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1) as usize;
+    for (i, slot) in room[..digits].iter_mut().enumerate() {
+        let nibble = (len >> (4 * (digits - 1 - i))) & 0xf;
+        *slot = b"0123456789abcdef"[nibble];
+    }
+    room[digits..digits + 2].copy_from_slice(b"\r\n");
+    &room[..digits + 2]
 }
 
 /// Hands the audit log one record for a request whose response ended (nothing when the audit
@@ -1011,7 +1064,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RequestBody for ClientBody<'_, S> {
                 // A member that stops reading the body (it answered early, or hangs) must not
                 // hold the client forever.
                 let write = conn.io.write_all(&self.buf[..n]);
-                match runtime::timeout_if_pending(BODY_STALL_TIMEOUT, write).await {
+                match runtime::timeout(BODY_STALL_TIMEOUT, write).await {
                     Ok(written) => written.map_err(|e| GatewayError::UpstreamClosed {
                         cluster: cluster.name.to_string(),
                         source: Some(e),
@@ -1235,4 +1288,108 @@ fn write_response_head(out: &mut Vec<u8>, response: &Head, close: bool) {
         out.extend_from_slice(b"Connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use proptest::prelude::*;
+
+    use super::{chunk_size_line, write_all_parts};
+
+    /// A stream that takes at most `room` bytes a call and counts the calls.
+    struct Narrow {
+        out: Vec<u8>,
+        room: usize,
+        calls: usize,
+    }
+
+    impl tokio::io::AsyncWrite for Narrow {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.poll_write_vectored(cx, &[std::io::IoSlice::new(buf)])
+        }
+
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            self.calls += 1;
+            let mut taken = 0;
+            for buf in bufs {
+                let n = buf.len().min(self.room - taken);
+                self.out.extend_from_slice(&buf[..n]);
+                taken += n;
+            }
+            Poll::Ready(Ok(taken))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn write(parts: &[&[u8]], room: usize) -> Narrow {
+        let mut io = Narrow {
+            out: Vec::new(),
+            room,
+            calls: 0,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime
+            .block_on(write_all_parts(&mut io, parts))
+            .expect("written");
+        io
+    }
+
+    #[test]
+    fn a_watch_events_chunk_goes_out_in_one_write() {
+        let event = br#"{"type":"ADDED","object":{}}"#;
+        let mut room = [0u8; 18];
+        let size = chunk_size_line(&mut room, event.len());
+        let io = write(&[size, event, b"\r\n"], 64 * 1024);
+        assert_eq!(io.out, b"1c\r\n{\"type\":\"ADDED\",\"object\":{}}\r\n");
+        assert_eq!(io.calls, 1);
+    }
+
+    #[test]
+    fn chunk_size_lines_are_lowercase_hex() {
+        for len in [0, 1, 9, 10, 15, 16, 255, 4096, 0xdead_beef, usize::MAX] {
+            let mut room = [0u8; 18];
+            assert_eq!(
+                chunk_size_line(&mut room, len),
+                format!("{len:x}\r\n").as_bytes()
+            );
+        }
+    }
+
+    proptest! {
+        // However little the stream takes a call, every byte of every part goes out in order,
+        // once; empty parts are skipped.
+        #[test]
+        fn parts_go_out_whole_and_in_order(
+            parts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..8),
+            room in 1usize..50,
+        ) {
+            let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            let io = write(&slices, room);
+            prop_assert_eq!(io.out, parts.concat());
+        }
+    }
 }

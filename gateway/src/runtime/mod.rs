@@ -32,25 +32,22 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Elapsed;
 
-/// Runs `future` for at most `duration`.
+/// Runs `future` for at most `duration`. The future is polled before a timer is made: one that
+/// is ready at once (a write the socket takes whole, a read with bytes waiting) costs no insertion
+/// into the timer wheel. The timer is boxed: monoio's `Sleep` is 640 bytes aligned to 128, and
+/// held inline it would put that room, and its alignment's padding, in every future that awaits
+/// this one (a connection's, for its whole life).
 pub async fn timeout<F: Future>(duration: Duration, future: F) -> Result<F::Output, Elapsed> {
-    monoio::time::timeout(duration, future)
-        .await
-        .map_err(|_| Elapsed)
-}
-
-/// Like [`timeout`], but polls `future` once first and arms the timer only if it is not done
-/// then: a write that goes out at once (the common case) costs no timer.
-pub async fn timeout_if_pending<F: Future>(
-    duration: Duration,
-    future: F,
-) -> Result<F::Output, Elapsed> {
     let mut future = pin!(future);
-    let first = std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
-    match first {
-        Poll::Ready(out) => Ok(out),
-        Poll::Pending => timeout(duration, future).await,
-    }
+    let mut timer: Option<std::pin::Pin<Box<monoio::time::Sleep>>> = None;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = future.as_mut().poll(cx) {
+            return Poll::Ready(Ok(out));
+        }
+        let timer = timer.get_or_insert_with(|| Box::pin(monoio::time::sleep(duration)));
+        timer.as_mut().poll(cx).map(|()| Err(Elapsed))
+    })
+    .await
 }
 
 /// Lets the shard's other tasks run before this one goes on: wakes itself and returns Pending
@@ -130,4 +127,52 @@ pub async fn race<A: Future, B: Future>(left: A, right: B) -> First<A::Output, B
         Poll::Pending
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    fn block_on<F: Future>(future: F) -> F::Output {
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .expect("runtime")
+            .block_on(future)
+    }
+
+    #[test]
+    fn a_future_that_finishes_in_time_gives_its_output() {
+        block_on(async {
+            assert_eq!(timeout(Duration::from_secs(1), async { 7 }).await, Ok(7));
+            let slow = async {
+                sleep(Duration::from_millis(20)).await;
+                8
+            };
+            assert_eq!(timeout(Duration::from_secs(5), slow).await, Ok(8));
+        })
+    }
+
+    #[test]
+    fn a_future_that_does_not_finish_is_cut_at_its_limit() {
+        block_on(async {
+            let started = Instant::now();
+            let out = timeout(Duration::from_millis(50), std::future::pending::<()>()).await;
+            assert_eq!(out, Err(Elapsed));
+            let took = started.elapsed();
+            assert!(took >= Duration::from_millis(40), "{took:?}");
+        })
+    }
+
+    #[test]
+    fn waiting_on_a_timeout_keeps_no_timer_inline() {
+        // The timer is on the heap while it runs: the future is its inner future's size plus a
+        // few words (some more in a debug build), without monoio's 640-byte, 128-aligned Sleep.
+        let future = timeout(Duration::from_secs(1), std::future::pending::<()>());
+        let size = std::mem::size_of_val(&future);
+        assert!(size <= 160, "{size}");
+        assert!(std::mem::align_of_val(&future) <= 8);
+    }
 }

@@ -734,7 +734,7 @@ impl RequestBody for StreamBody<'_> {
                     conn.io.write_all(&data).await
                 }
             };
-            match runtime::timeout_if_pending(BODY_STALL_TIMEOUT, write).await {
+            match runtime::timeout(BODY_STALL_TIMEOUT, write).await {
                 Ok(written) => written.map_err(closed)?,
                 Err(_) => return Err(stalled()),
             }
