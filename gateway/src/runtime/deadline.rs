@@ -64,14 +64,7 @@ impl Deadline {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn block_on<F: Future>(future: F) -> F::Output {
-        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
-            .enable_timer()
-            .build()
-            .expect("runtime")
-            .block_on(future)
-    }
+    use crate::runtime::tests::block_on;
 
     /// Pending once (so the phase arms the timer), ready on the next poll.
     fn waits_once() -> impl Future<Output = ()> {

@@ -130,12 +130,13 @@ pub async fn race<A: Future, B: Future>(left: A, right: B) -> First<A::Output, B
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Instant;
 
     use super::*;
 
-    fn block_on<F: Future>(future: F) -> F::Output {
+    /// Runs `future` on a monoio runtime with timers (the runtime's unit tests share it).
+    pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
         monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
             .enable_timer()
             .build()
