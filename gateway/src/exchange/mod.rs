@@ -163,12 +163,15 @@ pub(crate) async fn send(
                 if descriptor {
                     shard.sockets.check_new_member_connection(&cluster.name)?;
                 }
-                let dial = connect(
+                // Boxed: a dial (TCP, then TLS with the connector's state) is several KiB, and
+                // inline it would size the future of every request for as long as it streams,
+                // though most requests take a pooled connection.
+                let dial = Box::pin(connect(
                     cluster,
                     out.service.as_ref(),
                     out.limits.connect_timeout,
                     &shard.shard_metrics,
-                );
+                ));
                 let mut conn = match runtime::race(dial, body.client_gone()).await {
                     First::Left(conn) => conn?,
                     First::Right(()) => {

@@ -210,7 +210,7 @@ pub async fn connect(
             .await?;
         Ok::<_, io::Error>(UpstreamIo::Tls(Box::new(tls)))
     };
-    match monoio::time::timeout(timeout, attempt).await {
+    match crate::runtime::timeout(timeout, attempt).await {
         Ok(Ok(io)) => Ok(UpstreamConn::new(io, cluster, key, metrics)),
         Ok(Err(source)) => Err(GatewayError::Connect {
             cluster: cluster.name.to_string(),
