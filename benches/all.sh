@@ -25,7 +25,8 @@
 # the static nginx and the simulated member but no peer, so run alone it starts no peer.
 # watch-fanout (issue 15 item 7) starts its own simulated fleet (2 members, TLS, core 0) and, one
 # after the other and each fresh, HAProxy and fleetgate with and without spec.sharedWatches
-# (core 1) in front of it; run alone, it starts nothing else.
+# (core 1) in front of it; run alone, it starts nothing else. It ends with send-floor.py, the
+# kernel's cost of one small send per client connection (the floor under CPU per event).
 # Targets: `direct` (the upstream itself), `floor` (small-get only: the byte pump is valid for
 # small GETs only), `haproxy`, `nginx`, `goproxy` (../shared/peers/start.sh; `-tls` ones serve
 # TLS + h2 with the sim's gateway certificate), and `fleetgate` (`serve --workers 1`).
@@ -760,6 +761,9 @@ YAML
         fan_stop "$gw"
       done
     done
+    # The kernel's floor under the CPU figure: one 1 KiB send to each client connection (core 1),
+    # its reader waiting in epoll (core 0), as a proxy delivering one event makes.
+    python3 "$here/send-floor.py" "$watches" 30 1024 1 0 "$out/watch-fanout-floor.json"
     python3 -c 'import json, sys; json.dump([r for f in sys.argv[2:] for r in json.load(open(f))], open(sys.argv[1], "w"), indent=1)' \
       "$out/watch-fanout.json" "${parts[@]}"
     rm -f "${parts[@]}"
