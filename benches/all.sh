@@ -74,7 +74,8 @@ ulimit -n "$(ulimit -H -n)"
 work=$(mktemp -d /tmp/fleetgate-bench-all.XXXXXX)
 chmod 755 "$work"  # the nginx workers (www-data) read the upstream's files from here
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+# The work directory goes with the processes (KEEP_WORK=1 keeps it to look into).
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; [ -n "${KEEP_WORK:-}" ] || rm -rf "$work"; }
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
