@@ -12,6 +12,7 @@
 #   TUNNEL_ROUNDS=3 TUNNEL_WATCHES=4000 TUNNEL_AGENT_CORE=0 TUNNEL_MEMBERS="plain tls" benches/all.sh tunnel
 #   WATCHES=8000 FANOUT_CHURN=20 FANOUT_REOPEN=10 FANOUT_SHARDS="1 2" benches/all.sh watch-fanout
 #   SKIP_BUILD=1 (use the release binaries as they are)  BENCH_MD=FILE (write the tables there)
+#   KEEP_WORK=1 (keep the /tmp work directory: configs, logs, the simulated fleet)
 #
 # Upstreams (core 0): a static nginx (a ~1 KiB ConfigMap JSON, and a ~90 MB LIST at /big) for the
 # proxy-overhead scenarios; the simulated fleet with a plain-HTTP listener (`sim --plaintext`) for
