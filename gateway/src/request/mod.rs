@@ -11,6 +11,7 @@
 //! head, the audit log) reads the [`Proxied`] it returns: nothing parses the path again. Called by
 //! `protocol::h1` and `protocol::h2`; never does I/O.
 
+pub mod discovery;
 pub mod route;
 pub mod target;
 
@@ -24,8 +25,8 @@ use fleetgate_config_watcher::{ClusterRoute, ConnectMode, FleetSettings, RouteTa
 
 use crate::auth::{self, ClientIdentity, ConnectionAuth, Decided};
 use crate::errors::GatewayError;
-use crate::fleet::discovery::{Document, MergedKind};
 use crate::tunnel::wire::ServiceRef;
+use discovery::{Document, MergedKind};
 use route::Route;
 
 /// The client's address, with its IP as text (what `X-Forwarded-For` carries), formatted once per
