@@ -82,7 +82,7 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
 wait_ready() { # file what
-  for _ in $(seq 300); do grep -q '^ready' "$1" && return 0; sleep 0.1; done
+  for _ in $(seq 300); do grep -qs '^ready' "$1" && return 0; sleep 0.1; done
   echo "$2 never became ready:" >&2; cat "$1" "${1%.out}.err" >&2 2>/dev/null || true; return 1
 }
 

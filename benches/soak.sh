@@ -47,7 +47,7 @@ cleanup() {
 }
 trap cleanup EXIT
 wait_ready() { # file what
-  for _ in $(seq 600); do grep -q '^ready' "$1" && return 0; sleep 0.1; done
+  for _ in $(seq 600); do grep -qs '^ready' "$1" && return 0; sleep 0.1; done
   echo "$2 never became ready:" >&2; cat "$1" "${1%.out}.err" >&2 2>/dev/null || true; return 1
 }
 
