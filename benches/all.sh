@@ -9,7 +9,7 @@
 #   benches/all.sh small-get watch-idle # some of them
 #   DURATION=10s WATCHES=8000 EVENT_WATCHES=500 CHURN=20 LATENCY_PAIRS=2 EXEC_STREAMS=4 benches/all.sh
 #   FLEET_MEMBERS=100 FLEET_PODS=1000 FLEET_SCALES="1 10" FLEET_LIMIT=500 benches/all.sh fleet-list
-#   TUNNEL_ROUNDS=3 TUNNEL_WATCHES=4000 TUNNEL_AGENT_CORE=0 TUNNEL_MEMBERS="plain tls" benches/all.sh tunnel
+#   TUNNEL_ROUNDS=3 TUNNEL_WATCHES=4000 TUNNEL_AGENT_CORE=1 TUNNEL_MEMBERS="plain tls" benches/all.sh tunnel
 #   WATCHES=8000 FANOUT_CHURN=20 FANOUT_REOPEN=10 FANOUT_SHARDS="1 2" benches/all.sh watch-fanout
 #   SKIP_BUILD=1 (use the release binaries as they are)  BENCH_MD=FILE (write the tables there)
 #   KEEP_WORK=1 (keep the /tmp work directory: configs, logs, the simulated fleet)
@@ -21,8 +21,9 @@
 # at each multiple of FLEET_SCALES; core 0) and a fleetgate on it (core 1); run alone, it starts
 # nothing else.
 # tunnel (issue 14 item 7) starts one fleetgate (core 1) serving each upstream twice, as a Direct
-# cluster and as a Tunnel cluster whose `fleetgate agent` (TUNNEL_AGENT_CORE, default 0: beside
-# the upstreams, as an agent runs beside its member) dials the gateway's tunnel listener; it needs
+# cluster and as a Tunnel cluster whose `fleetgate agent` (TUNNEL_AGENT_CORE, default 1: beside
+# the gateway, so the system under test has core 1 and the driver and upstreams core 0 in both
+# measurements; on core 0 the agent fights the driver for it) dials the gateway's tunnel listener; it needs
 # the static nginx and the simulated member but no peer, so run alone it starts no peer.
 # watch-fanout (issue 15 item 7) starts its own simulated fleet (2 members, TLS, core 0) and, one
 # after the other and each fresh, HAProxy and fleetgate with and without spec.sharedWatches
@@ -55,7 +56,7 @@ fleet_scales=${FLEET_SCALES:-1 10}
 fleet_limit=${FLEET_LIMIT:-500}
 tunnel_rounds=${TUNNEL_ROUNDS:-1}
 tunnel_watches=${TUNNEL_WATCHES:-4000}
-tunnel_agent_core=${TUNNEL_AGENT_CORE:-0}
+tunnel_agent_core=${TUNNEL_AGENT_CORE:-1}
 tunnel_members=${TUNNEL_MEMBERS:-plain tls}
 all=(small-get small-get-h2 big-list watch-idle watch-idle-tls watch-events watch-latency exec-stream portforward-stream reload-storm auth-overhead registry fleet-list tunnel watch-fanout)
 scenarios=("$@"); [ ${#scenarios[@]} -gt 0 ] || scenarios=("${all[@]}")
