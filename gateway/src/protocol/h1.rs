@@ -31,8 +31,8 @@ use crate::exchange::{
 };
 use crate::observe::audit::{AuditRequest, Classified, Outcome};
 use crate::protocol::http1::{
-    is_hop_by_hop, parse_request, push_header, request_body, BodyKind, BodyProgress, Head,
-    HeadError, HeadLimits,
+    chunk_size_line, is_hop_by_hop, parse_request, push_header, request_body, BodyKind,
+    BodyProgress, Head, HeadError, HeadLimits, CHUNK_SIZE_ROOM,
 };
 use crate::request::{self, Decision, Peer, Proxied};
 use crate::runtime::{self, clock, Deadline, First, ShardContext};
@@ -748,9 +748,12 @@ struct FleetConnection<'a, S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> FleetConnection<'_, S> {
-    /// Writes `parts` within the write timeout; a client that does not take them is cut.
-    async fn write(&mut self, parts: &[&[u8]]) -> Result<(), Failure> {
-        match runtime::timeout(self.write_timeout, write_all_parts(self.io, parts)).await {
+    /// Writes `data` within the write timeout; a client that does not take it is cut. A chain
+    /// of pieces goes out in as few writes as the stream allows (tokio's `write_all_buf` hands
+    /// them to one vectored write): over TLS one record and one socket write for a watch event's
+    /// chunk (size line, event, CRLF) instead of three.
+    async fn write(&mut self, mut data: impl Buf) -> Result<(), Failure> {
+        match runtime::timeout(self.write_timeout, self.io.write_all_buf(&mut data)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(Failure::Abort("client went away")),
             Err(_) => Err(Failure::Abort("client stopped reading")),
@@ -778,16 +781,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> crate::fleet::FleetClient for FleetConne
         }
         out.extend_from_slice(b"\r\n");
         self.head_sent = true;
-        self.write(&[&out]).await
+        self.write(&out[..]).await
     }
 
     async fn body(&mut self, piece: Bytes) -> Result<(), Failure> {
         if !self.chunked {
-            return self.write(&[&piece]).await;
+            return self.write(piece).await;
         }
-        let mut size = [0u8; 18];
-        let size = chunk_size_line(&mut size, piece.len());
-        self.write(&[size, &piece, b"\r\n"]).await
+        let mut room = [0u8; CHUNK_SIZE_ROOM];
+        let size = chunk_size_line(&mut room, piece.len());
+        self.write(Buf::chain(size, piece).chain(&b"\r\n"[..]))
+            .await
     }
 
     async fn gone(&mut self) {
@@ -804,65 +808,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> crate::fleet::FleetClient for FleetConne
 
     async fn end(&mut self) -> Result<(), Failure> {
         if self.chunked {
-            self.write(&[b"0\r\n\r\n"]).await?;
+            self.write(&b"0\r\n\r\n"[..]).await?;
         }
         self.io
             .flush()
             .await
             .map_err(|_| Failure::Abort("client went away"))
     }
-}
-
-/// Writes `parts` one after another, as few writes as the stream allows: over TLS one record
-/// and one socket write for a watch event's chunk (size line, event, CRLF) instead of three.
-async fn write_all_parts<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    mut parts: &[&[u8]],
-) -> std::io::Result<()> {
-    // The bytes of parts[0] already written.
-    let mut done = 0;
-    loop {
-        while parts.first().is_some_and(|p| p.len() == done) {
-            parts = &parts[1..];
-            done = 0;
-        }
-        let Some(first) = parts.first() else {
-            return Ok(());
-        };
-        let mut slices = [std::io::IoSlice::new(&[]); 4];
-        slices[0] = std::io::IoSlice::new(&first[done..]);
-        let mut count = 1;
-        for part in parts[1..].iter().take(slices.len() - 1) {
-            slices[count] = std::io::IoSlice::new(part);
-            count += 1;
-        }
-        let mut written = io.write_vectored(&slices[..count]).await?;
-        if written == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        // Step over what went out: whole parts, then into the one it stopped in.
-        written += done;
-        done = 0;
-        while let Some(part) = parts.first() {
-            if written < part.len() {
-                done = written;
-                break;
-            }
-            written -= part.len();
-            parts = &parts[1..];
-        }
-    }
-}
-
-/// `{len:x}\r\n` in `room`, without an allocation.
-fn chunk_size_line(room: &mut [u8; 18], len: usize) -> &[u8] {
-    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1) as usize;
-    for (i, slot) in room[..digits].iter_mut().enumerate() {
-        let nibble = (len >> (4 * (digits - 1 - i))) & 0xf;
-        *slot = b"0123456789abcdef"[nibble];
-    }
-    room[digits..digits + 2].copy_from_slice(b"\r\n");
-    &room[..digits + 2]
 }
 
 /// Hands the audit log one record for a request whose response ended (nothing when the audit
@@ -1294,16 +1246,29 @@ fn write_response_head(out: &mut Vec<u8>, response: &Head, close: bool) {
 mod tests {
     use std::pin::Pin;
     use std::task::{Context, Poll};
+    use std::time::Duration;
 
+    use bytes::Bytes;
     use proptest::prelude::*;
 
-    use super::{chunk_size_line, write_all_parts};
+    use super::FleetConnection;
+    use crate::fleet::FleetClient as _;
 
-    /// A stream that takes at most `room` bytes a call and counts the calls.
+    /// A client socket that takes at most `room` bytes a call and counts the calls.
     struct Narrow {
         out: Vec<u8>,
         room: usize,
         calls: usize,
+    }
+
+    impl tokio::io::AsyncRead for Narrow {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Poll::Pending
+        }
     }
 
     impl tokio::io::AsyncWrite for Narrow {
@@ -1343,53 +1308,54 @@ mod tests {
         }
     }
 
-    fn write(parts: &[&[u8]], room: usize) -> Narrow {
+    /// What a chunked watch response's client receives for `events`, through a socket that
+    /// takes `room` bytes a call.
+    fn sent(events: &[&[u8]], room: usize) -> Narrow {
         let mut io = Narrow {
             out: Vec::new(),
             room,
             calls: 0,
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        runtime
-            .block_on(write_all_parts(&mut io, parts))
-            .expect("written");
+        crate::runtime::tests::block_on(async {
+            let mut client = FleetConnection {
+                io: &mut io,
+                chunked: true,
+                close: true,
+                write_timeout: Duration::from_secs(5),
+                head_sent: true,
+            };
+            for event in events {
+                let sent = client.body(Bytes::copy_from_slice(event)).await;
+                assert!(sent.is_ok(), "the socket took the event");
+            }
+        });
         io
     }
 
     #[test]
     fn a_watch_events_chunk_goes_out_in_one_write() {
-        let event = br#"{"type":"ADDED","object":{}}"#;
-        let mut room = [0u8; 18];
-        let size = chunk_size_line(&mut room, event.len());
-        let io = write(&[size, event, b"\r\n"], 64 * 1024);
+        let io = sent(&[br#"{"type":"ADDED","object":{}}"#], 64 * 1024);
         assert_eq!(io.out, b"1c\r\n{\"type\":\"ADDED\",\"object\":{}}\r\n");
         assert_eq!(io.calls, 1);
     }
 
-    #[test]
-    fn chunk_size_lines_are_lowercase_hex() {
-        for len in [0, 1, 9, 10, 15, 16, 255, 4096, 0xdead_beef, usize::MAX] {
-            let mut room = [0u8; 18];
-            assert_eq!(
-                chunk_size_line(&mut room, len),
-                format!("{len:x}\r\n").as_bytes()
-            );
-        }
-    }
-
     proptest! {
-        // However little the stream takes a call, every byte of every part goes out in order,
-        // once; empty parts are skipped.
+        // However little the socket takes a call, every event goes out whole, in order and
+        // once, each in its chunk.
         #[test]
-        fn parts_go_out_whole_and_in_order(
-            parts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..8),
+        fn events_go_out_whole_and_in_order(
+            events in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..40), 0..8),
             room in 1usize..50,
         ) {
-            let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-            let io = write(&slices, room);
-            prop_assert_eq!(io.out, parts.concat());
+            let slices: Vec<&[u8]> = events.iter().map(Vec::as_slice).collect();
+            let io = sent(&slices, room);
+            let mut expected = Vec::new();
+            for event in &events {
+                expected.extend_from_slice(format!("{:x}\r\n", event.len()).as_bytes());
+                expected.extend_from_slice(event);
+                expected.extend_from_slice(b"\r\n");
+            }
+            prop_assert_eq!(io.out, expected);
         }
     }
 }

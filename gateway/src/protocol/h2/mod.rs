@@ -21,13 +21,12 @@
 
 use std::cell::Cell;
 use std::future::poll_fn;
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use fleetgate_config_watcher::ClusterRoute;
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
@@ -44,7 +43,9 @@ use crate::exchange::{
 };
 use crate::fleet;
 use crate::observe::audit::{AuditRequest, Classified, Outcome, StreamAudit};
-use crate::protocol::http1::{is_hop_by_hop, BodyKind, BodyProgress, Head};
+use crate::protocol::http1::{
+    chunk_size_line, is_hop_by_hop, BodyKind, BodyProgress, Head, CHUNK_SIZE_ROOM,
+};
 use crate::request::{self, Decision, Peer};
 use crate::runtime::{self, Deadline, First, ShardContext};
 use crate::upstream::UpstreamConn;
@@ -721,15 +722,10 @@ impl RequestBody for StreamBody<'_> {
             }
             let write = async {
                 if self.kind == BodyKind::Chunked {
-                    let mut size = [0u8; 20];
-                    let size_len = {
-                        let mut cursor = std::io::Cursor::new(&mut size[..]);
-                        let _ = write!(cursor, "{n:x}\r\n");
-                        cursor.position() as usize
-                    };
-                    conn.io.write_all(&size[..size_len]).await?;
-                    conn.io.write_all(&data).await?;
-                    conn.io.write_all(b"\r\n").await
+                    let mut room = [0u8; CHUNK_SIZE_ROOM];
+                    let size = chunk_size_line(&mut room, n);
+                    let mut chunk = Buf::chain(size, &data[..]).chain(&b"\r\n"[..]);
+                    conn.io.write_all_buf(&mut chunk).await
                 } else {
                     conn.io.write_all(&data).await
                 }

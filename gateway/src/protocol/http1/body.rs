@@ -9,6 +9,19 @@
 
 use super::head::{trim, Head};
 
+/// Room for a chunk-size line: 16 hex digits of a `usize` and CRLF.
+pub const CHUNK_SIZE_ROOM: usize = 18;
+
+/// The chunk-size line `{len:x}\r\n` of a chunk of `len` bytes, written into `room`.
+pub fn chunk_size_line(room: &mut [u8; CHUNK_SIZE_ROOM], len: usize) -> &[u8] {
+    use std::io::Write as _;
+    let mut cursor = std::io::Cursor::new(&mut room[..]);
+    // Fits: at most 16 digits and CRLF.
+    let _ = write!(cursor, "{len:x}\r\n");
+    let end = cursor.position() as usize;
+    &room[..end]
+}
+
 /// How a message body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyKind {
@@ -363,6 +376,17 @@ impl BodyProgress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunk_size_lines_are_lowercase_hex() {
+        for len in [0, 1, 9, 10, 15, 16, 255, 4096, 0xdead_beef, usize::MAX] {
+            let mut room = [0u8; CHUNK_SIZE_ROOM];
+            assert_eq!(
+                chunk_size_line(&mut room, len),
+                format!("{len:x}\r\n").as_bytes()
+            );
+        }
+    }
     use crate::protocol::http1::head::{parse_request, HeadLimits};
     use bytes::BytesMut;
 

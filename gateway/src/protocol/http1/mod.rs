@@ -9,7 +9,10 @@
 pub mod body;
 pub mod head;
 
-pub use body::{request_body, response_body, BodyKind, BodyProgress, ChunkedScanner, FramingError};
+pub use body::{
+    chunk_size_line, request_body, response_body, BodyKind, BodyProgress, ChunkedScanner,
+    FramingError, CHUNK_SIZE_ROOM,
+};
 pub use head::{
     find_head_end, parse_request, parse_response, ConnectionTokens, Head, HeadError, HeadLimits,
 };
