@@ -456,6 +456,15 @@ fn discovery_through_the_fleet_view_shows_only_the_merged_kinds() {
         "{}",
         String::from_utf8_lossy(&batch.stderr)
     );
+    // A discovery path with an empty segment is refused before discovery sees it: a 400 that
+    // names the empty segment.
+    let hostile = fleet.kubectl_output("fleet", &["get", "--raw", "/fleet/apis//v1"]);
+    assert!(!hostile.status.success());
+    let said = String::from_utf8_lossy(&hostile.stderr);
+    assert!(
+        said.contains("BadRequest") && said.contains("empty segment"),
+        "{said}"
+    );
     let version = fleet.kubectl_ok("fleet", &["get", "--raw", "/fleet/version"]);
     assert!(version.contains("gitVersion"), "{version}");
     // The merged kinds work as kubectl names them.

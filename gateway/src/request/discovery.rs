@@ -62,6 +62,8 @@ impl<'a> Document<'a> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
@@ -92,6 +94,35 @@ mod tests {
         }
         for other in ["/version", "/openapi/v2", "/apix", "", "/", "/healthz"] {
             assert_eq!(of(other), None, "{other}");
+        }
+    }
+
+    proptest! {
+        // Any path a client sends: no panic, nothing outside /api and /apis named a document,
+        // and a named group or version is a whole segment of the path.
+        #[test]
+        fn hostile_paths_name_no_document_they_do_not_spell(
+            path in proptest::collection::vec(
+                prop_oneof![Just(b'/'), Just(b'a'), Just(b'p'), Just(b'i'), Just(b's'), any::<u8>()],
+                0..24,
+            ),
+        ) {
+            let text = String::from_utf8_lossy(&path);
+            match Document::of(&path) {
+                None => {}
+                Some(document) => {
+                    prop_assert!(text.starts_with("/api"), "{text}");
+                    let segments: Vec<&str> = text.split('/').collect();
+                    match document {
+                        Document::Group(group) => prop_assert!(segments.contains(&group)),
+                        Document::Resources { group, version } => {
+                            prop_assert!(group.is_empty() || segments.contains(&group));
+                            prop_assert!(segments.contains(&version));
+                        }
+                        _ => {}
+                    }
+                }
+            }
         }
     }
 }
