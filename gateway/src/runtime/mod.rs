@@ -32,22 +32,13 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Elapsed;
 
-/// Runs `future` for at most `duration`. The future is polled before a timer is made: one that
-/// is ready at once (a write the socket takes whole, a read with bytes waiting) costs no insertion
-/// into the timer wheel. The timer is boxed: monoio's `Sleep` is 640 bytes aligned to 128, and
-/// held inline it would put that room, and its alignment's padding, in every future that awaits
-/// this one (a connection's, for its whole life).
+/// Runs `future` for at most `duration`: a one-phase [`Deadline`]. The future is polled before a
+/// timer is made, so one that is ready at once (a write the socket takes whole, a read with bytes
+/// waiting) costs no insertion into the timer wheel, and the timer is boxed: monoio's `Sleep` is
+/// 640 bytes aligned to 128, and held inline it would put that room, and its alignment's
+/// padding, in every future that awaits this one (a connection's, for its whole life).
 pub async fn timeout<F: Future>(duration: Duration, future: F) -> Result<F::Output, Elapsed> {
-    let mut future = pin!(future);
-    let mut timer: Option<std::pin::Pin<Box<monoio::time::Sleep>>> = None;
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(out) = future.as_mut().poll(cx) {
-            return Poll::Ready(Ok(out));
-        }
-        let timer = timer.get_or_insert_with(|| Box::pin(monoio::time::sleep(duration)));
-        timer.as_mut().poll(cx).map(|()| Err(Elapsed))
-    })
-    .await
+    Deadline::new().within(duration, future).await
 }
 
 /// Lets the shard's other tasks run before this one goes on: wakes itself and returns Pending
