@@ -654,7 +654,7 @@ PY
     # baseline: one member watch per client watch), and fleetgate without and with
     # spec.sharedWatches for the 10 resources, at each shard count of FANOUT_SHARDS (default
     # "1 2": one worker, and two, this machine's default of one per core; all on core 1, so two
-    # shards share it). TLS on both legs for every proxy, configured alike: client certificates
+    # shards share it), and beyond one shard with sharing per gateway (`scope: Gateway`) too. TLS on both legs for every proxy, configured alike: client certificates
     # verified against the gateway CA, the members over TLS (their CA verified) with the admin's
     # token for HAProxy; fleetgate as users run it (authentication, AccessPolicy, impersonation:
     # a watch is shared only when the member sees the user). Each proxy is started fresh just
@@ -727,8 +727,15 @@ PY
     # fleetgate: the simulated fleet's own configuration (TLS, tokens, AccessPolicy, the members
     # with impersonation), on its own port, with or without sharedWatches for the 10 resources.
     for shards in $fanout_shards; do
-      for sharing in off on; do
-        name=fleetgate-unshared-w$shards; [ $sharing = off ] || name=fleetgate-shared-w$shards
+      # Beyond one shard, sharing per gateway too (scope: Gateway: one member watch per key,
+      # fed to the other shard) beside per shard.
+      sharings="off on"; [ "$shards" = 1 ] || sharings="off on gateway"
+      for sharing in $sharings; do
+        case $sharing in
+        off) name=fleetgate-unshared-w$shards ;;
+        on) name=fleetgate-shared-w$shards ;;
+        gateway) name=fleetgate-gateway-w$shards ;;
+        esac
         gdir=$fdir/$name port=$(free_port)
         mkdir -p "$gdir/clusters"
         ln -sfn "$fsim/pki" "$gdir/pki"
@@ -747,9 +754,10 @@ spec:
   limits: {maxMemberConnectionsPerClient: 20000, shutdownGraceSeconds: 5}
   auth: {tokenFile: users/tokens.csv}
 YAML
-        if [ $sharing = on ]; then
+        if [ $sharing != off ]; then
           {
             echo "  sharedWatches:"
+            [ $sharing != gateway ] || echo "    scope: Gateway"
             echo "    resources:"
             for r in configmaps secrets services serviceaccounts events pods; do echo "    - {group: '', version: v1, resource: $r}"; done
             for r in deployments replicasets statefulsets daemonsets; do echo "    - {group: apps, version: v1, resource: $r}"; done

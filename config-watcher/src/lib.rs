@@ -39,7 +39,7 @@ pub use kube_source::{
     KubeWatcher,
 };
 pub use load::{load_path, load_texts};
-pub use objects::ConnectMode;
+pub use objects::{ConnectMode, SharedWatchScope};
 pub use reload::{ReloadFailure, ReloadOutcome, ReloadStatus, TablePublisher, API_SOURCE};
 pub use retirement::{RetirementListener, RouteRetirement};
 pub use settings::{

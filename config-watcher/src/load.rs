@@ -502,6 +502,7 @@ fn resolve_shared_watches(
         resources,
         ring_size: ring_size as usize,
         lag_limit: lag_limit as usize,
+        scope: spec.scope.unwrap_or_default(),
     })
 }
 

@@ -338,6 +338,21 @@ pub struct SharedWatchesSpec {
     /// quarter of the ring; at most the ring size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag_limit: Option<u32>,
+    /// Where a member watch is shared: `Shard` (default: one per key on each shard) or
+    /// `Gateway` (one per key for the whole gateway, fed to the other shards).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<SharedWatchScope>,
+}
+
+/// `spec.sharedWatches.scope`.
+#[derive(JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SharedWatchScope {
+    /// One member watch per key on each shard; a shard's clients read its own.
+    #[default]
+    Shard,
+    /// One member watch per key for the gateway, on one shard (the key's home); the other
+    /// shards' hubs are fed its events.
+    Gateway,
 }
 
 /// One resource of `spec.sharedWatches.resources`.

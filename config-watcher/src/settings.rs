@@ -145,6 +145,8 @@ pub struct SharedWatchSettings {
     pub ring_size: usize,
     /// Events a client may fall behind before it is cut.
     pub lag_limit: usize,
+    /// Per shard or per gateway.
+    pub scope: crate::objects::SharedWatchScope,
 }
 
 impl SharedWatchSettings {

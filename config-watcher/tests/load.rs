@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use fleetgate_config_watcher::{load_path, ConfigError, RouteTable};
+use fleetgate_config_watcher::{load_path, ConfigError, RouteTable, SharedWatchScope};
 
 struct Pki {
     ca_pem: String,
@@ -377,6 +377,17 @@ fn shared_watches_are_off_by_default_and_checked_when_on() {
     .unwrap()
     .unwrap();
     assert_eq!((sized.ring_size, sized.lag_limit), (100, 100));
+    assert_eq!(
+        sized.scope,
+        SharedWatchScope::Shard,
+        "per shard unless asked"
+    );
+    let per_gateway = shared_watches(
+        "  sharedWatches:\n    resources: [{version: v1, resource: pods}]\n    scope: Gateway\n",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(per_gateway.scope, SharedWatchScope::Gateway);
     for (block, named) in [
         ("  sharedWatches:\n    resources: []\n", "spec.sharedWatches.resources"),
         ("  sharedWatches: {}\n", "missing field `resources`"),
@@ -419,6 +430,14 @@ fn shared_watches_are_off_by_default_and_checked_when_on() {
         (
             "  sharedWatches:\n    resources: [{version: v1, resource: pods, verbs: [watch]}]\n",
             "unknown field `verbs`",
+        ),
+        (
+            "  sharedWatches:\n    resources: [{version: v1, resource: pods}]\n    scope: Cluster\n",
+            "unknown variant `Cluster`",
+        ),
+        (
+            "  sharedWatches:\n    resources: [{version: v1, resource: pods}]\n    scope: gateway\n",
+            "unknown variant `gateway`",
         ),
     ] {
         let e = shared_watches(block).expect_err(block);

@@ -25,11 +25,16 @@ use support::wait::{wait_for, wait_for_or};
 
 /// Turns on `spec.sharedWatches` for configmaps in the fleet's Gateway.
 fn share_configmaps(fleet: &Fleet, ring: u32, lag: u32) {
+    share_configmaps_with(fleet, ring, lag, "");
+}
+
+/// The same, with more of `spec.sharedWatches` (YAML lines).
+fn share_configmaps_with(fleet: &Fleet, ring: u32, lag: u32, more: &str) {
     let path = fleet.fleet_path("gateway.yaml");
     let mut gateway: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let shared: serde_yaml::Value = serde_yaml::from_str(&format!(
-        "resources: [{{group: '', version: v1, resource: configmaps}}]\nringSize: {ring}\nlagLimit: {lag}\n"
+        "resources: [{{group: '', version: v1, resource: configmaps}}]\nringSize: {ring}\nlagLimit: {lag}\n{more}"
     ))
     .unwrap();
     gateway["spec"]
@@ -127,6 +132,24 @@ fn kubectl_watch(fleet: &Fleet, name: &str, args: &[&str]) -> Watcher {
     kubectl_watcher(fleet, name, "member1", &command)
 }
 
+/// `count` watches of `kubectl get cm -n default -w` printing each ConfigMap's name and `data.i`
+/// (JSON events), named columns-N.
+fn columns_watchers(fleet: &Fleet, count: usize) -> Vec<Watcher> {
+    (0..count)
+        .map(|n| {
+            kubectl_watch(
+                fleet,
+                &format!("columns-{n}"),
+                &[
+                    "--no-headers",
+                    "-o",
+                    "custom-columns=NAME:.metadata.name,I:.data.i",
+                ],
+            )
+        })
+        .collect()
+}
+
 /// `kubectl get --raw` of the watch of `default`'s configmaps on `context` through the gateway.
 fn raw_watch(fleet: &Fleet, name: &str, context: &str) -> Watcher {
     let path = format!("/clusters/{context}/api/v1/namespaces/default/configmaps?watch=1");
@@ -176,11 +199,37 @@ const CHANGES: u32 = 24;
 
 #[test]
 fn many_watches_cost_the_member_one_watch_per_key_and_see_every_change_in_order() {
+    let fleet = many_watches_see_every_change_in_order("1", "");
+    // No shard feeds another.
+    assert_eq!(fleet.metric("fleetgate_shared_watch_feeds"), Some(0));
+}
+
+#[test]
+fn per_gateway_two_shards_cost_the_member_one_watch_per_key() {
+    // `scope: Gateway` on two shards: the clients' connections land on both, and each key's
+    // one member watch feeds the other shard's clients too (`scope: Shard` would cost the
+    // member four watches here).
+    let fleet = many_watches_see_every_change_in_order("2", "scope: Gateway\n");
+    // Each key's hub on the shard that is not its home is fed by the home's (both keys have
+    // clients on both shards: 11 and 10 connections, spread by the kernel).
+    assert_eq!(
+        fleet.metric("fleetgate_shared_watch_feeds"),
+        Some(2),
+        "{}",
+        fleet.log_tail(20)
+    );
+}
+
+/// 100 kube-rs watchers, 10 `kubectl get -w` and 10 with custom columns through a gateway of
+/// `workers` shards sharing configmaps (`more` of `spec.sharedWatches`): every client sees every
+/// change in order, the member holds one watch per key (JSON and Table), and a resourceVersion
+/// that left the ring gets the apiserver's 410.
+fn many_watches_see_every_change_in_order(workers: &str, more: &str) -> Fleet {
     // The member ends every watch after 2 s, as a real apiserver ends each after its request
     // timeout: the gateway's shared watch goes on from its last resourceVersion, unseen.
     let mut fleet = Fleet::sim_with("", 1, 0, &["--watch-timeout-seconds", "2"]);
-    share_configmaps(&fleet, 16, 16);
-    fleet.serve(&["--workers", "1"], Some("fleetgate=info"));
+    share_configmaps_with(&fleet, 16, 16, more);
+    fleet.serve(&["--workers", workers], Some("fleetgate=info"));
     create_seed(&fleet);
 
     // 100 kube-rs watchers (JSON, with bookmarks), each recording the values it saw.
@@ -212,19 +261,7 @@ fn many_watches_cost_the_member_one_watch_per_key_and_see_every_change_in_order(
     let tables: Vec<Watcher> = (0..CLIENTS_TABLE)
         .map(|n| kubectl_watch(&fleet, &format!("table-{n}"), &[]))
         .collect();
-    let columns: Vec<Watcher> = (0..CLIENTS_COLUMNS)
-        .map(|n| {
-            kubectl_watch(
-                &fleet,
-                &format!("columns-{n}"),
-                &[
-                    "--no-headers",
-                    "-o",
-                    "custom-columns=NAME:.metadata.name,I:.data.i",
-                ],
-            )
-        })
-        .collect();
+    let columns: Vec<Watcher> = columns_watchers(&fleet, CLIENTS_COLUMNS);
     // Every client has its list (the initial value) before the changes begin.
     wait_for(
         "every client's initial list",
@@ -281,8 +318,8 @@ fn many_watches_cost_the_member_one_watch_per_key_and_see_every_change_in_order(
         // The header once: the column definitions came with the first event only.
         assert_eq!(w.output().matches("NAME").count(), 1, "{}", w.output());
     }
-    // 120 client watches, two shared keys on the one shard (JSON and Table forms): the member
-    // holds two watches, whichever of its 2 s timeouts it is in.
+    // 120 client watches, two shared keys (JSON and Table forms): the member holds two
+    // watches, whichever of its 2 s timeouts it is in.
     wait_for(
         "the member to hold two watches",
         Duration::from_secs(10),
@@ -332,6 +369,7 @@ fn many_watches_cost_the_member_one_watch_per_key_and_see_every_change_in_order(
         String::from_utf8_lossy(&old.stderr),
         fleet.log_tail(30)
     );
+    fleet
 }
 
 #[test]
@@ -483,6 +521,20 @@ fn the_gateways_selectors_select_what_the_members_do() {
 
 #[test]
 fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
+    relists_and_a_removed_cluster_ends_its_watches("1", "", 1);
+}
+
+#[test]
+fn per_gateway_a_member_410_relists_and_a_removed_cluster_ends_its_watches_on_every_shard() {
+    // 12 watchers of each kind on two shards: the shard that is not the key's home serves its
+    // clients from the home's feed, relists and the cluster's removal included.
+    relists_and_a_removed_cluster_ends_its_watches("2", "scope: Gateway\n", 12);
+}
+
+/// A member 410 under a shared watch makes it list again, and `watchers` custom-columns kubectl
+/// watchers see the changes in order; member2's removal ends `watchers` raw watches of it and its
+/// member watch. `workers` shards, `more` of `spec.sharedWatches`.
+fn relists_and_a_removed_cluster_ends_its_watches(workers: &str, more: &str, watchers: usize) {
     // Churn in other namespaces moves the member's 5-event window past the shared watch of
     // `default`, and the member ends every watch after 2 s: each time the gateway watches again
     // its resourceVersion has expired (410), and it lists again.
@@ -499,8 +551,8 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
             "2",
         ],
     );
-    share_configmaps(&fleet, 64, 16);
-    fleet.serve(&["--workers", "1"], Some("fleetgate=info"));
+    share_configmaps_with(&fleet, 64, 16, more);
+    fleet.serve(&["--workers", workers], Some("fleetgate=info"));
     create_seed(&fleet);
     // The shared watch first, opened by a watch from now (which the hub always serves). Were
     // kubectl's watch the hub's first client, a change between kubectl's list and the hub's could
@@ -512,17 +564,9 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
         Duration::from_secs(30),
         || member_watches(&fleet, "member1", "configmaps") == 1,
     );
-    let columns = kubectl_watch(
-        &fleet,
-        "columns",
-        &[
-            "--no-headers",
-            "-o",
-            "custom-columns=NAME:.metadata.name,I:.data.i",
-        ],
-    );
+    let columns: Vec<Watcher> = columns_watchers(&fleet, watchers);
     wait_for("the initial list", Duration::from_secs(30), || {
-        values_in(&columns.output()) == [0]
+        columns.iter().all(|w| values_in(&w.output()) == [0])
     });
     wait_for(
         "a relist after the member's 410",
@@ -541,22 +585,30 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
     wait_for_or(
         "the last change",
         Duration::from_secs(30),
-        || values_in(&columns.output()).last() == Some(&5),
+        || {
+            columns
+                .iter()
+                .all(|w| values_in(&w.output()).last() == Some(&5))
+        },
         || {
             format!(
-                "watch printed {:?}; kubectl said {:?}\ngateway log:\n{}",
-                columns.output(),
-                std::fs::read_to_string(fleet.path("columns.err")).unwrap_or_default(),
+                "watchers printed {:?}; kubectl said {:?}\ngateway log:\n{}",
+                columns.iter().map(Watcher::output).collect::<Vec<_>>(),
+                std::fs::read_to_string(fleet.path("columns-0.err")).unwrap_or_default(),
                 fleet.log_tail(60)
             )
         },
     );
-    let values = values_in(&columns.output());
-    assert!(values.windows(2).all(|w| w[0] < w[1]), "{values:?}");
+    for w in &columns {
+        let values = values_in(&w.output());
+        assert!(values.windows(2).all(|w| w[0] < w[1]), "{values:?}");
+    }
 
     // member2 is removed from the configuration: its shared watch ends, and with it every
     // client watch on it, cleanly.
-    let mut raw = raw_watch(&fleet, "raw", "member2");
+    let mut raws: Vec<Watcher> = (0..watchers)
+        .map(|n| raw_watch(&fleet, &format!("raw-{n}"), "member2"))
+        .collect();
     let member2 = |fleet: &Fleet| {
         let out = kubectl(
             &fleet.fleet_path("kubeconfig"),
@@ -570,17 +622,26 @@ fn a_member_410_relists_and_a_removed_cluster_ends_its_watches() {
     wait_for("member2's shared watch", Duration::from_secs(30), || {
         member2(&fleet)
     });
+    if watchers > 1 {
+        // Clients on both shards (the kernel spread 2 x 12 connections): each key's other shard
+        // is fed by its home.
+        wait_for("the feeds of both keys", Duration::from_secs(30), || {
+            fleet.metric("fleetgate_shared_watch_feeds") == Some(2)
+        });
+    }
     std::fs::remove_file(fleet.fleet_path("clusters/member2.yaml")).unwrap();
-    let mut status = None;
-    wait_for(
-        "the client watch on member2 to end",
-        Duration::from_secs(30),
-        || {
-            status = raw.child.try_wait().unwrap();
-            status.is_some()
-        },
-    );
-    assert!(status.unwrap().success(), "{}", fleet.log_tail(20));
+    for raw in &mut raws {
+        let mut status = None;
+        wait_for(
+            "the client watches on member2 to end",
+            Duration::from_secs(30),
+            || {
+                status = raw.child.try_wait().unwrap();
+                status.is_some()
+            },
+        );
+        assert!(status.unwrap().success(), "{}", fleet.log_tail(20));
+    }
     drop(warm);
     wait_for("member2 to hold no watch", Duration::from_secs(30), || {
         let out = kubectl(

@@ -317,8 +317,8 @@ fn start_agent(dir: &Path, member: &PulledMember, tunnel: SocketAddr) -> anyhow:
         .with_context(|| format!("starting the agent of {}", member.name))
 }
 
-/// The demo shares the watches of configmaps and pods (docs/watches.md): DIR/gateway.yaml, as
-/// the fleet wrote it, gets `spec.sharedWatches`.
+/// The demo shares the watches of configmaps and pods, one member watch per key for the whole
+/// gateway (docs/watches.md): DIR/gateway.yaml, as the fleet wrote it, gets `spec.sharedWatches`.
 fn share_watches(dir: &Path) -> anyhow::Result<()> {
     let path = dir.join("gateway.yaml");
     let text =
@@ -326,7 +326,7 @@ fn share_watches(dir: &Path) -> anyhow::Result<()> {
     let mut gateway: serde_yaml::Value =
         serde_yaml::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
     let shared: serde_yaml::Value = serde_yaml::from_str(
-        "resources:\n- {group: '', version: v1, resource: configmaps}\n- {group: '', version: v1, resource: pods}\n",
+        "resources:\n- {group: '', version: v1, resource: configmaps}\n- {group: '', version: v1, resource: pods}\nscope: Gateway\n",
     )?;
     let spec = gateway
         .get_mut("spec")

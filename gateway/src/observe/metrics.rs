@@ -89,6 +89,7 @@ struct ShardCells {
     /// Shared watches open (each holds one member watch) and client watches they serve.
     shared_watches: AtomicI64,
     shared_watch_clients: AtomicI64,
+    shared_watch_feeds: AtomicI64,
     /// Every request cell of the shard, for the scrape (appended on a label set's first use).
     requests: Mutex<Vec<Arc<RequestCell>>>,
     /// Open upstream connections per cluster.
@@ -204,10 +205,11 @@ impl Collector for ShardList {
         let mut latency: AHashMap<LatencyLabels, (u64, u64, [u64; BUCKETS + 1])> = AHashMap::new();
         let mut upstream: AHashMap<ClusterLabels, i64> = AHashMap::new();
         let (mut open, mut upgraded, mut clients) = (0, 0, 0);
-        let (mut shared, mut shared_clients) = (0, 0);
+        let (mut shared, mut shared_clients, mut shared_feeds) = (0, 0, 0);
         for shard in &shards {
             shared += shard.shared_watches.load(Ordering::Relaxed);
             shared_clients += shard.shared_watch_clients.load(Ordering::Relaxed);
+            shared_feeds += shard.shared_watch_feeds.load(Ordering::Relaxed);
             open += shard.open_streams.load(Ordering::Relaxed);
             upgraded += shard.upgraded_streams.load(Ordering::Relaxed);
             clients += shard.client_connections.load(Ordering::Relaxed);
@@ -291,6 +293,11 @@ impl Collector for ShardList {
                 "shared_watch_clients",
                 "Client watches served by shared watches now",
                 shared_clients,
+            ),
+            (
+                "shared_watch_feeds",
+                "Shared watches on one shard fed by another's member watch now (spec.sharedWatches.scope: Gateway)",
+                shared_feeds,
             ),
         ] {
             let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
@@ -436,6 +443,7 @@ impl ShardGauges {
         self.0.client_connections.store(0, Ordering::Relaxed);
         self.0.shared_watches.store(0, Ordering::Relaxed);
         self.0.shared_watch_clients.store(0, Ordering::Relaxed);
+        self.0.shared_watch_feeds.store(0, Ordering::Relaxed);
         for (_, open) in lock(&self.0.upstream).iter() {
             open.store(0, Ordering::Relaxed);
         }
@@ -508,6 +516,11 @@ impl ShardMetrics {
     /// Counts a client watch on a shared watch until the guard is dropped.
     pub fn shared_watch_client(&self) -> GaugeGuard {
         GaugeGuard::new(&self.cells, |c| &c.shared_watch_clients)
+    }
+
+    /// Counts a shared watch fed by another shard's until the guard is dropped.
+    pub fn shared_watch_fed(&self) -> GaugeGuard {
+        GaugeGuard::new(&self.cells, |c| &c.shared_watch_feeds)
     }
 
     /// Marks an upstream connection to `cluster` open until the returned guard drops.

@@ -16,6 +16,7 @@ pub mod clock;
 pub mod context;
 pub mod deadline;
 pub mod faults;
+pub mod inbox;
 pub mod shutdown;
 pub mod snapshot;
 

@@ -148,6 +148,11 @@ pub fn spawn_shard(
                 monoio::spawn(crate::tunnel::handoff::receive(
                     crate::tunnel::handoff::register(index),
                 ));
+                // Feeds of shared watches other shards ask of this one (`watch::across`).
+                monoio::spawn(crate::watch::across::receive(
+                    ctx.clone(),
+                    crate::watch::across::register(index),
+                ));
                 let drain_watch = ctx.clone();
                 monoio::spawn(async move {
                     drain_watch.shutdown.drain_started().await;

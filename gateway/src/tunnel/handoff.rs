@@ -18,16 +18,15 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use arc_swap::ArcSwap;
-
 use fleetgate_config_watcher::SharedTable;
 use monoio::io::IntoPollIo;
 use rustls::ServerConfig;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tracing::info;
 
 use super::{claim, registry, wire, Carrier, Tunnel};
 use crate::runtime;
+use crate::runtime::inbox::Inboxes;
 
 /// An agent whose ClientHello offered the fleetgate ALPN, for a shard to serve.
 pub struct Handoff {
@@ -38,11 +37,8 @@ pub struct Handoff {
     pub table: SharedTable,
 }
 
-/// Each shard's inbox, by index (swapped whole when a shard starts: rare).
-type Inboxes = ArcSwap<Vec<Option<UnboundedSender<Handoff>>>>;
-
-fn inboxes() -> &'static Inboxes {
-    static INBOXES: OnceLock<Inboxes> = OnceLock::new();
+fn inboxes() -> &'static Inboxes<Handoff> {
+    static INBOXES: OnceLock<Inboxes<Handoff>> = OnceLock::new();
     INBOXES.get_or_init(Default::default)
 }
 
@@ -59,15 +55,7 @@ pub fn current_shard() -> Option<usize> {
 /// Registers shard `index`'s inbox (a restarted shard replaces its predecessor's) and marks the
 /// calling thread as that shard. Called on the shard's own thread.
 pub fn register(index: usize) -> UnboundedReceiver<Handoff> {
-    let (send, receive) = unbounded_channel();
-    inboxes().rcu(|inboxes| {
-        let mut inboxes = Vec::clone(inboxes);
-        if inboxes.len() <= index {
-            inboxes.resize_with(index + 1, || None);
-        }
-        inboxes[index] = Some(send.clone());
-        inboxes
-    });
+    let receive = inboxes().register(index);
     SHARD.with(|shard| shard.set(Some(index)));
     receive
 }

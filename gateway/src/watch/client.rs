@@ -10,6 +10,7 @@
 //! resource version" ERROR event and its watch ends; it lists again, as with any apiserver.
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -92,7 +93,7 @@ pub(super) async fn follow(
 struct Cursor {
     plan: Plan,
     /// Initial ADDED events still to send (last first).
-    initial: Vec<Rc<Event>>,
+    initial: Vec<Arc<Event>>,
     /// The next event's sequence number in the ring.
     seq: u64,
     last_sent_rv: u64,
@@ -173,7 +174,7 @@ impl Cursor {
                     Next::Cut(state.floor_rv)
                 } else {
                     match state.at(self.seq) {
-                        Some(event) => Next::Event(Rc::clone(event)),
+                        Some(event) => Next::Event(Arc::clone(event)),
                         None => Next::Wait,
                     }
                 }
@@ -218,7 +219,7 @@ impl Cursor {
 }
 
 enum Next {
-    Event(Rc<Event>),
+    Event(Arc<Event>),
     Cut(u64),
     Wait,
 }

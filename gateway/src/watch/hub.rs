@@ -21,18 +21,19 @@
 //! Single-threaded: a hub is an `Rc` on its shard; its state is a `RefCell` never held across an
 //! await. Clients wait on its [`Signal`].
 
-use std::cell::{Cell, OnceCell, RefCell};
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fleetgate_config_watcher::ClusterRoute;
+use fleetgate_config_watcher::{ClusterRoute, SharedWatchScope};
 use serde_json::{Map, Value};
 use tracing::{debug, info, warn};
 
+use super::across::{self, Snapshot, Update};
 use super::selector::Labels;
 use super::{Caller, Form, HubKey, NoFields, OwnRequests, TABLE_ACCEPT};
 use crate::auth::Decided;
@@ -96,9 +97,9 @@ pub struct Event {
     /// The same object as an ADDED and as a DELETED event (a client whose selector it starts
     /// or stops matching), and as a Table event with column definitions: built once, when first
     /// needed.
-    as_added: OnceCell<Bytes>,
-    as_deleted: OnceCell<Bytes>,
-    with_columns: OnceCell<Bytes>,
+    as_added: OnceLock<Bytes>,
+    as_deleted: OnceLock<Bytes>,
+    with_columns: OnceLock<Bytes>,
 }
 
 impl Event {
@@ -115,9 +116,9 @@ impl Event {
             previous: None,
             line,
             object,
-            as_added: OnceCell::new(),
-            as_deleted: OnceCell::new(),
-            with_columns: OnceCell::new(),
+            as_added: OnceLock::new(),
+            as_deleted: OnceLock::new(),
+            with_columns: OnceLock::new(),
         }
     }
 
@@ -207,7 +208,7 @@ fn version_of(metadata: Option<&Value>) -> Option<u64> {
 }
 
 /// The objects a hub holds, by namespace and name: their last ADDED or MODIFIED event.
-pub type Objects = BTreeMap<(Box<str>, Box<str>), Rc<Event>>;
+pub type Objects = BTreeMap<(Box<str>, Box<str>), Arc<Event>>;
 
 /// Where a hub is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,7 +260,7 @@ impl Signal {
 /// The hub's state; borrowed briefly, never across an await.
 pub struct State {
     pub phase: Phase,
-    pub ring: VecDeque<Rc<Event>>,
+    pub ring: VecDeque<Arc<Event>>,
     /// The sequence number of `ring[0]`; the next event gets `base + ring.len()`.
     pub base: u64,
     /// The resourceVersion just before `ring[0]`: a client may resume from it or later.
@@ -279,7 +280,7 @@ impl State {
     }
 
     /// The event with sequence number `seq`, if it is still in the ring.
-    pub fn at(&self, seq: u64) -> Option<&Rc<Event>> {
+    pub fn at(&self, seq: u64) -> Option<&Arc<Event>> {
         let index = seq.checked_sub(self.base)?;
         self.ring.get(usize::try_from(index).ok()?)
     }
@@ -324,11 +325,13 @@ impl Hub {
         caller: Caller,
     ) -> Rc<Hub> {
         let table = shard.table.load();
-        let (ring_size, lag_limit) = table
+        let (ring_size, lag_limit, scope) = table
             .gateway()
             .shared_watches
             .as_ref()
-            .map_or((4096, 1024), |s| (s.ring_size, s.lag_limit));
+            .map_or((4096, 1024, SharedWatchScope::Shard), |s| {
+                (s.ring_size, s.lag_limit, s.scope)
+            });
         let hub = Rc::new(Hub {
             key,
             cluster,
@@ -348,11 +351,30 @@ impl Hub {
             clients: Cell::new(0),
             idle_since: Cell::new(Some(Instant::now())),
         });
+        // Per gateway, a key's hub on another shard than its home is fed by the home's.
+        let fed = match scope {
+            SharedWatchScope::Gateway => {
+                let home = across::home(&hub.key, shard.workers);
+                (home != shard.shard)
+                    .then(|| across::subscribe(home, &hub.key, &hub.cluster, caller))
+                    .flatten()
+            }
+            SharedWatchScope::Shard => None,
+        };
         let running = Rc::clone(&hub);
         runtime::spawn(async move {
-            let open = shard.shard_metrics.shared_watch_opened();
-            let phase = running.run(&shard, caller).await;
-            drop(open);
+            let phase = match fed {
+                Some(updates) => {
+                    let _fed = shard.shard_metrics.shared_watch_fed();
+                    running.mirror(&shard, updates).await
+                }
+                None => {
+                    let open = shard.shard_metrics.shared_watch_opened();
+                    let phase = running.run(&shard, caller).await;
+                    drop(open);
+                    phase
+                }
+            };
             running.end(phase);
             if phase == Phase::Failed {
                 runtime::sleep(FAILED_FOR).await;
@@ -569,7 +591,7 @@ impl Hub {
                     let event = Event::new(Kind::Added, rv, &item, meta_of(metadata));
                     objects.insert(
                         (event.namespace.clone(), event.name.clone()),
-                        Rc::new(event),
+                        Arc::new(event),
                     );
                 }
             }
@@ -592,7 +614,7 @@ impl Hub {
                     let event = Event::new(Kind::Added, rv, &table, meta_of(metadata));
                     objects.insert(
                         (event.namespace.clone(), event.name.clone()),
-                        Rc::new(event),
+                        Arc::new(event),
                     );
                 }
             }
@@ -650,7 +672,7 @@ impl Hub {
         }
         state.objects = now;
         for event in changed {
-            self.push_ring(state, Rc::new(event));
+            self.push_ring(state, Arc::new(event));
         }
         state.last_rv = state.last_rv.max(list_rv);
     }
@@ -745,32 +767,110 @@ impl Hub {
         };
         let mut event = Event::new(kind, rv, object, meta);
         let mut state = self.state.borrow_mut();
-        let key = (event.namespace.clone(), event.name.clone());
-        match kind {
-            Kind::Added | Kind::Modified => {
-                event.previous = state.objects.get(&key).map(|held| held.labels.clone());
-                let event = Rc::new(event);
-                state.objects.insert(key, Rc::clone(&event));
-                self.push_ring(&mut state, event);
-            }
-            Kind::Deleted => {
-                state.objects.remove(&key);
-                self.push_ring(&mut state, Rc::new(event));
-            }
-            Kind::Bookmark => self.push_ring(&mut state, Rc::new(event)),
+        if matches!(kind, Kind::Added | Kind::Modified) {
+            let key = (event.namespace.clone(), event.name.clone());
+            event.previous = state.objects.get(&key).map(|held| held.labels.clone());
         }
-        state.last_rv = state.last_rv.max(rv);
+        self.apply(&mut state, Arc::new(event));
         drop(state);
         self.signal.bump();
         Ok(())
     }
 
-    fn push_ring(&self, state: &mut State, event: Rc<Event>) {
+    /// An event (its `previous` labels set) into the objects held and the ring.
+    fn apply(&self, state: &mut State, event: Arc<Event>) {
+        let rv = event.rv;
+        match event.kind {
+            Kind::Added | Kind::Modified => {
+                let key = (event.namespace.clone(), event.name.clone());
+                state.objects.insert(key, Arc::clone(&event));
+                self.push_ring(state, event);
+            }
+            Kind::Deleted => {
+                state
+                    .objects
+                    .remove(&(event.namespace.clone(), event.name.clone()));
+                self.push_ring(state, event);
+            }
+            Kind::Bookmark => self.push_ring(state, event),
+        }
+        state.last_rv = state.last_rv.max(rv);
+    }
+
+    fn push_ring(&self, state: &mut State, event: Arc<Event>) {
         state.ring.push_back(event);
         while state.ring.len() > self.ring_size {
             if let Some(oldest) = state.ring.pop_front() {
                 state.base += 1;
                 state.floor_rv = state.floor_rv.max(oldest.rv);
+            }
+        }
+    }
+}
+
+impl Hub {
+    /// A mirror's life: the home's snapshot, then its events into this hub's ring, until the
+    /// home ends the feed (its phase), or this hub ends (no clients, the route retired, the
+    /// shard drains).
+    async fn mirror(
+        &self,
+        shard: &ShardContext,
+        mut updates: tokio::sync::mpsc::UnboundedReceiver<Update>,
+    ) -> Phase {
+        let retired = self.cluster.retirement.listen();
+        let mut outside = std::pin::pin!(runtime::race(retired, shard.drain.started()));
+        let mut idle = std::pin::pin!(self.idle());
+        loop {
+            let first = match runtime::race(
+                runtime::race(updates.recv(), idle.as_mut()),
+                outside.as_mut(),
+            )
+            .await
+            {
+                First::Left(First::Left(Some(update))) => update,
+                // The home's shard is gone (its feed dropped unfinished).
+                First::Left(First::Left(None)) => return Phase::Ended,
+                First::Left(First::Right(())) | First::Right(_) => return Phase::Ended,
+            };
+            // Everything already sent, then one wake-up for the clients.
+            let mut next = Some(first);
+            let mut ended = None;
+            {
+                let mut state = self.state.borrow_mut();
+                while let Some(update) = next.take() {
+                    match update {
+                        Update::Snapshot(snapshot) => {
+                            let Snapshot {
+                                objects,
+                                ring,
+                                base,
+                                floor_rv,
+                                start_rv,
+                                last_rv,
+                                columns,
+                            } = *snapshot;
+                            state.objects = objects;
+                            state.ring = ring;
+                            state.base = base;
+                            state.floor_rv = floor_rv;
+                            state.start_rv = start_rv;
+                            state.last_rv = last_rv;
+                            state.columns = columns;
+                            state.phase = Phase::Ready;
+                        }
+                        Update::Event(event) => self.apply(&mut state, event),
+                        Update::Columns(columns) => state.columns = Some(columns),
+                        Update::End(phase) => {
+                            ended = Some(phase);
+                            break;
+                        }
+                    }
+                    next = updates.try_recv().ok();
+                }
+            }
+            self.signal.bump();
+            if let Some(phase) = ended {
+                return phase;
             }
         }
     }
@@ -849,10 +949,10 @@ impl LineSink for HubLines<'_> {
 mod tests {
     use super::*;
 
-    fn event(kind: Kind, rv: u64) -> Rc<Event> {
+    fn event(kind: Kind, rv: u64) -> Arc<Event> {
         let object = serde_json::json!({"kind": "ConfigMap", "metadata": {"name": "a", "resourceVersion": rv.to_string()}});
         let metadata = object.get("metadata");
-        Rc::new(Event::new(kind, rv, &object, meta_of(metadata)))
+        Arc::new(Event::new(kind, rv, &object, meta_of(metadata)))
     }
 
     #[test]

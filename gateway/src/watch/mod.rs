@@ -21,6 +21,7 @@
 //! (`protocol::h1`, `protocol::h2`) for a `Decision::Proxy` whose verb is `watch`.
 
 pub mod access;
+pub mod across;
 mod client;
 pub mod hub;
 pub mod selector;
@@ -271,7 +272,7 @@ pub(crate) async fn serve(
     if !Box::pin(access::may_watch(ctx, proxied, &plan.key, caller)).await {
         return Served::Proxy;
     }
-    let Some(hub) = hub_for(ctx, proxied, &plan.key, caller) else {
+    let Some(hub) = hub_for(ctx, proxied.cluster, &plan.key, caller) else {
         return Served::Proxy;
     };
     client::follow(ctx, &hub, plan, client).await
@@ -301,7 +302,7 @@ impl SharedWatches {
 /// (its member refused the gateway's own list, say).
 fn hub_for(
     ctx: &ShardContext,
-    proxied: &Proxied<'_>,
+    cluster: &Arc<fleetgate_config_watcher::ClusterRoute>,
     key: &HubKey,
     caller: Caller,
 ) -> Option<Rc<hub::Hub>> {
@@ -309,7 +310,7 @@ fn hub_for(
         return (!hub.failed()).then(|| Rc::clone(hub));
     }
     let shard = ctx.me.upgrade()?;
-    let hub = hub::Hub::start(shard, Arc::clone(proxied.cluster), key.clone(), caller);
+    let hub = hub::Hub::start(shard, Arc::clone(cluster), key.clone(), caller);
     ctx.shared_watches
         .hubs
         .borrow_mut()
