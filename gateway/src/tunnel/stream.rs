@@ -14,7 +14,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -74,36 +74,71 @@ impl AsyncRead for TunnelStream {
     }
 }
 
+impl TunnelStream {
+    /// Queues up to `len` bytes (at most [`MAX_WRITE`], as much as the stream's window allows),
+    /// made by `take(n)`, as one DATA frame; how many it took.
+    fn poll_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        len: usize,
+        take: impl FnOnce(usize) -> Bytes,
+    ) -> Poll<io::Result<usize>> {
+        if len == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        if self.finished {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        let want = len.min(MAX_WRITE);
+        self.send.reserve_capacity(want);
+        let granted = loop {
+            match self.send.capacity() {
+                0 => match ready!(self.send.poll_capacity(cx)) {
+                    None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+                    Some(Err(e)) => return Poll::Ready(Err(broken(e))),
+                    Some(Ok(_)) => {}
+                },
+                granted => break granted,
+            }
+        };
+        let n = granted.min(want);
+        self.send.send_data(take(n), false).map_err(broken)?;
+        Poll::Ready(Ok(n))
+    }
+}
+
 impl AsyncWrite for TunnelStream {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if buf.is_empty() {
-            return Poll::Ready(Ok(0));
-        }
-        if this.finished {
-            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
-        }
-        let want = buf.len().min(MAX_WRITE);
-        this.send.reserve_capacity(want);
-        loop {
-            let granted = this.send.capacity();
-            if granted > 0 {
-                let n = granted.min(want);
-                this.send
-                    .send_data(Bytes::copy_from_slice(&buf[..n]), false)
-                    .map_err(broken)?;
-                return Poll::Ready(Ok(n));
+        self.get_mut()
+            .poll_send(cx, buf.len(), |n| Bytes::copy_from_slice(&buf[..n]))
+    }
+
+    /// The pieces as one DATA frame: copied into one buffer, as a single piece is.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let len = bufs.iter().map(|b| b.len()).sum();
+        self.get_mut().poll_send(cx, len, |n| {
+            let mut out = BytesMut::with_capacity(n);
+            for b in bufs {
+                let room = n - out.len();
+                out.extend_from_slice(&b[..b.len().min(room)]);
+                if out.len() == n {
+                    break;
+                }
             }
-            match ready!(this.send.poll_capacity(cx)) {
-                None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
-                Some(Err(e)) => return Poll::Ready(Err(broken(e))),
-                Some(Ok(_)) => {}
-            }
-        }
+            out.freeze()
+        })
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -118,5 +153,63 @@ impl AsyncWrite for TunnelStream {
             this.send.send_data(Bytes::new(), true).map_err(broken)?;
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// A gateway-side stream (h2 client, as the gateway is on a tunnel) and the agent's end of it.
+    async fn pair() -> (TunnelStream, RecvStream) {
+        let (gateway, agent) = tokio::io::duplex(256 * 1024);
+        let (mut open, connection) = h2::client::handshake(gateway).await.unwrap();
+        tokio::spawn(connection);
+        let accepting = tokio::spawn(async move {
+            let mut server = h2::server::handshake(agent).await.unwrap();
+            let (request, mut respond) = server.accept().await.unwrap().unwrap();
+            let response = http::Response::new(());
+            respond.send_response(response, false).unwrap();
+            tokio::spawn(async move { while server.accept().await.is_some() {} });
+            request.into_body()
+        });
+        open = open.ready().await.unwrap();
+        let (response, send) = open.send_request(http::Request::new(()), false).unwrap();
+        let recv = accepting.await.unwrap();
+        let recv_back = response.await.unwrap().into_body();
+        (TunnelStream::new(send, recv_back), recv)
+    }
+
+    #[tokio::test]
+    async fn a_chain_of_pieces_goes_out_as_one_data_frame() {
+        let (mut stream, mut agent) = pair().await;
+        assert!(stream.is_write_vectored());
+        // A chunk as the HTTP/1.1 codec writes it: size line, data, CRLF.
+        let mut chunk = bytes::Buf::chain(
+            bytes::Buf::chain(&b"5\r\n"[..], &b"hello"[..]),
+            &b"\r\n"[..],
+        );
+        stream.write_all_buf(&mut chunk).await.unwrap();
+        let frame = agent.data().await.unwrap().unwrap();
+        assert_eq!(
+            &frame[..],
+            b"5\r\nhello\r\n",
+            "one frame, the pieces in order"
+        );
+        // A single piece still goes as it came.
+        stream.write_all(b"0\r\n\r\n").await.unwrap();
+        stream.shutdown().await.unwrap();
+        // The rest, to END_STREAM (an empty frame carries it).
+        let rest = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            let mut rest = Vec::new();
+            while let Some(data) = agent.data().await {
+                rest.extend_from_slice(&data.unwrap());
+            }
+            rest
+        })
+        .await
+        .expect("END_STREAM after shutdown");
+        assert_eq!(rest, b"0\r\n\r\n");
     }
 }

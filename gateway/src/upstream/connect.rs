@@ -74,6 +74,30 @@ impl AsyncWrite for UpstreamIo {
         }
     }
 
+    /// Forwarded, so a piece written as a chain (a chunk's size line, data and CRLF) reaches a
+    /// TLS member as one record and a tunnel as one DATA frame, not one per piece.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            UpstreamIo::Konnectivity(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            UpstreamIo::Plain(s) => s.is_write_vectored(),
+            UpstreamIo::Tls(s) => s.is_write_vectored(),
+            UpstreamIo::Tunnel(s) => s.is_write_vectored(),
+            UpstreamIo::Konnectivity(s) => s.is_write_vectored(),
+        }
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_flush(cx),
