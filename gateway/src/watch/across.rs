@@ -16,7 +16,6 @@
 //! shard drains) closes its feed, and the home's hub is released. A shard that cannot reach a
 //! key's home (not running yet, restarting) watches the member itself, as with `scope: Shard`.
 
-use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
@@ -25,32 +24,21 @@ use bytes::Bytes;
 use fleetgate_config_watcher::ClusterRoute;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use super::hub::{Event, Objects, Phase};
+use super::hub::{Event, Phase, State};
 use super::{Caller, HubKey};
 use crate::runtime::inbox::Inboxes;
 use crate::runtime::{self, First, ShardContext};
 
 /// What a home shard sends a mirror.
 pub enum Update {
-    /// What the home's hub holds when the feed starts; always first.
-    Snapshot(Box<Snapshot>),
+    /// What the home's hub holds when the feed starts (Ready); always first.
+    Snapshot(Box<State>),
     /// One event, as it entered the home's ring.
     Event(Arc<Event>),
     /// A Table hub's column definitions, learned after the snapshot.
     Columns(Bytes),
     /// The home's hub ended, or failed: so does the mirror.
     End(Phase),
-}
-
-/// A home hub's state when a feed starts.
-pub struct Snapshot {
-    pub objects: Objects,
-    pub ring: VecDeque<Arc<Event>>,
-    pub base: u64,
-    pub floor_rv: u64,
-    pub start_rv: u64,
-    pub last_rv: u64,
-    pub columns: Option<Bytes>,
 }
 
 /// A mirror's request for a feed of `key`.
@@ -139,16 +127,11 @@ async fn serve_feed(ctx: Rc<ShardContext>, asked: Subscribe) {
     }
     let (mut seq, mut columns_sent) = {
         let state = hub.state.borrow();
-        let snapshot = Snapshot {
-            objects: state.objects.clone(),
-            ring: state.ring.clone(),
-            base: state.base,
-            floor_rv: state.floor_rv,
-            start_rv: state.start_rv,
-            last_rv: state.last_rv,
-            columns: state.columns.clone(),
-        };
-        if feed.send(Update::Snapshot(Box::new(snapshot))).is_err() {
+        // The same events (Arcs), not copies of them.
+        if feed
+            .send(Update::Snapshot(Box::new(state.clone())))
+            .is_err()
+        {
             return;
         }
         (state.next_seq(), state.columns.is_some())

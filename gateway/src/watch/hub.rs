@@ -33,7 +33,7 @@ use fleetgate_config_watcher::{ClusterRoute, SharedWatchScope};
 use serde_json::{Map, Value};
 use tracing::{debug, info, warn};
 
-use super::across::{self, Snapshot, Update};
+use super::across::{self, Update};
 use super::selector::Labels;
 use super::{Caller, Form, HubKey, NoFields, OwnRequests, TABLE_ACCEPT};
 use crate::auth::Decided;
@@ -257,7 +257,9 @@ impl Signal {
     }
 }
 
-/// The hub's state; borrowed briefly, never across an await.
+/// The hub's state; borrowed briefly, never across an await. Cloned (its events shared) for a
+/// hub on another shard (`across`).
+#[derive(Clone)]
 pub struct State {
     pub phase: Phase,
     pub ring: VecDeque<Arc<Event>>,
@@ -839,25 +841,7 @@ impl Hub {
                 let mut state = self.state.borrow_mut();
                 while let Some(update) = next.take() {
                     match update {
-                        Update::Snapshot(snapshot) => {
-                            let Snapshot {
-                                objects,
-                                ring,
-                                base,
-                                floor_rv,
-                                start_rv,
-                                last_rv,
-                                columns,
-                            } = *snapshot;
-                            state.objects = objects;
-                            state.ring = ring;
-                            state.base = base;
-                            state.floor_rv = floor_rv;
-                            state.start_rv = start_rv;
-                            state.last_rv = last_rv;
-                            state.columns = columns;
-                            state.phase = Phase::Ready;
-                        }
+                        Update::Snapshot(snapshot) => *state = *snapshot,
                         Update::Event(event) => self.apply(&mut state, event),
                         Update::Columns(columns) => state.columns = Some(columns),
                         Update::End(phase) => {
