@@ -20,26 +20,13 @@ use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
 
-use bytes::Bytes;
 use fleetgate_config_watcher::ClusterRoute;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use super::hub::{Event, Phase, State};
+use super::hub::{Phase, Update};
 use super::{Caller, HubKey};
 use crate::runtime::inbox::Inboxes;
 use crate::runtime::{self, First, ShardContext};
-
-/// What a home shard sends a mirror.
-pub enum Update {
-    /// What the home's hub holds when the feed starts (Ready); always first.
-    Snapshot(Box<State>),
-    /// One event, as it entered the home's ring.
-    Event(Arc<Event>),
-    /// A Table hub's column definitions, learned after the snapshot.
-    Columns(Bytes),
-    /// The home's hub ended, or failed: so does the mirror.
-    End(Phase),
-}
 
 /// A mirror's request for a feed of `key`.
 pub struct Subscribe {

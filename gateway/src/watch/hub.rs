@@ -25,15 +25,16 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
+
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use bytes::Bytes;
-use fleetgate_config_watcher::{ClusterRoute, SharedWatchScope};
+use fleetgate_config_watcher::ClusterRoute;
 use serde_json::{Map, Value};
 use tracing::{debug, info, warn};
 
-use super::across::{self, Update};
 use super::selector::Labels;
 use super::{Caller, Form, HubKey, NoFields, OwnRequests, TABLE_ACCEPT};
 use crate::auth::Decided;
@@ -319,21 +320,21 @@ impl Drop for Joined {
 }
 
 impl Hub {
-    /// A hub for `key` on `cluster`, its member watch started as a task of the shard.
+    /// A hub for `key` on `cluster`, its member watch started as a task of the shard; or, with
+    /// `fed`, a hub fed by the key's home shard instead (`super::across`).
     pub fn start(
         shard: Rc<ShardContext>,
         cluster: Arc<ClusterRoute>,
         key: HubKey,
         caller: Caller,
+        fed: Option<UnboundedReceiver<Update>>,
     ) -> Rc<Hub> {
         let table = shard.table.load();
-        let (ring_size, lag_limit, scope) = table
+        let (ring_size, lag_limit) = table
             .gateway()
             .shared_watches
             .as_ref()
-            .map_or((4096, 1024, SharedWatchScope::Shard), |s| {
-                (s.ring_size, s.lag_limit, s.scope)
-            });
+            .map_or((4096, 1024), |s| (s.ring_size, s.lag_limit));
         let hub = Rc::new(Hub {
             key,
             cluster,
@@ -353,16 +354,6 @@ impl Hub {
             clients: Cell::new(0),
             idle_since: Cell::new(Some(Instant::now())),
         });
-        // Per gateway, a key's hub on another shard than its home is fed by the home's.
-        let fed = match scope {
-            SharedWatchScope::Gateway => {
-                let home = across::home(&hub.key, shard.workers);
-                (home != shard.shard)
-                    .then(|| across::subscribe(home, &hub.key, &hub.cluster, caller))
-                    .flatten()
-            }
-            SharedWatchScope::Shard => None,
-        };
         let running = Rc::clone(&hub);
         runtime::spawn(async move {
             let phase = match fed {
@@ -810,15 +801,23 @@ impl Hub {
     }
 }
 
+/// What a hub on another shard than its key's home is fed by the home (`super::across`).
+pub enum Update {
+    /// What the home's hub holds when the feed starts (Ready); always first.
+    Snapshot(Box<State>),
+    /// One event, as it entered the home's ring.
+    Event(Arc<Event>),
+    /// A Table hub's column definitions, learned after the snapshot.
+    Columns(Bytes),
+    /// The home's hub ended, or failed: so does the mirror.
+    End(Phase),
+}
+
 impl Hub {
     /// A mirror's life: the home's snapshot, then its events into this hub's ring, until the
     /// home ends the feed (its phase), or this hub ends (no clients, the route retired, the
     /// shard drains).
-    async fn mirror(
-        &self,
-        shard: &ShardContext,
-        mut updates: tokio::sync::mpsc::UnboundedReceiver<Update>,
-    ) -> Phase {
+    async fn mirror(&self, shard: &ShardContext, mut updates: UnboundedReceiver<Update>) -> Phase {
         let retired = self.cluster.retirement.listen();
         let mut outside = std::pin::pin!(runtime::race(retired, shard.drain.started()));
         let mut idle = std::pin::pin!(self.idle());

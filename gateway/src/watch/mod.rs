@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleetgate_config_watcher::request_info::KubeVerb;
-use fleetgate_config_watcher::{Limits, RouteTable};
+use fleetgate_config_watcher::{Limits, RouteTable, SharedWatchScope};
 
 use crate::exchange::Failure;
 use crate::fleet::FleetClient;
@@ -310,7 +310,24 @@ fn hub_for(
         return (!hub.failed()).then(|| Rc::clone(hub));
     }
     let shard = ctx.me.upgrade()?;
-    let hub = hub::Hub::start(shard, Arc::clone(cluster), key.clone(), caller);
+    // Per gateway, a key's hub on another shard than its home is fed by the home's.
+    let scope = ctx
+        .table
+        .load()
+        .gateway()
+        .shared_watches
+        .as_ref()
+        .map(|s| s.scope);
+    let fed = match scope {
+        Some(SharedWatchScope::Gateway) => {
+            let home = across::home(key, ctx.workers);
+            (home != ctx.shard)
+                .then(|| across::subscribe(home, key, cluster, caller))
+                .flatten()
+        }
+        Some(SharedWatchScope::Shard) | None => None,
+    };
+    let hub = hub::Hub::start(shard, Arc::clone(cluster), key.clone(), caller, fed);
     ctx.shared_watches
         .hubs
         .borrow_mut()
