@@ -17,6 +17,9 @@
 //!   with it every client watch, cleanly. So does a member that refuses the gateway's own list or
 //!   watch (then clients are proxied for a while: [`FAILED_FOR`]), and having had no client for
 //!   [`IDLE_FOR`].
+//! - **Fed.** Shared per gateway (`super::across`), a hub on another shard than its key's home
+//!   makes no member request: it takes the home hub's state, then its events ([`Update`]), into
+//!   a ring of its own, and ends when the home's hub does.
 //!
 //! Single-threaded: a hub is an `Rc` on its shard; its state is a `RefCell` never held across an
 //! await. Clients wait on its [`Signal`].
@@ -25,14 +28,13 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
-
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use bytes::Bytes;
 use fleetgate_config_watcher::ClusterRoute;
 use serde_json::{Map, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{debug, info, warn};
 
 use super::selector::Labels;
@@ -362,10 +364,8 @@ impl Hub {
                     running.mirror(&shard, updates).await
                 }
                 None => {
-                    let open = shard.shard_metrics.shared_watch_opened();
-                    let phase = running.run(&shard, caller).await;
-                    drop(open);
-                    phase
+                    let _open = shard.shard_metrics.shared_watch_opened();
+                    running.run(&shard, caller).await
                 }
             };
             running.end(phase);

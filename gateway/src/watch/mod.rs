@@ -1,5 +1,6 @@
 //! Shared watches (`spec.sharedWatches`, docs/watches.md): one member watch per (cluster route,
-//! resource, namespace scope, form) on each shard feeds every client watch that asks for it.
+//! resource, namespace scope, form) on each shard, or for the whole gateway, feeds every client
+//! watch that asks for it.
 //!
 //! - [`plan`] says whether a decided, proxied WATCH can be shared: its resource is listed, the
 //!   cluster impersonates (the member would otherwise see the gateway, or the client's own
@@ -15,10 +16,12 @@
 //!   refuses is not shared either: the watch goes to the member, which answers its own 403.
 //! - `hub`: the member watch, its ring of recent events and the objects it holds now.
 //! - `client`: one client's cursor over a hub, filtered by its selectors.
+//! - `across`: per gateway (`scope: Gateway`), a key's hubs on other shards than its home are fed
+//!   by the home's hub over a lock-free channel.
 //!
-//! Per shard, without locks: a hub lives on the shard that opened it and serves that shard's
-//! clients only (so the member holds one watch per key per shard). Called by the front-ends
-//! (`protocol::h1`, `protocol::h2`) for a `Decision::Proxy` whose verb is `watch`.
+//! Without locks: a hub lives on the shard that opened it and serves that shard's clients only
+//! (per shard, the member holds one watch per key per shard; per gateway, one). Called by the
+//! front-ends (`protocol::h1`, `protocol::h2`) for a `Decision::Proxy` whose verb is `watch`.
 
 pub mod access;
 pub mod across;
@@ -33,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleetgate_config_watcher::request_info::KubeVerb;
-use fleetgate_config_watcher::{Limits, RouteTable, SharedWatchScope};
+use fleetgate_config_watcher::{ClusterRoute, Limits, RouteTable, SharedWatchScope};
 
 use crate::exchange::Failure;
 use crate::fleet::FleetClient;
@@ -302,7 +305,7 @@ impl SharedWatches {
 /// (its member refused the gateway's own list, say).
 fn hub_for(
     ctx: &ShardContext,
-    cluster: &Arc<fleetgate_config_watcher::ClusterRoute>,
+    cluster: &Arc<ClusterRoute>,
     key: &HubKey,
     caller: Caller,
 ) -> Option<Rc<hub::Hub>> {

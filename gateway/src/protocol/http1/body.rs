@@ -376,6 +376,8 @@ impl BodyProgress {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::http1::head::{parse_request, HeadLimits};
+    use bytes::BytesMut;
 
     #[test]
     fn chunk_size_lines_are_lowercase_hex() {
@@ -387,8 +389,6 @@ mod tests {
             );
         }
     }
-    use crate::protocol::http1::head::{parse_request, HeadLimits};
-    use bytes::BytesMut;
 
     fn head(text: &str) -> Head {
         let mut src = BytesMut::from(text.as_bytes());
