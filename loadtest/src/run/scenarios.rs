@@ -432,33 +432,37 @@ pub async fn watch_events(
     let events = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + args.warmup + args.duration;
     let measure_from = Instant::now() + args.warmup;
+    // One histogram for every watch (about 150 KB each: one per watch is zeroed memory the
+    // driver faults in while the watches start).
+    let latency = Arc::new(std::sync::Mutex::new(new_hist()));
     let mut tasks = Vec::new();
     for (conn, head) in watches {
-        let events = events.clone();
+        let (events, latency) = (events.clone(), latency.clone());
         tasks.push(tokio::spawn(async move {
-            let mut hist = new_hist();
             read_events(conn, head, deadline, |sent, arrived, _| {
                 if arrived >= measure_from {
                     let lat = unix_nanos().saturating_sub(sent) / 1000;
-                    let _ = hist.record((lat as u64).max(1));
+                    if let Ok(mut hist) = latency.lock() {
+                        let _ = hist.record((lat as u64).max(1));
+                    }
                     events.fetch_add(1, Ordering::Relaxed);
                 }
             })
             .await;
-            hist
         }));
     }
     tokio::time::sleep_until((Instant::now() + args.warmup).into()).await;
     let cpu0 = cpu_now(pw)?;
     let ev0 = events.load(Ordering::Relaxed);
     let start = Instant::now();
-    let mut hist = new_hist();
     for t in tasks {
-        if let Ok(h) = t.await {
-            let _ = hist.add(&h);
-        }
+        let _ = t.await;
     }
     let seconds = start.elapsed().as_secs_f64();
+    let hist = latency
+        .lock()
+        .map(|h| h.clone())
+        .unwrap_or_else(|_| new_hist());
     let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
     let n = events.load(Ordering::Relaxed) - ev0;
     Ok(TargetResult {
