@@ -33,7 +33,7 @@ use tokio::sync::Notify;
 use super::client::{Head, HttpConn, Target};
 use super::procstat::ProcWatch;
 use super::scenarios::{
-    cpu_now, current_rv, new_hist, open_watches, read_events, unix_nanos, with_query,
+    cpu_now, current_rv, open_watches, read_events, unix_nanos, with_query, Latencies,
 };
 use super::{RunArgs, TargetResult};
 
@@ -246,11 +246,8 @@ struct Shared {
     events: AtomicU64,
     deadline: Instant,
     measure_from: Instant,
-    /// Write-to-delivery latencies of every client watch: one histogram (about 150 KB) for the
-    /// run, not one per watch. A histogram each, zeroed as the 8,000 watches began to read,
-    /// faulted in over a gigabyte and stalled the driver for seconds at the start of the run,
-    /// which then showed as the p99 of every target.
-    latency: std::sync::Mutex<hdrhistogram::Histogram<u64>>,
+    /// Write-to-delivery latencies of every client watch.
+    latency: Latencies,
 }
 
 /// Reads one client watch until the deadline, opening it again from the last resourceVersion it
@@ -281,10 +278,7 @@ async fn client_watch(
                     // Events written before this stream opened (resumed after a reopen) waited
                     // for the client, not for the target: no latency for them.
                     if sent >= opened_at {
-                        let lat = unix_nanos().saturating_sub(sent) / 1000;
-                        if let Ok(mut hist) = shared.latency.lock() {
-                            let _ = hist.record((lat as u64).max(1));
-                        }
+                        shared.latency.record_since(sent);
                     }
                 }
             }) => {}
@@ -429,7 +423,7 @@ pub async fn watch_fanout(
         events: AtomicU64::new(0),
         deadline: start + args.warmup + args.duration,
         measure_from: start + args.warmup,
-        latency: std::sync::Mutex::new(new_hist()),
+        latency: Latencies::new(),
     });
     let churn_task = tokio::spawn(churn(members.to_vec(), args.churn, shared.deadline));
     let mut cycles = Vec::with_capacity(watches);
@@ -483,11 +477,7 @@ pub async fn watch_fanout(
         }
     }
     let seconds = measured.elapsed().as_secs_f64();
-    let hist = shared
-        .latency
-        .lock()
-        .map(|h| h.clone())
-        .unwrap_or_else(|_| new_hist());
+    let hist = shared.latency.snapshot();
     let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
     cycler.abort();
     let (writes, write_failures) = churn_task.await.unwrap_or((0, 0));

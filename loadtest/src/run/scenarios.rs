@@ -19,6 +19,33 @@ pub(super) fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 100_000_000, 3).expect("valid histogram bounds")
 }
 
+/// Write-to-delivery latencies of every watch of a run, in one histogram. One per watch (about
+/// 150 KB of zeroed counts each) is memory the driver faults in as thousands of watches begin to
+/// read: that stalled it for seconds, and the stall showed as every target's p99.
+pub(super) struct Latencies(std::sync::Mutex<Histogram<u64>>);
+
+impl Latencies {
+    pub(super) fn new() -> Latencies {
+        Latencies(std::sync::Mutex::new(new_hist()))
+    }
+
+    /// Records the time from `sent` (unix nanoseconds, the event's stamp) to now.
+    pub(super) fn record_since(&self, sent: u128) {
+        let us = unix_nanos().saturating_sub(sent) / 1000;
+        if let Ok(mut hist) = self.0.lock() {
+            let _ = hist.record((us as u64).max(1));
+        }
+    }
+
+    /// What was recorded so far.
+    pub(super) fn snapshot(&self) -> Histogram<u64> {
+        self.0
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_else(|_| new_hist())
+    }
+}
+
 struct PhaseOutcome {
     conns: Vec<HttpConn>,
     hist: Histogram<u64>,
@@ -432,19 +459,14 @@ pub async fn watch_events(
     let events = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + args.warmup + args.duration;
     let measure_from = Instant::now() + args.warmup;
-    // One histogram for every watch (about 150 KB each: one per watch is zeroed memory the
-    // driver faults in while the watches start).
-    let latency = Arc::new(std::sync::Mutex::new(new_hist()));
+    let latency = Arc::new(Latencies::new());
     let mut tasks = Vec::new();
     for (conn, head) in watches {
         let (events, latency) = (events.clone(), latency.clone());
         tasks.push(tokio::spawn(async move {
             read_events(conn, head, deadline, |sent, arrived, _| {
                 if arrived >= measure_from {
-                    let lat = unix_nanos().saturating_sub(sent) / 1000;
-                    if let Ok(mut hist) = latency.lock() {
-                        let _ = hist.record((lat as u64).max(1));
-                    }
+                    latency.record_since(sent);
                     events.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -459,10 +481,7 @@ pub async fn watch_events(
         let _ = t.await;
     }
     let seconds = start.elapsed().as_secs_f64();
-    let hist = latency
-        .lock()
-        .map(|h| h.clone())
-        .unwrap_or_else(|_| new_hist());
+    let hist = latency.snapshot();
     let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
     let n = events.load(Ordering::Relaxed) - ev0;
     Ok(TargetResult {
