@@ -564,7 +564,7 @@ impl KeptTunnel {
             .initial_connection_window_size(wire::CONNECTION_WINDOW)
             .max_frame_size(wire::MAX_FRAME)
             .max_concurrent_streams(u32::MAX)
-            .handshake::<_, Bytes>(tls)
+            .handshake::<_, Bytes>(crate::tunnel::coalesce::Coalesce::new(tls))
             .await
             .context("the h2 handshake")?;
         let mut pings = connection.ping_pong().context("h2 gave no ping handle")?;

@@ -144,7 +144,7 @@ where
         .initial_window_size(wire::STREAM_WINDOW)
         .initial_connection_window_size(wire::CONNECTION_WINDOW)
         .max_frame_size(wire::MAX_FRAME)
-        .handshake::<_, bytes::Bytes>(tls)
+        .handshake::<_, bytes::Bytes>(super::coalesce::Coalesce::new(tls))
         .await;
     let (send, mut connection) = match handshake {
         Ok(pair) => pair,

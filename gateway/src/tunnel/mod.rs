@@ -13,6 +13,7 @@
 //! - `carry`: the agent's side of a stream, to and from its member connection without copies;
 //! - `konnectivity`: unmodified konnectivity (ANP) proxy-agents, dispatched to by ALPN `h2`, on
 //!   the tunnel thread;
+//! - `coalesce`: a tunnel's h2 frames gathered into one socket write per poll (both ends);
 //! - `wire`: the constants and the hello both sides share; `heartbeat`: the PINGs both ends send.
 //!
 //! The shards find tunnels in this registry: each cluster's live tunnels in an `ArcSwap`, written
@@ -25,6 +26,7 @@
 
 pub mod carry;
 pub mod claim;
+pub mod coalesce;
 pub mod handoff;
 pub mod heartbeat;
 pub mod konnectivity;
