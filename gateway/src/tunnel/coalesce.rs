@@ -2,29 +2,35 @@
 //! server and the gateway's h2 client, each over its TLS stream).
 //!
 //! The `h2` crate flushes its transport before it buffers each DATA frame longer than 256 bytes
-//! (its encoder holds one such frame at a time), so every watch event, every small answer, is a
+//! (its encoder holds one such frame at a time), so every watch event, every small answer, was a
 //! TLS record and a `writev` of its own: 500 watches through one tunnel cost the agent one tunnel
 //! write per event, as many as the reads from its member. [`Coalesce`] sits between h2 and the
-//! TLS stream: a write of less than [`LIMIT`] is copied into its buffer, and a flush with new
+//! TLS stream: a write of less than [`SMALL`] is copied into its buffer, and a flush with new
 //! bytes behind it is put off once: the task is woken and the flush reports done, so the other
 //! tasks already woken (more member reads with more events) run and queue their frames before
 //! h2's connection is polled again. That poll's flush (h2 ends every poll of its connection with
 //! one), or its read, writes the whole buffer: several frames in one TLS record, one system call.
 //!
+//! A write of [`SMALL`] or more (a body streaming: big LIST chunks, exec output) is not copied and
+//! not put off: it goes out at once, in one vectored write with whatever small frames are
+//! buffered before it. The buffer is written once it holds [`LIMIT`] bytes, is allocated on first
+//! use and kept (one per tunnel, not per stream).
+//!
 //! What this asks of its owner: poll the stream again after a flush, or read from it. h2's
-//! connection does both on every poll; nothing else should wrap its transport in this. A buffer
-//! reaching [`LIMIT`] is written at once, and a write that large goes through as it is, so bulk
-//! bodies (64 KiB DATA frames) are not copied. The buffer is allocated on first use and kept
-//! (one per tunnel, not per stream).
+//! connection does both on every poll; nothing else should wrap its transport in this.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// The most bytes held before they are written; a write of this size or more is not copied.
+/// Writes shorter than this are gathered; longer ones go out at once, uncopied.
+pub const SMALL: usize = 8 * 1024;
+/// The most bytes held before they are written.
 pub const LIMIT: usize = 64 * 1024;
+/// The most slices one write hands the transport (the buffer and the caller's parts).
+const MAX_PARTS: usize = 8;
 
 /// A transport whose small writes are gathered until the task is polled again (module docs).
 pub struct Coalesce<S> {
@@ -50,28 +56,72 @@ impl<S> Coalesce<S> {
         &self.inner
     }
 
-    fn copy_in(&mut self, data: &[u8]) {
-        if self.buf.capacity() == 0 {
-            self.buf.reserve_exact(LIMIT);
+    fn held(&self) -> &[u8] {
+        &self.buf[self.written..]
+    }
+
+    /// The transport took `n` bytes of what is held.
+    fn taken(&mut self, n: usize) {
+        self.written += n;
+        if self.written == self.buf.len() {
+            self.buf.clear();
+            self.written = 0;
         }
-        self.buf.extend_from_slice(data);
-        self.fresh = true;
     }
 }
 
 impl<S: AsyncWrite + Unpin> Coalesce<S> {
     /// Writes what is buffered; `Ready(Ok)` once all of it is taken.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.written < self.buf.len() {
+        while !self.held().is_empty() {
             let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.buf[self.written..]))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            self.written += n;
+            self.taken(n);
         }
-        self.buf.clear();
-        self.written = 0;
         Poll::Ready(Ok(()))
+    }
+
+    /// Gathers `parts` when they are small, else writes them now, after what is held, in one
+    /// vectored write. Returns how many of the caller's bytes were taken.
+    fn poll_gather(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let total = parts.iter().map(|p| p.len()).sum::<usize>();
+        if total < SMALL {
+            if self.held().len() + total > LIMIT {
+                ready!(self.poll_drain(cx))?;
+            }
+            if self.buf.capacity() == 0 {
+                self.buf.reserve_exact(LIMIT);
+            }
+            for part in parts {
+                self.buf.extend_from_slice(part);
+            }
+            self.fresh = true;
+            return Poll::Ready(Ok(total));
+        }
+        loop {
+            if self.held().is_empty() {
+                return Pin::new(&mut self.inner).poll_write_vectored(cx, parts);
+            }
+            let held = self.held().len();
+            let mut slices = [IoSlice::new(&[]); MAX_PARTS];
+            slices[0] = IoSlice::new(&self.buf[self.written..]);
+            let count = 1 + parts.len().min(MAX_PARTS - 1);
+            slices[1..count].copy_from_slice(&parts[..count - 1]);
+            let n = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, &slices[..count]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.taken(n.min(held));
+            if n > held {
+                return Poll::Ready(Ok(n - held));
+            }
+        }
     }
 }
 
@@ -81,34 +131,15 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        if this.buf.len() + data.len() > LIMIT {
-            ready!(this.poll_drain(cx))?;
-        }
-        if data.len() >= LIMIT {
-            return Pin::new(&mut this.inner).poll_write(cx, data);
-        }
-        this.copy_in(data);
-        Poll::Ready(Ok(data.len()))
+        self.poll_gather(cx, &[IoSlice::new(data)])
     }
 
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        parts: &[io::IoSlice<'_>],
+        parts: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        let total = parts.iter().map(|p| p.len()).sum::<usize>();
-        if this.buf.len() + total > LIMIT {
-            ready!(this.poll_drain(cx))?;
-        }
-        if total >= LIMIT {
-            return Pin::new(&mut this.inner).poll_write_vectored(cx, parts);
-        }
-        for part in parts {
-            this.copy_in(part);
-        }
-        Poll::Ready(Ok(total))
+        self.poll_gather(cx, parts)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -144,7 +175,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Coalesce<S> {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         // A put-off flush is due by the time the owner reads again: write before waiting to read.
-        if !this.fresh && this.written < this.buf.len() {
+        if !this.fresh && !this.held().is_empty() {
             if let Poll::Ready(Err(error)) = this.poll_drain(cx) {
                 return Poll::Ready(Err(error));
             }
@@ -183,6 +214,15 @@ mod tests {
             }
             self.writes.push(data[..n].to_vec());
             Poll::Ready(Ok(n))
+        }
+        /// All parts as one write (as a TLS stream's vectored write seals them together).
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            parts: &[IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            let all: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+            self.poll_write(cx, &all)
         }
         fn poll_flush(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
             self.flushes += 1;
@@ -295,24 +335,70 @@ mod tests {
         let (_, waker) = context();
         let mut cx = Context::from_waker(&waker);
         let mut c = Coalesce::new(Recorder::default());
-        let frame = vec![7u8; LIMIT / 2 + 1];
-        assert_eq!(write(&mut c, &mut cx, &frame), Poll::Ready(frame.len()));
+        let frame = vec![7u8; SMALL - 1];
+        let fit = LIMIT / frame.len();
+        for _ in 0..fit {
+            assert_eq!(write(&mut c, &mut cx, &frame), Poll::Ready(frame.len()));
+        }
         assert!(c.get_ref().writes.is_empty());
         assert_eq!(write(&mut c, &mut cx, &frame), Poll::Ready(frame.len()));
-        assert_eq!(c.get_ref().writes, vec![frame.clone()]);
-        assert_eq!(c.buf, frame);
+        assert!(
+            c.get_ref().writes == vec![frame.repeat(fit)],
+            "the full buffer, in one write"
+        );
+        assert!(c.held() == &frame[..], "the last frame held");
     }
 
+    /// A streaming body's chunk is neither copied nor put off: it leaves at once, in one write
+    /// with the small frames held before it, and the next flush goes straight through.
     #[test]
-    fn a_big_write_goes_through_uncopied() {
-        let (_, waker) = context();
+    fn a_big_write_leaves_at_once_with_what_is_held() {
+        let (wakes, waker) = context();
         let mut cx = Context::from_waker(&waker);
         let mut c = Coalesce::new(Recorder::default());
         assert!(write(&mut c, &mut cx, b"head").is_ready());
-        let body = vec![1u8; LIMIT];
-        assert_eq!(write(&mut c, &mut cx, &body), Poll::Ready(LIMIT));
-        assert_eq!(c.get_ref().writes, vec![b"head".to_vec(), body]);
-        assert!(c.buf.is_empty());
+        let body = vec![1u8; SMALL];
+        assert_eq!(write(&mut c, &mut cx, &body), Poll::Ready(SMALL));
+        assert!(
+            c.get_ref().writes == vec![[&b"head"[..], &body].concat()],
+            "one write, in order"
+        );
+        assert!(c.held().is_empty());
+        // Only the small head was fresh, and it left: the flush is not put off.
+        c.fresh = false;
+        assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
+        assert_eq!(wakes.0.load(Ordering::Relaxed), 0);
+        assert_eq!(c.get_ref().flushes, 1);
+    }
+
+    /// A transport that takes only part of what is held before a big write: the held bytes
+    /// leave first, in order, and the caller is told only of its own bytes taken.
+    #[test]
+    fn a_big_write_behind_a_slow_transport_keeps_order() {
+        let (_, waker) = context();
+        let mut cx = Context::from_waker(&waker);
+        let mut c = Coalesce::new(Recorder {
+            room: Some(3),
+            ..Default::default()
+        });
+        assert!(write(&mut c, &mut cx, b"abcde").is_ready());
+        let body = vec![9u8; SMALL];
+        let mut sent = 0;
+        while sent < body.len() {
+            match write(&mut c, &mut cx, &body[sent..]) {
+                Poll::Ready(n) => sent += n,
+                Poll::Pending => panic!("the transport always takes something"),
+            }
+        }
+        // The rest of the body was small enough to be gathered: two flushes write it.
+        assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
+        assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
+        let out = c.get_ref().writes.concat();
+        assert!(
+            out == [&b"abcde"[..], &body].concat(),
+            "{} bytes out, in the wrong order",
+            out.len()
+        );
     }
 
     #[test]
