@@ -92,7 +92,8 @@ impl<S: AsyncWrite + Unpin> Coalesce<S> {
     ) -> Poll<io::Result<usize>> {
         let total = parts.iter().map(|p| p.len()).sum::<usize>();
         if total < SMALL {
-            if self.held().len() + total > LIMIT {
+            // `buf.len()`, not what is held: a partly written buffer is never grown past its room.
+            if self.buf.len() + total > LIMIT {
                 ready!(self.poll_drain(cx))?;
             }
             if self.buf.capacity() == 0 {
