@@ -52,10 +52,6 @@ impl<S> Coalesce<S> {
         }
     }
 
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
     fn held(&self) -> &[u8] {
         &self.buf[self.written..]
     }
@@ -285,7 +281,7 @@ mod tests {
         }
         assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
         assert!(
-            c.get_ref().writes.is_empty(),
+            c.inner.writes.is_empty(),
             "nothing written before the next poll"
         );
         assert!(
@@ -293,19 +289,18 @@ mod tests {
             "the task must be polled again"
         );
         // The next poll: no new frame, the flush writes everything at once, then flushes.
-        let flushes = c.get_ref().flushes;
+        let flushes = c.inner.flushes;
         assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
-        assert_eq!(c.get_ref().writes, vec![b"onetwothree".to_vec()]);
-        assert_eq!(c.get_ref().flushes, flushes + 1);
+        assert_eq!(c.inner.writes, vec![b"onetwothree".to_vec()]);
+        assert_eq!(c.inner.flushes, flushes + 1);
         // Nothing left: a flush goes straight through.
         assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
-        assert_eq!(c.get_ref().writes.len(), 1);
+        assert_eq!(c.inner.writes.len(), 1);
     }
 
     #[test]
     fn a_read_writes_what_a_put_off_flush_left() {
-        let (_, waker) = context();
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         let mut c = Coalesce::new(Recorder {
             incoming: b"ping".to_vec(),
             ..Default::default()
@@ -316,35 +311,33 @@ mod tests {
         let mut out = ReadBuf::new(&mut room);
         assert!(Pin::new(&mut c).poll_read(&mut cx, &mut out).is_ready());
         assert_eq!(out.filled(), b"ping");
-        assert_eq!(c.get_ref().writes, vec![b"frame".to_vec()]);
+        assert_eq!(c.inner.writes, vec![b"frame".to_vec()]);
     }
 
     #[test]
     fn a_read_before_any_flush_keeps_the_frames() {
-        let (_, waker) = context();
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         let mut c = Coalesce::new(Recorder::default());
         assert!(write(&mut c, &mut cx, b"frame").is_ready());
         let mut room = [0u8; 8];
         let mut out = ReadBuf::new(&mut room);
         assert!(Pin::new(&mut c).poll_read(&mut cx, &mut out).is_ready());
-        assert!(c.get_ref().writes.is_empty());
+        assert!(c.inner.writes.is_empty());
     }
 
     #[test]
     fn a_full_buffer_is_written_before_more_is_taken() {
-        let (_, waker) = context();
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         let mut c = Coalesce::new(Recorder::default());
         let frame = vec![7u8; SMALL - 1];
         let fit = LIMIT / frame.len();
         for _ in 0..fit {
             assert_eq!(write(&mut c, &mut cx, &frame), Poll::Ready(frame.len()));
         }
-        assert!(c.get_ref().writes.is_empty());
+        assert!(c.inner.writes.is_empty());
         assert_eq!(write(&mut c, &mut cx, &frame), Poll::Ready(frame.len()));
         assert!(
-            c.get_ref().writes == vec![frame.repeat(fit)],
+            c.inner.writes == vec![frame.repeat(fit)],
             "the full buffer, in one write"
         );
         assert!(c.held() == &frame[..], "the last frame held");
@@ -361,7 +354,7 @@ mod tests {
         let body = vec![1u8; SMALL];
         assert_eq!(write(&mut c, &mut cx, &body), Poll::Ready(SMALL));
         assert!(
-            c.get_ref().writes == vec![[&b"head"[..], &body].concat()],
+            c.inner.writes == vec![[&b"head"[..], &body].concat()],
             "one write, in order"
         );
         assert!(c.held().is_empty());
@@ -369,15 +362,14 @@ mod tests {
         c.fresh = false;
         assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
         assert_eq!(wakes.0.load(Ordering::Relaxed), 0);
-        assert_eq!(c.get_ref().flushes, 1);
+        assert_eq!(c.inner.flushes, 1);
     }
 
     /// A transport that takes only part of what is held before a big write: the held bytes
     /// leave first, in order, and the caller is told only of its own bytes taken.
     #[test]
     fn a_big_write_behind_a_slow_transport_keeps_order() {
-        let (_, waker) = context();
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         let mut c = Coalesce::new(Recorder {
             room: Some(3),
             ..Default::default()
@@ -394,7 +386,7 @@ mod tests {
         // The rest of the body was small enough to be gathered: two flushes write it.
         assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
         assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
-        let out = c.get_ref().writes.concat();
+        let out = c.inner.writes.concat();
         assert!(
             out == [&b"abcde"[..], &body].concat(),
             "{} bytes out, in the wrong order",
@@ -404,8 +396,7 @@ mod tests {
 
     #[test]
     fn vectored_parts_are_gathered() {
-        let (_, waker) = context();
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         let mut c = Coalesce::new(Recorder::default());
         let parts = [io::IoSlice::new(b"header"), io::IoSlice::new(b"payload")];
         let n = Pin::new(&mut c).poll_write_vectored(&mut cx, &parts);
@@ -413,15 +404,14 @@ mod tests {
         assert!(c.is_write_vectored());
         assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
         assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
-        assert_eq!(c.get_ref().writes, vec![b"headerpayload".to_vec()]);
+        assert_eq!(c.inner.writes, vec![b"headerpayload".to_vec()]);
     }
 
     /// A transport that takes a little at a time, then nothing: the flush waits, and the
     /// bytes go out in order once it takes again.
     #[test]
     fn a_slow_transport_gets_every_byte_in_order() {
-        let (_, waker) = context();
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         let mut c = Coalesce::new(Recorder {
             room: Some(3),
             ..Default::default()
@@ -432,18 +422,17 @@ mod tests {
         assert_eq!(flush(&mut c, &mut cx), Poll::Pending);
         c.inner.room = Some(3);
         assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
-        assert_eq!(c.get_ref().writes.concat(), b"abcdefgh");
+        assert_eq!(c.inner.writes.concat(), b"abcdefgh");
     }
 
     #[test]
     fn shutdown_writes_what_is_left_first() {
-        let (_, waker) = context();
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         let mut c = Coalesce::new(Recorder::default());
         assert!(write(&mut c, &mut cx, b"goaway").is_ready());
         assert!(Pin::new(&mut c).poll_shutdown(&mut cx).is_ready());
-        assert_eq!(c.get_ref().writes, vec![b"goaway".to_vec()]);
-        assert!(c.get_ref().shut);
+        assert_eq!(c.inner.writes, vec![b"goaway".to_vec()]);
+        assert!(c.inner.shut);
     }
 
     #[test]
@@ -464,8 +453,7 @@ mod tests {
                 Poll::Ready(Ok(()))
             }
         }
-        let (_, waker) = context();
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         let mut c = Coalesce::new(Zero);
         assert!(matches!(
             Pin::new(&mut c).poll_write(&mut cx, b"x"),
