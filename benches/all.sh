@@ -9,7 +9,7 @@
 #   benches/all.sh small-get watch-idle # some of them
 #   DURATION=10s WATCHES=8000 EVENT_WATCHES=500 CHURN=20 LATENCY_PAIRS=2 EXEC_STREAMS=4 benches/all.sh
 #   FLEET_MEMBERS=100 FLEET_PODS=1000 FLEET_SCALES="1 10" FLEET_LIMIT=500 benches/all.sh fleet-list
-#   TUNNEL_ROUNDS=3 TUNNEL_WATCHES=4000 TUNNEL_AGENT_CORE=1 TUNNEL_MEMBERS="plain tls" benches/all.sh tunnel
+#   TUNNEL_ROUNDS=3 TUNNEL_WATCHES=4000 TUNNEL_AGENT_CORE=1 TUNNEL_MEMBERS="plain tls" TUNNEL_HOP=1 benches/all.sh tunnel
 #   WATCHES=8000 FANOUT_CHURN=20 FANOUT_REOPEN=10 FANOUT_SHARDS="1 2" benches/all.sh watch-fanout
 #   SKIP_BUILD=1 (use the release binaries as they are)  BENCH_MD=FILE (write the tables there)
 #   KEEP_WORK=1 (keep the /tmp work directory: configs, logs, the simulated fleet)
@@ -24,7 +24,10 @@
 # cluster and as a Tunnel cluster whose `fleetgate agent` (TUNNEL_AGENT_CORE, default 1: beside
 # the gateway, so the system under test has core 1 and the driver and upstreams core 0 in both
 # measurements; on core 0 the agent fights the driver for it) dials the gateway's tunnel listener; it needs
-# the static nginx and the simulated member but no peer, so run alone it starts no peer.
+# the static nginx and the simulated member but no peer, so run alone it starts no peer. With
+# TUNNEL_HOP=1 (the default) each scenario but idle watches is measured through one more proxy hop
+# too (`fg-hop`: HAProxy, TLS from the gateway, the upstream's own leg after it; on the agent's
+# core): what any extra hop of the tunnel's security costs here, the floor under its ratios.
 # watch-fanout (issue 15 item 7) starts its own simulated fleet (2 members, TLS, core 0) and, one
 # after the other and each fresh, HAProxy and fleetgate with and without spec.sharedWatches
 # (core 1) in front of it; run alone, it starts nothing else. It ends with send-floor.py, the
@@ -58,6 +61,7 @@ tunnel_rounds=${TUNNEL_ROUNDS:-1}
 tunnel_watches=${TUNNEL_WATCHES:-4000}
 tunnel_agent_core=${TUNNEL_AGENT_CORE:-1}
 tunnel_members=${TUNNEL_MEMBERS:-plain tls}
+tunnel_hop=${TUNNEL_HOP:-1}
 all=(small-get small-get-h2 big-list watch-idle watch-idle-tls watch-events watch-latency exec-stream portforward-stream reload-storm auth-overhead registry fleet-list tunnel watch-fanout)
 scenarios=("$@"); [ ${#scenarios[@]} -gt 0 ] || scenarios=("${all[@]}")
 # The shared upstreams serve every scenario but fleet-list (its own fleet); the peers and their
@@ -514,7 +518,7 @@ YAML
           {
             printf 'apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: %s}\nspec:\n' "$name"
             if [ $kind = t ]; then
-              echo "  mode: Tunnel"
+              echo "  connectMode: Tunnel"
             else
               echo "  server: ${server[$up$suffix]}"
               [ -z "$suffix" ] || { echo "  caData: |"; sed 's/^/    /' "${ca[$up$suffix]}"; }
@@ -526,6 +530,41 @@ YAML
         "$fg" certs issue-agent --dir "$agents" --cluster "$up-t$suffix" >/dev/null
       done
     done
+    # The method's floor for the tunnel's extra hop (TUNNEL_HOP=1, the default): the same upstream
+    # reached directly, but through one more proxy with the tunnel's security, HAProxy (one thread,
+    # mode tcp, on the agent's core): the gateway's TLS ends there and the upstream's own leg (plain,
+    # or TLS verifying its CA) starts, as at the agent, without the tunnel's multiplexing. Direct
+    # clusters `static-h` / `member-h` (`-tls`); `fg-hop`'s CPU is the gateway's plus HAProxy's.
+    hop_pid=
+    if [ "$tunnel_hop" = 1 ]; then
+      hop=$work/hop
+      mkdir -p "$hop"
+      cat "$sim_dir/pki/gateway.crt" "$sim_dir/pki/gateway.key" >"$hop/gateway.pem"
+      printf 'global\n  nbthread 1\n  maxconn 9000\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n' >"$hop/haproxy.cfg"
+      hop_ports=()
+      for mode in $tunnel_members; do
+        suffix=; [ "$mode" = plain ] || suffix=-$mode
+        for up in static member; do
+          name=$up-h$suffix hop_port=$(free_port) member_tls=
+          hop_ports+=("$hop_port")
+          [ -z "$suffix" ] || member_tls=" ssl verify required ca-file ${ca[$up$suffix]} sni str(localhost)"
+          upstream=${server[$up$suffix]#*://}
+          printf 'frontend f-%s\n  bind 127.0.0.1:%s ssl crt %s alpn http/1.1\n  default_backend b-%s\nbackend b-%s\n  server s1 %s%s\n' \
+            "$name" "$hop_port" "$hop/gateway.pem" "$name" "$name" "${upstream%%/*}" "$member_tls" >>"$hop/haproxy.cfg"
+          {
+            printf 'apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: %s}\nspec:\n' "$name"
+            echo "  server: https://127.0.0.1:$hop_port"
+            echo "  caData: |"; sed 's/^/    /' "$sim_dir/pki/gateway-ca.crt"
+            [ $up = static ] || echo "  credentials: {token: \"$admin_token\"}"
+            echo "  impersonation: false"
+          } >"$tdir/$name.yaml"
+        done
+      done
+      taskset -c "$tunnel_agent_core" haproxy -D -p "$hop/haproxy.pid" -f "$hop/haproxy.cfg" 2>"$hop/haproxy.log"
+      for p in "${hop_ports[@]}"; do wait_port "$p"; done
+      hop_pid=$(cat "$hop/haproxy.pid")
+      pids+=("$hop_pid")
+    fi
     # The gateway and its agents, started afresh before each idle-watch measurement: resident
     # memory a process freed is reused before it grows, so only a fresh process's growth is the
     # cost of the watches it holds. The tunnel listener keeps its port, the agents their names.
@@ -563,8 +602,9 @@ YAML
         for part in watch-idle small-get big-list watch-events exec-stream; do
           up=member; case $part in small-get | big-list) up=static ;; esac
           args=(--target "fg-direct=$base/$up-d$suffix" --pid "fg-direct=$gw"
-            --target "fg-tunnel=$base/$up-t$suffix" --pid "fg-tunnel=$gw,${agent[$up-t$suffix]}"
-            --target "fg-direct-2=$base/$up-d$suffix" --pid "fg-direct-2=$gw")
+            --target "fg-tunnel=$base/$up-t$suffix" --pid "fg-tunnel=$gw,${agent[$up-t$suffix]}")
+          [ -z "$hop_pid" ] || [ $part = watch-idle ] || args+=(--target "fg-hop=$base/$up-h$suffix" --pid "fg-hop=$gw,$hop_pid")
+          args+=(--target "fg-direct-2=$base/$up-d$suffix" --pid "fg-direct-2=$gw")
           case $part in
           watch-idle) extra=(--watches "$tunnel_watches" --warmup 3s --path "/api/v1/namespaces/kube-public/configmaps?watch=1") ;;
           small-get) extra=(--path /api/v1/namespaces/default/configmaps/bench --connections "$connections") ;;

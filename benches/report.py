@@ -119,7 +119,8 @@ def tunnel_mode(out, s, goals, mode, rounds, loads, event_watches, churn, exec_s
     s += ["", f"### tunnel, upstreams over {legs} (issue 14: small-get, big-list, watch-events, exec-stream and idle watches through a pull-mode tunnel against the same upstream direct; {len(rounds)} round(s))", "",
           "One fleetgate (one worker, core 1) serves each upstream as a Direct cluster and as a Tunnel cluster whose "
           f"`fleetgate agent` (core {agent_core}) dials the gateway's tunnel listener. Each figure is measured direct "
-          "(`fg-direct`), through the tunnel (`fg-tunnel`), and direct again (`fg-direct-2`). Ratio: tunnel over the mean "
+          "(`fg-direct`), through the tunnel (`fg-tunnel`), through one more proxy hop when the run has it (`fg-hop`, below), "
+          "and direct again (`fg-direct-2`). Ratio: tunnel over the mean "
           "of the two direct figures; floor: the second direct over the first (how far the same path moves by itself). "
           "The tunnel's CPU is the gateway's plus the agent's (`/proc/PID/stat`), split in brackets. "
           "Other load: cores busy with work other than this benchmark's processes during the round (the machine is shared).", "",
@@ -145,6 +146,7 @@ def tunnel_mode(out, s, goals, mode, rounds, loads, event_watches, churn, exec_s
                 worst_tp[part] = min(worst_tp.get(part, tpr), tpr)
             if cr is not None:
                 worst_cpu[part] = max(worst_cpu.get(part, cr), cr)
+    tunnel_hop(out, s, mode, rounds)
     s += ["", f"watch-events: {event_watches} watches, the member changes {churn} objects/s (its event rate sets the "
           f"throughput; the latency shows the tunnel's cost). exec-stream: {exec_streams} WebSocket exec sessions of `cat`.", "",
           "| round | target | watch-events p50 us | p99 us | errors (all scenarios) |", "|---|---|---|---|---|"]
@@ -175,6 +177,34 @@ def tunnel_mode(out, s, goals, mode, rounds, loads, event_watches, churn, exec_s
         goals.append(("14", f"{part} through the tunnel, upstream over {mode}: CPU (gateway + agent) <= 1.5x direct (highest of {len(rounds)} round(s))", f"{fmt(worst, 2)}x", verdict(worst, 1.5)))
     if idle:
         goals.append(("14", f"memory per idle tunnelled watch (gateway + agent), upstream over {mode}, reported", f"{fmt(min(idle), 2)}-{fmt(max(idle), 2)} KiB", "reported"))
+
+
+def tunnel_hop(out, s, mode, rounds):
+    """The tunnel's figures against the same upstream behind one more proxy hop of the tunnel's
+    security (`fg-hop`: HAProxy, TLS from the gateway terminated, the upstream's own leg after it),
+    when the run measured it: what any extra hop costs, the floor under the tunnel's ratio."""
+    rows = []
+    for n in rounds:
+        for part, (tp_label, tp), (cost_label, cost) in TUNNEL_PARTS:
+            r = load(out, f"tunnel-{mode}-{part}-r{n}") or {}
+            if "fg-hop" not in r:
+                continue
+            d1, t, h, d2 = (r.get(k, {}) for k in ("fg-direct", "fg-tunnel", "fg-hop", "fg-direct-2"))
+            mean = lambda f: None if f(d1) is None or f(d2) is None else (f(d1) + f(d2)) / 2
+            split = h.get("cpu_share")
+            split = f" ({fmt(split[0] * h[cost], 2)} + {fmt(split[1] * h[cost], 2)})" if split and h.get(cost) is not None else ""
+            rows.append(f"| {n} | {part} | {fmt(tp(h))} {tp_label} | **{fmt(ratio(tp(h), mean(tp)), 2)}x** | {fmt(ratio(tp(t), tp(h)), 2)}x | "
+                        f"{fmt(h.get(cost), 2)} {cost_label}{split} | **{fmt(ratio(h.get(cost), mean(lambda x: x.get(cost))), 2)}x** | "
+                        f"**{fmt(ratio(t.get(cost), h.get(cost)), 2)}x** |")
+    if not rows:
+        return
+    s += ["", "The same upstream direct but behind one more proxy with the tunnel's security (`fg-hop`: HAProxy, one "
+          "thread, mode tcp, on the agent's core; the gateway's TLS ends there and the upstream's own leg starts, as at "
+          "the agent): what one extra hop costs on this machine, the floor under the tunnel's ratios. Its CPU is the "
+          "gateway's plus HAProxy's, split in brackets; ratios against the mean of the two direct figures, and the "
+          "tunnel's against the hop's.", "",
+          "| round | scenario | throughput hop | hop / direct | tunnel / hop | cost hop (gateway + HAProxy) | hop / direct | tunnel / hop |",
+          "|---|---|---|---|---|---|---|---|"] + rows
 
 
 def tunnel(out, s, goals, event_watches, churn, exec_streams):
