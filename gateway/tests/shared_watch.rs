@@ -742,3 +742,154 @@ fn a_client_that_falls_behind_the_lag_limit_is_cut_with_410() {
     // It did not get all 24 changes: it was cut.
     assert!(!text.contains("\"i\":\"24-"), "{tail}");
 }
+
+/// The resourceVersion of ConfigMap default/NAME, asked of the member itself.
+fn version_of(fleet: &Fleet, name: &str) -> u64 {
+    let rv = direct(
+        fleet,
+        &[
+            "get",
+            "configmap",
+            name,
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+    );
+    rv.trim().parse().unwrap()
+}
+
+/// The `data.i` values of ConfigMap `seed` in the events of a raw watch stream, in order, with
+/// each event's type.
+fn seed_events(output: &str) -> Vec<(String, String)> {
+    output
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["object"]["metadata"]["name"] == "seed")
+        .map(|e| {
+            let i = e["object"]["data"]["i"].as_str().unwrap_or("").to_owned();
+            (e["type"].as_str().unwrap_or("").to_owned(), i)
+        })
+        .collect()
+}
+
+#[test]
+fn a_first_watch_older_than_the_shared_list_is_replayed_not_proxied() {
+    let mut fleet = Fleet::sim(1, 0);
+    share_configmaps(&fleet, 64, 16);
+    fleet.serve(&["--workers", "1"], None);
+    create_seed(&fleet);
+    // What kubectl get -w does: list (here, the seed's version stands for the list's), then
+    // watch from there. Meanwhile the member changes: the watched ConfigMap, and other objects
+    // (a busy member's resourceVersion moves with every write), so the hub's own list, made
+    // when the watch comes, is newer than the client's.
+    let listed = version_of(&fleet, "seed");
+    patch_seed(&fleet, 1);
+    direct(
+        &fleet,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "moves-the-version",
+            "-n",
+            "default",
+        ],
+    );
+    let path = |query: &str| {
+        format!("/clusters/member1/api/v1/namespaces/default/configmaps?watch=1&{query}")
+    };
+    let first = kubectl_watcher(
+        &fleet,
+        "first",
+        "member1",
+        &["get", "--raw", &path(&format!("resourceVersion={listed}"))],
+    );
+    wait_for_or(
+        "the first watch to get the change made after its list",
+        Duration::from_secs(30),
+        || !seed_events(&first.output()).is_empty(),
+        || first.output(),
+    );
+    // Served from the hub (which replayed from the client's version), not by a member watch of
+    // its own.
+    assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
+    // A client that starts now (no resourceVersion) gets the objects as they are, once.
+    let current = kubectl_watcher(&fleet, "current", "member1", &["get", "--raw", &path("")]);
+    wait_for_or(
+        "a current watch's initial ADDED",
+        Duration::from_secs(30),
+        || !seed_events(&current.output()).is_empty(),
+        || current.output(),
+    );
+    patch_seed(&fleet, 2);
+    let both = || (seed_events(&first.output()), seed_events(&current.output()));
+    wait_for_or(
+        "both watches to see the next change",
+        Duration::from_secs(30),
+        || both().0.len() == 2 && both().1.len() == 2,
+        || format!("{:?}", both()),
+    );
+    let modified = |i: &str| ("MODIFIED".to_owned(), i.to_owned());
+    assert_eq!(both().0, [modified("1"), modified("2")]);
+    assert_eq!(
+        both().1,
+        [("ADDED".to_owned(), "1".to_owned()), modified("2")]
+    );
+    assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
+    // A label selector from before the hub's list: the replayed events do not carry the labels
+    // their objects had before, so that watch is the member's to answer (as it was for all).
+    let labelled = kubectl_watcher(
+        &fleet,
+        "labelled",
+        "member1",
+        &[
+            "get",
+            "--raw",
+            &path(&format!("resourceVersion={listed}&labelSelector=app%3Dweb")),
+        ],
+    );
+    wait_for_or(
+        "the labelled watch to reach the member",
+        Duration::from_secs(30),
+        || member_watches(&fleet, "member1", "configmaps") == 2,
+        || fleet.log(),
+    );
+    drop(labelled);
+    // A first watch of another key from a version the member can no longer replay gets the
+    // member's answer, a 410 ERROR event, and the hub goes on from its list.
+    let expired = kubectl(
+        &fleet.gateway_kubeconfig(),
+        "member1",
+        &[
+            "get",
+            "--raw",
+            "/clusters/member1/api/v1/namespaces/kube-public/configmaps?watch=1&resourceVersion=1",
+        ],
+    );
+    let text = String::from_utf8_lossy(&expired.stdout);
+    assert!(
+        text.contains("\"type\":\"ERROR\"") && text.contains("\"code\":410"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&expired.stderr)
+    );
+    // (The hub tried the replay, as for the first key; the member refused it.)
+    assert!(fleet
+        .log()
+        .contains("the member cannot replay from the first client's resourceVersion"));
+    direct(
+        &fleet,
+        &["create", "configmap", "later", "-n", "kube-public"],
+    );
+    let later = kubectl(
+        &fleet.gateway_kubeconfig(),
+        "member1",
+        &[
+            "get",
+            "--raw",
+            "/clusters/member1/api/v1/namespaces/kube-public/configmaps?watch=1&timeoutSeconds=1",
+        ],
+    );
+    assert!(String::from_utf8_lossy(&later.stdout).contains("\"name\":\"later\""));
+}

@@ -33,6 +33,8 @@ pub struct Subscribe {
     key: HubKey,
     cluster: Arc<ClusterRoute>,
     caller: Caller,
+    /// The resourceVersion the mirror's first client starts after, if any.
+    from: Option<u64>,
     feed: UnboundedSender<Update>,
 }
 
@@ -61,6 +63,7 @@ pub fn subscribe(
     key: &HubKey,
     cluster: &Arc<ClusterRoute>,
     caller: Caller,
+    from: Option<u64>,
 ) -> Option<UnboundedReceiver<Update>> {
     let inboxes = inboxes().load();
     let inbox = inboxes.get(home)?.as_ref()?;
@@ -69,6 +72,7 @@ pub fn subscribe(
         key: key.clone(),
         cluster: Arc::clone(cluster),
         caller,
+        from,
         feed,
     };
     inbox.send(asked).ok()?;
@@ -89,9 +93,10 @@ async fn serve_feed(ctx: Rc<ShardContext>, asked: Subscribe) {
         key,
         cluster,
         caller,
+        from,
         feed,
     } = asked;
-    let hub = super::hub_for(&ctx, &cluster, &key, caller);
+    let hub = super::hub_for(&ctx, &cluster, &key, caller, from);
     let Some(hub) = hub else {
         let _ = feed.send(Update::End(Phase::Failed));
         return;
@@ -112,7 +117,7 @@ async fn serve_feed(ctx: Rc<ShardContext>, asked: Subscribe) {
             return;
         }
     }
-    let (mut seq, mut columns_sent) = {
+    let (mut seq, mut columns_sent, lost_before) = {
         let state = hub.state.borrow();
         // The same events (Arcs), not copies of them.
         if feed
@@ -121,15 +126,16 @@ async fn serve_feed(ctx: Rc<ShardContext>, asked: Subscribe) {
         {
             return;
         }
-        (state.next_seq(), state.columns.is_some())
+        (state.next_seq(), state.columns.is_some(), state.replay_lost)
     };
     loop {
         let seen = hub.signal.epoch();
         {
             let state = hub.state.borrow();
-            if state.phase != Phase::Ready || seq < state.base {
+            if state.phase != Phase::Ready || seq < state.base || state.replay_lost != lost_before {
                 // Ended or failed; or (never while this task keeps up) events left the ring
-                // before they were sent: the mirror ends, its clients watch again.
+                // before they were sent; or the member could not replay what the mirror holds
+                // part of: the mirror ends, its clients watch again.
                 let phase = match state.phase {
                     Phase::Ready => Phase::Ended,
                     phase => phase,

@@ -52,6 +52,7 @@ pub(super) async fn follow(
         initial: Vec::new(),
         seq: 0,
         last_sent_rv: 0,
+        passed_rv: 0,
         columns_sent: false,
     };
     let expired = {
@@ -68,14 +69,21 @@ pub(super) async fn follow(
                     .collect();
                 cursor.seq = state.next_seq();
                 cursor.last_sent_rv = state.last_rv;
+                cursor.passed_rv = state.last_rv;
                 None
             }
             // Older than anything the hub saw: the member's to answer (it may still replay it).
             Start::After(rv) if rv < state.start_rv => return Served::Proxy,
+            // Among replayed events, whose objects' labels before are unknown: a label selector
+            // could not turn them into ADDED or DELETED as the member would.
+            Start::After(rv) if rv < state.listed_rv && !cursor.plan.labels.is_everything() => {
+                return Served::Proxy
+            }
             Start::After(rv) if rv < state.floor_rv => Some((rv, state.floor_rv)),
             Start::After(rv) => {
                 cursor.seq = state.seek(rv);
                 cursor.last_sent_rv = rv;
+                cursor.passed_rv = rv;
                 None
             }
         }
@@ -97,6 +105,9 @@ struct Cursor {
     /// The next event's sequence number in the ring.
     seq: u64,
     last_sent_rv: u64,
+    /// The resourceVersion the client is at: where it started, then each event it passed (sent
+    /// or filtered out).
+    passed_rv: u64,
     /// A Table client's first event carries the column definitions.
     columns_sent: bool,
 }
@@ -170,7 +181,10 @@ impl Cursor {
                     _ => break,
                 }
                 let behind = state.next_seq().saturating_sub(self.seq);
-                if self.seq < state.base || behind > hub.lag_limit as u64 {
+                // Behind the ring's floor: events it needed left the ring (or the member could
+                // not replay them).
+                let lost = self.seq < state.base || self.passed_rv < state.floor_rv;
+                if lost || behind > hub.lag_limit as u64 {
                     Next::Cut(state.floor_rv)
                 } else {
                     match state.at(self.seq) {
@@ -182,6 +196,12 @@ impl Cursor {
             match next {
                 Next::Event(event) => {
                     self.seq += 1;
+                    // A replayed event the client's starting objects already hold (it started
+                    // from the hub's objects while the member replayed).
+                    if event.kind != Kind::Bookmark && event.rv <= self.passed_rv {
+                        continue;
+                    }
+                    self.passed_rv = self.passed_rv.max(event.rv);
                     if let Some(kind) = self.seen_as(&event) {
                         let line = self.line(hub, &event, kind);
                         client.body(line).await?;

@@ -3,7 +3,11 @@
 //!
 //! - **Start.** The hub LISTs the resource in its scope as the gateway itself (the Cluster's own
 //!   credentials, no impersonation: clients are admitted one by one by `access`), keeps the
-//!   objects, and watches from the list's resourceVersion, asking for bookmarks.
+//!   objects, and watches from the list's resourceVersion, asking for bookmarks. When the client
+//!   whose watch started the hub listed before it did (kubectl and informers list, then watch
+//!   from the list's version), the watch starts from that client's version instead: the member
+//!   replays what happened since, into the ring only (`State::listed_rv`), and the client is
+//!   served from the hub rather than by a member watch of its own.
 //! - **Events.** Each member event is parsed once, encoded once (`{"type":..,"object":..}\n`)
 //!   into a `Bytes` that every client that receives it shares; the object's namespace, name and
 //!   labels (and, for a MODIFIED event, the labels before) are kept beside it for filtering. A
@@ -270,9 +274,23 @@ pub struct State {
     pub base: u64,
     /// The resourceVersion just before `ring[0]`: a client may resume from it or later.
     pub floor_rv: u64,
-    /// The first list's resourceVersion: an older one is the member's to answer.
+    /// The oldest resourceVersion a client may start after: the first list's, or the first
+    /// client's when the hub replays from it; an older one is the member's to answer.
     pub start_rv: u64,
     pub last_rv: u64,
+    /// The first list's resourceVersion. When the hub's first client asked for an older one, the
+    /// member watch starts there and replays what happened since: those events (at or before
+    /// `listed_rv`) go into the ring only, as the objects already hold them, and without the
+    /// labels their objects had before (a label-selecting client that starts among them is the
+    /// member's to answer).
+    pub listed_rv: u64,
+    /// Whether the member is still replaying up to `listed_rv`.
+    pub replaying: bool,
+    /// How far the replay got (where its watch resumes).
+    pub replayed_to: u64,
+    /// The member could not replay (410): the replayed events left the ring and the clients that
+    /// started among them were cut, as the member would have answered them.
+    pub replay_lost: bool,
     /// The objects the member holds now, by namespace and name (their last ADDED or MODIFIED).
     pub objects: Objects,
     /// A Table hub's column definitions (JSON).
@@ -306,6 +324,8 @@ pub struct Hub {
     pub signal: Signal,
     clients: Cell<usize>,
     idle_since: Cell<Option<Instant>>,
+    /// The resourceVersion the client that started the hub asked to start after, if any.
+    first_from: Cell<Option<u64>>,
 }
 
 /// Counts a client on its hub for as long as it lives.
@@ -330,6 +350,7 @@ impl Hub {
         key: HubKey,
         caller: Caller,
         fed: Option<UnboundedReceiver<Update>>,
+        from: Option<u64>,
     ) -> Rc<Hub> {
         let table = shard.table.load();
         let (ring_size, lag_limit) = table
@@ -349,12 +370,17 @@ impl Hub {
                 floor_rv: 0,
                 start_rv: 0,
                 last_rv: 0,
+                listed_rv: 0,
+                replaying: false,
+                replayed_to: 0,
+                replay_lost: false,
                 objects: BTreeMap::new(),
                 columns: None,
             }),
             signal: Signal::default(),
             clients: Cell::new(0),
             idle_since: Cell::new(Some(Instant::now())),
+            first_from: Cell::new(from),
         });
         let running = Rc::clone(&hub);
         runtime::spawn(async move {
@@ -469,6 +495,9 @@ impl Hub {
                     let from = self.state.borrow().last_rv;
                     info!(cluster = %self.key.cluster, resource = %self.key.resource, from, "shared watch: the member ended its watch; watching again");
                 }
+                Err(Upstream::Expired) if self.lose_replay() => {
+                    info!(cluster = %self.key.cluster, resource = %self.key.resource, "shared watch: the member cannot replay from the first client's resourceVersion; watching from its list");
+                }
                 Err(Upstream::Expired) => {
                     info!(cluster = %self.key.cluster, resource = %self.key.resource, "shared watch: member's resourceVersion expired; listing again");
                     listed = false;
@@ -540,8 +569,18 @@ impl Hub {
         }
         if state.phase == Phase::Starting {
             state.objects = objects;
-            state.start_rv = list_rv;
-            state.floor_rv = list_rv;
+            // A first client that listed before the hub did is served from a replay of what
+            // happened since its list, rather than by a member watch of its own.
+            let start = self
+                .first_from
+                .take()
+                .filter(|&from| from > 0 && from < list_rv)
+                .unwrap_or(list_rv);
+            state.start_rv = start;
+            state.floor_rv = start;
+            state.replayed_to = start;
+            state.replaying = start < list_rv;
+            state.listed_rv = list_rv;
             state.last_rv = list_rv;
             state.phase = Phase::Ready;
         } else {
@@ -670,7 +709,31 @@ impl Hub {
         state.last_rv = state.last_rv.max(list_rv);
     }
 
-    /// Watches from the last resourceVersion until the member ends the watch.
+    /// A replay the member refused (410): its events leave the ring, and clients that started
+    /// among them are cut with the 410 the member would have sent them (their position is before
+    /// the ring's floor); clients that start that early from now on are proxied to the member.
+    /// False when no replay was under way.
+    fn lose_replay(&self) -> bool {
+        let mut state = self.state.borrow_mut();
+        if !state.replaying {
+            return false;
+        }
+        let listed = state.listed_rv;
+        while state.ring.front().is_some_and(|e| e.rv <= listed) {
+            state.ring.pop_front();
+            state.base += 1;
+        }
+        state.floor_rv = state.floor_rv.max(listed);
+        state.start_rv = listed;
+        state.replaying = false;
+        state.replay_lost = true;
+        drop(state);
+        self.signal.bump();
+        true
+    }
+
+    /// Watches from the last resourceVersion (or where a replay got to) until the member ends
+    /// the watch.
     async fn watch(
         &self,
         shard: &ShardContext,
@@ -678,7 +741,14 @@ impl Hub {
         identity: &Decided,
         path: &str,
     ) -> Result<(), Upstream> {
-        let from = self.state.borrow().last_rv;
+        let from = {
+            let state = self.state.borrow();
+            if state.replaying {
+                state.replayed_to
+            } else {
+                state.last_rv
+            }
+        };
         let query = format!("?watch=true&allowWatchBookmarks=true&resourceVersion={from}");
         let asked = Asked {
             rest: path.as_bytes(),
@@ -760,7 +830,8 @@ impl Hub {
         };
         let mut event = Event::new(kind, rv, object, meta);
         let mut state = self.state.borrow_mut();
-        if matches!(kind, Kind::Added | Kind::Modified) {
+        let replayed = state.replaying && rv <= state.listed_rv;
+        if matches!(kind, Kind::Added | Kind::Modified) && !replayed {
             let key = (event.namespace.clone(), event.name.clone());
             event.previous = state.objects.get(&key).map(|held| held.labels.clone());
         }
@@ -770,9 +841,20 @@ impl Hub {
         Ok(())
     }
 
-    /// An event (its `previous` labels set) into the objects held and the ring.
+    /// An event (its `previous` labels set) into the objects held and the ring; a replayed one
+    /// (at or before the list the objects came from) into the ring only.
     fn apply(&self, state: &mut State, event: Arc<Event>) {
         let rv = event.rv;
+        if state.replaying {
+            // The list holds every change up to its resourceVersion; a bookmark there says the
+            // replay is done.
+            if rv < state.listed_rv || (rv == state.listed_rv && event.kind != Kind::Bookmark) {
+                state.replayed_to = rv;
+                self.push_ring(state, event);
+                return;
+            }
+            state.replaying = false;
+        }
         match event.kind {
             Kind::Added | Kind::Modified => {
                 let key = (event.namespace.clone(), event.name.clone());
@@ -966,6 +1048,10 @@ mod tests {
             floor_rv: 10,
             start_rv: 10,
             last_rv: 10,
+            listed_rv: 10,
+            replaying: false,
+            replayed_to: 10,
+            replay_lost: false,
             objects: BTreeMap::new(),
             columns: None,
         };

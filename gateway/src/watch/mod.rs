@@ -275,7 +275,11 @@ pub(crate) async fn serve(
     if !Box::pin(access::may_watch(ctx, proxied, &plan.key, caller)).await {
         return Served::Proxy;
     }
-    let Some(hub) = hub_for(ctx, proxied.cluster, &plan.key, caller) else {
+    let from = match plan.start {
+        Start::After(rv) => Some(rv),
+        Start::Current => None,
+    };
+    let Some(hub) = hub_for(ctx, proxied.cluster, &plan.key, caller, from) else {
         return Served::Proxy;
     };
     client::follow(ctx, &hub, plan, client).await
@@ -301,13 +305,15 @@ impl SharedWatches {
     }
 }
 
-/// The hub for `key` on this shard, started if there is none; None when it failed recently
-/// (its member refused the gateway's own list, say).
+/// The hub for `key` on this shard, started if there is none (replaying from `from`, the
+/// resourceVersion its first client starts after, when that is older than the hub's list); None
+/// when it failed recently (its member refused the gateway's own list, say).
 fn hub_for(
     ctx: &ShardContext,
     cluster: &Arc<ClusterRoute>,
     key: &HubKey,
     caller: Caller,
+    from: Option<u64>,
 ) -> Option<Rc<hub::Hub>> {
     if let Some(hub) = ctx.shared_watches.hubs.borrow().get(key) {
         return (!hub.failed()).then(|| Rc::clone(hub));
@@ -325,12 +331,12 @@ fn hub_for(
         Some(SharedWatchScope::Gateway) => {
             let home = across::home(key, ctx.workers);
             (home != ctx.shard)
-                .then(|| across::subscribe(home, key, cluster, caller))
+                .then(|| across::subscribe(home, key, cluster, caller, from))
                 .flatten()
         }
         Some(SharedWatchScope::Shard) | None => None,
     };
-    let hub = hub::Hub::start(shard, Arc::clone(cluster), key.clone(), caller, fed);
+    let hub = hub::Hub::start(shard, Arc::clone(cluster), key.clone(), caller, fed, from);
     ctx.shared_watches
         .hubs
         .borrow_mut()
