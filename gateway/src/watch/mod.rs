@@ -275,9 +275,11 @@ pub(crate) async fn serve(
     if !Box::pin(access::may_watch(ctx, proxied, &plan.key, caller)).await {
         return Served::Proxy;
     }
+    // Where a hub this watch starts replays from: a label-selecting client that starts among
+    // replayed events goes to the member anyway (`client::follow`).
     let from = match plan.start {
-        Start::After(rv) => Some(rv),
-        Start::Current => None,
+        Start::After(rv) if plan.labels.is_everything() => Some(rv),
+        _ => None,
     };
     let Some(hub) = hub_for(ctx, proxied.cluster, &plan.key, caller, from) else {
         return Served::Proxy;
