@@ -2,7 +2,8 @@
 //! watches of configmaps through the gateway cost the member one watch per shared key, every
 //! client sees every change in order, even as the member keeps ending the gateway's watch; a
 //! resourceVersion that left the ring gets the apiserver's 410; and a user the member does not
-//! let watch gets the member's own 403.
+//! let watch gets the member's own 403. The watch that starts a hub, and the informers that resume
+//! on a restarted gateway, are served from a replay of the member's history, not proxied.
 
 // The test's own kube-rs watchers record what they saw under a std Mutex: test code, off the
 // gateway's shards.
@@ -169,8 +170,16 @@ fn kubectl_watcher(fleet: &Fleet, name: &str, context: &str, args: &[&str]) -> W
     Watcher { child, out }
 }
 
-async fn client(fleet: &Fleet) -> Client {
-    let kubeconfig = Kubeconfig::read_from(fleet.gateway_kubeconfig()).expect("kubeconfig");
+/// A kube-rs client of the gateway's member1 context, reaching the gateway at `at` (its own
+/// listener, or a [`Front`] before it).
+async fn client(fleet: &Fleet, at: std::net::SocketAddr) -> Client {
+    let text = std::fs::read_to_string(fleet.gateway_kubeconfig())
+        .unwrap()
+        .replace(
+            &format!("https://{}/", fleet.https()),
+            &format!("https://{at}/"),
+        );
+    let kubeconfig = Kubeconfig::from_yaml(&text).expect("kubeconfig");
     let options = KubeConfigOptions {
         context: Some("member1".to_owned()),
         ..KubeConfigOptions::default()
@@ -179,6 +188,36 @@ async fn client(fleet: &Fleet) -> Client {
         .await
         .expect("config");
     Client::try_from(config).expect("client")
+}
+
+/// `count` kube-rs watchers of default's configmaps through the gateway (JSON, with bookmarks,
+/// resuming from their last resourceVersion as informers do), each recording the `data.i`
+/// values it saw.
+fn informers(fleet: &Fleet, kube_client: &Client, count: usize) -> Vec<Arc<Mutex<Vec<u32>>>> {
+    (0..count)
+        .map(|_| {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let api: Api<ConfigMap> = Api::namespaced(kube_client.clone(), "default");
+            let record = Arc::clone(&seen);
+            fleet.runtime.spawn(async move {
+                // With backoff, as informers run: once the gateway is gone at the test's end, a
+                // watcher without it retries in a loop that never yields, and the runtime's drop
+                // waits for it forever (seen once in CI).
+                let mut events =
+                    std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+                while let Some(event) = events.next().await {
+                    let Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) = event
+                    else {
+                        continue;
+                    };
+                    if let Some(value) = cm.data.and_then(|d| d.get("i")?.parse().ok()) {
+                        record.lock().unwrap().push(value);
+                    }
+                }
+            });
+            seen
+        })
+        .collect()
 }
 
 /// The values of `data.i` of ConfigMap `seed` in the lines a custom-columns watch printed.
@@ -233,30 +272,8 @@ fn many_watches_see_every_change_in_order(workers: &str, more: &str) -> Fleet {
     create_seed(&fleet);
 
     // 100 kube-rs watchers (JSON, with bookmarks), each recording the values it saw.
-    let seen: Vec<Arc<Mutex<Vec<u32>>>> = (0..CLIENTS_KUBE_RS)
-        .map(|_| Arc::new(Mutex::new(Vec::new())))
-        .collect();
-    let kube_client = fleet.runtime.block_on(client(&fleet));
-    for record in &seen {
-        let api: Api<ConfigMap> = Api::namespaced(kube_client.clone(), "default");
-        let record = Arc::clone(record);
-        fleet.runtime.spawn(async move {
-            // With backoff, as informers run: once the gateway is gone at the test's end, a
-            // watcher without it retries in a loop that never yields, and the runtime's drop
-            // waits for it forever (seen once in CI).
-            let mut events =
-                std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
-            while let Some(event) = events.next().await {
-                let Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) = event else {
-                    continue;
-                };
-                let value = cm.data.and_then(|d| d.get("i")?.parse().ok());
-                if let Some(value) = value {
-                    record.lock().unwrap().push(value);
-                }
-            }
-        });
-    }
+    let kube_client = fleet.runtime.block_on(client(&fleet, fleet.https()));
+    let seen = informers(&fleet, &kube_client, CLIENTS_KUBE_RS);
     // 10 plain `kubectl get -w` (Table events) and 10 with custom columns (JSON events).
     let tables: Vec<Watcher> = (0..CLIENTS_TABLE)
         .map(|n| kubectl_watch(&fleet, &format!("table-{n}"), &[]))
@@ -892,4 +909,77 @@ fn a_first_watch_older_than_the_shared_list_is_replayed_not_proxied() {
         ],
     );
     assert!(String::from_utf8_lossy(&later.stdout).contains("\"name\":\"later\""));
+}
+
+/// A TCP front for the gateway, as a Service is for its pods: each connection it accepts is
+/// relayed to the gateway it points at when the connection comes.
+struct Front {
+    addr: std::net::SocketAddr,
+    to: Arc<Mutex<std::net::SocketAddr>>,
+}
+
+impl Front {
+    fn start(fleet: &Fleet) -> Front {
+        let listener = fleet
+            .runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let to = Arc::new(Mutex::new(fleet.https()));
+        let target = Arc::clone(&to);
+        fleet.runtime.spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let gateway = *target.lock().unwrap();
+                tokio::spawn(async move {
+                    if let Ok(mut upstream) = tokio::net::TcpStream::connect(gateway).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                    }
+                });
+            }
+        });
+        Front { addr, to }
+    }
+}
+
+#[test]
+fn after_a_gateway_restart_informers_resume_on_one_member_watch() {
+    let mut fleet = Fleet::sim(1, 0);
+    share_configmaps(&fleet, 64, 16);
+    fleet.serve(&["--workers", "1"], None);
+    // The informers reach the gateway through a front that stays (as a Service stays while its
+    // pod is replaced).
+    let front = Front::start(&fleet);
+    create_seed(&fleet);
+    // 20 kube-rs informers of default's configmaps.
+    let kube_client = fleet.runtime.block_on(client(&fleet, front.addr));
+    let seen = informers(&fleet, &kube_client, 20);
+    let all_at = |value: u32| {
+        seen.iter()
+            .all(|s| s.lock().unwrap().last() == Some(&value))
+    };
+    wait_for("every informer's list", Duration::from_secs(60), || {
+        all_at(0)
+    });
+    assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
+    // The gateway is replaced while the member moves on (a write elsewhere: the new hub's list
+    // is newer than the version every informer resumes from).
+    direct(
+        &fleet,
+        &["create", "secret", "generic", "while-away", "-n", "default"],
+    );
+    fleet.serve(&["--workers", "1"], None);
+    *front.to.lock().unwrap() = fleet.https();
+    patch_seed(&fleet, 1);
+    wait_for_or(
+        "every informer to resume and see the change",
+        Duration::from_secs(60),
+        || all_at(1),
+        || fleet.log(),
+    );
+    // Each resumed from its own version on the new gateway's one member watch, none on a member
+    // watch of its own.
+    assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
+    for s in &seen {
+        assert_eq!(*s.lock().unwrap(), [0, 1]);
+    }
 }
