@@ -943,9 +943,22 @@ impl Front {
 
 #[test]
 fn after_a_gateway_restart_informers_resume_on_one_member_watch() {
+    informers_resume_after_a_restart("1", "");
+}
+
+#[test]
+fn per_gateway_after_a_restart_informers_resume_on_one_member_watch() {
+    // Two shards: the informers' connections land on both, and the first one on the shard that
+    // is not the key's home starts the home's hub through its feed, with its version.
+    informers_resume_after_a_restart("2", "scope: Gateway\n");
+}
+
+/// A gateway of `workers` shards (`more` of `spec.sharedWatches`) replaced under 20 kube-rs
+/// informers: they resume on one member watch.
+fn informers_resume_after_a_restart(workers: &str, more: &str) {
     let mut fleet = Fleet::sim(1, 0);
-    share_configmaps(&fleet, 64, 16);
-    fleet.serve(&["--workers", "1"], None);
+    share_configmaps_with(&fleet, 64, 16, more);
+    fleet.serve(&["--workers", workers], None);
     // The informers reach the gateway through a front that stays (as a Service stays while its
     // pod is replaced).
     let front = Front::start(&fleet);
@@ -967,7 +980,7 @@ fn after_a_gateway_restart_informers_resume_on_one_member_watch() {
         &fleet,
         &["create", "secret", "generic", "while-away", "-n", "default"],
     );
-    fleet.serve(&["--workers", "1"], None);
+    fleet.serve(&["--workers", workers], None);
     *front.to.lock().unwrap() = fleet.https();
     patch_seed(&fleet, 1);
     wait_for_or(
@@ -981,5 +994,14 @@ fn after_a_gateway_restart_informers_resume_on_one_member_watch() {
     assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
     for s in &seen {
         assert_eq!(*s.lock().unwrap(), [0, 1]);
+    }
+    if workers == "2" {
+        // Both shards hold informers: the key's hub on the other shard is fed by its home's.
+        assert_eq!(
+            fleet.metric("fleetgate_shared_watch_feeds"),
+            Some(1),
+            "{}",
+            fleet.log_tail(20)
+        );
     }
 }
