@@ -1005,3 +1005,52 @@ fn informers_resume_after_a_restart(workers: &str, more: &str) {
         );
     }
 }
+
+#[test]
+fn a_watch_from_before_the_hubs_start_is_backfilled_not_proxied() {
+    let mut fleet = Fleet::sim(1, 0);
+    share_configmaps(&fleet, 64, 16);
+    fleet.serve(&["--workers", "1"], None);
+    create_seed(&fleet);
+    // One client lists, the member changes, a second client lists and watches first: the hub
+    // starts at the second one's version.
+    let older = version_of(&fleet, "seed");
+    patch_seed(&fleet, 1);
+    let newer = version_of(&fleet, "seed");
+    let path = |rv: u64| {
+        format!(
+            "/clusters/member1/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv}"
+        )
+    };
+    let first = kubectl_watcher(&fleet, "first", "member1", &["get", "--raw", &path(newer)]);
+    wait_for("the hub's member watch", Duration::from_secs(30), || {
+        member_watches(&fleet, "member1", "configmaps") == 1
+    });
+    // The first client's watch comes now, from before the hub's start: the hub fetches what it
+    // missed (a short member watch) and serves it too.
+    let second = kubectl_watcher(&fleet, "second", "member1", &["get", "--raw", &path(older)]);
+    wait_for_or(
+        "the older watch to get the change made after its list",
+        Duration::from_secs(30),
+        || !seed_events(&second.output()).is_empty(),
+        || second.output(),
+    );
+    patch_seed(&fleet, 2);
+    let both = || (seed_events(&first.output()), seed_events(&second.output()));
+    wait_for_or(
+        "both watches to see the next change",
+        Duration::from_secs(30),
+        || both().0.len() == 1 && both().1.len() == 2,
+        || format!("{:?}", both()),
+    );
+    let modified = |i: &str| ("MODIFIED".to_owned(), i.to_owned());
+    assert_eq!(both().0, [modified("2")]);
+    assert_eq!(both().1, [modified("1"), modified("2")]);
+    // The backfill's member watch ended; the hub's is the only one.
+    wait_for_or(
+        "one member watch",
+        Duration::from_secs(10),
+        || member_watches(&fleet, "member1", "configmaps") == 1,
+        || fleet.log(),
+    );
+}

@@ -16,8 +16,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::json;
 
-use super::hub::{Event, Hub, Kind, Phase};
-use super::{Plan, Served, Start};
+use super::hub::{Backfill, Event, Hub, Kind, Phase};
+use super::{Caller, Plan, Served, Start};
 use crate::exchange::Failure;
 use crate::fleet::FleetClient;
 use crate::runtime::{self, First, ShardContext};
@@ -30,6 +30,7 @@ pub(super) async fn follow(
     ctx: &ShardContext,
     hub: &Rc<Hub>,
     plan: Plan,
+    caller: Caller,
     client: &mut impl FleetClient,
 ) -> Served {
     let _joined = hub.join();
@@ -55,37 +56,55 @@ pub(super) async fn follow(
         passed_rv: 0,
         columns_sent: false,
     };
-    let expired = {
-        let state = hub.state.borrow();
-        match cursor.plan.start {
-            Start::Current => {
-                // Newest first: popped from the end, they go out in key order.
-                cursor.initial = state
-                    .objects
-                    .values()
-                    .rev()
-                    .filter(|e| cursor.selects(&e.labels, e))
-                    .cloned()
-                    .collect();
-                cursor.seq = state.next_seq();
-                cursor.last_sent_rv = state.last_rv;
-                cursor.passed_rv = state.last_rv;
-                None
+    let expired = loop {
+        let seen = hub.signal.epoch();
+        let older = {
+            let state = hub.state.borrow();
+            match cursor.plan.start {
+                Start::Current => {
+                    // Newest first: popped from the end, they go out in key order.
+                    cursor.initial = state
+                        .objects
+                        .values()
+                        .rev()
+                        .filter(|e| cursor.selects(&e.labels, e))
+                        .cloned()
+                        .collect();
+                    cursor.seq = state.next_seq();
+                    cursor.last_sent_rv = state.last_rv;
+                    cursor.passed_rv = state.last_rv;
+                    break None;
+                }
+                // Among replayed events, whose objects' labels before are unknown: a label selector
+                // could not turn them into ADDED or DELETED as the member would.
+                Start::After(rv) if rv < state.listed_rv && !cursor.plan.labels.is_everything() => {
+                    return Served::Proxy
+                }
+                // Older than anything the hub saw: backfilled below.
+                Start::After(rv) if rv < state.start_rv => (rv, state.floor_rv),
+                Start::After(rv) if rv < state.floor_rv => break Some((rv, state.floor_rv)),
+                Start::After(rv) => {
+                    cursor.seq = state.seek(rv);
+                    cursor.last_sent_rv = rv;
+                    cursor.passed_rv = rv;
+                    break None;
+                }
             }
-            // Older than anything the hub saw: the member's to answer (it may still replay it).
-            Start::After(rv) if rv < state.start_rv => return Served::Proxy,
-            // Among replayed events, whose objects' labels before are unknown: a label selector
-            // could not turn them into ADDED or DELETED as the member would.
-            Start::After(rv) if rv < state.listed_rv && !cursor.plan.labels.is_everything() => {
-                return Served::Proxy
+        };
+        let (rv, floor) = older;
+        // One backfill at a time: wait for a running one, then look again.
+        if hub.backfilling().is_some() {
+            match runtime::race(hub.signal.after(seen), client.gone()).await {
+                First::Left(()) => continue,
+                First::Right(()) => return Served::Done(Err(Failure::Abort("client went away"))),
             }
-            Start::After(rv) if rv < state.floor_rv => Some((rv, state.floor_rv)),
-            Start::After(rv) => {
-                cursor.seq = state.seek(rv);
-                cursor.last_sent_rv = rv;
-                cursor.passed_rv = rv;
-                None
-            }
+        }
+        match hub.backfill(ctx, caller, rv).await {
+            Backfill::Filled => continue,
+            // The member no longer holds that version: its 410.
+            Backfill::Expired => break Some((rv, floor)),
+            // The member's to answer.
+            Backfill::Failed => return Served::Proxy,
         }
     };
     if let Some((rv, floor)) = expired {

@@ -7,7 +7,9 @@
 //!   whose watch started the hub listed before it did (kubectl and informers list, then watch
 //!   from the list's version), the watch starts from that client's version instead: the member
 //!   replays what happened since, into the ring only (`State::listed_rv`), and the client is
-//!   served from the hub rather than by a member watch of its own.
+//!   served from the hub rather than by a member watch of its own. A later client from a version
+//!   older than the hub's start is backfilled: a short member watch from its version, whose
+//!   events go before the ring's first ([`Hub::backfill`]).
 //! - **Events.** Each member event is parsed once, encoded once (`{"type":..,"object":..}\n`)
 //!   into a `Bytes` that every client that receives it shares; the object's namespace, name and
 //!   labels (and, for a MODIFIED event, the labels before) are kept beside it for filtering. A
@@ -56,6 +58,12 @@ pub const IDLE_FOR: Duration = Duration::from_secs(30);
 /// How long a hub whose member refused the gateway stays failed (its clients are proxied).
 pub const FAILED_FOR: Duration = Duration::from_secs(10);
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+/// The first sequence number of a hub's ring: room below it for events a backfill puts before
+/// the first ones.
+const FIRST_SEQ: u64 = 1 << 40;
+/// How long a backfill's member watch lasts: the member replays its history at once, so this
+/// bounds the wait for events that are not there.
+const BACKFILL_SECONDS: u32 = 1;
 const BACKOFF_MOST: Duration = Duration::from_secs(30);
 
 /// An event's type.
@@ -326,6 +334,8 @@ pub struct Hub {
     idle_since: Cell<Option<Instant>>,
     /// The resourceVersion the client that started the hub asked to start after, if any.
     first_from: Cell<Option<u64>>,
+    /// The resourceVersion a running backfill starts after.
+    backfilling: Cell<Option<u64>>,
 }
 
 /// Counts a client on its hub for as long as it lives.
@@ -366,7 +376,7 @@ impl Hub {
             state: RefCell::new(State {
                 phase: Phase::Starting,
                 ring: VecDeque::new(),
-                base: 0,
+                base: FIRST_SEQ,
                 floor_rv: 0,
                 start_rv: 0,
                 last_rv: 0,
@@ -381,6 +391,7 @@ impl Hub {
             clients: Cell::new(0),
             idle_since: Cell::new(Some(Instant::now())),
             first_from: Cell::new(from),
+            backfilling: Cell::new(None),
         });
         let running = Rc::clone(&hub);
         runtime::spawn(async move {
@@ -455,11 +466,7 @@ impl Hub {
     async fn run(&self, shard: &ShardContext, caller: Caller) -> Phase {
         let own = OwnRequests::new();
         let request = own.request(caller);
-        let gateway_itself = Decided {
-            identity: None,
-            authenticated: None,
-            pass_through: false,
-        };
+        let gateway_itself = gateway_itself();
         let path = self.collection();
         let retired = self.cluster.retirement.listen();
         let mut retired = std::pin::pin!(retired);
@@ -709,6 +716,72 @@ impl Hub {
         state.last_rv = state.last_rv.max(list_rv);
     }
 
+    /// The resourceVersion a running backfill starts after, if one runs.
+    pub fn backfilling(&self) -> Option<u64> {
+        self.backfilling.get()
+    }
+
+    /// Puts what happened between `from` and the hub's start before the ring's first events, from
+    /// a short member watch from `from` (the member replays its history, then ends the watch), so
+    /// that a client resuming from `from` follows the hub instead of a member watch of its own.
+    /// The events carry no labels-before (as replayed ones). Fails when the ring no longer holds
+    /// everything since the start, or would outgrow its size.
+    pub async fn backfill(&self, shard: &ShardContext, caller: Caller, from: u64) -> Backfill {
+        self.backfilling.set(Some(from));
+        let own = OwnRequests::new();
+        let request = own.request(caller);
+        let gateway_itself = gateway_itself();
+        let query = format!("?watch=true&timeoutSeconds={BACKFILL_SECONDS}&resourceVersion={from}");
+        let mut lines = Lines::new(HubLines {
+            hub: self,
+            into: Some(Vec::new()),
+            expired: false,
+        });
+        let watched = self
+            .member_watch(
+                shard,
+                &request,
+                &gateway_itself,
+                &self.collection(),
+                &query,
+                &mut lines,
+            )
+            .await;
+        self.backfilling.set(None);
+        let outcome = match watched {
+            Err(Upstream::Expired) => Backfill::Expired,
+            Err(_) => Backfill::Failed,
+            Ok(()) => {
+                let events = lines.sink.into.take().unwrap_or_default();
+                self.put_before(from, events)
+            }
+        };
+        self.signal.bump();
+        outcome
+    }
+
+    fn put_before(&self, from: u64, events: Vec<Event>) -> Backfill {
+        let mut state = self.state.borrow_mut();
+        let start = state.start_rv;
+        if state.phase != Phase::Ready || state.floor_rv != start || from >= start {
+            return Backfill::Failed;
+        }
+        let events: Vec<Event> = events
+            .into_iter()
+            .filter(|e| e.kind != Kind::Bookmark && e.rv > from && e.rv <= start)
+            .collect();
+        if state.ring.len() + events.len() > self.ring_size || state.base < events.len() as u64 {
+            return Backfill::Failed;
+        }
+        for event in events.into_iter().rev() {
+            state.ring.push_front(Arc::new(event));
+            state.base -= 1;
+        }
+        state.start_rv = from;
+        state.floor_rv = from;
+        Backfill::Filled
+    }
+
     /// A replay the member refused (410): its events leave the ring, and clients that started
     /// among them are cut with the 410 the member would have sent them (their position is before
     /// the ring's floor); clients that start that early from now on are proxied to the member.
@@ -750,6 +823,26 @@ impl Hub {
             }
         };
         let query = format!("?watch=true&allowWatchBookmarks=true&resourceVersion={from}");
+        let mut lines = Lines::new(HubLines {
+            hub: self,
+            into: None,
+            expired: false,
+        });
+        self.member_watch(shard, request, identity, path, &query, &mut lines)
+            .await
+    }
+
+    /// One member watch of the hub's collection with `query`, its events into `lines`, until the
+    /// member ends it.
+    async fn member_watch(
+        &self,
+        shard: &ShardContext,
+        request: &ClientRequest<'_, NoFields>,
+        identity: &Decided,
+        path: &str,
+        query: &str,
+        lines: &mut Lines<HubLines<'_>>,
+    ) -> Result<(), Upstream> {
         let asked = Asked {
             rest: path.as_bytes(),
             query: query.as_bytes(),
@@ -773,11 +866,7 @@ impl Hub {
                 String::new(),
             )));
         }
-        let mut lines = Lines::new(HubLines {
-            hub: self,
-            expired: false,
-        });
-        let relayed = relay(&mut answer, &mut lines, Pace::LongRunning).await;
+        let relayed = relay(&mut answer, lines, Pace::LongRunning).await;
         if lines.sink.expired {
             return Err(Upstream::Expired);
         }
@@ -792,6 +881,21 @@ impl Hub {
 
     /// One member event into the ring.
     fn receive(&self, line: &[u8]) -> Result<(), Received> {
+        let mut event = self.parse(line)?;
+        let mut state = self.state.borrow_mut();
+        let replayed = state.replaying && event.rv <= state.listed_rv;
+        if matches!(event.kind, Kind::Added | Kind::Modified) && !replayed {
+            let key = (event.namespace.clone(), event.name.clone());
+            event.previous = state.objects.get(&key).map(|held| held.labels.clone());
+        }
+        self.apply(&mut state, Arc::new(event));
+        drop(state);
+        self.signal.bump();
+        Ok(())
+    }
+
+    /// One member watch event, parsed (a Table's column definitions kept on the way).
+    fn parse(&self, line: &[u8]) -> Result<Event, Received> {
         let mut event: Value = serde_json::from_slice(line).map_err(|_| Received::Bad)?;
         let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
         if kind == "ERROR" {
@@ -828,17 +932,7 @@ impl Hub {
                 )
             }
         };
-        let mut event = Event::new(kind, rv, object, meta);
-        let mut state = self.state.borrow_mut();
-        let replayed = state.replaying && rv <= state.listed_rv;
-        if matches!(kind, Kind::Added | Kind::Modified) && !replayed {
-            let key = (event.namespace.clone(), event.name.clone());
-            event.previous = state.objects.get(&key).map(|held| held.labels.clone());
-        }
-        self.apply(&mut state, Arc::new(event));
-        drop(state);
-        self.signal.bump();
-        Ok(())
+        Ok(Event::new(kind, rv, object, meta))
     }
 
     /// An event (its `previous` labels set) into the objects held and the ring; a replayed one
@@ -961,6 +1055,26 @@ fn set_version(object: &mut Value, rv: u64) {
     }
 }
 
+/// The hub's own requests go as the gateway itself: the Cluster's credentials, no
+/// impersonation (clients are admitted one by one by `access`).
+fn gateway_itself() -> Decided {
+    Decided {
+        identity: None,
+        authenticated: None,
+        pass_through: false,
+    }
+}
+
+/// How a backfill went.
+pub enum Backfill {
+    /// The ring now starts at the client's version.
+    Filled,
+    /// The member no longer holds that version (its 410).
+    Expired,
+    /// It could not be done (the member unreachable, the ring moved on): proxy the client.
+    Failed,
+}
+
 /// Why the member watch stopped.
 enum Upstream {
     /// Its resourceVersion expired (410): list again.
@@ -992,12 +1106,18 @@ enum Received {
 /// The member watch's lines, into the hub.
 struct HubLines<'h> {
     hub: &'h Hub,
+    /// A backfill's events, kept aside; None: each goes into the ring as it comes.
+    into: Option<Vec<Event>>,
     expired: bool,
 }
 
 impl LineSink for HubLines<'_> {
     async fn line(&mut self, line: &[u8]) -> Result<(), Failure> {
-        match self.hub.receive(line) {
+        let received = match &mut self.into {
+            Some(events) => self.hub.parse(line).map(|event| events.push(event)),
+            None => self.hub.receive(line),
+        };
+        match received {
             Ok(()) => Ok(()),
             Err(Received::Expired) => {
                 self.expired = true;

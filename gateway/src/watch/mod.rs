@@ -284,7 +284,7 @@ pub(crate) async fn serve(
     let Some(hub) = hub_for(ctx, proxied.cluster, &plan.key, caller, from) else {
         return Served::Proxy;
     };
-    client::follow(ctx, &hub, plan, client).await
+    client::follow(ctx, &hub, plan, caller, client).await
 }
 
 /// The shard's hubs, by key.
