@@ -728,6 +728,7 @@ impl Hub {
     /// everything since the start, or would outgrow its size.
     pub async fn backfill(&self, shard: &ShardContext, caller: Caller, from: u64) -> Backfill {
         self.backfilling.set(Some(from));
+        let running = Backfilling(self);
         let own = OwnRequests::new();
         let request = own.request(caller);
         let gateway_itself = gateway_itself();
@@ -747,7 +748,6 @@ impl Hub {
                 &mut lines,
             )
             .await;
-        self.backfilling.set(None);
         let outcome = match watched {
             Err(Upstream::Expired) => Backfill::Expired,
             Err(_) => Backfill::Failed,
@@ -756,7 +756,7 @@ impl Hub {
                 self.put_before(from, events)
             }
         };
-        self.signal.bump();
+        drop(running);
         outcome
     }
 
@@ -1062,6 +1062,17 @@ fn gateway_itself() -> Decided {
         identity: None,
         authenticated: None,
         pass_through: false,
+    }
+}
+
+/// A running backfill, marked on its hub while it lives: its end, or its future dropped
+/// unfinished (the client's connection closed), clears the mark and wakes the clients waiting.
+struct Backfilling<'h>(&'h Hub);
+
+impl Drop for Backfilling<'_> {
+    fn drop(&mut self) {
+        self.0.backfilling.set(None);
+        self.0.signal.bump();
     }
 }
 
