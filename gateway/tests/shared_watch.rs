@@ -151,10 +151,25 @@ fn columns_watchers(fleet: &Fleet, count: usize) -> Vec<Watcher> {
         .collect()
 }
 
-/// `kubectl get --raw` of the watch of `default`'s configmaps on `context` through the gateway.
-fn raw_watch(fleet: &Fleet, name: &str, context: &str) -> Watcher {
-    let path = format!("/clusters/{context}/api/v1/namespaces/default/configmaps?watch=1");
+/// `kubectl get --raw` of the watch of `default`'s configmaps on `context` through the gateway,
+/// with `query` (more query parameters, or none).
+fn raw_watch(fleet: &Fleet, name: &str, context: &str, query: &str) -> Watcher {
+    let mut path = format!("/clusters/{context}/api/v1/namespaces/default/configmaps?watch=1");
+    if !query.is_empty() {
+        path.push('&');
+        path.push_str(query);
+    }
     kubectl_watcher(fleet, name, context, &["get", "--raw", &path])
+}
+
+/// Waits until a raw watch has got an event of ConfigMap seed.
+fn wait_for_seed(watcher: &Watcher, what: &str) {
+    wait_for_or(
+        what,
+        Duration::from_secs(30),
+        || !seed_events(&watcher.output()).is_empty(),
+        || watcher.output(),
+    );
 }
 
 /// kubectl with `args` on the gateway's `context`, its stdout and stderr in NAME.out / NAME.err.
@@ -575,7 +590,7 @@ fn relists_and_a_removed_cluster_ends_its_watches(workers: &str, more: &str, wat
     // kubectl's watch the hub's first client, a change between kubectl's list and the hub's could
     // leave kubectl's resourceVersion older than anything the hub saw: the gateway hands such a
     // watch to the member, which ends it after 2 s here, and `kubectl get -w` exits with it.
-    let warm = raw_watch(&fleet, "warm", "member1");
+    let warm = raw_watch(&fleet, "warm", "member1", "");
     wait_for(
         "the shared watch of default",
         Duration::from_secs(30),
@@ -624,7 +639,7 @@ fn relists_and_a_removed_cluster_ends_its_watches(workers: &str, more: &str, wat
     // member2 is removed from the configuration: its shared watch ends, and with it every
     // client watch on it, cleanly.
     let mut raws: Vec<Watcher> = (0..watchers)
-        .map(|n| raw_watch(&fleet, &format!("raw-{n}"), "member2"))
+        .map(|n| raw_watch(&fleet, &format!("raw-{n}"), "member2", ""))
         .collect();
     let member2 = |fleet: &Fleet| {
         let out = kubectl(
@@ -814,32 +829,22 @@ fn a_first_watch_older_than_the_shared_list_is_replayed_not_proxied() {
             "default",
         ],
     );
-    let path = |query: &str| {
-        format!("/clusters/member1/api/v1/namespaces/default/configmaps?watch=1&{query}")
-    };
-    let first = kubectl_watcher(
+    let first = raw_watch(
         &fleet,
         "first",
         "member1",
-        &["get", "--raw", &path(&format!("resourceVersion={listed}"))],
+        &format!("resourceVersion={listed}"),
     );
-    wait_for_or(
+    wait_for_seed(
+        &first,
         "the first watch to get the change made after its list",
-        Duration::from_secs(30),
-        || !seed_events(&first.output()).is_empty(),
-        || first.output(),
     );
     // Served from the hub (which replayed from the client's version), not by a member watch of
     // its own.
     assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
     // A client that starts now (no resourceVersion) gets the objects as they are, once.
-    let current = kubectl_watcher(&fleet, "current", "member1", &["get", "--raw", &path("")]);
-    wait_for_or(
-        "a current watch's initial ADDED",
-        Duration::from_secs(30),
-        || !seed_events(&current.output()).is_empty(),
-        || current.output(),
-    );
+    let current = raw_watch(&fleet, "current", "member1", "");
+    wait_for_seed(&current, "a current watch's initial ADDED");
     patch_seed(&fleet, 2);
     let both = || (seed_events(&first.output()), seed_events(&current.output()));
     wait_for_or(
@@ -857,15 +862,11 @@ fn a_first_watch_older_than_the_shared_list_is_replayed_not_proxied() {
     assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
     // A label selector from before the hub's list: the replayed events do not carry the labels
     // their objects had before, so that watch is the member's to answer (as it was for all).
-    let labelled = kubectl_watcher(
+    let labelled = raw_watch(
         &fleet,
         "labelled",
         "member1",
-        &[
-            "get",
-            "--raw",
-            &path(&format!("resourceVersion={listed}&labelSelector=app%3Dweb")),
-        ],
+        &format!("resourceVersion={listed}&labelSelector=app%3Dweb"),
     );
     wait_for_or(
         "the labelled watch to reach the member",
@@ -1017,23 +1018,17 @@ fn a_watch_from_before_the_hubs_start_is_backfilled_not_proxied() {
     let older = version_of(&fleet, "seed");
     patch_seed(&fleet, 1);
     let newer = version_of(&fleet, "seed");
-    let path = |rv: u64| {
-        format!(
-            "/clusters/member1/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv}"
-        )
-    };
-    let first = kubectl_watcher(&fleet, "first", "member1", &["get", "--raw", &path(newer)]);
+    let from = |rv: u64| format!("resourceVersion={rv}");
+    let first = raw_watch(&fleet, "first", "member1", &from(newer));
     wait_for("the hub's member watch", Duration::from_secs(30), || {
         member_watches(&fleet, "member1", "configmaps") == 1
     });
     // The first client's watch comes now, from before the hub's start: the hub fetches what it
     // missed (a short member watch) and serves it too.
-    let second = kubectl_watcher(&fleet, "second", "member1", &["get", "--raw", &path(older)]);
-    wait_for_or(
+    let second = raw_watch(&fleet, "second", "member1", &from(older));
+    wait_for_seed(
+        &second,
         "the older watch to get the change made after its list",
-        Duration::from_secs(30),
-        || !seed_events(&second.output()).is_empty(),
-        || second.output(),
     );
     patch_seed(&fleet, 2);
     let both = || (seed_events(&first.output()), seed_events(&second.output()));
