@@ -93,7 +93,7 @@ pub(super) async fn follow(
         };
         let (rv, floor) = older;
         // One backfill at a time: wait for a running one, then look again.
-        if hub.backfilling().is_some() {
+        if hub.backfilling() {
             match runtime::race(hub.signal.after(seen), client.gone()).await {
                 First::Left(()) => continue,
                 First::Right(()) => return Served::Done(Err(Failure::Abort("client went away"))),

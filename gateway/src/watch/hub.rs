@@ -306,6 +306,12 @@ pub struct State {
 }
 
 impl State {
+    /// Whether an event of `kind` at `rv` is part of the replay: the list holds every change up
+    /// to its resourceVersion, and a bookmark there says the replay is done.
+    fn replays(&self, kind: Kind, rv: u64) -> bool {
+        self.replaying && (rv < self.listed_rv || (rv == self.listed_rv && kind != Kind::Bookmark))
+    }
+
     pub fn next_seq(&self) -> u64 {
         self.base + self.ring.len() as u64
     }
@@ -334,8 +340,8 @@ pub struct Hub {
     idle_since: Cell<Option<Instant>>,
     /// The resourceVersion the client that started the hub asked to start after, if any.
     first_from: Cell<Option<u64>>,
-    /// The resourceVersion a running backfill starts after.
-    backfilling: Cell<Option<u64>>,
+    /// Whether a backfill runs (one at a time: the clients that need one wait for it).
+    backfilling: Cell<bool>,
 }
 
 /// Counts a client on its hub for as long as it lives.
@@ -391,7 +397,7 @@ impl Hub {
             clients: Cell::new(0),
             idle_since: Cell::new(Some(Instant::now())),
             first_from: Cell::new(from),
-            backfilling: Cell::new(None),
+            backfilling: Cell::new(false),
         });
         let running = Rc::clone(&hub);
         runtime::spawn(async move {
@@ -716,8 +722,8 @@ impl Hub {
         state.last_rv = state.last_rv.max(list_rv);
     }
 
-    /// The resourceVersion a running backfill starts after, if one runs.
-    pub fn backfilling(&self) -> Option<u64> {
+    /// Whether a backfill runs.
+    pub fn backfilling(&self) -> bool {
         self.backfilling.get()
     }
 
@@ -727,8 +733,7 @@ impl Hub {
     /// The events carry no labels-before (as replayed ones). Fails when the ring no longer holds
     /// everything since the start, or would outgrow its size.
     pub async fn backfill(&self, shard: &ShardContext, caller: Caller, from: u64) -> Backfill {
-        self.backfilling.set(Some(from));
-        let running = Backfilling(self);
+        let running = Backfilling::mark(self);
         let own = OwnRequests::new();
         let request = own.request(caller);
         let gateway_itself = gateway_itself();
@@ -883,8 +888,9 @@ impl Hub {
     fn receive(&self, line: &[u8]) -> Result<(), Received> {
         let mut event = self.parse(line)?;
         let mut state = self.state.borrow_mut();
-        let replayed = state.replaying && event.rv <= state.listed_rv;
-        if matches!(event.kind, Kind::Added | Kind::Modified) && !replayed {
+        if matches!(event.kind, Kind::Added | Kind::Modified)
+            && !state.replays(event.kind, event.rv)
+        {
             let key = (event.namespace.clone(), event.name.clone());
             event.previous = state.objects.get(&key).map(|held| held.labels.clone());
         }
@@ -939,16 +945,12 @@ impl Hub {
     /// (at or before the list the objects came from) into the ring only.
     fn apply(&self, state: &mut State, event: Arc<Event>) {
         let rv = event.rv;
-        if state.replaying {
-            // The list holds every change up to its resourceVersion; a bookmark there says the
-            // replay is done.
-            if rv < state.listed_rv || (rv == state.listed_rv && event.kind != Kind::Bookmark) {
-                state.replayed_to = rv;
-                self.push_ring(state, event);
-                return;
-            }
-            state.replaying = false;
+        if state.replays(event.kind, rv) {
+            state.replayed_to = rv;
+            self.push_ring(state, event);
+            return;
         }
+        state.replaying = false;
         match event.kind {
             Kind::Added | Kind::Modified => {
                 let key = (event.namespace.clone(), event.name.clone());
@@ -1069,9 +1071,16 @@ fn gateway_itself() -> Decided {
 /// unfinished (the client's connection closed), clears the mark and wakes the clients waiting.
 struct Backfilling<'h>(&'h Hub);
 
+impl<'h> Backfilling<'h> {
+    fn mark(hub: &'h Hub) -> Self {
+        hub.backfilling.set(true);
+        Backfilling(hub)
+    }
+}
+
 impl Drop for Backfilling<'_> {
     fn drop(&mut self) {
-        self.0.backfilling.set(None);
+        self.0.backfilling.set(false);
         self.0.signal.bump();
     }
 }
