@@ -112,6 +112,20 @@ TUNNEL_PARTS = [
 ]
 
 
+def bracketed(d1, d2):
+    """The mean of a figure (`f` of a measurement) over the two direct measurements that bracket
+    the others of a round; None when either lacks it."""
+    return lambda f: None if f(d1) is None or f(d2) is None else (f(d1) + f(d2)) / 2
+
+
+def cpu_split(x, cost):
+    """` (A + B)`: a two-process target's `cost` split by its processes' CPU shares, or ""."""
+    share = x.get("cpu_share")
+    if not share or x.get(cost) is None:
+        return ""
+    return f" ({fmt(share[0] * x[cost], 2)} + {fmt(share[1] * x[cost], 2)})"
+
+
 def tunnel_mode(out, s, goals, mode, rounds, loads, event_watches, churn, exec_streams):
     """One member mode of the tunnel scenario: every round of tunnel-MODE-PART-rN.json."""
     agent_core = next((l.get("agent_core") for l in loads.values() if l.get("agent_core")), "?")
@@ -135,10 +149,9 @@ def tunnel_mode(out, s, goals, mode, rounds, loads, event_watches, churn, exec_s
             if not r:
                 continue
             d1, t, d2 = (r.get(k, {}) for k in ("fg-direct", "fg-tunnel", "fg-direct-2"))
-            mean = lambda f: None if f(d1) is None or f(d2) is None else (f(d1) + f(d2)) / 2
+            mean = bracketed(d1, d2)
             tpr, cr = ratio(tp(t), mean(tp)), ratio(t.get(cost), mean(lambda x: x.get(cost)))
-            split = t.get("cpu_share")
-            split = f" ({fmt(split[0] * t[cost], 2)} + {fmt(split[1] * t[cost], 2)})" if split and t.get(cost) is not None else ""
+            split = cpu_split(t, cost)
             s.append(f"| {n} | {l.get('start', '-')} | {fmt(l.get('other_cores'), 2)} | {part} | "
                      f"{fmt(tp(d1))} {tp_label} | {fmt(tp(t))} | {fmt(tp(d2))} | **{fmt(tpr, 2)}x** | {fmt(ratio(tp(d2), tp(d1)), 2)}x | "
                      f"{fmt(d1.get(cost), 2)} {cost_label} | {fmt(t.get(cost), 2)}{split} | {fmt(d2.get(cost), 2)} | **{fmt(cr, 2)}x** | {fmt(ratio(d2.get(cost), d1.get(cost)), 2)}x |")
@@ -190,9 +203,8 @@ def tunnel_hop(out, s, mode, rounds):
             if "fg-hop" not in r:
                 continue
             d1, t, h, d2 = (r.get(k, {}) for k in ("fg-direct", "fg-tunnel", "fg-hop", "fg-direct-2"))
-            mean = lambda f: None if f(d1) is None or f(d2) is None else (f(d1) + f(d2)) / 2
-            split = h.get("cpu_share")
-            split = f" ({fmt(split[0] * h[cost], 2)} + {fmt(split[1] * h[cost], 2)})" if split and h.get(cost) is not None else ""
+            mean = bracketed(d1, d2)
+            split = cpu_split(h, cost)
             rows.append(f"| {n} | {part} | {fmt(tp(h))} {tp_label} | **{fmt(ratio(tp(h), mean(tp)), 2)}x** | {fmt(ratio(tp(t), tp(h)), 2)}x | "
                         f"{fmt(h.get(cost), 2)} {cost_label}{split} | **{fmt(ratio(h.get(cost), mean(lambda x: x.get(cost))), 2)}x** | "
                         f"**{fmt(ratio(t.get(cost), h.get(cost)), 2)}x** |")
