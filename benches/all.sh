@@ -510,23 +510,26 @@ YAML
     server[static]=$static server[member]=$sim_plain
     server[static-tls]=$static_tls ca[static-tls]=$sim_dir/pki/gateway-ca.crt
     server[member-tls]=$sim_tls ca[member-tls]=$sim_dir/pki/fleet-ca.crt
+    # A Cluster of the tunnel scenario: NAME UP (static: no credentials) SERVER (none: a Tunnel
+    # cluster) CA (a file, or none: the server is plain HTTP).
+    tunnel_cluster() {
+      {
+        printf 'apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: %s}\nspec:\n' "$1"
+        if [ -z "$3" ]; then
+          echo "  connectMode: Tunnel"
+        else
+          echo "  server: $3"
+          [ -z "$4" ] || { echo "  caData: |"; sed 's/^/    /' "$4"; }
+        fi
+        [ "$2" = static ] || echo "  credentials: {token: \"$admin_token\"}"
+        echo "  impersonation: false"
+      } >"$tdir/$1.yaml"
+    }
     for mode in $tunnel_members; do
       suffix=; [ "$mode" = plain ] || suffix=-$mode
       for up in static member; do
-        for kind in d t; do
-          name=$up-$kind$suffix
-          {
-            printf 'apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: %s}\nspec:\n' "$name"
-            if [ $kind = t ]; then
-              echo "  connectMode: Tunnel"
-            else
-              echo "  server: ${server[$up$suffix]}"
-              [ -z "$suffix" ] || { echo "  caData: |"; sed 's/^/    /' "${ca[$up$suffix]}"; }
-            fi
-            [ $up = static ] || echo "  credentials: {token: \"$admin_token\"}"
-            echo "  impersonation: false"
-          } >"$tdir/$name.yaml"
-        done
+        tunnel_cluster "$up-d$suffix" "$up" "${server[$up$suffix]}" "${ca[$up$suffix]:-}"
+        tunnel_cluster "$up-t$suffix" "$up" "" ""
         "$fg" certs issue-agent --dir "$agents" --cluster "$up-t$suffix" >/dev/null
       done
     done
@@ -551,13 +554,7 @@ YAML
           upstream=${server[$up$suffix]#*://}
           printf 'frontend f-%s\n  bind 127.0.0.1:%s ssl crt %s alpn http/1.1\n  default_backend b-%s\nbackend b-%s\n  server s1 %s%s\n' \
             "$name" "$hop_port" "$hop/gateway.pem" "$name" "$name" "${upstream%%/*}" "$member_tls" >>"$hop/haproxy.cfg"
-          {
-            printf 'apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: %s}\nspec:\n' "$name"
-            echo "  server: https://127.0.0.1:$hop_port"
-            echo "  caData: |"; sed 's/^/    /' "$sim_dir/pki/gateway-ca.crt"
-            [ $up = static ] || echo "  credentials: {token: \"$admin_token\"}"
-            echo "  impersonation: false"
-          } >"$tdir/$name.yaml"
+          tunnel_cluster "$name" "$up" "https://127.0.0.1:$hop_port" "$sim_dir/pki/gateway-ca.crt"
         done
       done
       taskset -c "$tunnel_agent_core" haproxy -D -p "$hop/haproxy.pid" -f "$hop/haproxy.cfg" 2>"$hop/haproxy.log"
