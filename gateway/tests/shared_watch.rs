@@ -818,17 +818,7 @@ fn a_first_watch_older_than_the_shared_list_is_replayed_not_proxied() {
     // when the watch comes, is newer than the client's.
     let listed = version_of(&fleet, "seed");
     patch_seed(&fleet, 1);
-    direct(
-        &fleet,
-        &[
-            "create",
-            "secret",
-            "generic",
-            "moves-the-version",
-            "-n",
-            "default",
-        ],
-    );
+    move_the_version(&fleet);
     let first = raw_watch(
         &fleet,
         "first",
@@ -860,21 +850,6 @@ fn a_first_watch_older_than_the_shared_list_is_replayed_not_proxied() {
         [("ADDED".to_owned(), "1".to_owned()), modified("2")]
     );
     assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
-    // A label selector from before the hub's list: the replayed events do not carry the labels
-    // their objects had before, so that watch is the member's to answer (as it was for all).
-    let labelled = raw_watch(
-        &fleet,
-        "labelled",
-        "member1",
-        &format!("resourceVersion={listed}&labelSelector=app%3Dweb"),
-    );
-    wait_for_or(
-        "the labelled watch to reach the member",
-        Duration::from_secs(30),
-        || member_watches(&fleet, "member1", "configmaps") == 2,
-        || fleet.log(),
-    );
-    drop(labelled);
     // A first watch of another key from a version the member can no longer replay gets the
     // member's answer, a 410 ERROR event, and the hub goes on from its list.
     let expired = kubectl(
@@ -910,6 +885,111 @@ fn a_first_watch_older_than_the_shared_list_is_replayed_not_proxied() {
         ],
     );
     assert!(String::from_utf8_lossy(&later.stdout).contains("\"name\":\"later\""));
+}
+
+/// A write to another collection of the member: its resourceVersion moves, as on a busy member.
+fn move_the_version(fleet: &Fleet) {
+    direct(
+        fleet,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "moves-the-version",
+            "-n",
+            "default",
+        ],
+    );
+}
+
+/// `kubectl label` on the member itself.
+fn label_seed(fleet: &Fleet, label: &str) {
+    direct(
+        fleet,
+        &[
+            "label",
+            "configmap",
+            "seed",
+            "-n",
+            "default",
+            "--overwrite",
+            label,
+        ],
+    );
+}
+
+#[test]
+fn a_label_selecting_watch_from_before_the_shared_list_catches_up_from_the_member() {
+    let mut fleet = Fleet::sim(1, 0);
+    share_configmaps(&fleet, 64, 16);
+    fleet.serve(&["--workers", "1"], None);
+    create_seed(&fleet);
+    // A client lists with a label selector (nothing matches yet) and will watch from there.
+    let listed = version_of(&fleet, "seed");
+    // Meanwhile the seed starts matching and changes, and another write moves the version.
+    label_seed(&fleet, "app=web");
+    patch_seed(&fleet, 1);
+    move_the_version(&fleet);
+    // A watch of everything starts the hub, whose list is newer than the client's.
+    let everything = raw_watch(&fleet, "everything", "member1", "");
+    wait_for_seed(&everything, "the hub's initial ADDED of the seed");
+    assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
+    // The label-selecting watch comes now: the hub's replayed or listed objects cannot say
+    // which events started or stopped matching, so the member answers its selector up to the
+    // hub's newest event (a short member watch), and the hub serves the rest.
+    let query = format!("resourceVersion={listed}&labelSelector=app%3Dweb");
+    let labelled = raw_watch(&fleet, "labelled", "member1", &query);
+    let seen = || seed_events(&labelled.output());
+    wait_for_or(
+        "the labelled watch to get what happened after its list",
+        Duration::from_secs(30),
+        || seen().len() == 2,
+        || format!("{:?}\n{}", seen(), fleet.log()),
+    );
+    wait_for_or(
+        "the catch-up's member watch to end, the hub's to stay",
+        Duration::from_secs(10),
+        || member_watches(&fleet, "member1", "configmaps") == 1,
+        || fleet.log(),
+    );
+    // Then from the hub: a change while it matches, the change that stops it matching, and one
+    // after (not for this client).
+    patch_seed(&fleet, 2);
+    label_seed(&fleet, "app=db");
+    patch_seed(&fleet, 3);
+    wait_for_or(
+        "the labelled watch to see the seed stop matching",
+        Duration::from_secs(30),
+        || seen().len() == 4,
+        || format!("{:?}", seen()),
+    );
+    let event = |kind: &str, i: &str| (kind.to_owned(), i.to_owned());
+    let expected = [
+        event("ADDED", "0"),
+        event("MODIFIED", "1"),
+        event("MODIFIED", "2"),
+        event("DELETED", "2"),
+    ];
+    assert_eq!(seen(), expected);
+    assert_eq!(
+        member_watches(&fleet, "member1", "configmaps"),
+        1,
+        "still served by the hub"
+    );
+    // The member itself answers the same watch with the same events.
+    let at_member = kubectl(
+        &fleet.fleet_path("kubeconfig"),
+        "member1",
+        &[
+            "get",
+            "--raw",
+            &format!("/api/v1/namespaces/default/configmaps?watch=1&timeoutSeconds=1&{query}"),
+        ],
+    );
+    assert_eq!(
+        seed_events(&String::from_utf8_lossy(&at_member.stdout)),
+        expected
+    );
 }
 
 /// A TCP front for the gateway, as a Service is for its pods: each connection it accepts is

@@ -1,7 +1,9 @@
 //! One client of a shared watch: a cursor over its hub's ring and its own filter, nothing else.
 //!
 //! It starts where the client asked (the hub's objects as ADDED events, or the first event after
-//! its resourceVersion, or a 410 ERROR event when that has left the ring), then sends each event
+//! its resourceVersion, or a 410 ERROR event when that has left the ring; a label-selecting client
+//! from before the hub's list first gets the member's own answer to its selectors up to the hub's
+//! newest event, from a short member watch, as replayed events carry no labels-before), then sends each event
 //! its selectors let through, as kube-apiserver's watch cache would (a MODIFIED event whose object
 //! starts or stops matching becomes ADDED or DELETED), the shared bytes as they are. Bookmarks
 //! go to clients that asked for them when they carry a newer resourceVersion than the client
@@ -16,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::json;
 
-use super::hub::{Backfill, Event, Hub, Kind, Phase};
+use super::hub::{Backfill, Event, History, Hub, Kind, Phase};
 use super::{Caller, Plan, Served, Start};
 use crate::exchange::Failure;
 use crate::fleet::FleetClient;
@@ -50,7 +52,8 @@ pub(super) async fn follow(
     }
     let mut cursor = Cursor {
         plan,
-        initial: Vec::new(),
+        pending: Vec::new(),
+        pending_as: None,
         seq: 0,
         last_sent_rv: 0,
         passed_rv: 0,
@@ -63,25 +66,34 @@ pub(super) async fn follow(
             match cursor.plan.start {
                 Start::Current => {
                     // Newest first: popped from the end, they go out in key order.
-                    cursor.initial = state
+                    cursor.pending = state
                         .objects
                         .values()
                         .rev()
                         .filter(|e| cursor.selects(&e.labels, e))
                         .cloned()
                         .collect();
+                    cursor.pending_as = Some(Kind::Added);
                     cursor.seq = state.next_seq();
                     cursor.last_sent_rv = state.last_rv;
                     cursor.passed_rv = state.last_rv;
                     break None;
                 }
-                // Among replayed events, whose objects' labels before are unknown: a label selector
-                // could not turn them into ADDED or DELETED as the member would.
+                // Among replayed events (or before them), whose objects' labels before are
+                // unknown: a label selector could not turn them into ADDED or DELETED as the
+                // member would. The member answers the selector up to the hub's newest event.
                 Start::After(rv) if rv < state.listed_rv && !cursor.plan.labels.is_everything() => {
-                    return Served::Proxy
+                    Older::CatchUp {
+                        rv,
+                        join: state.last_rv,
+                        floor: state.floor_rv,
+                    }
                 }
                 // Older than anything the hub saw: backfilled below.
-                Start::After(rv) if rv < state.start_rv => (rv, state.floor_rv),
+                Start::After(rv) if rv < state.start_rv => Older::Backfill {
+                    rv,
+                    floor: state.floor_rv,
+                },
                 Start::After(rv) if rv < state.floor_rv => break Some((rv, state.floor_rv)),
                 Start::After(rv) => {
                     cursor.seq = state.seek(rv);
@@ -91,20 +103,45 @@ pub(super) async fn follow(
                 }
             }
         };
-        let (rv, floor) = older;
-        // One backfill at a time: wait for a running one, then look again.
-        if hub.backfilling() {
-            match runtime::race(hub.signal.after(seen), client.gone()).await {
-                First::Left(()) => continue,
-                First::Right(()) => return Served::Done(Err(Failure::Abort("client went away"))),
+        match older {
+            Older::CatchUp { rv, join, floor } => {
+                let selectors = &cursor.plan.selectors;
+                let history = hub.history(ctx, caller, rv, selectors, join);
+                match runtime::race(history, client.gone()).await {
+                    First::Left(History::Events(events)) => {
+                        // The member's own answer to this client's selectors, as it sent them.
+                        cursor.pending = events.into_iter().rev().map(Arc::new).collect();
+                        cursor.pending_as = None;
+                        cursor.seq = hub.state.borrow().seek(join);
+                        cursor.last_sent_rv = rv;
+                        cursor.passed_rv = join;
+                        break None;
+                    }
+                    First::Left(History::Expired) => break Some((rv, floor)),
+                    First::Left(History::Failed) => return Served::Proxy,
+                    First::Right(()) => {
+                        return Served::Done(Err(Failure::Abort("client went away")))
+                    }
+                }
             }
-        }
-        match hub.backfill(ctx, caller, rv).await {
-            Backfill::Filled => continue,
-            // The member no longer holds that version: its 410.
-            Backfill::Expired => break Some((rv, floor)),
-            // The member's to answer.
-            Backfill::Failed => return Served::Proxy,
+            Older::Backfill { rv, floor } => {
+                // One backfill at a time: wait for a running one, then look again.
+                if hub.backfilling() {
+                    match runtime::race(hub.signal.after(seen), client.gone()).await {
+                        First::Left(()) => continue,
+                        First::Right(()) => {
+                            return Served::Done(Err(Failure::Abort("client went away")))
+                        }
+                    }
+                }
+                match hub.backfill(ctx, caller, rv).await {
+                    Backfill::Filled => continue,
+                    // The member no longer holds that version: its 410.
+                    Backfill::Expired => break Some((rv, floor)),
+                    // The member's to answer.
+                    Backfill::Failed => return Served::Proxy,
+                }
+            }
         }
     };
     if let Some((rv, floor)) = expired {
@@ -116,11 +153,23 @@ pub(super) async fn follow(
     Served::Done(cursor.run(ctx, hub, client).await)
 }
 
+/// Where a client that starts before the hub's list begins.
+enum Older {
+    /// A label-selecting client: the member's history for its selectors up to `join`, then the
+    /// hub's events after `join`.
+    CatchUp { rv: u64, join: u64, floor: u64 },
+    /// The hub's ring is extended back to `rv`.
+    Backfill { rv: u64, floor: u64 },
+}
+
 /// The client's place in the hub and what it asked for.
 struct Cursor {
     plan: Plan,
-    /// Initial ADDED events still to send (last first).
-    initial: Vec<Arc<Event>>,
+    /// Events to send before the ring's (last first): the initial ADDED events, or what a
+    /// catch-up got from the member.
+    pending: Vec<Arc<Event>>,
+    /// The type the pending events go as: ADDED for initial ones; None: each its own.
+    pending_as: Option<Kind>,
     /// The next event's sequence number in the ring.
     seq: u64,
     last_sent_rv: u64,
@@ -185,8 +234,8 @@ impl Cursor {
             };
         let mut drain = std::pin::pin!(ctx.drain.started());
         loop {
-            if let Some(event) = self.initial.pop() {
-                let line = self.line(hub, &event, Kind::Added);
+            if let Some(event) = self.pending.pop() {
+                let line = self.line(hub, &event, self.pending_as.unwrap_or(event.kind));
                 client.body(line).await?;
                 continue;
             }

@@ -9,7 +9,8 @@
 //!   replays what happened since, into the ring only (`State::listed_rv`), and the client is
 //!   served from the hub rather than by a member watch of its own. A later client from a version
 //!   older than the hub's start is backfilled: a short member watch from its version, whose
-//!   events go before the ring's first ([`Hub::backfill`]).
+//!   events go before the ring's first ([`Hub::backfill`]); a label-selecting client from before
+//!   the list gets such a watch's events for its own selectors ([`Hub::history`]), then the ring.
 //! - **Events.** Each member event is parsed once, encoded once (`{"type":..,"object":..}\n`)
 //!   into a `Bytes` that every client that receives it shares; the object's namespace, name and
 //!   labels (and, for a MODIFIED event, the labels before) are kept beside it for filtering. A
@@ -728,20 +729,47 @@ impl Hub {
     }
 
     /// Puts what happened between `from` and the hub's start before the ring's first events, from
-    /// a short member watch from `from` (the member replays its history, then ends the watch), so
-    /// that a client resuming from `from` follows the hub instead of a member watch of its own.
-    /// The events carry no labels-before (as replayed ones). Fails when the ring no longer holds
-    /// everything since the start, or would outgrow its size.
+    /// a short member watch from `from` ([`Hub::history`]), so that a client resuming from `from`
+    /// follows the hub instead of a member watch of its own. The events carry no labels-before
+    /// (as replayed ones). Fails when the ring no longer holds everything since the start, or
+    /// would outgrow its size.
     pub async fn backfill(&self, shard: &ShardContext, caller: Caller, from: u64) -> Backfill {
         let running = Backfilling::mark(self);
+        let until = self.state.borrow().start_rv;
+        let outcome = match self.history(shard, caller, from, "", until).await {
+            History::Events(events) => self.put_before(from, events),
+            History::Expired => Backfill::Expired,
+            History::Failed => Backfill::Failed,
+        };
+        drop(running);
+        outcome
+    }
+
+    /// What happened after `from` up to `until`, from a short member watch of the hub's
+    /// collection from `from` (with `selectors`, already encoded query pairs, a client's): the
+    /// member replays its history at once, and the watch ends at the first event past `until`
+    /// or after [`BACKFILL_SECONDS`] (nothing past it came: a quiet collection, or a selector
+    /// that lets none through). Bookmarks are left out; at most `ring_size` events are kept.
+    pub async fn history(
+        &self,
+        shard: &ShardContext,
+        caller: Caller,
+        from: u64,
+        selectors: &str,
+        until: u64,
+    ) -> History {
         let own = OwnRequests::new();
         let request = own.request(caller);
         let gateway_itself = gateway_itself();
-        let query = format!("?watch=true&timeoutSeconds={BACKFILL_SECONDS}&resourceVersion={from}");
+        let query = format!(
+            "?watch=true&timeoutSeconds={BACKFILL_SECONDS}&resourceVersion={from}{selectors}"
+        );
         let mut lines = Lines::new(HubLines {
             hub: self,
             into: Some(Vec::new()),
+            until,
             expired: false,
+            reached: false,
         });
         let watched = self
             .member_watch(
@@ -753,16 +781,11 @@ impl Hub {
                 &mut lines,
             )
             .await;
-        let outcome = match watched {
-            Err(Upstream::Expired) => Backfill::Expired,
-            Err(_) => Backfill::Failed,
-            Ok(()) => {
-                let events = lines.sink.into.take().unwrap_or_default();
-                self.put_before(from, events)
-            }
-        };
-        drop(running);
-        outcome
+        match watched {
+            Ok(()) => History::Events(lines.sink.into.take().unwrap_or_default()),
+            Err(Upstream::Expired) => History::Expired,
+            Err(_) => History::Failed,
+        }
     }
 
     fn put_before(&self, from: u64, events: Vec<Event>) -> Backfill {
@@ -831,7 +854,9 @@ impl Hub {
         let mut lines = Lines::new(HubLines {
             hub: self,
             into: None,
+            until: u64::MAX,
             expired: false,
+            reached: false,
         });
         self.member_watch(shard, request, identity, path, &query, &mut lines)
             .await
@@ -874,6 +899,10 @@ impl Hub {
         let relayed = relay(&mut answer, lines, Pace::LongRunning).await;
         if lines.sink.expired {
             return Err(Upstream::Expired);
+        }
+        // A history watch ended where it was asked to (its connection goes: it was cut mid-body).
+        if lines.sink.reached {
+            return Ok(());
         }
         match relayed {
             Ok(complete) => {
@@ -1085,6 +1114,16 @@ impl Drop for Backfilling<'_> {
     }
 }
 
+/// What a history watch got.
+pub enum History {
+    /// The events after its start up to its end, in order, bookmarks left out.
+    Events(Vec<Event>),
+    /// The member no longer holds that version (its 410).
+    Expired,
+    /// It could not be done (the member unreachable or refusing, a history longer than the ring).
+    Failed,
+}
+
 /// How a backfill went.
 pub enum Backfill {
     /// The ring now starts at the client's version.
@@ -1121,20 +1160,41 @@ impl From<Missed> for Upstream {
 enum Received {
     Expired,
     Bad,
+    /// A history's first event past its end.
+    Reached,
+    /// A history longer than the ring.
+    TooMany,
 }
 
 /// The member watch's lines, into the hub.
 struct HubLines<'h> {
     hub: &'h Hub,
-    /// A backfill's events, kept aside; None: each goes into the ring as it comes.
+    /// A history's events, kept aside; None: each goes into the ring as it comes.
     into: Option<Vec<Event>>,
+    /// A history ends at the first event past this resourceVersion.
+    until: u64,
     expired: bool,
+    /// A history got past `until`.
+    reached: bool,
 }
 
 impl LineSink for HubLines<'_> {
     async fn line(&mut self, line: &[u8]) -> Result<(), Failure> {
         let received = match &mut self.into {
-            Some(events) => self.hub.parse(line).map(|event| events.push(event)),
+            Some(events) => self.hub.parse(line).and_then(|event| {
+                if event.rv > self.until {
+                    self.reached = true;
+                    return Err(Received::Reached);
+                }
+                if event.kind == Kind::Bookmark {
+                    return Ok(());
+                }
+                if events.len() >= self.hub.ring_size {
+                    return Err(Received::TooMany);
+                }
+                events.push(event);
+                Ok(())
+            }),
             None => self.hub.receive(line),
         };
         match received {
@@ -1143,6 +1203,10 @@ impl LineSink for HubLines<'_> {
                 self.expired = true;
                 Err(Failure::Abort("the member's resourceVersion expired"))
             }
+            Err(Received::Reached) => Err(Failure::Abort("the history is complete")),
+            Err(Received::TooMany) => Err(Failure::Abort(
+                "the member's history is longer than the hub's ring",
+            )),
             Err(Received::Bad) => Err(Failure::Abort(
                 "a member's watch event is not one the hub reads",
             )),

@@ -88,6 +88,9 @@ pub struct Plan {
     pub start: Start,
     pub labels: LabelSelector,
     pub fields: FieldSelector,
+    /// The client's selectors as query pairs for a member request (`&labelSelector=..`), each
+    /// value percent-encoded again from what was parsed; empty without selectors.
+    pub selectors: String,
     pub bookmarks: bool,
     pub timeout: Option<Duration>,
 }
@@ -187,13 +190,27 @@ pub fn plan<'a>(
         }
         Some(_) => return None,
     };
+    let mut selectors = String::new();
+    let mut selector = |key: &str, text: &str| {
+        let encoded =
+            percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC);
+        selectors.push_str(&format!("&{key}={encoded}"));
+    };
     let labels = match value("labelSelector") {
         None => LabelSelector::everything(),
-        Some(text) => LabelSelector::parse(&text).ok()?,
+        Some(text) => {
+            let parsed = LabelSelector::parse(&text).ok()?;
+            selector("labelSelector", &text);
+            parsed
+        }
     };
     let fields = match value("fieldSelector") {
         None => FieldSelector::default(),
-        Some(text) => FieldSelector::parse(&text).ok()?,
+        Some(text) => {
+            let parsed = FieldSelector::parse(&text).ok()?;
+            selector("fieldSelector", &text);
+            parsed
+        }
     };
     Some(Plan {
         key: HubKey {
@@ -208,6 +225,7 @@ pub fn plan<'a>(
         start,
         labels,
         fields,
+        selectors,
         bookmarks: flag("allowWatchBookmarks")?,
         timeout,
     })
@@ -275,8 +293,9 @@ pub(crate) async fn serve(
     if !Box::pin(access::may_watch(ctx, proxied, &plan.key, caller)).await {
         return Served::Proxy;
     }
-    // Where a hub this watch starts replays from: a label-selecting client that starts among
-    // replayed events goes to the member anyway (`client::follow`).
+    // Where a hub this watch starts replays from. Not for a label-selecting client: replayed
+    // events carry no labels-before, so it would catch up from the member anyway
+    // (`client::follow`).
     let from = match plan.start {
         Start::After(rv) if plan.labels.is_everything() => Some(rv),
         _ => None,
