@@ -10,7 +10,7 @@
 #   DURATION=10s WATCHES=8000 EVENT_WATCHES=500 CHURN=20 LATENCY_PAIRS=2 EXEC_STREAMS=4 benches/all.sh
 #   FLEET_MEMBERS=100 FLEET_PODS=1000 FLEET_SCALES="1 10" FLEET_LIMIT=500 benches/all.sh fleet-list
 #   TUNNEL_ROUNDS=3 TUNNEL_WATCHES=4000 TUNNEL_AGENT_CORE=1 TUNNEL_MEMBERS="plain tls" TUNNEL_HOP=1 benches/all.sh tunnel
-#   WATCHES=8000 FANOUT_CHURN=20 FANOUT_REOPEN=10 FANOUT_SHARDS="1 2" benches/all.sh watch-fanout
+#   WATCHES=8000 FANOUT_CHURN=20 FANOUT_REOPEN=10 FANOUT_SHARDS="1 2" [FANOUT_H2=10] benches/all.sh watch-fanout
 #   SKIP_BUILD=1 (use the release binaries as they are)  BENCH_MD=FILE (write the tables there)
 #   KEEP_WORK=1 (keep the /tmp work directory: configs, logs, the simulated fleet)
 #
@@ -697,7 +697,11 @@ PY
     # a watch is shared only when the member sees the user). Each proxy is started fresh just
     # before its measurement and stopped after it, so its memory growth is the watches' and the
     # members hold no watch of an earlier target.
+    # FANOUT_H2=N: the client watches as streams of h2 connections, N on each (each of another
+    # resource of one member, as a controller's informers); unset: each its own HTTP/1.1 one.
     fanout_shards=${FANOUT_SHARDS:-1 2}
+    fan_layout=() fan_alpn=http/1.1
+    if [ -n "${FANOUT_H2:-}" ]; then fan_layout=(--h2-watches "$FANOUT_H2") fan_alpn=h2,http/1.1; fi
     fdir=$work/fanout
     echo "== simulated fleet for watch-fanout: 2 members (core 0)"
     : >"$work/fanout-sim.out"  # there before wait_ready reads it
@@ -720,7 +724,7 @@ PY
       args=(--target "$1=kubeconfig:$fkc:$1-member*")
       [ -z "${2:-}" ] || args+=(--pid "$1=$2")
       chart_name=- measure "watch-fanout-$1" watch-fanout --members "kubeconfig:$fsim/kubeconfig:member*" \
-        --watches "$watches" --churn "${FANOUT_CHURN:-20}" --reopen-per-sec "${FANOUT_REOPEN:-10}" --warmup 3s
+        --watches "$watches" --churn "${FANOUT_CHURN:-20}" --reopen-per-sec "${FANOUT_REOPEN:-10}" --warmup 3s "${fan_layout[@]}"
       parts+=("$out/watch-fanout-$1.json")
     }
     fan_stop() { # pid
@@ -735,7 +739,7 @@ PY
     # The members direct: the floor of the write-to-delivery latency (no proxy, no process charged).
     args=(--target "direct=kubeconfig:$fsim/kubeconfig:member*")
     chart_name=- measure watch-fanout-direct watch-fanout --members "kubeconfig:$fsim/kubeconfig:member*" \
-      --watches "$watches" --churn "${FANOUT_CHURN:-20}" --reopen-per-sec "${FANOUT_REOPEN:-10}" --warmup 3s
+      --watches "$watches" --churn "${FANOUT_CHURN:-20}" --reopen-per-sec "${FANOUT_REOPEN:-10}" --warmup 3s "${fan_layout[@]}"
     parts+=("$out/watch-fanout-direct.json")
     # HAProxy, one thread, both members behind one TLS frontend.
     ha_port=$(free_port) ha=$fdir/haproxy
@@ -745,7 +749,7 @@ PY
     {
       printf 'global\n  nbthread 1\n  maxconn 9000\ndefaults\n  mode http\n  option http-no-delay\n'
       printf '  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\nfrontend fe\n'
-      printf '  bind 127.0.0.1:%s ssl crt %s ca-file %s verify required alpn http/1.1\n' "$ha_port" "$ha/gateway.pem" "$fsim/pki/gateway-ca.crt"
+      printf '  bind 127.0.0.1:%s ssl crt %s ca-file %s verify required alpn %s\n' "$ha_port" "$ha/gateway.pem" "$fsim/pki/gateway-ca.crt" "$fan_alpn"
       for m in member1 member2; do printf '  use_backend %s if { path_beg /clusters/%s/ }\n' $m $m; done
       for m in member1 member2; do
         server=$(sed -n 's|^  server: https://\(.*\)$|\1|p' "$fsim/clusters/$m.yaml")

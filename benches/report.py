@@ -248,7 +248,9 @@ def watch_fanout(out, s, goals):
     on_members = lambda x: " + ".join(str(v) for v in (x.get("member_watches") or {}).values()) or "-"
     anyx = next(iter(r.values()))
     per_sec = lambda x: x["events"] / x["seconds"] if x.get("events") and x.get("seconds") else None
-    s += ["", f"### watch-fanout ({anyx.get('watches')} client watches, cluster-wide, spread evenly over 10 resources on 2 simulated members, with churn; issue 15)", "",
+    layout = (f"{anyx['streams']} watches per h2 connection, each of another resource of one member, as a controller's informers share its connection"
+              if anyx.get("streams") else "each watch its own HTTP/1.1 connection")
+    s += ["", f"### watch-fanout ({anyx.get('watches')} client watches, cluster-wide, spread evenly over 10 resources on 2 simulated members, with churn; {layout}; issue 15)", "",
           "Each target alone and fresh, TLS on both legs (client certificates verified, the members over TLS); HAProxy and fleetgate on core 1, "
           "the members and the driver on core 0 (fleetgate with 2 shards has both on core 1). The driver writes to the members direct "
           f"(about {fmt(anyx.get('requests', 0) / max(anyx.get('seconds') or 1, 1e-9), 0)} writes/s in all, each stamped with its send time: merge patches, every fourth a create) "

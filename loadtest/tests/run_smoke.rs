@@ -446,26 +446,23 @@ fn member_watches(r: &serde_json::Value) -> Vec<u64> {
 fn watch_fanout_counts_member_watches_direct_and_through_a_sharing_gateway() {
     let fleet = TestFleet::start_with(2, 0, 0.0, Default::default());
     let members = format!("kubeconfig:{}:member*", fleet.kubeconfig().display());
-    let fanout = |target: &str, pid: &str| {
-        run_rows(
-            &fleet,
-            &[target],
-            &[pid],
-            &[
-                "--scenario",
-                "watch-fanout",
-                "--members",
-                &members,
-                "--watches",
-                "40",
-                "--churn",
-                "40",
-                "--reopen-per-sec",
-                "10",
-            ],
-        )[0]
-        .clone()
+    let fanout_with = |target: &str, pid: &str, more: &[&str]| {
+        let mut args = vec![
+            "--scenario",
+            "watch-fanout",
+            "--members",
+            &members,
+            "--watches",
+            "40",
+            "--churn",
+            "40",
+            "--reopen-per-sec",
+            "10",
+        ];
+        args.extend_from_slice(more);
+        run_rows(&fleet, &[target], &[pid], &args)[0].clone()
     };
+    let fanout = |target: &str, pid: &str| fanout_with(target, pid, &[]);
     // Direct: every client watch is a watch on its member, 20 each (give or take one reopening).
     let direct = format!("direct={members}");
     let r = fanout(&direct, &format!("direct={}", std::process::id()));
@@ -516,6 +513,22 @@ fn watch_fanout_counts_member_watches_direct_and_through_a_sharing_gateway() {
     assert!(r["events"].as_u64().unwrap() > 0, "{r}");
     assert!(r["cpu_us_per_event"].is_f64(), "{r}");
     assert!(r["kib_per_watch"].is_f64(), "{r}");
+    // The same watches as streams of h2 connections, 5 on each (each of another resource): the
+    // gateway shares them alike, and they see events and reopen on their connections.
+    let r = fanout_with(
+        &through,
+        &format!("fleetgate={}", gateway.0.id()),
+        &["--h2-watches", "5"],
+    );
+    assert_eq!(
+        (&r["watches"], &r["streams"]),
+        (&40.into(), &5.into()),
+        "{r}"
+    );
+    assert_eq!(member_watches(&r), [10, 10], "{r}");
+    assert!(r["events"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["reopens"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["errors"], 0, "{r}");
 }
 
 #[test]

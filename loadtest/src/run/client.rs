@@ -112,6 +112,17 @@ impl Target {
         Ok((name.to_owned(), members))
     }
 
+    /// The same target, offering h2 by ALPN before HTTP/1.1 (for the h2 crate's client).
+    pub fn offering_h2(&self) -> Target {
+        let mut target = self.clone();
+        if let Some((config, _)) = &mut target.tls {
+            let mut h2 = (**config).clone();
+            h2.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            *config = Arc::new(h2);
+        }
+        target
+    }
+
     /// Opens a connection (TCP, then TLS when the target is https).
     pub async fn connect(&self) -> anyhow::Result<Box<dyn Io>> {
         let tcp = TcpStream::connect((self.host.as_str(), self.port))

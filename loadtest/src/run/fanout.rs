@@ -19,6 +19,11 @@
 //! after the stream that got them opened, and the target's resident memory growth per client
 //! watch (after opening them and the warm-up, against before). Bounded by `--warmup` +
 //! `--duration`; the opening of the watches is bounded by their count.
+//!
+//! Each watch is its own HTTP/1.1 connection, or with `--h2-watches N` a stream of an h2
+//! connection that carries N watches of one member, each of another resource (as a controller's
+//! informers share its connection): watch w of a member goes on connection w / N, of resource
+//! w mod 10.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,10 +35,16 @@ use rand::Rng;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
+use bytes::Bytes;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
 use super::client::{Head, HttpConn, Target};
+use super::h2load::{build_request, connect_h2};
 use super::procstat::ProcWatch;
 use super::scenarios::{
-    cpu_now, current_rv, open_watches, read_events, unix_nanos, with_query, Latencies,
+    cpu_now, current_rv, open_watches, read_events, sent_at_nanos, split_lines, unix_nanos,
+    with_query, Latencies,
 };
 use super::{RunArgs, TargetResult};
 
@@ -235,6 +246,116 @@ struct Key {
     rv: String,
 }
 
+/// How a client watch reaches its target.
+#[derive(Clone)]
+enum Via {
+    /// Each watch its own HTTP/1.1 connection.
+    H1,
+    /// A stream of an h2 connection that other watches share.
+    H2(h2::client::SendRequest<Bytes>),
+}
+
+/// One open watch stream, its response head read.
+enum Stream {
+    H1(HttpConn, Head),
+    H2(h2::RecvStream),
+}
+
+impl Via {
+    /// Opens a watch of `key`'s collection from resourceVersion `rv`.
+    async fn open(&self, key: &Key, rv: &str) -> anyhow::Result<Stream> {
+        let path = with_query(&key.collection, &format!("watch=1&resourceVersion={rv}"));
+        match self {
+            Via::H1 => {
+                let (conn, head) = open_watches(&key.through, &path, 1)
+                    .await?
+                    .pop()
+                    .context("no watch opened")?;
+                Ok(Stream::H1(conn, head))
+            }
+            Via::H2(send) => {
+                let request = build_request(&key.through, &path)?;
+                let mut send = send.clone().ready().await?;
+                let (response, _) = send.send_request(request, true)?;
+                let response = response.await?;
+                if response.status() != 200 {
+                    bail!("watch answered {}", response.status());
+                }
+                Ok(Stream::H2(response.into_body()))
+            }
+        }
+    }
+}
+
+impl Stream {
+    /// Reads the stream until `deadline`, as [`read_events`] does.
+    async fn read(self, deadline: Instant, mut on_event: impl FnMut(u128, Instant, &[u8])) {
+        match self {
+            Stream::H1(conn, head) => read_events(conn, head, deadline, on_event).await,
+            Stream::H2(mut body) => {
+                let read = async {
+                    let mut line = Vec::with_capacity(4096);
+                    let mut on_line = |arrived, line: &[u8]| {
+                        if let Some(sent) = sent_at_nanos(line) {
+                            on_event(sent, arrived, line);
+                        }
+                    };
+                    while let Some(Ok(data)) = body.data().await {
+                        let _ = body.flow_control().release_capacity(data.len());
+                        split_lines(&mut line, &data, Instant::now(), &mut on_line);
+                    }
+                };
+                let _ = tokio::time::timeout_at(deadline.into(), read).await;
+            }
+        }
+    }
+}
+
+/// Opens `watches` client watches over h2, `per_conn` on each connection (see the module's
+/// documentation); the watches, and the tasks that drive their connections.
+async fn open_h2(
+    keys: &[Key],
+    members: usize,
+    watches: usize,
+    per_conn: usize,
+) -> anyhow::Result<(Vec<(Key, Via, Stream)>, Vec<JoinHandle<()>>)> {
+    if per_conn == 0 || per_conn > RESOURCES.len() {
+        bail!(
+            "--h2-watches {per_conn}: from 1 to {} (one watch per resource on a connection)",
+            RESOURCES.len()
+        );
+    }
+    let gate = Arc::new(Semaphore::new(256));
+    let mut tasks = Vec::new();
+    for m in 0..members {
+        let per_member = watches / members + usize::from(m < watches % members);
+        for first in (0..per_member).step_by(per_conn) {
+            let mine: Vec<Key> = (first..(first + per_conn).min(per_member))
+                .map(|w| keys[m * RESOURCES.len() + w % RESOURCES.len()].clone())
+                .collect();
+            let gate = gate.clone();
+            tasks.push(tokio::spawn(async move {
+                let _permit = gate.acquire_owned().await?;
+                let conn = connect_h2(&mine[0].through.offering_h2()).await?;
+                let via = Via::H2(conn.send.clone());
+                let mut out = Vec::with_capacity(mine.len());
+                for key in mine {
+                    let stream = via.open(&key, &key.rv).await?;
+                    out.push((key, via.clone(), stream));
+                }
+                Ok::<_, anyhow::Error>((out, conn.driver))
+            }));
+        }
+    }
+    let (mut opened, mut drivers) = (Vec::with_capacity(watches), Vec::new());
+    for t in tasks {
+        let (watches, driver) = t.await.context("h2 watch task")??;
+        opened.extend(watches);
+        drivers.push(driver);
+    }
+    Ok((opened, drivers))
+}
+
 /// What one client watch saw.
 struct WatchOutcome {
     reopens: u64,
@@ -254,7 +375,8 @@ struct Shared {
 /// saw when `cycle` says so or when the stream ends early.
 async fn client_watch(
     key: Key,
-    first: (HttpConn, Head),
+    via: Via,
+    first: Stream,
     cycle: Arc<Notify>,
     shared: Arc<Shared>,
 ) -> WatchOutcome {
@@ -263,13 +385,13 @@ async fn client_watch(
         failures: 0,
     };
     let mut rv: u64 = key.rv.parse().unwrap_or(0);
-    let (mut conn, mut head) = first;
+    let mut stream = first;
     let mut failed = 0;
     loop {
         let opened_at = unix_nanos();
         let rv_seen = &mut rv;
         tokio::select! {
-            _ = read_events(conn, head, shared.deadline, |sent, arrived, line| {
+            _ = stream.read(shared.deadline, |sent, arrived, line| {
                 if let Some(r) = event_rv(line) {
                     *rv_seen = (*rv_seen).max(r);
                 }
@@ -288,14 +410,13 @@ async fn client_watch(
             if Instant::now() >= shared.deadline {
                 return out;
             }
-            let path = with_query(&key.collection, &format!("watch=1&resourceVersion={rv}"));
-            match open_watches(&key.through, &path, 1).await {
-                Ok(mut w) if !w.is_empty() => {
-                    (conn, head) = w.remove(0);
+            match via.open(&key, &rv.to_string()).await {
+                Ok(opened) => {
+                    stream = opened;
                     out.reopens += 1;
                     break;
                 }
-                _ => {
+                Err(_) => {
                     out.failures += 1;
                     failed += 1;
                     if failed >= MAX_REOPEN_FAILURES {
@@ -403,17 +524,24 @@ pub async fn watch_fanout(
     }
     let rss_base = pw.map(|p| p.rss()).transpose()?;
     let mut opened = Vec::with_capacity(args.watches);
-    for (i, key) in keys.iter().enumerate() {
-        let n = args.watches / keys.len() + usize::from(i < args.watches % keys.len());
-        let path = with_query(
-            &key.collection,
-            &format!("watch=1&resourceVersion={}", key.rv),
-        );
-        for w in open_watches(&key.through, &path, n)
+    let mut drivers = Vec::new();
+    if args.h2_watches > 0 {
+        (opened, drivers) = open_h2(&keys, through.len(), args.watches, args.h2_watches)
             .await
-            .with_context(|| format!("{name}: opening {n} watches of {}", key.collection))?
-        {
-            opened.push((key.clone(), w));
+            .with_context(|| format!("{name}: opening {} watches over h2", args.watches))?;
+    } else {
+        for (i, key) in keys.iter().enumerate() {
+            let n = args.watches / keys.len() + usize::from(i < args.watches % keys.len());
+            let path = with_query(
+                &key.collection,
+                &format!("watch=1&resourceVersion={}", key.rv),
+            );
+            for (conn, head) in open_watches(&key.through, &path, n)
+                .await
+                .with_context(|| format!("{name}: opening {n} watches of {}", key.collection))?
+            {
+                opened.push((key.clone(), Via::H1, Stream::H1(conn, head)));
+            }
         }
     }
     let watches = opened.len();
@@ -428,11 +556,12 @@ pub async fn watch_fanout(
     let churn_task = tokio::spawn(churn(members.to_vec(), args.churn, shared.deadline));
     let mut cycles = Vec::with_capacity(watches);
     let mut tasks = Vec::with_capacity(watches);
-    for (key, first) in opened {
+    for (key, via, first) in opened {
         let cycle = Arc::new(Notify::new());
         cycles.push(cycle.clone());
         tasks.push(tokio::spawn(client_watch(
             key,
+            via,
             first,
             cycle,
             shared.clone(),
@@ -480,6 +609,9 @@ pub async fn watch_fanout(
     let hist = shared.latency.snapshot();
     let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
     cycler.abort();
+    for driver in drivers {
+        driver.abort();
+    }
     let (writes, write_failures) = churn_task.await.unwrap_or((0, 0));
     let n = shared.events.load(Ordering::Relaxed) - ev0;
     let per_member = |counts: &[u64]| -> BTreeMap<String, u64> {
@@ -510,6 +642,7 @@ pub async fn watch_fanout(
         member_watches: Some(per_member(&during)),
         member_watches_before: Some(per_member(&before)),
         reopens: Some(reopens),
+        streams: (args.h2_watches > 0).then_some(args.h2_watches),
         ..Default::default()
     })
 }

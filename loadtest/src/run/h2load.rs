@@ -24,15 +24,15 @@ struct Phase {
 }
 
 /// One h2 connection: its request handle, the task driving the connection.
-struct H2Conn {
-    send: h2::client::SendRequest<Bytes>,
-    driver: tokio::task::JoinHandle<()>,
+pub(super) struct H2Conn {
+    pub(super) send: h2::client::SendRequest<Bytes>,
+    pub(super) driver: tokio::task::JoinHandle<()>,
 }
 
-async fn connect_h2(target: &Target) -> anyhow::Result<H2Conn> {
+pub(super) async fn connect_h2(target: &Target) -> anyhow::Result<H2Conn> {
     if target.tls.is_none() {
         bail!(
-            "{}: small-get-h2 needs an https:// target (h2 is negotiated by ALPN)",
+            "{}: h2 needs an https:// target (it is negotiated by ALPN)",
             target.name
         );
     }
@@ -57,7 +57,7 @@ async fn connect_h2(target: &Target) -> anyhow::Result<H2Conn> {
     Ok(H2Conn { send, driver })
 }
 
-fn build_request(target: &Target, path: &str) -> anyhow::Result<http::Request<()>> {
+pub(super) fn build_request(target: &Target, path: &str) -> anyhow::Result<http::Request<()>> {
     let mut builder = http::Request::get(target.url(path))
         .header("user-agent", "fleetgate-loadtest/0.1")
         .header("accept", "application/json");

@@ -96,6 +96,11 @@ pub struct RunArgs {
     /// watch-fanout: client watches closed and opened again per second.
     #[arg(long, default_value_t = 10.0)]
     pub reopen_per_sec: f64,
+    /// watch-fanout: client watches per h2 connection (TLS with ALPN h2), each of another
+    /// resource of one member, as a controller's informers share its connection (at most 10,
+    /// the resources); 0: each watch its own HTTP/1.1 connection.
+    #[arg(long, default_value_t = 0)]
+    pub h2_watches: usize,
     /// Request path below each target's URL.
     #[arg(long, default_value = "/version")]
     pub path: String,

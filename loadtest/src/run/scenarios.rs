@@ -432,16 +432,26 @@ pub(super) async fn read_lines(
 ) -> anyhow::Result<u64> {
     let mut line = Vec::with_capacity(4096);
     conn.read_body(head, |data| {
-        let arrived = Instant::now();
-        for piece in data.split_inclusive(|b| *b == b'\n') {
-            line.extend_from_slice(piece);
-            if line.ends_with(b"\n") {
-                on_line(arrived, &line);
-                line.clear();
-            }
-        }
+        split_lines(&mut line, data, Instant::now(), &mut on_line)
     })
     .await
+}
+
+/// Hands each line that `data` completes (with its `\n`) to `on_line`, keeping the rest of the
+/// last in `line` for the next read.
+pub(super) fn split_lines(
+    line: &mut Vec<u8>,
+    data: &[u8],
+    arrived: Instant,
+    on_line: &mut impl FnMut(Instant, &[u8]),
+) {
+    for piece in data.split_inclusive(|b| *b == b'\n') {
+        line.extend_from_slice(piece);
+        if line.ends_with(b"\n") {
+            on_line(arrived, line);
+            line.clear();
+        }
+    }
 }
 
 /// `watch-events`: W watches on `--path` (a collection the upstream churns with sent-at stamped
