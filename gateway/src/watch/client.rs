@@ -106,7 +106,9 @@ pub(super) async fn follow(
         match older {
             Older::CatchUp { rv, join, floor } => {
                 let selectors = &cursor.plan.selectors;
-                let history = hub.history(ctx, caller, rv, selectors, join);
+                // Boxed, as the backfill below: a member request's state would otherwise be part
+                // of the future every shared watch holds for its whole life.
+                let history = Box::pin(hub.history(ctx, caller, rv, selectors, join));
                 match runtime::race(history, client.gone()).await {
                     First::Left(History::Events(events)) => {
                         // The member's own answer to this client's selectors, as it sent them.
@@ -134,7 +136,7 @@ pub(super) async fn follow(
                         }
                     }
                 }
-                match hub.backfill(ctx, caller, rv).await {
+                match Box::pin(hub.backfill(ctx, caller, rv)).await {
                     Backfill::Filled => continue,
                     // The member no longer holds that version: its 410.
                     Backfill::Expired => break Some((rv, floor)),

@@ -488,8 +488,13 @@ async fn proxy_stream(
                 respond: &mut *respond,
                 send: None,
             };
-            let serving = fleet::discovery::serve(ctx, &discovery, &client_request, &mut client);
-            return Box::pin(serving).await;
+            let serving = Box::pin(fleet::discovery::serve(
+                ctx,
+                &discovery,
+                &client_request,
+                &mut client,
+            ));
+            return serving.await;
         }
         Ok(Decision::Health) => {
             let response = Response::builder()
@@ -549,8 +554,16 @@ async fn proxy_stream(
             limits: table.gateway().limits,
             started,
         };
-        let served = crate::watch::serve(ctx, &proxied, plan, caller, &mut client);
-        if let crate::watch::Served::Done(result) = Box::pin(served).await {
+        // Boxed where it is made: a future in a named local would keep its room in this
+        // stream's future even once moved into the box.
+        let served = Box::pin(crate::watch::serve(
+            ctx,
+            &proxied,
+            plan,
+            caller,
+            &mut client,
+        ));
+        if let crate::watch::Served::Done(result) = served.await {
             ctx.count_response(proxied.cluster, proxied.verb, 200, started);
             if ctx.audit.is_some() {
                 audit.code = Some(200);
@@ -619,13 +632,15 @@ async fn proxy_stream(
     };
     // The stream's one timer (its response head; the request body has its own stall timeout).
     let mut deadline = Deadline::new();
-    let mut answer = exchange::send(
+    // The exchange's futures are boxed here, each for as long as it runs: inline they would be
+    // room in every stream's future, a shared watch's included, for the stream's whole life.
+    let mut answer = Box::pin(exchange::send(
         ctx,
         &outbound,
         &mut stream_body,
         &mut response,
         &mut deadline,
-    )
+    ))
     .await?;
     audit.code = Some(response.code);
     let long_running = proxied.long_running;
@@ -661,16 +676,16 @@ async fn proxy_stream(
     if switched {
         let _upgraded = ctx.shard_metrics.upgraded_stream_opened();
         debug!("h2 WebSocket switched; relaying");
-        return relay_tunnel(&mut answer.conn, &mut body, &mut send).await;
+        return Box::pin(relay_tunnel(&mut answer.conn, &mut body, &mut send)).await;
     }
     let complete = if empty {
         true
     } else {
-        relay(
+        Box::pin(relay(
             &mut answer,
             &mut StreamSink { send: &mut send },
             exchange::pace(long_running, &limits),
-        )
+        ))
         .await?
     };
     exchange::finish(ctx, answer, complete);
