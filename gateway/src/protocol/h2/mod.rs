@@ -554,8 +554,6 @@ async fn proxy_stream(
             limits: table.gateway().limits,
             started,
         };
-        // Boxed where it is made: a future in a named local would keep its room in this
-        // stream's future even once moved into the box.
         let served = Box::pin(crate::watch::serve(
             ctx,
             &proxied,
@@ -1013,4 +1011,45 @@ async fn send_flow_controlled(
         send.send_data(Bytes::new(), true)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FleetStream;
+
+    /// The size of the future an async fn of five arguments returns.
+    fn future_size5<A, B, C, D, E, R>(_: fn(A, B, C, D, E) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// The same, of seven arguments.
+    fn future_size7<A, B, C, D, E, F, G, R>(_: fn(A, B, C, D, E, F, G) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// The size of a shared watch's future on an h2 stream.
+    fn shared_watch_size() -> usize {
+        let serve: fn(
+            &'static crate::runtime::ShardContext,
+            &'static crate::request::Proxied<'static>,
+            crate::watch::Plan,
+            crate::watch::Caller,
+            &'static mut FleetStream<'static>,
+        ) -> _ = crate::watch::serve;
+        future_size5(serve)
+    }
+
+    /// Every h2 stream is a task that holds its future for its whole life, a shared watch's for
+    /// as long as the client watches, and a shared watch holds its own boxed future beside it:
+    /// what one path needs only while it runs (a member exchange, a backfill) is boxed there,
+    /// not room in every stream's (docs/benchmarks.md, "Over h2": 5,816 and 7,064 bytes before,
+    /// 5,048 and 2,928 after).
+    #[test]
+    fn a_streams_task_and_a_shared_watch_hold_no_member_request_inline() {
+        let stream = future_size7(super::serve_stream);
+        let shared = shared_watch_size();
+        eprintln!("serve_stream future: {stream} bytes; a shared watch's: {shared}");
+        assert!(stream <= 5632, "{stream} bytes");
+        assert!(shared <= 4096, "{shared} bytes");
+    }
 }
