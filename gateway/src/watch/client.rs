@@ -47,7 +47,7 @@ pub(super) async fn follow(
         }
         match runtime::race(hub.signal.after(seen), client.gone()).await {
             First::Left(()) => {}
-            First::Right(()) => return Served::Done(Err(Failure::Abort("client went away"))),
+            First::Right(()) => return went_away(),
         }
     }
     let mut cursor = Cursor {
@@ -121,9 +121,7 @@ pub(super) async fn follow(
                     }
                     First::Left(History::Expired) => break Some((rv, floor)),
                     First::Left(History::Failed) => return Served::Proxy,
-                    First::Right(()) => {
-                        return Served::Done(Err(Failure::Abort("client went away")))
-                    }
+                    First::Right(()) => return went_away(),
                 }
             }
             Older::Backfill { rv, floor } => {
@@ -131,9 +129,7 @@ pub(super) async fn follow(
                 if hub.backfilling() {
                     match runtime::race(hub.signal.after(seen), client.gone()).await {
                         First::Left(()) => continue,
-                        First::Right(()) => {
-                            return Served::Done(Err(Failure::Abort("client went away")))
-                        }
+                        First::Right(()) => return went_away(),
                     }
                 }
                 match Box::pin(hub.backfill(ctx, caller, rv)).await {
@@ -153,6 +149,11 @@ pub(super) async fn follow(
         return Served::Done(Err(failure));
     }
     Served::Done(cursor.run(ctx, hub, client).await)
+}
+
+/// A client that left before its watch began.
+fn went_away() -> Served {
+    Served::Done(Err(Failure::Abort("client went away")))
 }
 
 /// Where a client that starts before the hub's list begins.

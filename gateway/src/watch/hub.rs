@@ -796,7 +796,7 @@ impl Hub {
         }
         let events: Vec<Event> = events
             .into_iter()
-            .filter(|e| e.kind != Kind::Bookmark && e.rv > from && e.rv <= start)
+            .filter(|e| e.rv > from && e.rv <= start)
             .collect();
         if state.ring.len() + events.len() > self.ring_size || state.base < events.len() as u64 {
             return Backfill::Failed;

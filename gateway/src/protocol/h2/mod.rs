@@ -488,13 +488,8 @@ async fn proxy_stream(
                 respond: &mut *respond,
                 send: None,
             };
-            let serving = Box::pin(fleet::discovery::serve(
-                ctx,
-                &discovery,
-                &client_request,
-                &mut client,
-            ));
-            return serving.await;
+            let serving = fleet::discovery::serve(ctx, &discovery, &client_request, &mut client);
+            return Box::pin(serving).await;
         }
         Ok(Decision::Health) => {
             let response = Response::builder()
@@ -554,14 +549,8 @@ async fn proxy_stream(
             limits: table.gateway().limits,
             started,
         };
-        let served = Box::pin(crate::watch::serve(
-            ctx,
-            &proxied,
-            plan,
-            caller,
-            &mut client,
-        ));
-        if let crate::watch::Served::Done(result) = served.await {
+        let served = crate::watch::serve(ctx, &proxied, plan, caller, &mut client);
+        if let crate::watch::Served::Done(result) = Box::pin(served).await {
             ctx.count_response(proxied.cluster, proxied.verb, 200, started);
             if ctx.audit.is_some() {
                 audit.code = Some(200);
