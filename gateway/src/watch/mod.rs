@@ -191,16 +191,11 @@ pub fn plan<'a>(
         Some(_) => return None,
     };
     let mut selectors = String::new();
-    let mut selector = |key: &str, text: &str| {
-        let encoded =
-            percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC);
-        selectors.push_str(&format!("&{key}={encoded}"));
-    };
     let labels = match value("labelSelector") {
         None => LabelSelector::everything(),
         Some(text) => {
             let parsed = LabelSelector::parse(&text).ok()?;
-            selector("labelSelector", &text);
+            selectors.push_str(&query_pair("labelSelector", &text));
             parsed
         }
     };
@@ -208,7 +203,7 @@ pub fn plan<'a>(
         None => FieldSelector::default(),
         Some(text) => {
             let parsed = FieldSelector::parse(&text).ok()?;
-            selector("fieldSelector", &text);
+            selectors.push_str(&query_pair("fieldSelector", &text));
             parsed
         }
     };
@@ -229,6 +224,14 @@ pub fn plan<'a>(
         bookmarks: flag("allowWatchBookmarks")?,
         timeout,
     })
+}
+
+/// `&KEY=VALUE` for a member request's query, every byte of `value` (a client's) but ASCII
+/// letters and digits percent-encoded: nothing the client wrote can end the pair, add another
+/// or leave the query.
+fn query_pair(key: &str, value: &str) -> String {
+    let encoded = percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC);
+    format!("&{key}={encoded}")
 }
 
 /// The client's side of a request, as the member's review and the hub's requests need it.
@@ -363,4 +366,46 @@ fn hub_for(
         .borrow_mut()
         .insert(key.clone(), Rc::clone(&hub));
     Some(hub)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::query_pair;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_hostile_selector_stays_one_query_value() {
+        for hostile in [
+            "app=web&resourceVersion=1",
+            "app=web#x",
+            "app in (a, b)",
+            "app=web HTTP/1.1\r\nHost: evil",
+            "a%26b=c",
+            "app=wéb",
+        ] {
+            let pair = query_pair("labelSelector", hostile);
+            let value = pair.strip_prefix("&labelSelector=").unwrap();
+            assert!(
+                value
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'%'),
+                "{pair}"
+            );
+            let decoded = percent_encoding::percent_decode_str(value)
+                .decode_utf8()
+                .unwrap();
+            assert_eq!(decoded, hostile);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_value_is_encoded_whole_and_decodes_back(value in any::<String>()) {
+            let pair = query_pair("fieldSelector", &value);
+            let encoded = pair.strip_prefix("&fieldSelector=").unwrap();
+            prop_assert!(encoded.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'%'));
+            let decoded = percent_encoding::percent_decode_str(encoded).decode_utf8().unwrap();
+            prop_assert_eq!(decoded, value.as_str());
+        }
+    }
 }
