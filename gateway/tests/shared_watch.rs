@@ -74,6 +74,15 @@ fn direct(fleet: &Fleet, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// One member, one worker sharing configmaps (ring 64, lag limit 16), and the seed created.
+fn seeded_fleet() -> Fleet {
+    let mut fleet = Fleet::sim(1, 0);
+    share_configmaps(&fleet, 64, 16);
+    fleet.serve(&["--workers", "1"], None);
+    create_seed(&fleet);
+    fleet
+}
+
 /// Creates ConfigMap default/seed with `data.i` 0 on the member itself.
 fn create_seed(fleet: &Fleet) {
     direct(
@@ -808,10 +817,7 @@ fn seed_events(output: &str) -> Vec<(String, String)> {
 
 #[test]
 fn a_first_watch_older_than_the_shared_list_is_replayed_not_proxied() {
-    let mut fleet = Fleet::sim(1, 0);
-    share_configmaps(&fleet, 64, 16);
-    fleet.serve(&["--workers", "1"], None);
-    create_seed(&fleet);
+    let fleet = seeded_fleet();
     // What kubectl get -w does: list (here, the seed's version stands for the list's), then
     // watch from there. Meanwhile the member changes: the watched ConfigMap, and other objects
     // (a busy member's resourceVersion moves with every write), so the hub's own list, made
@@ -920,10 +926,7 @@ fn label_seed(fleet: &Fleet, label: &str) {
 
 #[test]
 fn a_label_selecting_watch_from_before_the_shared_list_catches_up_from_the_member() {
-    let mut fleet = Fleet::sim(1, 0);
-    share_configmaps(&fleet, 64, 16);
-    fleet.serve(&["--workers", "1"], None);
-    create_seed(&fleet);
+    let fleet = seeded_fleet();
     // A client lists with a label selector (nothing matches yet) and will watch from there.
     let listed = version_of(&fleet, "seed");
     // Meanwhile the seed starts matching and changes, and another write moves the version.
@@ -1089,10 +1092,7 @@ fn informers_resume_after_a_restart(workers: &str, more: &str) {
 
 #[test]
 fn a_watch_from_before_the_hubs_start_is_backfilled_not_proxied() {
-    let mut fleet = Fleet::sim(1, 0);
-    share_configmaps(&fleet, 64, 16);
-    fleet.serve(&["--workers", "1"], None);
-    create_seed(&fleet);
+    let fleet = seeded_fleet();
     // One client lists, the member changes, a second client lists and watches first: the hub
     // starts at the second one's version.
     let older = version_of(&fleet, "seed");
