@@ -43,8 +43,8 @@ use super::client::{Head, HttpConn, Target};
 use super::h2load::{build_request, connect_h2};
 use super::procstat::ProcWatch;
 use super::scenarios::{
-    cpu_now, current_rv, open_watches, read_events, sent_at_nanos, split_lines, unix_nanos,
-    with_query, Latencies,
+    cpu_now, current_rv, open_watches, read_events, split_lines, stamped, unix_nanos, with_query,
+    Latencies,
 };
 use super::{RunArgs, TargetResult};
 
@@ -295,11 +295,7 @@ impl Stream {
             Stream::H2(mut body) => {
                 let read = async {
                     let mut line = Vec::with_capacity(4096);
-                    let mut on_line = |arrived, line: &[u8]| {
-                        if let Some(sent) = sent_at_nanos(line) {
-                            on_event(sent, arrived, line);
-                        }
-                    };
+                    let mut on_line = stamped(&mut on_event);
                     while let Some(Ok(data)) = body.data().await {
                         let _ = body.flow_control().release_capacity(data.len());
                         split_lines(&mut line, &data, Instant::now(), &mut on_line);

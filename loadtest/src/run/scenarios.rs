@@ -415,12 +415,19 @@ pub(super) async fn read_events(
     deadline: Instant,
     mut on_event: impl FnMut(u128, Instant, &[u8]),
 ) {
-    let read = read_lines(&mut conn, &head, |arrived, line| {
+    let read = read_lines(&mut conn, &head, stamped(&mut on_event));
+    let _ = tokio::time::timeout_at(deadline.into(), read).await;
+}
+
+/// A line handler that hands `on_event` the lines that carry a send stamp, with the stamp.
+pub(super) fn stamped(
+    on_event: &mut impl FnMut(u128, Instant, &[u8]),
+) -> impl FnMut(Instant, &[u8]) + '_ {
+    move |arrived, line| {
         if let Some(sent) = sent_at_nanos(line) {
             on_event(sent, arrived, line);
         }
-    });
-    let _ = tokio::time::timeout_at(deadline.into(), read).await;
+    }
 }
 
 /// Reads a watch body to its end, handing each complete line (with its `\n`) to `on_line` with
