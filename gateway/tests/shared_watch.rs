@@ -372,6 +372,11 @@ fn many_watches_see_every_change_in_order(workers: &str, more: &str) -> Fleet {
         fleet.metric("fleetgate_shared_watch_clients"),
         Some((CLIENTS_KUBE_RS + CLIENTS_TABLE + CLIENTS_COLUMNS) as i64)
     );
+    // One open stream each, whether it came over HTTP/1.1 (kube-rs) or h2 (kubectl).
+    assert_eq!(
+        fleet.metric("fleetgate_open_streams"),
+        Some((CLIENTS_KUBE_RS + CLIENTS_TABLE + CLIENTS_COLUMNS) as i64)
+    );
     assert!(rewatches(&fleet) >= 4, "{}", fleet.log_tail(20));
 
     // A resourceVersion the ring no longer holds (16 events, 24 changes since): the

@@ -607,6 +607,7 @@ where
     let result = match crate::watch::serve(ctx, proxied, plan, caller, &mut client).await {
         crate::watch::Served::Proxy => return None,
         crate::watch::Served::Done(result) => result,
+        crate::watch::Served::Follow(mut follower) => follower.run(ctx, &mut client).await,
     };
     let head_sent = client.head_sent;
     ctx.count_response(proxied.cluster, proxied.verb, 200, started);

@@ -18,25 +18,28 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::json;
 
-use super::hub::{Backfill, Event, History, Hub, Kind, Phase};
+use super::hub::{Backfill, Event, History, Hub, Joined, Kind, Phase};
 use super::{Caller, Plan, Served, Start};
 use crate::exchange::Failure;
 use crate::fleet::FleetClient;
+use crate::observe::metrics::GaugeGuard;
 use crate::runtime::{self, First, ShardContext};
 
 /// How long before the client's deadline its last bookmark goes (as the apiserver does).
 const BOOKMARK_BEFORE_DEADLINE: Duration = Duration::from_secs(2);
 
-/// Follows `hub` for the client until its watch ends.
-pub(super) async fn follow(
+/// Positions the client in `hub` (waits for the hub's first list, then finds where the client
+/// starts, backfilling or catching up from the member when that is older than the hub's list):
+/// what follows it from there, or how the watch ended before it began.
+pub(super) async fn position(
     ctx: &ShardContext,
-    hub: &Rc<Hub>,
+    hub: Rc<Hub>,
     plan: Plan,
     caller: Caller,
     client: &mut impl FleetClient,
 ) -> Served {
-    let _joined = hub.join();
-    let _counted = ctx.shard_metrics.shared_watch_client();
+    let joined = hub.join();
+    let counted = ctx.shard_metrics.shared_watch_client();
     // Wait for the hub's first list.
     loop {
         let seen = hub.signal.epoch();
@@ -145,10 +148,34 @@ pub(super) async fn follow(
     if let Some((rv, floor)) = expired {
         return Served::Done(expire(client, rv, floor).await);
     }
-    if let Err(failure) = client.head("application/json", &[]).await {
-        return Served::Done(Err(failure));
+    Served::Follow(Follower {
+        hub,
+        cursor,
+        _joined: joined,
+        _counted: counted,
+    })
+}
+
+/// A client positioned in its hub: all it holds while it watches (a front-end may run it on a
+/// task of its own, without the request that started it).
+pub(crate) struct Follower {
+    hub: Rc<Hub>,
+    cursor: Cursor,
+    _joined: Joined,
+    _counted: GaugeGuard,
+}
+
+impl Follower {
+    /// Sends the watch's head, then each event the client's selectors let through, until the
+    /// watch ends.
+    pub(crate) async fn run(
+        &mut self,
+        ctx: &ShardContext,
+        client: &mut impl FleetClient,
+    ) -> Result<(), Failure> {
+        client.head("application/json", &[]).await?;
+        self.cursor.run(ctx, &self.hub, client).await
     }
-    Served::Done(cursor.run(ctx, hub, client).await)
 }
 
 /// A client that left before its watch began.

@@ -42,6 +42,7 @@ use crate::exchange::Failure;
 use crate::fleet::FleetClient;
 use crate::request::{Peer, Proxied};
 use crate::runtime::ShardContext;
+pub(crate) use client::Follower;
 use selector::{FieldSelector, LabelSelector};
 
 /// What identifies one shared watch on a shard.
@@ -275,15 +276,22 @@ impl OwnRequests {
 }
 
 /// How [`serve`] ended.
+// A value of a moment, matched as it returns: boxing the follower would cost every shared watch
+// an allocation.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Served {
     /// Not shared after all (the member refused the user, the hub could not start, the client's
     /// resourceVersion is older than anything the hub saw): nothing was written; proxy it.
     Proxy,
-    /// Served; the client's watch has ended (cleanly, or with this failure).
+    /// Served; the client's watch has ended (cleanly, or with this failure) before it followed
+    /// its hub (a 410, a client that left).
     Done(Result<(), Failure>),
+    /// Positioned in its hub: [`Follower::run`] serves the rest of the watch, and needs nothing
+    /// of the request.
+    Follow(Follower),
 }
 
-/// Serves a planned shared watch to `client`, or says it must be proxied.
+/// Admits a planned shared watch and positions it in its hub, or says it must be proxied.
 pub(crate) async fn serve(
     ctx: &ShardContext,
     proxied: &Proxied<'_>,
@@ -306,7 +314,7 @@ pub(crate) async fn serve(
     let Some(hub) = hub_for(ctx, proxied.cluster, &plan.key, caller, from) else {
         return Served::Proxy;
     };
-    client::follow(ctx, &hub, plan, caller, client).await
+    client::position(ctx, hub, plan, caller, client).await
 }
 
 /// The shard's hubs, by key.
