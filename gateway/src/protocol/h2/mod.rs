@@ -304,8 +304,8 @@ fn serve_stream(
         )
         .await;
         match proxied {
-            Ok(Proxied::Answered) => end.conclude(Ok(())).await,
-            Ok(Proxied::Watch(watch)) => runtime::spawn(follow_watch(end, watch)),
+            Ok(Handled::Answered) => end.conclude(Ok(())).await,
+            Ok(Handled::Watch(watch)) => runtime::spawn(follow_watch(end, watch)),
             Err(failure) => end.conclude(Err(failure)).await,
         }
     }
@@ -315,7 +315,7 @@ fn serve_stream(
 // A value of a moment, matched as it returns: boxing the handoff would cost every shared watch
 // an allocation.
 #[allow(clippy::large_enum_variant)]
-enum Proxied {
+enum Handled {
     /// Its response was sent whole (or as far as the client took it).
     Answered,
     /// A shared watch, positioned in its hub and not yet answered: to follow in a task of its
@@ -324,8 +324,8 @@ enum Proxied {
 }
 
 /// A response sent whole, as [`proxy_stream`] says it.
-fn answered(result: Result<(), Failure>) -> Result<Proxied, Failure> {
-    result.map(|()| Proxied::Answered)
+fn answered(result: Result<(), Failure>) -> Result<Handled, Failure> {
+    result.map(|()| Handled::Answered)
 }
 
 /// What a shared watch keeps of its request once positioned.
@@ -457,7 +457,7 @@ async fn proxy_stream(
     conn_auth: &auth::ConnectionAuth,
     started: Instant,
     audit: &mut StreamAudit,
-) -> Result<Proxied, Failure> {
+) -> Result<Handled, Failure> {
     let (parts, mut body) = request.into_parts();
     // RFC 8441: a WebSocket over h2 (extended CONNECT, `:protocol websocket`) is carried to the
     // member as an HTTP/1.1 upgrade of a GET; any other CONNECT needs HTTP/1.1.
@@ -596,7 +596,7 @@ async fn proxy_stream(
                     .await
                     .map_err(|_| Failure::Abort("client reset"))?;
             }
-            return Ok(Proxied::Answered);
+            return Ok(Handled::Answered);
         }
         Err(refused) => {
             if let Some((cluster, verb)) = refused.counted {
@@ -646,13 +646,13 @@ async fn proxy_stream(
                 if ctx.audit.is_some() {
                     audit.code = Some(200);
                 }
-                return result.map(|()| Proxied::Answered);
+                return answered(result);
             }
             crate::watch::Served::Follow(follower) => {
                 if ctx.audit.is_some() {
                     audit.code = Some(200);
                 }
-                return Ok(Proxied::Watch(WatchHandoff {
+                return Ok(Handled::Watch(WatchHandoff {
                     follower,
                     _admitted: admitted.take(),
                     cluster: Arc::clone(proxied.cluster),
@@ -779,7 +779,7 @@ async fn proxy_stream(
         .await?
     };
     exchange::finish(ctx, answer, complete);
-    Ok(Proxied::Answered)
+    Ok(Handled::Answered)
 }
 
 /// The request body from the client's h2 stream, written to the member with the framing the
