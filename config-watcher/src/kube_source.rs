@@ -34,6 +34,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
@@ -479,22 +480,43 @@ async fn follow(
         Update::Event(event) => objects.apply(kind, *event),
         Update::Missing => objects.mark_missing(kind),
     };
-    while let Some((kind, update)) = events_rx.recv().await {
-        dirty |= apply(&mut objects, kind, update);
-        // Apply everything already queued before rebuilding: one rebuild per burst.
-        while let Ok((kind, update)) = events_rx.try_recv() {
+    // What the conditions were last written against: the serving table's generation and the
+    // last rejection. The file source publishes too (and the merged table exists only once both
+    // have reported), so the table can change with no event here: looked at every
+    // CONDITIONS_RECHECK, the conditions are written again when it did.
+    let mut written_against: Option<(u64, Option<String>)> = None;
+    let mut recheck = tokio::time::interval(CONDITIONS_RECHECK);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let event = tokio::select! {
+            event = events_rx.recv() => match event {
+                Some(event) => Some(event),
+                None => return,
+            },
+            _ = recheck.tick() => None,
+        };
+        if let Some((kind, update)) = event {
             dirty |= apply(&mut objects, kind, update);
+            // Apply everything already queued before rebuilding: one rebuild per burst.
+            while let Ok((kind, update)) = events_rx.try_recv() {
+                dirty |= apply(&mut objects, kind, update);
+            }
         }
-        if !dirty || !kinds.iter().all(|k| objects.listed.contains(k)) {
+        if !kinds.iter().all(|k| objects.listed.contains(k)) {
             continue;
         }
-        dirty = false;
-        if !first_published {
-            first_published = true;
-            info!(kinds = ?kinds, "Kubernetes API source: initial lists done");
+        if dirty {
+            dirty = false;
+            if !first_published {
+                first_published = true;
+                info!(kinds = ?kinds, "Kubernetes API source: initial lists done");
+            }
+            let config = build_config(&objects, &options);
+            publisher.publish(crate::reload::API_SOURCE, config);
+        } else if written_against.as_ref() == Some(&serving_state(&publisher)) {
+            continue;
         }
-        let config = build_config(&objects, &options);
-        publisher.publish(crate::reload::API_SOURCE, config);
+        written_against = Some(serving_state(&publisher));
         write_conditions(
             &client,
             &objects,
@@ -503,6 +525,19 @@ async fn follow(
         )
         .await;
     }
+}
+
+/// How often the API source looks whether the serving table changed without an event of its own
+/// (the file source published, or both sources' first merged table came after its publish).
+const CONDITIONS_RECHECK: Duration = Duration::from_secs(1);
+
+/// What an object's `Ready` condition depends on besides the object: the serving table's
+/// generation and the last rejection's message.
+fn serving_state(publisher: &TablePublisher) -> (u64, Option<String>) {
+    (
+        publisher.table().load().generation(),
+        publisher.status().last_error().map(|f| f.message),
+    )
 }
 
 /// The fleetgate kinds whose objects get a `Ready` condition (Gateways do not: there is one, and

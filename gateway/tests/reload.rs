@@ -294,6 +294,34 @@ fn files_and_the_management_cluster_are_merged() {
     // A file change: member3 appears.
     unpark(fleet.dir(), "member3");
     fleet.answers_within(&path_of("member3"), 200, WITHIN);
+    // The API's member2 says which table serves it: the files' change made a new one, with no
+    // event in the management cluster.
+    let verbose = fleet.admin_get("/readyz?verbose");
+    let generation = verbose
+        .split("routing-table ok: generation ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_else(|| panic!("{verbose}"))
+        .to_owned();
+    let ready_message = || {
+        kubectl(
+            fleet.dir(),
+            &[
+                "get",
+                "clusters.fleetgate.io",
+                "member2",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].message}",
+            ],
+        )
+    };
+    let want = format!("served in routing table generation {generation}");
+    support::wait::wait_for_or(
+        "member2's Ready condition to name the table the files' change made",
+        Duration::from_secs(10),
+        || ready_message() == want,
+        || format!("{} (want {want})", ready_message()),
+    );
     // An API change: member2 goes.
     kubectl(fleet.dir(), &["delete", "clusters.fleetgate.io", "member2"]);
     fleet.answers_within(&path_of("member2"), 404, WITHIN);
