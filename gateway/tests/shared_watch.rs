@@ -1134,3 +1134,38 @@ fn a_watch_from_before_the_hubs_start_is_backfilled_not_proxied() {
         || fleet.log(),
     );
 }
+
+/// Over h2 (kubectl's), a shared watch goes on in a task of its own once positioned: when its
+/// clients go away (their connections dropped mid-watch), nothing of them stays, neither on the
+/// gateway's streams nor on the hub's clients.
+#[test]
+fn h2_shared_watches_whose_clients_vanish_leave_nothing_behind() {
+    let fleet = seeded_fleet();
+    let watchers: Vec<Watcher> = (0..5)
+        .map(|n| kubectl_watch(&fleet, &format!("vanish-{n}"), &[]))
+        .collect();
+    wait_for("every watcher's first row", Duration::from_secs(30), || {
+        watchers.iter().all(|w| w.output().contains("seed"))
+    });
+    assert_eq!(fleet.metric("fleetgate_shared_watch_clients"), Some(5));
+    assert_eq!(fleet.metric("fleetgate_open_streams"), Some(5));
+    // Killed mid-watch: their TCP connections close without a GOAWAY or a reset.
+    drop(watchers);
+    wait_for_or(
+        "the vanished watches to leave the gateway",
+        Duration::from_secs(10),
+        || {
+            fleet.metric("fleetgate_shared_watch_clients") == Some(0)
+                && fleet.metric("fleetgate_open_streams") == Some(0)
+        },
+        || fleet.admin_get("/metrics"),
+    );
+    // The shared watch serves the next client as before.
+    let next = kubectl_watch(&fleet, "after", &[]);
+    wait_for(
+        "the next watcher's first row",
+        Duration::from_secs(30),
+        || next.output().contains("seed"),
+    );
+    assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
+}
