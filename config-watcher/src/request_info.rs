@@ -12,6 +12,10 @@
 //! *unclassified*, which no resource rule of an AccessPolicy matches (kube's own
 //! `ValidatePathSegmentName` forbids `%` and `/` in names, so no legitimate client sends one there).
 //!
+//! The query is read as kube reads it, through Go's `url.Query()` ([`param`]): a `watch=%66alse`
+//! is a list and a `w%61tch=true` a watch there, so they are here; a pair Go drops (a `;` in it,
+//! a broken `%` escape) is not read.
+//!
 //! Borrows from the path and query; never allocates; never does I/O. Called by the gateway's
 //! `request` module (once per request) and by `policy` (the check).
 
@@ -393,13 +397,13 @@ fn resource_info<'a>(
     // requirement) gives a list, or a watch unless `watch` says false, and no name.
     if name.is_empty() && verb == KubeVerb::Get {
         let watch = param(query, b"watch");
-        let selector = param(query, b"fieldSelector");
-        let decodes =
-            watch.is_none_or(|v| parse_bool(v).is_some()) && selector.is_none_or(is_valid_selector);
+        let selector = param(query, b"fieldSelector").map(read_field_selector);
+        let decodes = watch.is_none_or(|v| parse_bool(v).is_some())
+            && selector.as_ref().is_none_or(|s| s.parses);
         let watching = if decodes {
             watch.and_then(parse_bool).unwrap_or(false)
         } else {
-            watch.is_some_and(|v| !(v.eq_ignore_ascii_case(b"false") || v == b"0"))
+            watch.is_some_and(|v| !says_false(v))
         };
         verb = if watching {
             KubeVerb::Watch
@@ -407,7 +411,7 @@ fn resource_info<'a>(
             KubeVerb::List
         };
         if decodes {
-            if let Some(selected) = selector.and_then(exact_name) {
+            if let Some(selected) = selector.and_then(|s| s.name) {
                 name = selected;
             }
         }
@@ -465,23 +469,96 @@ fn trim_slashes(mut path: &[u8]) -> &[u8] {
     path
 }
 
-/// The raw value of the first `name=...` in a query (without its `?`).
+/// The value of the first `name=...` in a query (without its `?`) as kube-apiserver finds it:
+/// Go's `url.Query()`, whose first value it reads. A pair holding a `;` is dropped (Go 1.17 on),
+/// as is one whose key or value has a `%` not followed by two hex digits; keys are compared
+/// unescaped (`w%61tch` is `watch`). The value is returned still escaped: read it with
+/// [`Unescaped`].
 pub fn param<'q>(query: &'q [u8], name: &[u8]) -> Option<&'q [u8]> {
     query.split(|b| *b == b'&').find_map(|pair| {
+        if pair.contains(&b';') {
+            return None;
+        }
         let (key, value) = match pair.iter().position(|b| *b == b'=') {
             Some(eq) => (&pair[..eq], &pair[eq + 1..]),
             None => (pair, &b""[..]),
         };
-        (key == name).then_some(value)
+        let readable = escapes_valid(key) && escapes_valid(value);
+        (readable && Unescaped::new(key).eq(name.iter().copied())).then_some(value)
     })
 }
 
-/// Go's strconv.ParseBool.
+/// Whether Go's `url.QueryUnescape` accepts `raw`: every `%` begins two hex digits.
+pub fn escapes_valid(raw: &[u8]) -> bool {
+    let mut at = 0;
+    while at < raw.len() {
+        if raw[at] == b'%' {
+            let hex = |i: usize| raw.get(i).is_some_and(u8::is_ascii_hexdigit);
+            if !(hex(at + 1) && hex(at + 2)) {
+                return false;
+            }
+            at += 3;
+        } else {
+            at += 1;
+        }
+    }
+    true
+}
+
+/// The bytes of a query key or value as Go's `url.QueryUnescape` reads them (`+` a space,
+/// `%XX` the byte XX), without allocating. For text [`escapes_valid`] accepted; a `%` without
+/// its two digits stands for itself.
+#[derive(Clone)]
+pub struct Unescaped<'q> {
+    raw: &'q [u8],
+    at: usize,
+}
+
+impl<'q> Unescaped<'q> {
+    pub fn new(raw: &'q [u8]) -> Unescaped<'q> {
+        Unescaped { raw, at: 0 }
+    }
+
+    /// Where the next byte comes from in the raw text.
+    fn position(&self) -> usize {
+        self.at
+    }
+}
+
+impl Iterator for Unescaped<'_> {
+    type Item = u8;
+
+    fn next(&mut self) -> Option<u8> {
+        let byte = *self.raw.get(self.at)?;
+        let digit = |i: usize| self.raw.get(i).and_then(|b| (*b as char).to_digit(16));
+        let (byte, width) = match byte {
+            b'%' => match (digit(self.at + 1), digit(self.at + 2)) {
+                (Some(high), Some(low)) => ((high * 16 + low) as u8, 3),
+                _ => (b'%', 1),
+            },
+            b'+' => (b' ', 1),
+            other => (other, 1),
+        };
+        self.at += width;
+        Some(byte)
+    }
+}
+
+/// Go's strconv.ParseBool, of an escaped query value.
 fn parse_bool(value: &[u8]) -> Option<bool> {
-    match value {
-        b"1" | b"t" | b"T" | b"TRUE" | b"true" | b"True" => Some(true),
-        b"0" | b"f" | b"F" | b"FALSE" | b"false" | b"False" => Some(false),
-        _ => None,
+    let is = |word: &[u8]| Unescaped::new(value).eq(word.iter().copied());
+    if [&b"1"[..], b"t", b"T", b"TRUE", b"true", b"True"]
+        .into_iter()
+        .any(is)
+    {
+        Some(true)
+    } else if [&b"0"[..], b"f", b"F", b"FALSE", b"false", b"False"]
+        .into_iter()
+        .any(is)
+    {
+        Some(false)
+    } else {
+        None
     }
 }
 
@@ -489,75 +566,113 @@ fn is_true(value: Option<&[u8]>) -> bool {
     value.and_then(parse_bool) == Some(true)
 }
 
-/// Whether every term of a field selector is a requirement (`key=value`, `key==value`,
-/// `key!=value`, with `=` raw or `%3D`); an empty selector selects everything.
-fn is_valid_selector(selector: &[u8]) -> bool {
-    let mut rest = selector;
+/// kube's reading of a `watch` it could not decode as a bool: a watch unless it says `false`
+/// (any case) or `0`.
+fn says_false(value: &[u8]) -> bool {
+    let decoded = Unescaped::new(value);
+    decoded.clone().eq(*b"0") || decoded.map(|b| b.to_ascii_lowercase()).eq(*b"false")
+}
+
+/// What kube-apiserver reads in a field selector (an escaped query value): whether
+/// `fields.ParseSelector` takes it, and the name it requires exactly, if any.
+struct FieldSelectorReading<'q> {
+    parses: bool,
+    name: Option<&'q str>,
+}
+
+/// kube's `fields.ParseSelector` and `RequiresExactMatch("metadata.name")`, over the selector
+/// as Go unescaped it: terms split at commas no backslash escapes (`splitTerms`), empty ones
+/// skipped; each cut at its first operator (`splitTerm`: `!=`, `==`, `=`); each value unescaped
+/// by kube's rules (`UnescapeValue`). The name is borrowed from the query, so it is given only
+/// when its bytes needed no unescaping of either kind and every `metadata.name` requirement
+/// names the same; otherwise none (a policy naming resources then refuses, where kube would
+/// have checked one name: stricter, never looser).
+fn read_field_selector(raw: &[u8]) -> FieldSelectorReading<'_> {
+    let mut parses = true;
+    let mut name: Option<Option<&str>> = None;
+    for term in field_terms(raw).filter(|t| !t.is_empty()) {
+        let Some((field, equal, value)) = cut_term(term) else {
+            parses = false;
+            continue;
+        };
+        parses &= kube_value_unescapes(value);
+        if equal && Unescaped::new(field).eq(*b"metadata.name") {
+            let plain = !value.iter().any(|b| matches!(b, b'%' | b'+' | b'\\'));
+            let this = plain.then(|| std::str::from_utf8(value).ok()).flatten();
+            name = match name {
+                None => Some(this),
+                Some(seen) if seen == this => Some(seen),
+                Some(_) => Some(None),
+            };
+        }
+    }
+    FieldSelectorReading {
+        parses,
+        name: name.flatten().filter(|n| parses && is_path_segment_name(n)),
+    }
+}
+
+/// kube's `splitTerms` over the unescaped selector: the raw pieces between commas that no
+/// backslash escapes.
+fn field_terms(raw: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(raw);
+    std::iter::from_fn(move || {
+        let text = rest?;
+        let mut bytes = Unescaped::new(text);
+        let mut in_slash = false;
+        loop {
+            let at = bytes.position();
+            match bytes.next() {
+                None => {
+                    rest = None;
+                    return Some(text);
+                }
+                Some(_) if in_slash => in_slash = false,
+                Some(b'\\') => in_slash = true,
+                Some(b',') => {
+                    rest = Some(&text[bytes.position()..]);
+                    return Some(&text[..at]);
+                }
+                Some(_) => {}
+            }
+        }
+    })
+}
+
+/// kube's `splitTerm` over an unescaped term: at the first position where `!=`, `==` or `=`
+/// begins (in that order), the raw field, whether the operator is an equality, and the raw value.
+fn cut_term(term: &[u8]) -> Option<(&[u8], bool, &[u8])> {
+    let mut bytes = Unescaped::new(term);
     loop {
-        let (term, next) = split_term(rest);
-        let has_operator = term.contains(&b'=')
-            || term
-                .windows(3)
-                .any(|w| w[0] == b'%' && w[1] == b'3' && w[2].eq_ignore_ascii_case(&b'd'));
-        if !(has_operator || (term.is_empty() && selector.is_empty())) {
-            return false;
-        }
-        match next {
-            Some(next) => rest = next,
-            None => return true,
+        let here = bytes.position();
+        let mut ahead = bytes.clone();
+        let first = ahead.next()?;
+        let after_first = ahead.position();
+        match (first, ahead.next()) {
+            (b'!', Some(b'=')) => return Some((&term[..here], false, &term[ahead.position()..])),
+            (b'=', Some(b'=')) => return Some((&term[..here], true, &term[ahead.position()..])),
+            (b'=', _) => return Some((&term[..here], true, &term[after_first..])),
+            _ => {
+                bytes.next();
+            }
         }
     }
 }
 
-/// The name a field selector requires exactly (`metadata.name=X` or `==`, among others joined
-/// by commas; `=` and `,` raw or percent-encoded), if it is a valid path segment name.
-fn exact_name(selector: &[u8]) -> Option<&str> {
-    // Split on `,` and `%2C`.
-    let mut rest = selector;
-    loop {
-        let (term, next) = split_term(rest);
-        if let Some(value) = strip_name_requirement(term) {
-            return segment_text(value).filter(|v| is_path_segment_name(v));
+/// Whether kube's `UnescapeValue` takes an (unescaped) value: `\\`, `\,` and `\=` only, no
+/// trailing backslash, no bare `,` or `=`.
+fn kube_value_unescapes(value: &[u8]) -> bool {
+    let mut in_slash = false;
+    for byte in Unescaped::new(value) {
+        match byte {
+            b'\\' | b',' | b'=' if in_slash => in_slash = false,
+            _ if in_slash => return false,
+            b'\\' => in_slash = true,
+            b',' | b'=' => return false,
+            _ => {}
         }
-        rest = next?;
     }
-}
-
-fn split_term(s: &[u8]) -> (&[u8], Option<&[u8]>) {
-    let mut i = 0;
-    while i < s.len() {
-        if s[i] == b',' {
-            return (&s[..i], Some(&s[i + 1..]));
-        }
-        if s[i..].len() >= 3
-            && s[i] == b'%'
-            && s[i + 1] == b'2'
-            && s[i + 2].eq_ignore_ascii_case(&b'c')
-        {
-            return (&s[..i], Some(&s[i + 3..]));
-        }
-        i += 1;
-    }
-    (s, None)
-}
-
-/// `metadata.name` then `=`, `==` (raw or `%3D`), and the value.
-fn strip_name_requirement(term: &[u8]) -> Option<&[u8]> {
-    let mut rest = term.strip_prefix(b"metadata.name")?;
-    let equals = |s: &[u8]| -> Option<usize> {
-        if s.first() == Some(&b'=') {
-            Some(1)
-        } else if s.len() >= 3 && s[0] == b'%' && s[1] == b'3' && s[2].eq_ignore_ascii_case(&b'd') {
-            Some(3)
-        } else {
-            None
-        }
-    };
-    rest = &rest[equals(rest)?..];
-    if let Some(n) = equals(rest) {
-        rest = &rest[n..];
-    }
-    Some(rest)
+    !in_slash
 }
 
 /// kube's path.IsValidPathSegmentName: not `.` or `..`, and no `/` or `%`.

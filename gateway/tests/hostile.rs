@@ -748,3 +748,58 @@ async fn continuation_floods_and_hpack_bombs_reach_no_member() {
         assert!(seen.is_empty(), "{driver}: the member saw {seen:#?}");
     }
 }
+
+/// A query is read as the member's Go reads it (`url.Query()`), so an escaped or dropped
+/// `watch` cannot make a list look like a watch to AccessPolicy, or a watch like a list. Before
+/// this, `watch=%66alse` passed a watch-only grant and the member listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_says_to_the_policy_what_it_says_to_the_member() {
+    let configmaps = "/clusters/member/api/v1/namespaces/default/configmaps";
+    let ask = |query: &str| {
+        format!("GET {configmaps}?{query} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+    };
+    for (grant, refused, allowed) in [
+        (
+            "watch",
+            // Each a list to the member: an escaped `false` or `0`, a pair with `;` (dropped).
+            &[
+                "watch=%66alse",
+                "watch=%30",
+                "watch=true;",
+                "watch=1;&limit=1",
+            ][..],
+            "watch=1",
+        ),
+        (
+            "list",
+            // Each a watch to the member: an escaped key, an escaped `true`.
+            &["w%61tch=true", "watch=tr%75e", "watch=%zz&w%61tch=1"][..],
+            "watch=%66alse",
+        ),
+    ] {
+        let rules = format!("    - verbs: [{grant}]\n      resources: [configmaps]\n");
+        for driver in DRIVERS {
+            let (upstream, gw) = support::setup_with_rules(driver, &rules).await;
+            for query in refused {
+                let (response, rest) = send_raw(gw.plain().await, ask(query).as_bytes()).await;
+                let what = format!("{driver}: {query} under a {grant}-only grant");
+                assert_refused(response, &rest, 403, &what);
+            }
+            let seen = upstream.requests();
+            assert!(seen.is_empty(), "{driver}: the member saw {seen:#?}");
+            // What the grant allows still goes through, as the client wrote it.
+            if grant == "list" {
+                let (response, _) = send_raw(gw.plain().await, ask(allowed).as_bytes()).await;
+                let response = response.expect("an answer");
+                assert_eq!(response.code, 200, "{driver}: {allowed}: {response:?}");
+                let seen = upstream.requests();
+                assert_eq!(seen.len(), 1, "{driver}: {seen:#?}");
+                assert!(
+                    seen[0].head.contains(&format!("?{allowed} HTTP/1.1")),
+                    "{driver}: {}",
+                    seen[0].head
+                );
+            }
+        }
+    }
+}

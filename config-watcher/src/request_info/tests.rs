@@ -608,3 +608,302 @@ fn the_direct_service_path_is_classified_as_the_apiserver_proxy_path() {
         assert_eq!(direct.metrics_verb(), "connect");
     }
 }
+
+/// The query as Go's `url.Query()` reads it, where the raw bytes say otherwise: the verb a
+/// policy checks is the one the member serves.
+#[test]
+fn the_query_is_read_as_gos_url_query_reads_it() {
+    for (url, name, verb) in [
+        // Escaped values and keys.
+        ("/api/v1/configmaps?watch=%66alse", "", "list"),
+        ("/api/v1/configmaps?watch=%30", "", "list"),
+        ("/api/v1/configmaps?watch=tr%75e", "", "watch"),
+        ("/api/v1/configmaps?w%61tch=true", "", "watch"),
+        ("/api/v1/configmaps?w%61tch=1&watch=0", "", "watch"),
+        (
+            "/api/v1/configmaps?watch=FAL%53E&fieldSelector=metadata.name%3Dcm1",
+            "cm1",
+            "list",
+        ),
+        // A value Go cannot decode: not even a watch of a bool kube could not read.
+        ("/api/v1/configmaps?watch=%66alse%", "", "list"),
+        ("/api/v1/configmaps?watch=%zz&watch=true", "", "watch"),
+        // A pair with a `;` is dropped: the next `watch` is the first.
+        ("/api/v1/configmaps?watch=true;&watch=false", "", "list"),
+        ("/api/v1/configmaps?watch=false;x", "", "list"),
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name%3Dcm1;",
+            "",
+            "list",
+        ),
+        // `+` is a space: no bool, so a watch (kube's reading of an undecodable watch).
+        ("/api/v1/configmaps?watch=+", "", "watch"),
+        ("/api/v1/configmaps?watch=+0", "", "watch"),
+        // The field selector, unescaped first, then by kube's own rules.
+        (
+            "/api/v1/configmaps?fieldSelector=metadata%2Ename%3Dcm1",
+            "cm1",
+            "list",
+        ),
+        (
+            "/api/v1/configmaps?fieldS%65lector=metadata.name%3Dcm1",
+            "cm1",
+            "list",
+        ),
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name%3Dcm1%2C%2C",
+            "cm1",
+            "list",
+        ),
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name%3Dcm1%2Cmetadata.name%3D%3Dcm1",
+            "cm1",
+            "list",
+        ),
+        // Two different names: none (kube takes the first in sorted order; the member selects
+        // neither, as both must hold).
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name%3Dcm1%2Cmetadata.name%3Dcm2",
+            "",
+            "list",
+        ),
+        // A name that needed unescaping cannot be borrowed: none, as if unnamed (stricter).
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name%3Dsystem%3Aedit",
+            "",
+            "list",
+        ),
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name%3Da%5C%2Cb",
+            "",
+            "list",
+        ),
+        // A bare `=` in a value, an unknown escape, a trailing backslash: no selector kube takes.
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name%3Da%3Db",
+            "",
+            "list",
+        ),
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name%3Da%5Cx",
+            "",
+            "list",
+        ),
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name%3Da%5C",
+            "",
+            "list",
+        ),
+        // `!=` is no exact match, and a `!` alone belongs to the field.
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name%21%3Dcm1",
+            "",
+            "list",
+        ),
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name!%3Dcm1&watch=1",
+            "",
+            "watch",
+        ),
+        (
+            "/api/v1/configmaps?fieldSelector=metadata.name!x%3Dcm1",
+            "",
+            "list",
+        ),
+    ] {
+        let info = parse("GET", url);
+        assert_eq!((info.name, info.verb.name()), (name, verb), "{url}");
+    }
+}
+
+/// Go's `url.ParseQuery` (1.17 on), plainly: the pairs it keeps, unescaped.
+fn go_parse_query(query: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    fn unescape(raw: &[u8]) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < raw.len() {
+            match raw[i] {
+                b'%' => {
+                    let hex = std::str::from_utf8(raw.get(i + 1..i + 3)?).ok()?;
+                    if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                        return None;
+                    }
+                    out.push(u8::from_str_radix(hex, 16).ok()?);
+                    i += 3;
+                }
+                b'+' => {
+                    out.push(b' ');
+                    i += 1;
+                }
+                b => {
+                    out.push(b);
+                    i += 1;
+                }
+            }
+        }
+        Some(out)
+    }
+    let mut pairs = Vec::new();
+    for pair in query.split(|b| *b == b'&') {
+        if pair.contains(&b';') || pair.is_empty() {
+            continue;
+        }
+        let (key, value) = match pair.iter().position(|b| *b == b'=') {
+            Some(eq) => (&pair[..eq], &pair[eq + 1..]),
+            None => (pair, &b""[..]),
+        };
+        if let (Some(key), Some(value)) = (unescape(key), unescape(value)) {
+            pairs.push((key, value));
+        }
+    }
+    pairs
+}
+
+/// kube's verb and name for a GET of a collection with this (unescaped) `watch` and
+/// `fieldSelector`, plainly: `fields.ParseSelector`, sorted terms, `RequiresExactMatch`.
+fn kube_list_reading(watch: Option<&[u8]>, selector: Option<&[u8]>) -> (&'static str, String) {
+    /// A requirement: field, operator, unescaped value.
+    type Term = (Vec<u8>, &'static str, Vec<u8>);
+    fn parse_selector(text: &[u8]) -> Option<Vec<Term>> {
+        let mut terms: Vec<Vec<u8>> = Vec::new();
+        let (mut start, mut in_slash) = (0, false);
+        for (i, &c) in text.iter().enumerate() {
+            if in_slash {
+                in_slash = false;
+            } else if c == b'\\' {
+                in_slash = true;
+            } else if c == b',' {
+                terms.push(text[start..i].to_vec());
+                start = i + 1;
+            }
+        }
+        terms.push(text[start..].to_vec());
+        terms.sort();
+        let mut out = Vec::new();
+        for term in terms.into_iter().filter(|t| !t.is_empty()) {
+            let (at, op) = (0..term.len()).find_map(|i| {
+                ["!=", "==", "="]
+                    .into_iter()
+                    .find(|op| term[i..].starts_with(op.as_bytes()))
+                    .map(|op| (i, op))
+            })?;
+            let (mut value, mut slash) = (Vec::new(), false);
+            for &c in &term[at + op.len()..] {
+                match c {
+                    b'\\' | b',' | b'=' if slash => {
+                        value.push(c);
+                        slash = false;
+                    }
+                    _ if slash => return None,
+                    b'\\' => slash = true,
+                    b',' | b'=' => return None,
+                    c => value.push(c),
+                }
+            }
+            if slash {
+                return None;
+            }
+            out.push((term[..at].to_vec(), op, value));
+        }
+        Some(out)
+    }
+    let bool_of = |v: &[u8]| match v {
+        b"1" | b"t" | b"T" | b"TRUE" | b"true" | b"True" => Some(true),
+        b"0" | b"f" | b"F" | b"FALSE" | b"false" | b"False" => Some(false),
+        _ => None,
+    };
+    let parsed = selector.map(parse_selector);
+    let decodes =
+        watch.is_none_or(|v| bool_of(v).is_some()) && parsed.as_ref().is_none_or(Option::is_some);
+    if !decodes {
+        let watching = watch.is_some_and(|v| !(v == b"0" || v.eq_ignore_ascii_case(b"false")));
+        return (if watching { "watch" } else { "list" }, String::new());
+    }
+    let verb = if watch.and_then(bool_of).unwrap_or(false) {
+        "watch"
+    } else {
+        "list"
+    };
+    let name = parsed
+        .flatten()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|(field, op, _)| field == b"metadata.name" && *op != "!=")
+        .map(|(_, _, value)| String::from_utf8_lossy(&value).into_owned())
+        .filter(|n| !n.is_empty() && n != "." && n != ".." && !n.contains(['/', '%']))
+        .unwrap_or_default();
+    (verb, name)
+}
+
+const KEYS: &[&str] = &[
+    "watch",
+    "w%61tch",
+    "fieldSelector",
+    "fieldS%65lector",
+    "watch;",
+    "limit",
+    "%zz",
+];
+const PIECES: &[&str] = &[
+    "=",
+    "%3D",
+    "&",
+    ";",
+    "%",
+    "%2",
+    "%zz",
+    "+",
+    "true",
+    "false",
+    "%66alse",
+    "FAL%53E",
+    "0",
+    "1",
+    "yes",
+    ",",
+    "%2C",
+    "\\",
+    "%5C",
+    "!",
+    "%21",
+    "metadata.name",
+    "metadata%2Ename",
+    "cm1",
+    "cm2",
+    "..",
+    "%41",
+    "%C3%A9",
+    "%FF",
+    ":",
+    "%3A",
+    "metadata.name=",
+    "metadata.name%3D",
+];
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+    /// Any query of the pieces that matter (escaped or not, `;`, `+`, backslashes, broken
+    /// escapes, pairs Go drops): the verb is kube's, and a name is given only when it is kube's.
+    #[test]
+    fn the_verb_and_name_are_kubes_for_any_query(
+        pairs in proptest::collection::vec(
+            (
+                proptest::sample::select(KEYS),
+                proptest::collection::vec(proptest::sample::select(PIECES), 0..5),
+            ),
+            0..5,
+        )
+    ) {
+        let query = pairs
+            .iter()
+            .map(|(key, value)| format!("{key}={}", value.concat()))
+            .collect::<Vec<_>>()
+            .join("&");
+        let pairs = go_parse_query(query.as_bytes());
+        let first = |key: &[u8]| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_slice());
+        let (verb, name) = kube_list_reading(first(b"watch"), first(b"fieldSelector"));
+        let info = RequestInfo::parse(b"GET", b"/api/v1/configmaps", query.as_bytes());
+        proptest::prop_assert_eq!(info.verb.name(), verb, "{}", query);
+        proptest::prop_assert!(info.name.is_empty() || info.name == name, "{} gave {:?}, kube {:?}", query, info.name, name);
+    }
+}

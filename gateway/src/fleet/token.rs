@@ -102,7 +102,10 @@ pub fn query_count(
     }
 }
 
-/// The raw query without `keys`, then `extra` (`k=v` pairs, already encoded), with its `?`.
+/// The raw query without `keys`, then `extra` (`k=v` pairs, already encoded), with its `?`. A
+/// key is matched as the member's Go reads it (`l%69mit` is `limit`: it goes, or the member would
+/// take the client's value before the gateway's), and a pair Go drops (a `;`, a broken escape)
+/// goes too.
 pub fn rewrite_query(query: &[u8], keys: &[&str], extra: &[(&str, &str)]) -> Vec<u8> {
     let query = query.strip_prefix(b"?").unwrap_or(query);
     let mut out = Vec::with_capacity(query.len() + 64);
@@ -112,7 +115,11 @@ pub fn rewrite_query(query: &[u8], keys: &[&str], extra: &[(&str, &str)]) -> Vec
     };
     for pair in query.split(|b| *b == b'&').filter(|p| !p.is_empty()) {
         let key = pair.split(|b| *b == b'=').next().unwrap_or(pair);
-        if !keys.iter().any(|k| k.as_bytes() == key) {
+        let go_reads = !pair.contains(&b';') && request_info::escapes_valid(pair);
+        let replaced = keys
+            .iter()
+            .any(|k| request_info::Unescaped::new(key).eq(k.bytes()));
+        if go_reads && !replaced {
             push(pair);
         }
     }
@@ -229,7 +236,18 @@ mod tests {
             b"?labelSelector=app%3Dweb&limit=1"
         );
         assert_eq!(rewrite_query(b"", &["limit"], &[]), b"");
-        assert_eq!(query_value(b"?x=%zz%4", "x").as_deref(), Some("%zz%4"));
+        // As Go's url.Query(): a pair with a broken escape or a `;` is not there.
+        assert_eq!(query_value(b"?x=%zz%4", "x"), None);
+        assert_eq!(query_value(b"?x=1;&x=2", "x").as_deref(), Some("2"));
+        // A key the gateway sets goes however the client spelled it; pairs Go drops go too.
+        assert_eq!(
+            rewrite_query(
+                b"?l%69mit=9&a=%zz&b=;&c=1&limit=8",
+                &["limit"],
+                &[("limit", "1")]
+            ),
+            b"?c=1&limit=1"
+        );
     }
 
     proptest! {

@@ -679,17 +679,44 @@ pub async fn setup_with(
     edit: impl FnOnce(String) -> String,
     configure: impl FnOnce(&mut std::process::Command),
 ) -> (Upstream, Gateway) {
+    setup_files(driver, edit, |text| text, configure).await
+}
+
+/// Like [`setup`], with the test clients' resource grant (every verb) replaced by `rules` (YAML
+/// rule items at the rules list's indentation); the non-resource grant stays.
+pub async fn setup_with_rules(driver: &str, rules: &str) -> (Upstream, Gateway) {
+    let grant = |text: String| {
+        let every_verb = "    - verbs: [get, list, watch, create, update, patch, delete, deletecollection, exec, attach, portforward, proxy]\n";
+        assert!(text.contains(every_verb));
+        text.replace(every_verb, rules)
+    };
+    setup_files(driver, |text| text, grant, |_| {}).await
+}
+
+/// The recording member, and the gateway on [`write_config`]'s files, the Gateway object's text
+/// passed through `edit_gateway` and the clusters' and policy's through `edit_clusters`.
+async fn setup_files(
+    driver: &str,
+    edit_gateway: impl FnOnce(String) -> String,
+    edit_clusters: impl FnOnce(String) -> String,
+    configure: impl FnOnce(&mut std::process::Command),
+) -> (Upstream, Gateway) {
     let upstream = Upstream::start().await;
     let stalled = silent_listener().await;
     let pki = Arc::new(Pki::generate());
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &pki, upstream.address, stalled);
-    let gateway_yaml = dir.path().join("gateway.yaml");
-    let text = std::fs::read_to_string(&gateway_yaml).unwrap();
-    std::fs::write(&gateway_yaml, edit(text)).unwrap();
+    edit_file(&dir.path().join("gateway.yaml"), edit_gateway);
+    edit_file(&dir.path().join("clusters.yaml"), edit_clusters);
     let gateway =
         tokio::task::block_in_place(|| Gateway::start_with(&config, driver, dir, pki, configure));
     (upstream, gateway)
+}
+
+/// Rewrites the text of the file at `path` with `edit`.
+fn edit_file(path: &Path, edit: impl FnOnce(String) -> String) {
+    let text = std::fs::read_to_string(path).unwrap();
+    std::fs::write(path, edit(text)).unwrap();
 }
 
 /// The drivers every socket-level test runs under.
