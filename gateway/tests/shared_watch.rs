@@ -929,9 +929,56 @@ fn label_seed(fleet: &Fleet, label: &str) {
     );
 }
 
+/// The requests member1 got for `default`'s configmaps, each query as it came on the wire (the
+/// sim's debug log; see [`recording_fleet`]).
+fn member_queries(fleet: &Fleet) -> Vec<String> {
+    let log = std::fs::read_to_string(fleet.dir.path().join("sim.log")).unwrap();
+    log.lines()
+        .filter(|l| {
+            l.contains(" request ") && l.contains("path=/api/v1/namespaces/default/configmaps ")
+        })
+        .filter_map(|l| l.split(" query=").nth(1))
+        .map(|q| q.split_whitespace().next().unwrap_or("").to_owned())
+        .collect()
+}
+
+/// A query's pairs as the member's Go reads them (`+` a space, `%XX` a byte).
+fn query_pairs(query: &str) -> Vec<(String, String)> {
+    let decode = |text: &str| {
+        let text = text.replace('+', " ");
+        percent_encoding::percent_decode_str(&text)
+            .decode_utf8()
+            .unwrap()
+            .into_owned()
+    };
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+/// Like [`seeded_fleet`], the members logging every request's query.
+fn recording_fleet() -> Fleet {
+    let mut sim = std::process::Command::new(support::fleet::loadtest_binary());
+    sim.env("RUST_LOG", "warn,fleetgate_loadtest::sim::api=debug");
+    let mut fleet = Fleet::sim_launched(sim, 1, 0, "", &[]);
+    share_configmaps(&fleet, 64, 16);
+    fleet.serve(&["--workers", "1"], None);
+    create_seed(&fleet);
+    fleet
+}
+
+/// The client's field selector in the catch-up below: valid to kube, hostile to a query that
+/// is not re-encoded (an ampersand and a parameter, escaped `=`, a space, `#`, `%`, `+`, `;`, `?`).
+const HOSTILE_FIELDS: &str = r"metadata.name!=x&labelSelector\=app\=db #f%41+;?";
+
 #[test]
 fn a_label_selecting_watch_from_before_the_shared_list_catches_up_from_the_member() {
-    let fleet = seeded_fleet();
+    let fleet = recording_fleet();
     // A client lists with a label selector (nothing matches yet) and will watch from there.
     let listed = version_of(&fleet, "seed");
     // Meanwhile the seed starts matching and changes, and another write moves the version.
@@ -945,7 +992,11 @@ fn a_label_selecting_watch_from_before_the_shared_list_catches_up_from_the_membe
     // The label-selecting watch comes now: the hub's replayed or listed objects cannot say
     // which events started or stopped matching, so the member answers its selector up to the
     // hub's newest event (a short member watch), and the hub serves the rest.
-    let query = format!("resourceVersion={listed}&labelSelector=app%3Dweb");
+    let query = format!(
+        "resourceVersion={listed}&labelSelector={}&fieldSelector={}",
+        encode("app in (web, other)"),
+        encode(HOSTILE_FIELDS)
+    );
     let labelled = raw_watch(&fleet, "labelled", "member1", &query);
     let seen = || seed_events(&labelled.output());
     wait_for_or(
@@ -960,6 +1011,41 @@ fn a_label_selecting_watch_from_before_the_shared_list_catches_up_from_the_membe
         || member_watches(&fleet, "member1", "configmaps") == 1,
         || fleet.log(),
     );
+    // On the wire, the catch-up asked the member exactly the client's selectors, each one
+    // value, and nothing the client's text could have added.
+    let catch_ups: Vec<Vec<(String, String)>> = member_queries(&fleet)
+        .iter()
+        .map(|q| query_pairs(q))
+        .filter(|pairs| pairs.contains(&("resourceVersion".into(), listed.to_string())))
+        .collect();
+    let mut keys: Vec<&str> = catch_ups
+        .first()
+        .unwrap_or_else(|| panic!("no catch-up among {:?}", member_queries(&fleet)))
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    keys.sort();
+    assert_eq!(catch_ups.len(), 1, "{catch_ups:?}");
+    assert_eq!(
+        keys,
+        [
+            "fieldSelector",
+            "labelSelector",
+            "resourceVersion",
+            "timeoutSeconds",
+            "watch"
+        ]
+    );
+    let value = |key: &str| {
+        catch_ups[0]
+            .iter()
+            .find(|(k, _)| k == key)
+            .unwrap()
+            .1
+            .clone()
+    };
+    assert_eq!(value("labelSelector"), "app in (web, other)");
+    assert_eq!(value("fieldSelector"), HOSTILE_FIELDS);
     // Then from the hub: a change while it matches, the change that stops it matching, and one
     // after (not for this client).
     patch_seed(&fleet, 2);

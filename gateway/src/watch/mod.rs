@@ -35,7 +35,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fleetgate_config_watcher::request_info::KubeVerb;
+use fleetgate_config_watcher::request_info::{self, KubeVerb};
 use fleetgate_config_watcher::{ClusterRoute, Limits, RouteTable, SharedWatchScope};
 
 use crate::exchange::Failure;
@@ -153,6 +153,16 @@ pub fn plan<'a>(
         if !SERVED_PARAMS.contains(&key) || seen.contains(&key) {
             return None;
         }
+        // A pair Go's `url.Query()` drops (a `;`, a broken escape) or reads as bytes that are no
+        // text: the member's reading of it is the member's own, so the watch is too.
+        let readable = !pair.contains(&b';')
+            && request_info::escapes_valid(pair)
+            && String::from_utf8(request_info::Unescaped::new(pair).collect()).is_ok();
+        if !readable {
+            return None;
+        }
+        // A pair Go's `url.Query()` drops (a `;`, a broken escape) or reads as bytes that are no
+        // text: the member's reading of it is the member's own, so the watch is too.
         seen.push(key);
     }
     let value = |key: &str| crate::fleet::token::query_value(query, key);

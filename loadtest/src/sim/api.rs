@@ -27,16 +27,51 @@ use crate::sim::{discovery, logs, objects, openapi, watch};
 /// Largest request body accepted (the apiserver's limit is 3 MiB too).
 const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 
-/// The decoded query string.
+/// The decoded query string, as the apiserver's Go reads it (`url.Query()`): pairs split at `&`,
+/// `+` a space, `%XX` a byte; a pair holding a `;`, or a `%` without two hex digits in its key
+/// or value, is dropped (Go 1.17 on).
 #[derive(Debug, Default, Clone)]
 pub struct Query(Vec<(String, String)>);
 
 impl Query {
     pub fn parse(raw: Option<&str>) -> Self {
-        Query(
-            raw.map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
-                .unwrap_or_default(),
-        )
+        let unescape = |text: &str| -> Option<String> {
+            let bytes = text.as_bytes();
+            let mut out = Vec::with_capacity(bytes.len());
+            let mut i = 0;
+            while i < bytes.len() {
+                match bytes[i] {
+                    b'%' => {
+                        let hex = bytes.get(i + 1..i + 3)?;
+                        let hex = std::str::from_utf8(hex).ok()?;
+                        if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                            return None;
+                        }
+                        out.push(u8::from_str_radix(hex, 16).ok()?);
+                        i += 3;
+                    }
+                    b'+' => {
+                        out.push(b' ');
+                        i += 1;
+                    }
+                    b => {
+                        out.push(b);
+                        i += 1;
+                    }
+                }
+            }
+            Some(String::from_utf8_lossy(&out).into_owned())
+        };
+        let pairs = raw
+            .unwrap_or("")
+            .split('&')
+            .filter(|pair| !pair.is_empty() && !pair.contains(';'))
+            .filter_map(|pair| {
+                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                Some((unescape(key)?, unescape(value)?))
+            })
+            .collect();
+        Query(pairs)
     }
 
     pub fn get(&self, key: &str) -> Option<&str> {
@@ -137,7 +172,9 @@ pub async fn handle(
     } else {
         Flow::GlobalDefault
     };
-    tracing::debug!(member = %member.name, user = %user.name, method = %req.method(), path = %path, "request");
+    // The query as it came on the wire (percent-encoded): tests read what a member was asked.
+    let raw_query = req.uri().query().unwrap_or("");
+    tracing::debug!(member = %member.name, user = %user.name, method = %req.method(), path = %path, query = %raw_query, "request");
     match route_and_serve(&member, &user, &user_agent, &query, ctx, req).await {
         Ok(resp) => resp,
         Err(error) => error_response(&error, &ctx),
@@ -769,4 +806,22 @@ fn stream_request(query: &Query, pod: &Value, kind: &str) -> Result<StreamReques
         stderr: query.flag("stderr"),
         tty: query.flag("tty"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Query;
+
+    #[test]
+    fn the_query_is_read_as_gos_url_query() {
+        let query = Query::parse(Some(
+            "w%61tch=tr%75e&limit=1;&limit=2&x=%zz&l=a+b%2Bc&fieldSelector=metadata.name%3Dcm1",
+        ));
+        assert_eq!(query.get("watch"), Some("true"));
+        assert_eq!(query.get_all("limit"), ["2"]);
+        assert_eq!(query.get("x"), None);
+        assert_eq!(query.get("l"), Some("a b+c"));
+        assert_eq!(query.get("fieldSelector"), Some("metadata.name=cm1"));
+        assert!(query.flag("watch"));
+    }
 }

@@ -247,18 +247,13 @@ impl FieldSelector {
     /// Parses `input` for `resource` (which decides the supported fields).
     pub fn parse(input: &str, resource: &str) -> Result<Self, SelectorError> {
         let mut requirements = Vec::new();
-        for term in input.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-            let (field, value, equal) = if let Some((f, v)) = term.split_once("!=") {
-                (f, v, false)
-            } else if let Some((f, v)) = term.split_once("==") {
-                (f, v, true)
-            } else if let Some((f, v)) = term.split_once('=') {
-                (f, v, true)
-            } else {
+        for term in field_terms(input).filter(|t| !t.is_empty()) {
+            let Some((field, value, equal)) = field_term(term) else {
                 return Err(SelectorError(format!(
                     "invalid selector: '{input}'; can't understand '{term}'"
                 )));
             };
+            let value = unescape_field_value(value)?;
             let path: &'static [&'static str] = match (field.trim(), resource) {
                 ("metadata.name", _) => &["metadata", "name"],
                 ("metadata.namespace", _) => &["metadata", "namespace"],
@@ -287,11 +282,7 @@ impl FieldSelector {
                     )))
                 }
             };
-            requirements.push(FieldRequirement {
-                path,
-                value: value.trim().to_string(),
-                equal,
-            });
+            requirements.push(FieldRequirement { path, value, equal });
         }
         Ok(Self { requirements })
     }
@@ -310,6 +301,78 @@ impl FieldSelector {
             (actual == req.value) == req.equal
         })
     }
+}
+
+/// A field selector's terms: `input` cut at every comma no backslash escapes (kube's
+/// `splitTerms`); the escapes stay for [`unescape_field_value`].
+fn field_terms(input: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(input);
+    std::iter::from_fn(move || {
+        let text = rest?;
+        let mut escaped = false;
+        for (at, c) in text.char_indices() {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                ',' => {
+                    rest = Some(&text[at + 1..]);
+                    return Some(&text[..at]);
+                }
+                _ => {}
+            }
+        }
+        rest = None;
+        Some(text)
+    })
+}
+
+/// `(field, value, equal)` of one term, cut at the first operator from the left, an escape
+/// before it or not (kube's `splitTerm`: at each position `!=`, then `==`, then `=`).
+fn field_term(term: &str) -> Option<(&str, &str, bool)> {
+    (0..term.len())
+        .filter(|&at| term.is_char_boundary(at))
+        .find_map(|at| {
+            let rest = &term[at..];
+            if let Some(value) = rest.strip_prefix("!=") {
+                Some((&term[..at], value, false))
+            } else if let Some(value) = rest.strip_prefix("==") {
+                Some((&term[..at], value, true))
+            } else {
+                rest.strip_prefix('=')
+                    .map(|value| (&term[..at], value, true))
+            }
+        })
+}
+
+/// kube's `UnescapeValue`: `\\`, `\,` and `\=` stand for the character; any other escape, a
+/// trailing backslash, or a bare `,` or `=` is the apiserver's error.
+fn unescape_field_value(value: &str) -> Result<String, SelectorError> {
+    let mut out = String::with_capacity(value.len());
+    let mut chars = value.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('\\' | ',' | '=')) => out.push(e),
+                Some(other) => {
+                    return Err(SelectorError(format!(
+                        "invalid field selector: invalid escape sequence: \\{other}"
+                    )))
+                }
+                None => {
+                    return Err(SelectorError(
+                        "invalid field selector: invalid escape sequence: \\".into(),
+                    ))
+                }
+            },
+            ',' | '=' => {
+                return Err(SelectorError(format!(
+                    "invalid field selector: unescaped '{c}'"
+                )))
+            }
+            c => out.push(c),
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -399,5 +462,43 @@ mod tests {
             .unwrap()
             .matches(&pod));
         assert!(FieldSelector::parse("data.k1=v1", "configmaps").is_err());
+    }
+
+    #[test]
+    fn field_values_take_kubes_escapes_and_nothing_else() {
+        let named = |name: &str| json!({"metadata":{"name": name, "namespace":"ns"}});
+        // An escaped comma or equals sign is part of the value, not a new term or operator.
+        let selector = FieldSelector::parse(r"metadata.name=a\,b\=c\\d", "configmaps").unwrap();
+        assert!(selector.matches(&named(r"a,b=c\d")));
+        // Characters a query would carry encoded are the value's own.
+        let hostile = "x&labelSelector\\=app #f%41+;?\n";
+        let selector =
+            FieldSelector::parse(&format!("metadata.name!={hostile}"), "configmaps").unwrap();
+        assert!(!selector.matches(&named("x&labelSelector=app #f%41+;?\n")));
+        assert!(selector.matches(&named("seed")));
+        // The first operator from the left cuts the term; values are not trimmed.
+        assert!(FieldSelector::parse("metadata.name= seed", "configmaps")
+            .unwrap()
+            .matches(&named(" seed")));
+        for (bad, message) in [
+            ("metadata.name=a=b", "invalid field selector: unescaped '='"),
+            (
+                r"metadata.name=a\x",
+                r"invalid field selector: invalid escape sequence: \x",
+            ),
+            (
+                r"metadata.name=a\",
+                r"invalid field selector: invalid escape sequence: \",
+            ),
+        ] {
+            assert_eq!(
+                FieldSelector::parse(bad, "configmaps").unwrap_err().0,
+                message,
+                "{bad}"
+            );
+        }
+        // Two terms, both applied.
+        let both = FieldSelector::parse("metadata.name=seed,metadata.namespace!=ns", "configmaps");
+        assert!(!both.unwrap().matches(&named("seed")));
     }
 }
