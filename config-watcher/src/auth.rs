@@ -39,6 +39,26 @@ pub enum IdentityError {
 }
 
 impl Identity {
+    /// Whether every name can reach a member in an `Impersonate-*` field exactly as it is: no
+    /// control character (a CR or LF would end the field and start another, or a request), and
+    /// no space or tab at either end (a member trims them: a group ` system:masters` from an
+    /// identity provider would arrive as `system:masters`). kube-apiserver judges such names as
+    /// they are; an impersonating gateway writes them into headers, so it refuses them.
+    pub fn fits_in_a_header(&self) -> bool {
+        let fits = |text: &str| {
+            !text.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f)
+                && !text.starts_with([' ', '\t'])
+                && !text.ends_with([' ', '\t'])
+        };
+        fits(&self.user)
+            && self.groups.iter().all(|g| fits(g))
+            && self.uid.as_deref().is_none_or(fits)
+            && self
+                .extra
+                .iter()
+                .all(|(_, values)| values.iter().all(|v| fits(v)))
+    }
+
     /// Kubernetes' anonymous user: the identity of a client on a listener that does not
     /// authenticate (the plaintext benchmark listener).
     pub fn anonymous() -> Self {
@@ -367,6 +387,30 @@ impl Authenticators {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_fits_in_a_header_unless_it_could_end_one_or_be_trimmed() {
+        let with = |edit: fn(&mut Identity)| {
+            let mut identity = Identity {
+                user: "alice smith".into(),
+                groups: vec!["dev\tops".into()],
+                uid: Some("u-1".into()),
+                extra: vec![("scopes".into(), vec!["read write".into()])],
+            };
+            edit(&mut identity);
+            identity.fits_in_a_header()
+        };
+        assert!(with(|_| {}));
+        assert!(Identity::anonymous().fits_in_a_header());
+        assert!(!with(|i| i
+            .user
+            .push_str("\r\nImpersonate-Group: system:masters")));
+        assert!(!with(|i| i.groups.push(" system:masters".into())));
+        assert!(!with(|i| i.groups[0].push('\t')));
+        assert!(!with(|i| i.uid = Some("u-1\n".into())));
+        assert!(!with(|i| i.extra[0].1.push("x\u{7f}".into())));
+        assert!(!with(|i| i.user.insert(0, '\0')));
+    }
 
     #[test]
     fn token_file_lines_parse_like_kube_apiserver() {

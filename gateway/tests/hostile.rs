@@ -803,3 +803,113 @@ async fn a_query_says_to_the_policy_what_it_says_to_the_member() {
         }
     }
 }
+
+/// A fleet LIST's continue token is the client's to send back, so what it holds for a member is
+/// the client's too: it must reach the member as one query value, never as framing. A token
+/// holding CR LF, a header and a second request is refused or encoded; the member's heads carry
+/// nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_continue_token_cannot_frame_a_member_request() {
+    use base64::Engine as _;
+    let payloads = [
+        "x HTTP/1.1\r\nHost: m\r\nX-Injected: yes\r\nContent-Length: 0\r\n\r\nGET /smuggled HTTP/1.1\r\nX-Rest: ",
+        "x&limit=100000&labelSelector=injected",
+        "x#fragment",
+        "x y",
+    ];
+    for driver in DRIVERS {
+        let (upstream, gw) = setup(driver).await;
+        for payload in payloads {
+            let token = serde_json::json!({"c": "member", "k": payload}).to_string();
+            let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token);
+            let target = format!("/fleet/api/v1/pods?limit=1&continue={token}");
+            let raw = format!("GET {target} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n");
+            let _ = send_raw(gw.tls().await, raw.as_bytes()).await;
+        }
+        let seen = upstream.requests();
+        assert_eq!(seen.len(), payloads.len(), "{driver}: {seen:#?}");
+        for request in seen {
+            let head = &request.head;
+            let mut lines = head.lines();
+            let line = lines.next().unwrap_or("");
+            for field in lines {
+                let name = field.split(':').next().unwrap_or("");
+                assert!(
+                    !["X-Injected", "X-Rest", "Content-Length"].contains(&name)
+                        && !field.starts_with("GET "),
+                    "{driver}: {head}"
+                );
+            }
+            // One request line, its target one token; the query's pairs are the gateway's.
+            let parts: Vec<&str> = line.split(' ').collect();
+            assert_eq!(parts.len(), 3, "{driver}: {line}");
+            let query = parts[1].split_once('?').map_or("", |q| q.1);
+            assert!(!query.contains('#'), "{driver}: {line}");
+            let mut keys: Vec<&str> = query
+                .split('&')
+                .map(|p| p.split('=').next().unwrap())
+                .collect();
+            keys.sort();
+            assert_eq!(keys, ["continue", "limit"], "{driver}: {line}");
+        }
+    }
+}
+
+/// The identity goes to the member in `Impersonate-*` fields the gateway writes, so a name
+/// from a certificate (or a token's claim) holding CR LF, or spaces a member would trim, must
+/// never be written: the client gets a 401 and the member sees nothing. A certificate the
+/// gateway's CA signed is the carrier here (an identity provider's claims are the same bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_an_impersonation_header_cannot_carry_is_refused() {
+    let hostile = [
+        ("alice\r\nImpersonate-Group: system:masters", "devs"),
+        ("alice", "devs\r\nImpersonate-User: system:admin"),
+        ("alice", " system:masters"),
+        ("alice ", "devs"),
+        ("alice\0", "devs"),
+        ("\tadmin", "devs"),
+    ];
+    for driver in DRIVERS {
+        let (upstream, gw) = setup(driver).await;
+        for (user, group) in hostile {
+            let (response, rest) = get_pods_as(&gw, user, group).await;
+            assert_refused(
+                response,
+                &rest,
+                401,
+                &format!("{driver}: {user:?} in {group:?}"),
+            );
+        }
+        let seen = upstream.requests();
+        assert!(seen.is_empty(), "{driver}: the member saw {seen:#?}");
+        // A name with inner spaces and tabs is a name like any other.
+        let (response, _) = get_pods_as(&gw, "alice smith", "dev\tops").await;
+        assert_eq!(response.map(|r| r.code), Some(200), "{driver}");
+        let seen = upstream.requests();
+        assert_eq!(seen.len(), 1, "{driver}");
+        assert!(
+            seen[0]
+                .head
+                .contains("Impersonate-User: alice smith\r\nImpersonate-Group: dev\tops\r\n"),
+            "{}",
+            seen[0].head
+        );
+    }
+}
+
+/// A GET of member's pods over TLS with a client certificate for `user` in `group`.
+async fn get_pods_as(
+    gw: &support::Gateway,
+    user: &str,
+    group: &str,
+) -> (Option<support::Response>, Vec<u8>) {
+    let config = gw.pki.client_config_as(user, group);
+    let tcp = tokio::net::TcpStream::connect(gw.https).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let raw = "GET /clusters/member/api/v1/namespaces/default/pods HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n";
+    send_raw(tls, raw.as_bytes()).await
+}

@@ -197,6 +197,16 @@ where
             Arc::new(wanted)
         }
     };
+    // The identity goes to the member in Impersonate-* fields: a name those cannot carry as it
+    // is (a CR LF from a token's claim or a certificate's subject, spaces a member would trim)
+    // is refused, never written.
+    if !identity.fits_in_a_header() {
+        let error = GatewayError::Unauthorized {
+            reason: "the user's name, a group, uid or extra value holds a control character or \
+                     starts or ends with a space, which an impersonation header cannot carry",
+        };
+        return Err(Refusal::of(error, &authenticated, &identity));
+    }
     if !policy.allows(&identity, &cluster.name, attrs) {
         let error = forbidden(&identity, &Place::Cluster(&cluster.name), attrs);
         return Err(Refusal::of(error, &authenticated, &identity));

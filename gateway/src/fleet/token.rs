@@ -12,6 +12,13 @@ use serde::{Deserialize, Serialize};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
+/// What a query value added by the gateway leaves as it is: RFC 3986's unreserved characters.
+const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// Longest token accepted (a member's continue token is a few hundred bytes).
 const MAX_TOKEN: usize = 8 * 1024;
 
@@ -102,10 +109,12 @@ pub fn query_count(
     }
 }
 
-/// The raw query without `keys`, then `extra` (`k=v` pairs, already encoded), with its `?`. A
-/// key is matched as the member's Go reads it (`l%69mit` is `limit`: it goes, or the member would
-/// take the client's value before the gateway's), and a pair Go drops (a `;`, a broken escape)
-/// goes too.
+/// The raw query without `keys`, then `extra`, with its `?`. A key is matched as the member's Go
+/// reads it (`l%69mit` is `limit`: it goes, or the member would take the client's value before
+/// the gateway's), and a pair Go drops (a `;`, a broken escape) goes too. `extra`'s values are
+/// percent-encoded here, every byte but ASCII letters, digits and `-._~`: a value from a token
+/// the client sent back (a member's continue token or resourceVersion) stays one query value,
+/// whatever it holds (`&`, `#`, CR LF), and never frames the member's request line.
 pub fn rewrite_query(query: &[u8], keys: &[&str], extra: &[(&str, &str)]) -> Vec<u8> {
     let query = query.strip_prefix(b"?").unwrap_or(query);
     let mut out = Vec::with_capacity(query.len() + 64);
@@ -124,7 +133,8 @@ pub fn rewrite_query(query: &[u8], keys: &[&str], extra: &[(&str, &str)]) -> Vec
         }
     }
     for (k, v) in extra {
-        push(format!("{k}={v}").as_bytes());
+        let value = percent_encoding::utf8_percent_encode(v, QUERY_VALUE);
+        push(format!("{k}={value}").as_bytes());
     }
     out
 }
@@ -239,6 +249,15 @@ mod tests {
         // As Go's url.Query(): a pair with a broken escape or a `;` is not there.
         assert_eq!(query_value(b"?x=%zz%4", "x"), None);
         assert_eq!(query_value(b"?x=1;&x=2", "x").as_deref(), Some("2"));
+        // A value the gateway adds is one query value, whatever it holds.
+        assert_eq!(
+            rewrite_query(
+                b"?a=1",
+                &["continue"],
+                &[("continue", "x y\r\nH: v&limit=9#f+/=")]
+            ),
+            b"?a=1&continue=x%20y%0D%0AH%3A%20v%26limit%3D9%23f%2B%2F%3D".as_slice()
+        );
         // A key the gateway sets goes however the client spelled it; pairs Go drops go too.
         assert_eq!(
             rewrite_query(

@@ -40,6 +40,8 @@ pub struct Pki {
     pub serving_key_pem: String,
     pub client_cert_pem: String,
     pub client_key_pem: String,
+    /// Signs more client certificates ([`Pki::client_config_as`]).
+    ca: rcgen::CertifiedIssuer<'static, KeyPair>,
 }
 
 impl Pki {
@@ -67,25 +69,35 @@ impl Pki {
             .push(DnType::CommonName, "fleetgate");
         let serving_cert = serving.signed_by(&serving_key, &ca).unwrap();
 
-        let client_key = KeyPair::generate().unwrap();
-        let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
-        client.distinguished_name.push(DnType::CommonName, "alice");
-        client
-            .distinguished_name
-            .push(DnType::OrganizationName, "devs");
-        client.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        let client_cert = client.signed_by(&client_key, &ca).unwrap();
+        let (client_cert_pem, client_key_pem) = client_cert(&ca, "alice", "devs");
         Pki {
             ca_pem: ca.pem(),
             serving_cert_pem: serving_cert.pem(),
             serving_key_pem: serving_key.serialize_pem(),
-            client_cert_pem: client_cert.pem(),
-            client_key_pem: client_key.serialize_pem(),
+            client_cert_pem,
+            client_key_pem,
+            ca,
         }
+    }
+
+    /// A rustls client trusting the CA, with a client certificate the CA signed for
+    /// `common_name` (the user) in `organization` (a group).
+    pub fn client_config_as(
+        &self,
+        common_name: &str,
+        organization: &str,
+    ) -> Arc<rustls::ClientConfig> {
+        let (cert, key) = client_cert(&self.ca, common_name, organization);
+        self.config_with(Some((&cert, &key)))
     }
 
     /// A rustls client trusting the CA; with the client certificate when `with_cert`.
     pub fn client_config(&self, with_cert: bool) -> Arc<rustls::ClientConfig> {
+        let cert = (self.client_cert_pem.as_str(), self.client_key_pem.as_str());
+        self.config_with(with_cert.then_some(cert))
+    }
+
+    fn config_with(&self, cert: Option<(&str, &str)>) -> Arc<rustls::ClientConfig> {
         let provider = fleetgate_config_watcher::crypto_provider();
         let mut roots = rustls::RootCertStore::empty();
         for c in fleetgate_config_watcher::parse_certs(self.ca_pem.as_bytes()).unwrap() {
@@ -95,15 +107,14 @@ impl Pki {
             .with_safe_default_protocol_versions()
             .unwrap()
             .with_root_certificates(roots);
-        let mut config = if with_cert {
-            builder
+        let mut config = match cert {
+            Some((cert, key)) => builder
                 .with_client_auth_cert(
-                    fleetgate_config_watcher::parse_certs(self.client_cert_pem.as_bytes()).unwrap(),
-                    fleetgate_config_watcher::parse_key(self.client_key_pem.as_bytes()).unwrap(),
+                    fleetgate_config_watcher::parse_certs(cert.as_bytes()).unwrap(),
+                    fleetgate_config_watcher::parse_key(key.as_bytes()).unwrap(),
                 )
-                .unwrap()
-        } else {
-            builder.with_no_client_auth()
+                .unwrap(),
+            None => builder.with_no_client_auth(),
         };
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Arc::new(config)
@@ -680,6 +691,25 @@ pub async fn setup_with(
     configure: impl FnOnce(&mut std::process::Command),
 ) -> (Upstream, Gateway) {
     setup_files(driver, edit, |text| text, configure).await
+}
+
+/// A client certificate `ca` signed for `common_name` in `organization`: PEM, and its key's.
+fn client_cert(
+    ca: &rcgen::CertifiedIssuer<'static, KeyPair>,
+    common_name: &str,
+    organization: &str,
+) -> (String, String) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, organization);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, ca).unwrap();
+    (cert.pem(), key.serialize_pem())
 }
 
 /// Like [`setup`], with the test clients' resource grant (every verb) replaced by `rules` (YAML
