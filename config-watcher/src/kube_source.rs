@@ -34,7 +34,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use futures_util::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
@@ -482,18 +481,21 @@ async fn follow(
     };
     // What the conditions were last written against: the serving table's generation and the
     // last rejection. The file source publishes too (and the merged table exists only once both
-    // have reported), so the table can change with no event here: looked at every
-    // CONDITIONS_RECHECK, the conditions are written again when it did.
+    // have reported), so the table can change with no event here: after every reload outcome,
+    // whichever source's, the conditions are written again if it changed.
     let mut written_against: Option<(u64, Option<String>)> = None;
-    let mut recheck = tokio::time::interval(CONDITIONS_RECHECK);
-    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut outcomes = publisher.status().outcomes();
     loop {
         let event = tokio::select! {
             event = events_rx.recv() => match event {
                 Some(event) => Some(event),
                 None => return,
             },
-            _ = recheck.tick() => None,
+            changed = outcomes.changed() => match changed {
+                Ok(()) => None,
+                // The status outlives this loop (the publisher holds it): not reached.
+                Err(_) => return,
+            },
         };
         if let Some((kind, update)) = event {
             dirty |= apply(&mut objects, kind, update);
@@ -526,10 +528,6 @@ async fn follow(
         .await;
     }
 }
-
-/// How often the API source looks whether the serving table changed without an event of its own
-/// (the file source published, or both sources' first merged table came after its publish).
-const CONDITIONS_RECHECK: Duration = Duration::from_secs(1);
 
 /// What an object's `Ready` condition depends on besides the object: the serving table's
 /// generation and the last rejection's message.

@@ -41,6 +41,9 @@ pub struct ReloadStatus {
     /// file, agent CA...): failed reloads and the last success. Written by the config sources and
     /// the gateway's TLS reloader, read by the admin thread.
     material: Mutex<std::collections::BTreeMap<&'static str, MaterialStatus>>,
+    /// Counts the reload attempts whose outcome is recorded (published, unchanged or rejected):
+    /// what follows the serving table (the API source's Ready conditions) waits on it.
+    outcomes: tokio::sync::watch::Sender<u64>,
 }
 
 /// The reload record of one kind of key material.
@@ -79,6 +82,12 @@ impl ReloadStatus {
     /// Reload attempts rejected because the configuration was invalid.
     pub fn failed(&self) -> u64 {
         self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Changes once each reload attempt's outcome is recorded, after the table it published
+    /// (if any) serves: a receiver sees every outcome since it last looked, at least once.
+    pub fn outcomes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.outcomes.subscribe()
     }
 
     /// The error of the last attempt, if the last attempt failed.
@@ -146,6 +155,7 @@ impl ReloadStatus {
             .last_error
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        self.outcomes.send_modify(|n| *n += 1);
     }
 
     fn record_failure(&self, message: String, what: &'static str) {
@@ -159,6 +169,7 @@ impl ReloadStatus {
             message,
             at_unix_seconds,
         });
+        self.outcomes.send_modify(|n| *n += 1);
     }
 
     /// OpenMetrics lines (without `# EOF`) for the gateway's `/metrics`: reloads by result, whether
@@ -431,5 +442,28 @@ fn warn_on_restart_only_changes(old: &Config, new: &Config) {
             gateway = %n.name,
             "Gateway listeners, workers or admin address changed: these apply on the next restart"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_outcome_is_announced_once_it_is_recorded() {
+        let status = ReloadStatus::new();
+        let mut outcomes = status.outcomes();
+        assert!(!outcomes.has_changed().unwrap());
+        status.record_failure("bad".into(), crate::material::TOKEN_FILE);
+        assert!(outcomes.has_changed().unwrap());
+        outcomes.borrow_and_update();
+        // What a waiter reads once woken is already there.
+        assert_eq!(
+            status.last_error().map(|f| f.message).as_deref(),
+            Some("bad")
+        );
+        status.record_success();
+        assert!(outcomes.has_changed().unwrap());
+        assert_eq!(status.last_error(), None);
     }
 }

@@ -181,7 +181,7 @@ where
             return;
         }
     };
-    debug!(peer = %peer.addr, user = %identity.user, "h2 connection");
+    debug!(peer = %peer.addr, user = ?identity.user, "h2 connection");
     // Who the audit log names when a stream is refused before its identity is decided.
     let audit_user = ctx
         .audit
