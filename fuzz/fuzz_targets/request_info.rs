@@ -23,11 +23,14 @@ fuzz_target!(|data: &[u8]| {
     let _ = info.metrics_verb();
     let _ = is_basic(&info);
     if info.is_resource_request && info.classified {
+        // The name too, from the path or from a field selector in the query (where it is given
+        // only when it needed no unescaping).
         for field in [
             info.namespace,
             info.resource,
             info.subresource,
             info.api_group,
+            info.name,
         ] {
             assert!(!field.contains('/'), "a field spans segments: {field:?}");
             assert!(
