@@ -780,10 +780,16 @@ async fn a_query_says_to_the_policy_what_it_says_to_the_member() {
         let rules = format!("    - verbs: [{grant}]\n      resources: [configmaps]\n");
         for driver in DRIVERS {
             let (upstream, gw) = support::setup_with_rules(driver, &rules).await;
+            let mut h2 = h2_client(&gw).await;
             for query in refused {
                 let (response, rest) = send_raw(gw.plain().await, ask(query).as_bytes()).await;
                 let what = format!("{driver}: {query} under a {grant}-only grant");
                 assert_refused(response, &rest, 403, &what);
+                // The same over h2 (alice, authenticated, has the same grant).
+                let request = h2_request("GET", &format!("{configmaps}?{query}"));
+                let (answer, _) = h2.send_request(request, true).unwrap();
+                let answer = answer.await.unwrap();
+                assert_eq!(answer.status(), 403, "{what} (h2)");
             }
             let seen = upstream.requests();
             assert!(seen.is_empty(), "{driver}: the member saw {seen:#?}");
