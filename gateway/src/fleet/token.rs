@@ -93,7 +93,9 @@ fn valid_cluster_name(name: &str) -> bool {
 /// same reading of a query as the request info's.
 pub fn query_value(query: &[u8], key: &str) -> Option<String> {
     let query = query.strip_prefix(b"?").unwrap_or(query);
-    request_info::param(query, key.as_bytes()).map(percent_decode)
+    let value = request_info::param(query, key.as_bytes())?;
+    let bytes: Vec<u8> = request_info::Unescaped::new(value).collect();
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// A whole-number parameter where absent, empty and `0` all mean none (`limit`,
@@ -137,28 +139,6 @@ pub fn rewrite_query(query: &[u8], keys: &[&str], extra: &[(&str, &str)]) -> Vec
         push(format!("{k}={value}").as_bytes());
     }
     out
-}
-
-fn percent_decode(v: &[u8]) -> String {
-    let mut out = Vec::with_capacity(v.len());
-    let mut i = 0;
-    while i < v.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match v[i] {
-            b'%' if i + 2 < v.len() => match (hex(v[i + 1]), hex(v[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push((h * 16 + l) as u8);
-                    i += 3;
-                    continue;
-                }
-                _ => out.push(b'%'),
-            },
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
