@@ -1255,3 +1255,61 @@ fn h2_shared_watches_whose_clients_vanish_leave_nothing_behind() {
     );
     assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
 }
+
+/// An h2 client whose shared watch waits for the hub's first list (the member answers LISTs
+/// 20 s late here) and resets its stream leaves at once: its stream and its place among the
+/// hub's clients are freed while the hub still waits, not when the list comes.
+#[test]
+fn an_h2_watch_reset_while_the_hubs_list_is_pending_leaves_at_once() {
+    let mut fleet = Fleet::sim_with("", 1, 0, &["--list-delay-ms", "20000"]);
+    share_configmaps(&fleet, 64, 16);
+    fleet.serve(&["--workers", "1"], None);
+    let (tls, https) = (fleet.admin_tls_config(b"h2"), fleet.https());
+    let (_client, mut stream, headed) = fleet.runtime.block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(https).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let (mut client, connection) = h2::client::handshake(tls).await.unwrap();
+        tokio::spawn(connection);
+        let request = http::Request::get(
+            "https://127.0.0.1/clusters/member1/api/v1/namespaces/default/configmaps?watch=1",
+        )
+        .body(())
+        .unwrap();
+        let (response, stream) = client.send_request(request, true).unwrap();
+        // Kept polled (the stream stays open); whether a head came is recorded.
+        let headed = Arc::new(Mutex::new(false));
+        let marked = Arc::clone(&headed);
+        tokio::spawn(async move {
+            if response.await.is_ok() {
+                *marked.lock().unwrap() = true;
+            }
+        });
+        (client, stream, headed)
+    });
+    wait_for_or(
+        "the watch to wait among the hub's clients",
+        Duration::from_secs(10),
+        || {
+            fleet.metric("fleetgate_open_streams") == Some(1)
+                && fleet.metric("fleetgate_shared_watches") == Some(1)
+        },
+        || fleet.log(),
+    );
+    // Still waiting: the hub's list is 20 s away, so no head yet.
+    assert!(
+        !*headed.lock().unwrap(),
+        "a head came before the hub's list"
+    );
+    stream.send_reset(h2::Reason::CANCEL);
+    wait_for_or(
+        "the reset stream to be freed while the hub's list is pending",
+        Duration::from_secs(5),
+        || fleet.metric("fleetgate_open_streams") == Some(0),
+        || fleet.log(),
+    );
+    assert_eq!(fleet.metric("fleetgate_shared_watch_clients"), Some(0));
+}

@@ -65,6 +65,9 @@ struct SimArgs {
     /// request timeout (0: only at the client's timeoutSeconds).
     #[arg(long, default_value_t = 0)]
     watch_timeout_seconds: u64,
+    /// Answers every LIST this many milliseconds late (tests of clients that wait on one).
+    #[arg(long, default_value_t = 0)]
+    list_delay_ms: u64,
     /// Also serve every member in plain HTTP on a second 127.0.0.1 port (for proxies whose
     /// upstream leg is plain HTTP/1.1, as the benchmark peers'); printed as a `plaintext:` line
     /// before `ready` and written to DIR/plaintext-members (one `NAME=http://ADDR` a line).
@@ -109,6 +112,7 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
             services: args.services,
             watch_timeout: (args.watch_timeout_seconds > 0)
                 .then(|| Duration::from_secs(args.watch_timeout_seconds)),
+            list_delay: Duration::from_millis(args.list_delay_ms),
             ..SimTuning::default()
         };
         let fleet = sim::start_fleet_with_tuning(

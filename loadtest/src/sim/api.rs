@@ -659,7 +659,13 @@ async fn dispatch(
     let sub = rp.subresource.as_deref();
     match (verb, sub) {
         ("watch", _) => watch::serve(info, res, ns),
-        ("list", _) => objects::list(info, res, ns),
+        ("list", _) => {
+            let delay = info.member.tuning.list_delay;
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            objects::list(info, res, ns)
+        }
         ("create", None) => {
             let content_type = header_str(&req, header::CONTENT_TYPE).map(str::to_string);
             let body = read_body(req.into_body()).await?;

@@ -27,6 +27,8 @@ pub struct SimTuning {
     /// Every watch ends after this long (kube-apiserver's request timeout); None: only at the
     /// client's `timeoutSeconds`.
     pub watch_timeout: Option<Duration>,
+    /// Every LIST is answered this much later (tests that need a client to wait on one).
+    pub list_delay: Duration,
 }
 
 impl Default for SimTuning {
@@ -37,6 +39,7 @@ impl Default for SimTuning {
             bookmark_interval: Duration::from_secs(60),
             services: Vec::new(),
             watch_timeout: None,
+            list_delay: Duration::ZERO,
         }
     }
 }
