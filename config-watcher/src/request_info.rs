@@ -476,16 +476,24 @@ fn trim_slashes(mut path: &[u8]) -> &[u8] {
 /// [`Unescaped`].
 pub fn param<'q>(query: &'q [u8], name: &[u8]) -> Option<&'q [u8]> {
     query.split(|b| *b == b'&').find_map(|pair| {
-        if pair.contains(&b';') {
+        if !go_keeps(pair) {
             return None;
         }
         let (key, value) = match pair.iter().position(|b| *b == b'=') {
             Some(eq) => (&pair[..eq], &pair[eq + 1..]),
             None => (pair, &b""[..]),
         };
-        let readable = escapes_valid(key) && escapes_valid(value);
-        (readable && Unescaped::new(key).eq(name.iter().copied())).then_some(value)
+        Unescaped::new(key)
+            .eq(name.iter().copied())
+            .then_some(value)
     })
+}
+
+/// Whether Go's `url.Query()` keeps a `key=value` pair: none holding a `;` (dropped from Go 1.17
+/// on), none whose key or value has a `%` not followed by two hex digits (`=` is no hex digit,
+/// so the whole pair is checked at once).
+pub fn go_keeps(pair: &[u8]) -> bool {
+    !pair.contains(&b';') && escapes_valid(pair)
 }
 
 /// Whether Go's `url.QueryUnescape` accepts `raw`: every `%` begins two hex digits.

@@ -126,11 +126,10 @@ pub fn rewrite_query(query: &[u8], keys: &[&str], extra: &[(&str, &str)]) -> Vec
     };
     for pair in query.split(|b| *b == b'&').filter(|p| !p.is_empty()) {
         let key = pair.split(|b| *b == b'=').next().unwrap_or(pair);
-        let go_reads = !pair.contains(&b';') && request_info::escapes_valid(pair);
         let replaced = keys
             .iter()
             .any(|k| request_info::Unescaped::new(key).eq(k.bytes()));
-        if go_reads && !replaced {
+        if request_info::go_keeps(pair) && !replaced {
             push(pair);
         }
     }

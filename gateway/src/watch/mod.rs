@@ -155,14 +155,11 @@ pub fn plan<'a>(
         }
         // A pair Go's `url.Query()` drops (a `;`, a broken escape) or reads as bytes that are no
         // text: the member's reading of it is the member's own, so the watch is too.
-        let readable = !pair.contains(&b';')
-            && request_info::escapes_valid(pair)
+        let readable = request_info::go_keeps(pair)
             && String::from_utf8(request_info::Unescaped::new(pair).collect()).is_ok();
         if !readable {
             return None;
         }
-        // A pair Go's `url.Query()` drops (a `;`, a broken escape) or reads as bytes that are no
-        // text: the member's reading of it is the member's own, so the watch is too.
         seen.push(key);
     }
     let value = |key: &str| crate::fleet::token::query_value(query, key);
