@@ -76,7 +76,12 @@ fn direct(fleet: &Fleet, args: &[&str]) -> String {
 
 /// One member, one worker sharing configmaps (ring 64, lag limit 16), and the seed created.
 fn seeded_fleet() -> Fleet {
-    let mut fleet = Fleet::sim(1, 0);
+    seeded_fleet_of(std::process::Command::new(support::fleet::loadtest_binary()))
+}
+
+/// [`seeded_fleet`] with `sim` as the `fleetgate-loadtest` command.
+fn seeded_fleet_of(sim: std::process::Command) -> Fleet {
+    let mut fleet = Fleet::sim_launched(sim, 1, 0, "", &[]);
     share_configmaps(&fleet, 64, 16);
     fleet.serve(&["--workers", "1"], None);
     create_seed(&fleet);
@@ -965,11 +970,7 @@ fn query_pairs(query: &str) -> Vec<(String, String)> {
 fn recording_fleet() -> Fleet {
     let mut sim = std::process::Command::new(support::fleet::loadtest_binary());
     sim.env("RUST_LOG", "warn,fleetgate_loadtest::sim::api=debug");
-    let mut fleet = Fleet::sim_launched(sim, 1, 0, "", &[]);
-    share_configmaps(&fleet, 64, 16);
-    fleet.serve(&["--workers", "1"], None);
-    create_seed(&fleet);
-    fleet
+    seeded_fleet_of(sim)
 }
 
 /// The client's field selector in the catch-up below: valid to kube, hostile to a query that
