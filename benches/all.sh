@@ -33,17 +33,17 @@
 # (core 1) in front of it; run alone, it starts nothing else. It ends with send-floor.py, the
 # kernel's cost of one small send per client connection (the floor under CPU per event).
 # Targets: `direct` (the upstream itself), `floor` (small-get only: the byte pump is valid for
-# small GETs only), `haproxy`, `nginx`, `goproxy` (../shared/peers/start.sh; `-tls` ones serve
+# small GETs only), `haproxy`, `nginx`, `goproxy` ($PEERS/start.sh; `-tls` ones serve
 # TLS + h2 with the sim's gateway certificate), and `fleetgate` (`serve --workers 1`).
 # The auth-overhead pair (issue 6): the same small-get against fleetgate with authentication,
 # policy and impersonation off, then on (bearer token, AccessPolicy, impersonation).
 #
 # Needs Debian's nginx-light haproxy golang-go (benches/install-peers.sh), python3, and
-# ../shared/peers. Pinning needs 2 cores.
+# the benchmark peers in $PEERS (shared/peers of the workspace). Pinning needs 2 cores.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
-peers=${PEERS:-$repo/../shared/peers}
+peers=${PEERS:?"set PEERS to the benchmark peers folder (shared/peers of the workspace)"}
 out=${OUT:-$repo/target/bench/all}
 charts=${CHARTS:-$repo/docs/charts}
 duration=${DURATION:-10s}

@@ -7,11 +7,12 @@
 #   benches/run.sh [small-get] [big-list]      (default: small-get)
 #   DURATION=10s CONNECTIONS=50 ROUNDS=3 benches/run.sh small-get
 #
-# Needs Debian's nginx-light haproxy golang-go (benches/install-peers.sh) and ../shared/peers.
+# Needs Debian's nginx-light haproxy golang-go (benches/install-peers.sh) and
+# the benchmark peers in $PEERS (shared/peers of the workspace).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
-peers=${PEERS:-$repo/../shared/peers}
+peers=${PEERS:?"set PEERS to the benchmark peers folder (shared/peers of the workspace)"}
 out=${OUT:-$repo/target/bench}
 duration=${DURATION:-10s}
 connections=${CONNECTIONS:-50}

@@ -1,5 +1,5 @@
 //! The member's answers to the requests recorded from a real kube-apiserver v1.24
-//! (`../shared/fixtures/kube-apiserver-v1.24/errors/` and `objects/`): the same request gets the
+//! (the recorded fixtures' `errors/` and `objects/`): the same request gets the
 //! same status code and the same Status object (compared as JSON values; key order aside). The
 //! expected bodies are copied here from the fixtures so the test stands alone.
 

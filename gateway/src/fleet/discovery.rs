@@ -238,11 +238,12 @@ mod tests {
 
     const FIXTURES: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/fixtures/kube-apiserver-v1.24/discovery"
+        "/tests/fixtures/kube-apiserver-v1.24/discovery"
     );
 
     fn fixture(name: &str) -> Vec<u8> {
-        std::fs::read(format!("{FIXTURES}/{name}")).expect("the fixtures sit beside the project")
+        std::fs::read(format!("{FIXTURES}/{name}"))
+            .expect("gateway/tests/fixtures holds the recorded fixture")
     }
 
     /// What the demo merges, and a kind in a second version of a group.

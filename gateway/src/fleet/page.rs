@@ -171,11 +171,12 @@ mod tests {
 
     const FIXTURES: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/fixtures/kube-apiserver-v1.24"
+        "/tests/fixtures/kube-apiserver-v1.24"
     );
 
     fn fixture(path: &str) -> Vec<u8> {
-        std::fs::read(format!("{FIXTURES}/{path}")).expect("the fixtures sit beside the project")
+        std::fs::read(format!("{FIXTURES}/{path}"))
+            .expect("gateway/tests/fixtures holds the recorded fixture")
     }
 
     #[test]
