@@ -298,6 +298,88 @@ async fn forged_identity_headers_never_reach_the_member() {
     }
 }
 
+/// Identity fields spelled with `_` for `-`: a Go apiserver ignores them, but a backend that maps
+/// `_` to `-` (CGI, WSGI, some proxies in front of an agent's in-cluster service) would honour
+/// them. Refused with a 400 Status over every listener and protocol; nothing reaches the member,
+/// and a field with `_` that names no identity still passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_fields_spelled_with_underscores_are_refused_and_reach_no_member() {
+    let forged = [
+        ("Impersonate_User", "admin"),
+        ("impersonate_group", "system:masters"),
+        ("Impersonate-Extra_Scopes", "all"),
+        ("X_Remote_User", "admin"),
+        ("x-remote_group", "system:masters"),
+    ];
+    for driver in DRIVERS {
+        let (upstream, gw) = setup(driver).await;
+        for (name, value) in forged {
+            let raw = format!(
+                "GET /clusters/member/api/v1/namespaces HTTP/1.1\r\nHost: gw\r\n{name}: {value}\r\n\r\n"
+            );
+            let what = format!("{driver} {name}");
+            refused_then_served(gw.tls().await, &raw, &format!("{what} (TLS)")).await;
+            refused_then_served(gw.plain().await, &raw, &format!("{what} (plaintext)")).await;
+            let mut h2 = h2_client(&gw).await.ready().await.unwrap();
+            let mut request = h2_request("GET", "/clusters/member/api/v1/namespaces");
+            request.headers_mut().append(
+                http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+            let (response, _) = h2.send_request(request, true).unwrap();
+            assert_eq!(
+                response.await.unwrap().status(),
+                400,
+                "{driver} (h2) {name}"
+            );
+        }
+        // The member saw only the ordinary requests (one per refused one on the TLS listener,
+        // which authenticates alice; the plaintext one's anonymous user reaches the member too).
+        let seen = upstream.requests();
+        assert_eq!(seen.len(), 2 * forged.len(), "{driver}: {seen:#?}");
+        for request in &seen {
+            assert_eq!(fields(&request.head, "x_trace_id"), ["7"], "{driver}");
+            let lower = request.head.to_ascii_lowercase();
+            for forbidden in [
+                "impersonate_",
+                "x_remote",
+                "x-remote",
+                "system:masters",
+                "admin",
+            ] {
+                assert!(
+                    !lower.contains(forbidden),
+                    "{driver}: {forbidden} reached the member:\n{}",
+                    request.head
+                );
+            }
+        }
+    }
+}
+
+/// Sends `raw`, expects a 400 BadRequest Status, then sends [`ORDINARY`] on the same connection
+/// and expects it served: the connection stays sound.
+async fn refused_then_served<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    raw: &str,
+    what: &str,
+) {
+    let mut carry = Vec::new();
+    stream.write_all(raw.as_bytes()).await.unwrap();
+    let response = read_response(&mut stream, &mut carry).await;
+    let response = response.unwrap_or_else(|| panic!("{what}: no answer"));
+    assert_eq!(response.code, 400, "{what}: {response:?}");
+    assert_eq!(response.json()["kind"], "Status", "{what}");
+    assert_eq!(response.json()["reason"], "BadRequest", "{what}");
+    stream.write_all(ORDINARY.as_bytes()).await.unwrap();
+    let response = read_response(&mut stream, &mut carry).await.unwrap();
+    assert_eq!(response.code, 200, "{what}: {response:?}");
+}
+
+/// A request with an ordinary field spelled with `_`.
+const ORDINARY: &str =
+    "GET /clusters/member/api/v1/namespaces HTTP/1.1\r\nHost: gw\r\nX_Trace_Id: 7\r\n\r\n";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_the_fleet_view_forged_fields_never_reach_a_member_and_bad_input_reaches_none() {
     let forged = "X-Remote-User: admin\r\nX-Remote-Group: system:masters\r\nAuthorization: Bearer forged\r\nAccept-Encoding: gzip\r\nConnection: x-custom\r\nX-Custom: hop\r\n";

@@ -29,7 +29,10 @@ mod upstream;
 pub use impersonation::check_request;
 use impersonation::{check_impersonation, requested_impersonation};
 pub use jwt::verify_jwt;
-pub use upstream::{drops_client_header, is_identity_header, push_upstream_identity};
+pub use upstream::{
+    check_field_names, drops_client_header, is_identity_header, is_remote_identity,
+    push_upstream_identity,
+};
 
 /// What one client connection established for all its requests: the verified certificate's
 /// identity (if any), and the last bearer JWT verified on it (kubectl sends the same token on
@@ -394,6 +397,15 @@ mod tests {
         assert!(is_identity_header(b"AUTHORIZATION"));
         assert!(is_identity_header(b"impersonate-user"));
         assert!(is_identity_header(b"Impersonate-Extra-Scopes"));
+        // `_` reads as `-`, as CGI / WSGI backends read it.
+        assert!(is_identity_header(b"Impersonate_User"));
+        assert!(is_identity_header(b"AUTHORIZATION"));
+        assert!(is_remote_identity(b"X_Remote_Group"));
+        assert!(!is_identity_header(b"Impersonate"));
+        assert!(!is_remote_identity(b"X_Remote"));
+        let fields = [(&b"X_Trace_Id"[..], &b"1"[..]), (b"Impersonate_Uid", b"0")];
+        assert!(check_field_names(fields[..1].iter().copied()).is_ok());
+        assert!(check_field_names(fields.iter().copied()).is_err());
         assert!(!is_identity_header(b"Impersonator"));
     }
 

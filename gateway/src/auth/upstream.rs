@@ -5,13 +5,58 @@
 
 use fleetgate_config_watcher::ClusterRoute;
 
-use super::{starts_with_ignore_case, ClientIdentity};
+use super::ClientIdentity;
+use crate::errors::GatewayError;
 use crate::protocol::http1::push_header;
 
 /// Whether a client header is dropped because identity headers are the gateway's to write
-/// (except on a PassThrough cluster, where the client speaks for itself).
+/// (except on a PassThrough cluster, where the client speaks for itself). `_` reads as `-`
+/// (see [`reads_as`]).
 pub fn is_identity_header(name: &[u8]) -> bool {
-    name.eq_ignore_ascii_case(b"authorization") || starts_with_ignore_case(name, b"impersonate-")
+    reads_as(name, b"authorization") || reads_as_prefix(name, b"impersonate-")
+}
+
+/// Whether a field name is kube's request-header authentication (`X-Remote-User`, `-Group`,
+/// `-Extra-*`), which no client may send to a member; `_` reads as `-`.
+pub fn is_remote_identity(name: &[u8]) -> bool {
+    reads_as_prefix(name, b"x-remote-")
+}
+
+/// Refuses a request with a field name holding `_` that reads as an identity field
+/// (`Authorization`, `Impersonate-*`, `X-Remote-*`) once `_` is read as `-`. A Go apiserver
+/// ignores `Impersonate_User`, but a backend that maps `_` to `-` (CGI and WSGI do, and so do
+/// some proxies: an agent's in-cluster service may sit behind one) would honour it. No client
+/// has a reason to send one, so it is refused rather than dropped.
+pub fn check_field_names<'h>(
+    mut headers: impl Iterator<Item = (&'h [u8], &'h [u8])>,
+) -> Result<(), GatewayError> {
+    let underscored_identity = |name: &[u8]| {
+        name.contains(&b'_') && (is_identity_header(name) || is_remote_identity(name))
+    };
+    match headers.find(|(name, _)| underscored_identity(name)) {
+        Some((name, _)) => Err(GatewayError::UnderscoredIdentityField {
+            name: String::from_utf8_lossy(name).into_owned(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `name` equals the lower-case `expected`, ignoring ASCII case and reading `_` as `-`.
+fn reads_as(name: &[u8], expected: &[u8]) -> bool {
+    name.len() == expected.len() && reads_as_prefix(name, expected)
+}
+
+/// `name` starts with the lower-case `prefix`, ignoring ASCII case and reading `_` as `-`.
+fn reads_as_prefix(name: &[u8], prefix: &[u8]) -> bool {
+    name.len() >= prefix.len()
+        && name.iter().zip(prefix).all(|(&n, &p)| {
+            let n = if n == b'_' {
+                b'-'
+            } else {
+                n.to_ascii_lowercase()
+            };
+            n == p
+        })
 }
 
 /// Which client headers to drop on their way to `cluster`.

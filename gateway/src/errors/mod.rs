@@ -41,6 +41,10 @@ pub enum GatewayError {
     NoRoute { path: String },
     #[error("Impersonate-* headers are not allowed through the gateway: it impersonates the authenticated user itself")]
     ClientImpersonation,
+    /// A field name that reads as an identity field once `_` is read as `-`. Framing is sound,
+    /// so the connection goes on.
+    #[error("the field {name:?} reads as an identity field (Authorization, Impersonate-*, X-Remote-*) where '_' is taken for '-', and is refused")]
+    UnderscoredIdentityField { name: String },
     /// No credential, or one that is expired, wrongly signed or unknown. The message is
     /// kube-apiserver's (`Unauthorized`): the reason is logged, never shown, and never the token.
     #[error("Unauthorized")]
@@ -157,6 +161,7 @@ impl GatewayError {
             HeadTooLarge { .. }
             | TooManyHeaders { .. }
             | BadRequest { .. }
+            | UnderscoredIdentityField { .. }
             | VersionNotSupported
             | UnknownCluster { .. }
             | NoRoute { .. }
@@ -193,7 +198,9 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             HeadTooLarge { .. } | TooManyHeaders { .. } => (431, "RequestHeaderFieldsTooLarge"),
-            BadRequest { .. } | BadServicePath { .. } => (400, "BadRequest"),
+            BadRequest { .. } | BadServicePath { .. } | UnderscoredIdentityField { .. } => {
+                (400, "BadRequest")
+            }
             ServicePathNotTunnelled { .. } => (404, "NotFound"),
             ServiceNotAllowed { .. } => (403, "Forbidden"),
             VersionNotSupported => (505, "BadRequest"),

@@ -76,11 +76,6 @@ fn is_hop_field(name: &[u8]) -> bool {
     HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
 
-/// Whether a field name is `X-Remote-*` (kube's request-header authentication).
-fn is_remote_identity(name: &[u8]) -> bool {
-    name.len() >= 9 && name[..9].eq_ignore_ascii_case(b"x-remote-")
-}
-
 /// Refuses a `Connection` field that names a field deciding framing, routing or identity: a
 /// proxy that honours it drops that field and may forward the rest as something else (request
 /// smuggling through `Connection: content-length`). Returns whether it names any other field (to
@@ -104,7 +99,7 @@ pub fn check_connection<'h>(
         .iter()
         .any(|f| token.eq_ignore_ascii_case(f))
             || auth::is_identity_header(token)
-            || is_remote_identity(token);
+            || auth::is_remote_identity(token);
         if forbidden {
             return Err(GatewayError::BadRequest {
                 reason: "Connection names a field that decides framing, routing or identity",
@@ -152,7 +147,7 @@ pub fn write<'h, F, H>(
         if name.eq_ignore_ascii_case(b"host")
             || name.eq_ignore_ascii_case(b"x-forwarded-for")
             || is_hop_field(name)
-            || is_remote_identity(name)
+            || auth::is_remote_identity(name)
             || auth::drops_client_header(cluster, name)
             || (to_service && auth::is_identity_header(name))
             || connection_named(name)

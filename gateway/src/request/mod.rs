@@ -234,6 +234,7 @@ where
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
     target::check(target)?;
+    auth::check_field_names(headers())?;
     let (name, rest, query) = match route::route(target, table.gateway().ocm_style) {
         Route::Health(_) => return Ok(Decision::Health),
         Route::NotFound => {
