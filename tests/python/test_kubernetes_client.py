@@ -72,3 +72,39 @@ def test_exec_over_websocket(demo, kubeconfig):
     out = stream(core.connect_get_namespaced_pod_exec, pod.metadata.name, pod.metadata.namespace,
                  command=["echo", "hello", "python"], stderr=True, stdin=False, stdout=True, tty=False)
     assert out.strip() == "hello python"
+
+
+@pytest.mark.parametrize("kubeconfig,context", [
+    ("direct.kubeconfig", "member1"),  # the member itself: the bar
+    ("kubeconfig", "member1"),  # a shared watch (the demo shares configmaps)
+    ("kubeconfig", "fleet"),  # the fleet view's merged watch
+])
+def test_an_informer_stops_at_once(demo, kubeconfig, context):
+    """`SharedInformer.stop()` unblocks its watch with `Watch.stop()`, which shuts the response's
+    socket down. A watch answered with `Connection: close` hands the socket to the response, and
+    then stop() waits for the next event; through the gateway it must stop as the member's does."""
+    from kubernetes.informer.informer import SharedInformer
+
+    core = api(demo, context, kubeconfig)
+    name = f"informed-{uuid.uuid4().hex[:8]}"
+    seen = threading.Event()
+    informer = SharedInformer(core.list_namespaced_config_map, namespace="default")
+    informer.add_event_handler("ADDED", lambda obj: obj.metadata.name == name and seen.set())
+    informer.start()
+    try:
+        # The informer's watch has its response (Watch keeps it as `_resp`, what stop() shuts
+        # down) once its initial list is done; then an object created now arrives through it.
+        deadline = time.monotonic() + 20
+        while getattr(informer._watch, "_resp", None) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        api(demo, "member1").create_namespaced_config_map(
+            "default", client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name)))
+        assert seen.wait(20), "the informer's watch never delivered the new ConfigMap"
+    finally:
+        started = time.monotonic()
+        stopper = threading.Thread(target=informer.stop, daemon=True)
+        stopper.start()
+        stopper.join(timeout=10)
+        took = time.monotonic() - started
+    assert not stopper.is_alive(), "SharedInformer.stop() still waits after 10 s"
+    assert took < 1, f"SharedInformer.stop() took {took:.2f} s"

@@ -592,10 +592,12 @@ where
         down.buf = BytesMut::new();
     }
     down.out = Vec::new();
+    // The connection closes after the watch, unannounced unless the client asked for it (see
+    // serve_fleet).
     let mut client = FleetConnection {
         io: &mut *down.io,
         chunked: head.minor_version > 0,
-        close: true,
+        close: head.minor_version == 0 || wants_close(head),
         write_timeout: limits.client_write_timeout,
         head_sent: false,
     };
@@ -631,7 +633,7 @@ where
 /// How a fleet-view request is answered on this connection.
 struct FleetAnswer {
     limits: Limits,
-    /// The connection closes after the response.
+    /// The client asked for the connection to close after the response.
     close: bool,
     connection_names_fields: bool,
     started: Instant,
@@ -668,8 +670,12 @@ where
         FleetWork::Discovery(discovery) => (&discovery.info, &discovery.members),
     };
     let watch = info.verb == fleetgate_config_watcher::request_info::KubeVerb::Watch;
-    // A watch's connection closes after it: the client's bytes meanwhile were not kept.
-    let close = answer.close || !chunked || watch;
+    // A watch's connection closes after it: the client's bytes meanwhile were not kept. That is
+    // not announced (the member announces nothing on a watch): a client told `Connection: close`
+    // may hand the socket to the response, and Python's http.client then cannot shut it down to
+    // stop a watch (kubernetes-client's `Watch.stop()`).
+    let announce_close = answer.close || !chunked;
+    let close = announce_close || watch;
     let connection_named =
         |name: &[u8]| answer.connection_names_fields && head.has_token(b"connection", name);
     let client_request = crate::fleet::ClientRequest {
@@ -683,7 +689,7 @@ where
     let mut client = FleetConnection {
         io: &mut *down.io,
         chunked,
-        close,
+        close: announce_close,
         write_timeout: answer.limits.client_write_timeout,
         head_sent: false,
     };
@@ -743,6 +749,7 @@ fn fleet_audited<'a>(
 struct FleetConnection<'a, S> {
     io: &'a mut S,
     chunked: bool,
+    /// The response head says `Connection: close`.
     close: bool,
     write_timeout: Duration,
     head_sent: bool,
