@@ -192,8 +192,10 @@ pub fn settle(loaded: LoadedObjects, last: Option<&Config>) -> Result<Settled, C
         }
         match last {
             Some(last) => {
+                // The serving Gateway keeps serving; another one (a second, new Gateway) is not
+                // served at all.
                 for r in rejected.iter_mut().filter(|r| r.object.kind == "Gateway") {
-                    r.kept = true;
+                    r.kept = r.object.name.is_empty() || r.object.name == last.gateway.name;
                 }
                 last.gateway.clone()
             }

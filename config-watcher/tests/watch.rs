@@ -407,3 +407,67 @@ fn a_cluster_defined_twice_keeps_the_copy_that_serves() {
         "{r:?}"
     );
 }
+
+#[test]
+fn two_gateways_keep_the_last_good_one_and_a_secret_defined_twice_is_neither_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
+    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1001)).unwrap();
+    let (table, status, _watcher) = start(dir.path());
+
+    // A second Gateway: which one is meant cannot be guessed, so neither replaces the serving
+    // one; the Cluster written with it is served.
+    std::fs::write(
+        dir.path().join("gateway2.yaml"),
+        GATEWAY.replace("name: gw", "name: gw2").replace(
+            "tls: false",
+            "tls: false\n  - address: 127.0.0.1:0\n    tls: false",
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("b.yaml"), cluster("beta", 2001)).unwrap();
+    eventually("beta added", || port_of(&table, "beta") == Some(2001));
+    assert_eq!(table.load().gateway().name, "gw");
+    assert_eq!(table.load().gateway().listeners.len(), 1);
+    eventually("both Gateways reported", || {
+        let mut r = rejected(&status);
+        r.sort();
+        r == [
+            ("Gateway gw".to_owned(), true),
+            ("Gateway gw2".to_owned(), false),
+        ]
+    });
+    assert!(
+        status
+            .last_error()
+            .unwrap()
+            .message
+            .contains("2 Gateway objects"),
+        "{:?}",
+        status.last_error()
+    );
+    std::fs::remove_file(dir.path().join("gateway2.yaml")).unwrap();
+    eventually("the second Gateway gone", || status.last_error().is_none());
+
+    // One Secret name in two files: neither copy is used, so the Cluster naming it is not served.
+    let secret =
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: missing\nstringData:\n  token: t\n";
+    std::fs::write(dir.path().join("s1.yaml"), secret).unwrap();
+    std::fs::write(dir.path().join("s2.yaml"), secret).unwrap();
+    std::fs::write(
+        dir.path().join("g.yaml"),
+        cluster_without_its_secret("gamma"),
+    )
+    .unwrap();
+    eventually("the Secrets and gamma reported", || {
+        let mut r = rejected(&status);
+        r.sort();
+        r == [
+            ("Cluster gamma".to_owned(), false),
+            ("Secret missing".to_owned(), false),
+            ("Secret missing".to_owned(), false),
+        ]
+    });
+    assert!(table.load().cluster("gamma").is_none());
+    assert_eq!(port_of(&table, "beta"), Some(2001));
+}
