@@ -687,4 +687,43 @@ mod tests {
         assert!(outcomes.has_changed().unwrap());
         assert_eq!(status.last_error(), None);
     }
+
+    #[test]
+    fn a_rejection_repeated_without_a_new_table_is_reported_once_and_named_in_metrics() {
+        let status = ReloadStatus::new();
+        let bad = || {
+            vec![RejectedObject {
+                object: crate::judge::ObjectRef::new("Cluster", "a\"b", "/x\\y.yaml"),
+                message: "/x\\y.yaml: Cluster a\"b: spec.server: bad".into(),
+                kept: false,
+                what: crate::material::CONFIG,
+            }]
+        };
+        assert!(status.record_judged(bad(), false, true));
+        // The API source's own status write, a touched file: nothing new to say.
+        assert!(!status.record_judged(bad(), false, true));
+        assert_eq!(status.failed(), 1);
+        // A new table with the same rejection beside it is an attempt of its own.
+        assert!(status.record_judged(bad(), true, true));
+        assert_eq!(status.failed(), 2);
+        let metrics = status.openmetrics_lines(3);
+        assert!(
+            metrics.contains("fleetgate_config_rejected_objects 1\n")
+                && metrics.contains(
+                    r#"fleetgate_config_object_rejected{kind="Cluster",name="a\"b",origin="/x\\y.yaml",kept="false"} 1"#
+                ),
+            "{metrics}"
+        );
+        assert!(status
+            .last_error()
+            .unwrap()
+            .message
+            .ends_with("bad (not served)"));
+        assert!(status.record_judged(Vec::new(), false, true));
+        assert_eq!(status.last_error(), None);
+        assert!(status.rejected_objects().is_empty());
+        assert!(status
+            .openmetrics_lines(3)
+            .contains("fleetgate_config_rejected_objects 0\n"));
+    }
 }
