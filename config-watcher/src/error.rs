@@ -3,15 +3,16 @@
 
 use std::path::PathBuf;
 
-/// Why a configuration could not be loaded or turned into a routing table.
-#[derive(Debug, thiserror::Error)]
+/// Why a configuration could not be loaded or turned into a routing table. Cloned with the
+/// loaded objects it is part of (the file source compares a load with the last one).
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ConfigError {
     /// A file or directory could not be read.
     #[error("{path}: cannot read")]
     Read {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: std::sync::Arc<std::io::Error>,
     },
     /// A YAML document did not parse, or did not have the shape of its kind.
     #[error("{path}: document {index}: {message}")]

@@ -15,9 +15,12 @@
 //! the old inode of a swapped symlink, and miss a file created later), the path is also loaded
 //! again every [`POLL_INTERVAL`] and published only when the result differs from the serving
 //! configuration: the comparison is of the files' contents, so a touched but unchanged file does
-//! nothing, and a swap is seen whatever inode it leaves behind. A poll whose load fails the same
-//! way as the last one is not reported again (a broken file is logged and counted once, not
-//! every two seconds), and a poll's failure counts only if a second load 0.4 s later fails too.
+//! nothing, and a swap is seen whatever inode it leaves behind. A poll that loads just what the
+//! last load did is dropped (a broken file is logged and counted once, not every two seconds),
+//! and a poll's rejection counts only if a second load 0.4 s later rejects too.
+//!
+//! Objects are judged one by one (`judge`): a broken file or object is reported and keeps its
+//! last good version (or is left out), while every other file's changes are served.
 //!
 //! Loading, validating and building run on the watcher's own thread, never on a shard. Started
 //! by `fleetgate serve` after the first table is built.
@@ -31,7 +34,8 @@ use notify::event::{AccessKind, AccessMode, EventKind};
 use notify::{RecursiveMode, Watcher};
 use tracing::{debug, warn};
 
-use crate::load::load_path;
+use crate::judge::LoadedObjects;
+use crate::load::load_objects;
 use crate::reload::{ReloadOutcome, TablePublisher};
 
 /// A reload starts once no change has been seen for this long.
@@ -74,7 +78,7 @@ impl std::fmt::Debug for FileWatcher {
 }
 
 /// Watches `path` (a file or a directory, as `load_path` takes it) and publishes a new table on
-/// every valid change. Checks the path once right after the watch is in place, so a change made
+/// every change, judging its objects one by one. Checks the path once right after the watch is in place, so a change made
 /// between the first load and this call is not missed.
 pub fn watch_config_path(
     path: &Path,
@@ -110,7 +114,7 @@ pub fn watch_config_path(
                 path: &path,
                 source: &source,
                 publisher: &publisher,
-                last_error: None,
+                last_loaded: None,
             };
             reloader.reload(false);
             loop {
@@ -197,30 +201,33 @@ fn is_read_only(kind: &EventKind) -> bool {
     }
 }
 
-/// The watcher thread's reloads, remembering the last failure so a poll does not report it again.
+/// The watcher thread's reloads, remembering the last load so a poll does not report it again.
 struct Reloader<'a> {
     path: &'a Path,
     source: &'a str,
     publisher: &'a TablePublisher,
-    last_error: Option<String>,
+    /// What the last published load found (`Err`: the error's message).
+    last_loaded: Option<Result<LoadedObjects, String>>,
 }
 
 impl Reloader<'_> {
-    /// Loads the path and publishes the result. A poll (`polled`) that fails is tried once more
-    /// [`DEBOUNCE_MAX`] later (a file caught in the middle of a write, or a certificate written
-    /// before its key, is whole by then), and one that fails exactly as the last attempt did is
-    /// dropped: it was reported then, and the last good table still serves.
+    /// Loads the path and publishes the result. A poll (`polled`) that rejects anything is tried
+    /// once more [`DEBOUNCE_MAX`] later (a file caught in the middle of a write, or a certificate
+    /// written before its key, is whole by then), and one that loads exactly what the last
+    /// attempt did is dropped: it was published and reported then.
     fn reload(&mut self, polled: bool) -> Option<ReloadOutcome> {
-        let mut loaded = load_path(self.path);
-        if polled && loaded.is_err() {
+        let clean = |l: &Result<LoadedObjects, _>| l.as_ref().is_ok_and(LoadedObjects::is_clean);
+        let mut loaded = load_objects(self.path);
+        if polled && !clean(&loaded) {
             std::thread::sleep(DEBOUNCE_MAX);
-            loaded = load_path(self.path);
+            loaded = load_objects(self.path);
         }
-        let error = loaded.as_ref().err().map(ToString::to_string);
-        if polled && error.is_some() && error == self.last_error {
+        let seen = loaded.as_ref().map_err(ToString::to_string).cloned();
+        if polled && self.last_loaded.as_ref() == Some(&seen) {
             return None;
         }
-        self.last_error = error;
-        Some(self.publisher.publish(self.source, loaded))
+        let outcome = self.publisher.publish(self.source, loaded);
+        self.last_loaded = Some(seen);
+        Some(outcome)
     }
 }

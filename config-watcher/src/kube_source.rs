@@ -16,14 +16,18 @@
 //!
 //! FleetResources and ResourceRegistries say which kinds the fleet view merges; they are read as
 //! the file source reads them (`fleet::FleetSource`) and resolved against the clusters when the
-//! table is built, so a bad one is rejected like a bad Cluster. Their kinds are optional: a
+//! table is built, so a bad one is judged like a bad Cluster. Their kinds are optional: a
 //! management cluster that does not serve them (no CRD: karmada-search is an optional Karmada
 //! component, and a gateway may be upgraded before `deploy/base/crds.yaml` is applied) simply has none,
 //! and readiness does not fail for it. Every other kind that is not served fails `/readyz`.
 //!
-//! Each fleetgate Cluster, AccessPolicy and FleetResource object gets a `Ready` condition in its
-//! status: `True` when the serving table holds it as written, `False` with the validation message
-//! (or the other object that made the change fail). Karmada's objects are never written to.
+//! Objects are judged one by one (`judge`): an invalid object is left out, or its last good
+//! version keeps serving, and every valid object beside it is served. Each fleetgate Cluster,
+//! AccessPolicy and FleetResource object gets a `Ready` condition in its status: `True`
+//! (`Served`) when the serving table holds it as written, `False` (`Invalid`) with the reason it
+//! was rejected and whether its last good version serves, `False` (`NotServed`) while a valid
+//! object is not served yet (the files have not reported, with both sources). Karmada's objects
+//! are never written to.
 //! A Cluster's `spec.credentials.secretRef` without a namespace names a Secret in the namespace
 //! the source reads Secrets in (`--secrets-namespace`).
 //!
@@ -44,16 +48,17 @@ use tracing::{debug, info, warn};
 
 use crate::error::ConfigError;
 use crate::fleet::{FleetSource, ResourceRegistryObject};
+use crate::judge::{LoadedObjects, ObjectRef, RejectedObject, Rejection};
 use crate::karmada::{
     karmada_cluster_config, KarmadaClusterObject, SecretData, SecretObject, KARMADA_API_VERSION,
     KARMADA_CLUSTER_KIND,
 };
-use crate::load::{check_unique_names, resolve_cluster, resolve_gateway, FindSecret};
+use crate::load::{resolve_cluster, resolve_gateway, FindSecret};
 use crate::objects::{
     AccessPolicyObject, ClusterObject, FleetResourceObject, GatewayObject, API_VERSION,
 };
 use crate::reload::TablePublisher;
-use crate::settings::{Config, GatewaySettings};
+use crate::settings::GatewaySettings;
 
 /// What the API source follows.
 #[derive(Debug, Clone)]
@@ -513,19 +518,13 @@ async fn follow(
                 first_published = true;
                 info!(kinds = ?kinds, "Kubernetes API source: initial lists done");
             }
-            let config = build_config(&objects, &options);
-            publisher.publish(crate::reload::API_SOURCE, config);
+            let loaded = build_objects(&objects, &options);
+            publisher.publish(crate::reload::API_SOURCE, Ok(loaded));
         } else if written_against.as_ref() == Some(&serving_state(&publisher)) {
             continue;
         }
         written_against = Some(serving_state(&publisher));
-        write_conditions(
-            &client,
-            &objects,
-            &publisher,
-            options.secrets_namespace.as_deref(),
-        )
-        .await;
+        write_conditions(&client, &objects, &publisher).await;
     }
 }
 
@@ -542,94 +541,36 @@ fn serving_state(publisher: &TablePublisher) -> (u64, Option<String>) {
 /// `/readyz` says whether it is served; Karmada's objects never do).
 const CONDITION_KINDS: [Kind; 3] = [Kind::Cluster, Kind::AccessPolicy, Kind::FleetResource];
 
-/// Whether `value`, a fleetgate Cluster, AccessPolicy or FleetResource, is valid on its own
-/// (against the serving table's Gateway and clusters), and if so whether the serving table holds
-/// it as written.
-fn check_alone(
-    kind: Kind,
-    value: &serde_json::Value,
-    table: &crate::table::RouteTable,
-    secrets: &BTreeMap<(String, String), SecretData>,
-    secrets_namespace: Option<&str>,
-) -> Result<bool, ConfigError> {
-    let serving = table.config();
-    match kind {
-        Kind::Cluster => {
-            let cluster = fleetgate_cluster(value, secrets_namespace, &|namespace, name| {
-                secrets
-                    .get(&(namespace.to_owned(), name.to_owned()))
-                    .cloned()
-            })?;
-            // Certificates and keys are only parsed when a table is built.
-            let alone = Config {
-                gateway: table.gateway().clone(),
-                clusters: vec![cluster.clone()],
-                policies: Vec::new(),
-                fleet: Vec::new(),
-            };
-            crate::table::RouteTable::build(&alone)?;
-            Ok(serving.clusters.contains(&cluster))
-        }
-        Kind::FleetResource => {
-            let source = fleet_resource(value)?;
-            crate::fleet::resolve(
-                std::slice::from_ref(&source),
-                serving
-                    .clusters
-                    .iter()
-                    .map(|c| (c.name.as_str(), &c.labels)),
-            )?;
-            Ok(serving.fleet.contains(&source))
-        }
-        Kind::AccessPolicy => {
-            let mut policy: AccessPolicyObject = parse_object(Kind::AccessPolicy, value)?;
-            policy.origin = origin(Kind::AccessPolicy, value);
-            // Compiled against the serving clusters (a selector is checked against their labels).
-            let alone = Config {
-                gateway: table.gateway().clone(),
-                clusters: serving.clusters.clone(),
-                policies: vec![policy.clone()],
-                fleet: Vec::new(),
-            };
-            crate::table::RouteTable::build(&alone)?;
-            Ok(serving
-                .policies
-                .iter()
-                .any(|p| p.metadata.name == policy.metadata.name && p.spec == policy.spec))
-        }
-        // Not in CONDITION_KINDS: never asked.
-        _ => Ok(false),
-    }
-}
-
 /// The `Ready` condition a fleetgate object should carry now: `True` when the serving table
-/// holds it as written, `False` with the reason otherwise.
+/// holds it as written, `False` with the reason it was rejected (and whether its last good
+/// version serves) otherwise. `rejected`: the reload status's rejected objects.
 fn desired_condition(
     kind: Kind,
     value: &serde_json::Value,
-    publisher: &TablePublisher,
-    secrets: &BTreeMap<(String, String), SecretData>,
-    secrets_namespace: Option<&str>,
+    table: &crate::table::RouteTable,
+    rejected: &[RejectedObject],
 ) -> (&'static str, &'static str, String) {
-    let table = publisher.table().load();
-    match check_alone(kind, value, &table, secrets, secrets_namespace) {
-        Err(err) => ("False", "Invalid", err.to_string()),
-        Ok(true) => (
+    // An API object's origin names its kind and name: one object, whichever source judged it.
+    let origin = origin(kind, value);
+    if let Some(r) = rejected.iter().find(|r| r.object.origin == origin) {
+        return ("False", "Invalid", r.to_string());
+    }
+    let serving = table.config();
+    let served = match kind {
+        Kind::Cluster => serving.clusters.iter().any(|c| c.origin == origin),
+        Kind::AccessPolicy => serving.policies.iter().any(|p| p.origin == origin),
+        Kind::FleetResource => serving.fleet.iter().any(|f| f.origin == origin),
+        // Not in CONDITION_KINDS: never asked.
+        _ => false,
+    };
+    if served {
+        (
             "True",
             "Served",
             format!("served in routing table generation {}", table.generation()),
-        ),
-        Ok(false) => (
-            "False",
-            "NotServed",
-            match publisher.status().last_error() {
-                Some(failure) => format!(
-                    "valid, but the configuration was rejected because of another object: {}",
-                    failure.message
-                ),
-                None => "valid, not served yet".to_owned(),
-            },
-        ),
+        )
+    } else {
+        ("False", "NotServed", "valid, not served yet".to_owned())
     }
 }
 
@@ -637,19 +578,13 @@ fn desired_condition(
 /// whose condition changed. Karmada's objects are left alone: their status belongs to Karmada's
 /// controllers. An unchanged condition is never rewritten, so the status write (itself a watch
 /// event) settles.
-async fn write_conditions(
-    client: &kube::Client,
-    objects: &Objects,
-    publisher: &TablePublisher,
-    secrets_namespace: Option<&str>,
-) {
-    // A Secret that does not parse fails the table build already (and shows there).
-    let secrets = secrets_of(objects).unwrap_or_default();
+async fn write_conditions(client: &kube::Client, objects: &Objects, publisher: &TablePublisher) {
+    let table = publisher.table().load();
+    let rejected = publisher.status().rejected_objects();
     for kind in CONDITION_KINDS {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.resource());
         for value in objects.of(kind) {
-            let (status, reason, message) =
-                desired_condition(kind, value, publisher, &secrets, secrets_namespace);
+            let (status, reason, message) = desired_condition(kind, value, &table, &rejected);
             let current = value["status"]["conditions"]
                 .as_array()
                 .and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
@@ -793,19 +728,35 @@ fn no_file_references(
     }
 }
 
-/// The Secrets seen, decoded, by namespace and name.
-fn secrets_of(objects: &Objects) -> Result<BTreeMap<(String, String), SecretData>, ConfigError> {
+/// The Secrets seen, decoded, by namespace and name; one that does not decode is a rejection
+/// (the Clusters naming it then find no Secret, and keep their last good credentials).
+fn secrets_of(
+    objects: &Objects,
+    rejected: &mut Vec<Rejection>,
+) -> BTreeMap<(String, String), SecretData> {
     let mut secrets = BTreeMap::new();
     for value in objects.of(Kind::Secret) {
-        let obj: SecretObject = parse(
+        let origin = origin(Kind::Secret, value);
+        let secret = parse(
             Kind::Secret,
             value,
             &["apiVersion", "kind", "metadata", "data", "type"],
-        )?;
-        let secret = SecretData::from_object(&obj, &origin(Kind::Secret, value))?;
-        secrets.insert((secret.namespace.clone(), secret.name.clone()), secret);
+        )
+        .and_then(|obj: SecretObject| SecretData::from_object(&obj, &origin));
+        match secret {
+            Ok(secret) => {
+                secrets.insert((secret.namespace.clone(), secret.name.clone()), secret);
+            }
+            Err(error) => {
+                let name = value["metadata"]["name"].as_str().unwrap_or("");
+                rejected.push(Rejection::new(
+                    ObjectRef::new("Secret", name, &origin),
+                    error,
+                ));
+            }
+        }
     }
-    Ok(secrets)
+    secrets
 }
 
 /// A fleetgate Cluster object, resolved (its Secret found through `find_secret`).
@@ -853,88 +804,107 @@ fn resource_registry(value: &serde_json::Value) -> Result<FleetSource, ConfigErr
     FleetSource::from_resource_registry(&obj, &origin(Kind::ResourceRegistry, value))
 }
 
-/// Builds a configuration from the objects seen (blocking work is only certificate parsing).
-fn build_config(objects: &Objects, options: &KubeSourceOptions) -> Result<Config, ConfigError> {
+/// Judges the objects seen one by one (blocking work is only certificate parsing): each invalid
+/// one is a rejection naming it, every valid one is kept (see `judge`).
+fn build_objects(objects: &Objects, options: &KubeSourceOptions) -> LoadedObjects {
     // File references are refused above, so the base directory is never read.
     let no_base = Path::new("/nonexistent");
-    let mut gateways = Vec::new();
-    for value in objects.of(Kind::Gateway) {
-        no_file_references(Kind::Gateway, "Gateway", value)?;
-        let obj: GatewayObject = parse_object(Kind::Gateway, value)?;
-        gateways.push(resolve_gateway(
-            obj,
-            no_base,
-            &origin(Kind::Gateway, value),
-        )?);
-    }
-    let gateway = match gateways.len() {
-        0 => options.fallback_gateway.clone().ok_or_else(|| {
-            ConfigError::Set(
-                "no fleetgate.io Gateway object in the API and no local Gateway to fall back on"
-                    .into(),
-            )
-        })?,
-        1 => gateways.remove(0),
-        n => {
-            return Err(ConfigError::Set(format!(
-                "{n} fleetgate.io Gateway objects in the API; exactly one is allowed"
-            )))
-        }
+    let mut loaded = LoadedObjects {
+        no_gateway:
+            "no fleetgate.io Gateway object in the API and no local Gateway to fall back on".into(),
+        ..LoadedObjects::default()
     };
-    let secrets = secrets_of(objects)?;
+    let named = |kind: Kind, value: &serde_json::Value| {
+        let name = value["metadata"]["name"].as_str().unwrap_or("");
+        let kind_name = match kind {
+            Kind::KarmadaCluster => KARMADA_CLUSTER_KIND.to_owned(),
+            other => other.resource().kind,
+        };
+        ObjectRef::new(&kind_name, name, &origin(kind, value))
+    };
+    let gateways_seen = objects.of(Kind::Gateway).count();
+    for value in objects.of(Kind::Gateway) {
+        let gateway = no_file_references(Kind::Gateway, "Gateway", value)
+            .and_then(|()| parse_object::<GatewayObject>(Kind::Gateway, value))
+            .and_then(|obj| resolve_gateway(obj, no_base, &origin(Kind::Gateway, value)));
+        match gateway {
+            Ok(gateway) => loaded.gateways.push((named(Kind::Gateway, value), gateway)),
+            Err(error) => loaded
+                .rejected
+                .push(Rejection::new(named(Kind::Gateway, value), error)),
+        }
+    }
+    if gateways_seen == 0 {
+        if let Some(fallback) = &options.fallback_gateway {
+            loaded
+                .gateways
+                .push((ObjectRef::new("Gateway", "", "local"), fallback.clone()));
+        }
+    }
+    let secrets = secrets_of(objects, &mut loaded.rejected);
     let find_secret = |namespace: &str, name: &str| {
         secrets
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
     };
-    let mut clusters = Vec::new();
     for value in objects.of(Kind::Cluster) {
-        clusters.push(fleetgate_cluster(
-            value,
-            options.secrets_namespace.as_deref(),
-            &find_secret,
-        )?);
+        match fleetgate_cluster(value, options.secrets_namespace.as_deref(), &find_secret) {
+            Ok(cluster) => loaded.clusters.push(cluster),
+            Err(error) => loaded
+                .rejected
+                .push(Rejection::new(named(Kind::Cluster, value), error)),
+        }
     }
     for value in objects.of(Kind::KarmadaCluster) {
-        let obj: KarmadaClusterObject = parse_object(Kind::KarmadaCluster, value)?;
-        debug_assert_eq!(obj.api_version, KARMADA_API_VERSION);
         let origin = origin(Kind::KarmadaCluster, value);
-        clusters.push(karmada_cluster_config(&obj, &origin, &find_secret).map_err(
-            |e| match e {
-                ConfigError::Invalid { .. } => e,
-                other => ConfigError::Set(format!("{KARMADA_CLUSTER_KIND}: {other}")),
-            },
-        )?);
+        let cluster =
+            parse_object::<KarmadaClusterObject>(Kind::KarmadaCluster, value).and_then(|obj| {
+                debug_assert_eq!(obj.api_version, KARMADA_API_VERSION);
+                karmada_cluster_config(&obj, &origin, &find_secret).map_err(|e| match e {
+                    ConfigError::Invalid { .. } => e,
+                    other => ConfigError::Set(format!("{KARMADA_CLUSTER_KIND}: {other}")),
+                })
+            });
+        match cluster {
+            Ok(cluster) => loaded.clusters.push(cluster),
+            Err(error) => loaded
+                .rejected
+                .push(Rejection::new(named(Kind::KarmadaCluster, value), error)),
+        }
     }
-    check_unique_names(&clusters)?;
-    let mut policies = Vec::new();
     for value in objects.of(Kind::AccessPolicy) {
-        let mut obj: AccessPolicyObject = parse_object(Kind::AccessPolicy, value)?;
-        obj.origin = origin(Kind::AccessPolicy, value);
-        // The status is the gateway's own output (the Ready condition), and the resourceVersion
-        // changes with every write of it: neither is configuration. Kept, each condition written
-        // would be a new configuration, and a new condition after it.
-        obj.status = None;
-        obj.metadata.resource_version = None;
-        policies.push(obj);
+        match parse_object::<AccessPolicyObject>(Kind::AccessPolicy, value) {
+            Ok(mut obj) => {
+                obj.origin = origin(Kind::AccessPolicy, value);
+                // The status is the gateway's own output (the Ready condition), and the
+                // resourceVersion changes with every write of it: neither is configuration.
+                // Kept, each condition written would be a new configuration, and a new
+                // condition after it.
+                obj.status = None;
+                obj.metadata.resource_version = None;
+                loaded.policies.push(obj);
+            }
+            Err(error) => loaded
+                .rejected
+                .push(Rejection::new(named(Kind::AccessPolicy, value), error)),
+        }
     }
     // Resolved against the clusters (selectors, kinds, one version per kind) when the table is
-    // built, as the file source's are: a bad one rejects the change there, naming it.
-    let mut fleet = Vec::new();
-    for value in objects.of(Kind::FleetResource) {
-        fleet.push(fleet_resource(value)?);
+    // built, as the file source's are: a bad one is judged there, naming it.
+    for (kind, read) in [
+        (Kind::FleetResource, fleet_resource as fn(&_) -> _),
+        (Kind::ResourceRegistry, resource_registry),
+    ] {
+        for value in objects.of(kind) {
+            match read(value) {
+                Ok(source) => loaded.fleet.push(source),
+                Err(error) => loaded
+                    .rejected
+                    .push(Rejection::new(named(kind, value), error)),
+            }
+        }
     }
-    for value in objects.of(Kind::ResourceRegistry) {
-        fleet.push(resource_registry(value)?);
-    }
-    // A stable order, whatever order the API listed objects in.
-    clusters.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Config {
-        gateway,
-        clusters,
-        policies,
-        fleet,
-    })
+    loaded
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod error;
 pub mod fairness;
 mod file_source;
 pub mod fleet;
+mod judge;
 mod jwks;
 pub mod karmada;
 mod kube_source;
@@ -34,13 +35,16 @@ pub use error::ConfigError;
 pub use file_source::{
     watch_config_path, FileWatcher, WatchError, DEBOUNCE_MAX, DEBOUNCE_QUIET, POLL_INTERVAL,
 };
+pub use judge::{LoadedObjects, ObjectRef, RejectedObject};
 pub use kube_source::{
     api_source_permissions, kube_client_config, watch_kube_api, KubeSourceError, KubeSourceOptions,
     KubeWatcher,
 };
-pub use load::{load_path, load_texts};
+pub use load::{load_objects, load_path, load_text_objects, load_texts};
 pub use objects::{ConnectMode, SharedWatchScope};
-pub use reload::{ReloadFailure, ReloadOutcome, ReloadStatus, TablePublisher, API_SOURCE};
+pub use reload::{
+    first_table, ReloadFailure, ReloadOutcome, ReloadStatus, TablePublisher, API_SOURCE,
+};
 pub use retirement::{RetirementListener, RouteRetirement};
 pub use settings::{
     ClusterConfig, Config, FleetSettings, GatewaySettings, Http2Settings, Limits, ListenerSettings,

@@ -14,6 +14,7 @@ use crate::checks::{
 };
 use crate::error::ConfigError;
 use crate::fleet::{FleetSource, ResourceRegistryObject, KARMADA_SEARCH_API_VERSION};
+use crate::judge::{LoadedObjects, ObjectRef, Rejection};
 use crate::karmada::{
     karmada_cluster_config, KarmadaClusterObject, SecretData, SecretObject, KARMADA_API_VERSION,
     KARMADA_CLUSTER_KIND,
@@ -27,39 +28,94 @@ use crate::settings::{
     ServingTls,
 };
 
-/// Loads and validates every object under `path` (a file or a directory).
+/// Loads and validates every object under `path` (a file or a directory), all or nothing: the
+/// first invalid object is the error. For callers that check a configuration; `serve` judges
+/// objects one by one ([`load_objects`]).
 pub fn load_path(path: &Path) -> Result<Config, ConfigError> {
     let mut texts = Vec::new();
     for file in config_files(path)? {
         let text = std::fs::read_to_string(&file).map_err(|source| ConfigError::Read {
             path: file.clone(),
-            source,
+            source: source.into(),
         })?;
         texts.push((file, text));
     }
     load_texts(path, &texts)
 }
 
+/// Loads every object under `path` (a file or a directory), judging each on its own: a file
+/// that cannot be read or parsed, or an invalid object, is a rejection among the valid objects
+/// (see `judge`). Fails only when `path` itself cannot be listed.
+pub fn load_objects(path: &Path) -> Result<LoadedObjects, ConfigError> {
+    let mut texts = Vec::new();
+    let mut unreadable = Vec::new();
+    for file in config_files(path)? {
+        match std::fs::read_to_string(&file) {
+            Ok(text) => texts.push((file, text)),
+            Err(source) => unreadable.push(ConfigError::Read {
+                path: file,
+                source: source.into(),
+            }),
+        }
+    }
+    let mut loaded = load_text_objects(path, &texts);
+    for error in unreadable {
+        let ConfigError::Read { path: file, .. } = &error else {
+            continue;
+        };
+        let origin = file.display().to_string();
+        loaded.unsettled.push(origin.clone());
+        loaded
+            .rejected
+            .push(Rejection::new(ObjectRef::new("", "", &origin), error));
+    }
+    Ok(loaded)
+}
+
 /// Loads and validates the objects of `files` (each a path, for messages and relative file
-/// references, and its YAML text); `path` names the whole set in messages. Never touches the file
-/// system but for the files the objects name (certificates, token files).
+/// references, and its YAML text), all or nothing; `path` names the whole set in messages.
+/// Never touches the file system but for the files the objects name (certificates, token files).
 pub fn load_texts(path: &Path, files: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
-    let mut gateways = Vec::new();
-    let mut clusters = Vec::new();
-    let mut policies = Vec::new();
-    let mut fleet = Vec::new();
-    // Karmada clusters are resolved once every Secret of every file is known.
+    load_text_objects(path, files).into_config()
+}
+
+/// Judges the objects of `files` one by one (see [`load_texts`] for the arguments).
+pub fn load_text_objects(path: &Path, files: &[(PathBuf, String)]) -> LoadedObjects {
+    let mut loaded = LoadedObjects {
+        no_gateway: format!("{}: no Gateway object found", path.display()),
+        ..LoadedObjects::default()
+    };
+    // Karmada clusters and fleetgate Clusters are resolved once every Secret of every file is
+    // known (`spec.secretRef`, `spec.credentials.secretRef`).
     let mut karmada_clusters = Vec::new();
     let mut fleetgate_clusters = Vec::new();
-    let mut secrets = std::collections::BTreeMap::new();
+    let mut secrets: std::collections::BTreeMap<(String, String), Vec<(SecretData, String)>> =
+        std::collections::BTreeMap::new();
     for (file, text) in files {
         let base = file.parent().unwrap_or(Path::new("."));
+        let origin = file.display().to_string();
+        // A file is taken whole or not at all: YAML that does not parse keeps the last good
+        // version of every object the file held.
+        let mut documents = Vec::new();
         for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-            let value = serde_yaml::Value::deserialize(doc).map_err(|e| ConfigError::Parse {
-                path: file.clone(),
-                index,
-                message: e.to_string(),
-            })?;
+            match serde_yaml::Value::deserialize(doc) {
+                Ok(value) => documents.push((index, value)),
+                Err(e) => {
+                    loaded.unsettled.push(origin.clone());
+                    loaded.rejected.push(Rejection::new(
+                        ObjectRef::new("", "", &origin),
+                        ConfigError::Parse {
+                            path: file.clone(),
+                            index,
+                            message: e.to_string(),
+                        },
+                    ));
+                    documents.clear();
+                    break;
+                }
+            }
+        }
+        for (index, value) in documents {
             if value.is_null() {
                 continue; // an empty document, e.g. a trailing `---`
             }
@@ -68,118 +124,149 @@ pub fn load_texts(path: &Path, files: &[(PathBuf, String)]) -> Result<Config, Co
                 index,
                 message,
             };
-            let kind = value
-                .get("kind")
-                .and_then(|k| k.as_str())
-                .ok_or_else(|| parse_err("no `kind`".into()))?
-                .to_owned();
+            let text_of =
+                |v: Option<&serde_yaml::Value>| v.and_then(|v| v.as_str()).unwrap_or("").to_owned();
+            let kind = text_of(value.get("kind"));
+            let name = text_of(value.get("metadata").and_then(|m| m.get("name")));
+            let name = name.as_str();
             let api_version = value
                 .get("apiVersion")
                 .and_then(|v| v.as_str())
                 .unwrap_or("")
                 .to_owned();
-            let origin = file.display().to_string();
-            match (api_version.as_str(), kind.as_str()) {
-                (API_VERSION, "Gateway") => {
-                    let obj: GatewayObject = serde_yaml::from_value(value)
-                        .map_err(|e| parse_err(format!("Gateway: {e}")))?;
-                    gateways.push(resolve_gateway(obj, base, &origin)?);
-                }
-                (API_VERSION, "Cluster") => {
-                    let obj: ClusterObject = serde_yaml::from_value(value)
-                        .map_err(|e| parse_err(format!("Cluster: {e}")))?;
-                    // Resolved once every Secret is known (`spec.credentials.secretRef`).
-                    fleetgate_clusters.push((obj, base.to_path_buf(), origin));
-                }
+            let object = ObjectRef::new(&kind, name, &origin);
+            // A document that cannot be told apart from the others: the file's last good objects
+            // that are not read again keep serving.
+            let unsettled = |loaded: &mut LoadedObjects, error: ConfigError| {
+                loaded.unsettled.push(origin.clone());
+                loaded.rejected.push(Rejection::new(object.clone(), error));
+            };
+            if kind.is_empty() {
+                unsettled(&mut loaded, parse_err("no `kind`".into()));
+                continue;
+            }
+            let result = match (api_version.as_str(), kind.as_str()) {
+                (API_VERSION, "Gateway") => serde_yaml::from_value::<GatewayObject>(value)
+                    .map_err(|e| parse_err(format!("Gateway: {e}")))
+                    .and_then(|obj| resolve_gateway(obj, base, &origin))
+                    .map(|g| loaded.gateways.push((object.clone(), g))),
+                (API_VERSION, "Cluster") => serde_yaml::from_value::<ClusterObject>(value)
+                    .map_err(|e| parse_err(format!("Cluster: {e}")))
+                    .map(|obj| fleetgate_clusters.push((obj, base.to_path_buf(), object.clone()))),
                 (API_VERSION, "AccessPolicy") => {
-                    let mut obj: AccessPolicyObject = serde_yaml::from_value(value)
-                        .map_err(|e| parse_err(format!("AccessPolicy: {e}")))?;
-                    obj.origin = origin;
-                    policies.push(obj);
+                    serde_yaml::from_value::<AccessPolicyObject>(value)
+                        .map_err(|e| parse_err(format!("AccessPolicy: {e}")))
+                        .map(|mut obj| {
+                            obj.origin = origin.clone();
+                            loaded.policies.push(obj);
+                        })
                 }
                 (API_VERSION, "FleetResource") => {
-                    let obj: FleetResourceObject = serde_yaml::from_value(value)
-                        .map_err(|e| parse_err(format!("FleetResource: {e}")))?;
-                    fleet.push(FleetSource::from_fleet_resource(
-                        &obj.metadata,
-                        &obj.spec,
-                        &origin,
-                    ));
+                    serde_yaml::from_value::<FleetResourceObject>(value)
+                        .map_err(|e| parse_err(format!("FleetResource: {e}")))
+                        .map(|obj| {
+                            loaded.fleet.push(FleetSource::from_fleet_resource(
+                                &obj.metadata,
+                                &obj.spec,
+                                &origin,
+                            ))
+                        })
                 }
                 (KARMADA_SEARCH_API_VERSION, "ResourceRegistry") => {
-                    let obj: ResourceRegistryObject = serde_yaml::from_value(value)
-                        .map_err(|e| parse_err(format!("ResourceRegistry: {e}")))?;
-                    fleet.push(FleetSource::from_resource_registry(&obj, &origin)?);
+                    serde_yaml::from_value::<ResourceRegistryObject>(value)
+                        .map_err(|e| parse_err(format!("ResourceRegistry: {e}")))
+                        .and_then(|obj| FleetSource::from_resource_registry(&obj, &origin))
+                        .map(|source| loaded.fleet.push(source))
                 }
                 (KARMADA_API_VERSION, "Cluster") => {
-                    let obj: KarmadaClusterObject = serde_yaml::from_value(value)
-                        .map_err(|e| parse_err(format!("{KARMADA_CLUSTER_KIND}: {e}")))?;
-                    karmada_clusters.push((obj, origin));
+                    serde_yaml::from_value::<KarmadaClusterObject>(value)
+                        .map_err(|e| parse_err(format!("{KARMADA_CLUSTER_KIND}: {e}")))
+                        .map(|obj| {
+                            let object = ObjectRef::new(KARMADA_CLUSTER_KIND, name, &origin);
+                            karmada_clusters.push((obj, object))
+                        })
                 }
-                ("v1", "Secret") => {
-                    let obj: SecretObject = serde_yaml::from_value(value)
-                        .map_err(|e| parse_err(format!("Secret: {e}")))?;
-                    let secret = SecretData::from_object(&obj, &origin)?;
-                    let key = (secret.namespace.clone(), secret.name.clone());
-                    if secrets.insert(key, secret).is_some() {
-                        return Err(ConfigError::Set(format!(
-                            "{origin}: Secret {}/{} is defined twice",
-                            obj.metadata.namespace.as_deref().unwrap_or("default"),
-                            obj.metadata.name
-                        )));
-                    }
+                ("v1", "Secret") => serde_yaml::from_value::<SecretObject>(value)
+                    .map_err(|e| parse_err(format!("Secret: {e}")))
+                    .and_then(|obj| SecretData::from_object(&obj, &origin))
+                    .map(|secret| {
+                        let key = (secret.namespace.clone(), secret.name.clone());
+                        secrets
+                            .entry(key)
+                            .or_default()
+                            .push((secret, origin.clone()));
+                    }),
+                (API_VERSION, other) => {
+                    unsettled(&mut loaded, parse_err(format!("unknown kind {other:?}")));
+                    continue;
                 }
-                (API_VERSION, other) => return Err(parse_err(format!("unknown kind {other:?}"))),
                 (other_version, other_kind) => {
-                    return Err(parse_err(format!(
-                        "{other_kind}: apiVersion {other_version:?} is not {API_VERSION:?} \
-                         (nor a {KARMADA_API_VERSION} Cluster, a {KARMADA_SEARCH_API_VERSION} \
-                         ResourceRegistry or a v1 Secret)"
-                    )))
+                    unsettled(
+                        &mut loaded,
+                        parse_err(format!(
+                            "{other_kind}: apiVersion {other_version:?} is not {API_VERSION:?} \
+                             (nor a {KARMADA_API_VERSION} Cluster, a {KARMADA_SEARCH_API_VERSION} \
+                             ResourceRegistry or a v1 Secret)"
+                        )),
+                    );
+                    continue;
+                }
+            };
+            if let Err(error) = result {
+                if name.is_empty() {
+                    unsettled(&mut loaded, error);
+                } else {
+                    loaded.rejected.push(Rejection::new(object, error));
+                }
+            }
+        }
+    }
+    // A Secret defined twice is neither copy: which one is meant cannot be guessed, and the
+    // Clusters naming it keep their last good credentials.
+    let mut unique_secrets = std::collections::BTreeMap::new();
+    for (key, copies) in secrets {
+        match <[_; 1]>::try_from(copies) {
+            Ok([(secret, _)]) => {
+                unique_secrets.insert(key, secret);
+            }
+            Err(copies) => {
+                for (_, origin) in copies {
+                    loaded.rejected.push(Rejection::new(
+                        ObjectRef::new("Secret", &key.1, &origin),
+                        ConfigError::Set(format!(
+                            "{origin}: Secret {}/{} is defined twice",
+                            key.0, key.1
+                        )),
+                    ));
                 }
             }
         }
     }
     let find_secret = |namespace: &str, name: &str| {
-        secrets
+        unique_secrets
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
     };
-    for (obj, base, origin) in fleetgate_clusters {
-        clusters.push(resolve_cluster(obj, &base, &origin, &find_secret)?);
-    }
-    for (obj, origin) in &karmada_clusters {
-        clusters.push(karmada_cluster_config(obj, origin, &find_secret)?);
-    }
-    let gateway = match gateways.len() {
-        1 => gateways.remove(0),
-        0 => {
-            return Err(ConfigError::Set(format!(
-                "{}: no Gateway object found",
-                path.display()
-            )))
+    for (obj, base, object) in fleetgate_clusters {
+        match resolve_cluster(obj, &base, &object.origin, &find_secret) {
+            Ok(cluster) => loaded.clusters.push(cluster),
+            Err(error) => loaded.rejected.push(Rejection::new(object, error)),
         }
-        n => {
-            return Err(ConfigError::Set(format!(
-                "{}: {n} Gateway objects; exactly one is allowed",
-                path.display()
-            )))
+    }
+    for (obj, object) in &karmada_clusters {
+        match karmada_cluster_config(obj, &object.origin, &find_secret) {
+            Ok(cluster) => loaded.clusters.push(cluster),
+            Err(error) => loaded.rejected.push(Rejection::new(object.clone(), error)),
         }
-    };
-    check_unique_names(&clusters)?;
-    Ok(Config {
-        gateway,
-        clusters,
-        policies,
-        fleet,
-    })
+    }
+    loaded
 }
 
 /// The YAML files a path stands for, sorted.
 fn config_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     let meta = std::fs::metadata(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
-        source,
+        source: source.into(),
     })?;
     if !meta.is_dir() {
         return Ok(vec![path.to_owned()]);
@@ -189,12 +276,12 @@ fn config_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     while let Some(dir) = stack.pop() {
         let entries = std::fs::read_dir(&dir).map_err(|source| ConfigError::Read {
             path: dir.clone(),
-            source,
+            source: source.into(),
         })?;
         for entry in entries {
             let entry = entry.map_err(|source| ConfigError::Read {
                 path: dir.clone(),
-                source,
+                source: source.into(),
             })?;
             let p = entry.path();
             let name = entry.file_name();
@@ -760,17 +847,4 @@ fn pem_field(
         return Err(format!("{name}: not PEM (no -----BEGIN line)"));
     }
     Ok(Some(pem))
-}
-
-pub(crate) fn check_unique_names(clusters: &[ClusterConfig]) -> Result<(), ConfigError> {
-    let mut seen = std::collections::HashMap::new();
-    for c in clusters {
-        if let Some(first) = seen.insert(c.name.as_str(), c.origin.as_str()) {
-            return Err(ConfigError::Set(format!(
-                "Cluster {} is defined twice ({first} and {})",
-                c.name, c.origin
-            )));
-        }
-    }
-    Ok(())
 }

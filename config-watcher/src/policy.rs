@@ -490,16 +490,25 @@ pub struct AccessControl {
 impl AccessControl {
     /// Compiles the access control of `config`.
     pub fn build(config: &Config) -> Result<AccessControl, PolicyError> {
+        Ok(Self::from_compiled(
+            config,
+            CompiledPolicy::compile(config)?,
+        ))
+    }
+
+    /// The access control of `config` with its policies compiled already (`policy`): the table
+    /// builder compiles them until every one that does not compile is left out.
+    pub(crate) fn from_compiled(config: &Config, policy: CompiledPolicy) -> AccessControl {
         if config.gateway.auth.authorization_mode == AuthorizationMode::AlwaysAllow {
             tracing::warn!(
                 "spec.auth.authorizationMode is AlwaysAllow: AccessPolicy objects are not enforced, \
                  every authenticated client may do anything the cluster credentials allow"
             );
         }
-        Ok(AccessControl {
+        AccessControl {
             authenticators: Authenticators::build(&config.gateway.auth),
-            policy: CompiledPolicy::compile(config)?,
-        })
+            policy,
+        }
     }
 }
 

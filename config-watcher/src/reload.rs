@@ -1,12 +1,16 @@
 //! Publishing a new configuration: the one place where a loaded (or failed) configuration becomes
 //! the routing table the data path reads, and where the outcome is recorded for operators.
 //!
-//! Every source (the watched file path, the Kubernetes API) hands its result to a
+//! Every source (the watched file path, the Kubernetes API) hands the objects it loaded to a
 //! [`TablePublisher`]; when both run, one merging publisher keeps each source's last good
-//! configuration and publishes their union. A valid configuration that differs from the serving one is built into a new
-//! [`RouteTable`] (generation + 1) and swapped in whole; an invalid one leaves the last good table
-//! serving and is reported three ways: a tracing error naming file / object / field, the counters
-//! of [`ReloadStatus`] (the gateway's `/metrics`) and its last error (`/readyz?verbose`).
+//! configuration and publishes their union. Objects are judged one by one (`judge`): an invalid
+//! object is left out, or its last good version keeps serving, and every valid object is served.
+//! A configuration that differs from the serving one is built into a new [`RouteTable`]
+//! (generation + 1) and swapped in whole. Each rejected object is reported three ways: a tracing
+//! error naming file / object / field, the counters and gauges of [`ReloadStatus`] (the gateway's
+//! `/metrics`) and its last error and rejected objects (`/readyz?verbose`, the API objects'
+//! `Ready` conditions). Only a change with no Gateway to serve, or a source that cannot be read
+//! at all, is rejected whole.
 //!
 //! Building runs on the caller's thread, never on a shard: the data path only ever does one
 //! `ArcSwap::load` per request and never waits for anything here.
@@ -18,6 +22,7 @@ use std::time::SystemTime;
 use tracing::{error, info, warn};
 
 use crate::error::ConfigError;
+use crate::judge::{one_cluster_per_name, settle, LoadedObjects, RejectedObject, Rejection};
 use crate::settings::{ClusterConfig, Config, GatewaySettings};
 use crate::table::RouteTable;
 use crate::SharedTable;
@@ -31,9 +36,13 @@ pub const API_SOURCE: &str = "kubernetes-api";
 pub struct ReloadStatus {
     published: AtomicU64,
     failed: AtomicU64,
-    /// The error of the last attempt when it failed; `None` once a later attempt succeeds.
-    /// A plain mutex: written by a source thread, read by the admin thread, never by a shard.
+    /// The error of the last attempt when it rejected anything; `None` once a later attempt
+    /// takes every object. A plain mutex: written by a source thread, read by the admin thread,
+    /// never by a shard.
     last_error: Mutex<Option<ReloadFailure>>,
+    /// The objects the serving table does not hold as written (left out, or at their last good
+    /// version), as of the last attempt that was judged object by object.
+    rejected: Mutex<Vec<RejectedObject>>,
     /// Problems of the sources themselves, by readiness check name (a watch whose resource the
     /// management cluster does not serve, say): failing `/readyz` checks until they clear.
     source_problems: Mutex<std::collections::BTreeMap<String, String>>,
@@ -79,7 +88,9 @@ impl ReloadStatus {
         self.published.load(Ordering::Relaxed)
     }
 
-    /// Reload attempts rejected because the configuration was invalid.
+    /// Reload attempts that rejected an object (or the whole change) because it was invalid; an
+    /// attempt that rejects just what the last one did, and publishes nothing, is not counted
+    /// again.
     pub fn failed(&self) -> u64 {
         self.failed.load(Ordering::Relaxed)
     }
@@ -90,9 +101,18 @@ impl ReloadStatus {
         self.outcomes.subscribe()
     }
 
-    /// The error of the last attempt, if the last attempt failed.
+    /// The error of the last attempt, if the last attempt rejected anything: each rejected
+    /// object's error, `; `-separated.
     pub fn last_error(&self) -> Option<ReloadFailure> {
         self.last_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// The objects the serving table does not hold as written, and why.
+    pub fn rejected_objects(&self) -> Vec<RejectedObject> {
+        self.rejected
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
@@ -158,6 +178,56 @@ impl ReloadStatus {
         self.outcomes.send_modify(|n| *n += 1);
     }
 
+    /// Records an attempt judged object by object: `rejected` is what the serving table does not
+    /// hold as written. `counted`: a reload (the first table is not one). Returns false, and
+    /// records nothing, when the attempt published nothing and rejected just what the last one
+    /// did (a status write's watch event, an editor touching a file): reported once, not again.
+    fn record_judged(&self, rejected: Vec<RejectedObject>, published: bool, counted: bool) -> bool {
+        let message = (!rejected.is_empty()).then(|| {
+            rejected
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        });
+        let mut last = self
+            .rejected
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let repeated = *last == rejected
+            && self.last_error().map(|f| f.message) == message
+            && message.is_some();
+        if repeated && !published {
+            return false;
+        }
+        *last = rejected;
+        let whats: std::collections::BTreeSet<&'static str> = last.iter().map(|r| r.what).collect();
+        drop(last);
+        match message {
+            None => self.record_success(),
+            Some(message) if counted => {
+                // Counted once per attempt, under each kind of material it broke.
+                let mut whats = whats.into_iter();
+                let first = whats.next().unwrap_or(crate::material::CONFIG);
+                for what in whats {
+                    self.record_material(what, false);
+                }
+                self.record_failure(message, first);
+            }
+            Some(message) => {
+                *self
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(ReloadFailure {
+                    message,
+                    at_unix_seconds: unix_seconds(),
+                });
+                self.outcomes.send_modify(|n| *n += 1);
+            }
+        }
+        true
+    }
+
     fn record_failure(&self, message: String, what: &'static str) {
         self.failed.fetch_add(1, Ordering::Relaxed);
         self.record_material(what, false);
@@ -173,9 +243,27 @@ impl ReloadStatus {
     }
 
     /// OpenMetrics lines (without `# EOF`) for the gateway's `/metrics`: reloads by result, whether
-    /// the last attempt failed, and the generation of the serving table.
+    /// the last attempt failed, the generation of the serving table and the rejected objects.
     pub fn openmetrics_lines(&self, serving_generation: u64) -> String {
         let failing = u8::from(self.last_error().is_some());
+        let rejected = self.rejected_objects();
+        let mut objects = format!(
+            "# HELP fleetgate_config_rejected_objects Configuration objects the serving table does not hold as written (left out, or at their last good version).\n\
+             # TYPE fleetgate_config_rejected_objects gauge\n\
+             fleetgate_config_rejected_objects {}\n\
+             # HELP fleetgate_config_object_rejected 1 for each rejected object; kept=\"true\": its last good version serves.\n\
+             # TYPE fleetgate_config_object_rejected gauge\n",
+            rejected.len()
+        );
+        for r in &rejected {
+            objects.push_str(&format!(
+                "fleetgate_config_object_rejected{{kind=\"{}\",name=\"{}\",origin=\"{}\",kept=\"{}\"}} 1\n",
+                label_value(&r.object.kind),
+                label_value(&r.object.name),
+                label_value(&r.object.origin),
+                r.kept
+            ));
+        }
         format!(
             "# HELP fleetgate_config_reloads Configuration reloads, by result (failure: the last good table kept serving).\n\
              # TYPE fleetgate_config_reloads counter\n\
@@ -189,7 +277,8 @@ impl ReloadStatus {
              fleetgate_config_generation {serving_generation}\n",
             self.published(),
             self.failed(),
-        ) + &self.material_lines()
+        ) + &objects
+            + &self.material_lines()
     }
 
     fn material_lines(&self) -> String {
@@ -222,14 +311,24 @@ impl ReloadStatus {
     }
 }
 
+/// An OpenMetrics label value: `\`, `"` and line feeds escaped (file paths may hold them).
+fn label_value(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 /// What one reload did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReloadOutcome {
-    /// A new table was published with this generation.
+    /// A new table was published with this generation (rejected objects, if any, are in the
+    /// status).
     Published { generation: u64 },
-    /// The configuration equals the serving one; nothing was swapped.
+    /// The configuration to serve equals the serving one; nothing was swapped.
     Unchanged,
-    /// The configuration was invalid; the last good table keeps serving.
+    /// Nothing could be judged (no Gateway to serve, the source unreadable); the last good
+    /// table keeps serving.
     Rejected,
 }
 
@@ -243,11 +342,14 @@ pub struct TablePublisher {
     merge: Option<Arc<Mutex<MergedSources>>>,
 }
 
-/// The last good configuration of the file source and of the API source, when both run.
+/// The last good configuration of the file source and of the API source, when both run, and
+/// the objects each rejected.
 #[derive(Debug)]
 struct MergedSources {
     files: Option<Config>,
     api: Option<Config>,
+    files_rejected: Vec<RejectedObject>,
+    api_rejected: Vec<RejectedObject>,
     /// The Gateway the API source falls back on while the API holds no Gateway object: seen in
     /// an API configuration, it means "no Gateway there", and the files' Gateway applies.
     api_fallback_gateway: GatewaySettings,
@@ -255,37 +357,48 @@ struct MergedSources {
 
 impl MergedSources {
     /// Files and API together: the API's Gateway object when it has one, else the files'; the
-    /// clusters and access policies of both. A cluster defined by both is an error (which one is
-    /// meant cannot be guessed). `None` until both sources have reported once.
-    fn merged(&self) -> Option<Result<Config, ConfigError>> {
+    /// clusters and access policies of both. A cluster defined by both is served from the
+    /// source that serves it now, and the other copy is rejected (which one is meant cannot be
+    /// guessed; with neither serving, both are). `None` until both sources have reported once.
+    fn merged(&self, serving: &Config) -> Option<(Config, Vec<Rejection>)> {
         let (files, api) = (self.files.as_ref()?, self.api.as_ref()?);
         let gateway = if api.gateway == self.api_fallback_gateway {
             files.gateway.clone()
         } else {
             api.gateway.clone()
         };
-        let mut clusters = files.clusters.clone();
-        for cluster in &api.clusters {
-            if let Some(local) = files.clusters.iter().find(|c| c.name == cluster.name) {
-                return Some(Err(ConfigError::Set(format!(
-                    "cluster {:?} is defined both in the files ({}) and in the management cluster ({}); \
-                     remove one",
-                    cluster.name, local.origin, cluster.origin
-                ))));
-            }
-            clusters.push(cluster.clone());
-        }
-        clusters.sort_by(|a, b| a.name.cmp(&b.name));
-        let mut policies = files.policies.clone();
-        policies.extend(api.policies.iter().cloned());
-        let mut fleet = files.fleet.clone();
-        fleet.extend(api.fleet.iter().cloned());
-        Some(Ok(Config {
+        let clusters = files
+            .clusters
+            .iter()
+            .chain(&api.clusters)
+            .cloned()
+            .collect();
+        // Each source's names are unique already: a clash is between the two.
+        let (clusters, clashes) = one_cluster_per_name(clusters, Some(serving), |a, b| {
+            let (local, remote) = if b.origin.starts_with("api:") {
+                (a, b)
+            } else {
+                (b, a)
+            };
+            format!(
+                "cluster {:?} is defined both in the files ({}) and in the management cluster \
+                 ({}); remove one",
+                local.name, local.origin, remote.origin
+            )
+        });
+        let mut config = Config {
             gateway,
             clusters,
-            policies,
-            fleet,
-        }))
+            policies: files
+                .policies
+                .iter()
+                .chain(&api.policies)
+                .cloned()
+                .collect(),
+            fleet: files.fleet.iter().chain(&api.fleet).cloned().collect(),
+        };
+        crate::judge::canonical_order(&mut config);
+        Some((config, clashes))
     }
 }
 
@@ -313,6 +426,8 @@ impl TablePublisher {
             merge: Some(Arc::new(Mutex::new(MergedSources {
                 files: None,
                 api: None,
+                files_rejected: Vec::new(),
+                api_rejected: Vec::new(),
                 api_fallback_gateway,
             }))),
         }
@@ -326,45 +441,101 @@ impl TablePublisher {
         &self.table
     }
 
-    /// Validates and publishes `loaded` (the result of loading a source). Blocking (certificate
-    /// parsing): call it from a source's own thread.
-    pub fn publish(&self, source: &str, loaded: Result<Config, ConfigError>) -> ReloadOutcome {
-        let config = match loaded {
-            Ok(config) => config,
+    /// Judges and publishes `loaded` (the objects a source loaded, or why it could not be read
+    /// at all). Blocking (certificate parsing): call it from a source's own thread.
+    pub fn publish(
+        &self,
+        source: &str,
+        loaded: Result<LoadedObjects, ConfigError>,
+    ) -> ReloadOutcome {
+        let loaded = match loaded {
+            Ok(loaded) => loaded,
             Err(err) => return self.reject(source, &err),
         };
         let Some(merge) = &self.merge else {
-            return self.publish_config(source, config);
+            let serving = self.table.load();
+            return match settle(loaded, Some(serving.config())) {
+                Ok(settled) => {
+                    let rejected = settled.rejected.iter().map(RejectedObject::from).collect();
+                    self.publish_config(source, settled.config, rejected)
+                }
+                Err(err) => self.reject(source, &err),
+            };
         };
         // Held through the swap: the two sources' threads publish one at a time.
         let mut merge = merge
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if source == API_SOURCE {
-            merge.api = Some(config);
+        let serving = self.table.load();
+        let is_api = source == API_SOURCE;
+        let last = if is_api { &merge.api } else { &merge.files };
+        // Before a source's first good report, the serving Gateway is its last good one.
+        let first = Config {
+            gateway: serving.gateway().clone(),
+            clusters: Vec::new(),
+            policies: Vec::new(),
+            fleet: Vec::new(),
+        };
+        let settled = match settle(loaded, Some(last.as_ref().unwrap_or(&first))) {
+            Ok(settled) => settled,
+            Err(err) => return self.reject(source, &err),
+        };
+        let rejected = settled.rejected.iter().map(RejectedObject::from).collect();
+        if is_api {
+            merge.api = Some(settled.config);
+            merge.api_rejected = rejected;
         } else {
-            merge.files = Some(config);
+            merge.files = Some(settled.config);
+            merge.files_rejected = rejected;
         }
-        match merge.merged() {
+        match merge.merged(serving.config()) {
             None => ReloadOutcome::Unchanged,
-            Some(Ok(config)) => self.publish_config(source, config),
-            Some(Err(err)) => self.reject(source, &err),
+            Some((config, clashes)) => {
+                let rejected = merge
+                    .files_rejected
+                    .iter()
+                    .chain(&merge.api_rejected)
+                    .cloned()
+                    .chain(clashes.iter().map(RejectedObject::from))
+                    .collect();
+                self.publish_config(source, config, rejected)
+            }
         }
     }
 
-    fn publish_config(&self, source: &str, config: Config) -> ReloadOutcome {
+    /// Builds `config` (judging what only shows then: certificates, policies, fleet sources) and
+    /// publishes it when it differs from the serving one; records `rejected` and what the build
+    /// rejected.
+    fn publish_config(
+        &self,
+        source: &str,
+        config: Config,
+        mut rejected: Vec<RejectedObject>,
+    ) -> ReloadOutcome {
         let serving = self.table.load();
-        if *serving.config() == config {
-            self.status.record_success();
-            return ReloadOutcome::Unchanged;
-        }
-        let generation = serving.generation() + 1;
-        let table = match RouteTable::rebuild(&serving, &config, generation) {
-            Ok(table) => table,
-            Err(err) => return self.reject(source, &err),
+        let built = if *serving.config() == config {
+            None
+        } else {
+            let generation = serving.generation() + 1;
+            let (table, more) = RouteTable::build_judged(Some(&serving), config, generation);
+            rejected.extend(more.iter().map(RejectedObject::from));
+            // Every change rejected, and the last good versions put back: nothing new.
+            (table.config() != serving.config()).then_some(table)
         };
-        warn_on_restart_only_changes(serving.config(), &config);
-        let (added, changed, removed) = cluster_diff(serving.config(), &config);
+        let Some(table) = built else {
+            self.record(source, rejected, false);
+            return ReloadOutcome::Unchanged;
+        };
+        let generation = table.generation();
+        let config = table.config();
+        warn_on_restart_only_changes(serving.config(), config);
+        let (added, changed, removed) = cluster_diff(serving.config(), config);
+        let (o, n) = (&serving.config().gateway.auth, &config.gateway.auth);
+        let (tokens_changed, jwks_changed) = (
+            o.tokens != n.tokens,
+            o.oidc.as_ref().map(|o| &o.jwks) != n.oidc.as_ref().map(|o| &o.jwks),
+        );
+        let clusters = config.clusters.len();
         // Only this publisher (one per source) swaps, so nothing can slip in between the load
         // above and this store.
         let table = Arc::new(table);
@@ -373,27 +544,36 @@ impl TablePublisher {
         // and re-requests at once finds the new route (or the 404), never the old one.
         let retired = serving.retire_routes_missing_from(&table);
         self.status.published.fetch_add(1, Ordering::Relaxed);
-        self.status.record_success();
+        let rejected_objects = rejected.len();
+        self.record(source, rejected, true);
         // The serving TLS material is recorded by the gateway once it has built it.
-        let (o, n) = (&serving.config().gateway.auth, &config.gateway.auth);
-        if o.tokens != n.tokens {
+        if tokens_changed {
             self.status
                 .record_material(crate::material::TOKEN_FILE, true);
         }
-        if o.oidc.as_ref().map(|o| &o.jwks) != n.oidc.as_ref().map(|o| &o.jwks) {
+        if jwks_changed {
             self.status.record_material(crate::material::JWKS, true);
         }
         info!(
             source,
             generation,
-            clusters = config.clusters.len(),
+            clusters,
             added,
             changed,
             removed,
             retired,
+            rejected_objects,
             "routing table published"
         );
         ReloadOutcome::Published { generation }
+    }
+
+    /// Logs each rejected object (unless the attempt repeats the last one) and records them.
+    fn record(&self, source: &str, rejected: Vec<RejectedObject>, published: bool) {
+        let logged = rejected.clone();
+        if self.status.record_judged(rejected, published, true) {
+            log_rejected(source, &logged, self.table.load().generation());
+        }
     }
 
     fn reject(&self, source: &str, err: &ConfigError) -> ReloadOutcome {
@@ -408,6 +588,47 @@ impl TablePublisher {
             .record_failure(err.to_string(), crate::material::what_failed(err));
         ReloadOutcome::Rejected
     }
+}
+
+/// One error line per rejected object, naming it, the reason and what serves instead.
+fn log_rejected(source: &str, rejected: &[RejectedObject], serving_generation: u64) {
+    for r in rejected {
+        if r.kept {
+            error!(
+                source,
+                object = %r.object,
+                error = %r.message,
+                serving_generation,
+                "configuration rejected for this object; its last good version keeps serving"
+            );
+        } else {
+            error!(
+                source,
+                object = %r.object,
+                error = %r.message,
+                serving_generation,
+                "configuration rejected for this object; it is not served"
+            );
+        }
+    }
+}
+
+/// The first routing table `serve` builds, from the objects of its `--config` path: judged one
+/// by one with no last good version, so an invalid Cluster (AccessPolicy, FleetResource...) is
+/// left out and recorded in `status`, but the load fails when no Gateway is valid (listeners
+/// cannot be guessed) or the path cannot be read.
+pub fn first_table(
+    loaded: Result<LoadedObjects, ConfigError>,
+    status: &ReloadStatus,
+) -> Result<RouteTable, ConfigError> {
+    let settled = settle(loaded?, None)?;
+    let mut rejected: Vec<RejectedObject> =
+        settled.rejected.iter().map(RejectedObject::from).collect();
+    let (table, more) = RouteTable::build_judged(None, settled.config, 1);
+    rejected.extend(more.iter().map(RejectedObject::from));
+    log_rejected("initial", &rejected, 1);
+    status.record_judged(rejected, true, false);
+    Ok(table)
 }
 
 /// Counts clusters added, changed and removed between two configurations (for the log line).
@@ -465,5 +686,44 @@ mod tests {
         status.record_success();
         assert!(outcomes.has_changed().unwrap());
         assert_eq!(status.last_error(), None);
+    }
+
+    #[test]
+    fn a_rejection_repeated_without_a_new_table_is_reported_once_and_named_in_metrics() {
+        let status = ReloadStatus::new();
+        let bad = || {
+            vec![RejectedObject {
+                object: crate::judge::ObjectRef::new("Cluster", "a\"b", "/x\\y.yaml"),
+                message: "/x\\y.yaml: Cluster a\"b: spec.server: bad".into(),
+                kept: false,
+                what: crate::material::CONFIG,
+            }]
+        };
+        assert!(status.record_judged(bad(), false, true));
+        // The API source's own status write, a touched file: nothing new to say.
+        assert!(!status.record_judged(bad(), false, true));
+        assert_eq!(status.failed(), 1);
+        // A new table with the same rejection beside it is an attempt of its own.
+        assert!(status.record_judged(bad(), true, true));
+        assert_eq!(status.failed(), 2);
+        let metrics = status.openmetrics_lines(3);
+        assert!(
+            metrics.contains("fleetgate_config_rejected_objects 1\n")
+                && metrics.contains(
+                    r#"fleetgate_config_object_rejected{kind="Cluster",name="a\"b",origin="/x\\y.yaml",kept="false"} 1"#
+                ),
+            "{metrics}"
+        );
+        assert!(status
+            .last_error()
+            .unwrap()
+            .message
+            .ends_with("bad (not served)"));
+        assert!(status.record_judged(Vec::new(), false, true));
+        assert_eq!(status.last_error(), None);
+        assert!(status.rejected_objects().is_empty());
+        assert!(status
+            .openmetrics_lines(3)
+            .contains("fleetgate_config_rejected_objects 0\n"));
     }
 }

@@ -14,6 +14,7 @@ use rustls::pki_types::ServerName;
 
 pub use crate::endpoint::{crypto_provider, parse_certs, parse_key, parse_server, UpstreamTarget};
 use crate::error::ConfigError;
+use crate::judge::{ObjectRef, Rejection};
 use crate::objects::ConnectMode;
 use crate::retirement::RouteRetirement;
 use crate::settings::{ClusterConfig, Config, GatewaySettings};
@@ -185,68 +186,178 @@ impl RouteTable {
         config: &Config,
         generation: u64,
     ) -> Result<RouteTable, ConfigError> {
-        let unchanged: ahash::AHashMap<&str, &ClusterConfig> = previous
-            .map(|p| {
-                p.config
+        let (table, mut rejected) =
+            Self::build_judging(previous, config.clone(), generation, false);
+        match rejected.is_empty() {
+            true => Ok(table),
+            false => Err(rejected.swap_remove(0).error),
+        }
+    }
+
+    /// Builds the table that follows `previous` (if any), judging objects one by one (see
+    /// `judge`): a cluster whose route does not build (a certificate that does not parse), an
+    /// AccessPolicy that does not compile and a fleet source that does not resolve are each left
+    /// out, or served at their version in `previous` when it has one; every other object is
+    /// served. Returns the table (its `config()` is what it serves) and what it did not take.
+    pub(crate) fn build_judged(
+        previous: Option<&RouteTable>,
+        config: Config,
+        generation: u64,
+    ) -> (RouteTable, Vec<Rejection>) {
+        Self::build_judging(previous, config, generation, true)
+    }
+
+    /// `build_judged`; without `keep_last_good` the first rejection is all the caller needs
+    /// (the strict builders), so nothing is put back.
+    fn build_judging(
+        previous: Option<&RouteTable>,
+        mut config: Config,
+        generation: u64,
+        keep_last_good: bool,
+    ) -> (RouteTable, Vec<Rejection>) {
+        let mut rejected = Vec::new();
+        let last = previous.filter(|_| keep_last_good);
+        let clusters = {
+            let unchanged: ahash::AHashMap<&str, &ClusterConfig> = previous
+                .map(|p| {
+                    p.config
+                        .clusters
+                        .iter()
+                        .map(|c| (c.name.as_str(), c))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let reused = |c: &ClusterConfig| {
+                previous
+                    .filter(|_| unchanged.get(c.name.as_str()) == Some(&c))
+                    .and_then(|p| p.clusters.get(c.name.as_str()).cloned())
+            };
+            // Only the clusters built anew share the client configurations built now.
+            let mut tls_configs = TlsConfigCache::new(
+                config
                     .clusters
                     .iter()
-                    .map(|c| (c.name.as_str(), c))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let reused = |c: &ClusterConfig| {
-            previous
-                .filter(|_| unchanged.get(c.name.as_str()) == Some(&c))
-                .and_then(|p| p.clusters.get(c.name.as_str()).cloned())
-        };
-        // Only the clusters built anew share the client configurations built now.
-        let mut tls_configs = TlsConfigCache::new(
-            config
-                .clusters
-                .iter()
-                .filter(|c| !unchanged.get(c.name.as_str()).is_some_and(|u| *u == *c)),
-        );
-        let mut clusters = ahash::AHashMap::with_capacity(config.clusters.len());
-        for c in &config.clusters {
-            let route = match reused(c) {
-                Some(route) => route,
-                None => {
-                    let route = build_route(c, &mut tls_configs)?;
-                    // Same digest, so the same route (only where it came from changed, say):
-                    // keep the serving one, whose streams and pooled connections stay valid.
-                    match previous.and_then(|p| p.clusters.get(c.name.as_str())) {
-                        Some(serving) if serving.id == route.id => serving.clone(),
-                        _ => Arc::new(route),
+                    .filter(|c| !unchanged.get(c.name.as_str()).is_some_and(|u| *u == *c)),
+            );
+            let mut clusters = ahash::AHashMap::with_capacity(config.clusters.len());
+            // The index of each cluster that does not build, and its last good version if any.
+            let mut replaced: Vec<(usize, Option<ClusterConfig>)> = Vec::new();
+            for (i, c) in config.clusters.iter().enumerate() {
+                let route = match reused(c) {
+                    Some(route) => route,
+                    None => match build_route(c, &mut tls_configs) {
+                        // Same digest, so the same route (only where it came from changed,
+                        // say): keep the serving one, whose streams and pooled connections
+                        // stay valid.
+                        Ok(route) => match previous.and_then(|p| p.clusters.get(c.name.as_str())) {
+                            Some(serving) if serving.id == route.id => serving.clone(),
+                            _ => Arc::new(route),
+                        },
+                        Err(error) => {
+                            let good = last.and_then(|p| {
+                                let config = unchanged.get(c.name.as_str())?;
+                                Some(((*config).clone(), p.clusters.get(c.name.as_str())?.clone()))
+                            });
+                            let mut rejection = Rejection::new(
+                                ObjectRef::new("Cluster", &c.name, &c.origin),
+                                error,
+                            );
+                            rejection.kept = good.is_some();
+                            rejected.push(rejection);
+                            replaced.push((i, good.as_ref().map(|(config, _)| config.clone())));
+                            match good {
+                                Some((_, route)) => route,
+                                None => continue,
+                            }
+                        }
+                    },
+                };
+                clusters.insert(route.name.clone(), route);
+            }
+            drop(tls_configs);
+            for (i, good) in replaced.into_iter().rev() {
+                match good {
+                    Some(good) => config.clusters[i] = good,
+                    None => {
+                        config.clusters.remove(i);
                     }
                 }
+            }
+            clusters
+        };
+        // Each object that does not compile (resolve) is taken out and its last good version
+        // tried once in its place; every round takes one out, so the loops end.
+        let mut judging = Judging {
+            rejected,
+            fell_back: Vec::new(),
+        };
+        let policy = loop {
+            let e = match crate::policy::CompiledPolicy::compile(&config) {
+                Ok(policy) => break policy,
+                Err(e) => e,
             };
-            clusters.insert(route.name.clone(), route);
-        }
-        let access =
-            crate::policy::AccessControl::build(config).map_err(|e| ConfigError::Invalid {
+            let object = ObjectRef::new("AccessPolicy", &e.policy, &e.origin);
+            let error = ConfigError::Invalid {
                 // The file (or API object) that holds it, as every other object's error names it.
                 origin: if e.origin.is_empty() {
                     "AccessPolicy".into()
                 } else {
-                    e.origin.clone()
+                    e.origin
                 },
                 kind: "AccessPolicy",
-                name: e.policy.clone(),
+                name: e.policy,
                 field: e.field,
-                message: e.message.clone(),
-            })?;
-        let fleet = crate::fleet::resolve(
-            &config.fleet,
-            config.clusters.iter().map(|c| (c.name.as_str(), &c.labels)),
-        )?;
-        Ok(RouteTable {
+                message: e.message,
+            };
+            let good = last.map(|p| p.config.policies.as_slice());
+            take_out(
+                &mut config.policies,
+                good,
+                policy_id,
+                object,
+                error,
+                &mut judging,
+            );
+        };
+        let fleet = loop {
+            let error = match crate::fleet::resolve(
+                &config.fleet,
+                config.clusters.iter().map(|c| (c.name.as_str(), &c.labels)),
+            ) {
+                Ok(fleet) => break fleet,
+                Err(error) => error,
+            };
+            let object = match &error {
+                ConfigError::Invalid {
+                    origin, kind, name, ..
+                } => ObjectRef::new(kind, name, origin),
+                // Not reached: `resolve` names the object of every error.
+                _ => ObjectRef::new("FleetResource", "", ""),
+            };
+            let good = last.map(|p| p.config.fleet.as_slice());
+            take_out(
+                &mut config.fleet,
+                good,
+                fleet_id,
+                object,
+                error,
+                &mut judging,
+            );
+        };
+        let rejected = judging.rejected;
+        if keep_last_good {
+            crate::judge::canonical_order(&mut config);
+        }
+        let access = crate::policy::AccessControl::from_compiled(&config, policy);
+        let table = RouteTable {
             access: Arc::new(access),
             fleet,
             clusters,
             gateway: config.gateway.clone(),
-            config: config.clone(),
+            config,
             generation,
-        })
+        };
+        (table, rejected)
     }
 
     /// The cluster called `name`, if any.
@@ -299,6 +410,71 @@ impl RouteTable {
         }
         retired
     }
+}
+
+/// The objects a table build did not take, and those whose last good version it put back.
+struct Judging {
+    rejected: Vec<Rejection>,
+    fell_back: Vec<ObjectRef>,
+}
+
+/// An AccessPolicy as `take_out` names it: kind, name, origin.
+fn policy_id(p: &crate::objects::AccessPolicyObject) -> (&str, &str, &str) {
+    ("AccessPolicy", &p.metadata.name, &p.origin)
+}
+
+/// A fleet source as `take_out` names it: kind, name, origin.
+fn fleet_id(f: &crate::fleet::FleetSource) -> (&str, &str, &str) {
+    (f.kind, &f.name, &f.origin)
+}
+
+/// Takes `object`, which did not compile (resolve) with `error`, out of `objects`. The first
+/// time, its version in `last` (the serving table's, when last good versions are kept) goes in
+/// its place; when that version fails too, it is taken out as well and the rejection says the
+/// object is not served after all.
+fn take_out<T: Clone>(
+    objects: &mut Vec<T>,
+    last: Option<&[T]>,
+    id: impl Fn(&T) -> (&str, &str, &str),
+    object: ObjectRef,
+    error: ConfigError,
+    judging: &mut Judging,
+) {
+    let before = objects.len();
+    objects.retain(|t| {
+        id(t)
+            != (
+                object.kind.as_str(),
+                object.name.as_str(),
+                object.origin.as_str(),
+            )
+    });
+    if objects.len() == before {
+        // Not reached (the error names an object of the set); fail closed: none of them.
+        objects.clear();
+    }
+    let same = |o: &ObjectRef| o.kind == object.kind && o.name == object.name;
+    if judging.fell_back.iter().any(same) {
+        for r in judging.rejected.iter_mut().filter(|r| same(&r.object)) {
+            r.kept = false;
+        }
+        return;
+    }
+    let good = last
+        .and_then(|last| {
+            last.iter().find(|t| {
+                let (kind, name, _) = id(t);
+                kind == object.kind && name == object.name
+            })
+        })
+        .cloned();
+    let mut rejection = Rejection::new(object, error);
+    rejection.kept = good.is_some();
+    if rejection.kept {
+        judging.fell_back.push(rejection.object.clone());
+    }
+    objects.extend(good);
+    judging.rejected.push(rejection);
 }
 
 /// TLS client configurations already built during one table build, by what they are made of:

@@ -4,7 +4,8 @@
 //! ResourceRegistries, created before and after the source starts, changed, rotated, broken and
 //! deleted. The first table must hold everything that existed before the start (the watcher's
 //! initial list, never a partial view); every later change must be published within a deadline;
-//! a broken object keeps the last good table and is reported.
+//! a broken object is left out (or keeps its last good version) and is reported, in the reload
+//! status and in its own `Ready` condition, while every valid object beside it is served.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -470,6 +471,57 @@ fn clusters_and_karmada_clusters_follow_the_management_cluster() {
         .await;
         assert!(table.load().cluster("with-file").is_none());
         management.delete(&management.clusters(), "with-file").await;
+
+        // One bad object blocks nothing: a Cluster whose Secret nobody created, and a good one
+        // created with it. The good one is served; each says so in its status.
+        management
+            .create(
+                &management.clusters(),
+                json!({
+                    "apiVersion": "fleetgate.io/v1alpha1", "kind": "Cluster",
+                    "metadata": {"name": "no-secret"},
+                    "spec": {"server": server, "credentials": {
+                        "secretRef": {"name": "nobody-made-it"}}},
+                }),
+            )
+            .await;
+        management
+            .create(
+                &management.clusters(),
+                fleetgate_cluster("onboarded", "https://127.0.0.1:4", &ca, "t4"),
+            )
+            .await;
+        eventually("onboarded served", || port(&table, "onboarded") == Some(4)).await;
+        assert!(table.load().cluster("no-secret").is_none());
+        let missing = ready_condition(&management.clusters(), "no-secret", "False").await;
+        assert_eq!(missing["reason"], "Invalid");
+        let message = missing["message"].as_str().unwrap();
+        assert!(
+            message.contains("Secret karmada-cluster/nobody-made-it not found")
+                && message.contains("not served"),
+            "{missing}"
+        );
+        let onboarded = ready_condition(&management.clusters(), "onboarded", "True").await;
+        assert_eq!(onboarded["reason"], "Served");
+
+        // A served Cluster that turns invalid keeps its last good version, and says so.
+        management
+            .replace(
+                &management.clusters(),
+                "extra",
+                fleetgate_cluster("extra", "ftp://nowhere", &ca, "t1"),
+            )
+            .await;
+        let extra = ready_condition(&management.clusters(), "extra", "False").await;
+        let message = extra["message"].as_str().unwrap();
+        assert!(
+            message.contains("spec.server")
+                && message.contains("its last good version keeps serving"),
+            "{extra}"
+        );
+        assert_eq!(port(&table, "extra"), Some(2));
+        management.delete(&management.clusters(), "no-secret").await;
+        management.delete(&management.clusters(), "onboarded").await;
 
         // Removed, both kinds.
         management.delete(&management.clusters(), "extra").await;

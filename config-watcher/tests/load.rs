@@ -444,3 +444,90 @@ fn shared_watches_are_off_by_default_and_checked_when_on() {
         assert!(e.contains(named), "{block}: {e}");
     }
 }
+
+#[test]
+fn the_first_table_leaves_out_invalid_objects_but_needs_a_valid_gateway() {
+    use fleetgate_config_watcher::{first_table, load_objects, ReloadStatus};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    write_gateway(dir.path(), &pki);
+    let policy = |name: &str, verbs: &str| {
+        format!(
+            "apiVersion: fleetgate.io/v1alpha1\nkind: AccessPolicy\nmetadata:\n  name: {name}\nspec:\n  subjects: [{{kind: Group, name: devs}}]\n  clusters: {{names: [good, bad-server]}}\n  rules: [{{verbs: {verbs}}}]\n"
+        )
+    };
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        [
+            cluster_yaml("good", "https://127.0.0.1:1", &pki, ""),
+            // Invalid as read.
+            cluster_yaml("bad-server", "ftp://127.0.0.1:1", &pki, ""),
+            // Invalid once its CA is parsed, when the table is built.
+            cluster_yaml("bad-ca", "https://127.0.0.1:1", &pki, "").replace(
+                &indent(&pki.ca_pem),
+                "    -----BEGIN CERTIFICATE-----\n    bm90IGEgY2VydGlmaWNhdGU=\n    -----END CERTIFICATE-----\n",
+            ),
+            // Names an invalid cluster among others: it is served, granting on the others.
+            policy("reads", "[get, list]"),
+            policy("flies", "[get, fly]"),
+        ]
+        .join("---\n"),
+    )
+    .unwrap();
+    let status = ReloadStatus::new();
+    let table = first_table(load_objects(dir.path()), &status).unwrap();
+    let mut clusters: Vec<String> = table.clusters().map(|c| c.name.to_string()).collect();
+    clusters.sort();
+    assert_eq!(clusters, ["good"]);
+    let policies: Vec<&str> = table
+        .config()
+        .policies
+        .iter()
+        .map(|p| p.metadata.name.as_str())
+        .collect();
+    assert_eq!(policies, ["reads"]);
+    let mut rejected: Vec<(String, String, bool)> = status
+        .rejected_objects()
+        .into_iter()
+        .map(|r| (r.object.kind, r.object.name, r.kept))
+        .collect();
+    rejected.sort();
+    assert_eq!(
+        rejected,
+        [
+            ("AccessPolicy".into(), "flies".into(), false),
+            ("Cluster".into(), "bad-ca".into(), false),
+            ("Cluster".into(), "bad-server".into(), false),
+        ]
+    );
+    let failure = status.last_error().unwrap().message;
+    assert!(
+        failure.contains("unknown verb \"fly\"")
+            && failure.contains("Cluster bad-server: spec.server")
+            && failure.contains("Cluster bad-ca: spec.caData/caFile"),
+        "{failure}"
+    );
+    // The first table is no reload: nothing counts as a failed one.
+    assert_eq!(status.failed(), 0);
+    // All or nothing for those who check a configuration rather than serve it.
+    assert!(load_path(dir.path()).is_err());
+
+    // Without a valid Gateway there is nothing to serve: listeners cannot be guessed.
+    let gateway = std::fs::read_to_string(dir.path().join("gateway.yaml")).unwrap();
+    std::fs::write(
+        dir.path().join("gateway.yaml"),
+        gateway.replace(
+            "  listeners:\n  - address: 127.0.0.1:0\n",
+            "  listeners: []\n",
+        ),
+    )
+    .unwrap();
+    let e = first_table(load_objects(dir.path()), &ReloadStatus::new())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("Gateway gw: spec.listeners: at least one listener is required"),
+        "{e}"
+    );
+}

@@ -220,3 +220,254 @@ fn a_rebuild_reuses_the_routes_of_unchanged_clusters_and_shares_tls_configs() {
     );
     assert_eq!(second.generation(), 2);
 }
+
+/// A Cluster whose credentials name a Secret that does not exist.
+fn cluster_without_its_secret(name: &str) -> String {
+    format!(
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\nspec:\n  server: http://127.0.0.1:9\n  credentials:\n    secretRef:\n      name: missing\n"
+    )
+}
+
+/// The rejected objects as `(kind name, kept)`.
+fn rejected(status: &ReloadStatus) -> Vec<(String, bool)> {
+    status
+        .rejected_objects()
+        .into_iter()
+        .map(|r| (format!("{} {}", r.object.kind, r.object.name), r.kept))
+        .collect()
+}
+
+#[test]
+fn a_bad_cluster_does_not_block_a_good_one_added_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
+    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1001)).unwrap();
+    let (table, status, _watcher) = start(dir.path());
+
+    // One team's Cluster names a Secret nobody created; another team's Cluster is fine.
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        cluster_without_its_secret("bad"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("good.yaml"), cluster("gamma", 3001)).unwrap();
+    eventually("the good cluster served", || {
+        port_of(&table, "gamma") == Some(3001)
+    });
+    assert!(table.load().cluster("bad").is_none());
+    assert_eq!(port_of(&table, "alpha"), Some(1001));
+    eventually("the bad cluster reported", || {
+        rejected(&status) == [("Cluster bad".to_owned(), false)]
+    });
+    let failure = status.last_error().unwrap().message;
+    assert!(
+        failure.contains("bad.yaml")
+            && failure.contains("Cluster bad")
+            && failure.contains("Secret default/missing not found")
+            && failure.contains("not served"),
+        "{failure}"
+    );
+    let metrics = status.openmetrics_lines(table.load().generation());
+    assert!(
+        metrics.contains("fleetgate_config_rejected_objects 1\n")
+            && metrics.contains("fleetgate_config_object_rejected{kind=\"Cluster\",name=\"bad\",")
+            && metrics.contains("fleetgate_config_last_reload_failed 1"),
+        "{metrics}"
+    );
+
+    // The Secret created: the Cluster is served and nothing is rejected any more.
+    std::fs::write(
+        dir.path().join("secret.yaml"),
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: missing\nstringData:\n  token: t\n",
+    )
+    .unwrap();
+    eventually("the fixed cluster served", || {
+        port_of(&table, "bad") == Some(9)
+    });
+    eventually("the rejection cleared", || status.last_error().is_none());
+    assert!(status.rejected_objects().is_empty());
+}
+
+#[test]
+fn an_object_that_turns_invalid_keeps_its_last_good_version_while_others_change() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
+    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1001)).unwrap();
+    std::fs::write(dir.path().join("b.yaml"), cluster("beta", 2001)).unwrap();
+    let (table, status, _watcher) = start(dir.path());
+    let alpha_id = table.load().cluster("alpha").unwrap().id;
+
+    std::fs::write(
+        dir.path().join("a.yaml"),
+        cluster("alpha", 1001).replace("http://", "ftp://"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("b.yaml"), cluster("beta", 2002)).unwrap();
+    eventually("beta changed", || port_of(&table, "beta") == Some(2002));
+    // alpha's last good version serves on, the same route (its pool and streams kept).
+    assert_eq!(table.load().cluster("alpha").unwrap().id, alpha_id);
+    eventually("alpha reported", || {
+        rejected(&status) == [("Cluster alpha".to_owned(), true)]
+    });
+    let failure = status.last_error().unwrap().message;
+    assert!(
+        failure.contains("a.yaml")
+            && failure.contains("spec.server")
+            && failure.contains("its last good version keeps serving"),
+        "{failure}"
+    );
+
+    // A Gateway that turns invalid keeps its last good version too; clusters go on changing.
+    std::fs::write(
+        dir.path().join("gateway.yaml"),
+        GATEWAY.replace(
+            "  listeners:\n  - address: 127.0.0.1:0\n    tls: false\n",
+            "  listeners: []\n",
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("c.yaml"), cluster("gamma", 3001)).unwrap();
+    eventually("gamma added", || port_of(&table, "gamma") == Some(3001));
+    assert_eq!(table.load().gateway().listeners.len(), 1);
+    eventually("the Gateway reported", || {
+        rejected(&status).contains(&("Gateway gw".to_owned(), true))
+    });
+    assert!(
+        status
+            .last_error()
+            .unwrap()
+            .message
+            .contains("at least one listener is required"),
+        "{:?}",
+        status.last_error()
+    );
+}
+
+#[test]
+fn a_file_that_does_not_parse_keeps_its_objects_and_other_files_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
+    std::fs::write(
+        dir.path().join("a.yaml"),
+        format!("{}---\n{}", cluster("alpha", 1001), cluster("alpha2", 1002)),
+    )
+    .unwrap();
+    let (table, status, _watcher) = start(dir.path());
+
+    // a.yaml half written (or mistyped): neither of its clusters can be told apart any more.
+    std::fs::write(
+        dir.path().join("a.yaml"),
+        format!("{}---\nkind: [broken\n", cluster("alpha", 1005)),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("b.yaml"), cluster("beta", 2001)).unwrap();
+    eventually("beta added", || port_of(&table, "beta") == Some(2001));
+    assert_eq!(port_of(&table, "alpha"), Some(1001));
+    assert_eq!(port_of(&table, "alpha2"), Some(1002));
+    eventually("a.yaml reported", || status.last_error().is_some());
+    let failure = status.last_error().unwrap().message;
+    assert!(
+        failure.contains("a.yaml: document ")
+            && failure.contains("the objects it held keep their last good versions"),
+        "{failure}"
+    );
+
+    // Fixed: its objects as now written.
+    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1005)).unwrap();
+    eventually("a.yaml served", || {
+        port_of(&table, "alpha") == Some(1005) && port_of(&table, "alpha2").is_none()
+    });
+    eventually("the error cleared", || status.last_error().is_none());
+}
+
+#[test]
+fn a_cluster_defined_twice_keeps_the_copy_that_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
+    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1001)).unwrap();
+    let (table, status, _watcher) = start(dir.path());
+
+    // Another team takes the name in a file of its own, and adds a cluster of its own.
+    std::fs::write(
+        dir.path().join("z.yaml"),
+        format!("{}---\n{}", cluster("alpha", 9001), cluster("zeta", 9002)),
+    )
+    .unwrap();
+    eventually("zeta added", || port_of(&table, "zeta") == Some(9002));
+    assert_eq!(port_of(&table, "alpha"), Some(1001));
+    eventually("the second alpha reported", || {
+        status.rejected_objects().len() == 1
+    });
+    let r = &status.rejected_objects()[0];
+    assert!(
+        r.object.origin.ends_with("z.yaml")
+            && !r.kept
+            && r.message.contains("Cluster alpha is defined twice")
+            && r.message.contains("a.yaml"),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn two_gateways_keep_the_last_good_one_and_a_secret_defined_twice_is_neither_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
+    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1001)).unwrap();
+    let (table, status, _watcher) = start(dir.path());
+
+    // A second Gateway: which one is meant cannot be guessed, so neither replaces the serving
+    // one; the Cluster written with it is served.
+    std::fs::write(
+        dir.path().join("gateway2.yaml"),
+        GATEWAY.replace("name: gw", "name: gw2").replace(
+            "tls: false",
+            "tls: false\n  - address: 127.0.0.1:0\n    tls: false",
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("b.yaml"), cluster("beta", 2001)).unwrap();
+    eventually("beta added", || port_of(&table, "beta") == Some(2001));
+    assert_eq!(table.load().gateway().name, "gw");
+    assert_eq!(table.load().gateway().listeners.len(), 1);
+    eventually("both Gateways reported", || {
+        let mut r = rejected(&status);
+        r.sort();
+        r == [
+            ("Gateway gw".to_owned(), true),
+            ("Gateway gw2".to_owned(), false),
+        ]
+    });
+    assert!(
+        status
+            .last_error()
+            .unwrap()
+            .message
+            .contains("2 Gateway objects"),
+        "{:?}",
+        status.last_error()
+    );
+    std::fs::remove_file(dir.path().join("gateway2.yaml")).unwrap();
+    eventually("the second Gateway gone", || status.last_error().is_none());
+
+    // One Secret name in two files: neither copy is used, so the Cluster naming it is not served.
+    let secret =
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: missing\nstringData:\n  token: t\n";
+    std::fs::write(dir.path().join("s1.yaml"), secret).unwrap();
+    std::fs::write(dir.path().join("s2.yaml"), secret).unwrap();
+    std::fs::write(
+        dir.path().join("g.yaml"),
+        cluster_without_its_secret("gamma"),
+    )
+    .unwrap();
+    eventually("the Secrets and gamma reported", || {
+        let mut r = rejected(&status);
+        r.sort();
+        r == [
+            ("Cluster gamma".to_owned(), false),
+            ("Secret missing".to_owned(), false),
+            ("Secret missing".to_owned(), false),
+        ]
+    });
+    assert!(table.load().cluster("gamma").is_none());
+    assert_eq!(port_of(&table, "beta"), Some(2001));
+}

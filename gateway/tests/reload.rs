@@ -146,6 +146,82 @@ fn clusters_follow_the_watched_directory_while_requests_keep_succeeding() {
     load.finish(&fleet);
 }
 
+/// One team's mistake does not block everyone else's onboarding: objects are judged one by one.
+/// A Cluster that is invalid at start is left out while the gateway starts and serves the others;
+/// a bad Cluster written beside a new good one leaves the good one served and the bad one's
+/// requests a 404; a served Cluster that turns invalid keeps its last good version while other
+/// changes go on; `/readyz?verbose` and `/metrics` name what was rejected.
+#[test]
+fn a_bad_cluster_is_left_out_and_every_good_one_beside_it_is_served() {
+    let mut fleet = Fleet::sim(3, 2);
+    for k in 2..=3 {
+        park(fleet.dir(), &format!("member{k}"));
+    }
+    std::fs::write(
+        fleet.dir().join("clusters/broken.yaml"),
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: member9\nspec:\n  server: https://127.0.0.1:1\n  caFile: does-not-exist.crt\n",
+    )
+    .unwrap();
+    fleet.serve(&["--workers", "2"], Some("info"));
+    assert_eq!(fleet.get_once(UNCHANGED).0, 200, "{}", fleet.log_tail(20));
+    assert_eq!(fleet.get_once(&path_of("member9")).0, 404);
+    let verbose = fleet.admin_until("/readyz?verbose", "rejected", WITHIN, "member9 not shown");
+    assert!(
+        verbose.starts_with("HTTP/1.1 200")
+            && verbose.contains("Cluster member9")
+            && verbose.contains("spec.caData/caFile"),
+        "{verbose}"
+    );
+
+    // A Cluster naming a Secret nobody created, and a good one beside it.
+    std::fs::write(
+        fleet.dir().join("clusters/no-secret.yaml"),
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: member8\nspec:\n  server: https://127.0.0.1:1\n  credentials:\n    secretRef:\n      name: nobody-made-it\n",
+    )
+    .unwrap();
+    unpark(fleet.dir(), "member2");
+    fleet.answers_within(&path_of("member2"), 200, WITHIN);
+    let (code, body) = fleet.get_once(&path_of("member8"));
+    assert!(
+        code == 404 && body.contains("\"kind\":\"Status\""),
+        "{code} {body}"
+    );
+    let verbose = fleet.admin_until(
+        "/readyz?verbose",
+        "Secret default/nobody-made-it not found",
+        WITHIN,
+        "member8 not shown",
+    );
+    assert!(verbose.contains("Cluster member9"), "{verbose}");
+    let metrics = fleet.admin_get("/metrics");
+    assert!(
+        metrics.contains("fleetgate_config_rejected_objects 2")
+            && metrics
+                .contains("fleetgate_config_object_rejected{kind=\"Cluster\",name=\"member8\","),
+        "{metrics}"
+    );
+
+    // member2 turns invalid: its last good version serves on, and member3 still comes in.
+    let member2 = cluster_file(fleet.dir(), "member2");
+    let good = std::fs::read_to_string(&member2).unwrap();
+    assert!(good.contains("server: https://"), "{good}");
+    std::fs::write(&member2, good.replace("server: https://", "server: ftp://")).unwrap();
+    unpark(fleet.dir(), "member3");
+    fleet.answers_within(&path_of("member3"), 200, WITHIN);
+    let verbose = fleet.admin_until(
+        "/readyz?verbose",
+        "its last good version keeps serving",
+        WITHIN,
+        "member2's rejection not shown",
+    );
+    assert!(
+        verbose.contains("Cluster member2") && verbose.contains("spec.server"),
+        "{verbose}"
+    );
+    assert_eq!(fleet.get_once(&path_of("member2")).0, 200);
+    assert_eq!(fleet.get_once(UNCHANGED).0, 200);
+}
+
 /// kubectl on the fleet's own kubeconfig (the members, not the gateway), as `admin`.
 fn kubectl(dir: &Path, args: &[&str]) -> String {
     let out = support::kubectl::kubectl(&dir.join("kubeconfig"), "member1", args);

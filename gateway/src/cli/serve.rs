@@ -16,8 +16,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use fleetgate_config_watcher::{
-    kube_client_config, load_path, watch_config_path, watch_kube_api, KubeSourceOptions,
-    ReloadStatus, RouteTable, SharedTable, TablePublisher,
+    first_table, kube_client_config, load_objects, watch_config_path, watch_kube_api,
+    KubeSourceOptions, ReloadStatus, RouteTable, SharedTable, TablePublisher,
 };
 use tracing::info;
 
@@ -76,14 +76,19 @@ pub enum ManagementObjects {
 
 /// The `serve` command.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let mut config = load_path(&args.config)
+    let reload = ReloadStatus::new();
+    // Objects are judged one by one: an invalid Cluster is left out (and reported), an invalid
+    // Gateway fails the start.
+    let mut table = first_table(load_objects(&args.config), &reload)
         .with_context(|| format!("loading the configuration from {}", args.config.display()))?;
+    let config = table.config().clone();
     if args.management_kubeconfig.is_some() {
         // The first table is served once the management cluster is listed, merged with the
         // files (the Gateway and any local objects); until then it has no clusters.
-        config.clusters.clear();
+        let mut without_clusters = config.clone();
+        without_clusters.clusters.clear();
+        table = RouteTable::build(&without_clusters).context("building the routing table")?;
     }
-    let table = RouteTable::build(&config).context("building the routing table")?;
     info!(
         clusters = table.clusters().count(),
         generation = table.generation(),
@@ -91,7 +96,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     warn_without_auth(&table);
     let table: SharedTable = Arc::new(ArcSwap::from_pointee(table));
-    let reload = ReloadStatus::new();
     let running = start_with_reload(
         table.clone(),
         StartOptions {
@@ -192,7 +196,9 @@ fn start_tunnel_listener(
 /// what it has, and the reload status says why.
 fn wait_for_first_table(reload: &ReloadStatus) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while reload.published() == 0 && reload.last_error().is_none() {
+    // Counted outcomes only: the first table's rejected objects (recorded, not counted) are
+    // not the management cluster's.
+    while reload.published() == 0 && reload.failed() == 0 {
         if std::time::Instant::now() >= deadline {
             tracing::warn!(
                 "the management cluster's objects are not listed yet; serving without them"

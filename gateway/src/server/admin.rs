@@ -260,7 +260,7 @@ fn readyz_verbose(metrics: &Metrics, config: Option<&ConfigView>) -> (bool, Stri
         }
         match view.reload.as_ref().and_then(|r| r.last_error()) {
             Some(failure) => out.push_str(&format!(
-                "[+]config-reload: last change rejected, generation {} keeps serving: {}\n",
+                "[+]config-reload: rejected (generation {} serves every valid object, and the last good version of a rejected one): {}\n",
                 table.generation(),
                 failure.message.replace('\n', " ")
             )),
