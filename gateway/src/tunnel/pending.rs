@@ -2,13 +2,15 @@
 //! it cuts, so that strangers cannot keep an agent out (issue 31: 258 idle connections once
 //! delayed every agent's handshake by 9.5 s).
 //!
-//! A connection counts from its accept until its agent is authenticated (a fleetgate agent's
-//! hello answered on its shard, a konnectivity agent's TLS handshake verified) or it closes:
-//! - against its source address (an IPv4 address, an IPv6 /64: `admit::address_key`), at most
-//!   [`PER_ADDRESS`] at once. An address at its bound has its own oldest connection still on the
-//!   tunnel thread cut for the new one, so idle strangers behind an agent's NAT cannot keep it
-//!   out; when none of them is (all are finishing their handshake on a shard), the new one is
-//!   refused;
+//! A connection counts against its source address (an IPv4 address, an IPv6 /64:
+//! `admit::address_key`) from its accept until its agent is authenticated (a fleetgate agent's
+//! hello answered on its shard, a konnectivity agent's Connect call taken) or it ends: at most
+//! [`PER_ADDRESS`] at once. An address at its bound has its own oldest connection still in a
+//! lineup below cut for the new one, so idle strangers behind an agent's NAT cannot keep it out;
+//! when none of them is (all are past the lineups: a handshake on a shard, a konnectivity
+//! agent's Connect call), the new one is refused.
+//!
+//! While the tunnel thread does not know yet what a connection is, it is in one of two lineups:
 //! - as quiet (accepted, no TLS record header yet), at most [`MAX_QUIET`]: a new connection over
 //!   the bound cuts the quiet one that has waited longest. A quiet connection costs a socket and a
 //!   small task, no buffer, and is not a handshake;
