@@ -303,8 +303,9 @@ fn seat_limit(
 }
 
 /// What one client address is counted as: an IPv4 address, or an IPv6 address's /64 (one host
-/// is usually given a whole /64, and would otherwise have 2^64 addresses to spread over).
-fn address_key(ip: IpAddr) -> IpAddr {
+/// is usually given a whole /64, and would otherwise have 2^64 addresses to spread over). The
+/// tunnel listener counts its strangers by the same key (`tunnel::pending`).
+pub(crate) fn address_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

@@ -35,6 +35,8 @@ pub struct Handoff {
     pub peer: SocketAddr,
     pub config: Arc<ServerConfig>,
     pub table: SharedTable,
+    /// Counts it against its address until its handshake here is done (`super::pending`).
+    pub seat: super::pending::Seat,
 }
 
 fn inboxes() -> &'static Inboxes<Handoff> {
@@ -99,6 +101,7 @@ async fn serve(agent: Handoff) {
         peer,
         config,
         table,
+        seat,
     } = agent;
     let tcp = match monoio::net::TcpStream::from_std(tcp).and_then(|t| t.into_poll_io()) {
         Ok(tcp) => tcp,
@@ -116,6 +119,7 @@ async fn serve(agent: Handoff) {
         Ok::<_, String>((tls, cluster))
     })
     .await;
+    drop(seat);
     match accepted {
         Ok(Ok((tls, cluster))) => serve_tunnel(tls, cluster, peer).await,
         Ok(Err(reason)) => info!(%peer, reason = %reason, "agent refused"),

@@ -4,7 +4,9 @@
 //! (member head, relay, pool, upgrades spliced) runs on it unchanged.
 //!
 //! - `listener`: the tunnel listener, on a thread and a tokio runtime of its own: it accepts
-//!   agents, reads their TLS ClientHello and sends each on by its ALPN;
+//!   agents, reads their TLS ClientHello and sends each on by its ALPN; `pending`: how many
+//!   connections it holds before authentication, per address and in all, and whose it cuts;
+//!   `refusals`: its refusals logged so that a flood cannot flood the log;
 //! - `handoff`: a fleetgate agent's tunnel on a shard: the rest of the mTLS handshake (the agent
 //!   CA, the cluster name in the certificate's subject), the hello, the h2 connection with roles
 //!   reversed (the gateway is the h2 client that opens streams), pinged, and registered here
@@ -31,6 +33,8 @@ pub mod handoff;
 pub mod heartbeat;
 pub mod konnectivity;
 pub mod listener;
+pub mod pending;
+pub mod refusals;
 pub mod stats;
 pub mod stream;
 pub mod wire;
