@@ -1,10 +1,11 @@
 //! The exchange: the one way a decided request goes to a member and its answer comes back, for
 //! both client protocols. The front-ends (`protocol::h1`, `protocol::h2`) decide the request
 //! (`request::decide`), write the member's head (`member_head`), and then hand over:
-//! - [`send`]: the connector (direct TCP/TLS, an egress proxy, or a pull-mode member's tunnel), a pooled
-//!   connection or a new one, the head and the body (through the front-end's [`RequestBody`]), one
-//!   retry on a fresh connection for a replayable request that found its pooled connection closed,
-//!   and the response head within its timeout (none for long-running requests);
+//! - [`send`]: the connector (direct TCP/TLS, an egress proxy, or a pull-mode member's tunnel), a
+//!   pooled connection or a new one (through the pool's line: a few dials per member at once),
+//!   the head and the body (through the front-end's [`RequestBody`]), one retry on a fresh
+//!   connection for a replayable request that found its pooled connection closed, and the
+//!   response head within its timeout (none for long-running requests);
 //! - `relay`: the response body to the front-end's sink, read by read, with flow control (a
 //!   member read waits until the client took the previous one), the route's retirement (a
 //!   long-running stream ends cleanly between chunks), a write timeout for ordinary responses, and
@@ -22,6 +23,9 @@ pub mod retired;
 pub mod splice;
 
 use std::future::Future;
+use std::pin::Pin;
+use std::rc::Weak;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleetgate_config_watcher::{ClusterRoute, ConnectMode, Limits};
@@ -32,7 +36,7 @@ use crate::errors::GatewayError;
 use crate::protocol::http1::{parse_response, response_body, BodyKind, Head, HeadLimits};
 use crate::runtime::{self, Deadline, First, ShardContext};
 use crate::tunnel::wire::ServiceRef;
-use crate::upstream::{connect, PoolKey, UpstreamConn};
+use crate::upstream::{connect, dial_address, PoolKey, UpstreamConn};
 
 /// Read-buffer growth step for bodies.
 pub(crate) const READ_CHUNK: usize = 32 * 1024;
@@ -138,6 +142,12 @@ pub(crate) async fn send(
     deadline: &mut Deadline,
 ) -> Result<Answer, Failure> {
     let cluster = out.cluster;
+    // A stream reset before its task ran (a reset flood's: MadeYouReset has the gateway reset
+    // each stream right after opening it) costs the member nothing: no pooled connection carries
+    // its request, no dial starts for it.
+    if gone_already(body) {
+        return Err(Failure::Abort("client gave up before the request was sent"));
+    }
     let per_shard = out
         .limits
         .max_member_connections_per_client
@@ -157,31 +167,8 @@ pub(crate) async fn send(
         let mut conn = match pooled {
             Some(conn) => conn,
             None => {
-                // A tunnel stream holds no descriptor of its own (its tunnel's is the tunnel
-                // thread's), so only direct connections count against the reserve.
-                let descriptor = cluster.mode != ConnectMode::Tunnel;
-                if descriptor {
-                    shard.sockets.check_new_member_connection(&cluster.name)?;
-                }
-                // Boxed: a dial (TCP, then TLS with the connector's state) is several KiB, and
-                // inline it would size the future of every request for as long as it streams,
-                // though most requests take a pooled connection.
-                let dial = Box::pin(connect(
-                    cluster,
-                    out.service.as_ref(),
-                    out.limits.connect_timeout,
-                    &shard.shard_metrics,
-                ));
-                let mut conn = match runtime::race(dial, body.client_gone()).await {
-                    First::Left(conn) => conn?,
-                    First::Right(()) => {
-                        return Err(Failure::Abort("client gave up during connect"))
-                    }
-                };
-                if descriptor {
-                    conn.socket = Some(shard.sockets.hold(shard.shard));
-                }
-                conn
+                let fresh = attempt_on_fresh || out.upgrade;
+                new_connection(shard, out, &pool_key, fresh, body).await?
             }
         };
         let reused = conn.reused;
@@ -221,6 +208,97 @@ pub(crate) async fn send(
         reusable,
         _hold: hold,
     })
+}
+
+/// A connection nobody else holds for `out` (a `fresh` one: never used). A pull-mode member's
+/// stream is opened at once (no dial: its agent's tunnel carries it). A dialed member's comes
+/// through the pool's line, within the connect timeout: a connection another request returns, or
+/// one a dial opens, at most `upstream::MAX_DIALS_PER_ENDPOINT` of them at once per shard.
+/// Abandoned as soon as the client gives up (an h2 stream reset): a stream reset before its turn
+/// never takes a place in line, and a dial it started goes on for the next in line.
+async fn new_connection(
+    shard: &ShardContext,
+    out: &Outbound<'_>,
+    key: &PoolKey,
+    fresh: bool,
+    body: &mut impl RequestBody,
+) -> Result<UpstreamConn, Failure> {
+    let cluster = out.cluster;
+    let timeout = out.limits.connect_timeout;
+    if cluster.mode != ConnectMode::Tunnel {
+        shard.sockets.check_new_member_connection(&cluster.name)?;
+    }
+    // A dial outlives the request that asked for it, so its task holds the route as the table
+    // does. A route the table no longer holds as it was (a reload since the request was decided)
+    // is dialed for this request alone, as a service path is (refused for a dialed member).
+    let route = (cluster.mode != ConnectMode::Tunnel && out.service.is_none())
+        .then(|| shard.table.load().cluster(&cluster.name).cloned())
+        .flatten()
+        .filter(|route| route.id == cluster.id);
+    // Boxed: a dial (TCP, then TLS with the connector's state) is several KiB, and inline it
+    // would size the future of every request for as long as it streams, though most requests
+    // take a pooled connection.
+    let connection: Pin<Box<dyn Future<Output = Result<UpstreamConn, GatewayError>> + '_>> =
+        match route {
+            Some(route) => Box::pin(async move {
+                // Joined once the race below saw the client still there.
+                let dial = dialer(route, shard.me.clone(), timeout);
+                let wait = shard.pool.wait_for(key.clone(), fresh, dial);
+                runtime::timeout(timeout, wait).await.unwrap_or_else(|_| {
+                    Err(GatewayError::ConnectTimeout {
+                        cluster: cluster.name.to_string(),
+                        address: dial_address(cluster),
+                    })
+                })
+            }),
+            None => Box::pin(open(cluster, out.service.as_ref(), timeout, shard)),
+        };
+    // The client first: a stream already reset never joins the line.
+    match runtime::race(body.client_gone(), connection).await {
+        First::Left(()) => Err(Failure::Abort("client gave up during connect")),
+        First::Right(conn) => Ok(conn?),
+    }
+}
+
+/// Whether the client has given up on the request already, without waiting for it to.
+fn gone_already(body: &mut impl RequestBody) -> bool {
+    let gone = std::pin::pin!(body.client_gone());
+    gone.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+        .is_ready()
+}
+
+/// How a dial task of the pool's line opens a connection to `route`'s member: with what it holds
+/// itself, since the request that started it may be gone before it ends.
+fn dialer(
+    route: Arc<ClusterRoute>,
+    shard: Weak<ShardContext>,
+    timeout: Duration,
+) -> impl AsyncFn() -> Result<UpstreamConn, GatewayError> + 'static {
+    async move || {
+        let Some(shard) = shard.upgrade() else {
+            return Err(GatewayError::Connect {
+                cluster: route.name.to_string(),
+                address: dial_address(&route),
+                source: std::io::Error::other("the shard is stopping"),
+            });
+        };
+        open(&route, None, timeout, &shard).await
+    }
+}
+
+/// Opens a connection to `cluster` (to `service` through a pull-mode member's agent), a dialed
+/// one counted against the descriptor budget (a tunnel stream holds no descriptor of its own).
+async fn open(
+    cluster: &ClusterRoute,
+    service: Option<&ServiceRef<'_>>,
+    timeout: Duration,
+    shard: &ShardContext,
+) -> Result<UpstreamConn, GatewayError> {
+    let mut conn = connect(cluster, service, timeout, &shard.shard_metrics).await?;
+    if cluster.mode != ConnectMode::Tunnel {
+        conn.socket = Some(shard.sockets.hold(shard.shard));
+    }
+    Ok(conn)
 }
 
 /// How the relay of a response to a request that is `long_running` (or not) paces its client.

@@ -10,8 +10,9 @@
 //! konnectivity agent's connection with the gateway's TLS inside (`crate::tunnel::open` gives
 //! either), pooled and reused like any other.
 //!
-//! Runtime-specific (monoio) and never called off a shard thread. Called by `proxy` through
-//! [`connect`] when the shard's pool has no idle connection for the cluster.
+//! Runtime-specific (monoio) and never called off a shard thread. Called by the exchange through
+//! [`connect`] when the shard's pool has no idle connection for the cluster: for a dialed member,
+//! in a dial task of the pool's line (`dials`).
 
 use std::io;
 use std::pin::Pin;
@@ -199,13 +200,7 @@ pub async fn connect(
         });
     }
     let target = &cluster.upstream;
-    let address = match &cluster.egress_proxy {
-        None => format!("{}:{}", target.host, target.port),
-        Some(proxy) => format!(
-            "{}:{} through the egress proxy {}",
-            target.host, target.port, proxy.url
-        ),
-    };
+    let address = dial_address(cluster);
     let attempt = async {
         let tcp = match &cluster.egress_proxy {
             None => {
@@ -245,6 +240,18 @@ pub async fn connect(
             cluster: cluster.name.to_string(),
             address,
         }),
+    }
+}
+
+/// Where a dial to `cluster` goes, as errors name it: `host:port`, and the egress proxy if any.
+pub fn dial_address(cluster: &ClusterRoute) -> String {
+    let target = &cluster.upstream;
+    match &cluster.egress_proxy {
+        None => format!("{}:{}", target.host, target.port),
+        Some(proxy) => format!(
+            "{}:{} through the egress proxy {}",
+            target.host, target.port, proxy.url
+        ),
     }
 }
 

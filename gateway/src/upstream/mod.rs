@@ -5,11 +5,15 @@
 //! socket into a readiness-based (`poll-io`) stream, so tokio-rustls and, later, the `h2` crate run
 //! on it, and an idle pooled connection holds no kernel-owned buffer. It never parses HTTP and
 //! never decides routes: the connection driver (`proxy`) asks it for a connection to a
-//! [`ClusterRoute`] and gives it back only after a clean, complete response.
+//! [`ClusterRoute`] and gives it back only after a clean, complete response. New connections to
+//! one endpoint are dialed a few at a time per shard, requests beyond that waiting in line
+//! (`dials`), so a flood of requests is never a flood of dials.
 
 mod connect;
+mod dials;
 mod pool;
 pub mod resolve;
 
-pub use connect::{connect, UpstreamConn, UpstreamIo};
-pub use pool::{PoolKey, ShardPool};
+pub use connect::{connect, dial_address, UpstreamConn, UpstreamIo};
+pub use dials::MAX_DIALS_PER_ENDPOINT;
+pub use pool::{PoolKey, ShardPool, WaitForConnection};

@@ -6,7 +6,12 @@
 //! Per shard, so it needs no lock (`RefCell` in a single-threaded runtime); a connection lives and
 //! dies on the shard that opened it. It never checks a connection's health (the driver retries a
 //! request that fails on a reused connection once) and only holds connections the driver returned
-//! after a clean, complete response.
+//! after a clean, complete response, or that a dial opened when nobody waited for it any more.
+//!
+//! A request that finds no idle connection takes a place in the endpoint's line (`dials`): at most
+//! [`MAX_DIALS_PER_ENDPOINT`] dials run at once per key, each as a task of its own so that a
+//! request that leaves (its h2 stream reset) does not waste the connection, and a returned
+//! connection goes to the first in line before it is kept idle.
 //!
 //! Connections of a retired route (its cluster removed or changed: see
 //! `fleetgate_config_watcher::retirement`) are closed by a sweep: on the next touch of the pool
@@ -24,7 +29,9 @@ use tracing::debug;
 
 use fleetgate_config_watcher::ClusterRoute;
 
+use super::dials::{AfterDial, Dials, Joined, Waiting, MAX_DIALS_PER_ENDPOINT};
 use super::UpstreamConn;
+use crate::errors::GatewayError;
 use crate::runtime::clock;
 use crate::tunnel::wire::ServiceRef;
 
@@ -51,28 +58,31 @@ impl PoolKey {
 /// Idle time after which a pooled connection is checked before it is reused.
 const PROBE_AFTER: Duration = Duration::from_millis(500);
 
-/// Idle connections per cluster route on one shard.
+/// Idle connections per cluster route on one shard, and the line for new ones.
 pub struct ShardPool {
     idle: Rc<IdleConns>,
-    /// Whether the retirement sweeper task runs on this shard yet.
-    sweeper_started: Cell<bool>,
-    max_idle_per_cluster: usize,
-    idle_timeout: Duration,
+    dials: Rc<Dials<PoolKey, UpstreamConn, GatewayError>>,
 }
+
+/// A request's place in the line for a connection to one endpoint ([`ShardPool::wait_for`]).
+pub type WaitForConnection = Waiting<PoolKey, UpstreamConn, GatewayError>;
 
 impl ShardPool {
     /// A pool keeping at most `max_idle_per_cluster` idle connections per cluster, each for at
     /// most `idle_timeout` (below kube-apiserver's own idle close, so the member rarely closes
     /// one under us).
     pub fn new(max_idle_per_cluster: usize, idle_timeout: Duration) -> Self {
-        ShardPool {
-            idle: Rc::new(IdleConns {
-                by_cluster: RefCell::new(AHashMap::new()),
-                swept_at_epoch: Cell::new(retirements().epoch()),
-            }),
+        let idle = Rc::new(IdleConns {
+            by_cluster: RefCell::new(AHashMap::new()),
+            swept_at_epoch: Cell::new(retirements().epoch()),
             sweeper_started: Cell::new(false),
             max_idle_per_cluster,
             idle_timeout,
+        });
+        let shelf = idle.clone();
+        ShardPool {
+            idle,
+            dials: Dials::new(MAX_DIALS_PER_ENDPOINT, move |conn| shelf.put(conn)),
         }
     }
 
@@ -83,7 +93,7 @@ impl ShardPool {
         let conns = idle.get_mut(key)?;
         while let Some(mut conn) = conns.pop() {
             let idle = clock::now().saturating_duration_since(conn.idle_since);
-            if idle >= self.idle_timeout {
+            if idle >= self.idle.idle_timeout {
                 continue;
             }
             // A connection idle for a while may have been closed by the member; one that was
@@ -97,20 +107,77 @@ impl ShardPool {
         None
     }
 
-    /// Returns a connection after a clean, complete response.
+    /// A place in `key`'s line for a new connection (`fresh`: one nobody has used, for an
+    /// upgrade or a retry), for a request that found none idle ([`ShardPool::take`]). When more
+    /// wait than the dials in flight serve, and fewer than [`MAX_DIALS_PER_ENDPOINT`] run, a
+    /// dial starts as a task of this shard: `dial` is called, again while the line needs it,
+    /// and each connection goes to the first in line (or to the idle pool). The place resolves
+    /// to whichever comes first: such a connection, a dial's error, or a connection another
+    /// request returns. The caller bounds the wait (its connect deadline).
+    pub fn wait_for<F>(&self, key: PoolKey, fresh: bool, dial: F) -> WaitForConnection
+    where
+        F: AsyncFn() -> Result<UpstreamConn, GatewayError> + 'static,
+    {
+        let Joined {
+            waiting,
+            dial: slot,
+        } = self.dials.join(key, fresh);
+        if let Some(mut slot) = slot {
+            crate::runtime::spawn(async move {
+                while slot.finish(dial().await) == AfterDial::DialAgain {}
+            });
+        }
+        waiting
+    }
+
+    /// Returns a connection after a clean, complete response: to the first request in its line,
+    /// or to the idle connections.
     pub fn put(&self, mut conn: UpstreamConn) {
+        conn.reused = true;
+        if self.dials.busy() {
+            let key = conn.pool_key.clone();
+            match self.dials.offer(&key, conn) {
+                Some(unwanted) => conn = unwanted,
+                None => return,
+            }
+        }
+        self.idle.put(conn);
+    }
+
+    /// Idle connections held now (for tests and metrics).
+    pub fn idle_count(&self) -> usize {
+        self.idle.by_cluster.borrow().values().map(Vec::len).sum()
+    }
+}
+
+/// The idle connections, shared between the pool, its line's dials and its sweeper task (same
+/// shard).
+struct IdleConns {
+    by_cluster: RefCell<AHashMap<PoolKey, Vec<UpstreamConn>>>,
+    /// The process-wide retirement epoch this pool last swept at.
+    swept_at_epoch: Cell<u64>,
+    /// Whether the retirement sweeper task runs on this shard yet.
+    sweeper_started: Cell<bool>,
+    max_idle_per_cluster: usize,
+    idle_timeout: Duration,
+}
+
+impl IdleConns {
+    /// Keeps `conn` idle (nobody waits for it).
+    fn put(self: &Rc<Self>, mut conn: UpstreamConn) {
         if conn.retirement.is_retired() {
             // Its route left the table while the response streamed: nobody will ask for it.
             return;
         }
         if !self.sweeper_started.replace(true) {
-            crate::runtime::spawn(sweep_on_retirement(Rc::downgrade(&self.idle)));
+            crate::runtime::spawn(sweep_on_retirement(Rc::downgrade(self)));
         }
-        self.idle.sweep_if_retired();
+        self.sweep_if_retired();
         let now = clock::now();
         conn.idle_since = now;
+        // Idle, it may be closed by the member: a failure on it is retried on a fresh one.
         conn.reused = true;
-        let mut idle = self.idle.by_cluster.borrow_mut();
+        let mut idle = self.by_cluster.borrow_mut();
         // Drop expired connections of every cluster now and then, so routes removed from the
         // table do not keep sockets open.
         if idle.len() > 8 {
@@ -127,20 +194,6 @@ impl ShardPool {
         conns.push(conn);
     }
 
-    /// Idle connections held now (for tests and metrics).
-    pub fn idle_count(&self) -> usize {
-        self.idle.by_cluster.borrow().values().map(Vec::len).sum()
-    }
-}
-
-/// The idle connections, shared between the pool and its sweeper task (same shard).
-struct IdleConns {
-    by_cluster: RefCell<AHashMap<PoolKey, Vec<UpstreamConn>>>,
-    /// The process-wide retirement epoch this pool last swept at.
-    swept_at_epoch: Cell<u64>,
-}
-
-impl IdleConns {
     /// Closes the connections of retired routes if any route was retired since the last sweep.
     /// One atomic load when nothing was.
     fn sweep_if_retired(&self) {
