@@ -601,7 +601,7 @@ impl<'t> FleetRequest<'t> {
 }
 
 /// `pods` or `deployments.apps`, as kube names a resource in messages.
-fn fleet_resource_name(info: &RequestInfo<'_>) -> String {
+pub(crate) fn fleet_resource_name(info: &RequestInfo<'_>) -> String {
     if info.api_group.is_empty() {
         info.resource.to_owned()
     } else {
