@@ -738,6 +738,7 @@ fn kubectl_auth_can_i_through_the_fleet_is_yes_only_where_every_cluster_says_yes
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         (out.status.success(), stdout, stderr)
     };
+    let differ = "allowed on member1, member2; denied on member3";
     for http1 in [false, true] {
         // Every cluster allows it: yes, and no warning.
         let (yes, stdout, stderr) = can_i(&fleet, &["list", "configmaps", "-A"], http1);
@@ -749,13 +750,18 @@ fn kubectl_auth_can_i_through_the_fleet_is_yes_only_where_every_cluster_says_yes
         assert!(!stderr.contains("Warning"), "{stderr}");
         // member3 does not: no, with the clusters named.
         let (yes, stdout, stderr) = can_i(&fleet, &["get", "configmaps", "-n", "default"], http1);
-        let differ = "allowed on member1, member2; denied on member3";
         assert!(
             !yes && stdout == format!("no - {differ}"),
             "{stdout} {stderr}"
         );
         assert!(stderr.contains(&format!("Warning: {differ}")), "{stderr}");
     }
+    // karmada-search's path is the same view.
+    let karmada = "/apis/search.karmada.io/v1alpha1/proxying/karmada/proxy";
+    let args = ["auth", "can-i", "get", "configmaps", "-n", "default"];
+    let out = fleet.kubectl_at(karmada, None, &args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.trim(), format!("no - {differ}"));
     // Who am I: one member's answer. What may I do (rules): per cluster, so aimed at one.
     let whoami = fleet.kubectl_ok("fleet", &["auth", "whoami", "-o", "json"]);
     let review: serde_json::Value = serde_json::from_str(&whoami).unwrap();
