@@ -89,17 +89,39 @@ pub fn is_basic(info: &RequestInfo<'_>) -> bool {
         );
         return get && info.classified && is_discovery_path(info.path);
     }
-    info.classified
+    self_review(info).is_some()
+}
+
+/// A review a user makes of themselves: it answers about whoever creates it, so it tells the
+/// creator nothing about anyone else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SelfReview {
+    /// `selfsubjectreviews.authentication.k8s.io` (`kubectl auth whoami`): who the member sees.
+    Subject,
+    /// `selfsubjectaccessreviews.authorization.k8s.io` (`kubectl auth can-i VERB RESOURCE`).
+    Access,
+    /// `selfsubjectrulesreviews.authorization.k8s.io` (`kubectl auth can-i --list`).
+    Rules,
+}
+
+/// Which self review `info` creates, if it is the create of one (cluster-scoped, unnamed, no
+/// subresource: the only form kube serves).
+pub fn self_review(info: &RequestInfo<'_>) -> Option<SelfReview> {
+    let create = info.is_resource_request
+        && info.classified
         && info.verb == KubeVerb::Create
         && info.namespace.is_empty()
-        && matches!(
-            (info.api_group, info.resource),
-            ("authentication.k8s.io", "selfsubjectreviews")
-                | (
-                    "authorization.k8s.io",
-                    "selfsubjectaccessreviews" | "selfsubjectrulesreviews"
-                )
-        )
+        && info.name.is_empty()
+        && info.subresource.is_empty();
+    if !create {
+        return None;
+    }
+    match (info.api_group, info.resource) {
+        ("authentication.k8s.io", "selfsubjectreviews") => Some(SelfReview::Subject),
+        ("authorization.k8s.io", "selfsubjectaccessreviews") => Some(SelfReview::Access),
+        ("authorization.k8s.io", "selfsubjectrulesreviews") => Some(SelfReview::Rules),
+        _ => None,
+    }
 }
 
 /// `/api`, `/api/{v}`, `/apis`, `/apis/{g}`, `/apis/{g}/{v}`, `/version`, `/openapi/v2`,
@@ -653,9 +675,38 @@ spec:
             assert!(!a.is_resource_request, "{discovery}");
             assert!(is_basic(&a), "{discovery}");
         }
-        let review = attrs("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews");
-        assert!(is_basic(&review));
+        for (path, kind) in [
+            (
+                "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                SelfReview::Subject,
+            ),
+            (
+                "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                SelfReview::Access,
+            ),
+            (
+                "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
+                SelfReview::Rules,
+            ),
+        ] {
+            assert_eq!(self_review(&attrs("POST", path)), Some(kind), "{path}");
+            assert!(is_basic(&attrs("POST", path)), "{path}");
+        }
         for not_basic in [
+            // Only the create of the collection is a self review: kube serves no other form.
+            (
+                "POST",
+                "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews/x",
+            ),
+            (
+                "POST",
+                "/apis/authorization.k8s.io/v1/namespaces/a/selfsubjectaccessreviews",
+            ),
+            (
+                "GET",
+                "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            ),
+            ("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews"),
             ("POST", "/api/v1/namespaces/default/pods"),
             ("POST", "/version"),
             ("GET", "/metrics"),

@@ -5,7 +5,8 @@
 //! are listed; what the view does not serve is refused with a Status that says so; discovery
 //! shows only the merged kinds; a `cluster.fleetgate.io/NAME` hint aims a request at one cluster
 //! (and a hint to a cluster the user may not reach reads as one to no cluster); a create goes to
-//! `spec.fleet.createIn` when set.
+//! `spec.fleet.createIn` when set, and so does a server-side apply of an object no cluster has;
+//! `kubectl auth can-i` says yes only where every cluster does, naming those that differ.
 
 mod support;
 
@@ -570,4 +571,232 @@ fn a_create_goes_to_create_in_for_whoever_may_reach_it_there() {
         "{stderr}"
     );
     assert!(!exists_in(&fleet, "member2", "c") && !exists_in(&fleet, "member1", "c"));
+}
+
+#[test]
+fn server_side_apply_of_a_new_object_is_routed_as_a_create() {
+    let mut fleet = Fleet::sim(2, 1);
+    fleet.serve(&["--workers", "1"], None);
+    // JSON, which kubectl reads as YAML's subset: the gateway's configuration directory takes
+    // every `.yaml` file in it as its own.
+    let manifest = |fleet: &Fleet, name: &str, value: &str| {
+        let path = fleet.path(&format!("{name}.json"));
+        let object = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "default"},
+            "data": {"k": value},
+        });
+        std::fs::write(&path, object.to_string()).unwrap();
+        path.display().to_string()
+    };
+    let apply = |fleet: &Fleet, user: Option<&str>, file: &str| {
+        let mut args = vec!["apply", "--server-side", "-f", file];
+        if let Some(user) = user {
+            args.splice(0..0, ["--user", user]);
+        }
+        fleet.kubectl_output("fleet", &args)
+    };
+    let value_in = |fleet: &Fleet, context: &str, name: &str| {
+        let out = fleet.kubectl_output(
+            context,
+            &[
+                "get",
+                "configmap",
+                name,
+                "-n",
+                "default",
+                "-o",
+                "jsonpath={.data.k}",
+            ],
+        );
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    // Without createIn: no cluster to create in, the 405 a create gets (not "not found").
+    let file = manifest(&fleet, "applied", "one");
+    let refused = apply(&fleet, None, &file);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && stderr.contains("cannot create")
+            && stderr.contains("cluster.fleetgate.io/NAME"),
+        "{stderr}"
+    );
+    assert_eq!(value_in(&fleet, "member1", "applied"), None);
+    assert_eq!(value_in(&fleet, "member2", "applied"), None);
+
+    let gateway = fleet.fleet_path("gateway.yaml");
+    let yaml = std::fs::read_to_string(&gateway).unwrap();
+    std::fs::write(
+        &gateway,
+        yaml.replace("\nspec:\n", "\nspec:\n  fleet: {createIn: member2}\n"),
+    )
+    .unwrap();
+    fleet.serve(&["--workers", "1"], None);
+    // With createIn: created there, as a create would be.
+    let out = apply(&fleet, None, &file);
+    succeeded(
+        out,
+        "apply --server-side of a new object",
+        &fleet.log_tail(20),
+    );
+    assert_eq!(
+        value_in(&fleet, "member2", "applied").as_deref(),
+        Some("one")
+    );
+    assert_eq!(value_in(&fleet, "member1", "applied"), None);
+    // Applied again, it exists: it goes to its one owner.
+    let file = manifest(&fleet, "applied", "two");
+    succeeded(
+        apply(&fleet, None, &file),
+        "apply again",
+        &fleet.log_tail(20),
+    );
+    assert_eq!(
+        value_in(&fleet, "member2", "applied").as_deref(),
+        Some("two")
+    );
+    // An object only member1 has is applied in member1, not created in createIn's cluster.
+    fleet.kubectl_ok(
+        "member1",
+        &[
+            "create",
+            "configmap",
+            "solo",
+            "-n",
+            "default",
+            "--from-literal=k=zero",
+        ],
+    );
+    let file = manifest(&fleet, "solo", "three");
+    succeeded(
+        apply(&fleet, None, &file),
+        "apply to member1's",
+        &fleet.log_tail(20),
+    );
+    assert_eq!(
+        value_in(&fleet, "member1", "solo").as_deref(),
+        Some("three")
+    );
+    assert_eq!(value_in(&fleet, "member2", "solo"), None);
+    // Any other patch of an object no cluster has is kube's 404.
+    let patch = fleet.kubectl_output(
+        "fleet",
+        &[
+            "patch",
+            "configmap",
+            "nowhere",
+            "-n",
+            "default",
+            "-p",
+            r#"{"data":{"k":"v"}}"#,
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&patch.stderr);
+    assert!(
+        !patch.status.success() && stderr.contains("not found"),
+        "{stderr}"
+    );
+    // bob may not reach createIn's cluster: the same 405, which does not name member2.
+    let file = manifest(&fleet, "bobs", "four");
+    let bob = apply(&fleet, Some("bob"), &file);
+    let stderr = String::from_utf8_lossy(&bob.stderr);
+    assert!(
+        !bob.status.success() && stderr.contains("cannot create") && !stderr.contains("member2"),
+        "{stderr}"
+    );
+    assert_eq!(value_in(&fleet, "member1", "bobs"), None);
+    assert_eq!(value_in(&fleet, "member2", "bobs"), None);
+}
+
+#[test]
+fn kubectl_auth_can_i_through_the_fleet_is_yes_only_where_every_cluster_says_yes() {
+    let mut fleet = Fleet::sim(2, 1);
+    // member3: member2 again, reached without impersonation, so the member sees the gateway's
+    // own identity, which may list and watch but not get: a cluster whose RBAC says otherwise.
+    let member2 = std::fs::read_to_string(fleet.fleet_path("clusters/member2.yaml")).unwrap();
+    let member3 = member2
+        .replace("name: member2", "name: member3")
+        .replace("impersonation: true", "impersonation: false");
+    assert_ne!(member3, member2);
+    std::fs::write(fleet.fleet_path("clusters/member3.yaml"), member3).unwrap();
+    fleet.serve(&["--workers", "1"], None);
+    let can_i = |fleet: &Fleet, args: &[&str], http1: bool| {
+        let mut command = support::kubectl::kubectl_command(&fleet.gateway_kubeconfig(), "fleet");
+        if http1 {
+            // client-go's switch for HTTP/1.1: the gateway's other front-end.
+            command.env("DISABLE_HTTP2", "1");
+        }
+        let out = command
+            .args(["--request-timeout", "20s", "auth", "can-i"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), stdout, stderr)
+    };
+    let differ = "allowed on member1, member2; denied on member3";
+    for http1 in [false, true] {
+        // Every cluster allows it: yes, and no warning.
+        let (yes, stdout, stderr) = can_i(&fleet, &["list", "configmaps", "-A"], http1);
+        assert!(
+            yes && stdout == "yes",
+            "{stdout} {stderr}\n{}",
+            fleet.log_tail(20)
+        );
+        assert!(!stderr.contains("Warning"), "{stderr}");
+        // member3 does not: no, with the clusters named.
+        let (yes, stdout, stderr) = can_i(&fleet, &["get", "configmaps", "-n", "default"], http1);
+        assert!(
+            !yes && stdout == format!("no - {differ}"),
+            "{stdout} {stderr}"
+        );
+        assert!(stderr.contains(&format!("Warning: {differ}")), "{stderr}");
+    }
+    // karmada-search's path is the same view.
+    let karmada = "/apis/search.karmada.io/v1alpha1/proxying/karmada/proxy";
+    let args = ["auth", "can-i", "get", "configmaps", "-n", "default"];
+    let out = fleet.kubectl_at(karmada, None, &args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.trim(), format!("no - {differ}"));
+    // Who am I: one member's answer. What may I do (rules): per cluster, so aimed at one.
+    let whoami = fleet.kubectl_ok("fleet", &["auth", "whoami", "-o", "json"]);
+    let review: serde_json::Value = serde_json::from_str(&whoami).unwrap();
+    assert_eq!(
+        review["status"]["userInfo"]["username"], "admin",
+        "{review}"
+    );
+    let (listed, _, stderr) = can_i(&fleet, &["--list"], false);
+    assert!(
+        !listed && stderr.contains("cluster.fleetgate.io/NAME"),
+        "{stderr}"
+    );
+    let rules = fleet.kubectl_at_ok(
+        "/fleet/cluster.fleetgate.io/member1",
+        None,
+        &["auth", "can-i", "--list"],
+    );
+    assert!(rules.contains("selfsubjectaccessreviews"), "{rules}");
+
+    // A cluster that cannot answer is a no, and is named.
+    let closed = support::closed_port();
+    let server = member2
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("server: "))
+        .unwrap()
+        .to_owned();
+    let dead = member2
+        .replace("name: member2", "name: member9")
+        .replace(&server, &format!("https://{closed}"));
+    std::fs::write(fleet.fleet_path("clusters/member9.yaml"), dead).unwrap();
+    fleet.serve(&["--workers", "1"], None);
+    let (yes, stdout, stderr) = can_i(&fleet, &["list", "configmaps", "-A"], false);
+    assert!(!yes && stdout.starts_with("no - "), "{stdout} {stderr}");
+    assert!(
+        stderr.contains("Warning: allowed on member1, member2, member3; no answer from member9"),
+        "{stderr}"
+    );
 }

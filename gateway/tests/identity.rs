@@ -2,8 +2,9 @@
 //! for each authentication method (client certificate, token file, OIDC JWT, PassThrough of the
 //! client's own token) `kubectl auth whoami` shows the user as the member saw it; AccessPolicy
 //! denials (cluster, verb, namespace) are 403 Status naming the denial; `--as` needs the
-//! `impersonate` grant; expired, wrongly signed and unknown credentials are 401; label selectors
-//! choose clusters; a policy change on reload takes effect. Real processes: the fleet in this
+//! `impersonate` grant, and `kubectl auth can-i --as` gets the member's answer for whoever the
+//! client may impersonate; expired, wrongly signed and unknown credentials are 401; label
+//! selectors choose clusters; a policy change on reload takes effect. Real processes: the fleet in this
 //! test process, the gateway and kubectl as children.
 
 mod support;
@@ -565,4 +566,70 @@ spec:
     assert_refused(&list_raw(), 403, &["cluster \"member2\""]);
     let out = list("member1");
     assert!(out.status.success(), "{}", stderr_of(&out));
+}
+
+#[test]
+fn can_i_as_a_user_without_a_grant_gets_the_members_answer() {
+    let fleet = start(false);
+    // The admin asks member2 (prod, where alice has no grant) what alice may do: the member's
+    // answer, as kube-apiserver gives it to any authenticated user about themselves.
+    let admin_can_i = |args: &[&str]| {
+        let mut all = vec!["auth", "can-i"];
+        all.extend_from_slice(args);
+        let out = fleet.kubectl_output("member2", &all);
+        let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        (stdout, stderr_of(&out))
+    };
+    for (args, answer) in [
+        (&["list", "pods", "-n", "dev", "--as", "alice"][..], "yes"),
+        (&["list", "pods", "-n", "default", "--as", "alice"], "no"),
+        // dave: no grant anywhere, unknown to the member.
+        (&["list", "pods", "-n", "dev", "--as", "dave"], "no"),
+        (
+            &["create", "deployments", "-n", "dev", "--as", "dave"],
+            "no",
+        ),
+    ] {
+        let (stdout, stderr) = admin_can_i(args);
+        assert_eq!(stdout, answer, "{args:?}: {stderr}\n{}", fleet.log_tail(20));
+        // kubectl's discovery beforehand (as dave too) found the resource.
+        assert!(!stderr.contains("resource type"), "{args:?}: {stderr}");
+    }
+    let out = fleet.kubectl_output("member2", &["auth", "whoami", "--as", "dave", "-o", "json"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let review: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(review["status"]["userInfo"]["username"], "dave", "{review}");
+    // Nothing else of alice's becomes allowed on member2.
+    let get = fleet.kubectl_output(
+        "member2",
+        &[
+            "get",
+            "--raw",
+            "/clusters/member2/api/v1/namespaces/dev/pods",
+            "--as",
+            "alice",
+        ],
+    );
+    assert_refused(&get, 403, &["User \"alice\"", "cluster \"member2\""]);
+    // And only for whom the client may impersonate: carol may be alice, not admin.
+    let carol = fleet.kubeconfig("carol", Cred::Cert("carol"), None);
+    let out = kubectl(
+        &carol,
+        "member2",
+        &["auth", "can-i", "list", "pods", "--as", "admin"],
+    );
+    assert_refused(&out, 403, &["cannot impersonate", "\"admin\""]);
+    let out = kubectl(
+        &carol,
+        "member2",
+        &[
+            "auth", "can-i", "list", "pods", "-n", "dev", "--as", "alice",
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "yes",
+        "{}",
+        stderr_of(&out)
+    );
 }

@@ -1,9 +1,10 @@
 //! Client impersonation: the `Impersonate-*` headers a client sends to act as someone else, as
 //! kube-apiserver's impersonation filter reads them, each identity checked against the
-//! AccessPolicy's `impersonate` grants. Refused where the member would see the gateway itself.
-//! Called by `auth::decide` and the front-ends.
+//! AccessPolicy's `impersonate` grants, and what an impersonated identity may do without a grant
+//! of its own. Refused where the member would see the gateway itself. Called by `auth::decide`
+//! and the front-ends.
 
-use fleetgate_config_watcher::policy::AccessControl;
+use fleetgate_config_watcher::policy::{is_basic, AccessControl, RequestAttributes};
 
 use super::{starts_with_ignore_case, ClientIdentity};
 use crate::errors::GatewayError;
@@ -100,6 +101,18 @@ pub(super) fn check_impersonation(
         }
     }
     Ok(())
+}
+
+/// What an identity the client was allowed to impersonate may do on a cluster though no
+/// AccessPolicy grants it anything there: what kube lets every authenticated user do
+/// (`system:basic-user`, `system:discovery`), its self reviews and discovery. So `kubectl auth
+/// can-i ... --as USER` gets the member's answer for USER (the impersonator may reach the cluster:
+/// its `impersonate` grant is there), and kubectl's discovery beforehand, which carries the same
+/// `Impersonate-*` fields, resolves the resource. A self review answers only about whoever the
+/// member sees, so the impersonator learns what it could learn by impersonating USER anyway;
+/// nothing else of USER's becomes allowed.
+pub(super) fn allowed_to_impersonated(attrs: &RequestAttributes<'_>) -> bool {
+    is_basic(attrs)
 }
 
 /// Refuses a request that tries to choose its own identity on a cluster the gateway does not

@@ -210,7 +210,10 @@ where
         };
         return Err(Refusal::of(error, &authenticated, &identity));
     }
-    if !policy.allows(&identity, &cluster.name, attrs) {
+    let impersonated = !Arc::ptr_eq(&identity, &authenticated);
+    let allowed = policy.allows(&identity, &cluster.name, attrs)
+        || (impersonated && impersonation::allowed_to_impersonated(attrs));
+    if !allowed {
         let error = forbidden(&identity, &Place::Cluster(&cluster.name), attrs);
         return Err(Refusal::of(error, &authenticated, &identity));
     }

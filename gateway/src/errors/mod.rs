@@ -90,6 +90,13 @@ pub enum GatewayError {
     /// A create through the fleet view: it would not know which cluster to create in.
     #[error("the fleet view cannot create {resource}: create it in one cluster by adding cluster.fleetgate.io/NAME after the fleet prefix (kubectl --server https://GATEWAY/fleet/cluster.fleetgate.io/NAME), or through /clusters/NAME")]
     FleetCreate { resource: String },
+    /// A rules review (`kubectl auth can-i --list`) through the fleet view: what a user may do
+    /// differs per cluster, and no one list of rules would be true of the fleet.
+    #[error("the fleet view does not merge selfsubjectrulesreviews: what a user may do differs per cluster; ask one cluster by adding cluster.fleetgate.io/NAME after the fleet prefix (kubectl --server https://GATEWAY/fleet/cluster.fleetgate.io/NAME auth can-i --list), or through /clusters/NAME")]
+    FleetRulesReview,
+    /// No member a fleet access review went to could answer it.
+    #[error("no cluster of the fleet view could answer the review: {reasons}")]
+    FleetReviewUnavailable { reasons: String },
     /// A fleet discovery request whose `Accept` admits no JSON discovery document (the fleet
     /// view serves no aggregated discovery, as a kube-apiserver 1.24 does not).
     #[error("only the following media types are accepted: application/json")]
@@ -173,6 +180,7 @@ impl GatewayError {
             | FleetKindNotMerged { .. }
             | FleetNotServed { .. }
             | FleetCreate { .. }
+            | FleetRulesReview
             | FleetContinueExpired { .. }
             | FleetObjectNotFound { .. }
             | FleetObjectAmbiguous { .. }
@@ -189,7 +197,9 @@ impl GatewayError {
             | UpstreamClosed { .. }
             | NoTunnel { .. } => Side::Upstream,
             OutOfDescriptors { .. } => Side::Internal,
-            FleetOwnerUnknown { .. } | FleetDiscoveryUnavailable { .. } => Side::Upstream,
+            FleetOwnerUnknown { .. }
+            | FleetDiscoveryUnavailable { .. }
+            | FleetReviewUnavailable { .. } => Side::Upstream,
         }
     }
 
@@ -205,13 +215,13 @@ impl GatewayError {
             ServiceNotAllowed { .. } => (403, "Forbidden"),
             VersionNotSupported => (505, "BadRequest"),
             UnknownCluster { .. } | NoRoute { .. } | FleetKindNotMerged { .. } => (404, "NotFound"),
-            FleetCreate { .. } => (405, "MethodNotAllowed"),
+            FleetCreate { .. } | FleetRulesReview => (405, "MethodNotAllowed"),
             FleetContinueExpired { .. } => (410, "Expired"),
             FleetObjectNotFound { .. } => (404, "NotFound"),
             FleetObjectAmbiguous { .. } => (409, "Conflict"),
-            FleetOwnerUnknown { .. } | FleetDiscoveryUnavailable { .. } => {
-                (503, "ServiceUnavailable")
-            }
+            FleetOwnerUnknown { .. }
+            | FleetDiscoveryUnavailable { .. }
+            | FleetReviewUnavailable { .. } => (503, "ServiceUnavailable"),
             FleetDiscoveryNotAcceptable => (406, "NotAcceptable"),
             FleetNotServed { .. } => (501, "NotImplemented"),
             ClientImpersonation | Forbidden { .. } => (403, "Forbidden"),

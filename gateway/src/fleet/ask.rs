@@ -94,12 +94,33 @@ where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
+    let posted = Posted {
+        body,
+        content_type: b"application/json",
+    };
+    post_as(ctx, asked, posted, client_request, cluster, identity).await
+}
+
+/// A POST of `posted` to `cluster` as the user, its answer asked for as JSON (to be read here);
+/// the body of a 2xx answer.
+pub(crate) async fn post_as<'h, F, H>(
+    ctx: &ShardContext,
+    asked: &Asked<'_>,
+    posted: Posted<'_, 'h>,
+    client_request: &ClientRequest<'_, F>,
+    cluster: &ClusterRoute,
+    identity: &Decided,
+) -> Result<Vec<u8>, Missed>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
     let accept = Some(&b"application/json"[..]);
     ask_with(
         ctx,
         asked,
         accept,
-        Some(body),
+        Some(posted),
         client_request,
         cluster,
         identity,
@@ -107,12 +128,20 @@ where
     .await
 }
 
+/// A request body the fleet view sends whole: a review, as the gateway wrote it or as the client
+/// sent it (JSON or protobuf, `content_type` saying which).
+#[derive(Clone, Copy)]
+pub(crate) struct Posted<'b, 'c> {
+    pub body: &'b [u8],
+    pub content_type: &'c [u8],
+}
+
 /// [`open_accepting`], then the whole body of a 2xx answer.
 async fn ask_with<'h, F, H>(
     ctx: &ShardContext,
     asked: &Asked<'_>,
     accept: Option<&'static [u8]>,
-    post: Option<&[u8]>,
+    post: Option<Posted<'_, 'h>>,
     client_request: &ClientRequest<'_, F>,
     cluster: &ClusterRoute,
     identity: &Decided,
@@ -192,13 +221,13 @@ where
 }
 
 /// [`open`], with `accept` (when given) as the member's `Accept` instead of the client's, and
-/// with `post` (when given) a POST of that JSON body instead of a GET.
+/// with `post` (when given) a POST of that body instead of a GET.
 #[allow(clippy::too_many_arguments, reason = "the request's whole shape")]
 pub(crate) async fn open_accepting<'h, F, H>(
     ctx: &ShardContext,
     asked: &Asked<'_>,
     accept: Option<&'static [u8]>,
-    post: Option<&[u8]>,
+    post: Option<Posted<'_, 'h>>,
     client_request: &ClientRequest<'_, F>,
     cluster: &ClusterRoute,
     identity: &Decided,
@@ -217,7 +246,7 @@ where
             http10: false,
             rest: asked.rest,
             query: asked.query,
-            body: post.map_or(BodyKind::Empty, |b| BodyKind::Length(b.len() as u64)),
+            body: post.map_or(BodyKind::Empty, |p| BodyKind::Length(p.body.len() as u64)),
             peer: client_request.peer.ip_text(),
             identity: identity.identity.as_deref(),
             upgrade: Upgrade::None,
@@ -235,7 +264,7 @@ where
                     !replaced && !name.eq_ignore_ascii_case(b"accept-encoding")
                 })
                 .chain(accept.map(|value| (&b"Accept"[..], value)))
-                .chain(post.map(|_| (&b"Content-Type"[..], &b"application/json"[..])))
+                .chain(post.map(|p| (&b"Content-Type"[..], p.content_type)))
         },
         client_request.connection_named,
     );
@@ -256,8 +285,8 @@ where
     let mut deadline = Deadline::new();
     let answer = match post {
         None => exchange::send(ctx, &outbound, &mut NoBody, &mut response, &mut deadline).await,
-        Some(body) => {
-            let mut body = Fixed(body);
+        Some(posted) => {
+            let mut body = Fixed(posted.body);
             exchange::send(ctx, &outbound, &mut body, &mut response, &mut deadline).await
         }
     }

@@ -11,7 +11,9 @@
 //!   ordinary proxied request;
 //! - `ask`: one request of a member as the user (a GET read whole for `list`, `owner` and
 //!   `discovery`, a watch opened for `watch`);
-//! - `discovery`: `/api`, `/apis` and below from one member, filtered to the merged kinds.
+//! - `discovery`: `/api`, `/apis` and below from one member, filtered to the merged kinds;
+//! - `review`: a SelfSubjectAccessReview (`kubectl auth can-i`) asked of every member, allowed
+//!   where all of them allow it.
 //!
 //! A request aimed at one cluster (`/fleet/cluster.fleetgate.io/NAME/...`, or a create that
 //! `spec.fleet.createIn` sends) is not here: `decide` makes it an ordinary proxied request.
@@ -24,6 +26,7 @@ pub mod discovery;
 pub mod list;
 pub mod owner;
 pub mod page;
+pub mod review;
 pub mod token;
 pub mod watch;
 

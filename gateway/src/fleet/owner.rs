@@ -4,9 +4,11 @@
 //! `spec.fleet.membersAtOnce` at a time); the one that answers 200 owns it,
 //! and the request then goes there as an ordinary proxied request.
 //!
-//! A member answering 404 or 403 does not have it (for this user). None: kube's 404. Several: a
-//! 409 naming them (all of them clusters the user may reach), to be aimed with
-//! `/clusters/NAME/...`. None, with members that could not be asked: a 503 naming those.
+//! A member answering 404 or 403 does not have it (for this user). None: kube's 404, but for a
+//! server-side apply, which creates a missing object and so is routed as a create is (to
+//! `spec.fleet.createIn`, or the 405 of a create). Several: a 409 naming them (all of them
+//! clusters the user may reach), to be aimed with `/clusters/NAME/...`. None, with members that
+//! could not be asked: a 503 naming those.
 //!
 //! A plain GET of the object is answered with the owner's answer to the lookup itself (asked
 //! with the client's query and `Accept`), stamped with its cluster as list items are: no second
@@ -81,6 +83,13 @@ where
             index: *one,
             object: stamped,
         }),
+        // Server-side apply of an object no cluster has creates it: routed as a create is.
+        [] if unknown.is_empty() && is_apply(request, &client_request.headers) => {
+            create_in(request).map(|index| Owner {
+                index,
+                object: None,
+            })
+        }
         [] if unknown.is_empty() => Err(Failure::Answer(GatewayError::FleetObjectNotFound {
             resource,
             name: object,
@@ -100,6 +109,44 @@ where
                 .join(", "),
         })),
     }
+}
+
+/// Whether the request is a server-side apply of the object itself (`PATCH` with an
+/// `application/apply-patch+yaml` body, or `+json` / `+cbor`), which kube answers for a missing
+/// object by creating it. Other patches of a missing object are kube's 404.
+fn is_apply<'h, F, H>(request: &FleetRequest<'_>, headers: &F) -> bool
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    request.info.verb == KubeVerb::Patch
+        && request.info.subresource.is_empty()
+        && headers()
+            .find(|(name, _)| name.eq_ignore_ascii_case(b"content-type"))
+            .is_some_and(|(_, value)| is_apply_type(value))
+}
+
+/// Whether a `Content-Type` is server-side apply's (`application/apply-patch+FORMAT`, any case,
+/// with or without parameters).
+fn is_apply_type(value: &[u8]) -> bool {
+    const APPLY: &[u8] = b"application/apply-patch+";
+    let media = value.split(|b| *b == b';').next().unwrap_or_default();
+    let media = crate::protocol::http1::head::trim(media);
+    media.len() > APPLY.len() && media[..APPLY.len()].eq_ignore_ascii_case(APPLY)
+}
+
+/// Where a create through the fleet view goes: `spec.fleet.createIn`'s cluster, when it is one
+/// of the request's members (the kind is merged there and the user may make this request
+/// there); else the 405 a POST gets, which does not name the cluster.
+fn create_in(request: &FleetRequest<'_>) -> Result<usize, Failure> {
+    let create_in = request.settings.create_in.as_deref();
+    create_in
+        .and_then(|name| request.members.iter().position(|(c, _)| *c.name == *name))
+        .ok_or_else(|| {
+            Failure::Answer(GatewayError::FleetCreate {
+                resource: crate::request::fleet_resource_name(&request.info),
+            })
+        })
 }
 
 /// Answers with the owner's object, stamped ([`Owner::object`]).
@@ -155,6 +202,28 @@ mod tests {
             settings: &Default::default(),
         };
         object_path(&request)
+    }
+
+    #[test]
+    fn only_server_side_apply_patches_are_applies() {
+        for apply in [
+            &b"application/apply-patch+yaml"[..],
+            b"Application/Apply-Patch+YAML",
+            b" application/apply-patch+json ; charset=utf-8",
+            b"application/apply-patch+cbor",
+        ] {
+            assert!(is_apply_type(apply), "{}", String::from_utf8_lossy(apply));
+        }
+        for other in [
+            &b"application/merge-patch+json"[..],
+            b"application/strategic-merge-patch+json",
+            b"application/json-patch+json",
+            b"application/apply-patch+",
+            b"application/apply-patch",
+            b"",
+        ] {
+            assert!(!is_apply_type(other), "{}", String::from_utf8_lossy(other));
+        }
     }
 
     #[test]

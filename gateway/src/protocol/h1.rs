@@ -32,7 +32,7 @@ use crate::exchange::{
 use crate::observe::audit::{AuditRequest, Classified, Outcome};
 use crate::protocol::http1::{
     chunk_size_line, is_hop_by_hop, parse_request, push_header, request_body, BodyKind,
-    BodyProgress, Head, HeadError, HeadLimits, CHUNK_SIZE_ROOM,
+    BodyProgress, ChunkedScanner, Head, HeadError, HeadLimits, CHUNK_SIZE_ROOM,
 };
 use crate::request::{self, Decision, Peer, Proxied};
 use crate::runtime::{self, clock, Deadline, First, ShardContext};
@@ -289,6 +289,13 @@ where
             }
         }
     };
+    // How a fleet-view response (whichever arm below serves one) is written.
+    let fleet_answer = FleetAnswer {
+        limits,
+        close,
+        connection_names_fields,
+        started,
+    };
     let proxied = match decided {
         Ok(Decision::Proxy(proxied)) => {
             if let Some(plan) = crate::watch::plan(&table, &proxied, head.values(b"accept")) {
@@ -322,13 +329,8 @@ where
                     object: Some(object),
                     ..
                 }) => {
-                    let answer = FleetAnswer {
-                        limits,
-                        close,
-                        connection_names_fields,
-                        started,
-                    };
                     let work = FleetWork::Object(&fleet, object);
+                    let answer = fleet_answer;
                     return Box::pin(serve_fleet(ctx, down, head, work, peer, conn_auth, answer))
                         .await;
                 }
@@ -349,13 +351,30 @@ where
                 Err(Failure::Abort(_)) => return Next::Close,
             }
         }
-        Ok(decision @ (Decision::Fleet(_) | Decision::FleetDiscovery(_))) => {
-            let answer = FleetAnswer {
-                limits,
-                close,
-                connection_names_fields,
-                started,
+        Ok(Decision::FleetReview(review)) => {
+            // The review goes to every member: it is read whole first.
+            let max = crate::fleet::review::MAX_REVIEW_BYTES;
+            let posted = match Box::pin(read_whole_body(down, head, body, max)).await {
+                Ok(posted) => posted,
+                Err(Failure::Answer(error)) => {
+                    let classified = Classified::fleet(&review.info, head.target());
+                    let answer = Refusal {
+                        error: &error,
+                        counted: None,
+                        audited: fleet_audited(&review.members, &classified),
+                        close: true,
+                    };
+                    return Box::pin(answer_with_status(ctx, down, head, peer, answer, started))
+                        .await;
+                }
+                Err(Failure::Abort(_)) => return Next::Close,
             };
+            let work = FleetWork::Review(&review, posted);
+            let answer = fleet_answer;
+            return Box::pin(serve_fleet(ctx, down, head, work, peer, conn_auth, answer)).await;
+        }
+        Ok(decision @ (Decision::Fleet(_) | Decision::FleetDiscovery(_))) => {
+            let answer = fleet_answer;
             let work = match &decision {
                 Decision::FleetDiscovery(discovery) => FleetWork::Discovery(discovery),
                 Decision::Fleet(fleet) => FleetWork::Merged(fleet),
@@ -647,6 +666,8 @@ enum FleetWork<'a, 't> {
     Discovery(&'a request::FleetDiscovery<'t>),
     /// A named object, as its owner answered the lookup, stamped.
     Object(&'a request::FleetRequest<'t>, Bytes),
+    /// An access review of every member, with the client's review (the request body).
+    Review(&'a request::FleetReview<'t>, Bytes),
 }
 
 /// Serves a fleet-view request (`work`): the merged or filtered answer, chunked (or, to an
@@ -668,6 +689,7 @@ where
     let (info, members) = match &work {
         FleetWork::Merged(fleet) | FleetWork::Object(fleet, _) => (&fleet.info, &fleet.members),
         FleetWork::Discovery(discovery) => (&discovery.info, &discovery.members),
+        FleetWork::Review(review, _) => (&review.info, &review.members),
     };
     let watch = info.verb == fleetgate_config_watcher::request_info::KubeVerb::Watch;
     // A watch's connection closes after it: the client's bytes meanwhile were not kept. That is
@@ -704,6 +726,9 @@ where
             crate::fleet::discovery::serve(ctx, discovery, &client_request, &mut client).await
         }
         FleetWork::Object(_, object) => crate::fleet::owner::answer(&mut client, object).await,
+        FleetWork::Review(review, posted) => {
+            crate::fleet::review::serve(ctx, review, &posted, &client_request, &mut client).await
+        }
     };
     let head_sent = client.head_sent;
     // One audit event for the whole LIST, WATCH or discovery request, its cluster `fleet`.
@@ -980,6 +1005,68 @@ where
         answer,
         client_close,
     })
+}
+
+/// The whole request body, its framing taken off, for a request the gateway answers itself from
+/// several members (a fleet access review): at most `max` bytes, else the review's 400. The
+/// client's bytes past it stay in the read buffer.
+async fn read_whole_body<S>(
+    down: &mut Downstream<'_, S>,
+    head: &Head,
+    kind: BodyKind,
+    max: usize,
+) -> Result<Bytes, Failure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let too_large = || Failure::Answer(crate::fleet::review::too_large());
+    let (mut left, mut chunks) = match kind {
+        BodyKind::Empty => return Ok(Bytes::new()),
+        BodyKind::Length(n) if n > max as u64 => return Err(too_large()),
+        BodyKind::Length(n) => (n as usize, None),
+        BodyKind::Chunked => (0, Some(ChunkedScanner::new())),
+        // Not a request body's framing.
+        BodyKind::CloseDelimited => return Err(too_large()),
+    };
+    if head.expect_continue && down.buf.is_empty() {
+        down.io
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .map_err(|_| Failure::Abort("client write failed"))?;
+    }
+    let mut body = Vec::new();
+    loop {
+        let taken = match &mut chunks {
+            Some(scanner) => {
+                let buf = &down.buf[..];
+                let taken = scanner
+                    .scan_data(buf, |data| body.extend_from_slice(&buf[data]))
+                    .map_err(|e| Failure::Answer(GatewayError::BadRequest { reason: e.0 }))?;
+                if scanner.is_done() {
+                    chunks = None;
+                }
+                taken
+            }
+            None => {
+                let taken = left.min(down.buf.len());
+                body.extend_from_slice(&down.buf[..taken]);
+                left -= taken;
+                taken
+            }
+        };
+        down.buf.advance(taken);
+        if body.len() > max {
+            return Err(too_large());
+        }
+        if chunks.is_none() && left == 0 {
+            return Ok(Bytes::from(body));
+        }
+        down.buf.reserve(READ_CHUNK);
+        match runtime::timeout(BODY_STALL_TIMEOUT, down.io.read_buf(&mut down.buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return Err(Failure::Abort("client went away during the request body")),
+        }
+    }
 }
 
 /// The request body from the client connection: the bytes past the head in the read buffer, then

@@ -20,6 +20,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use fleetgate_config_watcher::fleet::FleetKind;
+use fleetgate_config_watcher::policy::{self_review, SelfReview};
 use fleetgate_config_watcher::request_info::{KubeVerb, RequestInfo};
 use fleetgate_config_watcher::{ClusterRoute, ConnectMode, FleetSettings, RouteTable};
 
@@ -79,6 +80,9 @@ pub enum Decision<'t> {
     /// A discovery document through the fleet view, filtered to the merged kinds
     /// (`fleet::discovery`).
     FleetDiscovery(FleetDiscovery<'t>),
+    /// A self access review through the fleet view, asked of every cluster the user may reach
+    /// (`fleet::review`).
+    FleetReview(FleetReview<'t>),
 }
 
 impl Decision<'_> {
@@ -101,6 +105,7 @@ impl Decision<'_> {
                 fleet_subject(&f.members, f.verb, f.info.long_running)
             }
             Decision::FleetDiscovery(d) => fleet_subject(&d.members, d.verb, false),
+            Decision::FleetReview(r) => fleet_subject(&r.members, r.verb, false),
         })
     }
 }
@@ -151,6 +156,19 @@ pub struct FleetDiscovery<'t> {
     /// identity the member is told about.
     pub members: Vec<(&'t Arc<ClusterRoute>, Decided)>,
     pub verb: &'static str,
+}
+
+/// A SelfSubjectAccessReview through the fleet view (`kubectl --context fleet auth can-i`).
+pub struct FleetReview<'t> {
+    pub rest: &'t [u8],
+    pub query: &'t [u8],
+    pub info: RequestInfo<'t>,
+    /// Every cluster the user may reach, by name, each with the identity the member is told
+    /// about.
+    pub members: Vec<(&'t Arc<ClusterRoute>, Decided)>,
+    pub verb: &'static str,
+    /// Members asked at once (`spec.fleet.membersAtOnce`).
+    pub settings: &'t FleetSettings,
 }
 
 /// A request routed to a member cluster, classified and authorized.
@@ -369,9 +387,10 @@ impl<'t> Proxied<'t> {
 /// merged kind spans every cluster of the kind the user's AccessPolicies allow it on; a named
 /// object goes to the one that has it. A request `aimed` at one cluster (a
 /// `cluster.fleetgate.io/NAME` hint), and a CREATE when `spec.fleet.createIn` names a cluster, is
-/// that cluster's, proxied as through `/clusters/NAME`. Clusters the user may not reach are left
-/// out without a word: no item and no error names them, and a hint naming one is answered as one
-/// naming no cluster.
+/// that cluster's, proxied as through `/clusters/NAME`. The self reviews kubectl asks with
+/// (`auth can-i`, `auth whoami`) are served though no FleetResource merges them. Clusters the
+/// user may not reach are left out without a word: no item and no error names them, and a hint
+/// naming one is answered as one naming no cluster.
 #[allow(
     clippy::result_large_err,
     reason = "as `decide`: the refusal is as large as the decision"
@@ -441,6 +460,37 @@ where
         }
         let member = members.into_iter().next().expect("one member, checked");
         return Ok(Proxied::to_member(member, rest, query, info));
+    }
+    if let Some(review) = self_review(&info) {
+        // A self review answers about its creator, each cluster for itself: an access review
+        // is asked of every cluster the user may reach and holds only where all allow it; who
+        // the user is, of the first; rules differ per cluster and namespace, and no one list
+        // would be true of the fleet. Aimed at one cluster, any of them is that cluster's.
+        let want = match (aimed, review) {
+            (Some(_), _) | (None, SelfReview::Subject) => 1,
+            (None, SelfReview::Access) => usize::MAX,
+            (None, SelfReview::Rules) => return Err(GatewayError::FleetRulesReview.into()),
+        };
+        let (mut members, refusal) =
+            fleet_members(table, conn, &info, candidates().into_iter(), want, &headers);
+        if members.is_empty() {
+            return Err(match aimed {
+                Some(name) => hidden(name),
+                None => fleet_refusal(refusal, rest, &info),
+            });
+        }
+        if want == 1 {
+            let member = members.swap_remove(0);
+            return Ok(Proxied::to_member(member, rest, query, info));
+        }
+        return Ok(Decision::FleetReview(FleetReview {
+            rest,
+            query,
+            info,
+            members,
+            verb,
+            settings: &table.gateway().fleet,
+        }));
     }
     let Some(kind) = table.fleet().kind(info.api_group, info.resource) else {
         return Err(GatewayError::FleetKindNotMerged {
@@ -602,7 +652,7 @@ impl<'t> FleetRequest<'t> {
 }
 
 /// `pods` or `deployments.apps`, as kube names a resource in messages.
-fn fleet_resource_name(info: &RequestInfo<'_>) -> String {
+pub(crate) fn fleet_resource_name(info: &RequestInfo<'_>) -> String {
     if info.api_group.is_empty() {
         info.resource.to_owned()
     } else {

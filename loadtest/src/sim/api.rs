@@ -587,8 +587,12 @@ fn self_subject_access_review(user: &UserInfo, mut review: Value) -> Value {
             },
         )
     } else {
-        // Non-resource URLs: discovery and friends are open to every authenticated user.
-        true
+        let attrs = &review["spec"]["nonResourceAttributes"];
+        auth::authorize_path(
+            user,
+            attrs["verb"].as_str().unwrap_or(""),
+            attrs["path"].as_str().unwrap_or(""),
+        )
     };
     review["status"] = json!({"allowed": allowed});
     review["kind"] = json!("SelfSubjectAccessReview");

@@ -196,6 +196,32 @@ pub fn authorize(user: &UserInfo, attrs: &RequestAttributes<'_>) -> bool {
     false
 }
 
+/// The paths every authenticated user may GET (kube's `system:discovery`), as RBAC writes
+/// them: exact, or a prefix ending in `*`. [`rules_for`] lists them too.
+const DISCOVERY_PATHS: [&str; 8] = [
+    "/api",
+    "/api/*",
+    "/apis",
+    "/apis/*",
+    "/openapi",
+    "/openapi/*",
+    "/version",
+    "/version/",
+];
+
+/// Whether `user` may make a request of a non-resource `path` (`kubectl auth can-i get
+/// /metrics`): discovery for everyone, anything for system:masters (the member serves its
+/// `/metrics` to them only).
+pub fn authorize_path(user: &UserInfo, verb: &str, path: &str) -> bool {
+    let discovery = || {
+        DISCOVERY_PATHS.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => path.starts_with(prefix),
+            None => path == *p,
+        })
+    };
+    user.in_group(MASTERS_GROUP) || (verb == "get" && discovery())
+}
+
 /// The allow list of [`authorize`] as RBAC-style rules in `namespace`, for
 /// SelfSubjectRulesReview (`kubectl auth can-i --list`). Kept next to `authorize` so both change
 /// together.
@@ -219,7 +245,7 @@ pub fn rules_for(
     ];
     let mut non_resource_rules = vec![json!({
         "verbs": ["get"],
-        "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/openapi", "/openapi/*", "/version", "/version/"],
+        "nonResourceURLs": DISCOVERY_PATHS,
     })];
     if user.in_group(MASTERS_GROUP) {
         resource_rules.push(json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}));
@@ -259,6 +285,19 @@ mod tests {
         };
         assert!(authorize(&alice, &attrs("dev")));
         assert!(!authorize(&alice, &attrs("default")));
+    }
+
+    #[test]
+    fn every_user_may_get_discovery_and_only_masters_metrics() {
+        let alice = UserInfo::new("alice", "", &["devs"]);
+        let admin = UserInfo::new("admin", "", &[MASTERS_GROUP]);
+        for path in ["/api", "/apis/apps/v1", "/version", "/openapi/v3"] {
+            assert!(authorize_path(&alice, "get", path), "{path}");
+        }
+        assert!(!authorize_path(&alice, "post", "/api"));
+        assert!(!authorize_path(&alice, "get", "/metrics"));
+        assert!(!authorize_path(&alice, "get", "/apix"));
+        assert!(authorize_path(&admin, "get", "/metrics"));
     }
 
     #[test]

@@ -567,6 +567,21 @@ async fn proxy_stream(
             let listing = fleet::list::list(ctx, &fleet, &client_request, &mut client);
             return answered(Box::pin(listing).await);
         }
+        Ok(Decision::FleetReview(review)) => {
+            if ctx.audit.is_some() {
+                audit_fleet(audit, &review.info, &review.members, target);
+                audit.code = Some(200);
+            }
+            // The review goes to every member: it is read whole first.
+            let posted = read_whole_body(&mut body, fleet::review::MAX_REVIEW_BYTES).await?;
+            let client_request = fleet_request();
+            let mut client = FleetStream {
+                respond: &mut *respond,
+                send: None,
+            };
+            let serving = fleet::review::serve(ctx, &review, &posted, &client_request, &mut client);
+            return answered(Box::pin(serving).await);
+        }
         Ok(Decision::FleetDiscovery(discovery)) => {
             if ctx.audit.is_some() {
                 audit_fleet(audit, &discovery.info, &discovery.members, target);
@@ -780,6 +795,25 @@ async fn proxy_stream(
     };
     exchange::finish(ctx, answer, complete);
     Ok(Handled::Answered)
+}
+
+/// The whole request body of a stream, for a request the gateway answers itself from several
+/// members (a fleet access review): at most `max` bytes, else the review's 400. The client's
+/// window is released as the bytes arrive.
+async fn read_whole_body(body: &mut RecvStream, max: usize) -> Result<Bytes, Failure> {
+    let mut whole = BytesMut::new();
+    loop {
+        let data = match runtime::timeout(BODY_STALL_TIMEOUT, body.data()).await {
+            Ok(Some(data)) => data.map_err(|_| Failure::Abort("client reset the request body"))?,
+            Ok(None) => return Ok(whole.freeze()),
+            Err(_) => return Err(Failure::Abort("client stalled in the request body")),
+        };
+        if whole.len() + data.len() > max {
+            return Err(Failure::Answer(fleet::review::too_large()));
+        }
+        whole.extend_from_slice(&data);
+        let _ = body.flow_control().release_capacity(data.len());
+    }
 }
 
 /// The request body from the client's h2 stream, written to the member with the framing the
