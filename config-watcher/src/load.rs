@@ -238,6 +238,7 @@ pub(crate) fn resolve_gateway(
         shared_watches,
         auth,
         audit,
+        access_log,
         fairness,
     } = obj.spec;
     if listeners.is_empty() {
@@ -431,6 +432,7 @@ pub(crate) fn resolve_gateway(
         shared_watches,
         auth,
         audit,
+        access_log,
         fairness,
     })
 }
