@@ -168,6 +168,9 @@ pub struct StreamAudit {
     pub authenticated: Option<Arc<ClientIdentity>>,
     pub acting_as: Option<Arc<ClientIdentity>>,
     pub code: Option<u16>,
+    /// The verb of a fleet-view request, counted at the stream's end as one request of the
+    /// fleet view (`fleetgate_fleet_requests_total`); set whether or not the audit log is on.
+    pub fleet: Option<&'static str>,
 }
 
 /// How the response ended.
@@ -177,6 +180,21 @@ pub enum Outcome {
     Complete(u16),
     /// The exchange was cut short: the code of the response head if one was sent, and why.
     Aborted(Option<u16>, &'static str),
+}
+
+impl Outcome {
+    /// The code of the response head the client got, if any.
+    pub fn code(self) -> Option<u16> {
+        self.parts().0
+    }
+
+    /// The code the client got, and why the exchange was cut short (if it was).
+    fn parts(self) -> (Option<u16>, Option<&'static str>) {
+        match self {
+            Outcome::Complete(code) => (Some(code), None),
+            Outcome::Aborted(code, reason) => (code, Some(reason)),
+        }
+    }
 }
 
 /// One record in the channel: boxed so a slot is a pointer.
