@@ -171,7 +171,7 @@ impl EncodeMetric for HistogramOf<'_> {
 }
 
 /// Writes one family: its descriptor (`name`, `help`, `kind`), then a metric per label set.
-fn encode_family<'l, L, M>(
+pub(super) fn encode_family<'l, L, M>(
     encoder: &mut DescriptorEncoder<'_>,
     (name, help, kind): (&str, &str, MetricType),
     series: impl IntoIterator<Item = (&'l L, M)>,
@@ -284,6 +284,7 @@ impl FailureKind {
 
 /// A member cluster's reachability and failures, one for the process (by cluster name), written
 /// by whichever shard dialed or asked it.
+#[derive(Debug)]
 struct ClusterState {
     name: Arc<str>,
     /// 1: the last dial or request reached it; 0: the last one failed; -1: not asked yet.
@@ -309,14 +310,8 @@ impl ClusterState {
 
 /// Every member cluster's [`ClusterState`], by name: a new name is added under the lock (a
 /// shard's first dial or answer of that cluster, once per route id).
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct ClusterStates(Mutex<Vec<Arc<ClusterState>>>);
-
-impl std::fmt::Debug for ClusterStates {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ClusterStates")
-    }
-}
 
 impl ClusterStates {
     fn of(&self, name: &Arc<str>) -> Arc<ClusterState> {

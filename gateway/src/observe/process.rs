@@ -149,16 +149,18 @@ pub struct BuildInfo;
 
 impl Collector for BuildInfo {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let mut family = encoder.encode_descriptor(
-            "build_info",
-            "Always 1; its labels say which fleetgate release runs",
-            None,
-            MetricType::Gauge,
-        )?;
         let labels = BuildLabels {
             version: env!("CARGO_PKG_VERSION"),
         };
-        ConstGauge::new(1).encode(family.encode_family(&labels)?)
+        super::metrics::encode_family(
+            &mut encoder,
+            (
+                "build_info",
+                "Always 1; its labels say which fleetgate release runs",
+                MetricType::Gauge,
+            ),
+            [(&labels, ConstGauge::new(1))],
+        )
     }
 }
 
