@@ -325,6 +325,7 @@ pub(crate) fn resolve_gateway(
         shared_watches,
         auth,
         audit,
+        access_log,
         fairness,
     } = obj.spec;
     if listeners.is_empty() {
@@ -518,6 +519,7 @@ pub(crate) fn resolve_gateway(
         shared_watches,
         auth,
         audit,
+        access_log,
         fairness,
     })
 }

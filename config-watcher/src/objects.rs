@@ -96,6 +96,10 @@ pub struct GatewaySpec {
     /// The audit log (`audit.k8s.io/v1` Event JSON lines); off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<AuditSpec>,
+    /// The access log: one line per request (user, verb, path, cluster, code, duration, auditID)
+    /// in the gateway's own log at info, target `fleetgate::access`. Off when absent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub access_log: bool,
     /// Fair shares of the members and the gateway between users: concurrent requests, a request
     /// rate, open watches per user and per cluster, connections per client address
     /// (docs/fairness.md). Off when absent.

@@ -38,6 +38,8 @@ pub struct GatewaySettings {
     pub auth: AuthSettings,
     /// The audit log (`spec.audit`); None: off.
     pub audit: Option<AuditSettings>,
+    /// The access log (`spec.accessLog`): read when the gateway starts.
+    pub access_log: bool,
     /// `spec.fairness`, resolved (`fairness`); off (nothing limited) when absent.
     pub fairness: crate::fairness::FairnessSettings,
 }

@@ -129,6 +129,9 @@ pub(crate) struct Answer {
     pub reusable: bool,
     /// The client address's hold on a member connection, given back with the answer.
     _hold: budget::ClientHold,
+    /// A long-running answer (a watch, a followed log, an upgrade): counted open, and timed,
+    /// until the answer is dropped at the stream's end (`fleetgate_stream_duration_seconds`).
+    _stream: Option<crate::observe::metrics::StreamTimer>,
 }
 
 /// Takes `out` to its member: a pooled or new connection, the head and body, the response head
@@ -184,16 +187,28 @@ pub(crate) async fn send(
                 debug!(cluster = %cluster.name, "pooled connection was closed by the member; retrying on a new one");
                 attempt_on_fresh = true;
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                if let Failure::Answer(error) = &e {
+                    shard.shard_metrics.member_failed(cluster, error);
+                }
+                return Err(e);
+            }
         }
     };
-    shard.count_response(cluster, out.verb, response.code, out.started);
+    let stream = shard.shard_metrics.member_answered(
+        cluster,
+        out.verb,
+        response.code,
+        out.started,
+        out.long_running || out.upgrade,
+    );
     if out.upgrade && response.code == 101 {
         return Ok(Answer {
             conn,
             body: BodyKind::Empty,
             reusable: false,
             _hold: hold,
+            _stream: stream,
         });
     }
     let method: &[u8] = if out.head_method { b"HEAD" } else { b"GET" };
@@ -207,6 +222,7 @@ pub(crate) async fn send(
         body,
         reusable,
         _hold: hold,
+        _stream: stream,
     })
 }
 
@@ -294,7 +310,8 @@ async fn open(
     timeout: Duration,
     shard: &ShardContext,
 ) -> Result<UpstreamConn, GatewayError> {
-    let mut conn = connect(cluster, service, timeout, &shard.shard_metrics).await?;
+    let dialed = connect(cluster, service, timeout, &shard.shard_metrics).await;
+    let mut conn = shard.shard_metrics.dialed(cluster, dialed)?;
     if cluster.mode != ConnectMode::Tunnel {
         conn.socket = Some(shard.sockets.hold(shard.shard));
     }

@@ -14,6 +14,13 @@
 //! On SIGHUP (`serve`) the writer reopens the configured path ([`AuditLog::reopen`]): a log
 //! rotator renames the file, signals, and the next lines go to a new file at the path, as with
 //! nginx or kube-apiserver's own rotation. Lines already queued are flushed to the old file first.
+//!
+//! The same records make the access log (the Gateway's `spec.accessLog`): the writer thread
+//! turns each into one `tracing` event at info, target `fleetgate::access`, with the user, verb,
+//! path (without the query), cluster, code, duration and the auditID of the matching audit event,
+//! so it comes out wherever and however the process logs (text or JSON). A record holds no
+//! credential (the identity is the user's name, groups and extras), so neither log can print one.
+//! With the access log on and `spec.audit` off, the queue and writer run with no file.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -168,6 +175,9 @@ pub struct StreamAudit {
     pub authenticated: Option<Arc<ClientIdentity>>,
     pub acting_as: Option<Arc<ClientIdentity>>,
     pub code: Option<u16>,
+    /// The verb of a fleet-view request, counted at the stream's end as one request of the
+    /// fleet view (`fleetgate_fleet_requests_total`); set whether or not the audit log is on.
+    pub fleet: Option<&'static str>,
 }
 
 /// How the response ended.
@@ -177,6 +187,21 @@ pub enum Outcome {
     Complete(u16),
     /// The exchange was cut short: the code of the response head if one was sent, and why.
     Aborted(Option<u16>, &'static str),
+}
+
+impl Outcome {
+    /// The code of the response head the client got, if any.
+    pub fn code(self) -> Option<u16> {
+        self.parts().0
+    }
+
+    /// The code the client got, and why the exchange was cut short (if it was).
+    fn parts(self) -> (Option<u16>, Option<&'static str>) {
+        match self {
+            Outcome::Complete(code) => (Some(code), None),
+            Outcome::Aborted(code, reason) => (code, Some(reason)),
+        }
+    }
 }
 
 /// One record in the channel: boxed so a slot is a pointer.
@@ -224,37 +249,38 @@ pub enum AuditError {
 }
 
 impl AuditLog {
-    /// Opens `path` for appending (created 0600 if missing: the log names users) and starts the
-    /// writer thread. `queue` records may wait for it; beyond that they are dropped and counted
-    /// (`fleetgate_audit_events_dropped`; `fleetgate_audit_events` counts lines written).
-    pub fn start(path: &Path, queue: usize, metrics: &Metrics) -> Result<AuditLog, AuditError> {
+    /// Opens `path` (the audit log, when there is one) for appending (created 0600 if missing:
+    /// the log names users) and starts the writer thread, which also writes the access log when
+    /// `access_log`. `queue` records may wait for it; beyond that they are dropped and counted
+    /// (`fleetgate_audit_events_dropped`; `fleetgate_audit_events` counts lines written to the
+    /// file).
+    pub fn start(
+        path: Option<&Path>,
+        access_log: bool,
+        queue: usize,
+        metrics: &Metrics,
+    ) -> Result<AuditLog, AuditError> {
         let dropped = metrics.audit_events_dropped.clone();
-        let written = metrics.audit_events.clone();
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|source| AuditError::Open {
-                path: path.to_path_buf(),
-                source,
-            })?;
-        }
-        let file = open_log(path).map_err(|source| AuditError::Open {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let file = match path {
+            None => None,
+            Some(path) => Some(AuditFile::open(path, metrics.audit_events.clone())?),
+        };
         let (sender, receiver) = mpsc::sync_channel(queue.max(1));
         let writer = Writer {
-            out: BufWriter::with_capacity(64 * 1024, file),
-            path: path.to_path_buf(),
-            written,
+            file,
+            access_log,
             line: Vec::with_capacity(1024),
             flush_by: None,
-            failing: false,
             ids: AuditIds::seeded(),
         };
         std::thread::Builder::new()
             .name("fleetgate-audit".into())
             .spawn(move || writer.run(receiver))
             .map_err(AuditError::Thread)?;
-        info!(path = %path.display(), queue, "audit log open");
+        match path {
+            Some(path) => info!(path = %path.display(), queue, access_log, "audit log open"),
+            None => info!(queue, "access log on (target fleetgate::access)"),
+        }
         Ok(AuditLog { sender, dropped })
     }
 
@@ -321,16 +347,85 @@ fn open_log(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
-/// The writer thread's state.
-struct Writer {
+/// The audit log's file, as the writer thread holds it.
+struct AuditFile {
     out: BufWriter<File>,
     path: PathBuf,
     written: Counter,
-    line: Vec<u8>,
-    /// Set while lines sit in the buffer: when they must reach the file at the latest.
-    flush_by: Option<Instant>,
     /// A write failed (logged once until one succeeds again).
     failing: bool,
+}
+
+impl AuditFile {
+    fn open(path: &Path, written: Counter) -> Result<AuditFile, AuditError> {
+        let error = |source| AuditError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(error)?;
+        }
+        let file = open_log(path).map_err(error)?;
+        Ok(AuditFile {
+            out: BufWriter::with_capacity(64 * 1024, file),
+            path: path.to_path_buf(),
+            written,
+            failing: false,
+        })
+    }
+
+    fn write(&mut self, line: &[u8]) {
+        match self.out.write_all(line) {
+            Ok(()) => {
+                self.written.inc();
+                self.failing = false;
+            }
+            Err(error) => {
+                if !self.failing {
+                    warn!(path = %self.path.display(), %error, "audit log write failed");
+                }
+                self.failing = true;
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Err(error) = self.out.flush() {
+            if !self.failing {
+                warn!(path = %self.path.display(), %error, "audit log flush failed");
+            }
+            self.failing = true;
+        }
+    }
+
+    /// Flushes, then opens the path again (a rotator renamed the file); keeps the old file when
+    /// the path cannot be opened.
+    fn reopen(&mut self) {
+        self.flush();
+        match open_log(&self.path) {
+            Ok(file) => {
+                self.out = BufWriter::with_capacity(64 * 1024, file);
+                self.failing = false;
+                info!(path = %self.path.display(), "audit log reopened");
+            }
+            Err(error) => warn!(
+                path = %self.path.display(),
+                %error,
+                "audit log could not be reopened; writing on to the file already open"
+            ),
+        }
+    }
+}
+
+/// The writer thread's state.
+struct Writer {
+    /// The audit log's file (`spec.audit`), if any.
+    file: Option<AuditFile>,
+    /// Whether each record also becomes an access-log line (`spec.accessLog`).
+    access_log: bool,
+    line: Vec<u8>,
+    /// Set while lines sit in the file's buffer: when they must reach the file at the latest.
+    flush_by: Option<Instant>,
     ids: AuditIds,
 }
 
@@ -380,40 +475,30 @@ impl Writer {
     fn handle(&mut self, message: Message) {
         match message {
             Message::Record(record) => {
-                self.line.clear();
-                self.serialize(&record);
-                match self.out.write_all(&self.line) {
-                    Ok(()) => {
-                        self.written.inc();
-                        self.failing = false;
-                    }
-                    Err(error) => {
-                        if !self.failing {
-                            warn!(path = %self.path.display(), %error, "audit log write failed");
-                        }
-                        self.failing = true;
-                    }
+                // One ID for the event and its access-log line, so either finds the other.
+                let audit_id = self.ids.next_id();
+                if let Some(file) = &mut self.file {
+                    self.line.clear();
+                    let event = event(&record, audit_id);
+                    // Serializing plain strings and numbers cannot fail.
+                    let _ = serde_json::to_writer(&mut self.line, &event);
+                    self.line.push(b'\n');
+                    file.write(&self.line);
+                    self.flush_by
+                        .get_or_insert_with(|| Instant::now() + FLUSH_INTERVAL);
                 }
-                self.flush_by
-                    .get_or_insert_with(|| Instant::now() + FLUSH_INTERVAL);
+                if self.access_log {
+                    access_line(&record, audit_id);
+                }
             }
             Message::Flush(ack) => {
                 self.flush();
                 let _ = ack.send(());
             }
             Message::Reopen(ack) => {
-                self.flush();
-                match open_log(&self.path) {
-                    Ok(file) => {
-                        self.out = BufWriter::with_capacity(64 * 1024, file);
-                        self.failing = false;
-                        info!(path = %self.path.display(), "audit log reopened");
-                    }
-                    Err(error) => warn!(
-                        path = %self.path.display(),
-                        %error,
-                        "audit log could not be reopened; writing on to the file already open"
-                    ),
+                self.flush_by = None;
+                if let Some(file) = &mut self.file {
+                    file.reopen();
                 }
                 let _ = ack.send(());
             }
@@ -422,20 +507,42 @@ impl Writer {
 
     fn flush(&mut self) {
         self.flush_by = None;
-        if let Err(error) = self.out.flush() {
-            if !self.failing {
-                warn!(path = %self.path.display(), %error, "audit log flush failed");
-            }
-            self.failing = true;
+        if let Some(file) = &mut self.file {
+            file.flush();
         }
     }
+}
 
-    fn serialize(&mut self, record: &Record) {
-        let event = event(record, self.ids.next_id());
-        // Serializing plain strings and numbers cannot fail.
-        let _ = serde_json::to_writer(&mut self.line, &event);
-        self.line.push(b'\n');
-    }
+/// The access-log line of a record: one `tracing` event at info, target `fleetgate::access`,
+/// its fields structured (so a JSON log has them as JSON fields). The path is written without
+/// its query (which the audit log keeps, as kube-apiserver's does).
+fn access_line(record: &Record, audit_id: uuid::Uuid) {
+    let request = &record.request;
+    let (cluster, verb) = cluster_and_verb(request);
+    let (code, aborted) = record.outcome.parts();
+    let path = request
+        .target
+        .split_once('?')
+        .map_or(request.target.as_str(), |(path, _)| path);
+    let user = request
+        .user
+        .as_deref()
+        .map_or(UserInfo::UNAUTHENTICATED.username, |u| u.user.as_str());
+    info!(
+        target: "fleetgate::access",
+        user,
+        impersonated = request.impersonated.as_deref().map(|u| u.user.as_str()),
+        verb,
+        method = %request.method,
+        path,
+        cluster,
+        code,
+        duration_ms = record.latency.as_micros() as f64 / 1000.0,
+        source = %request.source_ip,
+        audit_id = %audit_id,
+        aborted,
+        "request"
+    );
 }
 
 /// Audit IDs: random (version 4) UUIDs from a SplitMix64 stream seeded once from the OS, so an
@@ -588,36 +695,37 @@ struct Annotations<'a> {
     aborted: Option<&'static str>,
 }
 
-fn event(record: &Record, audit_id: uuid::Uuid) -> Event<'_> {
-    let request = &record.request;
-    let (cluster, verb, object_ref) = match &request.classified {
-        Some(classified) => {
-            let text = |span: &std::ops::Range<usize>| {
-                request.target.get(span.clone()).unwrap_or("").to_string()
-            };
-            let object_ref = classified.object.as_ref().map(|spans| ObjectRef {
-                resource: text(&spans[0]),
-                namespace: text(&spans[1]),
-                name: text(&spans[2]),
-                api_group: text(&spans[3]),
-                api_version: text(&spans[4]),
-                subresource: text(&spans[5]),
-            });
-            let cluster = if classified.fleet {
-                Some("fleet")
-            } else {
-                request.target.get(classified.cluster.clone())
-            };
-            (cluster, classified.verb, object_ref)
-        }
+/// The cluster a request was for (`fleet` for the fleet view's) and its verb.
+fn cluster_and_verb(request: &AuditRequest) -> (Option<&str>, &'static str) {
+    match &request.classified {
+        Some(classified) if classified.fleet => (Some("fleet"), classified.verb),
+        Some(classified) => (
+            request.target.get(classified.cluster.clone()),
+            classified.verb,
+        ),
         // Refused before it was routed: kube-apiserver's verb for a non-resource request, the
         // method.
-        None => (None, non_resource_verb(&request.method), None),
-    };
-    let (code, aborted) = match record.outcome {
-        Outcome::Complete(code) => (Some(code), None),
-        Outcome::Aborted(code, reason) => (code, Some(reason)),
-    };
+        None => (None, non_resource_verb(&request.method)),
+    }
+}
+
+fn event(record: &Record, audit_id: uuid::Uuid) -> Event<'_> {
+    let request = &record.request;
+    let (cluster, verb) = cluster_and_verb(request);
+    let object_ref = request.classified.as_ref().and_then(|classified| {
+        let text = |span: &std::ops::Range<usize>| {
+            request.target.get(span.clone()).unwrap_or("").to_string()
+        };
+        classified.object.as_ref().map(|spans| ObjectRef {
+            resource: text(&spans[0]),
+            namespace: text(&spans[1]),
+            name: text(&spans[2]),
+            api_group: text(&spans[3]),
+            api_version: text(&spans[4]),
+            subresource: text(&spans[5]),
+        })
+    });
+    let (code, aborted) = record.outcome.parts();
     Event {
         kind: "Event",
         api_version: "audit.k8s.io/v1",
@@ -848,6 +956,96 @@ mod tests {
             assert_eq!(id.get_version_num(), 4);
             assert!(seen.insert(id));
         }
+    }
+
+    /// What `tracing` wrote while `f` ran, as the gateway's text log would have it.
+    // A test's capture, not the data path (clippy.toml): the subscriber's writer is shared.
+    #[allow(clippy::disallowed_types)]
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl Write for Captured {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = captured.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn the_access_line_names_the_request_and_its_audit_id_and_no_query() {
+        let target = "/clusters/member1/api/v1/namespaces/default/pods?limit=500&token=secret";
+        let mut request = AuditRequest {
+            method: http::Method::GET,
+            target: target.into(),
+            user_agent: Some("kubectl/v1.32.0".into()),
+            user: Some(Arc::new({
+                let mut alice = ClientIdentity::anonymous();
+                alice.user = "alice".into();
+                alice
+            })),
+            impersonated: None,
+            source_ip: "127.0.0.1".parse().unwrap(),
+            classified: None,
+        };
+        request.classified = Some(Classified::new(
+            &target[10..17],
+            &RequestInfo::parse(b"GET", &target.as_bytes()[17..48], b"limit=500"),
+            target.as_bytes(),
+        ));
+        let record = Record {
+            request,
+            received: SystemTime::now(),
+            latency: Duration::from_micros(4231),
+            outcome: Outcome::Complete(200),
+        };
+        let id = uuid::Uuid::new_v4();
+        let line = logged(|| access_line(&record, id));
+        assert!(line.contains(" INFO fleetgate::access: request"), "{line}");
+        for field in [
+            "user=\"alice\"",
+            "verb=\"list\"",
+            "path=\"/clusters/member1/api/v1/namespaces/default/pods\"",
+            "cluster=\"member1\"",
+            "code=200",
+            "duration_ms=4.231",
+            "source=127.0.0.1",
+        ] {
+            assert!(line.contains(field), "{field} missing: {line}");
+        }
+        assert!(line.contains(&format!("audit_id={id}")), "{line}");
+        assert!(!line.contains("secret"), "{line}");
+        assert!(!line.contains("aborted"), "{line}");
+        // Refused before routing, cut short: no cluster, the anonymous user, why it was cut.
+        let record = Record {
+            request: AuditRequest {
+                classified: None,
+                user: None,
+                ..record.request
+            },
+            outcome: Outcome::Aborted(None, "client went away"),
+            ..record
+        };
+        let line = logged(|| access_line(&record, id));
+        assert!(line.contains("user=\"system:anonymous\""), "{line}");
+        assert!(line.contains("verb=\"get\""), "{line}");
+        assert!(line.contains("aborted=\"client went away\""), "{line}");
+        assert!(
+            !line.contains("cluster=") && !line.contains("code="),
+            "{line}"
+        );
     }
 
     #[test]

@@ -338,6 +338,8 @@ where
                 Err(Failure::Answer(error)) => {
                     // No owner (404), several (409), or some could not be asked (503): answered
                     // and audited as any refusal, the request classified as the fleet view's.
+                    ctx.shard_metrics
+                        .fleet_answered(fleet.verb, Some(error.code_and_reason().0));
                     let classified = Classified::fleet(&fleet.info, head.target());
                     let answer = Refusal {
                         error: &error,
@@ -686,10 +688,12 @@ where
 {
     let _stream = ctx.shard_metrics.stream_opened();
     let chunked = head.minor_version > 0;
-    let (info, members) = match &work {
-        FleetWork::Merged(fleet) | FleetWork::Object(fleet, _) => (&fleet.info, &fleet.members),
-        FleetWork::Discovery(discovery) => (&discovery.info, &discovery.members),
-        FleetWork::Review(review, _) => (&review.info, &review.members),
+    let (info, members, verb) = match &work {
+        FleetWork::Merged(fleet) | FleetWork::Object(fleet, _) => {
+            (&fleet.info, &fleet.members, fleet.verb)
+        }
+        FleetWork::Discovery(discovery) => (&discovery.info, &discovery.members, discovery.verb),
+        FleetWork::Review(review, _) => (&review.info, &review.members, review.verb),
     };
     let watch = info.verb == fleetgate_config_watcher::request_info::KubeVerb::Watch;
     // A watch's connection closes after it: the client's bytes meanwhile were not kept. That is
@@ -737,6 +741,8 @@ where
     let (outcome, next) = match result {
         // Refused before anything went out (a bad limit or continue token, an expired one).
         Err(Failure::Answer(error)) if !head_sent => {
+            ctx.shard_metrics
+                .fleet_answered(verb, Some(error.code_and_reason().0));
             let refusal = Refusal {
                 error: &error,
                 counted: None,
@@ -752,6 +758,7 @@ where
             Next::Close,
         ),
     };
+    ctx.shard_metrics.fleet_answered(verb, outcome.code());
     audit_response(ctx, head, peer, audited, answer.started, outcome);
     next
 }

@@ -51,7 +51,8 @@ pub struct RunningGateway {
     pub workers: usize,
     /// Begin a graceful shutdown with `shutdown.begin()`; `shutdown.all_closed()` says when it is done.
     pub shutdown: Arc<Shutdown>,
-    /// The audit log, when the Gateway has `spec.audit`: flushed once the drain is over.
+    /// The audit log's writer, when the Gateway has `spec.audit` or `spec.accessLog`: flushed
+    /// once the drain is over.
     pub audit: Option<crate::observe::audit::AuditLog>,
 }
 
@@ -161,12 +162,20 @@ pub fn start_with_reload(
         }
         None => None,
     };
-    let audit = match &gateway.audit {
-        Some(audit) => Some(
-            crate::observe::audit::AuditLog::start(&audit.path, audit.queue, &metrics)
-                .context("starting the audit log")?,
+    // One writer serves the audit log (`spec.audit`) and the access log (`spec.accessLog`).
+    let audit = match (&gateway.audit, gateway.access_log) {
+        (None, false) => None,
+        (audit, access_log) => Some(
+            crate::observe::audit::AuditLog::start(
+                audit.as_ref().map(|a| a.path.as_path()),
+                access_log,
+                audit
+                    .as_ref()
+                    .map_or(crate::observe::audit::DEFAULT_QUEUE, |a| a.queue),
+                &metrics,
+            )
+            .context("starting the audit log")?,
         ),
-        None => None,
     };
     let (started_tx, started_rx) = mpsc::channel();
     let shared = SharedState {

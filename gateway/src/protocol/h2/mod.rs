@@ -288,6 +288,7 @@ fn serve_stream(
                 authenticated: audit_user.clone(),
                 acting_as: audit_user,
                 code: None,
+                fleet: None,
             },
             audit_request,
             started,
@@ -393,6 +394,10 @@ impl StreamEnd {
             }
             Err(Failure::Abort(reason)) => Some(Outcome::Aborted(audit.code, reason)),
         };
+        if let Some(verb) = audit.fleet {
+            ctx.shard_metrics
+                .fleet_answered(verb, outcome.and_then(Outcome::code));
+        }
         match proxied {
             Ok(()) => {}
             Err(Failure::Answer(err)) => {
@@ -527,8 +532,9 @@ async fn proxy_stream(
     let proxied = match decided {
         Ok(Decision::Proxy(proxied)) => proxied,
         Ok(Decision::FleetNamed(fleet)) => {
-            // A refusal of the owner lookup (404, 409, 503) is audited as the fleet view's;
-            // once the owner is found the request is classified as an ordinary one below.
+            // A refusal of the owner lookup (404, 409, 503) is audited and counted as the fleet
+            // view's; once the owner is found the request is an ordinary one below.
+            audit.fleet = Some(fleet.verb);
             if ctx.audit.is_some() {
                 audit_fleet(audit, &fleet.info, &fleet.members, target);
             }
@@ -536,22 +542,22 @@ async fn proxy_stream(
             let owner = Box::pin(fleet::owner::find(ctx, &fleet, &client_request)).await?;
             if let Some(object) = owner.object {
                 // A plain GET: answered with the owner's object from the lookup, stamped.
-                if ctx.audit.is_some() {
-                    audit.code = Some(200);
-                }
+                audit.code = Some(200);
                 let mut client = FleetStream {
                     respond: &mut *respond,
                     send: None,
                 };
                 return answered(fleet::owner::answer(&mut client, object).await);
             }
+            audit.fleet = None;
             fleet.into_owner(owner.index)
         }
         Ok(Decision::Fleet(fleet)) => {
+            // One audit event, and one count, for the whole LIST, its cluster `fleet`.
+            audit.fleet = Some(fleet.verb);
+            audit.code = Some(200);
             if ctx.audit.is_some() {
-                // One audit event for the whole LIST, its cluster `fleet`.
                 audit_fleet(audit, &fleet.info, &fleet.members, target);
-                audit.code = Some(200);
             }
             let client_request = fleet_request();
             let mut client = FleetStream {
@@ -583,9 +589,10 @@ async fn proxy_stream(
             return answered(Box::pin(serving).await);
         }
         Ok(Decision::FleetDiscovery(discovery)) => {
+            audit.fleet = Some(discovery.verb);
+            audit.code = Some(200);
             if ctx.audit.is_some() {
                 audit_fleet(audit, &discovery.info, &discovery.members, target);
-                audit.code = Some(200);
             }
             let client_request = fleet_request();
             let mut client = FleetStream {
