@@ -53,15 +53,27 @@ fn member_field(fleet: &Fleet, member: &str, key: &str) -> String {
         .to_owned()
 }
 
+/// `kubectl wait` until the CRDs are established in the management cluster.
+fn wait_established(fleet: &Fleet, crds: &[&str]) {
+    let mut args = vec!["wait", "--for", "condition=established", "--timeout=10s"];
+    args.extend_from_slice(crds);
+    management(fleet, &args);
+}
+
 /// A member's credentials as the walkthrough stores them: a Secret in `fleetgate` with its
 /// token and the fleet's CA.
 fn credentials_secret(fleet: &Fleet, name: &str, token: &str) {
+    credentials_secret_in(fleet, "fleetgate", name, token);
+}
+
+/// Such a Secret in `namespace`.
+fn credentials_secret_in(fleet: &Fleet, namespace: &str, name: &str, token: &str) {
     let ca = fleet.fleet_path("pki/fleet-ca.crt");
     management(
         fleet,
         &[
             "-n",
-            "fleetgate",
+            namespace,
             "create",
             "secret",
             "generic",
@@ -83,13 +95,9 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
     let overlay = deploy_path("overlays/example");
     let out = management(&fleet, &["apply", "-k", overlay.to_str().unwrap()]);
     assert!(out.contains("deployment.apps/fleetgate created"), "{out}");
-    management(
+    wait_established(
         &fleet,
         &[
-            "wait",
-            "--for",
-            "condition=established",
-            "--timeout=10s",
             "crd/clusters.fleetgate.io",
             "crd/accesspolicies.fleetgate.io",
         ],
@@ -449,4 +457,70 @@ fn agents_outside_the_cluster_reach_each_replica_through_its_node() {
     );
     let args = pod["containers"][0]["args"].to_string();
     assert!(args.contains("--tunnel-listen=0.0.0.0:8132"), "{args}");
+}
+
+#[test]
+fn without_secrets_namespace_secrets_are_read_in_the_namespace_of_the_management_context() {
+    let mut fleet = Fleet::sim(2, 0);
+    let crds = deploy_path("base/crds.yaml");
+    management(&fleet, &["apply", "-f", crds.to_str().unwrap()]);
+    wait_established(&fleet, &["crd/clusters.fleetgate.io"]);
+    management(&fleet, &["create", "namespace", "team-a"]);
+    credentials_secret_in(
+        &fleet,
+        "team-a",
+        "member2-credentials",
+        &member_field(&fleet, "member2", "token"),
+    );
+    // A secretRef without a namespace.
+    let cluster = fleet.path("member2-cluster.yaml");
+    std::fs::write(
+        &cluster,
+        format!("apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {{name: member2}}\nspec:\n  server: {}\n  credentials: {{secretRef: {{name: member2-credentials}}}}\n", member_field(&fleet, "member2", "server")),
+    )
+    .unwrap();
+    management(&fleet, &["apply", "-f", cluster.to_str().unwrap()]);
+
+    // The management kubeconfig's context names team-a; no --secrets-namespace.
+    let kubeconfig = fleet.path("management.kubeconfig");
+    std::fs::copy(fleet.fleet_path("kubeconfig"), &kubeconfig).unwrap();
+    let kubeconfig = kubeconfig.to_str().unwrap();
+    run(
+        Path::new("kubectl"),
+        &[
+            "config",
+            "--kubeconfig",
+            kubeconfig,
+            "set-context",
+            "member1",
+            "--namespace=team-a",
+        ],
+    );
+    std::fs::create_dir(fleet.path("gateway")).unwrap();
+    let gateway = fleet.path("gateway/gateway.yaml");
+    std::fs::write(
+        &gateway,
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata: {name: fleetgate}\nspec:\n  listeners: [{name: http, address: 127.0.0.1:0, tls: false}]\n  admin: {address: 127.0.0.1:0}\n",
+    )
+    .unwrap();
+    fleet.serve_config(
+        &gateway,
+        &[
+            "--workers",
+            "1",
+            "--management-kubeconfig",
+            kubeconfig,
+            "--management-context",
+            "member1",
+        ],
+        Some("info"),
+    );
+    wait_for_ready(&fleet, "clusters.fleetgate.io", "member2", "True");
+    assert!(
+        fleet.log().contains(
+            "reading the Secrets that Clusters reference in this namespace only namespace=team-a"
+        ),
+        "{}",
+        fleet.log_tail(20)
+    );
 }
