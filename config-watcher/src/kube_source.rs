@@ -415,15 +415,11 @@ async fn follow(
                         if failing {
                             failing = false;
                             status.set_source_problem(&check, None);
-                            info!(?kind, "Kubernetes API watch recovered");
+                            info!(kind = %kind.resource_name(), "Kubernetes API watch recovered");
                         }
                         if absent {
                             absent = false;
-                            info!(
-                                ?kind,
-                                "the management cluster serves {} now",
-                                kind.resource_name()
-                            );
+                            info!("the management cluster serves {} now", kind.resource_name());
                         }
                         if tx.send((kind, Update::Event(Box::new(event)))).is_err() {
                             return;
@@ -438,7 +434,6 @@ async fn follow(
                         } else {
                             absent = true;
                             info!(
-                                ?kind,
                                 "the management cluster does not serve {}: none are read until its CRD is installed",
                                 kind.resource_name()
                             );
@@ -465,7 +460,7 @@ async fn follow(
                         } else {
                             format!("watching {} failed: {error}", kind.resource_name())
                         };
-                        warn!(?kind, %error, missing, "Kubernetes API watch failed; retrying");
+                        warn!(kind = %kind.resource_name(), %error, missing, "Kubernetes API watch failed; retrying");
                         failing = true;
                         status.set_source_problem(&check, Some(reason));
                         if missing && tx.send((kind, Update::Missing)).is_err() {
@@ -516,7 +511,7 @@ async fn follow(
             dirty = false;
             if !first_published {
                 first_published = true;
-                info!(kinds = ?kinds, "Kubernetes API source: initial lists done");
+                info!(kinds = %kinds.iter().map(|k| k.resource_name()).collect::<Vec<_>>().join(","), "Kubernetes API source: initial lists done");
             }
             let loaded = build_objects(&objects, &options);
             publisher.publish(crate::reload::API_SOURCE, Ok(loaded));
@@ -624,7 +619,7 @@ async fn write_conditions(client: &kube::Client, objects: &Objects, publisher: &
                 other => other.map(|_| ()),
             };
             if let Err(error) = written {
-                warn!(?kind, object = name, %error, "cannot write the Ready condition");
+                warn!(kind = %kind.resource_name(), object = name, %error, "cannot write the Ready condition");
             }
         }
     }

@@ -1,5 +1,5 @@
-//! The `fleetgate` binary: parses the command line, sets up logging to stderr and runs a command
-//! from the library. Thin on purpose.
+//! The `fleetgate` binary: parses the command line, sets up logging to stderr (`cli::logging`),
+//! runs a command from the library and reports its error, if any, as one line. Thin on purpose.
 
 use clap::{Parser, Subcommand};
 
@@ -15,6 +15,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: fleetgate::cli::logging::LogArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -31,21 +33,21 @@ enum Command {
     Agent(fleetgate::cli::agent::AgentArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    // Colours only on a terminal: a log written to a file stays greppable (`peer=ADDR`).
-    tracing_subscriber::fmt()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    match Cli::parse().command {
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    cli.log.init();
+    let result = match cli.command {
         Command::Serve(args) => fleetgate::cli::serve::run(args),
-        Command::Demo(args) => fleetgate::cli::demo::run(args),
+        Command::Demo(args) => fleetgate::cli::demo::run(args, &cli.log),
         Command::Certs(args) => fleetgate::cli::certs::run(args),
         Command::Kubeconfig(args) => fleetgate::cli::kubeconfig::run(args),
         Command::Agent(args) => fleetgate::cli::agent::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            cli.log.report_error(&error);
+            std::process::ExitCode::FAILURE
+        }
     }
 }

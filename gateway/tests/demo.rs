@@ -38,16 +38,15 @@ fn demo_command(dir: &std::path::Path, extra: &[&str]) -> Command {
     command
 }
 
-/// `fleetgate demo` in `dir`, and its ready line once printed (the demo's readiness signal,
-/// bounded by the process itself); its later output is drained. Killed when the test ends however
-/// it ends: a failed assertion never leaves a fleet and a gateway running.
-fn start_demo(dir: &std::path::Path, workers: &str) -> (KillOnDrop, String) {
-    let mut demo = KillOnDrop(
-        demo_command(dir, &["--workers", workers])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+/// `fleetgate demo` in `dir` with `env`, its stderr (and its children's) in `dir/demo.log`, and
+/// its ready line once printed (the demo's readiness signal, bounded by the process itself); its
+/// later output is drained. Killed when the test ends however it ends: a failed assertion never
+/// leaves a fleet and a gateway running.
+fn start_demo(dir: &std::path::Path, workers: &str, env: &[(&str, &str)]) -> (KillOnDrop, String) {
+    let log = std::fs::File::create(dir.join("demo.log")).unwrap();
+    let mut command = demo_command(dir, &["--workers", workers]);
+    command.envs(env.iter().copied()).stderr(log);
+    let mut demo = KillOnDrop(command.spawn().unwrap());
     let mut lines = BufReader::new(demo.0.stdout.take().unwrap()).lines();
     let ready = lines
         .by_ref()
@@ -61,11 +60,30 @@ fn start_demo(dir: &std::path::Path, workers: &str) -> (KillOnDrop, String) {
 #[test]
 fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut demo, ready) = start_demo(dir.path(), "1");
+    // A developer's RUST_LOG for fleetgate: it must not reach the simulated fleet (whose crate,
+    // fleetgate_loadtest, the directive `fleetgate` covers too) and flood the terminal.
+    let (mut demo, ready) = start_demo(dir.path(), "1", &[("RUST_LOG", "fleetgate=debug")]);
     assert!(ready.contains("https://127.0.0.1:"), "{ready}");
+    // The admin listener is named, and answers; no pull-mode clause without pull-mode members.
+    let admin = ready
+        .split_once("admin (/metrics, /readyz) at http://")
+        .and_then(|(_, rest)| rest.split(';').next())
+        .unwrap_or_else(|| panic!("no admin URL in {ready:?}"));
+    let readyz = support::fleet::admin_get(admin.parse().unwrap(), "/readyz");
+    assert!(readyz.starts_with("HTTP/1.1 200"), "{readyz}");
+    assert!(!ready.contains("pull-mode"), "{ready}");
 
     let kubeconfig = dir.path().join("kubeconfig");
     let cache = dir.path().join("kube-cache");
+    // The kubeconfigs hold the admin (system:masters) key: the owner's only.
+    for file in ["kubeconfig", "direct.kubeconfig", "gateway.kubeconfig"] {
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(dir.path().join(file))
+                .unwrap()
+                .permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "{file}");
+    }
     let config = std::fs::read_to_string(&kubeconfig).unwrap();
     assert!(
         !config.contains("127.0.0.1:0/"),
@@ -198,6 +216,18 @@ fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
         !after.status.success(),
         "the gateway is gone after the demo stops"
     );
+    // The gateway logged at debug, as asked; the simulated fleet did not (each request it
+    // answered would have been a `fleetgate_loadtest::sim::api` debug line).
+    let log = std::fs::read_to_string(dir.path().join("demo.log")).unwrap();
+    assert!(
+        log.contains("DEBUG"),
+        "RUST_LOG reached the gateway:\n{log}"
+    );
+    let sim_debug: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("DEBUG") && l.contains("fleetgate_loadtest"))
+        .collect();
+    assert!(sim_debug.is_empty(), "{sim_debug:#?}");
 }
 
 /// `fleetgate_sim_open_watches{resource=...}` of a member, read from it directly (the demo's
@@ -223,7 +253,7 @@ fn the_demos_twenty_kubectl_watches_cost_each_member_one_watch() {
     // one watch of configmaps, however many shards their connections land on.
     const PER_MEMBER: usize = 10;
     let dir = tempfile::tempdir().unwrap();
-    let (mut demo, _) = start_demo(dir.path(), "2");
+    let (mut demo, _) = start_demo(dir.path(), "2", &[]);
     let kubeconfig = dir.path().join("kubeconfig");
     let direct = dir.path().join("direct.kubeconfig");
     let cache = dir.path().join("kube-cache");

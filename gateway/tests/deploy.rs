@@ -53,15 +53,27 @@ fn member_field(fleet: &Fleet, member: &str, key: &str) -> String {
         .to_owned()
 }
 
+/// `kubectl wait` until the CRDs are established in the management cluster.
+fn wait_established(fleet: &Fleet, crds: &[&str]) {
+    let mut args = vec!["wait", "--for", "condition=established", "--timeout=10s"];
+    args.extend_from_slice(crds);
+    management(fleet, &args);
+}
+
 /// A member's credentials as the walkthrough stores them: a Secret in `fleetgate` with its
 /// token and the fleet's CA.
 fn credentials_secret(fleet: &Fleet, name: &str, token: &str) {
+    credentials_secret_in(fleet, "fleetgate", name, token);
+}
+
+/// Such a Secret in `namespace`.
+fn credentials_secret_in(fleet: &Fleet, namespace: &str, name: &str, token: &str) {
     let ca = fleet.fleet_path("pki/fleet-ca.crt");
     management(
         fleet,
         &[
             "-n",
-            "fleetgate",
+            namespace,
             "create",
             "secret",
             "generic",
@@ -83,13 +95,9 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
     let overlay = deploy_path("overlays/example");
     let out = management(&fleet, &["apply", "-k", overlay.to_str().unwrap()]);
     assert!(out.contains("deployment.apps/fleetgate created"), "{out}");
-    management(
+    wait_established(
         &fleet,
         &[
-            "wait",
-            "--for",
-            "condition=established",
-            "--timeout=10s",
             "crd/clusters.fleetgate.io",
             "crd/accesspolicies.fleetgate.io",
         ],
@@ -209,6 +217,22 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
     // The Cluster object says it is served.
     wait_for_ready(&fleet, "clusters.fleetgate.io", "member2", "True");
     wait_for_ready(&fleet, "accesspolicies", "platform-admins", "True");
+    // ... and `kubectl get clusters.fleetgate.io` shows it, with the columns the CRD gives.
+    let table = printed_columns(&fleet, "clusters.fleetgate.io");
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "SERVER", "MODE", "READY", "AGE"],
+        "{table}"
+    );
+    let row: Vec<&str> = table
+        .lines()
+        .find(|l| l.starts_with("member2 "))
+        .unwrap_or_else(|| panic!("{table}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[1], member_field(&fleet, "member2", "server"), "{table}");
+    assert_eq!(row[3], "True", "{table}");
 
     // A secretRef without a namespace names a Secret where the gateway reads them (fleetgate).
     credentials_secret(
@@ -265,6 +289,30 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
     );
 }
 
+/// What `kubectl get RESOURCE` prints with the CRD's printer columns (the default ones, not
+/// `-o wide`'s). The simulated management cluster does not print CRD columns itself, so they are
+/// read from the CRD it holds and given to kubectl as `custom-columns`, which evaluates each
+/// column's JSONPath on the objects as the API server would.
+fn printed_columns(fleet: &Fleet, resource: &str) -> String {
+    let crd: serde_json::Value =
+        serde_json::from_str(&management(fleet, &["get", "crd", resource, "-o", "json"])).unwrap();
+    let columns: Vec<String> = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{resource} has no printer columns"))
+        .iter()
+        .filter(|c| c["priority"].as_i64().unwrap_or(0) == 0)
+        .map(|c| {
+            format!(
+                "{}:{}",
+                c["name"].as_str().unwrap().to_uppercase(),
+                c["jsonPath"].as_str().unwrap()
+            )
+        })
+        .collect();
+    let spec = format!("custom-columns=NAME:.metadata.name,{}", columns.join(","));
+    management(fleet, &["get", resource, "-o", &spec])
+}
+
 /// Polls the object's `Ready` condition (in the management cluster) until it is `status`.
 fn wait_for_ready(fleet: &Fleet, resource: &str, name: &str, status: &str) {
     support::wait::wait_for_or(
@@ -287,5 +335,192 @@ fn wait_for_ready(fleet: &Fleet, resource: &str, name: &str, status: &str) {
                 management(fleet, &["get", resource, name, "-o", "jsonpath={.status}"]);
             format!("{conditions}\n{}", fleet.log_tail(20))
         },
+    );
+}
+
+/// Whether a `.dockerignore` pattern (the forms the file uses: a path, `*` within a name, `**/`
+/// for any depth) matches `path` or a directory above it, as the build context is cut.
+fn ignored_by(pattern: &str, path: &str) -> bool {
+    fn matches(pattern: &[&str], path: &[&str]) -> bool {
+        match (pattern.first(), path.first()) {
+            (None, _) => true, // a directory above the path matched: all of it goes
+            (Some(&"**"), _) => (0..=path.len()).any(|skip| matches(&pattern[1..], &path[skip..])),
+            (Some(p), Some(name)) => glob(p, name) && matches(&pattern[1..], &path[1..]),
+            (Some(_), None) => false,
+        }
+    }
+    fn glob(pattern: &str, name: &str) -> bool {
+        match pattern.split_once('*') {
+            None => pattern == name,
+            Some((head, tail)) => {
+                name.starts_with(head)
+                    && (head.len()..=name.len())
+                        .any(|i| name.is_char_boundary(i) && glob(tail, &name[i..]))
+            }
+        }
+    }
+    let pattern: Vec<&str> = pattern.trim_matches('/').split('/').collect();
+    let path: Vec<&str> = path.split('/').collect();
+    matches(&pattern, &path)
+}
+
+#[test]
+fn the_image_build_context_leaves_out_target_and_keeps_the_sources() {
+    // deploy/Containerfile is built with the repository as its context (`podman build -f
+    // deploy/Containerfile .`); docker, podman and buildah read `.dockerignore` at its root.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let text = std::fs::read_to_string(root.join(".dockerignore")).unwrap();
+    let patterns: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert!(
+        patterns.iter().all(|p| !p.starts_with('!')),
+        "exceptions are not understood by this test: {patterns:?}"
+    );
+    let ignored = |path: &str| patterns.iter().any(|p| ignored_by(p, path));
+    for heavy in [
+        "target/debug/fleetgate",
+        "target/release/fleetgate",
+        "fuzz/target/x",
+        ".git/HEAD",
+    ] {
+        assert!(ignored(heavy), "{heavy} is sent to the build");
+    }
+    // What `cargo build --locked -p fleetgate` reads: every member's manifest and sources.
+    let mut needed = vec!["Cargo.toml".to_owned(), "Cargo.lock".to_owned()];
+    let mut dirs = vec![
+        "gateway".to_owned(),
+        "config-watcher".to_owned(),
+        "loadtest".to_owned(),
+    ];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(root.join(&dir)).unwrap() {
+            let entry = entry.unwrap();
+            let path = format!("{dir}/{}", entry.file_name().to_string_lossy());
+            if entry.file_type().unwrap().is_dir() {
+                dirs.push(path);
+            } else {
+                needed.push(path);
+            }
+        }
+    }
+    assert!(needed.len() > 100, "{needed:?}");
+    for file in &needed {
+        assert!(!ignored(file), "{file} is left out of the build context");
+    }
+}
+
+#[test]
+fn agents_outside_the_cluster_reach_each_replica_through_its_node() {
+    // An install with deploy/tunnel and deploy/tunnel-nodeport, as docs/deploy.md shows it.
+    let install = tempfile::tempdir().unwrap();
+    let root = install.path().canonicalize().unwrap();
+    let deploy = deploy_path("").canonicalize().unwrap();
+    // kustomize takes relative paths only: up to / from the install, then down to deploy/.
+    let up = "../".repeat(root.components().count() - 1);
+    let deploy = format!("{up}{}", deploy.strip_prefix("/").unwrap().display());
+    std::fs::write(
+        root.join("kustomization.yaml"),
+        format!("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {deploy}/base\ncomponents:\n- {deploy}/tunnel\n- {deploy}/tunnel-nodeport\n"),
+    )
+    .unwrap();
+    let rendered = run(Path::new("kubectl"), &["kustomize", root.to_str().unwrap()]);
+    let documents: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&rendered)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let find = |kind: &str, name: &str| {
+        documents
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} in:\n{rendered}"))
+    };
+    // Each node forwards to the replica it runs, and to no other.
+    let service = find("Service", "fleetgate-tunnel-nodes");
+    assert_eq!(service["spec"]["type"], "NodePort");
+    assert_eq!(service["spec"]["externalTrafficPolicy"], "Local");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "tunnel");
+    assert_eq!(service["spec"]["ports"][0]["nodePort"], 30132);
+    // One replica per node, and every replica listens for tunnels.
+    let deployment = find("Deployment", "fleetgate");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let required =
+        &pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(
+        required[0]["topologyKey"], "kubernetes.io/hostname",
+        "{deployment}"
+    );
+    assert_eq!(
+        required[0]["labelSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "fleetgate"
+    );
+    let args = pod["containers"][0]["args"].to_string();
+    assert!(args.contains("--tunnel-listen=0.0.0.0:8132"), "{args}");
+}
+
+#[test]
+fn without_secrets_namespace_secrets_are_read_in_the_namespace_of_the_management_context() {
+    let mut fleet = Fleet::sim(2, 0);
+    let crds = deploy_path("base/crds.yaml");
+    management(&fleet, &["apply", "-f", crds.to_str().unwrap()]);
+    wait_established(&fleet, &["crd/clusters.fleetgate.io"]);
+    management(&fleet, &["create", "namespace", "team-a"]);
+    credentials_secret_in(
+        &fleet,
+        "team-a",
+        "member2-credentials",
+        &member_field(&fleet, "member2", "token"),
+    );
+    // A secretRef without a namespace.
+    let cluster = fleet.path("member2-cluster.yaml");
+    std::fs::write(
+        &cluster,
+        format!("apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {{name: member2}}\nspec:\n  server: {}\n  credentials: {{secretRef: {{name: member2-credentials}}}}\n", member_field(&fleet, "member2", "server")),
+    )
+    .unwrap();
+    management(&fleet, &["apply", "-f", cluster.to_str().unwrap()]);
+
+    // The management kubeconfig's context names team-a; no --secrets-namespace.
+    let kubeconfig = fleet.path("management.kubeconfig");
+    std::fs::copy(fleet.fleet_path("kubeconfig"), &kubeconfig).unwrap();
+    let kubeconfig = kubeconfig.to_str().unwrap();
+    run(
+        Path::new("kubectl"),
+        &[
+            "config",
+            "--kubeconfig",
+            kubeconfig,
+            "set-context",
+            "member1",
+            "--namespace=team-a",
+        ],
+    );
+    std::fs::create_dir(fleet.path("gateway")).unwrap();
+    let gateway = fleet.path("gateway/gateway.yaml");
+    std::fs::write(
+        &gateway,
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata: {name: fleetgate}\nspec:\n  listeners: [{name: http, address: 127.0.0.1:0, tls: false}]\n  admin: {address: 127.0.0.1:0}\n",
+    )
+    .unwrap();
+    fleet.serve_config(
+        &gateway,
+        &[
+            "--workers",
+            "1",
+            "--management-kubeconfig",
+            kubeconfig,
+            "--management-context",
+            "member1",
+        ],
+        Some("info"),
+    );
+    wait_for_ready(&fleet, "clusters.fleetgate.io", "member2", "True");
+    assert!(
+        fleet.log().contains(
+            "reading the Secrets that Clusters reference in this namespace only namespace=team-a"
+        ),
+        "{}",
+        fleet.log_tail(20)
     );
 }

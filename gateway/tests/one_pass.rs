@@ -156,6 +156,27 @@ fn contexts(kubeconfig: &Path) -> (Vec<String>, String) {
     (names, doc["current-context"].as_str().unwrap().to_string())
 }
 
+/// `fleetgate kubeconfig` for user dana with `extra` flags (groups, ttl); what it printed.
+fn kubeconfig_of_dana(
+    server: &str,
+    extra: &[&str],
+    certs: &Path,
+    config: &Path,
+    out: &Path,
+) -> String {
+    let mut args = vec!["kubeconfig", "--server", server, "--user", "dana"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[
+        "--certs-dir",
+        certs.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    fleetgate_ok(&args)
+}
+
 #[test]
 fn generated_kubeconfig_reaches_exactly_the_allowed_clusters_with_kubectl() {
     let (setup, https) = start();
@@ -163,25 +184,13 @@ fn generated_kubeconfig_reaches_exactly_the_allowed_clusters_with_kubectl() {
     let certs = setup.path("certs");
     let conf = setup.path("conf");
     let out_file = setup.path("dana.kubeconfig");
-    let printed = fleetgate_ok(&[
-        "kubeconfig",
-        "--server",
+    let printed = kubeconfig_of_dana(
         &server,
-        "--user",
-        "dana",
-        "--group",
-        "ops",
-        "--group",
-        "devs",
-        "--certs-dir",
-        certs.to_str().unwrap(),
-        "--config",
-        conf.to_str().unwrap(),
-        "--ttl",
-        "1h",
-        "--out",
-        out_file.to_str().unwrap(),
-    ]);
+        &["--group", "ops", "--group", "devs", "--ttl", "1h"],
+        &certs,
+        &conf,
+        &out_file,
+    );
     assert!(!printed.contains("PRIVATE KEY"), "{printed}");
     assert_eq!(mode(&out_file), 0o600);
     let text = std::fs::read_to_string(&out_file).unwrap();
@@ -388,6 +397,82 @@ fn issued_certificate_authenticates_with_kubectl_flags() {
         !forged.status.success(),
         "a certificate of another CA was accepted"
     );
+    // The gateway says why, at info (its default level), naming the peer and nothing secret.
+    let log = setup.log();
+    let refused = log
+        .lines()
+        .find(|l| l.contains("client certificate refused"))
+        .unwrap_or_else(|| panic!("no refusal logged:\n{}", setup.log_tail(20)));
+    assert!(refused.contains("INFO"), "{refused}");
+    assert!(refused.contains("peer=127.0.0.1:"), "{refused}");
+    assert!(
+        refused.contains("not signed by the gateway's client CA"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn the_demos_pki_directory_issues_certificates_and_kubeconfigs_as_it_is() {
+    // The files `fleetgate demo` writes (the simulated fleet's), served as the demo serves them.
+    let mut demo = Setup::sim(2, 0);
+    demo.serve(&[], None);
+    let server = format!("https://{}", demo.https());
+    let pki = demo.fleet_path("pki");
+    let pki = pki.to_str().unwrap();
+    let config = demo.dir().to_str().unwrap().to_owned();
+
+    // `kubeconfig --certs-dir DIR/pki`: group ops may reach every member (and read there).
+    let out_file = demo.path("dana.kubeconfig");
+    let printed = kubeconfig_of_dana(
+        &server,
+        &["--group", "ops"],
+        Path::new(pki),
+        Path::new(&config),
+        &out_file,
+    );
+    assert!(printed.contains("fleet"), "{printed}");
+    let (names, current) = contexts(&out_file);
+    assert_eq!(names, ["member1", "member2", "fleet"].map(String::from));
+    assert_eq!(current, "member1");
+    for context in ["member2", "fleet"] {
+        let namespaces = kubectl_ok(&demo, &out_file, context, &["get", "ns", "-o", "name"]);
+        assert!(
+            namespaces.lines().any(|l| l == "namespace/default"),
+            "{context}: {namespaces}"
+        );
+    }
+    // The fleet view: every member's pods, a CLUSTER column first.
+    let pods = kubectl_ok(&demo, &out_file, "fleet", &["get", "pods", "-A"]);
+    assert!(
+        pods.contains("member1") && pods.contains("member2"),
+        "{pods}"
+    );
+
+    // `certs issue --dir DIR/pki`: a certificate the demo's gateway accepts.
+    let issued = demo.path("issued");
+    fleetgate_ok(&[
+        "certs",
+        "issue",
+        "--dir",
+        pki,
+        "--user",
+        "erin",
+        "--group",
+        "ops",
+        "--out-dir",
+        issued.to_str().unwrap(),
+    ]);
+    let namespaces = kubectl_with_cert(
+        &format!("{server}/clusters/member1"),
+        &demo.fleet_path("pki/serving-ca.crt"),
+        &issued.join("erin.crt"),
+        &issued.join("erin.key"),
+    )
+    .args(["get", "ns", "-o", "name"])
+    .output()
+    .unwrap();
+    let namespaces = succeeded(namespaces, "erin's get ns", &demo.log_tail(20));
+    assert!(namespaces.contains("namespace/default"), "{namespaces}");
 }
 
 #[test]

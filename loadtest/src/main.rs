@@ -2,6 +2,12 @@
 //!
 //! Thin: parses the command line, starts the library's pieces on a tokio runtime, prints the
 //! `ready` line of the command-line contract, and runs until SIGINT / SIGTERM.
+//!
+//! Logs to stderr, warnings only unless told otherwise: `FLEETGATE_SIM_LOG` (tracing directives,
+//! e.g. `fleetgate_loadtest=debug`), else `RUST_LOG`. The first is the simulated fleet's own, so
+//! `fleetgate demo` (which starts this binary and keeps the user's `RUST_LOG` for the gateway)
+//! can still be asked for the fleet's debug lines. `--log-format json` writes one JSON object per
+//! line, as `fleetgate --log-format json` does.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -24,6 +30,16 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// `text` (one human-readable line per event) or `json` (one JSON object per line).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// The format of `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -84,20 +100,40 @@ struct SimArgs {
     restart_down: Duration,
 }
 
-fn main() -> anyhow::Result<()> {
-    // Colours only on a terminal: a log written to a file stays greppable (`peer=ADDR`).
-    tracing_subscriber::fmt()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    init_logging(cli.log_format);
+    let result = match cli.command {
         Command::Sim(args) => run_sim(args),
         Command::Run(args) => fleetgate_loadtest::run::run(*args).map(|_| ()),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // One line, the causes joined (`{:#}`): anyhow's `{:?}` adds a backtrace when
+        // RUST_BACKTRACE is set, which is for bugs, not for a port in use or a bad flag.
+        Err(error) => {
+            eprintln!("Error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The log subscriber: `FLEETGATE_SIM_LOG`, else `RUST_LOG`, else warnings; colours only on a
+/// terminal, so a log written to a file stays greppable (`peer=ADDR`).
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = ["FLEETGATE_SIM_LOG", EnvFilter::DEFAULT_ENV]
+        .into_iter()
+        .find_map(|var| EnvFilter::try_from_env(var).ok())
+        .unwrap_or_else(|| EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
     }
 }
 
@@ -178,7 +214,11 @@ async fn restart_on_sigusr1(fleet: std::sync::Arc<sim::FleetHandle>, down: Durat
         while usr1.recv().await.is_some() {
             let index = next % count;
             next += 1;
-            tracing::warn!(member = index + 1, ?down, "SIGUSR1: restarting member");
+            tracing::warn!(
+                member = index + 1,
+                down_seconds = down.as_secs_f64(),
+                "SIGUSR1: restarting member"
+            );
             if let Err(error) = fleet.bounce_member(index, down).await {
                 tracing::error!(member = index + 1, %error, "member restart failed");
             }

@@ -468,7 +468,11 @@ async fn keep_replicas(
         };
         failures = 0;
         if !replicas.kept.keys().eq(addresses.iter()) {
-            info!(gateway = %gateway.url, replicas = ?addresses, "gateway replicas resolved");
+            let replicas_list = addresses
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>();
+            info!(gateway = %gateway.url, replicas = %replicas_list.join(", "), "gateway replicas resolved");
         }
         let started = replicas.update(&addresses);
         for (address, retired) in started {

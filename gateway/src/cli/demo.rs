@@ -9,6 +9,11 @@
 //! the gateway (`fleetgate serve --config DIR`) reading the files the fleet wrote. The gateway crate
 //! never links the simulated fleet: the `fleetgate-loadtest` binary is found beside this one
 //! (`cargo build --bins` puts it there), else on PATH, or named by `FLEETGATE_LOADTEST`.
+//!
+//! The `ready` line names the gateway's URL, its admin listener's (`/metrics`, `/readyz`) and the
+//! kubeconfig. The children log to the demo's stderr as the demo's own `--log-level` and
+//! `--log-format` ask; the user's `RUST_LOG` is meant for fleetgate and does not reach the
+//! simulated fleet, which logs warnings only unless `FLEETGATE_SIM_LOG` says otherwise.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -19,6 +24,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use fleetgate_config_watcher::Limits;
 
+use crate::cli::logging::LogArgs;
 use crate::cli::signals::Signals;
 
 /// Arguments of `fleetgate demo`.
@@ -47,7 +53,7 @@ pub struct DemoArgs {
 
 /// Runs the demo until SIGINT or SIGTERM, then stops the gateway gracefully (it drains) and the
 /// fleet; a second signal stops the gateway at once.
-pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+pub fn run(args: DemoArgs, log: &LogArgs) -> anyhow::Result<()> {
     if args.clusters == 0 {
         bail!("--clusters must be at least 1");
     }
@@ -63,7 +69,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .with_context(|| format!("--listen {:?} is not an IP:port address", args.listen))?;
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
-    let mut fleet = start_fleet(&args)?;
+    let mut fleet = start_fleet(&args, log)?;
     if let Err(e) = wait_ready(&mut fleet, "the simulated fleet") {
         stop(&mut fleet);
         return Err(e);
@@ -86,13 +92,14 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
     };
 
-    let mut gateway = start_gateway(&args)?;
+    let mut gateway = start_gateway(&args, log)?;
     let ready = wait_ready(&mut gateway, "the gateway");
     let started = ready.and_then(|line| {
-        let tunnel = tunnel_of(&line);
-        Ok((listener_of(&line)?, tunnel))
+        let tunnel = named_address(&line, "tunnel");
+        let admin = named_address(&line, "admin");
+        Ok((listener_of(&line)?, tunnel, admin))
     });
-    let (bound, tunnel) = match started {
+    let (bound, tunnel, admin) = match started {
         Ok(addrs) => addrs,
         Err(e) => {
             let _ = gateway.kill();
@@ -104,7 +111,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     for member in &pulled {
         let started = tunnel
             .ok_or_else(|| anyhow!("the gateway's ready line names no tunnel listener"))
-            .and_then(|tunnel| start_agent(&args.dir, member, tunnel))
+            .and_then(|tunnel| start_agent(&args.dir, member, tunnel, log))
             .and_then(|mut agent| {
                 let ready = wait_ready(&mut agent, &format!("the agent of {}", member.name));
                 match ready {
@@ -134,12 +141,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         let mut stdout = std::io::stdout().lock();
         writeln!(
             stdout,
-            "ready: {} simulated member clusters behind https://{bound}/clusters/{{member1..member{}}} \
-             ({} of them pull-mode, through their agents); export KUBECONFIG={}",
-            args.clusters,
-            args.clusters,
-            args.pull,
-            kubeconfig.display()
+            "{}",
+            ready_line(args.clusters, args.pull, bound, admin, &kubeconfig)
         )?;
         stdout.flush()?;
         anyhow::Ok(signals)
@@ -197,6 +200,31 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The demo's `ready` line: where the members are (and how many are pull-mode, when any are),
+/// the admin listener, and the kubeconfig to export.
+fn ready_line(
+    clusters: usize,
+    pull: usize,
+    gateway: SocketAddr,
+    admin: Option<SocketAddr>,
+    kubeconfig: &Path,
+) -> String {
+    let pulled = match pull {
+        0 => String::new(),
+        1 => " (1 of them pull-mode, through its agent)".to_owned(),
+        k => format!(" ({k} of them pull-mode, through their agents)"),
+    };
+    let admin = admin
+        .map(|admin| format!("; admin (/metrics, /readyz) at http://{admin}"))
+        .unwrap_or_default();
+    format!(
+        "ready: {clusters} simulated member clusters behind \
+         https://{gateway}/clusters/{{member1..member{clusters}}}{pulled}{admin}; \
+         export KUBECONFIG={}",
+        kubeconfig.display()
+    )
+}
+
 /// How long past the gateway's grace period the demo waits for it before killing it.
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 
@@ -214,10 +242,13 @@ async fn stop_now(
     }
 }
 
-fn start_gateway(args: &DemoArgs) -> anyhow::Result<Child> {
+fn start_gateway(args: &DemoArgs, log: &LogArgs) -> anyhow::Result<Child> {
     let exe = std::env::current_exe().context("finding the fleetgate binary")?;
     let mut cmd = Command::new(exe);
-    cmd.arg("serve").arg("--config").arg(&args.dir);
+    cmd.arg("serve")
+        .args(log.child_args())
+        .arg("--config")
+        .arg(&args.dir);
     if args.workers > 0 {
         cmd.arg("--workers").arg(args.workers.to_string());
     }
@@ -290,11 +321,17 @@ fn pull_mode_members(args: &DemoArgs) -> anyhow::Result<Vec<PulledMember>> {
 
 /// `fleetgate agent` for a pull-mode member, dialing the gateway's tunnel listener, in a process
 /// group of its own (stopped by the demo after the gateway).
-fn start_agent(dir: &Path, member: &PulledMember, tunnel: SocketAddr) -> anyhow::Result<Child> {
+fn start_agent(
+    dir: &Path,
+    member: &PulledMember,
+    tunnel: SocketAddr,
+    log: &LogArgs,
+) -> anyhow::Result<Child> {
     let exe = std::env::current_exe().context("finding the fleetgate binary")?;
     let agents = dir.join("agents");
     let mut cmd = Command::new(exe);
     cmd.arg("agent")
+        .args(log.child_args())
         .arg("--gateway")
         .arg(format!("https://{tunnel}"))
         .arg("--cluster")
@@ -337,19 +374,25 @@ fn share_watches(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// The tunnel listener a gateway's `ready` line names (`tunnel=ADDR`), if any.
-fn tunnel_of(line: &str) -> Option<SocketAddr> {
+/// The address a gateway's `ready` line gives `name` (`tunnel=ADDR`, `admin=ADDR`), if any.
+fn named_address(line: &str, name: &str) -> Option<SocketAddr> {
     line.split_whitespace()
-        .find_map(|tok| tok.strip_prefix("tunnel="))
-        .and_then(|addr| addr.parse().ok())
+        .filter_map(|tok| tok.split_once('='))
+        .find(|(key, _)| *key == name)
+        .and_then(|(_, addr)| addr.parse().ok())
 }
 
 /// `fleetgate-loadtest sim`, in a process group of its own (as the gateway: a terminal's Ctrl-C
-/// reaches the demo, which stops both in order).
-fn start_fleet(args: &DemoArgs) -> anyhow::Result<Child> {
+/// reaches the demo, which stops both in order). It logs in the demo's format; its filter is its
+/// own (`FLEETGATE_SIM_LOG`, default warnings): a `RUST_LOG=fleetgate=debug` meant for the
+/// gateway would otherwise turn on the simulated fleet's debug lines too (its crate is
+/// `fleetgate_loadtest`).
+fn start_fleet(args: &DemoArgs, log: &LogArgs) -> anyhow::Result<Child> {
     let exe = loadtest_binary()?;
     let mut cmd = Command::new(&exe);
-    cmd.arg("sim")
+    cmd.env_remove("RUST_LOG")
+        .arg("sim")
+        .arg(format!("--log-format={}", log.format_name()))
         .arg("--dir")
         .arg(&args.dir)
         .arg("--clusters")
@@ -443,11 +486,12 @@ fn listener_of(line: &str) -> anyhow::Result<SocketAddr> {
 }
 
 /// DIR/kubeconfig: the sim's gateway kubeconfig, with the address the gateway really bound.
+/// Mode 0600, as the file it is made from: it holds the `admin` (system:masters) client key.
 fn write_kubeconfig(dir: &Path, listen: &str, bound: &str) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(dir.join("gateway.kubeconfig"))?;
     let text = text.replace(&format!("https://{listen}/"), &format!("https://{bound}/"));
     let tmp = dir.join(".kubeconfig.tmp");
-    std::fs::write(&tmp, text)?;
+    crate::cli::certs::write_private(&tmp, text.as_bytes())?;
     std::fs::rename(&tmp, dir.join("kubeconfig"))?;
     Ok(())
 }
@@ -457,5 +501,37 @@ fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) on the pid of our own child with a valid signal number touches no memory.
     unsafe {
         libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ready_line_names_the_admin_listener_and_pull_mode_only_when_used() {
+        let gateway: SocketAddr = "127.0.0.1:8443".parse().unwrap();
+        let admin = "127.0.0.1:9090".parse().ok();
+        let kubeconfig = Path::new("/tmp/demo/kubeconfig");
+        let line = ready_line(3, 0, gateway, admin, kubeconfig);
+        assert_eq!(
+            line,
+            "ready: 3 simulated member clusters behind \
+             https://127.0.0.1:8443/clusters/{member1..member3}; admin (/metrics, /readyz) at \
+             http://127.0.0.1:9090; export KUBECONFIG=/tmp/demo/kubeconfig"
+        );
+        assert!(ready_line(3, 1, gateway, admin, kubeconfig)
+            .contains("{member1..member3} (1 of them pull-mode, through its agent);"));
+        assert!(ready_line(3, 2, gateway, admin, kubeconfig)
+            .contains("(2 of them pull-mode, through their agents)"));
+    }
+
+    #[test]
+    fn named_addresses_of_a_gateway_ready_line() {
+        let line = "ready https=127.0.0.1:1 admin=127.0.0.1:2 workers=2 tunnel=127.0.0.1:3";
+        assert_eq!(named_address(line, "admin"), "127.0.0.1:2".parse().ok());
+        assert_eq!(named_address(line, "tunnel"), "127.0.0.1:3".parse().ok());
+        assert_eq!(named_address(line, "http"), None);
+        assert_eq!(listener_of(line).unwrap(), "127.0.0.1:1".parse().unwrap());
     }
 }

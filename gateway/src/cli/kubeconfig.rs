@@ -3,8 +3,9 @@
 //!
 //! Issues a client certificate for the user from the gateway's client CA (`certs`), asks the
 //! access policy which clusters the user may reach, and writes a kubeconfig with one context per
-//! cluster (server `URL/clusters/NAME`), one user entry with the certificate and key embedded, and
-//! the gateway's serving CA embedded, mode 0600. It refuses a `--cluster` the user may not reach
+//! cluster (server `URL/clusters/NAME`), a context `fleet` (server `URL/fleet`, the fleet view)
+//! when the configuration merges any kind there, one user entry with the certificate and key
+//! embedded, and the gateway's serving CA embedded, mode 0600. It refuses a `--cluster` the user may not reach
 //! (a context that could only ever answer 403 is a trap). Called by the binary; never touches the
 //! network and never prints key material.
 
@@ -153,11 +154,17 @@ struct UserEntry {
     client_key_data: String,
 }
 
+/// The context (and cluster entry) of the fleet view; no member can be named so
+/// (`fleetgate_config_watcher` reserves it), so it never hides a member's context.
+pub const FLEET_CONTEXT: &str = "fleet";
+
 /// The kubeconfig text for `clusters` (contexts named after them) through the gateway at
-/// `server`, as one user with the given certificate and key PEM.
+/// `server`, as one user with the given certificate and key PEM; with `fleet`, also the context
+/// `fleet` for the fleet view (`URL/fleet`), after the members'.
 pub fn render(
     server: &str,
     clusters: &[String],
+    fleet: bool,
     user: &str,
     cert_pem: &str,
     key_pem: &str,
@@ -166,22 +173,28 @@ pub fn render(
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
     let base = server.trim_end_matches('/');
     let ca = server_ca_pem.map(b64);
+    // (context name, server path under the gateway)
+    let entries: Vec<(String, String)> = clusters
+        .iter()
+        .map(|name| (name.clone(), format!("clusters/{name}")))
+        .chain(fleet.then(|| (FLEET_CONTEXT.to_owned(), FLEET_CONTEXT.to_owned())))
+        .collect();
     let config = Kubeconfig {
         api_version: "v1",
         kind: "Config",
-        clusters: clusters
+        clusters: entries
             .iter()
-            .map(|name| NamedCluster {
+            .map(|(name, path)| NamedCluster {
                 name: name.clone(),
                 cluster: ClusterEntry {
-                    server: format!("{base}/clusters/{name}"),
+                    server: format!("{base}/{path}"),
                     certificate_authority_data: ca.clone(),
                 },
             })
             .collect(),
-        contexts: clusters
+        contexts: entries
             .iter()
-            .map(|name| NamedContext {
+            .map(|(name, _)| NamedContext {
                 name: name.clone(),
                 context: ContextEntry {
                     cluster: name.clone(),
@@ -242,9 +255,13 @@ pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
         &args.certs_dir.join(certs::CLIENT_CA_KEY),
     )?;
     let cert = certs::issue_client(&issuer, &args.user, &args.groups, args.ttl)?;
+    // A `fleet` context only where the fleet view merges something: otherwise every request
+    // there would be a 404.
+    let fleet = !config.fleet.is_empty();
     let text = render(
         &args.server,
         &clusters,
+        fleet,
         &args.user,
         &cert.cert_pem,
         &cert.key_pem,
@@ -258,7 +275,7 @@ pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     writeln!(
         stdout,
-        "wrote {} (0600): user {}{}, contexts {} (current {}), certificate valid until {}{}",
+        "wrote {} (0600): user {}{}, contexts {}{} (current {}), certificate valid until {}{}",
         args.out.display(),
         args.user,
         if args.groups.is_empty() {
@@ -267,6 +284,7 @@ pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
             format!(" groups {}", args.groups.join(","))
         },
         clusters.join(", "),
+        if fleet { ", fleet" } else { "" },
         clusters[0],
         certs::format_time(cert.not_after),
         if server_ca.is_none() {
@@ -308,6 +326,7 @@ mod tests {
         let text = render(
             "https://127.0.0.1:8443/",
             &names(&["b", "a"]),
+            false,
             "alice",
             "CERT",
             "KEY",
@@ -327,6 +346,23 @@ mod tests {
         );
         assert_eq!(doc["users"][0]["user"]["client-key-data"], "S0VZ");
         assert_eq!(doc["contexts"][0]["context"]["user"], "alice");
+        let with_fleet = render(
+            "https://127.0.0.1:8443",
+            &names(&["a"]),
+            true,
+            "alice",
+            "CERT",
+            "KEY",
+            None,
+        )
+        .unwrap();
+        let doc: serde_yaml::Value = serde_yaml::from_str(&with_fleet).unwrap();
+        assert_eq!(doc["current-context"], "a");
+        assert_eq!(doc["contexts"][1]["name"], "fleet");
+        assert_eq!(
+            doc["clusters"][1]["cluster"]["server"],
+            "https://127.0.0.1:8443/fleet"
+        );
     }
 
     #[test]

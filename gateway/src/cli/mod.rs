@@ -1,11 +1,13 @@
 //! The `fleetgate` commands, apart from the data path: `serve` (run the gateway), `agent` (a
 //! pull-mode member's tunnels to the gateways), `demo` (a simulated fleet and the gateway in front
-//! of it), `certs` (the gateway's own CAs) and `kubeconfig` (one-pass kubeconfigs). Each parses its arguments with clap and calls the library;
-//! none touches a request.
+//! of it), `certs` (the gateway's own CAs) and `kubeconfig` (one-pass kubeconfigs), and `logging`
+//! (the flags and format of every command's log, and how a failed command reports its error).
+//! Each parses its arguments with clap and calls the library; none touches a request.
 
 pub mod agent;
 pub mod certs;
 pub mod demo;
 pub mod kubeconfig;
+pub mod logging;
 pub mod serve;
 pub mod signals;

@@ -46,9 +46,14 @@ pub struct ServeArgs {
     /// Which Cluster objects to follow in the management cluster.
     #[arg(long, value_enum, default_value_t = ManagementObjects::Fleetgate)]
     pub management_objects: ManagementObjects,
-    /// The namespace of the Secrets Karmada Clusters reference.
-    #[arg(long, default_value = "karmada-cluster")]
-    pub secrets_namespace: String,
+    /// With --management-kubeconfig: the one namespace Secrets are read (and watched) in, for
+    /// both kinds of Cluster: the Secrets of Karmada Clusters (`secretRef`,
+    /// `impersonatorSecretRef`; Karmada keeps them in karmada-cluster) and of fleetgate
+    /// Clusters' `spec.credentials.secretRef` (a reference without a namespace names one here).
+    /// Default: the namespace of the management kubeconfig's context (`default` if it names
+    /// none), where the source is pointed.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub secrets_namespace: Option<String>,
     /// Listen for pull-mode agents (`fleetgate agent`) on this address; their tunnels carry the
     /// requests of `Tunnel` clusters. The ready line then names it `tunnel=ADDR`.
     #[arg(long, requires = "agent_ca")]
@@ -120,13 +125,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         Some(kubeconfig) => {
             let client = kube_client_config(kubeconfig, args.management_context.as_deref())?;
+            let secrets_namespace = args
+                .secrets_namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace.clone());
+            info!(
+                namespace = %secrets_namespace,
+                "reading the Secrets that Clusters reference in this namespace only"
+            );
             let objects = args.management_objects;
             let source = watch_kube_api(
                 client,
                 KubeSourceOptions {
                     fleetgate: objects != ManagementObjects::Karmada,
                     karmada: objects != ManagementObjects::Fleetgate,
-                    secrets_namespace: Some(args.secrets_namespace.clone()),
+                    secrets_namespace: Some(secrets_namespace),
                     fallback_gateway: Some(config.gateway.clone()),
                 },
                 publisher.clone(),

@@ -207,7 +207,9 @@ pub fn start_with_reload(
     for (index, shard) in shards.into_iter().enumerate() {
         supervise::supervise(index, options.driver, specs.clone(), shared.clone(), shard)?;
     }
-    info!(workers, driver = ?options.driver, "gateway started");
+    let driver =
+        clap::ValueEnum::to_possible_value(&options.driver).map(|v| v.get_name().to_owned());
+    info!(workers, driver, "gateway started");
     Ok(RunningGateway {
         listeners: bound,
         admin,

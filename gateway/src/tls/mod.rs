@@ -9,6 +9,12 @@
 //! `h2` (issue 4): [`dispatch`] is that branch point. Never does HTTP itself. Called by `shard`
 //! for every connection accepted on a TLS listener. The configuration itself is rebuilt when the
 //! certificate, key or client CA change (`reload`): each accept loads the current one.
+//!
+//! A client certificate refused in the handshake (not signed by the client CA, expired, not for
+//! client authentication, or missing where one is required) is logged at info, once per
+//! connection, with the peer and the reason in words: it is what a user with a wrong kubeconfig
+//! meets, and kubectl only says "remote error: tls: ...". Other handshake failures (scanners,
+//! clients that hang up) stay at debug. Nothing of the certificate is logged but why it failed.
 
 pub mod reload;
 
@@ -21,8 +27,9 @@ use fleetgate_config_watcher::{
     crypto_provider, parse_certs, parse_key, ReloadStatus, RouteTable, ServingTls, SharedTable,
 };
 use rustls::server::WebPkiClientVerifier;
+use rustls::CertificateError;
 use rustls::{RootCertStore, ServerConfig};
-use tracing::debug;
+use tracing::{debug, info};
 
 use crate::auth::ClientIdentity;
 use crate::protocol::h1::serve_http1;
@@ -143,7 +150,10 @@ pub async fn dispatch<S>(
     let mut tls = match crate::runtime::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(error)) => {
-            debug!(%peer, %error, "TLS handshake failed");
+            match refused_client_certificate(&error) {
+                Some(reason) => info!(%peer, reason, "client certificate refused"),
+                None => debug!(%peer, %error, "TLS handshake failed"),
+            }
             return;
         }
         Err(_) => {
@@ -158,7 +168,7 @@ pub async fn dispatch<S>(
         Some(cert) => match ClientIdentity::from_certificate(cert) {
             Ok(identity) => identity,
             Err(error) => {
-                debug!(%peer, %error, "client certificate gives no identity");
+                info!(%peer, reason = %error, "client certificate refused: it gives no identity");
                 return;
             }
         },
@@ -171,5 +181,73 @@ pub async fn dispatch<S>(
         Box::pin(crate::protocol::h2::serve_h2(ctx, tls, peer, identity)).await;
     } else {
         serve_http1(ctx, &mut tls, peer, &identity).await;
+    }
+}
+
+/// Why the handshake refused the client's certificate, in words, when that is why it failed
+/// (a server-side handshake only verifies a certificate of the client's); `None` for any other
+/// failure.
+fn refused_client_certificate(error: &std::io::Error) -> Option<String> {
+    let error = error.get_ref()?.downcast_ref::<rustls::Error>()?;
+    let reason = match error {
+        rustls::Error::NoCertificatesPresented => {
+            "no client certificate presented, and this gateway accepts no bearer tokens".into()
+        }
+        rustls::Error::InvalidCertificate(why) => certificate_problem(why),
+        _ => return None,
+    };
+    Some(reason)
+}
+
+/// A certificate verification error as a user reads it. rustls words some of them itself (dates,
+/// key usage); the others would print as their Rust names (`UnknownIssuer`).
+fn certificate_problem(why: &CertificateError) -> String {
+    match why {
+        CertificateError::UnknownIssuer => {
+            "not signed by the gateway's client CA (spec.tls.clientCAFile)".into()
+        }
+        // Typically another CA of the same name (a second `certs init`), which webpki takes as
+        // the issuer and then finds the signature wrong.
+        CertificateError::BadSignature => {
+            "not signed by the gateway's client CA (spec.tls.clientCAFile): its signature does \
+             not verify against the CA of that name"
+                .into()
+        }
+        CertificateError::BadEncoding => "it is not a well-formed certificate".into(),
+        CertificateError::Expired => "it has expired".into(),
+        CertificateError::NotValidYet => "it is not valid yet".into(),
+        CertificateError::Revoked => "it is revoked".into(),
+        CertificateError::InvalidPurpose => "it is not for client authentication".into(),
+        CertificateError::UnhandledCriticalExtension => {
+            "it has a critical extension the gateway does not know".into()
+        }
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(error: rustls::Error) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, error)
+    }
+
+    #[test]
+    fn a_refused_client_certificate_is_told_in_words() {
+        let unknown = io(CertificateError::UnknownIssuer.into());
+        let reason = refused_client_certificate(&unknown).unwrap();
+        assert!(reason.contains("client CA"), "{reason}");
+        assert!(!reason.contains("UnknownIssuer"), "{reason}");
+        assert!(refused_client_certificate(&io(rustls::Error::NoCertificatesPresented)).is_some());
+        // Anything else is not about the client's certificate.
+        assert_eq!(
+            refused_client_certificate(&io(rustls::Error::HandshakeNotComplete)),
+            None
+        );
+        assert_eq!(
+            refused_client_certificate(&std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
+            None
+        );
     }
 }

@@ -165,7 +165,7 @@ where
     let tunnel = Arc::new(tunnel);
     registry().add(tunnel.clone());
     let listed = Listed(tunnel.clone());
-    info!(%peer, cluster = %cluster, tunnel = tunnel.id, shard = ?tunnel.shard, "tunnel up");
+    info!(%peer, cluster = %cluster, tunnel = tunnel.id, shard = tunnel.shard, "tunnel up");
     let heartbeat = super::heartbeat::until_unanswered(&mut pings, runtime::sleep);
     let reason = match runtime::race(&mut connection, heartbeat).await {
         runtime::First::Left(Ok(())) => "the agent closed the connection".to_string(),

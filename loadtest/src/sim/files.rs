@@ -165,6 +165,27 @@ fn kubeconfig(
     })
 }
 
+/// `pki/` under the names `fleetgate certs init` writes, so that `fleetgate kubeconfig --certs-dir
+/// DIR/pki` and `fleetgate certs issue --dir DIR/pki` take it as it is: `ca.crt` / `ca.key` (the
+/// client CA) and `serving-ca.crt` (what clients trust) are the gateway CA, which signs both the
+/// users' certificates and the gateway's serving certificate here (`gateway.crt` / `gateway.key`
+/// already have their `certs init` names). Symbolic links, so the CA has one copy.
+fn link_certs_init_names(pki: &Path) -> std::io::Result<()> {
+    for (name, target) in [
+        ("ca.crt", "gateway-ca.crt"),
+        ("ca.key", "gateway-ca.key"),
+        ("serving-ca.crt", "gateway-ca.crt"),
+    ] {
+        let link = pki.join(name);
+        match std::fs::remove_file(&link) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::os::unix::fs::symlink(target, &link)?;
+    }
+    Ok(())
+}
+
 /// Writes every file of the contract under `dir`.
 pub fn write_fleet_files(
     dir: &Path,
@@ -190,6 +211,7 @@ pub fn write_fleet_files(
         &dir.join("pki/member-admin.key"),
         &creds.member_admin.key_pem,
     )?;
+    link_certs_init_names(&dir.join("pki"))?;
 
     // kubeconfig: straight to the members as admin (fleet-CA client certificate).
     let member_names: Vec<String> = (1..=addrs.members.len())
