@@ -40,7 +40,8 @@ pub struct ShardContext {
 }
 
 impl ShardContext {
-    /// Counts a response to a request for `cluster` (by verb and code) and its time to the
+    /// Counts a response to a request for `cluster` (by verb and code) and, unless it is
+    /// long-running (a watch, a follow, a connect: those are timed as streams), its time to the
     /// response head.
     pub fn count_response(
         &self,
