@@ -739,7 +739,7 @@ fn kubectl_auth_can_i_through_the_fleet_is_yes_only_where_every_cluster_says_yes
         (out.status.success(), stdout, stderr)
     };
     let differ = "allowed on member1, member2; denied on member3";
-    for http1 in [false, true] {
+    for (round, http1) in [false, true].into_iter().enumerate() {
         // Every cluster allows it: yes, and no warning.
         let (yes, stdout, stderr) = can_i(&fleet, &["list", "configmaps", "-A"], http1);
         assert!(
@@ -755,6 +755,16 @@ fn kubectl_auth_can_i_through_the_fleet_is_yes_only_where_every_cluster_says_yes
             "{stdout} {stderr}"
         );
         assert!(stderr.contains(&format!("Warning: {differ}")), "{stderr}");
+        // Each review is one request of the fleet view, over h2 as over HTTP/1.1.
+        let metrics = fleet.admin_get("/metrics");
+        let counted = format!(
+            "fleetgate_fleet_requests_total{{verb=\"create\",code=\"200\"}} {}",
+            2 * (round + 1)
+        );
+        assert!(
+            metrics.lines().any(|line| line == counted),
+            "{counted} (http1: {http1}):\n{metrics}"
+        );
     }
     // karmada-search's path is the same view.
     let karmada = "/apis/search.karmada.io/v1alpha1/proxying/karmada/proxy";

@@ -574,9 +574,10 @@ async fn proxy_stream(
             return answered(Box::pin(listing).await);
         }
         Ok(Decision::FleetReview(review)) => {
+            audit.fleet = Some(review.verb);
+            audit.code = Some(200);
             if ctx.audit.is_some() {
                 audit_fleet(audit, &review.info, &review.members, target);
-                audit.code = Some(200);
             }
             // The review goes to every member: it is read whole first.
             let posted = read_whole_body(&mut body, fleet::review::MAX_REVIEW_BYTES).await?;
