@@ -3,7 +3,7 @@
 //! order inside the input.
 #![no_main]
 
-use fleetgate::protocol::http1::body::ChunkedScanner;
+use fleetgate::codec::http1::body::ChunkedScanner;
 use fleetgate_fuzz::split;
 use libfuzzer_sys::fuzz_target;
 

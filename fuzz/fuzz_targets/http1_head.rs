@@ -3,7 +3,7 @@
 #![no_main]
 
 use bytes::BytesMut;
-use fleetgate::protocol::http1::{
+use fleetgate::codec::http1::{
     body::{request_body, response_body},
     head::{parse_request, parse_response, Head, HeadLimits},
     is_hop_by_hop,

@@ -7,7 +7,7 @@ use std::hint::black_box;
 
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fleetgate::protocol::http1::{parse_request, parse_response, ChunkedScanner, Head, HeadLimits};
+use fleetgate::codec::http1::{parse_request, parse_response, ChunkedScanner, Head, HeadLimits};
 
 const LIMITS: HeadLimits = HeadLimits {
     max_head_bytes: 64 * 1024,

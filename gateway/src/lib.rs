@@ -4,7 +4,7 @@
 //! The folders are the stations a request passes, in order:
 //! - `server`: listeners, shards (one monoio runtime per core), the drain, the admin listener;
 //! - `tls`: the handshake, the client certificate's identity, ALPN dispatch to a protocol;
-//! - `protocol`: the HTTP/1.1 codec and the two client front-ends, HTTP/1.1 (`h1`) and h2 (`h2`);
+//! - `protocol`: the two client front-ends, HTTP/1.1 (`h1`) and h2 (`h2`);
 //! - `request`: what a request is (its route to a cluster and its kube request info), parsed once;
 //! - `auth`: who the client is, whether an AccessPolicy lets it, what the member is told;
 //! - `admit`: whether the decided request may go on now: the user's and the cluster's fair
@@ -21,6 +21,7 @@
 //! - `errors`: every Status the gateway itself answers;
 //! - `observe`: metrics and the audit log.
 //!
+//! `codec` (the HTTP/1.1 codec) is a leaf every station may use.
 //! `cli` holds the commands (`serve`, `demo`, `certs`, `kubeconfig`, `agent`), apart from the data
 //! path.
 //! The library never prints except the commands' `ready` lines.
@@ -28,6 +29,7 @@
 pub mod admit;
 pub mod auth;
 pub mod cli;
+pub mod codec;
 pub mod errors;
 pub mod exchange;
 pub mod fleet;

@@ -279,9 +279,9 @@ where
 
 /// `Bearer TOKEN` (scheme case-insensitive), else None.
 fn bearer_token(value: &[u8]) -> Option<&[u8]> {
-    let value = crate::protocol::http1::head::trim(value);
+    let value = crate::codec::http1::head::trim(value);
     if value.len() > 7 && value[..7].eq_ignore_ascii_case(b"bearer ") {
-        let token = crate::protocol::http1::head::trim(&value[7..]);
+        let token = crate::codec::http1::head::trim(&value[7..]);
         (!token.is_empty()).then_some(token)
     } else {
         None

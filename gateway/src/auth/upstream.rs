@@ -7,7 +7,7 @@ use fleetgate_config_watcher::ClusterRoute;
 
 use super::ClientIdentity;
 use crate::errors::GatewayError;
-use crate::protocol::http1::push_header;
+use crate::codec::http1::push_header;
 
 /// Whether a client header is dropped because identity headers are the gateway's to write
 /// (except on a PassThrough cluster, where the client speaks for itself). `_` reads as `-`

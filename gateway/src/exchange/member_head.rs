@@ -24,8 +24,8 @@ use fleetgate_config_watcher::ClusterRoute;
 
 use crate::auth::{self, ClientIdentity};
 use crate::errors::GatewayError;
-use crate::protocol::http1::head::trim;
-use crate::protocol::http1::{push_header, BodyKind};
+use crate::codec::http1::head::trim;
+use crate::codec::http1::{push_header, BodyKind};
 use crate::request::route;
 
 /// How the member is asked to switch protocols, if at all.

@@ -33,7 +33,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::debug;
 
 use crate::errors::GatewayError;
-use crate::protocol::http1::{parse_response, response_body, BodyKind, Head, HeadLimits};
+use crate::codec::http1::{parse_response, response_body, BodyKind, Head, HeadLimits};
 use crate::runtime::{self, Deadline, First, ShardContext};
 use crate::tunnel::wire::ServiceRef;
 use crate::upstream::{connect, dial_address, PoolKey, UpstreamConn};

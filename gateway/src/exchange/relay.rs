@@ -24,7 +24,7 @@ use crate::upstream::UpstreamIo;
 /// Bytes relayed before the stream lets the shard's other connections run (a member and client
 /// that are always ready would otherwise keep the shard to themselves for a whole big LIST).
 const TURN_BYTES: usize = 256 * 1024;
-use crate::protocol::http1::BodyProgress;
+use crate::codec::http1::BodyProgress;
 use crate::runtime::{self, First};
 
 /// What a waiting long-running stream saw of its client.

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use crate::protocol::http1::{BodyProgress, ChunkedScanner};
+use crate::codec::http1::{BodyProgress, ChunkedScanner};
 
 /// The last chunk and the empty trailer section that end a chunked body.
 pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
@@ -70,7 +70,7 @@ fn at_chunk_boundary(scanner: &ChunkedScanner) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::http1::BodyKind;
+    use crate::codec::http1::BodyKind;
 
     fn after(bytes: &[u8]) -> BodyProgress {
         let mut progress = BodyProgress::new(BodyKind::Chunked);

@@ -14,7 +14,7 @@ use crate::errors::GatewayError;
 use crate::exchange::member_head::{self, MemberRequest, Upgrade};
 use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
 use crate::exchange::{self, Answer, Failure, NoBody, Outbound, RequestBody};
-use crate::protocol::http1::{BodyKind, Head};
+use crate::codec::http1::{BodyKind, Head};
 use crate::runtime::{Deadline, ShardContext};
 use crate::upstream::UpstreamConn;
 

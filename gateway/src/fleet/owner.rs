@@ -131,7 +131,7 @@ where
 fn is_apply_type(value: &[u8]) -> bool {
     const APPLY: &[u8] = b"application/apply-patch+";
     let media = value.split(|b| *b == b';').next().unwrap_or_default();
-    let media = crate::protocol::http1::head::trim(media);
+    let media = crate::codec::http1::head::trim(media);
     media.len() > APPLY.len() && media[..APPLY.len()].eq_ignore_ascii_case(APPLY)
 }
 

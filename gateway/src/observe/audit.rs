@@ -36,7 +36,7 @@ use tracing::{info, warn};
 
 use crate::auth::ClientIdentity;
 use crate::observe::metrics::Metrics;
-use crate::protocol::http1::Head;
+use crate::codec::http1::Head;
 use fleetgate_config_watcher::request_info::RequestInfo;
 
 /// The writer flushes at least this often while it has unflushed lines.

@@ -30,7 +30,7 @@ use crate::exchange::{
     self, Answer, Failure, Outbound, RequestBody, BODY_STALL_TIMEOUT, READ_CHUNK,
 };
 use crate::observe::audit::{AuditRequest, Classified, Outcome};
-use crate::protocol::http1::{
+use crate::codec::http1::{
     chunk_size_line, is_hop_by_hop, parse_request, push_header, request_body, BodyKind,
     BodyProgress, ChunkedScanner, Head, HeadError, HeadLimits, CHUNK_SIZE_ROOM,
 };
@@ -199,7 +199,7 @@ async fn respond_error<S: AsyncWrite + Unpin>(
     let response = err.to_response(close);
     // A response to HEAD has no body (its Content-Length still says how long it would be).
     let response = if head_method {
-        let end = crate::protocol::http1::find_head_end(&response, 0).unwrap_or(response.len());
+        let end = crate::codec::http1::find_head_end(&response, 0).unwrap_or(response.len());
         &response[..end]
     } else {
         &response[..]
@@ -887,7 +887,7 @@ fn requested_upgrade(head: &Head) -> Result<bool, GatewayError> {
     let mut protocols = head
         .values(b"upgrade")
         .flat_map(|v| v.split(|b| *b == b','))
-        .map(crate::protocol::http1::head::trim)
+        .map(crate::codec::http1::head::trim)
         .filter(|p| !p.is_empty())
         .peekable();
     if protocols.peek().is_none() {

@@ -1,8 +1,6 @@
-//! The protocols clients speak to the gateway: the HTTP/1.1 codec (`http1`: heads and body
-//! framing, also used for members' responses), and the two front-ends that turn a client
-//! connection into requests for the exchange: `h1` (HTTP/1.1, with upgrades) and `h2` (h2 streams,
-//! RFC 8441 WebSocket). The codec knows nothing of clusters, routes or identity.
+//! The two client front-ends that turn a client connection into requests for the exchange:
+//! `h1` (HTTP/1.1, with upgrades) and `h2` (h2 streams, RFC 8441 WebSocket). The HTTP/1.1 codec
+//! they and the members' side share is `codec::http1`.
 
 pub mod h1;
 pub mod h2;
-pub mod http1;

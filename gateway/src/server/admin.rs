@@ -112,7 +112,7 @@ async fn answer(
     let mut buf: Vec<u8> = Vec::with_capacity(1024);
     let mut chunk: Vec<u8> = Vec::with_capacity(1024);
     let read_head = async {
-        while crate::protocol::http1::find_head_end(&buf, 0).is_none() {
+        while crate::codec::http1::find_head_end(&buf, 0).is_none() {
             if buf.len() > MAX_HEAD {
                 return Ok(false);
             }

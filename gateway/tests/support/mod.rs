@@ -223,7 +223,7 @@ async fn serve_upstream(
         } else if lower.contains("transfer-encoding: chunked") {
             // The gateway's own scanner finds the end (trailers included); the body is recorded
             // with its framing, as it came over the wire.
-            let mut scanner = fleetgate::protocol::http1::ChunkedScanner::new();
+            let mut scanner = fleetgate::codec::http1::ChunkedScanner::new();
             let mut end = scanner.scan(&buf).unwrap();
             while !scanner.is_done() {
                 let mut chunk = vec![0u8; 65536];

@@ -43,7 +43,7 @@ use crate::exchange::{
 };
 use crate::fleet;
 use crate::observe::audit::{AuditRequest, Classified, Outcome, StreamAudit};
-use crate::protocol::http1::{
+use crate::codec::http1::{
     chunk_size_line, is_hop_by_hop, BodyKind, BodyProgress, Head, CHUNK_SIZE_ROOM,
 };
 use crate::request::{self, Decision, Peer};

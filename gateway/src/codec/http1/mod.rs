@@ -4,7 +4,8 @@
 //! It turns bytes into heads and body boundaries and back, and knows nothing of clusters, routes or
 //! identity (DESIGN.md's dependency rule). Bodies are never collected: the connection driver moves
 //! body bytes straight from the read buffer to the other side, asking this codec only where they end.
-//! Called by `proxy` (the per-connection driver).
+//! Used by the HTTP/1.1 front-end (`protocol::h1`), the exchange (members' responses) and the
+//! stations that read a `Head`.
 
 pub mod body;
 pub mod head;

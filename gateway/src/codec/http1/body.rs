@@ -376,7 +376,7 @@ impl BodyProgress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::http1::head::{parse_request, HeadLimits};
+    use crate::codec::http1::head::{parse_request, HeadLimits};
     use bytes::BytesMut;
 
     #[test]
