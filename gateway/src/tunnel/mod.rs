@@ -11,12 +11,12 @@
 //!   CA, the cluster name in the certificate's subject), the hello, the h2 connection with roles
 //!   reversed (the gateway is the h2 client that opens streams), pinged, and registered here
 //!   while it lives;
-//! - `stream`: one h2 stream as a byte pipe with per-stream flow control (the gateway's side);
-//! - `carry`: the agent's side of a stream, to and from its member connection without copies;
+//! - `stream`: one h2 stream as a byte pipe with per-stream flow control (the gateway's side; the
+//!   agent's is `agent/carry.rs`);
 //! - `konnectivity`: unmodified konnectivity (ANP) proxy-agents, dispatched to by ALPN `h2`, on
 //!   the tunnel thread;
-//! - `coalesce`: a tunnel's h2 frames gathered into one socket write per poll (both ends);
-//! - `wire`: the constants and the hello both sides share; `heartbeat`: the PINGs both ends send.
+//! - `wire`: the wire format both ends import (the hello and its answer, stream targets and
+//!   answers, the h2 settings, heartbeats, coalescing); a leaf that imports nothing else here.
 //!
 //! The shards find tunnels in this registry: each cluster's live tunnels in an `ArcSwap`, written
 //! only when an agent comes or goes. A shard loads it, picks a tunnel (its own if the cluster has
@@ -26,11 +26,8 @@
 //! An agent's bytes are parsed by rustls and h2 on the shard serving its tunnel, as a client's
 //! are; its ClientHello and a konnectivity agent's gRPC on the tunnel thread.
 
-pub mod carry;
 pub mod claim;
-pub mod coalesce;
 pub mod handoff;
-pub mod heartbeat;
 pub mod konnectivity;
 pub mod listener;
 pub mod pending;
@@ -149,9 +146,7 @@ impl Tunnel {
     ) -> Result<UpstreamIo, OpenError> {
         let send = send.clone();
         let mut send = send.ready().await.map_err(|_| OpenError::Gone)?;
-        let request = http::Request::post(uri)
-            .body(())
-            .map_err(|_| OpenError::Gone)?;
+        let request = wire::stream_request(uri).ok_or(OpenError::Gone)?;
         let (response, stream) = send
             .send_request(request, false)
             .map_err(|_| OpenError::Gone)?;
@@ -162,22 +157,14 @@ impl Tunnel {
             }
             _ => OpenError::Gone,
         })?;
-        if response.status() == http::StatusCode::FORBIDDEN {
-            return Err(OpenError::Forbidden);
+        match wire::StreamAnswer::read(&response) {
+            wire::StreamAnswer::Open => Ok(UpstreamIo::Tunnel(Box::new(Counted::new(
+                TunnelStream::new(stream, response.into_body()),
+                stats.clone(),
+            )))),
+            wire::StreamAnswer::Forbidden => Err(OpenError::Forbidden),
+            wire::StreamAnswer::Refused(reason) => Err(OpenError::Refused(reason)),
         }
-        if response.status() != http::StatusCode::OK {
-            let reason = response
-                .headers()
-                .get(wire::ERROR_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .map(wire::printable)
-                .unwrap_or_else(|| format!("the agent answered {}", response.status()));
-            return Err(OpenError::Refused(reason));
-        }
-        Ok(UpstreamIo::Tunnel(Box::new(Counted::new(
-            TunnelStream::new(stream, response.into_body()),
-            stats.clone(),
-        ))))
     }
 }
 

@@ -291,7 +291,7 @@ pub async fn serve(accepted: Accepted, cluster: Arc<str>, peer: SocketAddr) {
     };
     let mut reader = packet::MessageReader::default();
     let mut purge = tokio::time::interval(PURGE_EVERY);
-    let heartbeat = crate::tunnel::heartbeat::until_unanswered(&mut pings, tokio::time::sleep);
+    let heartbeat = wire::heartbeat::until_unanswered(&mut pings, tokio::time::sleep);
     tokio::pin!(heartbeat);
     let (reason, status) = loop {
         if let Err(e) = flush(&mut send, &mut session.out) {
