@@ -17,8 +17,8 @@
 //!   (retries, relay, upgrades spliced, streams ended when their route is retired);
 //! - `upstream`: connections to members (direct, through an egress proxy) and the per-shard pool;
 //! - `tunnel`: pull mode: the listener agents dial, their tunnels, and streams on them for
-//!   `upstream` to use as connections; `tunnel::wire`, the tunnel's wire format, is shared with
-//!   the agent;
+//!   `upstream` to use as connections (below `upstream`: it never imports it); `tunnel::wire`, the
+//!   tunnel's wire format, is shared with the agent;
 //! - `errors`: every Status the gateway itself answers;
 //! - `observe`: metrics and the audit log.
 //!

@@ -154,7 +154,8 @@ where
     let Some(mut pings) = connection.ping_pong() else {
         return;
     };
-    let mut tunnel = Tunnel::new(cluster.clone(), peer, Carrier::Fleetgate(send));
+    let stats = registry().stats(&cluster);
+    let mut tunnel = Tunnel::new(cluster.clone(), peer, Carrier::Fleetgate(send), stats);
     tunnel.shard = current_shard();
     let tunnel = Arc::new(tunnel);
     registry().add(tunnel.clone());

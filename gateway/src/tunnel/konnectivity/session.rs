@@ -274,6 +274,7 @@ pub async fn serve(accepted: Accepted, cluster: Arc<str>, peer: SocketAddr) {
         Carrier::Konnectivity(SessionHandle {
             commands: commands.clone(),
         }),
+        registry().stats(&cluster),
     ));
     registry().add(tunnel.clone());
     info!(%peer, cluster = %cluster, tunnel = tunnel.id, agent_id = %agent_id, "konnectivity agent up");
@@ -601,6 +602,7 @@ mod tests {
             Carrier::Konnectivity(SessionHandle {
                 commands: commands.clone(),
             }),
+            Default::default(),
         ));
         let session = Session {
             cluster: "edge".into(),
