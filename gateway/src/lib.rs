@@ -17,16 +17,19 @@
 //!   (retries, relay, upgrades spliced, streams ended when their route is retired);
 //! - `upstream`: connections to members (direct, through an egress proxy) and the per-shard pool;
 //! - `tunnel`: pull mode: the listener agents dial, their tunnels, and streams on them for
-//!   `upstream` to use as connections;
+//!   `upstream` to use as connections (below `upstream`: it never imports it); `tunnel::wire`, the
+//!   tunnel's wire format, is shared with the agent;
 //! - `errors`: every Status the gateway itself answers;
 //! - `observe`: metrics and the audit log.
 //!
 //! `codec` (the HTTP/1.1 codec) is a leaf every station may use.
 //! `cli` holds the commands (`serve`, `demo`, `certs`, `kubeconfig`, `agent`), apart from the data
-//! path.
+//! path. `agent` is the pull-mode agent program (`fleetgate agent`), beside the gateway: it
+//! speaks `tunnel::wire` with it and uses nothing else of the data path.
 //! The library never prints except the commands' `ready` lines.
 
 pub mod admit;
+pub mod agent;
 pub mod auth;
 pub mod cli;
 pub mod codec;

@@ -4,7 +4,9 @@
 //! (the flags and format of every command's log, and how a failed command reports its error).
 //! Each parses its arguments with clap and calls the library; none touches a request.
 
-pub mod agent;
+/// `agent`: the pull-mode agent program has its own folder (`crate::agent`); its flags and `run`
+/// are the command.
+pub use crate::agent;
 pub mod certs;
 pub mod demo;
 pub mod kubeconfig;

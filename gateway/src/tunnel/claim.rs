@@ -7,10 +7,10 @@
 use std::sync::Arc;
 
 use fleetgate_config_watcher::{ConnectMode, SharedTable};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tracing::debug;
 
-use super::wire;
+use super::wire::{self, AgentSubject, HelloAnswer, LineError};
 
 /// The cluster the peer's certificate names (see [`certified_cluster`]).
 pub(super) fn peer_cluster(session: &rustls::ServerConnection) -> Result<String, String> {
@@ -32,7 +32,10 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let certified = peer_cluster(tls.get_ref().1);
-    let line = read_hello(tls).await;
+    let line = wire::read_line(tls).await.map_err(|e| match e {
+        LineError::Ended(_) => "the connection ended inside the hello".to_string(),
+        LineError::TooLong => "the hello is too long".to_string(),
+    });
     let decision = certified.and_then(|certified| {
         let line = line?;
         let claimed = wire::parse_hello(&line).map_err(str::to_owned)?;
@@ -45,7 +48,7 @@ where
     });
     match decision {
         Ok(cluster) => {
-            tls.write_all(wire::HELLO_OK.as_bytes())
+            tls.write_all(HelloAnswer::Ok.line().as_bytes())
                 .await
                 .map_err(|e| format!("writing the hello answer: {e}"))?;
             tls.flush().await.map_err(|e| e.to_string())?;
@@ -53,7 +56,7 @@ where
             Ok(cluster)
         }
         Err(reason) => {
-            let answer = format!("{}{}\n", wire::HELLO_REFUSED, wire::printable(&reason));
+            let answer = HelloAnswer::Refused(reason.clone()).line();
             let _ = tls.write_all(answer.as_bytes()).await;
             let _ = tls.shutdown().await;
             Err(reason)
@@ -93,40 +96,7 @@ pub(super) fn serving_cluster(
 
 /// The cluster an agent certificate names: its CN, if its O includes the agents' organization.
 fn certified_cluster(cert: &[u8]) -> Result<String, String> {
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert)
-        .map_err(|_| "the client certificate does not parse".to_string())?;
-    let subject = parsed.subject();
-    let is_agent = subject
-        .iter_organization()
-        .any(|o| o.as_str() == Ok(wire::AGENT_ORGANIZATION));
-    if !is_agent {
-        return Err(format!(
-            "the client certificate is not an agent's (no O={})",
-            wire::AGENT_ORGANIZATION
-        ));
-    }
-    let mut names = subject.iter_common_name();
-    match (names.next().map(|n| n.as_str()), names.next()) {
-        (Some(Ok(name)), None) if !name.is_empty() => Ok(name.to_owned()),
-        _ => Err("the agent certificate must have exactly one CN, the cluster's name".into()),
-    }
-}
-
-/// The hello line without its `\n`: read a byte at a time (the h2 bytes after it are not
-/// consumed), at most [`wire::MAX_HELLO`] bytes.
-async fn read_hello<S: tokio::io::AsyncRead + Unpin>(tls: &mut S) -> Result<Vec<u8>, String> {
-    let mut line = Vec::with_capacity(64);
-    loop {
-        let byte = tls
-            .read_u8()
-            .await
-            .map_err(|_| "the connection ended inside the hello".to_string())?;
-        if byte == b'\n' {
-            return Ok(line);
-        }
-        if line.len() >= wire::MAX_HELLO {
-            return Err("the hello is too long".into());
-        }
-        line.push(byte);
-    }
+    let subject = AgentSubject::parse(cert)
+        .ok_or_else(|| "the client certificate does not parse".to_string())?;
+    subject.cluster().map(str::to_owned)
 }

@@ -143,13 +143,7 @@ async fn serve_tunnel<S>(tls: S, cluster: Arc<str>, peer: SocketAddr)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
-    let handshake = h2::client::Builder::new()
-        .enable_push(false)
-        .initial_window_size(wire::STREAM_WINDOW)
-        .initial_connection_window_size(wire::CONNECTION_WINDOW)
-        .max_frame_size(wire::MAX_FRAME)
-        .handshake::<_, bytes::Bytes>(super::coalesce::Coalesce::new(tls))
-        .await;
+    let handshake = wire::gateway_h2(tls).await;
     let (send, mut connection) = match handshake {
         Ok(pair) => pair,
         Err(error) => {
@@ -160,13 +154,14 @@ where
     let Some(mut pings) = connection.ping_pong() else {
         return;
     };
-    let mut tunnel = Tunnel::new(cluster.clone(), peer, Carrier::Fleetgate(send));
+    let stats = registry().stats(&cluster);
+    let mut tunnel = Tunnel::new(cluster.clone(), peer, Carrier::Fleetgate(send), stats);
     tunnel.shard = current_shard();
     let tunnel = Arc::new(tunnel);
     registry().add(tunnel.clone());
     let listed = Listed(tunnel.clone());
     info!(%peer, cluster = %cluster, tunnel = tunnel.id, shard = tunnel.shard, "tunnel up");
-    let heartbeat = super::heartbeat::until_unanswered(&mut pings, runtime::sleep);
+    let heartbeat = wire::heartbeat::until_unanswered(&mut pings, runtime::sleep);
     let reason = match runtime::race(&mut connection, heartbeat).await {
         runtime::First::Left(Ok(())) => "the agent closed the connection".to_string(),
         runtime::First::Left(Err(error)) => format!("connection error: {error}"),

@@ -1,7 +1,8 @@
-//! Pull mode: members behind NAT are reached through tunnels their agents (`fleetgate agent`)
-//! dial to the gateway. This station sits under `upstream`: for a `Tunnel` cluster,
-//! `upstream::connect` asks [`open`] for a stream instead of dialing, and the rest of the exchange
-//! (member head, relay, pool, upgrades spliced) runs on it unchanged.
+//! Pull mode, the gateway's side: members behind NAT are reached through tunnels their agents
+//! (`fleetgate agent`, in `agent/`) dial to the gateway. This station sits under `upstream`
+//! and never imports it: for a `Tunnel` cluster, `upstream::connect` asks [`open`] for a member
+//! connection ([`TunnelIo`]) instead of dialing, and the rest of the exchange (member head, relay,
+//! pool, upgrades spliced) runs on it unchanged.
 //!
 //! - `listener`: the tunnel listener, on a thread and a tokio runtime of its own: it accepts
 //!   agents, reads their TLS ClientHello and sends each on by its ALPN; `pending`: how many
@@ -11,12 +12,12 @@
 //!   CA, the cluster name in the certificate's subject), the hello, the h2 connection with roles
 //!   reversed (the gateway is the h2 client that opens streams), pinged, and registered here
 //!   while it lives;
-//! - `stream`: one h2 stream as a byte pipe with per-stream flow control (the gateway's side);
-//! - `carry`: the agent's side of a stream, to and from its member connection without copies;
+//! - `stream`: one h2 stream as a byte pipe with per-stream flow control (the gateway's side; the
+//!   agent's is `agent/carry.rs`);
 //! - `konnectivity`: unmodified konnectivity (ANP) proxy-agents, dispatched to by ALPN `h2`, on
 //!   the tunnel thread;
-//! - `coalesce`: a tunnel's h2 frames gathered into one socket write per poll (both ends);
-//! - `wire`: the constants and the hello both sides share; `heartbeat`: the PINGs both ends send.
+//! - `wire`: the wire format both ends import (the hello and its answer, stream targets and
+//!   answers, the h2 settings, heartbeats, coalescing); a leaf that imports nothing else here.
 //!
 //! The shards find tunnels in this registry: each cluster's live tunnels in an `ArcSwap`, written
 //! only when an agent comes or goes. A shard loads it, picks a tunnel (its own if the cluster has
@@ -25,12 +26,14 @@
 //! it across threads and h2's internal lock is held only for the length of a frame operation.
 //! An agent's bytes are parsed by rustls and h2 on the shard serving its tunnel, as a client's
 //! are; its ClientHello and a konnectivity agent's gRPC on the tunnel thread.
+//!
+//! Three runtimes run this folder, each its own part: the shards' monoio (`handoff`, the registry's
+//! [`open`], `stream`), the tunnel thread's tokio (`listener`, `konnectivity`), and, for `wire`
+//! alone, the agent's tokio. The registry itself is runtime-neutral and takes its inputs (the
+//! calling shard, the carriers) as arguments, so it is tested in process (`tests`).
 
-pub mod carry;
 pub mod claim;
-pub mod coalesce;
 pub mod handoff;
-pub mod heartbeat;
 pub mod konnectivity;
 pub mod listener;
 pub mod pending;
@@ -38,6 +41,9 @@ pub mod refusals;
 pub mod stats;
 pub mod stream;
 pub mod wire;
+
+#[cfg(test)]
+mod tests;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -48,18 +54,29 @@ use ahash::AHashMap;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use fleetgate_config_watcher::{ClusterRoute, ConnectMode, RouteTable};
+use tokio::sync::Notify;
 use tracing::debug;
 
 use crate::errors::GatewayError;
 use crate::runtime::{self, clock};
-use crate::upstream::UpstreamIo;
+pub use konnectivity::KonnectivityConn;
 pub use stats::{Counted, StreamStats};
 pub use stream::TunnelStream;
+use wire::StreamAnswer;
 
-/// How often a request waiting for a cluster's agent looks at the registry again.
-const RECHECK: Duration = Duration::from_millis(20);
 /// How long a request waits for an agent to (re)connect, unless `serve --tunnel-wait` says.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(3);
+
+/// A member connection through a tunnel, for `upstream` to pool and the exchange to use like a
+/// dialed one; counted in its cluster's [`StreamStats`] while it lives.
+pub enum TunnelIo {
+    /// A stream of a fleetgate agent's tunnel, which the agent carries to the member (or to an
+    /// allowed service), bytes as they are.
+    Stream(Box<Counted<TunnelStream>>),
+    /// The gateway's own TLS to the member, over a konnectivity agent's connection (which
+    /// carries TCP only).
+    Konnectivity(Box<Counted<tokio_rustls::client::TlsStream<KonnectivityConn>>>),
+}
 
 /// One agent's live tunnel.
 pub struct Tunnel {
@@ -86,11 +103,18 @@ pub(crate) enum Carrier {
 }
 
 impl Tunnel {
-    pub(crate) fn new(cluster: Arc<str>, agent: SocketAddr, carrier: Carrier) -> Tunnel {
+    /// A tunnel of `cluster` from `agent`, counting in `stats` (its registry's
+    /// [`TunnelRegistry::stats`] for the cluster).
+    pub(crate) fn new(
+        cluster: Arc<str>,
+        agent: SocketAddr,
+        carrier: Carrier,
+        stats: Arc<StreamStats>,
+    ) -> Tunnel {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Tunnel {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            stats: registry().stats(&cluster),
+            stats,
             cluster,
             agent,
             carrier,
@@ -126,7 +150,7 @@ impl Tunnel {
         cluster: &ClusterRoute,
         uri: &str,
         service: bool,
-    ) -> Result<UpstreamIo, OpenError> {
+    ) -> Result<TunnelIo, OpenError> {
         match &self.carrier {
             Carrier::Fleetgate(send) => Self::open_h2_stream(send, uri, &self.stats).await,
             // A konnectivity agent dials what the gateway names; it has no allow list, so the
@@ -146,12 +170,10 @@ impl Tunnel {
         send: &h2::client::SendRequest<Bytes>,
         uri: &str,
         stats: &Arc<StreamStats>,
-    ) -> Result<UpstreamIo, OpenError> {
+    ) -> Result<TunnelIo, OpenError> {
         let send = send.clone();
         let mut send = send.ready().await.map_err(|_| OpenError::Gone)?;
-        let request = http::Request::post(uri)
-            .body(())
-            .map_err(|_| OpenError::Gone)?;
+        let request = wire::stream_request(uri).ok_or(OpenError::Gone)?;
         let (response, stream) = send
             .send_request(request, false)
             .map_err(|_| OpenError::Gone)?;
@@ -162,22 +184,14 @@ impl Tunnel {
             }
             _ => OpenError::Gone,
         })?;
-        if response.status() == http::StatusCode::FORBIDDEN {
-            return Err(OpenError::Forbidden);
+        match StreamAnswer::read(&response) {
+            StreamAnswer::Open => Ok(TunnelIo::Stream(Box::new(Counted::new(
+                TunnelStream::new(stream, response.into_body()),
+                stats.clone(),
+            )))),
+            StreamAnswer::Forbidden => Err(OpenError::Forbidden),
+            StreamAnswer::Refused(reason) => Err(OpenError::Refused(reason)),
         }
-        if response.status() != http::StatusCode::OK {
-            let reason = response
-                .headers()
-                .get(wire::ERROR_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .map(wire::printable)
-                .unwrap_or_else(|| format!("the agent answered {}", response.status()));
-            return Err(OpenError::Refused(reason));
-        }
-        Ok(UpstreamIo::Tunnel(Box::new(Counted::new(
-            TunnelStream::new(stream, response.into_body()),
-            stats.clone(),
-        ))))
     }
 }
 
@@ -192,20 +206,28 @@ pub struct TunnelRegistry {
     /// when a cluster's first agent comes, read by `/metrics`; a stream holds its cluster's `Arc`
     /// and adds to it with relaxed atomics: a tunnel stream crosses threads anyway, through h2).
     stats: ArcSwap<AHashMap<Arc<str>, Arc<StreamStats>>>,
+    /// Woken when a tunnel is added, for the requests waiting for one ([`Self::arrival`]).
+    arrived: Notify,
 }
 
 /// The process's registry (one tunnel listener per process).
 pub fn registry() -> &'static TunnelRegistry {
     static REGISTRY: OnceLock<TunnelRegistry> = OnceLock::new();
-    REGISTRY.get_or_init(|| TunnelRegistry {
-        by_cluster: ArcSwap::from_pointee(AHashMap::new()),
-        next: AtomicUsize::new(0),
-        wait_ms: AtomicU64::new(DEFAULT_WAIT.as_millis() as u64),
-        stats: ArcSwap::from_pointee(AHashMap::new()),
-    })
+    REGISTRY.get_or_init(TunnelRegistry::new)
 }
 
 impl TunnelRegistry {
+    /// An empty registry; the process has one ([`registry`]), tests their own.
+    fn new() -> TunnelRegistry {
+        TunnelRegistry {
+            by_cluster: ArcSwap::from_pointee(AHashMap::new()),
+            next: AtomicUsize::new(0),
+            wait_ms: AtomicU64::new(DEFAULT_WAIT.as_millis() as u64),
+            stats: ArcSwap::from_pointee(AHashMap::new()),
+            arrived: Notify::new(),
+        }
+    }
+
     /// How long a request for a cluster without a tunnel waits for one before its 503.
     pub fn set_wait(&self, wait: Duration) {
         self.wait_ms.store(
@@ -219,7 +241,7 @@ impl TunnelRegistry {
     }
 
     /// `cluster`'s counters (made on its first agent).
-    fn stats(&self, cluster: &Arc<str>) -> Arc<StreamStats> {
+    pub(crate) fn stats(&self, cluster: &Arc<str>) -> Arc<StreamStats> {
         if let Some(stats) = self.stats.load().get(cluster) {
             return stats.clone();
         }
@@ -242,6 +264,7 @@ impl TunnelRegistry {
                 .push(tunnel.clone());
             map
         });
+        self.arrived.notify_waiters();
     }
 
     /// Removes a tunnel whose connection ended.
@@ -345,13 +368,12 @@ impl TunnelRegistry {
     }
 
     /// A live tunnel of `cluster`, spreading streams over its agents: one whose connection runs
-    /// on the calling shard if there is one (no thread between the request and its tunnel),
-    /// else any.
-    fn pick(&self, cluster: &str) -> Option<Arc<Tunnel>> {
+    /// on `shard` (the calling shard) if there is one (no thread between the request and its
+    /// tunnel), else any.
+    fn pick(&self, cluster: &str, shard: Option<usize>) -> Option<Arc<Tunnel>> {
         let map = self.by_cluster.load();
         let list = map.get(cluster)?;
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let shard = handoff::current_shard();
         let mut live = (0..list.len())
             .map(|i| &list[(start + i) % list.len()])
             .filter(|t| t.is_alive());
@@ -361,28 +383,66 @@ impl TunnelRegistry {
         }
         Some(live.find(|t| t.shard == shard).unwrap_or(first).clone())
     }
-}
 
-/// Opens a stream to `cluster`'s member (or, with `service`, to that service, which the agent
-/// must allow: else a 403 naming it) through one of its agents' tunnels, within `timeout` once a
-/// tunnel is found. With none up, waits for one (an agent reconnecting) as long as the registry
-/// says, then fails with a 503 naming the cluster.
-pub(crate) async fn open(
-    cluster: &ClusterRoute,
-    service: Option<&wire::ServiceRef<'_>>,
-    timeout: Duration,
-) -> Result<UpstreamIo, GatewayError> {
-    let uri = service.map(wire::service_uri);
-    let uri = uri.as_deref().unwrap_or(wire::STREAM_URI);
-    let target = || match service {
-        Some(service) => format!("service {service} through the agent"),
-        None => "the member through the agent".to_owned(),
-    };
-    let registry = registry();
-    let wait = registry.wait();
-    let started = clock::now();
-    loop {
-        if let Some(tunnel) = registry.pick(&cluster.name) {
+    /// A live tunnel of `cluster` as soon as there is one: at once if there is, else when an
+    /// agent's tunnel is added (only an addition makes one appear).
+    async fn arrival(&self, cluster: &str, shard: Option<usize>) -> Arc<Tunnel> {
+        loop {
+            let mut added = std::pin::pin!(self.arrived.notified());
+            // Listening before looking: an addition between the look and the wait is not missed.
+            added.as_mut().enable();
+            if let Some(tunnel) = self.pick(cluster, shard) {
+                return tunnel;
+            }
+            added.await;
+        }
+    }
+
+    /// Opens a stream to `cluster`'s member (or, with `service`, to that service, which the
+    /// agent must allow: else a 403 naming it) through one of its agents' tunnels, preferring
+    /// `shard`'s, within `timeout` once a tunnel is found. A tunnel found gone is marked dead
+    /// and another tried. With none up, waits for one (an agent reconnecting) as long as
+    /// [`Self::set_wait`] says, then fails with a 503 naming the cluster.
+    async fn open(
+        &self,
+        cluster: &ClusterRoute,
+        service: Option<&wire::ServiceRef<'_>>,
+        timeout: Duration,
+        shard: Option<usize>,
+    ) -> Result<TunnelIo, GatewayError> {
+        let uri = service.map(wire::service_uri);
+        let uri = uri.as_deref().unwrap_or(wire::STREAM_URI);
+        let target = || match service {
+            Some(service) => format!("service {service} through the agent"),
+            None => "the member through the agent".to_owned(),
+        };
+        let wait = self.wait();
+        let started = clock::now();
+        loop {
+            let tunnel = match self.pick(&cluster.name, shard) {
+                Some(tunnel) => tunnel,
+                None => {
+                    let waited = clock::now().saturating_duration_since(started);
+                    let left = wait.saturating_sub(waited);
+                    let arrived = if left.is_zero() {
+                        None
+                    } else {
+                        runtime::timeout(left, self.arrival(&cluster.name, shard))
+                            .await
+                            .ok()
+                    };
+                    match arrived {
+                        Some(tunnel) => tunnel,
+                        None => {
+                            let waited = clock::now().saturating_duration_since(started);
+                            return Err(GatewayError::NoTunnel {
+                                cluster: cluster.name.to_string(),
+                                waited_ms: waited.as_millis() as u64,
+                            });
+                        }
+                    }
+                }
+            };
             match runtime::timeout(timeout, tunnel.open_stream(cluster, uri, service.is_some()))
                 .await
             {
@@ -413,13 +473,18 @@ pub(crate) async fn open(
                 }
             }
         }
-        let waited = clock::now().saturating_duration_since(started);
-        if waited >= wait {
-            return Err(GatewayError::NoTunnel {
-                cluster: cluster.name.to_string(),
-                waited_ms: waited.as_millis() as u64,
-            });
-        }
-        runtime::sleep(RECHECK.min(wait - waited)).await;
     }
+}
+
+/// Opens a member connection for `cluster` (or, with `service`, to that service) through the
+/// process's registry, preferring the calling shard's tunnels ([`TunnelRegistry::open`]).
+/// Called by `upstream::connect` on a shard.
+pub(crate) async fn open(
+    cluster: &ClusterRoute,
+    service: Option<&wire::ServiceRef<'_>>,
+    timeout: Duration,
+) -> Result<TunnelIo, GatewayError> {
+    registry()
+        .open(cluster, service, timeout, handoff::current_shard())
+        .await
 }

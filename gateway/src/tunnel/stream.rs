@@ -1,7 +1,7 @@
 //! One tunnel stream as a byte pipe: an h2 stream's DATA both ways behind tokio's `AsyncRead` /
 //! `AsyncWrite`, so the exchange treats a stream to a pull-mode member as it treats a TCP or TLS
 //! connection to a direct one (the member's HTTP/1.1 request head and body go in, its response
-//! comes out, an upgrade is spliced). The agent's side is `super::carry`.
+//! comes out, an upgrade is spliced). The agent's side is `agent/carry.rs`.
 //!
 //! Flow control is per stream: received bytes are given back to the sender's window only once the
 //! reader took them, so a reader that stops (a watch whose client stopped reading) stops its
@@ -17,6 +17,8 @@ use std::task::{ready, Context, Poll};
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::wire::broken;
 
 /// The most one write hands to h2 at once (it copies the bytes into a frame buffer).
 const MAX_WRITE: usize = 64 * 1024;
@@ -40,16 +42,6 @@ impl TunnelStream {
             finished: false,
         }
     }
-}
-
-/// An h2 failure as the I/O error a byte pipe reports.
-pub(super) fn broken(e: h2::Error) -> io::Error {
-    if e.is_io() {
-        return e
-            .into_io()
-            .unwrap_or_else(|| io::ErrorKind::BrokenPipe.into());
-    }
-    io::Error::new(io::ErrorKind::ConnectionReset, e)
 }
 
 impl AsyncRead for TunnelStream {

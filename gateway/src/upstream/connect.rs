@@ -8,7 +8,8 @@
 //!
 //! A `Tunnel` cluster is never dialed: its connection is a stream of an agent's tunnel, or a
 //! konnectivity agent's connection with the gateway's TLS inside (`crate::tunnel::open` gives
-//! either), pooled and reused like any other.
+//! either, as a `TunnelIo`), pooled and reused like any other. The edge runs one way: `upstream`
+//! imports `tunnel`, never the reverse.
 //!
 //! Runtime-specific (monoio) and never called off a shard thread. Called by the exchange through
 //! [`connect`] when the shard's pool has no idle connection for the cluster: for a dialed member,
@@ -30,7 +31,7 @@ use crate::errors::GatewayError;
 use crate::observe::metrics::{ShardMetrics, UpstreamGuard};
 use crate::runtime::clock;
 use crate::tunnel::wire::ServiceRef;
-use crate::tunnel::Counted;
+use crate::tunnel::{Counted, KonnectivityConn, TunnelIo, TunnelStream};
 
 /// A connection to a member: plaintext or rustls over a readiness-based monoio socket, a stream
 /// of a pull-mode member's tunnel (`crate::tunnel`), which its agent carries to the member, or
@@ -38,12 +39,8 @@ use crate::tunnel::Counted;
 pub enum UpstreamIo {
     Plain(TcpStreamPoll),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStreamPoll>>),
-    Tunnel(Box<Counted<crate::tunnel::TunnelStream>>),
-    Konnectivity(
-        Box<
-            Counted<tokio_rustls::client::TlsStream<crate::tunnel::konnectivity::KonnectivityConn>>,
-        >,
-    ),
+    Tunnel(Box<Counted<TunnelStream>>),
+    Konnectivity(Box<Counted<tokio_rustls::client::TlsStream<KonnectivityConn>>>),
 }
 
 impl AsyncRead for UpstreamIo {
@@ -188,7 +185,10 @@ pub async fn connect(
     let key = super::PoolKey::new(cluster, service);
     if cluster.mode == ConnectMode::Tunnel {
         // Pull mode: a stream of one of the cluster's agents' tunnels, never a dial.
-        let io = crate::tunnel::open(cluster, service, timeout).await?;
+        let io = match crate::tunnel::open(cluster, service, timeout).await? {
+            TunnelIo::Stream(stream) => UpstreamIo::Tunnel(stream),
+            TunnelIo::Konnectivity(tls) => UpstreamIo::Konnectivity(tls),
+        };
         return Ok(UpstreamConn::new(io, cluster, key, metrics));
     }
     if let Some(service) = service {

@@ -27,15 +27,14 @@ pub use session::{handshake, serve, SessionHandle};
 use std::sync::Arc;
 
 use super::stats::{Counted, StreamStats};
-use super::OpenError;
-use crate::upstream::UpstreamIo;
+use super::{OpenError, TunnelIo};
 
 /// A TLS connection to `cluster`'s member through the agent of `session`.
 pub(super) async fn open_member(
     session: &SessionHandle,
     cluster: &ClusterRoute,
     stats: &Arc<StreamStats>,
-) -> Result<UpstreamIo, OpenError> {
+) -> Result<TunnelIo, OpenError> {
     let member = cluster
         .tunnel_member
         .as_ref()
@@ -59,7 +58,7 @@ pub(super) async fn open_member(
                 member.address
             ))
         })?;
-    Ok(UpstreamIo::Konnectivity(Box::new(Counted::new(
+    Ok(TunnelIo::Konnectivity(Box::new(Counted::new(
         stream,
         stats.clone(),
     ))))

@@ -274,6 +274,7 @@ pub async fn serve(accepted: Accepted, cluster: Arc<str>, peer: SocketAddr) {
         Carrier::Konnectivity(SessionHandle {
             commands: commands.clone(),
         }),
+        registry().stats(&cluster),
     ));
     registry().add(tunnel.clone());
     info!(%peer, cluster = %cluster, tunnel = tunnel.id, agent_id = %agent_id, "konnectivity agent up");
@@ -291,7 +292,7 @@ pub async fn serve(accepted: Accepted, cluster: Arc<str>, peer: SocketAddr) {
     };
     let mut reader = packet::MessageReader::default();
     let mut purge = tokio::time::interval(PURGE_EVERY);
-    let heartbeat = crate::tunnel::heartbeat::until_unanswered(&mut pings, tokio::time::sleep);
+    let heartbeat = wire::heartbeat::until_unanswered(&mut pings, tokio::time::sleep);
     tokio::pin!(heartbeat);
     let (reason, status) = loop {
         if let Err(e) = flush(&mut send, &mut session.out) {
@@ -601,6 +602,7 @@ mod tests {
             Carrier::Konnectivity(SessionHandle {
                 commands: commands.clone(),
             }),
+            Default::default(),
         ));
         let session = Session {
             cluster: "edge".into(),

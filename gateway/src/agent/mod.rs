@@ -1,10 +1,10 @@
-//! `fleetgate agent`: runs beside a member cluster that the gateway cannot dial (pull mode) and
-//! dials out instead: one TLS connection per gateway (`--gateway`, repeatable), authenticated by
-//! the agent's certificate (`fleetgate certs issue-agent`: CN = the cluster, O =
-//! `fleetgate:agents`), then h2 with roles reversed: the gateway opens a stream per member
-//! connection it wants, and the agent carries each to the member's apiserver (`--kube-server`,
-//! else the in-cluster service account's) and back, bytes as they are, with h2's per-stream flow
-//! control between the two.
+//! Pull mode, the agent's side: the `fleetgate agent` program, which runs beside a member cluster
+//! that the gateway cannot dial and dials out instead: one TLS connection per gateway
+//! (`--gateway`, repeatable), authenticated by the agent's certificate (`fleetgate certs
+//! issue-agent`: CN = the cluster, O = `fleetgate:agents`), then h2 with roles reversed: the
+//! gateway opens a stream per member connection it wants, and the agent carries each to the
+//! member's apiserver (`--kube-server`, else the in-cluster service account's) and back, bytes as
+//! they are, with h2's per-stream flow control between the two.
 //!
 //! A stream is one member connection for as long as it lives: the gateway pools its streams as it
 //! pools direct connections, so an idle stream keeps its member connection (no dial per request),
@@ -17,9 +17,23 @@
 //! dialed again with exponential backoff and jitter. Prints one line containing `ready` once a
 //! tunnel to every gateway is up. Gateway replicas are listed (`--gateway`, each dialed by its
 //! name) or found in DNS (`--gateway-replicas`: one tunnel per address the name resolves to,
-//! re-resolved every `--resolve-seconds`). tokio, h2 and tokio-rustls on one thread; each
-//! stream carried without copies (`tunnel::carry`).
+//! re-resolved every `--resolve-seconds`). tokio, h2 and tokio-rustls on one thread.
 //! Never logs key material or the requests it carries.
+//!
+//! This module is the program: its flags ([`AgentArgs`], which `cli` exposes as the `agent`
+//! command), [`run`], dialing the gateway replicas (the tunnels kept to each, redialed with
+//! backoff, and the replicas a name resolves to), and each stream served (`serve_stream`: its
+//! target read, refused or dialed, then carried). The rest, by what it does:
+//! - `session`: one tunnel's life: dial, hello, h2, heartbeat, streams accepted;
+//! - `member`: the member dial: the apiserver, or a service `--allow-service` lists;
+//! - `carry`: a stream's bytes to and from its member connection, without copies.
+//!
+//! The wire format it speaks is `crate::tunnel::wire`, the very module the gateway's side
+//! (`crate::tunnel`) speaks it with; nothing else of the gateway is used here.
+
+mod carry;
+mod member;
+mod session;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
@@ -32,12 +46,10 @@ use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use fleetgate_config_watcher::{crypto_provider, parse_certs, parse_key, parse_server};
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tracing::{debug, info, warn};
 
-use crate::tunnel::carry::{self, MemberConn};
 use crate::tunnel::wire;
+use member::Member;
 
 /// Arguments of `fleetgate agent`.
 #[derive(Debug, Clone, clap::Args)]
@@ -80,50 +92,6 @@ pub struct AgentArgs {
     pub allow_services: Vec<String>,
 }
 
-/// The services this agent serves (`--allow-service`), each with the address it dials.
-#[derive(Debug, Default)]
-struct AllowedServices {
-    /// `NS/NAME:PORT` (as [`wire::ServiceRef`] prints it) -> `HOST:PORT`.
-    by_service: std::collections::HashMap<String, String>,
-}
-
-impl AllowedServices {
-    fn from_args(specs: &[String]) -> anyhow::Result<AllowedServices> {
-        let mut allowed = AllowedServices::default();
-        for spec in specs {
-            let (service, address) = match spec.split_once('=') {
-                Some((service, address)) => (service, Some(address)),
-                None => (spec.as_str(), None),
-            };
-            let service = wire::ServiceRef::parse(service)
-                .map_err(|e| anyhow!("--allow-service {spec:?}: {e}"))?;
-            let address = match address {
-                Some(address) => {
-                    let (host, port) = address.rsplit_once(':').ok_or_else(|| {
-                        anyhow!("--allow-service {spec:?}: the address is HOST:PORT")
-                    })?;
-                    if host.is_empty() || wire::parse_port(port).is_none() {
-                        bail!("--allow-service {spec:?}: the address is HOST:PORT");
-                    }
-                    address.to_owned()
-                }
-                None => service.in_cluster_address(),
-            };
-            allowed.by_service.insert(service.to_string(), address);
-        }
-        Ok(allowed)
-    }
-
-    /// The address `service` is dialed at, if it is allowed.
-    fn address(&self, service: &wire::ServiceRef<'_>) -> Option<&str> {
-        self.by_service
-            .get(&service.to_string())
-            .map(String::as_str)
-    }
-}
-
-/// Where the in-cluster service account keeps the apiserver's CA.
-const IN_CLUSTER_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
 /// Dialing a gateway or the member: TCP and TLS.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reconnect backoff: first delay, ceiling, and how long a tunnel must have lived for the next
@@ -131,92 +99,6 @@ const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 const STABLE_AFTER: Duration = Duration::from_secs(10);
-
-/// The member's apiserver as the agent dials it.
-struct Member {
-    host: String,
-    port: u16,
-    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
-    /// The services streams may name instead of the apiserver.
-    services: AllowedServices,
-}
-
-impl Member {
-    fn from_args(args: &AgentArgs) -> anyhow::Result<Member> {
-        let (server, ca) = match &args.kube_server {
-            Some(server) => (server.clone(), args.kube_ca.clone()),
-            None => {
-                let host = std::env::var("KUBERNETES_SERVICE_HOST")
-                    .context("no --kube-server, and not in a cluster (KUBERNETES_SERVICE_HOST)")?;
-                let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or("443".into());
-                let host = if host.contains(':') {
-                    format!("[{host}]")
-                } else {
-                    host
-                };
-                (
-                    format!("https://{host}:{port}"),
-                    Some(args.kube_ca.clone().unwrap_or(IN_CLUSTER_CA.into())),
-                )
-            }
-        };
-        let target = parse_server(&server).map_err(|e| anyhow!("--kube-server: {e}"))?;
-        if !target.path_prefix.is_empty() {
-            bail!("--kube-server {server:?}: a path prefix is not supported");
-        }
-        let tls = if target.tls {
-            let ca = ca.context("--kube-server is https: give its CA with --kube-ca")?;
-            let roots = roots(&ca)?;
-            let mut config = rustls::ClientConfig::builder_with_provider(crypto_provider())
-                .with_safe_default_protocol_versions()?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            config.alpn_protocols = vec![b"http/1.1".to_vec()];
-            let name = ServerName::try_from(target.host.clone())
-                .map_err(|e| anyhow!("--kube-server host {:?}: {e}", target.host))?;
-            Some((tokio_rustls::TlsConnector::from(Arc::new(config)), name))
-        } else {
-            None
-        };
-        Ok(Member {
-            host: target.host,
-            port: target.port,
-            tls,
-            services: AllowedServices::from_args(&args.allow_services)?,
-        })
-    }
-
-    /// A new connection to the member, within [`DIAL_TIMEOUT`].
-    async fn dial(&self) -> anyhow::Result<MemberConn> {
-        let attempt = async {
-            let tcp = TcpStream::connect((self.host.as_str(), self.port)).await?;
-            tcp.set_nodelay(true)?;
-            Ok::<_, anyhow::Error>(match &self.tls {
-                None => MemberConn::Plain(tcp),
-                Some((connector, name)) => {
-                    MemberConn::Tls(Box::new(connector.connect(name.clone(), tcp).await?))
-                }
-            })
-        };
-        tokio::time::timeout(DIAL_TIMEOUT, attempt)
-            .await
-            .map_err(|_| anyhow!("connecting to {}:{} timed out", self.host, self.port))?
-            .with_context(|| format!("connecting to {}:{}", self.host, self.port))
-    }
-
-    /// A new plain TCP connection to an allowed service, within [`DIAL_TIMEOUT`].
-    async fn dial_service(&self, address: &str) -> anyhow::Result<MemberConn> {
-        let attempt = async {
-            let tcp = TcpStream::connect(address).await?;
-            tcp.set_nodelay(true)?;
-            Ok::<_, std::io::Error>(MemberConn::Plain(tcp))
-        };
-        tokio::time::timeout(DIAL_TIMEOUT, attempt)
-            .await
-            .map_err(|_| anyhow!("connecting to {address} timed out"))?
-            .with_context(|| format!("connecting to {address}"))
-    }
-}
 
 fn roots(path: &std::path::Path) -> anyhow::Result<rustls::RootCertStore> {
     let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
@@ -262,17 +144,10 @@ fn parse_gateway(url: &str) -> anyhow::Result<Gateway> {
 fn check_certificate(cert_pem: &[u8], cluster: &str) -> anyhow::Result<()> {
     let certs = parse_certs(cert_pem).map_err(|e| anyhow!("--cert: {e}"))?;
     let first = certs.first().context("--cert holds no certificate")?;
-    let (_, parsed) = x509_parser::parse_x509_certificate(first)
-        .map_err(|_| anyhow!("--cert does not parse as X.509"))?;
-    let subject = parsed.subject();
-    let names: Vec<&str> = subject
-        .iter_common_name()
-        .filter_map(|n| n.as_str().ok())
-        .collect();
-    let agent = subject
-        .iter_organization()
-        .any(|o| o.as_str() == Ok(wire::AGENT_ORGANIZATION));
-    if names != [cluster] || !agent {
+    let subject = wire::AgentSubject::parse(first)
+        .ok_or_else(|| anyhow!("--cert does not parse as X.509"))?;
+    let (names, agent) = (&subject.common_names, subject.is_agent);
+    if names != &[cluster] || !agent {
         bail!(
             "--cert is not an agent certificate for cluster {cluster:?} (CN {names:?}, \
              O={} {}): issue one with `fleetgate certs issue-agent --cluster {cluster}`",
@@ -535,73 +410,6 @@ impl KeptTunnel {
             Target::Address(address) => format!("{} ({address})", self.gateway.url),
         }
     }
-
-    /// One tunnel's life: dial, hello, h2 (as the server), streams carried, pings; returns why
-    /// it ended.
-    async fn serve_once(&self) -> anyhow::Result<String> {
-        let gateway = &self.gateway;
-        let dial = async {
-            let tcp = match self.target {
-                Target::Name => TcpStream::connect((gateway.host.as_str(), gateway.port)).await?,
-                Target::Address(address) => TcpStream::connect(address).await?,
-            };
-            tcp.set_nodelay(true)?;
-            let mut tls = self.connector.connect(gateway.name.clone(), tcp).await?;
-            tls.write_all(wire::hello(&self.cluster).as_bytes()).await?;
-            tls.flush().await?;
-            let answer = read_line(&mut tls).await?;
-            Ok::<_, std::io::Error>((tls, answer))
-        };
-        let (tls, answer) = tokio::time::timeout(wire::HANDSHAKE_TIMEOUT, dial)
-            .await
-            .map_err(|_| anyhow!("no TLS handshake and hello answer within the timeout"))?
-            .context("dialing the gateway")?;
-        if answer != wire::HELLO_OK.trim_end() {
-            let reason = answer.strip_prefix(wire::HELLO_REFUSED).unwrap_or(&answer);
-            bail!(
-                "the gateway refused the tunnel: {}",
-                wire::printable(reason)
-            );
-        }
-        let mut connection = h2::server::Builder::new()
-            .initial_window_size(wire::STREAM_WINDOW)
-            .initial_connection_window_size(wire::CONNECTION_WINDOW)
-            .max_frame_size(wire::MAX_FRAME)
-            .max_concurrent_streams(u32::MAX)
-            .handshake::<_, Bytes>(crate::tunnel::coalesce::Coalesce::new(tls))
-            .await
-            .context("the h2 handshake")?;
-        let mut pings = connection.ping_pong().context("h2 gave no ping handle")?;
-        info!(gateway = %self.describe(), cluster = %self.cluster, "tunnel up");
-        let _ = self.events.send(Event::Up(self.index, self.target));
-        let heartbeat = crate::tunnel::heartbeat::until_unanswered(&mut pings, tokio::time::sleep);
-        tokio::pin!(heartbeat);
-        loop {
-            tokio::select! {
-                stream = connection.accept() => match stream {
-                    Some(Ok((request, respond))) => {
-                        tokio::spawn(serve_stream(self.member.clone(), request, respond));
-                    }
-                    Some(Err(error)) => return Err(anyhow!(error).context("the tunnel failed")),
-                    None => return Ok("the gateway closed the tunnel".into()),
-                },
-                reason = &mut heartbeat => return Ok(reason),
-            }
-        }
-    }
-}
-
-/// The gateway's answer line (without `\n`), read a byte at a time so that no h2 byte after it
-/// is consumed; at most [`wire::MAX_HELLO`] bytes.
-async fn read_line<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<String> {
-    let mut line = Vec::new();
-    loop {
-        let byte = stream.read_u8().await?;
-        if byte == b'\n' || line.len() >= wire::MAX_HELLO {
-            return Ok(String::from_utf8_lossy(&line).into_owned());
-        }
-        line.push(byte);
-    }
 }
 
 /// `BACKOFF_FIRST * 2^(failures-1)`, at most `BACKOFF_MAX`, times a random factor in [0.5, 1):
@@ -624,14 +432,8 @@ async fn serve_stream(
     mut respond: h2::server::SendResponse<Bytes>,
 ) {
     let refuse = |respond: &mut h2::server::SendResponse<Bytes>, code, reason: &str| {
-        let reason = wire::printable(reason);
-        debug!(code = %code, reason = %reason, "stream refused");
-        let mut answer = http::Response::new(());
-        *answer.status_mut() = code;
-        if let Ok(value) = http::HeaderValue::from_str(&reason) {
-            answer.headers_mut().insert(wire::ERROR_HEADER, value);
-        }
-        let _ = respond.send_response(answer, true);
+        debug!(code = %code, reason = %wire::printable(reason), "stream refused");
+        let _ = respond.send_response(wire::refusal(code, reason), true);
     };
     let target = wire::parse_stream_path(request.uri().path());
     let dialed = match target {
@@ -734,34 +536,6 @@ mod tests {
             crate::cli::certs::issue_client(&ca, "edge-1", &[], Duration::from_secs(60)).unwrap();
         assert!(check_certificate(user.cert_pem.as_bytes(), "edge-1").is_err());
         assert!(parse_gateway("http://gw:1").is_err());
-    }
-
-    #[test]
-    fn allowed_services_are_parsed_strictly() {
-        let specs = [
-            "team-a/echo:8080".to_owned(),
-            "b/web:80=127.0.0.1:9".to_owned(),
-        ];
-        let allowed = AllowedServices::from_args(&specs).unwrap();
-        let echo = wire::ServiceRef::parse("team-a/echo:8080").unwrap();
-        assert_eq!(allowed.address(&echo), Some("echo.team-a.svc:8080"));
-        let web = wire::ServiceRef::parse("b/web:80").unwrap();
-        assert_eq!(allowed.address(&web), Some("127.0.0.1:9"));
-        let other = wire::ServiceRef::parse("b/web:81").unwrap();
-        assert_eq!(allowed.address(&other), None);
-        for bad in [
-            "b/web",
-            "b/web:80=",
-            "b/web:80=host",
-            "b/web:80=:1",
-            "b/web:80=h:0",
-            "B/web:80",
-        ] {
-            assert!(
-                AllowedServices::from_args(&[bad.to_owned()]).is_err(),
-                "{bad} accepted"
-            );
-        }
         assert_eq!(parse_gateway("gw.example:8132").unwrap().port, 8132);
     }
 }

@@ -11,7 +11,7 @@
 //! socket to become readable. Flow control follows the writer: received bytes are released to
 //! the gateway's window only once the member took them. Half-closes pass through (the gateway's
 //! END_STREAM shuts the member connection's write side; the member's EOF sends END_STREAM).
-//! tokio only (the agent).
+//! tokio only (the agent: `super::member` hands it each stream it accepted).
 
 use std::future::poll_fn;
 use std::io;
@@ -21,10 +21,10 @@ use h2::{RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::stream::broken;
+use crate::tunnel::wire::{broken, MAX_FRAME};
 
-/// The most one read from the member takes (one DATA frame, [`super::wire::MAX_FRAME`]).
-pub const READ_CHUNK: usize = super::wire::MAX_FRAME as usize;
+/// The most one read from the member takes (one DATA frame, [`MAX_FRAME`]).
+pub const READ_CHUNK: usize = MAX_FRAME as usize;
 
 /// A connection the agent carries a stream to.
 pub enum MemberConn {
