@@ -192,6 +192,9 @@ pub struct TunnelRegistry {
     /// when a cluster's first agent comes, read by `/metrics`; a stream holds its cluster's `Arc`
     /// and adds to it with relaxed atomics: a tunnel stream crosses threads anyway, through h2).
     stats: ArcSwap<AHashMap<Arc<str>, Arc<StreamStats>>>,
+    /// Called after each tunnel added or removed: `cli/serve` hands it the API source's signal,
+    /// so a Cluster's agent count is written to its status at once (never blocks).
+    on_change: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// The process's registry (one tunnel listener per process).
@@ -202,6 +205,7 @@ pub fn registry() -> &'static TunnelRegistry {
         next: AtomicUsize::new(0),
         wait_ms: AtomicU64::new(DEFAULT_WAIT.as_millis() as u64),
         stats: ArcSwap::from_pointee(AHashMap::new()),
+        on_change: OnceLock::new(),
     })
 }
 
@@ -216,6 +220,17 @@ impl TunnelRegistry {
 
     fn wait(&self) -> Duration {
         Duration::from_millis(self.wait_ms.load(Ordering::Relaxed))
+    }
+
+    /// Sets what is called after each tunnel added or removed (once; a second hook is ignored).
+    pub fn on_change(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_change.set(hook);
+    }
+
+    fn changed(&self) {
+        if let Some(hook) = self.on_change.get() {
+            hook();
+        }
     }
 
     /// `cluster`'s counters (made on its first agent).
@@ -242,6 +257,7 @@ impl TunnelRegistry {
                 .push(tunnel.clone());
             map
         });
+        self.changed();
     }
 
     /// Removes a tunnel whose connection ended.
@@ -257,6 +273,7 @@ impl TunnelRegistry {
             }
             map
         });
+        self.changed();
     }
 
     /// How many live tunnels `cluster` has.
