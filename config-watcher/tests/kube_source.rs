@@ -979,5 +979,30 @@ fn tunnel_clusters_say_how_many_agents_the_replicas_hold() {
         json!(2),
         &[("replica-a", 2)],
     ));
-    setup.shutdown(source_a);
+    drop(source_a);
+    runtime.block_on(agents_become(&clusters, "edge", json!(null), &[]));
+
+    // Two processes under one name (two on one host without --replica-name): they do not
+    // rewrite each other's count at once, forever; each writes once a heartbeat (5 times a
+    // second here), so a second holds a few writes, not hundreds.
+    let (twin_1, ..) = setup.watch_reporting(Some(replica("twin", &held_a, beat)));
+    let (twin_2, ..) = setup.watch_reporting(Some(replica("twin", &held_b, beat)));
+    runtime.block_on(async {
+        let edge = || async { clusters.get("edge").await.unwrap() };
+        let start = Instant::now();
+        while !edge().await.data["status"]["tunnels"]["twin"].is_object() {
+            assert!(start.elapsed() < Duration::from_secs(5), "no twin entry");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let version = |edge: DynamicObject| -> u64 {
+            edge.metadata.resource_version.unwrap().parse().unwrap()
+        };
+        let before = version(edge().await);
+        // A window to count writes in, not a wait for readiness.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let writes = version(edge().await) - before;
+        assert!(writes < 40, "{writes} writes in a second");
+    });
+    drop(twin_1);
+    setup.shutdown(twin_2);
 }

@@ -15,7 +15,9 @@
 //! No two clocks are compared (as Kubernetes' node lifecycle controller judges Lease renewals),
 //! so clock skew between replicas cannot make them remove each other's entries in a loop. A
 //! replica leaving gracefully removes its own entries ([`leave`]). `Direct` clusters carry
-//! neither field: a replica that sees one removes both.
+//! neither field: a replica that sees one removes both. Two processes under one replica name
+//! would rewrite each other's count at once, forever: one that finds an entry under its name that
+//! it did not write warns and writes only at its heartbeat.
 //!
 //! Counts come from the caller ([`AgentReport`]: in `fleetgate serve`, the tunnel registry, which
 //! signals each tunnel added or removed); this module never sees a tunnel. Driven by the API
@@ -86,8 +88,20 @@ struct Own<'a> {
     agents: Option<usize>,
     /// The heartbeat to write when the entry is written.
     heartbeat: &'a str,
-    /// Write the entry even if its count is unchanged (a heartbeat tick).
-    refresh: bool,
+    /// When its entry is written.
+    write: OwnWrite,
+}
+
+/// When this replica writes its own entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OwnWrite {
+    /// When the stored count differs (or there is none).
+    IfChanged,
+    /// Always: a heartbeat tick.
+    Refresh,
+    /// Not now, nor `status.agents`: another process writes under this replica's name (see
+    /// `AgentStatus::write`).
+    Wait,
 }
 
 /// The merge patch that makes a Cluster's `status` (as last seen) say what this replica reports,
@@ -123,7 +137,12 @@ fn status_patch(
     match own.agents {
         Some(agents) => {
             let same = stored.is_some_and(|e| e["agents"].as_u64() == Some(agents as u64));
-            if own.refresh || !same {
+            let write = match own.write {
+                OwnWrite::IfChanged => !same,
+                OwnWrite::Refresh => true,
+                OwnWrite::Wait => false,
+            };
+            if write {
                 tunnels.insert(
                     own.replica.to_owned(),
                     json!({"agents": agents, "heartbeat": own.heartbeat}),
@@ -137,7 +156,8 @@ fn status_patch(
     }
     let mut patch = Map::new();
     let fewest = fewest.map_or(Value::Null, Value::from);
-    if status["agents"] != fewest {
+    // Waiting, this replica's own count is not the one under its name: no count of its own.
+    if status["agents"] != fewest && own.write != OwnWrite::Wait {
         patch.insert("agents".into(), fewest);
     }
     if !tunnels.is_empty() {
@@ -159,6 +179,8 @@ pub(super) struct AgentStatus {
     report: AgentReport,
     /// By (cluster, replica): the heartbeat last seen, and when this replica first saw it.
     seen: HashMap<(String, String), (Value, Instant)>,
+    /// By cluster: what this replica wrote into its entry.
+    written: HashMap<String, Written>,
     /// A heartbeat tick came and the entries were not refreshed since.
     refresh_due: bool,
 }
@@ -168,6 +190,7 @@ impl AgentStatus {
         AgentStatus {
             report,
             seen: HashMap::new(),
+            written: HashMap::new(),
             // The first write refreshes: an entry left by an earlier run under this name is
             // this replica's now.
             refresh_due: true,
@@ -191,17 +214,32 @@ impl AgentStatus {
         let gone_after = self.report.heartbeat * LIVE_PERIODS;
         let heartbeat = super::rfc3339_now();
         let refresh = std::mem::take(&mut self.refresh_due);
+        // Rebuilt each pass, so deleted clusters and replicas are forgotten.
         let mut seen = HashMap::new();
+        let mut written = HashMap::new();
         for value in objects.of(Kind::Cluster) {
             let Some(name) = value["metadata"]["name"].as_str() else {
                 continue;
             };
             let tunnel = is_tunnel(value);
+            let mut mine: Written = self.written.remove(name).unwrap_or_default();
+            // An entry under this replica's name that it did not write: another process has the
+            // same name (two on one host, no --replica-name). Each would rewrite the other's
+            // count at once, forever; written on heartbeat ticks only, they flap, and say so.
+            let stored = value["status"]["tunnels"][&self.report.replica]["heartbeat"].as_str();
+            let foreign = stored.is_some_and(|beat| !mine.beats.iter().any(|m| m == beat));
+            if foreign && !refresh && !std::mem::replace(&mut mine.warned, true) {
+                warn!(cluster = name, replica = %self.report.replica, "another process reports agents under this replica's name: give each replica its own --replica-name");
+            }
             let own = Own {
                 replica: &self.report.replica,
                 agents: tunnel.then(|| (self.report.count)(name)),
                 heartbeat: &heartbeat,
-                refresh,
+                write: match (refresh, foreign) {
+                    (true, _) => OwnWrite::Refresh,
+                    (false, true) => OwnWrite::Wait,
+                    (false, false) => OwnWrite::IfChanged,
+                },
             };
             let live = |replica: &str, beat: &Value| {
                 let key = (name.to_owned(), replica.to_owned());
@@ -212,18 +250,35 @@ impl AgentStatus {
                 seen.insert(key, (beat.clone(), since));
                 now.duration_since(since) < gone_after
             };
-            let Some(patch) = status_patch(&value["status"], tunnel, &own, live) else {
-                continue;
-            };
-            debug!(cluster = name, %patch, "writing the cluster's agents");
-            if let Err(error) = patch_status(&api, name, &patch).await {
-                // Written again at the next change or tick.
-                self.refresh_due = true;
-                warn!(cluster = name, %error, "cannot write the cluster's agents");
+            if let Some(patch) = status_patch(&value["status"], tunnel, &own, live) {
+                debug!(cluster = name, %patch, "writing the cluster's agents");
+                match patch_status(&api, name, &patch).await {
+                    Ok(()) if patch["status"]["tunnels"][&self.report.replica].is_object() => {
+                        mine.beats.swap(0, 1);
+                        mine.beats[1].clone_from(&heartbeat);
+                    }
+                    Ok(()) => {}
+                    Err(error) => {
+                        // Written again at the next change or tick.
+                        self.refresh_due = true;
+                        warn!(cluster = name, %error, "cannot write the cluster's agents");
+                    }
+                }
             }
+            written.insert(name.to_owned(), mine);
         }
         self.seen = seen;
+        self.written = written;
     }
+}
+
+/// What this replica wrote into one Cluster's entry.
+#[derive(Default)]
+struct Written {
+    /// The last two heartbeats (a write's echo may come after the next write).
+    beats: [String; 2],
+    /// Whether it said that another process writes under its name.
+    warned: bool,
 }
 
 /// Removes this replica's entries from every fleetgate Cluster (a graceful stop), leaving
@@ -250,7 +305,7 @@ pub(super) async fn leave(client: &kube::Client, report: &AgentReport) {
             replica: &report.replica,
             agents: None,
             heartbeat: "",
-            refresh: false,
+            write: OwnWrite::IfChanged,
         };
         // The others' entries are taken as they stand: whether they are live is not this
         // replica's to judge on its way out.
@@ -271,7 +326,11 @@ mod tests {
             replica: "a",
             agents,
             heartbeat: "T2",
-            refresh,
+            write: if refresh {
+                OwnWrite::Refresh
+            } else {
+                OwnWrite::IfChanged
+            },
         }
     }
 
