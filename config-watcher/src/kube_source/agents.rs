@@ -52,7 +52,7 @@ pub struct AgentReport {
     /// Notified when a count changes (an agent's tunnel added or removed), so the change is
     /// written at once rather than at the next heartbeat.
     pub changed: Arc<Notify>,
-    /// How often the heartbeats are refreshed (default [`AGENT_HEARTBEAT`]).
+    /// How often the heartbeats are refreshed (default [`AGENT_HEARTBEAT`]; at least 100 ms).
     pub heartbeat: Duration,
 }
 
@@ -186,7 +186,9 @@ pub(super) struct AgentStatus {
 }
 
 impl AgentStatus {
-    pub(super) fn new(report: AgentReport) -> AgentStatus {
+    pub(super) fn new(mut report: AgentReport) -> AgentStatus {
+        // A zero period would panic the loop's interval, a tiny one flood the API.
+        report.heartbeat = report.heartbeat.max(Duration::from_millis(100));
         AgentStatus {
             report,
             seen: HashMap::new(),
