@@ -31,6 +31,12 @@
 //! A Cluster's `spec.credentials.secretRef` without a namespace names a Secret in the namespace
 //! the source reads Secrets in (`--secrets-namespace`).
 //!
+//! A `Tunnel` Cluster's status also says how many pull-mode agents the gateway replicas hold
+//! (`status.agents`, and each replica's own entry in `status.tunnels`), when the caller gives an
+//! [`AgentReport`] (`agents`: see that module). A change of an object's status alone (the
+//! gateway's own writes, another replica's) rebuilds nothing; it only has the statuses compared
+//! again.
+//!
 //! Objects read from the API may not name local files (`caFile`, `tokenFile`, ...): a management
 //! cluster's user must not make the gateway read its own files and send them to a server of their
 //! choosing. Created by `fleetgate serve` (or tests); never touched by a request.
@@ -59,6 +65,9 @@ use crate::objects::{
 };
 use crate::reload::TablePublisher;
 use crate::settings::GatewaySettings;
+
+mod agents;
+pub use agents::{AgentReport, AGENT_HEARTBEAT};
 
 /// What the API source follows.
 #[derive(Debug, Clone)]
@@ -121,16 +130,27 @@ pub fn kube_client_config(
         .map_err(kubeconfig_error)
 }
 
-/// A running API source. Dropping it stops the watchers (the thread ends at its next event).
+/// A running API source. Dropping it stops the watchers (the thread ends at its next event);
+/// with an [`AgentReport`], the drop first waits (at most [`LEAVE_TIMEOUT`]) while this replica's
+/// entries are removed from the Clusters' status.
 pub struct KubeWatcher {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Disconnected when the thread ends; waited for only when the stop has work to do.
+    ended: Option<std::sync::mpsc::Receiver<()>>,
     _thread: JoinHandle<()>,
 }
+
+/// How long a stopping API source may take to remove this replica's agent entries.
+pub const LEAVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Drop for KubeWatcher {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
+        }
+        if let Some(ended) = self.ended.take() {
+            // Nothing is ever sent: this returns when the thread drops its end, or times out.
+            let _ = ended.recv_timeout(LEAVE_TIMEOUT + std::time::Duration::from_millis(500));
         }
     }
 }
@@ -266,11 +286,13 @@ pub fn api_source_permissions(
 }
 
 /// Starts following the API that `client_config` reaches. Returns at once; the first table is
-/// published when every kind has been listed.
+/// published when every kind has been listed. With `agents`, this replica's pull-mode agents are
+/// written into the `Tunnel` Clusters' status, and removed when the source is dropped.
 pub fn watch_kube_api(
     client_config: kube::Config,
     options: KubeSourceOptions,
     publisher: TablePublisher,
+    agents: Option<AgentReport>,
 ) -> Result<KubeWatcher, KubeSourceError> {
     let kinds = watched_kinds(&options);
     if kinds.is_empty() {
@@ -286,19 +308,36 @@ pub fn watch_kube_api(
         kube::Client::try_from(client_config).map_err(KubeSourceError::Client)?
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let (ended_tx, ended_rx) = std::sync::mpsc::channel::<()>();
+    let leaves = agents.is_some() && options.fleetgate;
     let thread = std::thread::Builder::new()
         .name("fleetgate-kube-source".into())
         .spawn(move || {
+            let _ended = ended_tx;
             runtime.block_on(async move {
+                let agents = agents.filter(|_| options.fleetgate);
+                let report = agents.clone();
                 tokio::select! {
-                    () = follow(client, kinds, options, publisher) => {}
-                    _ = stop_rx => debug!("Kubernetes API source stopped"),
+                    () = follow(client.clone(), kinds, options, publisher, agents) => {}
+                    _ = stop_rx => {
+                        debug!("Kubernetes API source stopped");
+                        if let Some(report) = report {
+                            let left = tokio::time::timeout(
+                                LEAVE_TIMEOUT,
+                                agents::leave(&client, &report),
+                            );
+                            if left.await.is_err() {
+                                warn!("removing this replica's agent entries took too long");
+                            }
+                        }
+                    }
                 }
             });
         })
         .map_err(KubeSourceError::Thread)?;
     Ok(KubeWatcher {
         stop: Some(stop_tx),
+        ended: leaves.then_some(ended_rx),
         _thread: thread,
     })
 }
@@ -331,13 +370,47 @@ fn to_json(kind: Kind, obj: DynamicObject) -> serde_json::Value {
     value
 }
 
+/// What a watcher event changed in the objects seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    Nothing,
+    /// Only an object's status (and the metadata every write changes): nothing to rebuild, but
+    /// the statuses are compared again.
+    Status,
+    /// What the table is built from.
+    Objects,
+}
+
+/// What the events applied since the last look changed.
+#[derive(Debug, Default)]
+struct Pending {
+    /// The objects the table is built from.
+    objects: bool,
+    /// Only a status: compared again, nothing rebuilt.
+    statuses: bool,
+}
+
+/// An object without what a status write changes: `status`, `metadata.resourceVersion` and
+/// `metadata.managedFields`.
+fn configuration_part(value: &serde_json::Value) -> serde_json::Value {
+    let mut value = value.clone();
+    if let Some(map) = value.as_object_mut() {
+        map.remove("status");
+        if let Some(meta) = map.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            meta.remove("resourceVersion");
+            meta.remove("managedFields");
+        }
+    }
+    value
+}
+
 impl Objects {
-    /// Applies one watcher event; true when the visible set changed.
-    fn apply(&mut self, kind: Kind, event: Event<DynamicObject>) -> bool {
+    /// Applies one watcher event; says whether the visible set changed, or only a status.
+    fn apply(&mut self, kind: Kind, event: Event<DynamicObject>) -> Change {
         match event {
             Event::Init => {
                 self.listing.insert(kind, BTreeMap::new());
-                false
+                Change::Nothing
             }
             Event::InitApply(obj) => {
                 let k = key(&obj);
@@ -345,25 +418,33 @@ impl Objects {
                     .entry(kind)
                     .or_default()
                     .insert(k, to_json(kind, obj));
-                false
+                Change::Nothing
             }
             Event::InitDone => {
                 let listed = self.listing.remove(&kind).unwrap_or_default();
                 self.current.insert(kind, listed);
                 self.listed.insert(kind);
-                true
+                Change::Objects
             }
             Event::Apply(obj) => {
                 let k = key(&obj);
-                self.current
-                    .entry(kind)
-                    .or_default()
-                    .insert(k, to_json(kind, obj));
-                true
+                let value = to_json(kind, obj);
+                let change = match self.current.get(&kind).and_then(|m| m.get(&k)) {
+                    Some(before) if configuration_part(before) == configuration_part(&value) => {
+                        Change::Status
+                    }
+                    _ => Change::Objects,
+                };
+                self.current.entry(kind).or_default().insert(k, value);
+                change
             }
             Event::Delete(obj) => {
                 let k = key(&obj);
-                self.current.entry(kind).or_default().remove(&k).is_some()
+                if self.current.entry(kind).or_default().remove(&k).is_some() {
+                    Change::Objects
+                } else {
+                    Change::Nothing
+                }
             }
         }
     }
@@ -391,6 +472,7 @@ async fn follow(
     kinds: Vec<Kind>,
     options: KubeSourceOptions,
     publisher: TablePublisher,
+    agents: Option<AgentReport>,
 ) {
     let (events_tx, mut events_rx) = mpsc::unbounded_channel();
     for &kind in &kinds {
@@ -473,12 +555,26 @@ async fn follow(
     }
     drop(events_tx);
     let mut objects = Objects::default();
-    let mut dirty = false;
+    // What changed since the table was built (`Change::Objects`) or the statuses were compared
+    // (`Change::Status` too).
+    let mut pending = Pending::default();
     let mut first_published = false;
-    let apply = |objects: &mut Objects, kind: Kind, update: Update| match update {
-        Update::Event(event) => objects.apply(kind, *event),
-        Update::Missing => objects.mark_missing(kind),
+    let apply = |objects: &mut Objects, pending: &mut Pending, kind: Kind, update: Update| {
+        let change = match update {
+            Update::Event(event) => objects.apply(kind, *event),
+            Update::Missing if objects.mark_missing(kind) => Change::Objects,
+            Update::Missing => Change::Nothing,
+        };
+        pending.objects |= change == Change::Objects;
+        pending.statuses |= change == Change::Status;
     };
+    let mut agents = agents.map(agents::AgentStatus::new);
+    let (agents_changed, period) = match &agents {
+        Some(a) => (a.report().changed.clone(), a.report().heartbeat),
+        None => (Default::default(), AGENT_HEARTBEAT),
+    };
+    let mut heartbeat = tokio::time::interval(period);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // What the conditions were last written against: the serving table's generation and the
     // last rejection. The file source publishes too (and the merged table exists only once both
     // have reported), so the table can change with no event here: after every reload outcome,
@@ -486,6 +582,8 @@ async fn follow(
     let mut written_against: Option<(u64, Option<String>)> = None;
     let mut outcomes = publisher.status().outcomes();
     loop {
+        // An agent's tunnel came or went, or a heartbeat is due.
+        let mut agents_due = false;
         let event = tokio::select! {
             event = events_rx.recv() => match event {
                 Some(event) => Some(event),
@@ -496,30 +594,53 @@ async fn follow(
                 // The status outlives this loop (the publisher holds it): not reached.
                 Err(_) => return,
             },
+            () = agents_changed.notified(), if agents.is_some() => {
+                agents_due = true;
+                None
+            }
+            _ = heartbeat.tick(), if agents.is_some() => {
+                if let Some(agents) = agents.as_mut() {
+                    agents.tick();
+                }
+                agents_due = true;
+                None
+            }
         };
         if let Some((kind, update)) = event {
-            dirty |= apply(&mut objects, kind, update);
+            apply(&mut objects, &mut pending, kind, update);
             // Apply everything already queued before rebuilding: one rebuild per burst.
             while let Ok((kind, update)) = events_rx.try_recv() {
-                dirty |= apply(&mut objects, kind, update);
+                apply(&mut objects, &mut pending, kind, update);
             }
         }
         if !kinds.iter().all(|k| objects.listed.contains(k)) {
             continue;
         }
-        if dirty {
-            dirty = false;
+        let Pending {
+            objects: rebuilt,
+            statuses: statuses_changed,
+        } = std::mem::take(&mut pending);
+        if rebuilt {
             if !first_published {
                 first_published = true;
                 info!(kinds = %kinds.iter().map(|k| k.resource_name()).collect::<Vec<_>>().join(","), "Kubernetes API source: initial lists done");
             }
             let loaded = build_objects(&objects, &options);
             publisher.publish(crate::reload::API_SOURCE, Ok(loaded));
-        } else if written_against.as_ref() == Some(&serving_state(&publisher)) {
-            continue;
         }
-        written_against = Some(serving_state(&publisher));
-        write_conditions(&client, &objects, &publisher).await;
+        if rebuilt
+            || statuses_changed
+            || written_against.as_ref() != Some(&serving_state(&publisher))
+        {
+            written_against = Some(serving_state(&publisher));
+            write_conditions(&client, &objects, &publisher).await;
+        }
+        if let Some(agents) = agents
+            .as_mut()
+            .filter(|_| rebuilt || statuses_changed || agents_due)
+        {
+            agents.write(&client, &objects).await;
+        }
     }
 }
 
@@ -606,23 +727,44 @@ async fn write_conditions(client: &kube::Client, objects: &Objects, publisher: &
                 "lastTransitionTime": transition,
                 "observedGeneration": value["metadata"]["generation"],
             }]}});
-            let params = kube::api::PatchParams::default();
-            let written = match api
-                .patch_status(name, &params, &kube::api::Patch::Merge(&patch))
-                .await
-            {
-                // Without a status subresource (an older CRD), status is part of the object.
-                Err(kube::Error::Api(e)) if e.code == 404 => api
-                    .patch(name, &params, &kube::api::Patch::Merge(&patch))
-                    .await
-                    .map(|_| ()),
-                other => other.map(|_| ()),
-            };
-            if let Err(error) = written {
+            if let Err(error) = patch_status(&api, name, &patch).await {
                 warn!(kind = %kind.resource_name(), object = name, %error, "cannot write the Ready condition");
             }
         }
     }
+}
+
+/// Writes `patch` (a JSON merge patch) to the status of object `name`.
+async fn patch_status(
+    api: &Api<DynamicObject>,
+    name: &str,
+    patch: &serde_json::Value,
+) -> Result<(), kube::Error> {
+    let params = kube::api::PatchParams::default();
+    match api
+        .patch_status(name, &params, &kube::api::Patch::Merge(patch))
+        .await
+    {
+        // Without a status subresource (an older CRD), status is part of the object.
+        Err(kube::Error::Api(e)) if e.code == 404 => api
+            .patch(name, &params, &kube::api::Patch::Merge(patch))
+            .await
+            .map(|_| ()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// Now, as `2026-11-22T12:00:00.123456Z` (microseconds, as Kubernetes' `MicroTime`).
+fn rfc3339_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let seconds = rfc3339(now.as_secs() as i64);
+    format!(
+        "{}.{:06}Z",
+        seconds.trim_end_matches('Z'),
+        now.subsec_micros()
+    )
 }
 
 /// `2026-11-22T12:00:00Z` from seconds since the Unix epoch (the format of Kubernetes times).

@@ -37,8 +37,8 @@ pub use file_source::{
 };
 pub use judge::{LoadedObjects, ObjectRef, RejectedObject};
 pub use kube_source::{
-    api_source_permissions, kube_client_config, watch_kube_api, KubeSourceError, KubeSourceOptions,
-    KubeWatcher,
+    api_source_permissions, kube_client_config, watch_kube_api, AgentReport, KubeSourceError,
+    KubeSourceOptions, KubeWatcher, AGENT_HEARTBEAT, LEAVE_TIMEOUT,
 };
 pub use load::{load_objects, load_path, load_text_objects, load_texts};
 pub use objects::{ConnectMode, SharedWatchScope};

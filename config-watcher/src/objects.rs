@@ -392,7 +392,7 @@ pub struct ClusterObject {
     version = "v1alpha1",
     kind = "Cluster",
     plural = "clusters",
-    status = "ObjectStatus",
+    status = "ClusterStatus",
     doc = "A member cluster fleetgate routes to: its API server, CA, credentials and connect mode",
     printcolumn = r#"{"name":"Server","type":"string","jsonPath":".spec.server"}"#,
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.connectMode"}"#
@@ -650,6 +650,33 @@ fn default_true() -> bool {
 pub struct ObjectStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<StatusCondition>,
+}
+
+/// A Cluster's status: its `Ready` condition, and for a `Tunnel` (pull-mode) cluster how many of
+/// its agents the gateway replicas hold (written by each replica's API source; docs/pull-mode.md).
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<StatusCondition>,
+    /// The fewest agents any live gateway replica holds for this cluster: what a request landing
+    /// on any replica can count on (0: some replica answers 503 for it). `Tunnel` clusters only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<u32>,
+    /// Each gateway replica's own report, by replica name (each replica writes only its own
+    /// entry; one not refreshed for three heartbeat periods is removed). `Tunnel` clusters only.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tunnels: BTreeMap<String, ReplicaTunnels>,
+}
+
+/// One gateway replica's report in a `Tunnel` cluster's `status.tunnels`.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaTunnels {
+    /// The cluster's agents whose tunnel this replica holds.
+    pub agents: u32,
+    /// When the replica last wrote this entry (RFC 3339, UTC).
+    pub heartbeat: String,
 }
 
 /// A Kubernetes-style condition (`Ready`: `True` when the object is served, `False` with the

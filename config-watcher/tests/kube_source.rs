@@ -7,17 +7,20 @@
 //! a broken object is left out (or keeps its last good version) and is reported, in the reload
 //! status and in its own `Ready` condition, while every valid object beside it is served.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use base64::Engine;
 use fleetgate_config_watcher::{
-    crd_manifests, load_path, watch_kube_api, KubeSourceOptions, KubeWatcher, ReloadStatus,
-    RouteTable, SharedTable, TablePublisher,
+    crd_manifests, load_path, watch_kube_api, AgentReport, KubeSourceOptions, KubeWatcher,
+    ReloadStatus, RouteTable, SharedTable, TablePublisher,
 };
 use fleetgate_loadtest::sim::{start_fleet, FleetHandle, FleetOptions};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -243,6 +246,14 @@ impl ManagementFleet {
     /// Starts the API source (fleetgate and Karmada objects, Secrets in `karmada-cluster`) on a
     /// table built from a local Gateway, its fallback.
     fn watch(&self) -> (KubeWatcher, SharedTable, Arc<ReloadStatus>) {
+        self.watch_reporting(None)
+    }
+
+    /// Like [`ManagementFleet::watch`], reporting a gateway replica's agents with `agents`.
+    fn watch_reporting(
+        &self,
+        agents: Option<AgentReport>,
+    ) -> (KubeWatcher, SharedTable, Arc<ReloadStatus>) {
         let local = tempfile::tempdir().unwrap();
         std::fs::write(local.path().join("gateway.yaml"), GATEWAY).unwrap();
         let local = load_path(local.path()).unwrap();
@@ -258,6 +269,7 @@ impl ManagementFleet {
                 fallback_gateway: Some(local.gateway.clone()),
             },
             TablePublisher::new(table.clone(), status.clone()),
+            agents,
         )
         .unwrap();
         (source, table, status)
@@ -825,4 +837,172 @@ fn fleet_resources_and_resource_registries_follow_the_management_cluster() {
         assert!(status.last_error().is_none());
     });
     setup.shutdown(source);
+}
+
+/// A gateway replica's agent report: `edge`'s agents are what `agents` holds (no other cluster
+/// has any), with heartbeats `heartbeat` apart.
+fn replica(name: &str, agents: &Arc<AtomicUsize>, heartbeat: Duration) -> AgentReport {
+    let agents = agents.clone();
+    let mut report = AgentReport::new(name, move |cluster: &str| {
+        if cluster == "edge" {
+            agents.load(Ordering::SeqCst)
+        } else {
+            0
+        }
+    });
+    report.heartbeat = heartbeat;
+    report
+}
+
+/// Polls `name`'s status until `status.agents` is `agents` and `status.tunnels` holds exactly
+/// `replicas` (name and agents), each entry with an RFC 3339 heartbeat.
+async fn agents_become(
+    api: &Api<DynamicObject>,
+    name: &str,
+    agents: serde_json::Value,
+    replicas: &[(&str, u64)],
+) {
+    let start = Instant::now();
+    loop {
+        let status = api.get(name).await.unwrap().data["status"].clone();
+        let entries = status["tunnels"].as_object().cloned().unwrap_or_default();
+        let reported: Vec<(&str, Option<u64>)> = entries
+            .iter()
+            .map(|(r, e)| (r.as_str(), e["agents"].as_u64()))
+            .collect();
+        let expected: Vec<(&str, Option<u64>)> =
+            replicas.iter().map(|(r, a)| (*r, Some(*a))).collect();
+        if status["agents"] == agents && reported == expected {
+            for entry in entries.values() {
+                let beat = entry["heartbeat"].as_str().unwrap_or("");
+                assert!(beat.len() > 20 && beat.ends_with('Z'), "{status}");
+            }
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{name}: wanted agents {agents} and entries {replicas:?}, have {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Merges `status` into `name`'s status, as another writer would (the simulated management
+/// cluster's fleetgate Clusters have no status subresource: their status is part of the object).
+async fn write_status(api: &Api<DynamicObject>, name: &str, status: serde_json::Value) {
+    let patch = json!({ "status": status });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn tunnel_clusters_say_how_many_agents_the_replicas_hold() {
+    let setup = ManagementFleet::start();
+    let (_, ca, token) = setup.member2();
+    let (runtime, management) = (&setup.runtime, &setup.management);
+    let clusters = management.clusters();
+    runtime.block_on(async {
+        management
+            .create(
+                &clusters,
+                json!({
+                    "apiVersion": "fleetgate.io/v1alpha1", "kind": "Cluster",
+                    "metadata": {"name": "edge"},
+                    "spec": {"connectMode": "Tunnel", "caData": ca, "credentials": {"token": token}},
+                }),
+            )
+            .await;
+        management
+            .create(
+                &clusters,
+                fleetgate_cluster("direct", "https://127.0.0.1:1", &ca, &token),
+            )
+            .await;
+    });
+
+    // One replica, heartbeats 30 s apart: a count that changes is written at once, on its signal.
+    let held_a = Arc::new(AtomicUsize::new(2));
+    let report = replica("replica-a", &held_a, Duration::from_secs(30));
+    let (source, ..) = setup.watch_reporting(Some(report.clone()));
+    runtime.block_on(async {
+        agents_become(&clusters, "edge", json!(2), &[("replica-a", 2)]).await;
+        held_a.store(0, Ordering::SeqCst);
+        report.changed.notify_one();
+        agents_become(&clusters, "edge", json!(0), &[("replica-a", 0)]).await;
+        held_a.store(2, Ordering::SeqCst);
+        report.changed.notify_one();
+        agents_become(&clusters, "edge", json!(2), &[("replica-a", 2)]).await;
+        // A Direct cluster carries no agents: a leftover count (it was a Tunnel one) goes.
+        write_status(&clusters, "direct", json!({"agents": 3})).await;
+        agents_become(&clusters, "direct", json!(null), &[]).await;
+    });
+    // Stopped: its entry goes, and with it the count nobody reports any more.
+    drop(source);
+    runtime.block_on(agents_become(&clusters, "edge", json!(null), &[]));
+
+    // Two replicas, heartbeats 200 ms apart: the count is the fewest either holds.
+    let beat = Duration::from_millis(200);
+    let (source_a, ..) = setup.watch_reporting(Some(replica("replica-a", &held_a, beat)));
+    let held_b = Arc::new(AtomicUsize::new(1));
+    let (source_b, ..) = setup.watch_reporting(Some(replica("replica-b", &held_b, beat)));
+    runtime.block_on(async {
+        agents_become(
+            &clusters,
+            "edge",
+            json!(1),
+            &[("replica-a", 2), ("replica-b", 1)],
+        )
+        .await;
+        // A replica gone without saying: its heartbeat never changes. It is removed after three
+        // heartbeat periods, and the count is the live replicas' again.
+        let gone = json!({"agents": 0, "heartbeat": "2026-01-01T00:00:00.000000Z"});
+        write_status(
+            &clusters,
+            "edge",
+            json!({"tunnels": {"replica-gone": gone}}),
+        )
+        .await;
+        agents_become(
+            &clusters,
+            "edge",
+            json!(1),
+            &[("replica-a", 2), ("replica-b", 1)],
+        )
+        .await;
+    });
+    // replica-b stops: replica-a's count is the cluster's.
+    drop(source_b);
+    runtime.block_on(agents_become(
+        &clusters,
+        "edge",
+        json!(2),
+        &[("replica-a", 2)],
+    ));
+    drop(source_a);
+    runtime.block_on(agents_become(&clusters, "edge", json!(null), &[]));
+
+    // Two processes under one name (two on one host without --replica-name): they do not
+    // rewrite each other's count at once, forever; each writes once a heartbeat (5 times a
+    // second here), so a second holds a few writes, not hundreds.
+    let (twin_1, ..) = setup.watch_reporting(Some(replica("twin", &held_a, beat)));
+    let (twin_2, ..) = setup.watch_reporting(Some(replica("twin", &held_b, beat)));
+    runtime.block_on(async {
+        let edge = || async { clusters.get("edge").await.unwrap() };
+        let start = Instant::now();
+        while !edge().await.data["status"]["tunnels"]["twin"].is_object() {
+            assert!(start.elapsed() < Duration::from_secs(5), "no twin entry");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let version = |edge: DynamicObject| -> u64 {
+            edge.metadata.resource_version.unwrap().parse().unwrap()
+        };
+        let before = version(edge().await);
+        // A window to count writes in, not a wait for readiness.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let writes = version(edge().await) - before;
+        assert!(writes < 40, "{writes} writes in a second");
+    });
+    drop(twin_1);
+    setup.shutdown(twin_2);
 }

@@ -5,14 +5,18 @@
 //! Gateway with the certificates on disk, `--management-kubeconfig`, `--secrets-namespace
 //! fleetgate`; the simulated members run no pods). A user with a certificate from the client CA
 //! and a kubeconfig built with `kubectl config` then runs `kubectl get ns` through the gateway.
+//! The example's pull-mode member (`edge1`, member2 again, through a real `fleetgate agent` on the
+//! gateway's tunnel listener) shows its agents in `kubectl get clusters.fleetgate.io`'s AGENTS
+//! column, 0 once the agent is gone, and none once the replica has stopped (SIGTERM).
 
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use support::fleet::{fleetgate_binary, Fleet};
+use support::pull::Agent;
 
 fn deploy_path(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -53,6 +57,13 @@ fn member_field(fleet: &Fleet, member: &str, key: &str) -> String {
         .to_owned()
 }
 
+/// Writes `yaml` to the file `name` and `kubectl apply -f`s it in the management cluster.
+fn apply_file(fleet: &Fleet, name: &str, yaml: &str) {
+    let path = fleet.path(name);
+    std::fs::write(&path, yaml).unwrap();
+    management(fleet, &["apply", "-f", path.to_str().unwrap()]);
+}
+
 /// `kubectl wait` until the CRDs are established in the management cluster.
 fn wait_established(fleet: &Fleet, crds: &[&str]) {
     let mut args = vec!["wait", "--for", "condition=established", "--timeout=10s"];
@@ -90,6 +101,18 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
     let certs = fleet.path("certs");
     let certs_dir = certs.to_str().unwrap();
     run(&fleetgate_binary(), &["certs", "init", "--dir", certs_dir]);
+    // Step 2's agent certificate, for the pull-mode member edge1.
+    run(
+        &fleetgate_binary(),
+        &[
+            "certs",
+            "issue-agent",
+            "--dir",
+            certs_dir,
+            "--cluster",
+            "edge1",
+        ],
+    );
 
     // Step 3: the example overlay, as is.
     let overlay = deploy_path("overlays/example");
@@ -128,9 +151,20 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
     std::fs::create_dir(fleet.path("gateway")).unwrap();
     let gateway_file = fleet.path("gateway/gateway.yaml");
     std::fs::write(&gateway_file, gateway).unwrap();
+    // deploy/tunnel's flags too: the example overlay listens for agents.
+    let agent_ca = format!("{certs_dir}/agent-ca.crt");
     fleet.serve_with_management(
         &gateway_file,
-        &["--secrets-namespace", "fleetgate"],
+        &[
+            "--secrets-namespace",
+            "fleetgate",
+            "--tunnel-listen",
+            "127.0.0.1:0",
+            "--agent-ca",
+            &agent_ca,
+            "--replica-name",
+            "fleetgate-0",
+        ],
         Some("info"),
     );
 
@@ -217,22 +251,52 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
     // The Cluster object says it is served.
     wait_for_ready(&fleet, "clusters.fleetgate.io", "member2", "True");
     wait_for_ready(&fleet, "accesspolicies", "platform-admins", "True");
-    // ... and `kubectl get clusters.fleetgate.io` shows it, with the columns the CRD gives.
+    // The example's pull-mode member edge1 (member2, reached through an agent): its agent's
+    // tunnel shows in the Cluster's status.
+    credentials_secret(
+        &fleet,
+        "edge1-credentials",
+        &member_field(&fleet, "member2", "token"),
+    );
+    apply_file(
+        &fleet,
+        "edge1-cluster.yaml",
+        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: edge1}\nspec:\n  connectMode: Tunnel\n  credentials: {secretRef: {name: edge1-credentials, namespace: fleetgate}}\n",
+    );
+    wait_for_ready(&fleet, "clusters.fleetgate.io", "edge1", "True");
+    let agent = start_agent(&fleet, certs_dir, "edge1", "member2");
+    wait_for_agents(&fleet, "edge1", "1", &[("fleetgate-0", 1)]);
+
+    // ... and `kubectl get clusters.fleetgate.io` shows them, with the columns the CRD gives:
+    // AGENTS for the pull-mode one, an empty cell for the direct one.
     let table = printed_columns(&fleet, "clusters.fleetgate.io");
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "SERVER", "MODE", "READY", "AGE"],
+        ["NAME", "SERVER", "MODE", "READY", "AGENTS", "AGE"],
         "{table}"
     );
-    let row: Vec<&str> = table
-        .lines()
-        .find(|l| l.starts_with("member2 "))
-        .unwrap_or_else(|| panic!("{table}"))
-        .split_whitespace()
-        .collect();
-    assert_eq!(row[1], member_field(&fleet, "member2", "server"), "{table}");
-    assert_eq!(row[3], "True", "{table}");
+    let row = |name: &str| -> Vec<String> {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{table}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    let member2 = row("member2");
+    assert_eq!(
+        member2[1],
+        member_field(&fleet, "member2", "server"),
+        "{table}"
+    );
+    assert_eq!(member2[3..5], ["True", "<none>"], "{table}");
+    assert_eq!(
+        row("edge1")[1..5],
+        ["<none>", "Tunnel", "True", "1"],
+        "{table}"
+    );
 
     // A secretRef without a namespace names a Secret where the gateway reads them (fleetgate).
     credentials_secret(
@@ -255,13 +319,11 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
     wait_for_ready(&fleet, "clusters.fleetgate.io", "member1", "True");
 
     // A policy that does not compile says why in its own status.
-    let bad = fleet.path("bad-policy.yaml");
-    std::fs::write(
-        &bad,
+    apply_file(
+        &fleet,
+        "bad-policy.yaml",
         "apiVersion: fleetgate.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: typo}\nspec:\n  subjects: [{kind: User, name: bob}]\n  clusters: {names: [member2]}\n  rules: [{verbs: [gett]}]\n",
-    )
-    .unwrap();
-    management(&fleet, &["apply", "-f", bad.to_str().unwrap()]);
+    );
     wait_for_ready(&fleet, "accesspolicies", "typo", "False");
     let message = management(
         &fleet,
@@ -286,6 +348,72 @@ fn the_deploy_walkthrough_ends_in_kubectl_get_ns_through_the_gateway() {
         published < 10,
         "{published} tables published\n{}",
         fleet.log_tail(10)
+    );
+
+    // The agent gone: AGENTS says 0 at once (the replica answers 503 for edge1).
+    drop(agent);
+    wait_for_agents(&fleet, "edge1", "0", &[("fleetgate-0", 0)]);
+    // The replica stopping (as a pod is, SIGTERM): it removes its report, and nobody reports.
+    let gateway = &mut fleet.gateway.as_mut().unwrap().child;
+    support::pull::signal(gateway, libc::SIGTERM);
+    support::pull::exits_within(gateway, Duration::from_secs(30), "the gateway's stop");
+    wait_for_agents(&fleet, "edge1", "", &[]);
+}
+
+/// `fleetgate agent` for `cluster` with its certificate from `certs init`'s directory, trusting
+/// the gateway's serving CA, carrying streams to the simulated `member`; waits for its `ready`.
+fn start_agent(fleet: &Fleet, certs_dir: &str, cluster: &str, member: &str) -> Agent {
+    let log = fleet.path(&format!("agent-{cluster}.log"));
+    let mut agent = Command::new(fleetgate_binary());
+    agent
+        .arg("agent")
+        .arg("--gateway")
+        .arg(format!("https://{}", fleet.ready().addr("tunnel")))
+        .args(["--cluster", cluster])
+        .arg(format!("--cert={certs_dir}/agent-{cluster}.crt"))
+        .arg(format!("--key={certs_dir}/agent-{cluster}.key"))
+        .arg(format!("--ca={certs_dir}/serving-ca.crt"))
+        .arg(format!(
+            "--kube-server={}",
+            member_field(fleet, member, "server")
+        ))
+        .arg("--kube-ca")
+        .arg(fleet.fleet_path("pki/fleet-ca.crt"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap());
+    Agent::start(agent, &log, || fleet.log_tail(20))
+}
+
+/// Polls `cluster`'s status until `status.agents` prints as `agents` (`""`: none) and
+/// `status.tunnels` holds exactly `replicas` (name and agents).
+fn wait_for_agents(fleet: &Fleet, cluster: &str, agents: &str, replicas: &[(&str, u64)]) {
+    let status = || -> serde_json::Value {
+        let object = management(
+            fleet,
+            &["get", "clusters.fleetgate.io", cluster, "-o", "json"],
+        );
+        serde_json::from_str::<serde_json::Value>(&object).unwrap()["status"].take()
+    };
+    support::wait::wait_for_or(
+        &format!("{cluster}: agents {agents:?}, entries {replicas:?}"),
+        Duration::from_secs(30),
+        || {
+            let status = status();
+            let printed = status["agents"].as_u64().map(|a| a.to_string());
+            let entries: Vec<(String, Option<u64>)> = status["tunnels"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(r, e)| (r.clone(), e["agents"].as_u64()))
+                .collect();
+            let wanted: Vec<(String, Option<u64>)> = replicas
+                .iter()
+                .map(|(r, a)| (r.to_string(), Some(*a)))
+                .collect();
+            printed.as_deref().unwrap_or("") == agents && entries == wanted
+        },
+        || format!("{}\n{}", status(), fleet.log_tail(20)),
     );
 }
 

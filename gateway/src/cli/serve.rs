@@ -3,7 +3,10 @@
 //! addresses, and runs until SIGINT or SIGTERM. With `--tunnel-listen` it also accepts pull-mode
 //! agents (`tunnel::listener`) before `ready`. Once the first table serves, the config-watcher's
 //! file source (and, with `--management-kubeconfig`, the API source) publishes into the same
-//! `SharedTable`; the shards see a new table from their next request.
+//! `SharedTable`; the shards see a new table from their next request. With both the API source
+//! and `--tunnel-listen`, the API source also writes this replica's agents into the `Tunnel`
+//! Clusters' status (`--replica-name`), from the tunnel registry's counts, and removes its
+//! entries when `serve` ends.
 //!
 //! On SIGINT or SIGTERM it drains (`runtime::shutdown`): the shards stop accepting, h2 clients get
 //! GOAWAY, idle HTTP/1.1 connections close, and in-flight requests may finish for
@@ -16,7 +19,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use fleetgate_config_watcher::{
-    first_table, kube_client_config, load_objects, watch_config_path, watch_kube_api,
+    first_table, kube_client_config, load_objects, watch_config_path, watch_kube_api, AgentReport,
     KubeSourceOptions, ReloadStatus, RouteTable, SharedTable, TablePublisher,
 };
 use tracing::info;
@@ -66,6 +69,12 @@ pub struct ServeArgs {
     /// (reconnecting) before its 503.
     #[arg(long, default_value_t = crate::tunnel::DEFAULT_WAIT.as_secs_f64())]
     pub tunnel_wait_seconds: f64,
+    /// With --management-kubeconfig and --tunnel-listen: this replica's name in the `Tunnel`
+    /// Clusters' `status.tunnels`, where each replica reports its agents (docs/pull-mode.md);
+    /// unique among the replicas. Default: the pod's name (`POD_NAME`, from the downward API),
+    /// else the host name.
+    #[arg(long, env = "POD_NAME", value_name = "NAME")]
+    pub replica_name: Option<String>,
 }
 
 /// The objects `serve` follows in a management cluster.
@@ -143,6 +152,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     fallback_gateway: Some(config.gateway.clone()),
                 },
                 publisher.clone(),
+                tunnel.map(|_| agent_report(&args)),
             )?;
             let files = watch_config_path(&args.config, publisher)
                 .context("watching the configuration for changes")?;
@@ -185,6 +195,27 @@ fn warn_without_auth(table: &RouteTable) {
              by spec.tls.clientCA authenticate, and every anonymous request will be refused"
         );
     }
+}
+
+/// What this replica reports of its agents in the `Tunnel` Clusters' status: the tunnel
+/// registry's counts, signalled on every tunnel added or removed.
+fn agent_report(args: &ServeArgs) -> AgentReport {
+    let replica = args.replica_name.clone().unwrap_or_else(host_name);
+    info!(replica = %replica, "reporting this replica's pull-mode agents in the Tunnel Clusters' status");
+    let registry = crate::tunnel::registry();
+    let report = AgentReport::new(replica, |cluster: &str| registry.count(cluster));
+    let changed = report.changed.clone();
+    registry.on_change(Box::new(move || changed.notify_one()));
+    report
+}
+
+/// The host name (a pod's is its name), or `fleetgate` when it cannot be read.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "fleetgate".to_owned())
 }
 
 /// The tunnel listener, when `--tunnel-listen` asks for one: its bound address.

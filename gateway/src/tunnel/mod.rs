@@ -208,6 +208,9 @@ pub struct TunnelRegistry {
     stats: ArcSwap<AHashMap<Arc<str>, Arc<StreamStats>>>,
     /// Woken when a tunnel is added, for the requests waiting for one ([`Self::arrival`]).
     arrived: Notify,
+    /// Called after each tunnel added or removed: `cli/serve` hands it the API source's signal,
+    /// so a Cluster's agent count is written to its status at once (never blocks).
+    on_change: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// The process's registry (one tunnel listener per process).
@@ -225,6 +228,7 @@ impl TunnelRegistry {
             wait_ms: AtomicU64::new(DEFAULT_WAIT.as_millis() as u64),
             stats: ArcSwap::from_pointee(AHashMap::new()),
             arrived: Notify::new(),
+            on_change: OnceLock::new(),
         }
     }
 
@@ -238,6 +242,17 @@ impl TunnelRegistry {
 
     fn wait(&self) -> Duration {
         Duration::from_millis(self.wait_ms.load(Ordering::Relaxed))
+    }
+
+    /// Sets what is called after each tunnel added or removed (once; a second hook is ignored).
+    pub fn on_change(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_change.set(hook);
+    }
+
+    fn changed(&self) {
+        if let Some(hook) = self.on_change.get() {
+            hook();
+        }
     }
 
     /// `cluster`'s counters (made on its first agent).
@@ -265,6 +280,7 @@ impl TunnelRegistry {
             map
         });
         self.arrived.notify_waiters();
+        self.changed();
     }
 
     /// Removes a tunnel whose connection ended.
@@ -280,6 +296,7 @@ impl TunnelRegistry {
             }
             map
         });
+        self.changed();
     }
 
     /// How many live tunnels `cluster` has.
