@@ -481,9 +481,11 @@ where
     let mut member = PartMember {
         ctx,
         request,
-        client_request,
-        cluster: &cluster,
-        identity: &identity,
+        to: To {
+            cluster: &cluster,
+            identity: &identity,
+            client: client_request,
+        },
     };
     let mut merge = ToMerge {
         id,
@@ -505,9 +507,7 @@ where
 struct PartMember<'a, 'r, F> {
     ctx: &'a ShardContext,
     request: &'a FleetRequest<'r>,
-    client_request: &'a ClientRequest<'r, F>,
-    cluster: &'a ClusterRoute,
-    identity: &'a Decided,
+    to: To<'a, ClientRequest<'r, F>>,
 }
 
 impl<'h, F, H> watcher::Member for PartMember<'_, '_, F>
@@ -538,12 +538,7 @@ where
             query: &query,
             verb: self.request.verb,
         };
-        let to = To {
-            cluster: self.cluster,
-            identity: self.identity,
-            client: self.client_request,
-        };
-        Ask::get(&asked).open_watch(self.ctx, &to).await
+        Ask::get(&asked).open_watch(self.ctx, &self.to).await
     }
 
     async fn stream(&mut self, answer: Answer, body: &mut impl ResponseSink) -> Result<(), Missed> {
@@ -551,7 +546,7 @@ where
     }
 
     fn retired(&self) -> bool {
-        self.cluster.retirement.is_retired()
+        self.to.cluster.retirement.is_retired()
     }
 }
 

@@ -88,6 +88,16 @@ pub(crate) struct To<'a, C> {
     pub client: &'a C,
 }
 
+impl<'a, C> To<'a, C> {
+    pub fn new(cluster: &'a ClusterRoute, identity: &'a Decided, client: &'a C) -> Self {
+        To {
+            cluster,
+            identity,
+            client,
+        }
+    }
+}
+
 /// One request of a member, built up, then sent with [`Ask::read`] or [`Ask::open`].
 pub(crate) struct Ask<'a, 'h> {
     asked: &'a Asked<'a>,
@@ -246,12 +256,7 @@ pub(crate) async fn ask<'h, C: ClientSide<'h>>(
     cluster: &ClusterRoute,
     identity: &Decided,
 ) -> Result<Vec<u8>, Missed> {
-    let to = To {
-        cluster,
-        identity,
-        client,
-    };
-    Ask::get(asked).read(ctx, &to).await
+    ask_accepting(ctx, asked, None, client, cluster, identity).await
 }
 
 /// [`ask`], with `accept` (when given) as the member's `Accept` instead of the client's.
@@ -263,11 +268,7 @@ pub(crate) async fn ask_accepting<'h, C: ClientSide<'h>>(
     cluster: &ClusterRoute,
     identity: &Decided,
 ) -> Result<Vec<u8>, Missed> {
-    let to = To {
-        cluster,
-        identity,
-        client,
-    };
+    let to = To::new(cluster, identity, client);
     let ask = Ask::get(asked);
     match accept {
         Some(accept) => ask.accept(accept),
@@ -304,16 +305,9 @@ pub(crate) async fn post_as<'h, C: ClientSide<'h>>(
     cluster: &ClusterRoute,
     identity: &Decided,
 ) -> Result<Vec<u8>, Missed> {
-    let to = To {
-        cluster,
-        identity,
-        client,
-    };
-    Ask::get(asked)
-        .accept(b"application/json")
-        .post(posted)
-        .read(ctx, &to)
-        .await
+    let to = To::new(cluster, identity, client);
+    let ask = Ask::get(asked).accept(b"application/json").post(posted);
+    ask.read(ctx, &to).await
 }
 
 /// The `message` of a Status body, or nothing.

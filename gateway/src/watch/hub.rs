@@ -17,13 +17,14 @@
 //!   Table event is kept without its column definitions (a client's first event gets them).
 //! - **Ring.** At most `ringSize` events; the oldest leaves as a new one comes, and the
 //!   resourceVersion before the oldest kept event is the oldest a client may resume from.
-//! - **Resilience.** A member watch that ends or drops is opened again from the last
-//!   resourceVersion seen, with backoff while the member cannot be reached; a member 410 makes the
-//!   hub LIST again and put what changed into the ring (ADDED, MODIFIED, DELETED), as client-go's
-//!   reflector does. The route's retirement (the cluster removed or changed) ends the hub, and
-//!   with it every client watch, cleanly. So does a member that refuses the gateway's own list or
-//!   watch (then clients are proxied for a while: [`FAILED_FOR`]), and having had no client for
-//!   [`IDLE_FOR`].
+//! - **Resilience.** The list and the member watch run on `member::watcher`: a member watch that
+//!   ends or drops is opened again from the last resourceVersion seen, with backoff while the
+//!   member cannot be reached; a member 410 makes the hub LIST again and put what changed into
+//!   the ring (ADDED, MODIFIED, DELETED), as client-go's reflector does. The route's retirement
+//!   (the cluster removed or changed) ends the hub, and with it every client watch, cleanly. So
+//!   does a member that refuses the gateway's own list or watch, or that stays unreachable from
+//!   the hub's start until the backoff reaches its cap (then clients are proxied for a while:
+//!   [`FAILED_FOR`]), and having had no client for [`IDLE_FOR`].
 //! - **Fed.** Shared per gateway (`super::across`), a hub on another shard than its key's home
 //!   makes no member request: it takes the home hub's state, then its events ([`Update`]), into
 //!   a ring of its own, and ends when the home's hub does.

@@ -29,6 +29,9 @@ struct ScriptedMember {
     /// Retired once the script is done (or when a test says).
     retire_when_done: bool,
     retired: Rc<Cell<bool>>,
+    /// The virtual clock's time, moved on by `watch_lasts` while each watch streams.
+    now: Rc<Cell<Instant>>,
+    watch_lasts: Duration,
 }
 
 impl ScriptedMember {
@@ -38,6 +41,8 @@ impl ScriptedMember {
             asked: Vec::new(),
             retire_when_done: true,
             retired: Rc::new(Cell::new(false)),
+            now: Rc::new(Cell::new(Instant::now())),
+            watch_lasts: Duration::ZERO,
         }
     }
 
@@ -78,6 +83,7 @@ impl Member for ScriptedMember {
         (pieces, end): Self::Opened,
         body: &mut impl ResponseSink,
     ) -> Result<(), Missed> {
+        self.now.set(self.now.get() + self.watch_lasts);
         // As the exchange's relay does: pieces in, then the end.
         for piece in pieces {
             body.send(Bytes::from_static(piece.as_bytes()))
@@ -104,6 +110,8 @@ struct Recorder {
     events: usize,
     /// Give up on the n-th failure.
     give_up_at: Option<u32>,
+    /// Retire the member's route on the first event.
+    retire_on_event: Option<Rc<Cell<bool>>>,
 }
 
 impl Handler for Recorder {
@@ -122,6 +130,9 @@ impl Handler for Recorder {
             return Err(Fault::Stop);
         }
         self.events += 1;
+        if let Some(retired) = &self.retire_on_event {
+            retired.set(true);
+        }
         let name = event["object"]["metadata"]["name"].as_str().unwrap_or("");
         let rv = event_version(&event).unwrap_or("");
         self.told.push(format!(
@@ -159,17 +170,8 @@ impl Handler for Recorder {
 
 /// A virtual clock: sleeping moves it on at once, and is written down.
 struct VirtualClock {
-    now: Cell<Instant>,
+    now: Rc<Cell<Instant>>,
     slept: RefCell<Vec<Duration>>,
-}
-
-impl VirtualClock {
-    fn new() -> Self {
-        VirtualClock {
-            now: Cell::new(Instant::now()),
-            slept: RefCell::new(Vec::new()),
-        }
-    }
 }
 
 impl Clock for VirtualClock {
@@ -212,7 +214,10 @@ struct Run {
 }
 
 fn run_script(start: Start, member: &mut ScriptedMember, recorder: &mut Recorder) -> Run {
-    let clock = VirtualClock::new();
+    let clock = VirtualClock {
+        now: Rc::clone(&member.now),
+        slept: RefCell::new(Vec::new()),
+    };
     let mut backoff = no_jitter();
     let ended = ready(run(start, member, recorder, &clock, &mut backoff));
     Run {
@@ -221,6 +226,11 @@ fn run_script(start: Start, member: &mut ScriptedMember, recorder: &mut Recorder
         told: std::mem::take(&mut recorder.told),
         slept: clock.slept.take(),
     }
+}
+
+/// A run from a watch from `from`, its caller told everything and answering as by default.
+fn watch_from(from: &str, member: &mut ScriptedMember) -> Run {
+    run_script(Start::Watch(from.into()), member, &mut Recorder::default())
 }
 
 const LIST_10: &str = r#"{"kind":"ConfigMapList","metadata":{"resourceVersion":"10"},"items":[{"metadata":{"name":"a","resourceVersion":"9"}}]}"#;
@@ -267,11 +277,7 @@ fn a_watch_the_member_ends_is_resumed_from_the_last_resource_version_at_once() {
         Answer::Watch(Ok((vec![c], Ok(())))),
         Answer::Watch(Ok((vec![], Ok(())))),
     ]);
-    let run = run_script(
-        Start::Watch("7".into()),
-        &mut member,
-        &mut Recorder::default(),
-    );
+    let run = watch_from("7", &mut member);
     assert_eq!(
         run.asked,
         ["watch 7", "watch 11 resumed", "watch 12 resumed"]
@@ -363,11 +369,7 @@ fn member_errors_back_off_growing_then_success_says_up_and_resumes() {
         Answer::Watch(Err(Missed::Answered(429, String::new()))),
         Answer::Watch(Ok((vec![c], Ok(())))),
     ]);
-    let run = run_script(
-        Start::Watch(String::new()),
-        &mut member,
-        &mut Recorder::default(),
-    );
+    let run = watch_from("", &mut member);
     assert_eq!(
         run.asked,
         [
@@ -392,49 +394,15 @@ fn member_errors_back_off_growing_then_success_says_up_and_resumes() {
 
 #[test]
 fn a_watch_healthy_for_a_while_starts_its_backoff_again() {
-    struct Slow<'c>(ScriptedMember, &'c VirtualClock);
-    impl Member for Slow<'_> {
-        type Opened = <ScriptedMember as Member>::Opened;
-        async fn list(&mut self) -> Result<Vec<u8>, Missed> {
-            self.0.list().await
-        }
-        async fn open(&mut self, from: &str, resumed: bool) -> Result<Self::Opened, Missed> {
-            self.0.open(from, resumed).await
-        }
-        async fn stream(
-            &mut self,
-            opened: Self::Opened,
-            body: &mut impl ResponseSink,
-        ) -> Result<(), Missed> {
-            // Each watch that opens stays up for a minute.
-            self.1.now.set(self.1.now.get() + Duration::from_secs(60));
-            self.0.stream(opened, body).await
-        }
-        fn retired(&self) -> bool {
-            self.0.retired()
-        }
-    }
     let fail = || Answer::Watch(Err(Missed::Failed("refused".into())));
     let broke = || Answer::Watch(Ok((vec![], Err(Missed::Failed("reset".into())))));
-    let clock = VirtualClock::new();
-    let mut member = Slow(
-        ScriptedMember::new(vec![fail(), fail(), fail(), broke(), fail(), fail()]),
-        &clock,
-    );
-    let mut backoff = no_jitter();
-    ready(run(
-        Start::Watch("1".into()),
-        &mut member,
-        &mut Recorder::default(),
-        &clock,
-        &mut backoff,
-    ));
+    let mut member = ScriptedMember::new(vec![fail(), fail(), fail(), broke(), fail(), fail()]);
+    // Each watch that opens stays up for a minute.
+    member.watch_lasts = Duration::from_secs(60);
+    let run = watch_from("1", &mut member);
     let ms = Duration::from_millis;
     // Three failures grow it; a watch up for a minute, then broken, starts it again.
-    assert_eq!(
-        clock.slept.take(),
-        [ms(250), ms(500), ms(1000), ms(250), ms(500)]
-    );
+    assert_eq!(run.slept, [ms(250), ms(500), ms(1000), ms(250), ms(500)]);
 }
 
 #[test]
@@ -460,11 +428,7 @@ fn an_event_that_is_not_json_or_an_error_event_breaks_the_watch_and_it_is_tried_
         ))),
         Answer::Watch(Ok((vec![], Ok(())))),
     ]);
-    let run = run_script(
-        Start::Watch("1".into()),
-        &mut member,
-        &mut Recorder::default(),
-    );
+    let run = watch_from("1", &mut member);
     assert_eq!(
         run.asked,
         ["watch 1", "watch 11 resumed", "watch 11 resumed"]
@@ -505,44 +469,19 @@ fn retirement_stops_it_between_watches_and_instead_of_a_retry() {
         Answer::Watch(Ok((vec![], Ok(())))),
     ]);
     member.retire_when_done = false;
-    struct RetireOnEvent(Rc<Cell<bool>>, Recorder);
-    impl Handler for RetireOnEvent {
-        async fn listed(&mut self, body: Vec<u8>) -> Result<String, Fault> {
-            self.1.listed(body).await
-        }
-        async fn event(&mut self, event: Value) -> Result<(), Fault> {
-            self.0.set(true);
-            self.1.event(event).await
-        }
-        fn expired(&mut self, status: &Value) -> AfterExpiry {
-            self.1.expired(status)
-        }
-        fn rewatch(&mut self, from: &str) {
-            self.1.rewatch(from)
-        }
-    }
-    let mut handler = RetireOnEvent(Rc::clone(&member.retired), Recorder::default());
-    let clock = VirtualClock::new();
-    let mut backoff = no_jitter();
-    let ended = ready(run(
-        Start::Watch("1".into()),
-        &mut member,
-        &mut handler,
-        &clock,
-        &mut backoff,
-    ));
-    assert!(matches!(ended, Ended::Retired), "{ended:?}");
-    assert_eq!(member.asked, ["watch 1"]);
-    assert_eq!(handler.1.told, ["ADDED b 11"], "no rewatch once retired");
+    let mut recorder = Recorder {
+        retire_on_event: Some(Rc::clone(&member.retired)),
+        ..Recorder::default()
+    };
+    let run = run_script(Start::Watch("1".into()), &mut member, &mut recorder);
+    assert!(matches!(run.ended, Ended::Retired), "{:?}", run.ended);
+    assert_eq!(run.asked, ["watch 1"]);
+    assert_eq!(run.told, ["ADDED b 11"], "no rewatch once retired");
 
     // Retired while it cannot be reached: no backoff, no failure told.
     let mut member =
         ScriptedMember::new(vec![Answer::Watch(Err(Missed::Failed("refused".into())))]);
-    let run = run_script(
-        Start::Watch("1".into()),
-        &mut member,
-        &mut Recorder::default(),
-    );
+    let run = watch_from("1", &mut member);
     assert!(matches!(run.ended, Ended::Retired), "{:?}", run.ended);
     assert!(
         run.told.is_empty() && run.slept.is_empty(),
