@@ -752,3 +752,135 @@ fn line(event: &Value) -> Bytes {
     out.push(b'\n');
     Bytes::from(out)
 }
+
+#[cfg(test)]
+mod tests {
+    //! The merge, in process: member events (as their JSON lines) in, the client's lines out.
+
+    use super::*;
+
+    fn merge(bookmarks: bool) -> Merge {
+        Merge {
+            versions: BTreeMap::new(),
+            columns: None,
+            columns_sent: false,
+            bookmarks,
+            kind: "ConfigMap".into(),
+            api_version: "v1".into(),
+            initial_pending: None,
+        }
+    }
+
+    fn member_event(line: &str) -> Value {
+        serde_json::from_str(line).unwrap()
+    }
+
+    /// The client's lines, each parsed.
+    fn out(pieces: Vec<Bytes>) -> Vec<Value> {
+        pieces
+            .iter()
+            .map(|piece| {
+                assert!(piece.ends_with(b"\n"), "{piece:?}");
+                serde_json::from_slice(piece).unwrap()
+            })
+            .collect()
+    }
+
+    fn composite(event: &Value) -> BTreeMap<String, String> {
+        let token = event["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap();
+        decode_versions(token).unwrap()
+    }
+
+    #[test]
+    fn events_are_stamped_with_their_cluster_and_carry_every_members_version() {
+        let mut m = merge(false);
+        let a = r#"{"type":"ADDED","object":{"kind":"ConfigMap","metadata":{"name":"x","resourceVersion":"5"}}}"#;
+        let b = r#"{"type":"MODIFIED","object":{"kind":"ConfigMap","metadata":{"name":"y","resourceVersion":"70"}}}"#;
+        let first = out(m.event("m1", member_event(a)).unwrap());
+        let second = out(m.event("m2", member_event(b)).unwrap());
+        assert_eq!(first[0]["type"], "ADDED");
+        assert_eq!(
+            first[0]["object"]["metadata"]["annotations"]["fleetgate.io/cluster"],
+            "m1"
+        );
+        assert_eq!(
+            second[0]["object"]["metadata"]["annotations"]["fleetgate.io/cluster"],
+            "m2"
+        );
+        // A client resuming from the second event resumes both members where they were.
+        let both = composite(&second[0]);
+        assert_eq!(both.get("m1").map(String::as_str), Some("5"));
+        assert_eq!(both.get("m2").map(String::as_str), Some("70"));
+        assert!(m
+            .event("m1", member_event(r#"{"type":"ADDED","object":1}"#))
+            .is_err());
+    }
+
+    #[test]
+    fn a_table_watch_sends_its_columns_once_cluster_first_and_refuses_other_columns() {
+        let mut m = merge(false);
+        let row = |cluster_columns: &str, name: &str, rv: u32| {
+            format!(
+                r#"{{"type":"ADDED","object":{{"kind":"Table","apiVersion":"meta.k8s.io/v1","metadata":{{"resourceVersion":"{rv}"}},"columnDefinitions":{cluster_columns},"rows":[{{"cells":["{name}"],"object":{{"metadata":{{"name":"{name}","resourceVersion":"{rv}"}}}}}}]}}}}"#
+            )
+        };
+        let columns = r#"[{"name":"Name","type":"string"}]"#;
+        let first = out(m.event("m1", member_event(&row(columns, "x", 3))).unwrap());
+        let table = &first[0]["object"];
+        assert_eq!(table["columnDefinitions"][0]["name"], "Cluster");
+        assert_eq!(table["columnDefinitions"][1]["name"], "Name");
+        assert_eq!(table["rows"][0]["cells"], json!(["m1", "x"]));
+        let next = out(m.event("m2", member_event(&row(columns, "y", 9))).unwrap());
+        assert_eq!(next[0]["object"]["columnDefinitions"], json!([]));
+        assert_eq!(next[0]["object"]["rows"][0]["cells"], json!(["m2", "y"]));
+        let other = r#"[{"name":"Other","type":"string"}]"#;
+        assert!(m.event("m3", member_event(&row(other, "z", 1))).is_err());
+    }
+
+    #[test]
+    fn bookmarks_go_only_to_clients_that_asked_and_initial_events_end_once_for_all() {
+        let bookmark = r#"{"type":"BOOKMARK","object":{"kind":"ConfigMap","metadata":{"resourceVersion":"8"}}}"#;
+        let initial_end = r#"{"type":"BOOKMARK","object":{"kind":"ConfigMap","metadata":{"resourceVersion":"8","annotations":{"k8s.io/initial-events-end":"true"}}}}"#;
+        let mut quiet = merge(false);
+        assert!(quiet
+            .event("m1", member_event(bookmark))
+            .unwrap()
+            .is_empty());
+        assert!(quiet.state("m1", "Unreachable").is_empty());
+
+        let mut m = merge(true);
+        m.initial_pending = Some(BTreeSet::from([0, 1]));
+        let forwarded = out(m.event("m1", member_event(bookmark)).unwrap());
+        assert_eq!(composite(&forwarded[0]).get("m1").unwrap(), "8");
+        // Each member's end of initial events is swallowed; one goes out when all are done.
+        assert!(m.event("m1", member_event(initial_end)).unwrap().is_empty());
+        m.left(0);
+        assert!(m.initial_events_end().is_none());
+        m.left(1);
+        let end = out(vec![m.initial_events_end().unwrap()]);
+        assert_eq!(
+            end[0]["object"]["metadata"]["annotations"][INITIAL_EVENTS_END],
+            "true"
+        );
+        assert!(m.initial_events_end().is_none(), "only once");
+        let state = out(m.state("m2", "Unreachable"));
+        assert_eq!(
+            state[0]["object"]["metadata"]["annotations"][CLUSTER_STATE],
+            "Unreachable"
+        );
+    }
+
+    #[test]
+    fn an_expired_member_ends_the_watch_with_its_status_naming_the_cluster() {
+        let status = watcher::expired_status("41");
+        let end = out(vec![merge(false).expired("m2", status)]);
+        assert_eq!(end[0]["type"], "ERROR");
+        assert_eq!(end[0]["object"]["code"], 410);
+        assert_eq!(
+            end[0]["object"]["message"],
+            "cluster m2: too old resource version: 41"
+        );
+    }
+}
