@@ -36,6 +36,7 @@ pub mod codec;
 pub mod errors;
 pub mod exchange;
 pub mod fleet;
+pub mod member;
 pub mod observe;
 pub mod protocol;
 pub mod request;

@@ -48,6 +48,7 @@ use fleetgate_config_watcher::{crypto_provider, parse_certs, parse_key, parse_se
 use rustls::pki_types::ServerName;
 use tracing::{debug, info, warn};
 
+use crate::member::backoff::Backoff;
 use crate::tunnel::wire;
 use member::Member;
 
@@ -324,7 +325,7 @@ async fn keep_replicas(
     tunnels: Tunnels,
 ) {
     let mut replicas = Replicas::default();
-    let mut failures = 0;
+    let mut backoff = reconnect_backoff();
     loop {
         let resolved = tokio::time::timeout(
             DIAL_TIMEOUT,
@@ -335,13 +336,12 @@ async fn keep_replicas(
         let addresses: BTreeSet<SocketAddr> = match resolved {
             Ok(addresses) => addresses.collect(),
             Err(error) => {
-                failures += 1;
                 warn!(gateway = %gateway.url, %error, "resolving the gateway replicas failed");
-                tokio::time::sleep(backoff(failures)).await;
+                tokio::time::sleep(backoff.failed(Duration::ZERO)).await;
                 continue;
             }
         };
-        failures = 0;
+        backoff.reset();
         if !replicas.kept.keys().eq(addresses.iter()) {
             let replicas_list = addresses
                 .iter()
@@ -377,15 +377,11 @@ struct KeptTunnel {
 impl KeptTunnel {
     /// Dials, serves, and dials again after a failure, with backoff and jitter, until retired.
     async fn keep(self) {
-        let mut failures: u32 = 0;
+        let mut backoff = reconnect_backoff();
         loop {
             let started = Instant::now();
             let outcome = self.serve_once().await;
-            if started.elapsed() >= STABLE_AFTER {
-                failures = 0;
-            }
-            failures = failures.saturating_add(1);
-            let delay = backoff(failures);
+            let delay = backoff.failed(started.elapsed());
             let target = self.describe();
             match outcome {
                 Ok(reason) => {
@@ -414,12 +410,8 @@ impl KeptTunnel {
 
 /// `BACKOFF_FIRST * 2^(failures-1)`, at most `BACKOFF_MAX`, times a random factor in [0.5, 1):
 /// agents that lost their gateway together do not all come back in the same instant.
-fn backoff(failures: u32) -> Duration {
-    let base = BACKOFF_FIRST
-        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
-        .min(BACKOFF_MAX);
-    let random = (uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0;
-    base.mul_f64(0.5 + random / 2.0)
+fn reconnect_backoff() -> Backoff {
+    Backoff::new(BACKOFF_FIRST, BACKOFF_MAX, 0.5, STABLE_AFTER)
 }
 
 /// Carries one stream: a connection to the target its path names (the member's apiserver, or an
@@ -476,15 +468,16 @@ mod tests {
 
     #[test]
     fn backoff_doubles_to_its_ceiling_with_jitter_below_the_step() {
+        let mut backoff = reconnect_backoff();
         for failures in 1..40 {
             let step = BACKOFF_FIRST
                 .saturating_mul(1 << (failures - 1).min(16))
                 .min(BACKOFF_MAX);
-            let delay = backoff(failures);
+            let delay = backoff.failed(Duration::ZERO);
             assert!(delay >= step / 2 && delay < step, "{failures}: {delay:?}");
         }
-        assert!(backoff(1) < Duration::from_millis(100));
-        assert!(backoff(30) >= BACKOFF_MAX / 2);
+        assert!(reconnect_backoff().failed(Duration::ZERO) < Duration::from_millis(100));
+        assert!(backoff.failed(Duration::ZERO) >= BACKOFF_MAX / 2);
     }
 
     #[test]

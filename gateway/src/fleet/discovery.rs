@@ -19,10 +19,10 @@
 
 use serde_json::{Map, Value};
 
-use super::ask::{ask_accepting, Asked, Missed};
 use super::{ClientRequest, FleetClient};
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
+use crate::member::ask::{ask_accepting, Asked, Missed};
 use crate::request::discovery::{Document, MergedKind};
 use crate::request::FleetDiscovery;
 use crate::runtime::ShardContext;

@@ -35,13 +35,13 @@ use futures_util::SinkExt;
 use serde_json::Value;
 use tracing::warn;
 
-use super::ask::{ask, Asked, Missed};
 use super::page::{cluster_column, stamp, Page};
 use super::token::{encode_versions, query_count, query_value, rewrite_query, Continue};
 use super::{ClientRequest, FleetClient};
 use crate::auth::Decided;
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
+use crate::member::ask::{ask, Asked, Missed};
 use crate::request::FleetRequest;
 use crate::runtime::{self, First, ShardContext};
 

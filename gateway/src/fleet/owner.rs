@@ -19,11 +19,11 @@ use bytes::Bytes;
 use fleetgate_config_watcher::request_info::KubeVerb;
 use futures_util::future::join_all;
 
-use super::ask::{ask, Asked, Missed};
 use super::page::stamp_object;
 use super::{ClientRequest, FleetClient};
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
+use crate::member::ask::{ask, Asked, Missed};
 use crate::request::FleetRequest;
 use crate::runtime::ShardContext;
 

@@ -18,10 +18,10 @@ use bytes::Bytes;
 use futures_util::future::join_all;
 use serde_json::Value;
 
-use super::ask::{post_as, Asked, Missed, Posted};
 use super::{ClientRequest, FleetClient};
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
+use crate::member::ask::{post_as, Asked, Missed, Posted};
 use crate::request::FleetReview;
 use crate::runtime::ShardContext;
 

@@ -1,11 +1,12 @@
 //! A WATCH merged across the members of a fleet request, in one task.
 //!
-//! - **Members.** Each member the request spans is watched as the user ([`follow`]): its stream
-//!   is split into events, each parsed and handed to the merge through a bounded queue, so a
-//!   client that reads slowly slows the members down instead of growing a buffer. A member whose
-//!   watch ends (its own timeout, a closed connection) is watched again from the last
-//!   resourceVersion it sent; one that cannot be reached is tried again with backoff, from the
-//!   same place. Members are always asked for bookmarks, so that place stays recent.
+//! - **Members.** Each member the request spans is watched as the user ([`follow`], on
+//!   `member::watcher`): its stream is split into events, each parsed and handed to the merge
+//!   through a bounded queue, so a client that reads slowly slows the members down instead of
+//!   growing a buffer. A member whose watch ends (its own timeout, a closed connection) is
+//!   watched again from the last resourceVersion it sent; one that cannot be reached is tried
+//!   again with backoff, from the same place. Members are always asked for bookmarks, so that
+//!   place stays recent.
 //! - **Merge.** Every event's object is stamped with its cluster (`page::stamp`: annotations, and
 //!   for a Table the CLUSTER cell) and its resourceVersion replaced by the composite one (each
 //!   member's latest, by cluster: `token::encode_versions`), so a client resumes the whole
@@ -40,15 +41,16 @@ use futures_util::SinkExt;
 use serde_json::{json, Map, Value};
 use tracing::{info, warn};
 
-use super::ask::{failed, open, Asked, Missed};
 use super::page::{cluster_column, stamp};
 use super::token::{decode_versions, encode_versions, query_count, query_value, rewrite_query};
 use super::{ClientRequest, FleetClient};
 use crate::auth::Decided;
 use crate::errors::GatewayError;
-use crate::exchange::lines::{LineSink, Lines as LineSplitter};
-use crate::exchange::relay::{relay, Pace};
-use crate::exchange::{self, Failure};
+use crate::exchange::relay::ResponseSink;
+use crate::exchange::{Answer, Failure};
+use crate::member::ask::{self, Ask, Asked, Missed, To};
+use crate::member::backoff::Backoff;
+use crate::member::watcher::{self, event_version, AfterExpiry, Fault, ShardClock};
 use crate::request::{fleet_members, FleetRequest};
 use crate::runtime::{self, First, ShardContext};
 
@@ -56,8 +58,6 @@ use crate::runtime::{self, First, ShardContext};
 pub const RECHECK: Duration = Duration::from_secs(1);
 /// Events queued between the members and the client.
 const QUEUE: usize = 64;
-const BACKOFF_FIRST: Duration = Duration::from_millis(250);
-const BACKOFF_MOST: Duration = Duration::from_secs(30);
 /// The annotation on a bookmark that tells a cluster's part changed.
 pub const CLUSTER_STATE: &str = "fleetgate.io/cluster-state";
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
@@ -454,174 +454,148 @@ struct Part {
     id: u64,
     cluster: Arc<ClusterRoute>,
     identity: Decided,
-    /// The resourceVersion to watch from (empty: from its start); then the last one it sent.
+    /// The resourceVersion to watch from (empty: from its start).
     from: String,
 }
 
-/// Watches one member as the user, again and again, handing its events to the merge, until its
-/// resourceVersion expires, it refuses, its route is retired or the merge is gone.
+/// Watches one member as the user (`member::watcher`, from the part's resourceVersion, with
+/// bookmarks), handing its events to the merge, until its resourceVersion expires, it refuses,
+/// its route is retired or the merge is gone.
 async fn follow<'h, F, H>(
     ctx: &ShardContext,
     request: &FleetRequest<'_>,
     client_request: &ClientRequest<'_, F>,
-    mut part: Part,
-    mut notes: mpsc::Sender<Note>,
+    part: Part,
+    notes: mpsc::Sender<Note>,
 ) -> Ended
 where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
-    let mut backoff = BACKOFF_FIRST;
-    let mut down = false;
-    let mut first = true;
-    loop {
+    let Part {
+        id,
+        cluster,
+        identity,
+        from,
+    } = part;
+    let mut member = PartMember {
+        ctx,
+        request,
+        to: To {
+            cluster: &cluster,
+            identity: &identity,
+            client: client_request,
+        },
+    };
+    let mut merge = ToMerge {
+        id,
+        cluster: &cluster.name,
+        notes,
+        down: false,
+    };
+    let mut backoff = watcher::member_backoff();
+    let start = watcher::Start::Watch(from);
+    match watcher::run(start, &mut member, &mut merge, &ShardClock, &mut backoff).await {
+        watcher::Ended::Expired(status) => Ended::Expired(id, status),
+        watcher::Ended::Refused(code) => Ended::Refused(id, format!("it answered {code}")),
+        watcher::Ended::Retired => Ended::Retired(id),
+        watcher::Ended::Stopped | watcher::Ended::GaveUp => Ended::QueueClosed,
+    }
+}
+
+/// A member's side of its part: watches asked of it as the user, through the exchange.
+struct PartMember<'a, 'r, F> {
+    ctx: &'a ShardContext,
+    request: &'a FleetRequest<'r>,
+    to: To<'a, ClientRequest<'r, F>>,
+}
+
+impl<'h, F, H> watcher::Member for PartMember<'_, '_, F>
+where
+    F: Fn() -> H,
+    H: Iterator<Item = (&'h [u8], &'h [u8])>,
+{
+    type Opened = Answer;
+
+    /// A part watches from the client's resourceVersion and never relists.
+    async fn list(&mut self) -> Result<Vec<u8>, Missed> {
+        Err(Missed::Failed("a fleet watch's part does not list".into()))
+    }
+
+    async fn open(&mut self, from: &str, resumed: bool) -> Result<Answer, Missed> {
         let mut extra = vec![("allowWatchBookmarks", "true")];
-        if !part.from.is_empty() {
-            extra.push(("resourceVersion", part.from.as_str()));
+        if !from.is_empty() {
+            extra.push(("resourceVersion", from));
         }
         // Asked again from a resourceVersion: not the initial events once more.
         let mut drop_keys = vec!["resourceVersion", "timeoutSeconds", "allowWatchBookmarks"];
-        if !first {
+        if resumed {
             drop_keys.extend(["sendInitialEvents", "resourceVersionMatch"]);
         }
-        let query = rewrite_query(request.query, &drop_keys, &extra);
+        let query = rewrite_query(self.request.query, &drop_keys, &extra);
         let asked = Asked {
-            rest: request.rest,
+            rest: self.request.rest,
             query: &query,
-            verb: request.verb,
+            verb: self.request.verb,
         };
-        let opened = open(
-            ctx,
-            &asked,
-            client_request,
-            &part.cluster,
-            &part.identity,
-            true,
-        )
-        .await;
-        let failure = match opened {
-            Ok((mut answer, response)) if response.code == 200 => {
-                if std::mem::take(&mut down) && note(&mut notes, part.id, What::Up).await.is_err() {
-                    return Ended::QueueClosed;
-                }
-                backoff = BACKOFF_FIRST;
-                first = false;
-                let mut lines = LineSplitter::new(Lines {
-                    notes: &mut notes,
-                    part: &mut part,
-                    expired: None,
-                });
-                let relayed = relay(&mut answer, &mut lines, Pace::LongRunning).await;
-                if let Some(status) = lines.sink.expired.take() {
-                    return Ended::Expired(part.id, status);
-                }
-                if notes.is_closed() {
-                    return Ended::QueueClosed;
-                }
-                match relayed {
-                    Ok(complete) => {
-                        exchange::finish(ctx, answer, complete);
-                        if part.cluster.retirement.is_retired() {
-                            return Ended::Retired(part.id);
-                        }
-                        // The member ended its watch (its own timeout): watch it again.
-                        continue;
-                    }
-                    Err(failure) => failed(failure),
-                }
-            }
-            Ok((_, response)) => Missed::Answered(response.code, String::new()),
-            Err(missed) => missed,
-        };
-        match failure {
-            Missed::Answered(410, _) => {
-                return Ended::Expired(part.id, expired_status(&part.from));
-            }
-            Missed::Answered(code, _) if (400..500).contains(&code) && code != 429 => {
-                return Ended::Refused(part.id, format!("it answered {code}"));
-            }
-            missed => {
-                if part.cluster.retirement.is_retired() {
-                    return Ended::Retired(part.id);
-                }
-                if !std::mem::replace(&mut down, true)
-                    && note(
-                        &mut notes,
-                        part.id,
-                        What::Down(missed.warning(&part.cluster.name)),
-                    )
-                    .await
-                    .is_err()
-                {
-                    return Ended::QueueClosed;
-                }
-                runtime::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MOST);
-            }
-        }
+        Ask::get(&asked).open_watch(self.ctx, &self.to).await
+    }
+
+    async fn stream(&mut self, answer: Answer, body: &mut impl ResponseSink) -> Result<(), Missed> {
+        ask::stream(self.ctx, answer, body).await
+    }
+
+    fn retired(&self) -> bool {
+        self.to.cluster.retirement.is_retired()
     }
 }
 
-async fn note(notes: &mut mpsc::Sender<Note>, id: u64, what: What) -> Result<(), ()> {
-    notes.send(Note { id, what }).await.map_err(|_| ())
+/// The merge's side of a part: its events, and the member becoming unreachable and reachable
+/// again, queued for the merge.
+struct ToMerge<'c> {
+    id: u64,
+    cluster: &'c str,
+    notes: mpsc::Sender<Note>,
+    /// The merge was told the member is unreachable.
+    down: bool,
 }
 
-/// The Status of a 410 a member answered with a head rather than an ERROR event.
-fn expired_status(from: &str) -> Value {
-    json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": format!("too old resource version: {from}"),
-        "reason": "Expired",
-        "code": 410
-    })
-}
-
-/// A member's watch events (one JSON object per line, split by `exchange::lines`), each parsed
-/// and queued.
-struct Lines<'p> {
-    notes: &'p mut mpsc::Sender<Note>,
-    part: &'p mut Part,
-    /// The member's ERROR event said 410: the Status.
-    expired: Option<Value>,
-}
-
-impl LineSink for Lines<'_> {
-    async fn line(&mut self, line: &[u8]) -> Result<(), Failure> {
-        let event: Value = serde_json::from_slice(line)
-            .map_err(|_| Failure::Abort("a member's watch event is not JSON"))?;
-        let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind == "ERROR" {
-            let status = event.get("object").cloned().unwrap_or(Value::Null);
-            if status.get("code").and_then(Value::as_u64) == Some(410) {
-                self.expired = Some(status);
-                return Err(Failure::Abort("a member's resourceVersion expired"));
-            }
-            return Err(Failure::Abort("a member's watch ended with an error"));
-        }
-        if let Some(version) = event_version(&event) {
-            self.part.from = version.to_owned();
-        }
-        self.notes
-            .send(Note {
-                id: self.part.id,
-                what: What::Event(event),
-            })
-            .await
-            .map_err(|_| Failure::Abort("fleet watch ended"))
+impl ToMerge<'_> {
+    async fn note(&mut self, what: What) -> Result<(), Fault> {
+        let note = Note { id: self.id, what };
+        self.notes.send(note).await.map_err(|_| Fault::Stop)
     }
 }
 
-/// The resourceVersion an event carries (a Table's own, for a Table watch).
-fn event_version(event: &Value) -> Option<&str> {
-    event
-        .get("object")?
-        .get("metadata")?
-        .get("resourceVersion")?
-        .as_str()
-        .filter(|v| !v.is_empty())
+impl watcher::Handler for ToMerge<'_> {
+    /// A part watches from the client's resourceVersion and never relists.
+    async fn listed(&mut self, _body: Vec<u8>) -> Result<String, Fault> {
+        Err(Fault::Bad("a fleet watch's part does not list"))
+    }
+
+    async fn event(&mut self, event: Value) -> Result<(), Fault> {
+        self.note(What::Event(event)).await
+    }
+
+    /// The whole watch ends with the member's 410, as kube-apiserver's would: the client lists
+    /// again.
+    fn expired(&mut self, _status: &Value) -> AfterExpiry {
+        AfterExpiry::End
+    }
+
+    async fn failed(&mut self, missed: &Missed, _backoff: &Backoff) -> Result<(), Fault> {
+        if std::mem::replace(&mut self.down, true) {
+            return Ok(());
+        }
+        self.note(What::Down(missed.warning(self.cluster))).await
+    }
+
+    async fn up(&mut self) -> Result<(), Fault> {
+        if !std::mem::take(&mut self.down) {
+            return Ok(());
+        }
+        self.note(What::Up).await
+    }
 }
 
 /// The merged stream's state: each member's latest resourceVersion and a Table's columns.
@@ -777,4 +751,136 @@ fn line(event: &Value) -> Bytes {
     let mut out = serde_json::to_vec(event).unwrap_or_default();
     out.push(b'\n');
     Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The merge, in process: member events (as their JSON lines) in, the client's lines out.
+
+    use super::*;
+
+    fn merge(bookmarks: bool) -> Merge {
+        Merge {
+            versions: BTreeMap::new(),
+            columns: None,
+            columns_sent: false,
+            bookmarks,
+            kind: "ConfigMap".into(),
+            api_version: "v1".into(),
+            initial_pending: None,
+        }
+    }
+
+    fn member_event(line: &str) -> Value {
+        serde_json::from_str(line).unwrap()
+    }
+
+    /// The client's lines, each parsed.
+    fn out(pieces: Vec<Bytes>) -> Vec<Value> {
+        pieces
+            .iter()
+            .map(|piece| {
+                assert!(piece.ends_with(b"\n"), "{piece:?}");
+                serde_json::from_slice(piece).unwrap()
+            })
+            .collect()
+    }
+
+    fn composite(event: &Value) -> BTreeMap<String, String> {
+        let token = event["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap();
+        decode_versions(token).unwrap()
+    }
+
+    #[test]
+    fn events_are_stamped_with_their_cluster_and_carry_every_members_version() {
+        let mut m = merge(false);
+        let a = r#"{"type":"ADDED","object":{"kind":"ConfigMap","metadata":{"name":"x","resourceVersion":"5"}}}"#;
+        let b = r#"{"type":"MODIFIED","object":{"kind":"ConfigMap","metadata":{"name":"y","resourceVersion":"70"}}}"#;
+        let first = out(m.event("m1", member_event(a)).unwrap());
+        let second = out(m.event("m2", member_event(b)).unwrap());
+        assert_eq!(first[0]["type"], "ADDED");
+        assert_eq!(
+            first[0]["object"]["metadata"]["annotations"]["fleetgate.io/cluster"],
+            "m1"
+        );
+        assert_eq!(
+            second[0]["object"]["metadata"]["annotations"]["fleetgate.io/cluster"],
+            "m2"
+        );
+        // A client resuming from the second event resumes both members where they were.
+        let both = composite(&second[0]);
+        assert_eq!(both.get("m1").map(String::as_str), Some("5"));
+        assert_eq!(both.get("m2").map(String::as_str), Some("70"));
+        assert!(m
+            .event("m1", member_event(r#"{"type":"ADDED","object":1}"#))
+            .is_err());
+    }
+
+    #[test]
+    fn a_table_watch_sends_its_columns_once_cluster_first_and_refuses_other_columns() {
+        let mut m = merge(false);
+        let row = |cluster_columns: &str, name: &str, rv: u32| {
+            format!(
+                r#"{{"type":"ADDED","object":{{"kind":"Table","apiVersion":"meta.k8s.io/v1","metadata":{{"resourceVersion":"{rv}"}},"columnDefinitions":{cluster_columns},"rows":[{{"cells":["{name}"],"object":{{"metadata":{{"name":"{name}","resourceVersion":"{rv}"}}}}}}]}}}}"#
+            )
+        };
+        let columns = r#"[{"name":"Name","type":"string"}]"#;
+        let first = out(m.event("m1", member_event(&row(columns, "x", 3))).unwrap());
+        let table = &first[0]["object"];
+        assert_eq!(table["columnDefinitions"][0]["name"], "Cluster");
+        assert_eq!(table["columnDefinitions"][1]["name"], "Name");
+        assert_eq!(table["rows"][0]["cells"], json!(["m1", "x"]));
+        let next = out(m.event("m2", member_event(&row(columns, "y", 9))).unwrap());
+        assert_eq!(next[0]["object"]["columnDefinitions"], json!([]));
+        assert_eq!(next[0]["object"]["rows"][0]["cells"], json!(["m2", "y"]));
+        let other = r#"[{"name":"Other","type":"string"}]"#;
+        assert!(m.event("m3", member_event(&row(other, "z", 1))).is_err());
+    }
+
+    #[test]
+    fn bookmarks_go_only_to_clients_that_asked_and_initial_events_end_once_for_all() {
+        let bookmark = r#"{"type":"BOOKMARK","object":{"kind":"ConfigMap","metadata":{"resourceVersion":"8"}}}"#;
+        let initial_end = r#"{"type":"BOOKMARK","object":{"kind":"ConfigMap","metadata":{"resourceVersion":"8","annotations":{"k8s.io/initial-events-end":"true"}}}}"#;
+        let mut quiet = merge(false);
+        assert!(quiet
+            .event("m1", member_event(bookmark))
+            .unwrap()
+            .is_empty());
+        assert!(quiet.state("m1", "Unreachable").is_empty());
+
+        let mut m = merge(true);
+        m.initial_pending = Some(BTreeSet::from([0, 1]));
+        let forwarded = out(m.event("m1", member_event(bookmark)).unwrap());
+        assert_eq!(composite(&forwarded[0]).get("m1").unwrap(), "8");
+        // Each member's end of initial events is swallowed; one goes out when all are done.
+        assert!(m.event("m1", member_event(initial_end)).unwrap().is_empty());
+        m.left(0);
+        assert!(m.initial_events_end().is_none());
+        m.left(1);
+        let end = out(vec![m.initial_events_end().unwrap()]);
+        assert_eq!(
+            end[0]["object"]["metadata"]["annotations"][INITIAL_EVENTS_END],
+            "true"
+        );
+        assert!(m.initial_events_end().is_none(), "only once");
+        let state = out(m.state("m2", "Unreachable"));
+        assert_eq!(
+            state[0]["object"]["metadata"]["annotations"][CLUSTER_STATE],
+            "Unreachable"
+        );
+    }
+
+    #[test]
+    fn an_expired_member_ends_the_watch_with_its_status_naming_the_cluster() {
+        let status = watcher::expired_status("41");
+        let end = out(vec![merge(false).expired("m2", status)]);
+        assert_eq!(end[0]["type"], "ERROR");
+        assert_eq!(end[0]["object"]["code"], 410);
+        assert_eq!(
+            end[0]["object"]["message"],
+            "cluster m2: too old resource version: 41"
+        );
+    }
 }

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use super::{Caller, HubKey, OwnRequests};
 use crate::auth::ClientIdentity;
-use crate::fleet::ask::{post, Asked};
+use crate::member::ask::{post, Asked};
 use crate::request::Proxied;
 use crate::runtime::ShardContext;
 

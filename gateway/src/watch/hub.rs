@@ -17,13 +17,14 @@
 //!   Table event is kept without its column definitions (a client's first event gets them).
 //! - **Ring.** At most `ringSize` events; the oldest leaves as a new one comes, and the
 //!   resourceVersion before the oldest kept event is the oldest a client may resume from.
-//! - **Resilience.** A member watch that ends or drops is opened again from the last
-//!   resourceVersion seen, with backoff while the member cannot be reached; a member 410 makes the
-//!   hub LIST again and put what changed into the ring (ADDED, MODIFIED, DELETED), as client-go's
-//!   reflector does. The route's retirement (the cluster removed or changed) ends the hub, and
-//!   with it every client watch, cleanly. So does a member that refuses the gateway's own list or
-//!   watch (then clients are proxied for a while: [`FAILED_FOR`]), and having had no client for
-//!   [`IDLE_FOR`].
+//! - **Resilience.** The list and the member watch run on `member::watcher`: a member watch that
+//!   ends or drops is opened again from the last resourceVersion seen, with backoff while the
+//!   member cannot be reached; a member 410 makes the hub LIST again and put what changed into
+//!   the ring (ADDED, MODIFIED, DELETED), as client-go's reflector does. The route's retirement
+//!   (the cluster removed or changed) ends the hub, and with it every client watch, cleanly. So
+//!   does a member that refuses the gateway's own list or watch, or that stays unreachable from
+//!   the hub's start until the backoff reaches its cap (then clients are proxied for a while:
+//!   [`FAILED_FOR`]), and having had no client for [`IDLE_FOR`].
 //! - **Fed.** Shared per gateway (`super::across`), a hub on another shard than its key's home
 //!   makes no member request: it takes the home hub's state, then its events ([`Update`]), into
 //!   a ring of its own, and ends when the home's hub does.
@@ -48,24 +49,24 @@ use super::selector::Labels;
 use super::{Caller, Form, HubKey, NoFields, OwnRequests, TABLE_ACCEPT};
 use crate::auth::Decided;
 use crate::exchange::lines::{LineSink, Lines};
-use crate::exchange::relay::{relay, Pace};
-use crate::exchange::{self, Failure};
-use crate::fleet::ask::{ask_accepting, failed, open_accepting, Asked, Missed};
+use crate::exchange::relay::ResponseSink;
+use crate::exchange::{Answer, Failure};
 use crate::fleet::ClientRequest;
+use crate::member::ask::{self, Ask, Asked, Missed, To};
+use crate::member::backoff::Backoff;
+use crate::member::watcher::{self, AfterExpiry, Fault, ShardClock, Start};
 use crate::runtime::{self, First, ShardContext};
 
 /// How long a hub without clients keeps its member watch.
 pub const IDLE_FOR: Duration = Duration::from_secs(30);
 /// How long a hub whose member refused the gateway stays failed (its clients are proxied).
 pub const FAILED_FOR: Duration = Duration::from_secs(10);
-const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 /// The first sequence number of a hub's ring: room below it for events a backfill puts before
 /// the first ones.
 const FIRST_SEQ: u64 = 1 << 40;
 /// How long a backfill's member watch lasts: the member replays its history at once, so this
 /// bounds the wait for events that are not there.
 const BACKFILL_SECONDS: u32 = 1;
-const BACKOFF_MOST: Duration = Duration::from_secs(30);
 
 /// An event's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -469,66 +470,54 @@ impl Hub {
         }
     }
 
-    /// Lists, then watches, until the hub ends; how it ended.
+    /// Lists, then watches (`member::watcher`), until the hub ends; how it ended.
     async fn run(&self, shard: &ShardContext, caller: Caller) -> Phase {
         let own = OwnRequests::new();
         let request = own.request(caller);
         let gateway_itself = gateway_itself();
         let path = self.collection();
+        let mut member = HubMember {
+            shard,
+            to: To {
+                cluster: &self.cluster,
+                identity: &gateway_itself,
+                client: &request,
+            },
+            path: &path,
+            accept: self.accept(),
+        };
+        let mut backoff = watcher::member_backoff();
+        let mut feed = Feed(self);
+        let watching = watcher::run(
+            Start::List,
+            &mut member,
+            &mut feed,
+            &ShardClock,
+            &mut backoff,
+        );
         let retired = self.cluster.retirement.listen();
-        let mut retired = std::pin::pin!(retired);
-        let mut drain = std::pin::pin!(shard.drain.started());
-        let mut backoff = BACKOFF_FIRST;
-        let mut listed = false;
-        loop {
-            if self.cluster.retirement.is_retired() {
-                info!(cluster = %self.key.cluster, resource = %self.key.resource, "shared watch: route retired; its watches end");
-                return Phase::Ended;
+        let outside = runtime::race(retired, shard.drain.started());
+        let (cluster, resource) = (&self.key.cluster, &self.key.resource);
+        match runtime::race(runtime::race(watching, self.idle()), outside).await {
+            First::Left(First::Left(ended)) => match ended {
+                watcher::Ended::Refused(code) => {
+                    warn!(%cluster, %resource, code, "shared watch: the member refused the gateway's own list or watch; its clients are proxied");
+                    Phase::Failed
+                }
+                // Unreachable since the hub started: its clients are proxied.
+                watcher::Ended::GaveUp => Phase::Failed,
+                watcher::Ended::Retired => {
+                    info!(%cluster, %resource, "shared watch: route retired; its watches end");
+                    Phase::Ended
+                }
+                watcher::Ended::Expired(_) | watcher::Ended::Stopped => Phase::Ended,
+            },
+            First::Left(First::Right(())) => {
+                debug!(%cluster, %resource, "shared watch: no clients; closed");
+                Phase::Ended
             }
-            if self.idle_too_long() {
-                debug!(cluster = %self.key.cluster, resource = %self.key.resource, "shared watch: no clients; closed");
-                return Phase::Ended;
-            }
-            let step = async {
-                if !listed {
-                    self.list(shard, &request, &gateway_itself, &path).await?;
-                    listed = true;
-                }
-                self.watch(shard, &request, &gateway_itself, &path).await
-            };
-            let outside = runtime::race(retired.as_mut(), drain.as_mut());
-            let stepped = match runtime::race(runtime::race(step, self.idle()), outside).await {
-                First::Left(First::Left(stepped)) => stepped,
-                First::Left(First::Right(())) => continue,
-                // The route retired, or the shard drains.
-                First::Right(_) => return Phase::Ended,
-            };
-            match stepped {
-                Ok(()) => {
-                    backoff = BACKOFF_FIRST;
-                    let from = self.state.borrow().last_rv;
-                    info!(cluster = %self.key.cluster, resource = %self.key.resource, from, "shared watch: the member ended its watch; watching again");
-                }
-                Err(Upstream::Expired) if self.lose_replay() => {
-                    info!(cluster = %self.key.cluster, resource = %self.key.resource, "shared watch: the member cannot replay from the first client's resourceVersion; watching from its list");
-                }
-                Err(Upstream::Expired) => {
-                    info!(cluster = %self.key.cluster, resource = %self.key.resource, "shared watch: member's resourceVersion expired; listing again");
-                    listed = false;
-                }
-                Err(Upstream::Refused(code)) => {
-                    warn!(cluster = %self.key.cluster, resource = %self.key.resource, code, "shared watch: the member refused the gateway's own list or watch; its clients are proxied");
-                    return Phase::Failed;
-                }
-                Err(Upstream::Down(reason)) => {
-                    warn!(cluster = %self.key.cluster, resource = %self.key.resource, %reason, "shared watch: member unreachable; trying again");
-                    if self.phase() == Phase::Starting && backoff >= BACKOFF_MOST {
-                        return Phase::Failed;
-                    }
-                    runtime::sleep(backoff).await;
-                    backoff = (backoff * 2).min(BACKOFF_MOST);
-                }
-            }
+            // The route retired, or the shard drains.
+            First::Right(_) => Phase::Ended,
         }
     }
 
@@ -548,34 +537,13 @@ impl Hub {
         }
     }
 
-    /// Lists the collection; the first time, the hub becomes ready; after a 410, what changed
-    /// goes into the ring.
-    async fn list(
-        &self,
-        shard: &ShardContext,
-        request: &ClientRequest<'_, NoFields>,
-        identity: &Decided,
-        path: &str,
-    ) -> Result<(), Upstream> {
-        let asked = Asked {
-            rest: path.as_bytes(),
-            query: b"",
-            verb: "list",
-        };
-        let body = ask_accepting(
-            shard,
-            &asked,
-            Some(self.accept()),
-            request,
-            &self.cluster,
-            identity,
-        )
-        .await
-        .map_err(Upstream::from)?;
-        let list: Value = serde_json::from_slice(&body)
-            .map_err(|_| Upstream::Down("its list is not JSON".into()))?;
+    /// A list of the collection: the first time, the hub becomes ready; after a 410, what
+    /// changed goes into the ring. Where the member watch starts (or goes on) from.
+    fn listed(&self, body: &[u8]) -> Result<u64, Fault> {
+        let list: Value =
+            serde_json::from_slice(body).map_err(|_| Fault::Bad("its list is not JSON"))?;
         let list_rv = version_of(list.get("metadata"))
-            .ok_or_else(|| Upstream::Down("its list has no resourceVersion".into()))?;
+            .ok_or(Fault::Bad("its list has no resourceVersion"))?;
         let (objects, columns) = self.list_objects(&list, list_rv);
         let mut state = self.state.borrow_mut();
         if state.columns.is_none() {
@@ -600,9 +568,15 @@ impl Hub {
         } else {
             self.relisted(&mut state, objects, list_rv);
         }
+        // The last resourceVersion, or where a replay got to.
+        let from = if state.replaying {
+            state.replayed_to
+        } else {
+            state.last_rv
+        };
         drop(state);
         self.signal.bump();
-        Ok(())
+        Ok(from)
     }
 
     /// The objects of a list, as ADDED events, and a Table's column definitions.
@@ -764,27 +738,29 @@ impl Hub {
         let query = format!(
             "?watch=true&timeoutSeconds={BACKFILL_SECONDS}&resourceVersion={from}{selectors}"
         );
-        let mut lines = Lines::new(HubLines {
+        let mut lines = Lines::new(HistoryLines {
             hub: self,
-            into: Some(Vec::new()),
+            events: Vec::new(),
             until,
             expired: false,
             reached: false,
         });
-        let watched = self
-            .member_watch(
-                shard,
-                &request,
-                &gateway_itself,
-                &self.collection(),
-                &query,
-                &mut lines,
-            )
-            .await;
-        match watched {
-            Ok(()) => History::Events(lines.sink.into.take().unwrap_or_default()),
-            Err(Upstream::Expired) => History::Expired,
-            Err(_) => History::Failed,
+        let streamed = match self
+            .open_watch(shard, &request, &gateway_itself, &query)
+            .await
+        {
+            Ok(answer) => ask::stream(shard, answer, &mut lines).await,
+            Err(missed) => Err(missed),
+        };
+        let history = lines.sink;
+        if history.expired || matches!(streamed, Err(Missed::Answered(410, _))) {
+            return History::Expired;
+        }
+        // A history watch that got past its end was cut there (its connection goes).
+        if history.reached || streamed.is_ok() {
+            History::Events(history.events)
+        } else {
+            History::Failed
         }
     }
 
@@ -833,89 +809,34 @@ impl Hub {
         true
     }
 
-    /// Watches from the last resourceVersion (or where a replay got to) until the member ends
-    /// the watch.
-    async fn watch(
+    /// Opens a member watch of the hub's collection with `query`, as the gateway itself.
+    async fn open_watch(
         &self,
         shard: &ShardContext,
         request: &ClientRequest<'_, NoFields>,
         identity: &Decided,
-        path: &str,
-    ) -> Result<(), Upstream> {
-        let from = {
-            let state = self.state.borrow();
-            if state.replaying {
-                state.replayed_to
-            } else {
-                state.last_rv
-            }
-        };
-        let query = format!("?watch=true&allowWatchBookmarks=true&resourceVersion={from}");
-        let mut lines = Lines::new(HubLines {
-            hub: self,
-            into: None,
-            until: u64::MAX,
-            expired: false,
-            reached: false,
-        });
-        self.member_watch(shard, request, identity, path, &query, &mut lines)
-            .await
-    }
-
-    /// One member watch of the hub's collection with `query`, its events into `lines`, until the
-    /// member ends it.
-    async fn member_watch(
-        &self,
-        shard: &ShardContext,
-        request: &ClientRequest<'_, NoFields>,
-        identity: &Decided,
-        path: &str,
         query: &str,
-        lines: &mut Lines<HubLines<'_>>,
-    ) -> Result<(), Upstream> {
+    ) -> Result<Answer, Missed> {
+        let path = self.collection();
         let asked = Asked {
             rest: path.as_bytes(),
             query: query.as_bytes(),
             verb: "watch",
         };
-        let (mut answer, response) = open_accepting(
-            shard,
-            &asked,
-            Some(self.accept()),
-            None,
-            request,
-            &self.cluster,
+        let to = To {
+            cluster: &self.cluster,
             identity,
-            true,
-        )
-        .await
-        .map_err(Upstream::from)?;
-        if response.code != 200 {
-            return Err(Upstream::from(Missed::Answered(
-                response.code,
-                String::new(),
-            )));
-        }
-        let relayed = relay(&mut answer, lines, Pace::LongRunning).await;
-        if lines.sink.expired {
-            return Err(Upstream::Expired);
-        }
-        // A history watch ended where it was asked to (its connection goes: it was cut mid-body).
-        if lines.sink.reached {
-            return Ok(());
-        }
-        match relayed {
-            Ok(complete) => {
-                exchange::finish(shard, answer, complete);
-                Ok(())
-            }
-            Err(failure) => Err(Upstream::from(failed(failure))),
-        }
+            client: request,
+        };
+        Ask::get(&asked)
+            .accept(self.accept())
+            .open_watch(shard, &to)
+            .await
     }
 
     /// One member event into the ring.
-    fn receive(&self, line: &[u8]) -> Result<(), Received> {
-        let mut event = self.parse(line)?;
+    fn receive(&self, event: Value) -> Result<(), Received> {
+        let mut event = self.parse(event)?;
         let mut state = self.state.borrow_mut();
         if matches!(event.kind, Kind::Added | Kind::Modified)
             && !state.replays(event.kind, event.rv)
@@ -930,8 +851,7 @@ impl Hub {
     }
 
     /// One member watch event, parsed (a Table's column definitions kept on the way).
-    fn parse(&self, line: &[u8]) -> Result<Event, Received> {
-        let mut event: Value = serde_json::from_slice(line).map_err(|_| Received::Bad)?;
+    fn parse(&self, mut event: Value) -> Result<Event, Received> {
         let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
         if kind == "ERROR" {
             let code = event
@@ -1134,29 +1054,6 @@ pub enum Backfill {
     Failed,
 }
 
-/// Why the member watch stopped.
-enum Upstream {
-    /// Its resourceVersion expired (410): list again.
-    Expired,
-    /// It refused the gateway (a 4xx other than 410 and 429).
-    Refused(u16),
-    /// It could not be reached or answered badly: try again.
-    Down(String),
-}
-
-impl From<Missed> for Upstream {
-    fn from(missed: Missed) -> Self {
-        match missed {
-            Missed::Answered(410, _) => Upstream::Expired,
-            Missed::Answered(code, _) if (400..500).contains(&code) && code != 429 => {
-                Upstream::Refused(code)
-            }
-            Missed::Answered(code, message) => Upstream::Down(format!("{code} {message}")),
-            Missed::Failed(reason) => Upstream::Down(reason),
-        }
-    }
-}
-
 enum Received {
     Expired,
     Bad,
@@ -1166,22 +1063,117 @@ enum Received {
     TooMany,
 }
 
-/// The member watch's lines, into the hub.
-struct HubLines<'h> {
+/// The hub's side of its member watch (`member::watcher`): lists and events into the hub.
+struct Feed<'h>(&'h Hub);
+
+impl watcher::Handler for Feed<'_> {
+    async fn listed(&mut self, body: Vec<u8>) -> Result<String, Fault> {
+        self.0.listed(&body).map(|from| from.to_string())
+    }
+
+    async fn event(&mut self, event: Value) -> Result<(), Fault> {
+        self.0
+            .receive(event)
+            .map_err(|_| Fault::Bad("a member's watch event is not one the hub reads"))
+    }
+
+    fn expired(&mut self, _status: &Value) -> AfterExpiry {
+        let hub = self.0;
+        let (cluster, resource) = (&hub.key.cluster, &hub.key.resource);
+        if hub.lose_replay() {
+            info!(%cluster, %resource, "shared watch: the member cannot replay from the first client's resourceVersion; watching from its list");
+            return AfterExpiry::WatchFrom(hub.state.borrow().last_rv.to_string());
+        }
+        info!(%cluster, %resource, "shared watch: member's resourceVersion expired; listing again");
+        AfterExpiry::Relist
+    }
+
+    fn rewatch(&mut self, from: &str) {
+        let (cluster, resource) = (&self.0.key.cluster, &self.0.key.resource);
+        info!(%cluster, %resource, from, "shared watch: the member ended its watch; watching again");
+    }
+
+    /// A hub whose member has been unreachable since it started gives up once its backoff is
+    /// at its cap: its clients are proxied.
+    async fn failed(&mut self, missed: &Missed, backoff: &Backoff) -> Result<(), Fault> {
+        let hub = self.0;
+        let (cluster, resource) = (&hub.key.cluster, &hub.key.resource);
+        let reason = match missed {
+            Missed::Answered(code, message) => format!("{code} {message}"),
+            Missed::Failed(reason) => reason.clone(),
+        };
+        warn!(%cluster, %resource, %reason, "shared watch: member unreachable; trying again");
+        if hub.phase() == Phase::Starting && backoff.at_cap() {
+            return Err(Fault::Bad(
+                "the member has been unreachable since the hub started",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The hub's member: its own list and watches of the collection, as the gateway itself.
+struct HubMember<'a> {
+    shard: &'a ShardContext,
+    to: To<'a, ClientRequest<'a, NoFields>>,
+    path: &'a str,
+    accept: &'static [u8],
+}
+
+impl watcher::Member for HubMember<'_> {
+    type Opened = Answer;
+
+    async fn list(&mut self) -> Result<Vec<u8>, Missed> {
+        let asked = Asked {
+            rest: self.path.as_bytes(),
+            query: b"",
+            verb: "list",
+        };
+        Ask::get(&asked)
+            .accept(self.accept)
+            .read(self.shard, &self.to)
+            .await
+    }
+
+    async fn open(&mut self, from: &str, _resumed: bool) -> Result<Answer, Missed> {
+        let query = format!("?watch=true&allowWatchBookmarks=true&resourceVersion={from}");
+        let asked = Asked {
+            rest: self.path.as_bytes(),
+            query: query.as_bytes(),
+            verb: "watch",
+        };
+        Ask::get(&asked)
+            .accept(self.accept)
+            .open_watch(self.shard, &self.to)
+            .await
+    }
+
+    async fn stream(&mut self, answer: Answer, body: &mut impl ResponseSink) -> Result<(), Missed> {
+        ask::stream(self.shard, answer, body).await
+    }
+
+    fn retired(&self) -> bool {
+        self.to.cluster.retirement.is_retired()
+    }
+}
+
+/// A history watch's lines ([`Hub::history`]), kept aside rather than put into the ring.
+struct HistoryLines<'h> {
     hub: &'h Hub,
-    /// A history's events, kept aside; None: each goes into the ring as it comes.
-    into: Option<Vec<Event>>,
-    /// A history ends at the first event past this resourceVersion.
+    events: Vec<Event>,
+    /// The history ends at the first event past this resourceVersion.
     until: u64,
     expired: bool,
-    /// A history got past `until`.
+    /// The history got past `until`.
     reached: bool,
 }
 
-impl LineSink for HubLines<'_> {
+impl LineSink for HistoryLines<'_> {
     async fn line(&mut self, line: &[u8]) -> Result<(), Failure> {
-        let received = match &mut self.into {
-            Some(events) => self.hub.parse(line).and_then(|event| {
+        let received = serde_json::from_slice(line)
+            .map_err(|_| Received::Bad)
+            .and_then(|event| self.hub.parse(event))
+            .and_then(|event| {
                 if event.rv > self.until {
                     self.reached = true;
                     return Err(Received::Reached);
@@ -1189,14 +1181,12 @@ impl LineSink for HubLines<'_> {
                 if event.kind == Kind::Bookmark {
                     return Ok(());
                 }
-                if events.len() >= self.hub.ring_size {
+                if self.events.len() >= self.hub.ring_size {
                     return Err(Received::TooMany);
                 }
-                events.push(event);
+                self.events.push(event);
                 Ok(())
-            }),
-            None => self.hub.receive(line),
-        };
+            });
         match received {
             Ok(()) => Ok(()),
             Err(Received::Expired) => {
