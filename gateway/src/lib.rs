@@ -33,6 +33,7 @@ pub mod codec;
 pub mod errors;
 pub mod exchange;
 pub mod fleet;
+pub mod handle;
 pub mod observe;
 pub mod protocol;
 pub mod request;

@@ -966,6 +966,14 @@ impl fleet::FleetClient for FleetStream<'_> {
         send.send_data(Bytes::new(), true)
             .map_err(|_| Failure::Abort("client reset the stream"))
     }
+
+    fn head_sent(&self) -> bool {
+        self.send.is_some()
+    }
+
+    fn keeps_connection(&self) -> bool {
+        true
+    }
 }
 
 impl ResponseSink for StreamSink<'_> {
