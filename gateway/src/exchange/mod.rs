@@ -35,8 +35,8 @@ use fleetgate_config_watcher::{ClusterRoute, ConnectMode, Limits};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::debug;
 
-use crate::errors::GatewayError;
 use crate::codec::http1::{parse_response, response_body, BodyKind, Head, HeadLimits};
+use crate::errors::GatewayError;
 use crate::runtime::{self, Deadline, First, ShardContext};
 use crate::tunnel::wire::ServiceRef;
 use crate::upstream::{connect, dial_address, PoolKey, UpstreamConn};

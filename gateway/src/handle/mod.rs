@@ -31,8 +31,8 @@ pub use crate::auth::ClientIdentity;
 use crate::auth::{ConnectionAuth, Decided};
 use crate::codec::http1::{BodyKind, Head};
 use crate::errors::GatewayError;
-use crate::exchange::member_head::{self, MemberRequest};
 pub(crate) use crate::exchange::member_head::Upgrade;
+use crate::exchange::member_head::{self, MemberRequest};
 use crate::exchange::reply::Reply;
 use crate::exchange::{self, Answer, Failure, Outbound, RequestBody};
 use crate::fleet;
@@ -54,6 +54,14 @@ impl Protocol {
         match self {
             Protocol::Http1 => "request",
             Protocol::H2 => "h2 request",
+        }
+    }
+
+    /// What the log's lines about a request start with.
+    fn log_prefix(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "",
+            Protocol::H2 => "h2 ",
         }
     }
 }
@@ -96,13 +104,35 @@ pub(crate) struct Exchange<'a, B> {
 
 /// How the member's answer to a proxied request goes back to the client.
 pub(crate) struct Respond {
-    pub verb: &'static str,
     /// The request asked to switch protocols (an HTTP/1.1 upgrade, an h2 WebSocket): a 101
     /// means the connection (or stream) now carries the new protocol's bytes.
     pub upgrade: bool,
     pub long_running: bool,
     pub limits: Limits,
     pub started: Instant,
+}
+
+/// The member's answer, its head read, for [`Session::start_response`].
+pub(crate) struct Start<'a> {
+    pub ctx: &'a ShardContext,
+    pub answer: &'a Answer,
+    /// The cluster's name, for the log and the errors.
+    pub cluster: &'a str,
+    pub how: &'a Respond,
+}
+
+/// The member's answer, its response head started, for [`Session::relay`].
+pub(crate) struct Relay<'a> {
+    pub ctx: &'a ShardContext,
+    pub answer: Answer,
+    pub how: &'a Respond,
+}
+
+/// How much of a request body the gateway reads whole, and the refusal beyond it.
+#[derive(Clone, Copy)]
+pub(crate) struct BodyLimit {
+    pub max: usize,
+    pub too_large: fn() -> GatewayError,
 }
 
 /// Which response the gateway writes itself.
@@ -137,35 +167,18 @@ pub(crate) trait Session {
     async fn answer_status(&mut self, head: &Self::Head, error: &GatewayError, close: bool);
     /// Answers a health check with `ok`.
     async fn answer_health(&mut self, head: &Self::Head) -> Next;
-    /// The whole request body, its framing taken off: at most `max` bytes, else `too_large`.
-    async fn read_body(
-        &mut self,
-        head: &Self::Head,
-        max: usize,
-        too_large: fn() -> GatewayError,
-    ) -> Result<Bytes, Failure>;
+    /// The whole request body, its framing taken off, within `limit`.
+    async fn read_body(&mut self, head: &Self::Head, limit: BodyLimit) -> Result<Bytes, Failure>;
     /// The writer of a response the gateway makes itself.
     fn reply(&mut self, head: &Self::Head, kind: ReplyKind) -> impl Reply + '_;
     /// What the exchange needs of the front-end for this request.
     fn exchange(&mut self, head: &Self::Head) -> Exchange<'_, impl RequestBody + '_>;
     /// Prepares (and may send) the response head for the member's answer, whose head is in the
     /// exchange's `response`. A [`Failure::Answer`]: nothing went out, answer it instead.
-    fn start_response(
-        &mut self,
-        ctx: &ShardContext,
-        head: &Self::Head,
-        answer: &Answer,
-        cluster: &str,
-        how: &Respond,
-    ) -> Result<(), Failure>;
+    fn start_response(&mut self, head: &Self::Head, start: Start<'_>) -> Result<(), Failure>;
     /// Relays the member's answer to the client (the body, or the upgraded connection's bytes
     /// both ways), then gives a clean member connection back to the pool.
-    async fn relay(
-        &mut self,
-        ctx: &ShardContext,
-        answer: Answer,
-        how: &Respond,
-    ) -> Result<Next, Failure>;
+    async fn relay(&mut self, to: Relay<'_>) -> Result<Next, Failure>;
     /// Cuts the response short (h2: the stream is reset; HTTP/1.1: the connection closes).
     fn abort(&mut self);
 }
@@ -224,12 +237,19 @@ pub(crate) async fn serve<S: Session>(
 ) -> Handled {
     runtime::faults::inject(head.target());
     let table = ctx.table.load();
-    let limits = table.gateway().limits;
     let decided = request::decide(&table, &conn.auth, head.method(), head.target(), || {
         head.headers()
     });
-    let mut trail = conn.trail();
-    let close = session.closes();
+    let mut flow = Flow {
+        ctx,
+        conn,
+        head,
+        close: session.closes(),
+        session,
+        trail: conn.trail(),
+        limits: table.gateway().limits,
+        started,
+    };
     // Admission (`spec.fairness`): the seats it takes are held until the response (a watch's
     // whole stream included) has ended.
     let admitted = match decided.as_ref().ok().and_then(Decision::subject) {
@@ -242,74 +262,49 @@ pub(crate) async fn serve<S: Session>(
             Ok(admitted) => Some(admitted),
             Err(error) => {
                 if ctx.audit.is_some() {
-                    trail.authenticated = subject.authenticated.cloned();
-                    trail.acting_as = subject.acting_as.cloned();
-                    trail.classified = subject
-                        .classified
-                        .map(|(cluster, info)| Classified::new(cluster, &info, head.target()));
+                    flow.trail.authenticated = subject.authenticated.cloned();
+                    flow.trail.acting_as = subject.acting_as.cloned();
+                    flow.classify(subject.classified);
                 }
-                let refusal = Refusal {
-                    error: &error,
-                    counted: subject.counted(),
-                    close,
-                };
-                let refused = refuse(ctx, conn, head, session, &mut trail, refusal, started);
+                let refused = flow.refuse(&error, subject.counted(), flow.close);
                 return Handled::Done(Box::pin(refused).await);
             }
         },
     };
-    let owned = OwnAnswer {
-        limits,
-        close,
-        started,
-    };
     let proxied = match decided {
         Ok(Decision::Proxy(proxied)) => proxied,
-        Ok(Decision::Health) => return Handled::Done(session.answer_health(head).await),
-        Ok(Decision::FleetNamed(fleet)) => {
-            let found = find_owner(ctx, conn, head, session, &mut trail, fleet, owned);
-            match Box::pin(found).await {
-                Ok(proxied) => proxied,
-                Err(next) => return Handled::Done(next),
-            }
-        }
-        Ok(decision) => {
-            let served = serve_fleet(ctx, conn, head, session, &mut trail, decision, owned);
-            return Handled::Done(Box::pin(served).await);
-        }
+        Ok(Decision::Health) => return Handled::Done(flow.session.answer_health(head).await),
+        Ok(Decision::FleetNamed(fleet)) => match Box::pin(flow.find_owner(fleet)).await {
+            Ok(proxied) => proxied,
+            Err(next) => return Handled::Done(next),
+        },
+        Ok(decision) => return Handled::Done(Box::pin(flow.serve_fleet(decision)).await),
         Err(refused) => {
             if ctx.audit.is_some() {
-                trail.classified = refused
-                    .classified
-                    .map(|(cluster, info)| Classified::new(cluster, &info, head.target()));
+                flow.classify(refused.classified);
                 // Who a refusal after authentication was for (a 401 names no one).
                 if refused.authenticated.is_some() {
-                    trail.authenticated = refused.authenticated;
-                    trail.acting_as = refused.acting_as;
+                    flow.trail.authenticated = refused.authenticated;
+                    flow.trail.acting_as = refused.acting_as;
                 }
             }
-            let refusal = Refusal {
-                error: &refused.error,
-                counted: refused.counted,
-                close,
-            };
-            let answered = refuse(ctx, conn, head, session, &mut trail, refusal, started);
+            let answered = flow.refuse(&refused.error, refused.counted, flow.close);
             return Handled::Done(Box::pin(answered).await);
         }
     };
     if ctx.audit.is_some() {
-        trail.authenticated = proxied.identity.authenticated.clone();
-        trail.acting_as = proxied.identity.identity.clone();
-        trail.classified = Some(Classified::new(proxied.name, &proxied.info, head.target()));
+        flow.trail.authenticated = proxied.identity.authenticated.clone();
+        flow.trail.acting_as = proxied.identity.identity.clone();
+        flow.classify(Some((proxied.name, proxied.info)));
     }
     let stream = ctx.shard_metrics.stream_opened();
     if let Some(plan) = watch::plan(&table, &proxied, head.accept()) {
         let caller = watch::Caller {
             peer: conn.peer,
-            limits,
+            limits: flow.limits,
             started,
         };
-        let mut reply = session.reply(head, ReplyKind::SharedWatch);
+        let mut reply = flow.session.reply(head, ReplyKind::SharedWatch);
         let served = Box::pin(watch::serve(ctx, &proxied, plan, caller, &mut reply)).await;
         let sent = reply.head_sent();
         drop(reply);
@@ -319,18 +314,17 @@ pub(crate) async fn serve<S: Session>(
             watch::Served::Proxy => {}
             watch::Served::Done(result) => {
                 ctx.count_response(proxied.cluster, proxied.verb, 200, started);
-                trail.code = Some(200);
+                flow.trail.code = Some(200);
                 let ended = Ended {
                     result,
                     sent,
                     keeps: false,
                     cut: SHARED_WATCH_CUT,
                 };
-                let answered = end_own(ctx, conn, head, session, &mut trail, ended, owned);
-                return Handled::Done(Box::pin(answered).await);
+                return Handled::Done(Box::pin(flow.end_own(ended)).await);
             }
             watch::Served::Follow(follower) => {
-                trail.code = Some(200);
+                flow.trail.code = Some(200);
                 return Handled::Follow(Following {
                     follower,
                     _admitted: admitted,
@@ -342,94 +336,85 @@ pub(crate) async fn serve<S: Session>(
                         .audit
                         .as_ref()
                         .map(|_| head.audit_request(conn.peer.addr)),
-                    trail,
+                    trail: std::mem::take(&mut flow.trail),
                 });
             }
         }
     }
     let counted = Some((proxied.cluster, proxied.verb));
-    let refusal = |error| Refusal {
-        error,
-        counted,
-        close,
-    };
-    let upgrade = match session.upgrade(head) {
+    let upgrade = match flow.session.upgrade(head) {
         Ok(upgrade) => upgrade,
         Err(error) => {
-            let answered = refuse(ctx, conn, head, session, &mut trail, refusal(&error), started);
-            return Handled::Done(Box::pin(answered).await);
+            return Handled::Done(Box::pin(flow.refuse(&error, counted, flow.close)).await)
         }
     };
-    let body = session.body_kind();
+    let body = flow.session.body_kind();
     if upgrade != Upgrade::None && body != BodyKind::Empty {
         // Where such a body would end and the upgraded bytes begin is anyone's guess.
         let error = GatewayError::BadRequest {
             reason: "an upgrade request must not carry a body",
         };
-        let answered = refuse(ctx, conn, head, session, &mut trail, refusal(&error), started);
-        return Handled::Done(Box::pin(answered).await);
+        return Handled::Done(Box::pin(flow.refuse(&error, counted, flow.close)).await);
     }
     // Boxed: its state (connect, request body, response head) is gone once the response head is
     // read, so a long stream (a watch) does not keep that space in its connection's task.
-    let outbound = ToMember {
-        proxied: &proxied,
-        upgrade,
-        body,
-        limits,
-        started,
-    };
-    let exchanged = Box::pin(send_to_member(ctx, conn, head, session, outbound)).await;
+    let exchanged = Box::pin(flow.send_to_member(&proxied, upgrade, body)).await;
     let (answer, code) = match exchanged {
         Ok(exchanged) => exchanged,
         Err((Failure::Answer(error), _)) => {
-            let answered = refuse(ctx, conn, head, session, &mut trail, refusal(&error), started);
-            return Handled::Done(Box::pin(answered).await);
+            return Handled::Done(Box::pin(flow.refuse(&error, counted, flow.close)).await)
         }
         Err((Failure::Abort(reason), code)) => {
-            let code = (code != 0).then_some(code);
-            return Handled::Done(abort(ctx, conn, head, session, &mut trail, code, reason, started));
+            return Handled::Done(flow.abort((code != 0).then_some(code), reason))
         }
     };
-    trail.code = Some(code);
+    flow.trail.code = Some(code);
     let how = Respond {
-        verb: proxied.verb,
         upgrade: upgrade != Upgrade::None,
         long_running: proxied.long_running,
-        limits,
+        limits: flow.limits,
         started,
     };
-    match session.start_response(ctx, head, &answer, &proxied.cluster.name, &how) {
-        Ok(()) => {}
+    let start = Start {
+        ctx,
+        answer: &answer,
+        cluster: &proxied.cluster.name,
+        how: &how,
+    };
+    match flow.session.start_response(head, start) {
+        Ok(()) => debug!(
+            shard = ctx.shard,
+            cluster = %proxied.cluster.name,
+            verb = proxied.verb,
+            code,
+            head_us = started.elapsed().as_micros() as u64,
+            long_running = proxied.long_running,
+            "{}response head relayed",
+            S::PROTOCOL.log_prefix()
+        ),
         Err(Failure::Answer(error)) => {
-            let refusal = Refusal {
-                error: &error,
-                counted: None,
-                close,
-            };
-            let answered = refuse(ctx, conn, head, session, &mut trail, refusal, started);
-            return Handled::Done(Box::pin(answered).await);
+            return Handled::Done(Box::pin(flow.refuse(&error, None, flow.close)).await)
         }
-        Err(Failure::Abort(reason)) => {
-            let code = Some(code);
-            return Handled::Done(abort(ctx, conn, head, session, &mut trail, code, reason, started));
-        }
+        Err(Failure::Abort(reason)) => return Handled::Done(flow.abort(Some(code), reason)),
     }
     // Nothing below reads the routing table: a long stream does not keep an old table alive.
     drop(table);
-    let next = match session.relay(ctx, answer, &how).await {
+    let relay = Relay {
+        ctx,
+        answer,
+        how: &how,
+    };
+    let next = match flow.session.relay(relay).await {
         // The body was read: whether to keep the connection is the client's and member's call.
         Ok(next) => {
-            record(ctx, conn, head, &mut trail, started, Outcome::Complete(code));
+            flow.record(Outcome::Complete(code));
             next
         }
         // Once the response has started, any failure can only cut it.
-        Err(Failure::Abort(reason)) => {
-            abort(ctx, conn, head, session, &mut trail, Some(code), reason, started)
-        }
+        Err(Failure::Abort(reason)) => flow.abort(Some(code), reason),
         Err(Failure::Answer(error)) => {
             debug!(%error, "failure after the response started");
-            let reason = "failure after the response started";
-            abort(ctx, conn, head, session, &mut trail, Some(code), reason, started)
+            flow.abort(Some(code), "failure after the response started")
         }
     };
     drop((admitted, stream));
@@ -446,91 +431,317 @@ pub(crate) async fn refuse_early<S: Session>(
     error: &GatewayError,
     started: Instant,
 ) -> Next {
-    let mut trail = conn.trail();
-    let refusal = Refusal {
-        error,
-        counted: None,
+    let mut flow = Flow {
+        ctx,
+        conn,
+        head,
+        session,
+        trail: conn.trail(),
+        limits: ctx.table.load().gateway().limits,
         close: true,
+        started,
     };
-    refuse(ctx, conn, head, session, &mut trail, refusal, started).await
+    flow.refuse(error, None, true).await
 }
 
-/// A request answered with the gateway's own Status instead of a member's response.
-struct Refusal<'a> {
-    error: &'a GatewayError,
-    /// The cluster and verb it is counted under, when it got as far as a cluster.
-    counted: Option<(&'a Arc<ClusterRoute>, &'static str)>,
-    /// The connection closes after it (besides errors that demand it).
+/// One request on its way through the pipeline: what every step after the decision needs, and
+/// what the audit log and the counters learn as it goes.
+struct Flow<'a, S: Session> {
+    ctx: &'a ShardContext,
+    conn: &'a Connection,
+    head: &'a S::Head,
+    session: &'a mut S,
+    trail: StreamAudit,
+    limits: Limits,
+    /// The connection closes after this request whatever the answer ([`Session::closes`]).
     close: bool,
+    started: Instant,
 }
 
-/// Answers with a [`Refusal`]'s Status: counted, written, audited.
-async fn refuse<S: Session>(
-    ctx: &ShardContext,
-    conn: &Connection,
-    head: &S::Head,
-    session: &mut S,
-    trail: &mut StreamAudit,
-    refusal: Refusal<'_>,
-    started: Instant,
-) -> Next {
-    let error = refusal.error;
-    crate::errors::log_answered(error, S::PROTOCOL.request_name());
-    let code = error.code_and_reason().0;
-    if let Some((cluster, verb)) = refusal.counted {
-        ctx.count_response(cluster, verb, code, started);
+impl<'a, S: Session> Flow<'a, S> {
+    /// Who asks the fleet view (borrowing the connection, not this flow).
+    fn asker(&self) -> Asker<'a> {
+        Asker {
+            conn: self.conn,
+            limits: self.limits,
+            started: self.started,
+        }
     }
-    let close = refusal.close || error.must_close();
-    session.answer_status(head, error, close).await;
-    if code == 401 {
-        // Not authenticated: the log names no one.
-        trail.authenticated = None;
-        trail.acting_as = None;
+
+    /// Answers with `error`'s Status instead of a member's response: counted (under the cluster
+    /// and verb, when it got as far as a cluster), written, audited. `close`: the connection
+    /// closes after it (besides errors that demand it).
+    async fn refuse(
+        &mut self,
+        error: &GatewayError,
+        counted: Option<(&Arc<ClusterRoute>, &'static str)>,
+        close: bool,
+    ) -> Next {
+        crate::errors::log_answered(error, S::PROTOCOL.request_name());
+        let code = error.code_and_reason().0;
+        if let Some((cluster, verb)) = counted {
+            self.ctx.count_response(cluster, verb, code, self.started);
+        }
+        let close = close || error.must_close();
+        self.session.answer_status(self.head, error, close).await;
+        if code == 401 {
+            // Not authenticated: the log names no one.
+            self.trail.authenticated = None;
+            self.trail.acting_as = None;
+        }
+        self.record(Outcome::Complete(code));
+        if close {
+            Next::Close
+        } else {
+            Next::KeepAlive
+        }
     }
-    record(ctx, conn, head, trail, started, Outcome::Complete(code));
-    if close {
+
+    /// Cuts a response short, the session's way (a reset stream, a closed connection); audited.
+    fn abort(&mut self, code: Option<u16>, reason: &'static str) -> Next {
+        debug!(reason, "response cut short");
+        self.session.abort();
+        self.record(Outcome::Aborted(code, reason));
         Next::Close
-    } else {
-        Next::KeepAlive
+    }
+
+    /// Counts a fleet-view request once, and hands the audit log its record (when it is on).
+    fn record(&mut self, outcome: Outcome) {
+        if let Some(verb) = self.trail.fleet {
+            self.ctx.shard_metrics.fleet_answered(verb, outcome.code());
+        }
+        if let Some(log) = &self.ctx.audit {
+            let request = self.head.audit_request(self.conn.peer.addr);
+            write_record(log, request, &mut self.trail, self.started, outcome);
+        }
+    }
+
+    /// What the audit log says the request was (once it got as far as a cluster).
+    fn classify(&mut self, classified: Option<(&str, RequestInfo<'_>)>) {
+        let target = self.head.target();
+        self.trail.classified =
+            classified.map(|(cluster, info)| Classified::new(cluster, &info, target));
+    }
+
+    /// Starts a fleet-view request's trail: counted once as the fleet view's, audited as its
+    /// user's (the same on every member it spans), classified with its cluster `fleet`.
+    fn fleet_trail(
+        &mut self,
+        verb: &'static str,
+        info: &RequestInfo<'_>,
+        members: &[(&Arc<ClusterRoute>, Decided)],
+    ) {
+        self.trail.fleet = Some(verb);
+        if self.ctx.audit.is_some() {
+            let decided = members.first().map(|(_, decided)| decided);
+            self.trail.authenticated = decided.and_then(|d| d.authenticated.clone());
+            self.trail.acting_as = decided.and_then(|d| d.identity.clone());
+            self.trail.classified = Some(Classified::fleet(info, self.head.target()));
+        }
+    }
+
+    /// Writes the member's head and carries the request to the member, up to its response head;
+    /// the response's code with the answer, or with the failure (0: no response head was read).
+    async fn send_to_member(
+        &mut self,
+        proxied: &Proxied<'_>,
+        upgrade: Upgrade,
+        body: BodyKind,
+    ) -> Result<(Answer, u16), (Failure, u16)> {
+        let (head, peer) = (self.head, &self.conn.peer);
+        let names_fields = self.session.names_fields();
+        let Exchange {
+            member_head: out,
+            response,
+            deadline,
+            body: mut client_body,
+        } = self.session.exchange(head);
+        let cluster: &ClusterRoute = proxied.cluster;
+        let method = head.method();
+        out.clear();
+        member_head::write(
+            out,
+            cluster,
+            &MemberRequest {
+                method,
+                http10: head.http10(),
+                rest: proxied.rest,
+                query: proxied.query,
+                body,
+                peer: peer.ip_text(),
+                identity: proxied.identity.identity.as_deref(),
+                upgrade,
+                service: proxied.service,
+            },
+            || head.headers(),
+            |name| names_fields && head.connection_has(name),
+        );
+        let outbound = Outbound {
+            cluster,
+            service: proxied.service,
+            head: out,
+            replayable: body == BodyKind::Empty && matches!(method, b"GET" | b"HEAD" | b"OPTIONS"),
+            long_running: proxied.long_running,
+            upgrade: upgrade != Upgrade::None,
+            head_method: method == b"HEAD",
+            limits: self.limits,
+            verb: proxied.verb,
+            started: self.started,
+            client: peer.ip(),
+        };
+        // 0 until a member's response head is read: an aborted exchange says whether one was.
+        response.code = 0;
+        match exchange::send(self.ctx, &outbound, &mut client_body, response, deadline).await {
+            Ok(answer) => Ok((answer, response.code)),
+            Err(failure) => Err((failure, response.code)),
+        }
+    }
+
+    /// A named object through the fleet view: the one member that has it, to proxy the request
+    /// to; or, for a plain GET, the object itself, answered here. Err: answered (a refusal of
+    /// the lookup: none has it, several do, some could not be asked).
+    async fn find_owner<'t>(&mut self, fleet: FleetRequest<'t>) -> Result<Proxied<'t>, Next> {
+        self.fleet_trail(fleet.verb, &fleet.info, &fleet.members);
+        let (head, names_fields) = (self.head, self.session.names_fields());
+        let named = move |name: &[u8]| names_fields && head.connection_has(name);
+        let asked = self.asker().request(|| head.headers(), &named);
+        match fleet::owner::find(self.ctx, &fleet, &asked).await {
+            Ok(fleet::owner::Owner {
+                object: Some(object),
+                ..
+            }) => Err(self.fleet_answer(FleetWork::Object(object)).await),
+            Ok(owner) => {
+                // An ordinary proxied request from here on.
+                self.trail.fleet = None;
+                Ok(fleet.into_owner(owner.index))
+            }
+            Err(Failure::Answer(error)) => Err(self.refuse(&error, None, self.close).await),
+            Err(Failure::Abort(reason)) => Err(self.abort(None, reason)),
+        }
+    }
+
+    /// Serves a fleet-view decision: a merged LIST or WATCH, a discovery document, an access
+    /// review.
+    async fn serve_fleet(&mut self, decision: Decision<'_>) -> Next {
+        let work = match &decision {
+            Decision::Fleet(fleet) => {
+                self.fleet_trail(fleet.verb, &fleet.info, &fleet.members);
+                FleetWork::Merged(fleet)
+            }
+            Decision::FleetDiscovery(found) => {
+                self.fleet_trail(found.verb, &found.info, &found.members);
+                FleetWork::Discovery(found)
+            }
+            Decision::FleetReview(review) => {
+                self.fleet_trail(review.verb, &review.info, &review.members);
+                // The review goes to every member: it is read whole first.
+                let limit = BodyLimit {
+                    max: fleet::review::MAX_REVIEW_BYTES,
+                    too_large: fleet::review::too_large,
+                };
+                match self.session.read_body(self.head, limit).await {
+                    Ok(posted) => FleetWork::Review(review, posted),
+                    Err(Failure::Answer(error)) => return self.refuse(&error, None, true).await,
+                    Err(Failure::Abort(reason)) => return self.abort(None, reason),
+                }
+            }
+            Decision::Health | Decision::Proxy(_) | Decision::FleetNamed(_) => {
+                unreachable!("served by the pipeline itself")
+            }
+        };
+        self.fleet_answer(work).await
+    }
+
+    /// Answers a fleet-view request from its members, in one 200 written as it is merged.
+    async fn fleet_answer(&mut self, work: FleetWork<'_, '_>) -> Next {
+        let ctx = self.ctx;
+        let _stream = ctx.shard_metrics.stream_opened();
+        let watch = matches!(work, FleetWork::Merged(fleet) if fleet.info.verb == KubeVerb::Watch);
+        let kind = if watch {
+            ReplyKind::FleetWatch
+        } else {
+            ReplyKind::Fleet
+        };
+        let (head, names_fields) = (self.head, self.session.names_fields());
+        let named = move |name: &[u8]| names_fields && head.connection_has(name);
+        let asked = self.asker().request(|| head.headers(), &named);
+        let mut reply = self.session.reply(head, kind);
+        let result = match work {
+            FleetWork::Merged(fleet) if watch => {
+                fleet::watch::watch(ctx, fleet, &asked, &mut reply).await
+            }
+            FleetWork::Merged(fleet) => fleet::list::list(ctx, fleet, &asked, &mut reply).await,
+            FleetWork::Discovery(found) => {
+                fleet::discovery::serve(ctx, found, &asked, &mut reply).await
+            }
+            FleetWork::Object(object) => fleet::owner::answer(&mut reply, object).await,
+            FleetWork::Review(review, posted) => {
+                fleet::review::serve(ctx, review, &posted, &asked, &mut reply).await
+            }
+        };
+        self.trail.code = Some(200);
+        let ended = Ended {
+            result,
+            sent: reply.head_sent(),
+            keeps: reply.keeps_connection(),
+            cut: "fleet response cut short",
+        };
+        drop(reply);
+        self.end_own(ended).await
+    }
+
+    /// Ends a response the gateway wrote itself: a refusal before its head is answered with its
+    /// Status, a failure after it cuts the response; audited either way.
+    async fn end_own(&mut self, ended: Ended) -> Next {
+        match ended.result {
+            Ok(()) => {
+                self.record(Outcome::Complete(200));
+                if ended.keeps && !self.close {
+                    Next::KeepAlive
+                } else {
+                    Next::Close
+                }
+            }
+            // Refused before anything went out (a bad limit or continue token, an expired one).
+            Err(Failure::Answer(error)) if !ended.sent => {
+                let close = self.close || !ended.keeps;
+                self.refuse(&error, None, close).await
+            }
+            Err(_) => self.abort(ended.sent.then_some(200), ended.cut),
+        }
     }
 }
 
-/// Cuts a response short: the session's way (a reset stream, a closed connection), audited.
-#[allow(clippy::too_many_arguments)] // the pipeline's own helper; a struct would only rename these
-fn abort<S: Session>(
-    ctx: &ShardContext,
-    conn: &Connection,
-    head: &S::Head,
-    session: &mut S,
-    trail: &mut StreamAudit,
-    code: Option<u16>,
-    reason: &'static str,
+/// Who asks the fleet view, and since when.
+#[derive(Clone, Copy)]
+struct Asker<'a> {
+    conn: &'a Connection,
+    limits: Limits,
     started: Instant,
-) -> Next {
-    debug!(reason, "response cut short");
-    session.abort();
-    record(ctx, conn, head, trail, started, Outcome::Aborted(code, reason));
-    Next::Close
 }
 
-/// Counts a fleet-view request once, and hands the audit log its record (when the log is on).
-fn record(
-    ctx: &ShardContext,
-    conn: &Connection,
-    head: &impl ClientHead,
-    trail: &mut StreamAudit,
-    started: Instant,
-    outcome: Outcome,
-) {
-    if let Some(verb) = trail.fleet {
-        ctx.shard_metrics.fleet_answered(verb, outcome.code());
-    }
-    if let Some(log) = &ctx.audit {
-        let request = head.audit_request(conn.peer.addr);
-        write_record(log, request, trail, started, outcome);
+impl<'a> Asker<'a> {
+    /// The fleet view's view of the client's request.
+    fn request<'r, F>(
+        self,
+        headers: F,
+        connection_named: &'r dyn Fn(&[u8]) -> bool,
+    ) -> fleet::ClientRequest<'r, F>
+    where
+        'a: 'r,
+    {
+        fleet::ClientRequest {
+            headers,
+            conn: &self.conn.auth,
+            connection_named,
+            peer: self.conn.peer,
+            limits: self.limits,
+            started: self.started,
+        }
     }
 }
 
+/// Hands the audit log its record of a request, with the identity and class its trail found.
 fn write_record(
     log: &crate::observe::audit::AuditLog,
     request: AuditRequest,
@@ -541,88 +752,6 @@ fn write_record(
     let mut request = request.identity(trail.authenticated.as_ref(), trail.acting_as.as_ref());
     request.classified = trail.classified.take();
     log.record(request, started, outcome);
-}
-
-/// A proxied request on its way to the member.
-struct ToMember<'p, 't> {
-    proxied: &'p Proxied<'t>,
-    upgrade: Upgrade,
-    body: BodyKind,
-    limits: Limits,
-    started: Instant,
-}
-
-/// Writes the member's head and carries the request to the member, up to its response head; the
-/// response's code with the answer, or with the failure (0: no response head was read).
-async fn send_to_member<S: Session>(
-    ctx: &ShardContext,
-    conn: &Connection,
-    head: &S::Head,
-    session: &mut S,
-    to: ToMember<'_, '_>,
-) -> Result<(Answer, u16), (Failure, u16)> {
-    let ToMember {
-        proxied,
-        upgrade,
-        body,
-        limits,
-        started,
-    } = to;
-    let names_fields = session.names_fields();
-    let Exchange {
-        member_head: out,
-        response,
-        deadline,
-        body: mut client_body,
-    } = session.exchange(head);
-    let cluster: &ClusterRoute = proxied.cluster;
-    let method = head.method();
-    out.clear();
-    member_head::write(
-        out,
-        cluster,
-        &MemberRequest {
-            method,
-            http10: head.http10(),
-            rest: proxied.rest,
-            query: proxied.query,
-            body,
-            peer: conn.peer.ip_text(),
-            identity: proxied.identity.identity.as_deref(),
-            upgrade,
-            service: proxied.service,
-        },
-        || head.headers(),
-        |name| names_fields && head.connection_has(name),
-    );
-    let outbound = Outbound {
-        cluster,
-        service: proxied.service,
-        head: out,
-        replayable: body == BodyKind::Empty && matches!(method, b"GET" | b"HEAD" | b"OPTIONS"),
-        long_running: proxied.long_running,
-        upgrade: upgrade != Upgrade::None,
-        head_method: method == b"HEAD",
-        limits,
-        verb: proxied.verb,
-        started,
-        client: conn.peer.ip(),
-    };
-    // 0 until a member's response head is read: an aborted exchange says whether one was.
-    response.code = 0;
-    match exchange::send(ctx, &outbound, &mut client_body, response, deadline).await {
-        Ok(answer) => Ok((answer, response.code)),
-        Err(failure) => Err((failure, response.code)),
-    }
-}
-
-/// What a response the gateway writes itself needs of the request.
-#[derive(Clone, Copy)]
-struct OwnAnswer {
-    limits: Limits,
-    /// The connection closes after it (see [`Session::closes`]).
-    close: bool,
-    started: Instant,
 }
 
 /// What the fleet view is asked for.
@@ -637,177 +766,6 @@ enum FleetWork<'a, 't> {
     Review(&'a request::FleetReview<'t>, Bytes),
 }
 
-/// The fleet view's view of the client's request.
-fn fleet_request<'a, F>(
-    conn: &'a Connection,
-    headers: F,
-    connection_named: &'a dyn Fn(&[u8]) -> bool,
-    owned: OwnAnswer,
-) -> fleet::ClientRequest<'a, F> {
-    fleet::ClientRequest {
-        headers,
-        conn: &conn.auth,
-        connection_named,
-        peer: conn.peer,
-        limits: owned.limits,
-        started: owned.started,
-    }
-}
-
-/// Starts a fleet-view request's trail: counted once as the fleet view's, audited as its user's
-/// (the same on every member it spans), classified with its cluster `fleet`.
-fn fleet_trail(
-    ctx: &ShardContext,
-    trail: &mut StreamAudit,
-    verb: &'static str,
-    info: &RequestInfo<'_>,
-    members: &[(&Arc<ClusterRoute>, Decided)],
-    target: &[u8],
-) {
-    trail.fleet = Some(verb);
-    if ctx.audit.is_some() {
-        let decided = members.first().map(|(_, decided)| decided);
-        trail.authenticated = decided.and_then(|d| d.authenticated.clone());
-        trail.acting_as = decided.and_then(|d| d.identity.clone());
-        trail.classified = Some(Classified::fleet(info, target));
-    }
-}
-
-/// A named object through the fleet view: the one member that has it, to proxy the request to;
-/// or, for a plain GET, the object itself, answered here. Err: answered (a refusal of the lookup:
-/// none has it, several do, some could not be asked).
-async fn find_owner<'t, S: Session>(
-    ctx: &ShardContext,
-    conn: &Connection,
-    head: &S::Head,
-    session: &mut S,
-    trail: &mut StreamAudit,
-    fleet: FleetRequest<'t>,
-    owned: OwnAnswer,
-) -> Result<Proxied<'t>, Next> {
-    fleet_trail(ctx, trail, fleet.verb, &fleet.info, &fleet.members, head.target());
-    let names_fields = session.names_fields();
-    let named = |name: &[u8]| names_fields && head.connection_has(name);
-    let asked = fleet_request(conn, || head.headers(), &named, owned);
-    match fleet::owner::find(ctx, &fleet, &asked).await {
-        Ok(fleet::owner::Owner {
-            object: Some(object),
-            ..
-        }) => {
-            let work = FleetWork::Object(object);
-            Err(fleet_answer(ctx, conn, head, session, trail, work, owned).await)
-        }
-        Ok(owner) => {
-            // An ordinary proxied request from here on.
-            trail.fleet = None;
-            Ok(fleet.into_owner(owner.index))
-        }
-        Err(Failure::Answer(error)) => {
-            let refusal = Refusal {
-                error: &error,
-                counted: None,
-                close: owned.close,
-            };
-            Err(refuse(ctx, conn, head, session, trail, refusal, owned.started).await)
-        }
-        Err(Failure::Abort(reason)) => {
-            Err(abort(ctx, conn, head, session, trail, None, reason, owned.started))
-        }
-    }
-}
-
-/// Serves a fleet-view decision (a merged LIST or WATCH, a discovery document, an access review)
-/// or answers a refusal the decision was.
-async fn serve_fleet<S: Session>(
-    ctx: &ShardContext,
-    conn: &Connection,
-    head: &S::Head,
-    session: &mut S,
-    trail: &mut StreamAudit,
-    decision: Decision<'_>,
-    owned: OwnAnswer,
-) -> Next {
-    let target = head.target();
-    let posted;
-    let work = match &decision {
-        Decision::Fleet(fleet) => {
-            fleet_trail(ctx, trail, fleet.verb, &fleet.info, &fleet.members, target);
-            FleetWork::Merged(fleet)
-        }
-        Decision::FleetDiscovery(found) => {
-            fleet_trail(ctx, trail, found.verb, &found.info, &found.members, target);
-            FleetWork::Discovery(found)
-        }
-        Decision::FleetReview(review) => {
-            fleet_trail(ctx, trail, review.verb, &review.info, &review.members, target);
-            // The review goes to every member: it is read whole first.
-            let max = fleet::review::MAX_REVIEW_BYTES;
-            posted = match session.read_body(head, max, fleet::review::too_large).await {
-                Ok(posted) => posted,
-                Err(Failure::Answer(error)) => {
-                    let refusal = Refusal {
-                        error: &error,
-                        counted: None,
-                        close: true,
-                    };
-                    return refuse(ctx, conn, head, session, trail, refusal, owned.started).await;
-                }
-                Err(Failure::Abort(reason)) => {
-                    return abort(ctx, conn, head, session, trail, None, reason, owned.started)
-                }
-            };
-            FleetWork::Review(review, posted)
-        }
-        Decision::Health | Decision::Proxy(_) | Decision::FleetNamed(_) => {
-            unreachable!("served by the pipeline itself")
-        }
-    };
-    fleet_answer(ctx, conn, head, session, trail, work, owned).await
-}
-
-/// Answers a fleet-view request from its members, in one 200 written as it is merged.
-async fn fleet_answer<S: Session>(
-    ctx: &ShardContext,
-    conn: &Connection,
-    head: &S::Head,
-    session: &mut S,
-    trail: &mut StreamAudit,
-    work: FleetWork<'_, '_>,
-    owned: OwnAnswer,
-) -> Next {
-    let _stream = ctx.shard_metrics.stream_opened();
-    let watch = matches!(work, FleetWork::Merged(fleet) if fleet.info.verb == KubeVerb::Watch);
-    let kind = if watch {
-        ReplyKind::FleetWatch
-    } else {
-        ReplyKind::Fleet
-    };
-    let names_fields = session.names_fields();
-    let named = |name: &[u8]| names_fields && head.connection_has(name);
-    let asked = fleet_request(conn, || head.headers(), &named, owned);
-    let mut reply = session.reply(head, kind);
-    let result = match work {
-        FleetWork::Merged(fleet) if watch => fleet::watch::watch(ctx, fleet, &asked, &mut reply).await,
-        FleetWork::Merged(fleet) => fleet::list::list(ctx, fleet, &asked, &mut reply).await,
-        FleetWork::Discovery(found) => {
-            fleet::discovery::serve(ctx, found, &asked, &mut reply).await
-        }
-        FleetWork::Object(object) => fleet::owner::answer(&mut reply, object).await,
-        FleetWork::Review(review, posted) => {
-            fleet::review::serve(ctx, review, &posted, &asked, &mut reply).await
-        }
-    };
-    trail.code = Some(200);
-    let ended = Ended {
-        result,
-        sent: reply.head_sent(),
-        keeps: reply.keeps_connection(),
-        cut: "fleet response cut short",
-    };
-    drop(reply);
-    end_own(ctx, conn, head, session, trail, ended, owned).await
-}
-
 /// Why the log says a shared watch ended early.
 const SHARED_WATCH_CUT: &str = "shared watch cut short";
 
@@ -820,42 +778,6 @@ struct Ended {
     keeps: bool,
     /// Why the log says it was cut short.
     cut: &'static str,
-}
-
-/// Ends a response the gateway wrote itself: a refusal before its head is answered with its
-/// Status, a failure after it cuts the response; audited either way.
-async fn end_own<S: Session>(
-    ctx: &ShardContext,
-    conn: &Connection,
-    head: &S::Head,
-    session: &mut S,
-    trail: &mut StreamAudit,
-    ended: Ended,
-    owned: OwnAnswer,
-) -> Next {
-    match ended.result {
-        Ok(()) => {
-            record(ctx, conn, head, trail, owned.started, Outcome::Complete(200));
-            if ended.keeps && !owned.close {
-                Next::KeepAlive
-            } else {
-                Next::Close
-            }
-        }
-        // Refused before anything went out (a bad limit or continue token, an expired one).
-        Err(Failure::Answer(error)) if !ended.sent => {
-            let refusal = Refusal {
-                error: &error,
-                counted: None,
-                close: owned.close || !ended.keeps,
-            };
-            refuse(ctx, conn, head, session, trail, refusal, owned.started).await
-        }
-        Err(_) => {
-            let code = ended.sent.then_some(200);
-            abort(ctx, conn, head, session, trail, code, ended.cut, owned.started)
-        }
-    }
 }
 
 /// A shared watch positioned in its hub, with all it keeps of its request: the seats admission

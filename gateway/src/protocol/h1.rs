@@ -34,8 +34,8 @@ use crate::exchange::{
     self, Answer, Failure, MemberConn, RequestBody, BODY_STALL_TIMEOUT, READ_CHUNK,
 };
 use crate::handle::{
-    self, ClientHead, ClientIdentity, Connection, Exchange, Handled, Next, Protocol, ReplyKind,
-    Respond, Session, Upgrade,
+    self, BodyLimit, ClientHead, ClientIdentity, Connection, Exchange, Handled, Next, Protocol,
+    Relay, ReplyKind, Session, Start, Upgrade,
 };
 use crate::observe::audit::AuditRequest;
 use crate::runtime::{self, clock, Deadline, First, ShardContext};
@@ -140,8 +140,15 @@ where
             session.close = wants_close(head) || body != BodyKind::Empty || head.connection.upgrade;
         }
         Err(error) => {
-            return Box::pin(handle::refuse_early(ctx, conn, head, &mut session, &error, started))
-                .await
+            return Box::pin(handle::refuse_early(
+                ctx,
+                conn,
+                head,
+                &mut session,
+                &error,
+                started,
+            ))
+            .await
         }
     }
     match handle::serve(ctx, conn, head, &mut session, started).await {
@@ -222,9 +229,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session for Request<'_, '_, S> {
     }
 
     fn upgrade(&self, head: &Head) -> Result<Upgrade, GatewayError> {
-        Ok(match requested_upgrade(head)? {
-            true => Upgrade::FromClient,
-            false => Upgrade::None,
+        let asked = requested_upgrade(head)?;
+        Ok(if asked {
+            Upgrade::FromClient
+        } else {
+            Upgrade::None
         })
     }
 
@@ -247,13 +256,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session for Request<'_, '_, S> {
         }
     }
 
-    async fn read_body(
-        &mut self,
-        head: &Head,
-        max: usize,
-        too_large: fn() -> GatewayError,
-    ) -> Result<Bytes, Failure> {
-        read_whole_body(self.down, head, self.body, max, too_large).await
+    async fn read_body(&mut self, head: &Head, limit: BodyLimit) -> Result<Bytes, Failure> {
+        read_whole_body(self.down, head, self.body, limit).await
     }
 
     fn reply(&mut self, head: &Head, kind: ReplyKind) -> impl Reply + '_ {
@@ -301,14 +305,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session for Request<'_, '_, S> {
         }
     }
 
-    fn start_response(
-        &mut self,
-        ctx: &ShardContext,
-        head: &Head,
-        answer: &Answer,
-        cluster: &str,
-        how: &Respond,
-    ) -> Result<(), Failure> {
+    fn start_response(&mut self, head: &Head, start: Start<'_>) -> Result<(), Failure> {
+        let (ctx, answer, cluster, how) = (start.ctx, start.answer, start.cluster, start.how);
         let response = &self.down.response;
         if how.upgrade && response.code == 101 {
             debug!(
@@ -328,26 +326,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session for Request<'_, '_, S> {
             || answer.body == BodyKind::CloseDelimited
             || how.upgrade
             || ctx.drain.is_draining();
-        debug!(
-            shard = ctx.shard,
-            cluster,
-            verb = how.verb,
-            code = response.code,
-            head_us = how.started.elapsed().as_micros() as u64,
-            long_running = how.long_running,
-            "response head relayed"
-        );
         self.down.out.clear();
         write_response_head(&mut self.down.out, response, self.client_close);
         Ok(())
     }
 
-    async fn relay(
-        &mut self,
-        ctx: &ShardContext,
-        mut answer: Answer,
-        how: &Respond,
-    ) -> Result<Next, Failure> {
+    async fn relay(&mut self, to: Relay<'_>) -> Result<Next, Failure> {
+        let (ctx, how, mut answer) = (to.ctx, to.how, to.answer);
         let down = &mut *self.down;
         if how.upgrade && down.response.code == 101 {
             // Boxed, as the refusals: rare paths keep no space in every connection's task.
@@ -597,19 +582,18 @@ fn is_carried_protocol(protocol: &[u8]) -> bool {
 }
 
 /// The whole request body, its framing taken off, for a request the gateway answers itself from
-/// several members (a fleet access review): at most `max` bytes, else `too_large`. The
+/// several members (a fleet access review), within `limit`. The
 /// client's bytes past it stay in the read buffer.
 async fn read_whole_body<S>(
     down: &mut Downstream<'_, S>,
     head: &Head,
     kind: BodyKind,
-    max: usize,
-    too_large: fn() -> GatewayError,
+    limit: BodyLimit,
 ) -> Result<Bytes, Failure>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let too_large = || Failure::Answer(too_large());
+    let (max, too_large) = (limit.max, || Failure::Answer((limit.too_large)()));
     let (mut left, mut chunks) = match kind {
         BodyKind::Empty => return Ok(Bytes::new()),
         BodyKind::Length(n) if n > max as u64 => return Err(too_large()),
@@ -619,10 +603,7 @@ where
         BodyKind::CloseDelimited => return Err(too_large()),
     };
     if head.expect_continue && down.buf.is_empty() {
-        down.io
-            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-            .await
-            .map_err(|_| Failure::Abort("client write failed"))?;
+        write_now(down.io, CONTINUE).await?;
     }
     let mut body = Vec::new();
     loop {
@@ -670,11 +651,7 @@ struct ClientBody<'a, S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> RequestBody for ClientBody<'_, S> {
-    async fn send(
-        &mut self,
-        conn: &mut MemberConn,
-        cluster: &ClusterRoute,
-    ) -> Result<(), Failure> {
+    async fn send(&mut self, conn: &mut MemberConn, cluster: &ClusterRoute) -> Result<(), Failure> {
         if self.progress.is_done() {
             return Ok(());
         }
@@ -682,14 +659,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RequestBody for ClientBody<'_, S> {
             // The gateway answers `Expect: 100-continue` itself (and does not forward it), so the
             // client sends its body without waiting for a 100 the member might never send.
             self.expect_continue = false;
-            self.io
-                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                .await
-                .map_err(|_| Failure::Abort("client write failed"))?;
-            self.io
-                .flush()
-                .await
-                .map_err(|_| Failure::Abort("client flush failed"))?;
+            write_now(self.io, CONTINUE).await?;
         }
         loop {
             if !self.buf.is_empty() {
@@ -844,14 +814,7 @@ where
 {
     down.out.clear();
     write_switching_head(&mut down.out, &down.response);
-    down.io
-        .write_all(&down.out)
-        .await
-        .map_err(|_| Failure::Abort("client write failed"))?;
-    down.io
-        .flush()
-        .await
-        .map_err(|_| Failure::Abort("client flush failed"))?;
+    write_now(down.io, &down.out).await?;
     let _upgraded = ctx.shard_metrics.upgraded_stream_opened();
     // Bytes the client sent past its head, and the member past its 101, go first.
     let client_pending = std::mem::take(&mut down.buf);
@@ -875,6 +838,19 @@ where
         Err(error) => debug!(%error, "upgraded stream failed"),
     }
     Ok(Next::Close)
+}
+
+/// The interim response to `Expect: 100-continue`.
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// Writes the gateway's own interim or switching head and flushes it.
+async fn write_now<S: AsyncWrite + Unpin>(io: &mut S, bytes: &[u8]) -> Result<(), Failure> {
+    io.write_all(bytes)
+        .await
+        .map_err(|_| Failure::Abort("client write failed"))?;
+    io.flush()
+        .await
+        .map_err(|_| Failure::Abort("client flush failed"))
 }
 
 /// Writes a 101 as the member sent it, keeping the `Connection: Upgrade` and `Upgrade` fields

@@ -41,12 +41,11 @@ use crate::errors::GatewayError;
 use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
 use crate::exchange::reply::{warning_value, Reply};
 use crate::exchange::{
-    self, Answer, Failure, MemberConn, RequestBody, BODY_STALL_TIMEOUT, IDLE_STREAM_BUFFER,
-    READ_CHUNK,
+    self, Failure, MemberConn, RequestBody, BODY_STALL_TIMEOUT, IDLE_STREAM_BUFFER, READ_CHUNK,
 };
 use crate::handle::{
-    self, ClientHead, ClientIdentity, Connection, Exchange, Following, Handled, Next, Protocol,
-    ReplyKind, Respond, Session, Upgrade,
+    self, BodyLimit, ClientHead, ClientIdentity, Connection, Exchange, Following, Handled, Next,
+    Protocol, Relay, ReplyKind, Session, Start, Upgrade,
 };
 use crate::observe::audit::AuditRequest;
 use crate::runtime::{self, Deadline, First, ShardContext};
@@ -368,7 +367,6 @@ pub fn server_builder(
     builder
 }
 
-
 /// A stream's request head: the request without its body, and whether it is an RFC 8441
 /// WebSocket (an extended CONNECT the member gets as a GET with `Upgrade: websocket`).
 struct StreamHead {
@@ -475,9 +473,10 @@ impl Session for Stream {
     }
 
     fn upgrade(&self, head: &StreamHead) -> Result<Upgrade, GatewayError> {
-        Ok(match head.websocket {
-            true => Upgrade::WebSocket,
-            false => Upgrade::None,
+        Ok(if head.websocket {
+            Upgrade::WebSocket
+        } else {
+            Upgrade::None
         })
     }
 
@@ -502,13 +501,8 @@ impl Session for Stream {
         Next::KeepAlive
     }
 
-    async fn read_body(
-        &mut self,
-        _: &StreamHead,
-        max: usize,
-        too_large: fn() -> GatewayError,
-    ) -> Result<Bytes, Failure> {
-        read_whole_body(&mut self.body, max, too_large).await
+    async fn read_body(&mut self, _: &StreamHead, limit: BodyLimit) -> Result<Bytes, Failure> {
+        read_whole_body(&mut self.body, limit).await
     }
 
     fn reply(&mut self, _: &StreamHead, _: ReplyKind) -> impl Reply + '_ {
@@ -532,14 +526,8 @@ impl Session for Stream {
         }
     }
 
-    fn start_response(
-        &mut self,
-        ctx: &ShardContext,
-        _: &StreamHead,
-        answer: &Answer,
-        cluster: &str,
-        how: &Respond,
-    ) -> Result<(), Failure> {
+    fn start_response(&mut self, _: &StreamHead, start: Start<'_>) -> Result<(), Failure> {
+        let (answer, cluster, how) = (start.answer, start.cluster, start.how);
         let response = &self.response;
         let switched = how.upgrade && response.code == 101;
         if how.upgrade && !switched && (200..300).contains(&response.code) {
@@ -555,30 +543,13 @@ impl Session for Stream {
         } else {
             h2_response(cluster, response, response.code, &[])?
         };
-        debug!(
-            shard = ctx.shard,
-            cluster,
-            verb = how.verb,
-            code = response.code,
-            head_us = how.started.elapsed().as_micros() as u64,
-            long_running = how.long_running,
-            "h2 response head relayed"
-        );
         let empty = BodyProgress::new(answer.body).is_done() && !switched;
-        let send = self
-            .respond
-            .send_response(reply, empty)
-            .map_err(|_| Failure::Abort("client reset"))?;
-        self.send = Some(send);
+        self.send = Some(send_head(&mut self.respond, reply, empty)?);
         Ok(())
     }
 
-    async fn relay(
-        &mut self,
-        ctx: &ShardContext,
-        mut answer: Answer,
-        how: &Respond,
-    ) -> Result<Next, Failure> {
+    async fn relay(&mut self, to: Relay<'_>) -> Result<Next, Failure> {
+        let (ctx, how, mut answer) = (to.ctx, to.how, to.answer);
         let send = self
             .send
             .as_mut()
@@ -605,13 +576,9 @@ impl Session for Stream {
 }
 
 /// The whole request body of a stream, for a request the gateway answers itself from several
-/// members (a fleet access review): at most `max` bytes, else `too_large`. The client's
+/// members (a fleet access review), within `limit`. The client's
 /// window is released as the bytes arrive.
-async fn read_whole_body(
-    body: &mut RecvStream,
-    max: usize,
-    too_large: fn() -> GatewayError,
-) -> Result<Bytes, Failure> {
+async fn read_whole_body(body: &mut RecvStream, limit: BodyLimit) -> Result<Bytes, Failure> {
     let mut whole = BytesMut::new();
     loop {
         let data = match runtime::timeout(BODY_STALL_TIMEOUT, body.data()).await {
@@ -619,8 +586,8 @@ async fn read_whole_body(
             Ok(None) => return Ok(whole.freeze()),
             Err(_) => return Err(Failure::Abort("client stalled in the request body")),
         };
-        if whole.len() + data.len() > max {
-            return Err(Failure::Answer(too_large()));
+        if whole.len() + data.len() > limit.max {
+            return Err(Failure::Answer((limit.too_large)()));
         }
         whole.extend_from_slice(&data);
         let _ = body.flow_control().release_capacity(data.len());
@@ -638,11 +605,7 @@ struct StreamBody<'a> {
 }
 
 impl RequestBody for StreamBody<'_> {
-    async fn send(
-        &mut self,
-        conn: &mut MemberConn,
-        cluster: &ClusterRoute,
-    ) -> Result<(), Failure> {
+    async fn send(&mut self, conn: &mut MemberConn, cluster: &ClusterRoute) -> Result<(), Failure> {
         if self.kind == BodyKind::Empty {
             return Ok(());
         }
@@ -721,11 +684,7 @@ impl Reply for FleetStream<'_> {
         let response = response
             .body(())
             .map_err(|_| Failure::Abort("unsendable response head"))?;
-        let send = self
-            .respond
-            .send_response(response, false)
-            .map_err(|_| Failure::Abort("client reset the stream"))?;
-        self.send = Some(send);
+        self.send = Some(send_head(self.respond, response, false)?);
         Ok(())
     }
 
@@ -917,6 +876,17 @@ async fn relay_tunnel(
         }
     })
     .await
+}
+
+/// Sends a response head on a stream; its body goes on the stream returned (none when `end`).
+fn send_head(
+    respond: &mut SendResponse<Bytes>,
+    head: Response<()>,
+    end: bool,
+) -> Result<SendStream<Bytes>, Failure> {
+    respond
+        .send_response(head, end)
+        .map_err(|_| Failure::Abort("client reset the stream"))
 }
 
 /// Sends `data` on `send` as the peer's flow-control window grants capacity.
