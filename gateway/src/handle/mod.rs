@@ -14,9 +14,11 @@
 //! same way whichever protocol brought it. The front-ends import this module and never `fleet`,
 //! `watch`, `auth` or `upstream`.
 //!
-//! The pipeline is generic over the session (no box, no dynamic call), and allocates nothing per
-//! request of its own on the plain proxy path: the one box is the exchange's future, which the
-//! front-ends boxed before for the same reason (a long stream must not keep its room).
+//! The pipeline is generic over the session (no box, no dynamic call) and adds no allocation per
+//! request on the plain proxy path: its one box is the exchange's future, which the front-ends
+//! boxed before for the same reason (a long stream must not keep its room); refusals and the
+//! fleet and shared-watch paths are boxed where they branch off, as before. Called by
+//! `protocol::h1` for each request and by `protocol::h2` for each stream.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
