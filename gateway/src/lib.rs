@@ -4,7 +4,8 @@
 //! The folders are the stations a request passes, in order:
 //! - `server`: listeners, shards (one monoio runtime per core), the drain, the admin listener;
 //! - `tls`: the handshake, the client certificate's identity, ALPN dispatch to a protocol;
-//! - `protocol`: the two client front-ends, HTTP/1.1 (`h1`) and h2 (`h2`);
+//! - `protocol`: the two client front-ends, HTTP/1.1 (`h1`) and h2 (`h2`): only their protocol;
+//! - `handle`: the pipeline both run every request through (decide, admit, dispatch, audit);
 //! - `request`: what a request is (its route to a cluster and its kube request info), parsed once;
 //! - `auth`: who the client is, whether an AccessPolicy lets it, what the member is told;
 //! - `admit`: whether the decided request may go on now: the user's and the cluster's fair
@@ -36,6 +37,7 @@ pub mod codec;
 pub mod errors;
 pub mod exchange;
 pub mod fleet;
+pub mod handle;
 pub mod member;
 pub mod observe;
 pub mod protocol;

@@ -1,6 +1,6 @@
 //! The exchange: the one way a decided request goes to a member and its answer comes back, for
-//! both client protocols. The front-ends (`protocol::h1`, `protocol::h2`) decide the request
-//! (`request::decide`), write the member's head (`member_head`), and then hand over:
+//! both client protocols. The pipeline (`handle`) decides the request (`request::decide`), writes
+//! the member's head (`member_head`), and then hands over, with the front-end's body and sink:
 //! - [`send`]: the connector (direct TCP/TLS, an egress proxy, or a pull-mode member's tunnel), a
 //!   pooled connection or a new one (through the pool's line: a few dials per member at once),
 //!   the head and the body (through the front-end's [`RequestBody`]), one retry on a fresh
@@ -10,7 +10,9 @@
 //!   member read waits until the client took the previous one), the route's retirement (a
 //!   long-running stream ends cleanly between chunks), a write timeout for ordinary responses, and
 //!   the connection back to the pool after a clean, complete response;
-//! - `splice`: an upgraded connection after a 101, both ways, until either side closes.
+//! - `splice`: an upgraded connection after a 101, both ways, until either side closes;
+//! - `reply`: the front-ends' side of a response the gateway writes itself (fleet view, shared
+//!   watch).
 //!
 //! Nothing else in the crate talks to members. Never parses a client's request and never decides
 //! identity; errors are [`Failure`]s that say whether anything reached the client yet.
@@ -19,6 +21,7 @@ pub mod budget;
 pub mod lines;
 pub mod member_head;
 pub mod relay;
+pub mod reply;
 pub mod retired;
 pub mod splice;
 
@@ -32,11 +35,15 @@ use fleetgate_config_watcher::{ClusterRoute, ConnectMode, Limits};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::debug;
 
-use crate::errors::GatewayError;
 use crate::codec::http1::{parse_response, response_body, BodyKind, Head, HeadLimits};
+use crate::errors::GatewayError;
 use crate::runtime::{self, Deadline, First, ShardContext};
 use crate::tunnel::wire::ServiceRef;
 use crate::upstream::{connect, dial_address, PoolKey, UpstreamConn};
+
+/// A connection to a member, as the front-ends' [`RequestBody`] writes to it and an upgrade
+/// carries it: the exchange's name for it, so the front-ends need not reach into `upstream`.
+pub(crate) type MemberConn = UpstreamConn;
 
 /// Read-buffer growth step for bodies.
 pub(crate) const READ_CHUNK: usize = 32 * 1024;

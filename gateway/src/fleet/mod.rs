@@ -18,8 +18,7 @@
 //! A request aimed at one cluster (`/fleet/cluster.fleetgate.io/NAME/...`, or a create that
 //! `spec.fleet.createIn` sends) is not here: `decide` makes it an ordinary proxied request.
 //!
-//! Called by the front-ends (`protocol::h1`, `protocol::h2`) with a [`FleetClient`] for their
-//! side.
+//! Called by the pipeline (`handle`) with a [`FleetClient`] for the front-end's side.
 
 pub mod ask;
 pub mod discovery;
@@ -32,27 +31,12 @@ pub mod watch;
 
 use std::time::Instant;
 
-use bytes::Bytes;
 use fleetgate_config_watcher::Limits;
 
-use crate::exchange::Failure;
 use crate::request::Peer;
 
-/// The client side of a fleet response: a 200 head, then the body in pieces. Anything answered
-/// before the head (a refusal, a continue token from elsewhere) is a [`Failure::Answer`].
-pub(crate) trait FleetClient {
-    /// Sends the 200 head: `content_type`, and one `Warning` field per entry of `warnings`.
-    async fn head(&mut self, content_type: &str, warnings: &[String]) -> Result<(), Failure>;
-
-    /// Sends one piece of the body, waiting for the client to take it.
-    async fn body(&mut self, piece: Bytes) -> Result<(), Failure>;
-
-    /// The body is complete.
-    async fn end(&mut self) -> Result<(), Failure>;
-
-    /// Resolves when the client has gone away (a merged watch waits on it between events).
-    async fn gone(&mut self);
-}
+/// The client side of a fleet response (`exchange::reply`, which the front-ends implement).
+pub(crate) use crate::exchange::reply::Reply as FleetClient;
 
 /// What the fleet view needs of the client's request besides the decision: its header fields
 /// (passed on to members as in an ordinary request), which of them its `Connection` named, and
@@ -68,19 +52,7 @@ pub(crate) struct ClientRequest<'a, F> {
     pub started: Instant,
 }
 
-/// A `Warning` value as kube-apiserver writes it (`299 - "text"`), the text made safe for a
-/// header: one line, no quotes of its own.
-pub fn warning_value(text: &str) -> String {
-    let clean: String = text
-        .chars()
-        .map(|c| match c {
-            '"' | '\\' => '\'',
-            c if c.is_control() => ' ',
-            c => c,
-        })
-        .collect();
-    format!("299 - \"{clean}\"")
-}
+pub use crate::exchange::reply::warning_value;
 
 #[cfg(test)]
 mod tests {

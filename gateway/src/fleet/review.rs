@@ -10,8 +10,8 @@
 //! the denying member gave no reason of its own (kubectl prints `no - REASON`). No member
 //! answering at all is a 503 naming why.
 //!
-//! Called by the front-ends (`protocol::h1`, `protocol::h2`) with the request body they read
-//! whole, at most [`MAX_REVIEW_BYTES`]. Rules reviews and SelfSubjectReviews never come here:
+//! Called by the pipeline (`handle`) with the request body the front-end read whole, at most
+//! [`MAX_REVIEW_BYTES`]. Rules reviews and SelfSubjectReviews never come here:
 //! `request::decide` refuses the first and sends the second to one member.
 
 use bytes::Bytes;

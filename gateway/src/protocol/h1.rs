@@ -1,18 +1,18 @@
-//! The HTTP/1.1 front-end: reads requests from one client connection, has each decided
-//! (`request::decide`) and carried to its member by the exchange, and writes the responses back in
-//! order until the client or an error closes the connection.
+//! The HTTP/1.1 front-end: reads requests from one client connection, hands each to the pipeline
+//! (`handle::serve`: decided, admitted, proxied or answered, audited) as a [`handle::Session`],
+//! and writes the responses back in order until the client or an error closes the connection.
 //!
-//! What is HTTP/1.1's own lives here: head reading with its timeouts (slow-loris defense), the
-//! client's body framing and `Expect: 100-continue`, the `Connection` rules, keep-alive and
+//! Only what is HTTP/1.1's own lives here: head reading with its timeouts (slow-loris defense),
+//! the client's body framing and `Expect: 100-continue`, the `Connection` rules, keep-alive and
 //! pipelining (a pipelined request waits in the read buffer until the previous response is done),
-//! upgrades (the 101 relayed, then both connections spliced), and the client side of the body
-//! relay (the member's bytes written as they came, the response head and the first bytes in one
-//! write). Generic over the stream type, so the same code serves TLS and plaintext sockets. Called
-//! by `tls` and `server::shard` for each accepted connection.
+//! upgrades (the 101 relayed, then both connections spliced), the client side of the body relay
+//! (the member's bytes written as they came, the response head and the first bytes in one
+//! write), and the gateway's own responses chunked (or, to an HTTP/1.0 client, delimited by the
+//! close). Generic over the stream type, so the same code serves TLS and plaintext sockets.
+//! Called by `tls` and `server::shard` for each accepted connection.
 
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -20,23 +20,25 @@ use fleetgate_config_watcher::{ClusterRoute, Limits};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::debug;
 
-use crate::auth::{self, ClientIdentity};
-use crate::errors::GatewayError;
-use crate::exchange::member_head::{self, MemberRequest, Upgrade};
-use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
-use crate::exchange::retired::LAST_CHUNK;
-use crate::exchange::splice::splice;
-use crate::exchange::{
-    self, Answer, Failure, Outbound, RequestBody, BODY_STALL_TIMEOUT, READ_CHUNK,
-};
-use crate::observe::audit::{AuditRequest, Classified, Outcome};
 use crate::codec::http1::{
     chunk_size_line, is_hop_by_hop, parse_request, push_header, request_body, BodyKind,
     BodyProgress, ChunkedScanner, Head, HeadError, HeadLimits, CHUNK_SIZE_ROOM,
 };
-use crate::request::{self, Decision, Peer, Proxied};
+use crate::errors::GatewayError;
+use crate::exchange::member_head;
+use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
+use crate::exchange::reply::Reply;
+use crate::exchange::retired::LAST_CHUNK;
+use crate::exchange::splice::splice;
+use crate::exchange::{
+    self, Answer, Failure, MemberConn, RequestBody, BODY_STALL_TIMEOUT, READ_CHUNK,
+};
+use crate::handle::{
+    self, BodyLimit, ClientHead, ClientIdentity, Connection, Exchange, Handled, Next, Protocol,
+    Relay, ReplyKind, Session, Start, Upgrade,
+};
+use crate::observe::audit::AuditRequest;
 use crate::runtime::{self, clock, Deadline, First, ShardContext};
-use crate::upstream::UpstreamConn;
 
 /// Requests served on one connection between two yields to the shard's other connections.
 const YIELD_EVERY_REQUESTS: u32 = 32;
@@ -52,13 +54,6 @@ struct Downstream<'a, S> {
     out: Vec<u8>,
     /// Times every phase of the connection: the next request, its head, the member's answer.
     deadline: Deadline,
-}
-
-/// What to do with the client connection after a request.
-#[derive(Debug, PartialEq, Eq)]
-enum Next {
-    KeepAlive,
-    Close,
 }
 
 /// Serves HTTP/1.1 requests on one client connection until it closes.
@@ -78,17 +73,10 @@ pub async fn serve_http1<S>(
         out: Vec::with_capacity(1024),
         deadline: Deadline::new(),
     };
-    let peer = Peer::new(peer);
     // The request head: apart from `down`, so a decided request can borrow from it while the
     // connection's buffers and socket carry it.
     let mut head = Head::default();
-    let conn_auth = auth::ConnectionAuth::new(identity);
-    // Who the audit log names when a request is refused before its identity is decided.
-    let audit_user = ctx
-        .audit
-        .as_ref()
-        .filter(|_| !identity.user.is_empty())
-        .map(|_| Arc::new(identity.clone()));
+    let conn = Connection::new(&ctx, peer, identity);
     let mut served = 0u32;
     loop {
         // A client that pipelines requests the gateway answers itself (health checks, refusals)
@@ -102,26 +90,279 @@ pub async fn serve_http1<S>(
             Ok(true) => {}
             Ok(false) => break,
             Err(err) => {
-                respond_error(&mut down, &err, true, false).await;
+                crate::errors::log_answered(&err, "request");
+                write_status(&mut down, &err, true, false).await;
                 break;
             }
         }
-        match handle_request(
-            &ctx,
-            &mut down,
-            &head,
-            peer,
-            &conn_auth,
-            audit_user.as_ref(),
-            limits,
-        )
-        .await
-        {
+        match serve_request(&ctx, &conn, &mut down, &head, limits).await {
             Next::KeepAlive => continue,
             Next::Close => break,
         }
     }
     let _ = down.io.shutdown().await;
+}
+
+/// Checks one parsed request's framing and hands it to the pipeline.
+async fn serve_request<S>(
+    ctx: &ShardContext,
+    conn: &Connection,
+    down: &mut Downstream<'_, S>,
+    head: &Head,
+    limits: Limits,
+) -> Next
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let started = Instant::now();
+    let checked = request_body(head)
+        .map_err(|e| GatewayError::BadRequest { reason: e.0 })
+        .and_then(|body| {
+            let names_fields = head.connection.others
+                && member_head::check_connection(head.values(b"connection"))?;
+            Ok((body, names_fields))
+        });
+    let mut session = Request {
+        down,
+        body: BodyKind::Empty,
+        names_fields: false,
+        close: true,
+        client_close: true,
+        limits,
+    };
+    match checked {
+        Ok((body, names_fields)) => {
+            session.body = body;
+            session.names_fields = names_fields;
+            // A request whose body the gateway will not read leaves the connection unusable,
+            // and so does an upgrade that fails: the client may already be sending bytes of
+            // the new protocol.
+            session.close = wants_close(head) || body != BodyKind::Empty || head.connection.upgrade;
+        }
+        Err(error) => {
+            return Box::pin(handle::refuse_early(
+                ctx,
+                conn,
+                head,
+                &mut session,
+                &error,
+                started,
+            ))
+            .await
+        }
+    }
+    match handle::serve(ctx, conn, head, &mut session, started).await {
+        Handled::Done(next) => next,
+        Handled::Follow(mut following) => {
+            // The connection closes after a shared watch.
+            let mut reply = session.reply(head, ReplyKind::SharedWatch);
+            let followed = following.follow(ctx, &mut reply).await;
+            let sent = reply.head_sent();
+            drop(reply);
+            if let (Err(Failure::Answer(error)), false) = (followed, sent) {
+                crate::errors::log_answered(&error, "request");
+                session.answer_status(head, &error, true).await;
+            }
+            Next::Close
+        }
+    }
+}
+
+/// One request on an HTTP/1.1 connection, as the pipeline sees it.
+struct Request<'d, 'a, S> {
+    down: &'d mut Downstream<'a, S>,
+    /// The framing of the request body, decided from the head.
+    body: BodyKind,
+    /// The client's `Connection` field names other fields.
+    names_fields: bool,
+    /// The connection closes after this request whatever the answer.
+    close: bool,
+    /// The connection closes after the member's response (`start_response` decides).
+    client_close: bool,
+    limits: Limits,
+}
+
+impl ClientHead for Head {
+    fn method(&self) -> &[u8] {
+        Head::method(self)
+    }
+
+    fn target(&self) -> &[u8] {
+        Head::target(self)
+    }
+
+    fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        Head::headers(self)
+    }
+
+    fn accept(&self) -> impl Iterator<Item = &[u8]> {
+        self.values(b"accept")
+    }
+
+    fn connection_has(&self, name: &[u8]) -> bool {
+        self.has_token(b"connection", name)
+    }
+
+    fn http10(&self) -> bool {
+        self.minor_version == 0
+    }
+
+    fn audit_request(&self, peer: SocketAddr) -> AuditRequest {
+        AuditRequest::from_head(self, peer)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Session for Request<'_, '_, S> {
+    type Head = Head;
+    const PROTOCOL: Protocol = Protocol::Http1;
+
+    fn body_kind(&self) -> BodyKind {
+        self.body
+    }
+
+    fn names_fields(&self) -> bool {
+        self.names_fields
+    }
+
+    fn closes(&self) -> bool {
+        self.close
+    }
+
+    fn upgrade(&self, head: &Head) -> Result<Upgrade, GatewayError> {
+        let asked = requested_upgrade(head)?;
+        Ok(if asked {
+            Upgrade::FromClient
+        } else {
+            Upgrade::None
+        })
+    }
+
+    async fn answer_status(&mut self, head: &Head, error: &GatewayError, close: bool) {
+        write_status(self.down, error, close, head.method() == b"HEAD").await;
+    }
+
+    async fn answer_health(&mut self, head: &Head) -> Next {
+        let close = self.close;
+        let mut reply = if close { HEALTH_OK_CLOSE } else { HEALTH_OK };
+        if head.method() == b"HEAD" {
+            reply = &reply[..reply.len() - 2];
+        }
+        let io = &mut *self.down.io;
+        let ok = io.write_all(reply).await.is_ok() && io.flush().await.is_ok();
+        if ok && !close {
+            Next::KeepAlive
+        } else {
+            Next::Close
+        }
+    }
+
+    async fn read_body(&mut self, head: &Head, limit: BodyLimit) -> Result<Bytes, Failure> {
+        read_whole_body(self.down, head, self.body, limit).await
+    }
+
+    fn reply(&mut self, head: &Head, kind: ReplyKind) -> impl Reply + '_ {
+        let chunked = head.minor_version > 0;
+        let close = match kind {
+            // A watch's connection closes after it: the client's bytes meanwhile were not kept.
+            // That is not announced (the member announces nothing on a watch): a client told
+            // `Connection: close` may hand the socket to the response, and Python's http.client
+            // then cannot shut it down to stop a watch (kubernetes-client's `Watch.stop()`).
+            ReplyKind::Fleet | ReplyKind::FleetWatch => self.close || !chunked,
+            ReplyKind::SharedWatch => {
+                // A shared watch holds its connection until the client leaves, and the
+                // connection closes after it: the request head's buffers go now instead (the
+                // next read makes a new one, should the watch be proxied after all). Bytes a
+                // client pipelined stay where they are.
+                if self.down.buf.is_empty() {
+                    self.down.buf = BytesMut::new();
+                }
+                self.down.out = Vec::new();
+                !chunked || wants_close(head)
+            }
+        };
+        FleetConnection {
+            io: &mut *self.down.io,
+            chunked,
+            close,
+            keep: kind == ReplyKind::Fleet && !close,
+            write_timeout: self.limits.client_write_timeout,
+            head_sent: false,
+        }
+    }
+
+    fn exchange(&mut self, head: &Head) -> Exchange<'_, impl RequestBody + '_> {
+        let down = &mut *self.down;
+        Exchange {
+            member_head: &mut down.out,
+            response: &mut down.response,
+            deadline: &mut down.deadline,
+            body: ClientBody {
+                io: &mut *down.io,
+                buf: &mut down.buf,
+                progress: BodyProgress::new(self.body),
+                expect_continue: self.body != BodyKind::Empty && head.expect_continue,
+            },
+        }
+    }
+
+    fn start_response(&mut self, head: &Head, start: Start<'_>) -> Result<(), Failure> {
+        let (ctx, answer, cluster, how) = (start.ctx, start.answer, start.cluster, start.how);
+        let response = &self.down.response;
+        if how.upgrade && response.code == 101 {
+            debug!(
+                shard = ctx.shard,
+                cluster,
+                protocol = %String::from_utf8_lossy(response.value(b"upgrade").unwrap_or_default()),
+                head_us = how.started.elapsed().as_micros() as u64,
+                "upgraded; splicing"
+            );
+            return Ok(());
+        }
+        // A refused upgrade (the member's 400 or 403 Status) is relayed as it came, then both
+        // connections close: the client may already have sent bytes meant for the new protocol,
+        // and the dedicated member connection never joins the pool.
+        // While draining, a response tells the client this connection ends with it.
+        self.client_close = wants_close(head)
+            || answer.body == BodyKind::CloseDelimited
+            || how.upgrade
+            || ctx.drain.is_draining();
+        self.down.out.clear();
+        write_response_head(&mut self.down.out, response, self.client_close);
+        Ok(())
+    }
+
+    async fn relay(&mut self, to: Relay<'_>) -> Result<Next, Failure> {
+        let (ctx, how, mut answer) = (to.ctx, to.how, to.answer);
+        let down = &mut *self.down;
+        if how.upgrade && down.response.code == 101 {
+            // Boxed, as the refusals: rare paths keep no space in every connection's task.
+            return Box::pin(relay_upgrade(ctx, down, answer)).await;
+        }
+        if how.long_running {
+            // The response head is in `down.out` already; a stream that may idle for hours
+            // keeps no copy of it (its code stays, for the audit log).
+            down.response.shed();
+        }
+        let mut sink = ClientSink {
+            io: &mut *down.io,
+            out: &mut down.out,
+            head_pending: true,
+            pipelined: &mut down.buf,
+            max_pipelined: how.limits.max_head_bytes,
+        };
+        let pace = exchange::pace(how.long_running, &how.limits);
+        let complete = relay(&mut answer, &mut sink, pace).await?;
+        exchange::finish(ctx, answer, complete);
+        Ok(if self.client_close {
+            Next::Close
+        } else {
+            Next::KeepAlive
+        })
+    }
+
+    fn abort(&mut self) {
+        // The connection closes: the front-end's loop ends on `Next::Close`.
+    }
 }
 
 /// Reads until a whole request head is parsed. `Ok(false)`: the client closed, idled out
@@ -188,14 +429,13 @@ async fn read_request_head<S: AsyncRead + Unpin>(
     }
 }
 
-/// Answers with the Status of `err`; `head_method` when the request was a HEAD.
-async fn respond_error<S: AsyncWrite + Unpin>(
+/// Writes the Status of `err`; `head_method` when the request was a HEAD.
+async fn write_status<S: AsyncWrite + Unpin>(
     down: &mut Downstream<'_, S>,
     err: &GatewayError,
     close: bool,
     head_method: bool,
 ) {
-    crate::errors::log_answered(err, "request");
     let response = err.to_response(close);
     // A response to HEAD has no body (its Content-Length still says how long it would be).
     let response = if head_method {
@@ -221,568 +461,14 @@ const HEALTH_OK: &[u8] =
     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 2\r\n\r\nok";
 const HEALTH_OK_CLOSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok";
 
-/// Handles one parsed request: answers it itself or has it carried to its member.
-async fn handle_request<S>(
-    ctx: &ShardContext,
-    down: &mut Downstream<'_, S>,
-    head: &Head,
-    peer: Peer,
-    conn_auth: &auth::ConnectionAuth,
-    audit_user: Option<&Arc<ClientIdentity>>,
-    limits: Limits,
-) -> Next
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let started = Instant::now();
-    let checked = request_body(head)
-        .map_err(|e| GatewayError::BadRequest { reason: e.0 })
-        .and_then(|body| {
-            let names_fields = head.connection.others
-                && member_head::check_connection(head.values(b"connection"))?;
-            Ok((body, names_fields))
-        });
-    let (body, connection_names_fields) = match checked {
-        Ok(checked) => checked,
-        Err(err) => {
-            respond_error(down, &err, true, head.method() == b"HEAD").await;
-            let audited = Audited::default();
-            audit_response(ctx, head, peer, audited, started, Outcome::Complete(400));
-            return Next::Close;
-        }
-    };
-    // A request whose body the gateway will not read leaves the connection unusable, and so does
-    // an upgrade that fails: the client may already be sending bytes of the new protocol.
-    let close = wants_close(head) || body != BodyKind::Empty || head.connection.upgrade;
-    runtime::faults::inject(head.target());
-    let table = ctx.table.load();
-    let decided = request::decide(&table, conn_auth, head.method(), head.target(), || {
-        head.headers()
-    });
-    // Admission (`spec.fairness`): the seats it takes are held until this function returns,
-    // that is until the response (a watch's whole stream included) has ended.
-    let _admitted = match decided.as_ref().ok().and_then(Decision::subject) {
-        None => None,
-        Some(subject) => {
-            let fairness = &table.gateway().fairness;
-            match ctx.metrics.admission.admit(fairness, &subject) {
-                Ok(admitted) => Some(admitted),
-                Err(error) => {
-                    let classified = ctx
-                        .audit
-                        .as_ref()
-                        .and(subject.classified)
-                        .map(|(cluster, info)| Classified::new(cluster, &info, head.target()));
-                    let answer = Refusal {
-                        error: &error,
-                        counted: subject.counted(),
-                        audited: Audited {
-                            authenticated: subject.authenticated,
-                            acting_as: subject.acting_as,
-                            classified: classified.as_ref(),
-                        },
-                        close,
-                    };
-                    return Box::pin(answer_with_status(ctx, down, head, peer, answer, started))
-                        .await;
-                }
-            }
-        }
-    };
-    // How a fleet-view response (whichever arm below serves one) is written.
-    let fleet_answer = FleetAnswer {
-        limits,
-        close,
-        connection_names_fields,
-        started,
-    };
-    let proxied = match decided {
-        Ok(Decision::Proxy(proxied)) => {
-            if let Some(plan) = crate::watch::plan(&table, &proxied, head.values(b"accept")) {
-                let shared = SharedAnswer {
-                    plan,
-                    peer,
-                    limits,
-                    started,
-                };
-                if let Some(next) = Box::pin(serve_shared(ctx, down, head, &proxied, shared)).await
-                {
-                    return next;
-                }
-            }
-            proxied
-        }
-        Ok(Decision::FleetNamed(fleet)) => {
-            let connection_named =
-                |name: &[u8]| connection_names_fields && head.has_token(b"connection", name);
-            let client_request = crate::fleet::ClientRequest {
-                headers: || head.headers(),
-                conn: conn_auth,
-                connection_named: &connection_named,
-                peer,
-                limits,
-                started,
-            };
-            match Box::pin(crate::fleet::owner::find(ctx, &fleet, &client_request)).await {
-                // A plain GET: answered with the owner's object from the lookup, stamped.
-                Ok(crate::fleet::owner::Owner {
-                    object: Some(object),
-                    ..
-                }) => {
-                    let work = FleetWork::Object(&fleet, object);
-                    let answer = fleet_answer;
-                    return Box::pin(serve_fleet(ctx, down, head, work, peer, conn_auth, answer))
-                        .await;
-                }
-                Ok(owner) => fleet.into_owner(owner.index),
-                Err(Failure::Answer(error)) => {
-                    // No owner (404), several (409), or some could not be asked (503): answered
-                    // and audited as any refusal, the request classified as the fleet view's.
-                    ctx.shard_metrics
-                        .fleet_answered(fleet.verb, Some(error.code_and_reason().0));
-                    let classified = Classified::fleet(&fleet.info, head.target());
-                    let answer = Refusal {
-                        error: &error,
-                        counted: None,
-                        audited: fleet_audited(&fleet.members, &classified),
-                        close,
-                    };
-                    return Box::pin(answer_with_status(ctx, down, head, peer, answer, started))
-                        .await;
-                }
-                Err(Failure::Abort(_)) => return Next::Close,
-            }
-        }
-        Ok(Decision::FleetReview(review)) => {
-            // The review goes to every member: it is read whole first.
-            let max = crate::fleet::review::MAX_REVIEW_BYTES;
-            let posted = match Box::pin(read_whole_body(down, head, body, max)).await {
-                Ok(posted) => posted,
-                Err(Failure::Answer(error)) => {
-                    let classified = Classified::fleet(&review.info, head.target());
-                    let answer = Refusal {
-                        error: &error,
-                        counted: None,
-                        audited: fleet_audited(&review.members, &classified),
-                        close: true,
-                    };
-                    return Box::pin(answer_with_status(ctx, down, head, peer, answer, started))
-                        .await;
-                }
-                Err(Failure::Abort(_)) => return Next::Close,
-            };
-            let work = FleetWork::Review(&review, posted);
-            let answer = fleet_answer;
-            return Box::pin(serve_fleet(ctx, down, head, work, peer, conn_auth, answer)).await;
-        }
-        Ok(decision @ (Decision::Fleet(_) | Decision::FleetDiscovery(_))) => {
-            let answer = fleet_answer;
-            let work = match &decision {
-                Decision::FleetDiscovery(discovery) => FleetWork::Discovery(discovery),
-                Decision::Fleet(fleet) => FleetWork::Merged(fleet),
-                _ => unreachable!("matched above"),
-            };
-            return Box::pin(serve_fleet(ctx, down, head, work, peer, conn_auth, answer)).await;
-        }
-        Ok(Decision::Health) => {
-            let mut reply = if close { HEALTH_OK_CLOSE } else { HEALTH_OK };
-            if head.method() == b"HEAD" {
-                reply = &reply[..reply.len() - 2];
-            }
-            let ok = down.io.write_all(reply).await.is_ok() && down.io.flush().await.is_ok();
-            return if ok && !close {
-                Next::KeepAlive
-            } else {
-                Next::Close
-            };
-        }
-        Err(refused) => {
-            // A 401 has no user; a refusal after authentication names who had authenticated
-            // (and whom it asked to act as), else the connection's certificate user.
-            let fallback =
-                audit_user.filter(|_| !matches!(refused.error, GatewayError::Unauthorized { .. }));
-            let classified = ctx
-                .audit
-                .as_ref()
-                .and(refused.classified)
-                .map(|(cluster, info)| Classified::new(cluster, &info, head.target()));
-            let answer = Refusal {
-                error: &refused.error,
-                counted: refused.counted,
-                audited: Audited {
-                    authenticated: refused.authenticated.as_ref().or(fallback),
-                    acting_as: refused.acting_as.as_ref().or(fallback),
-                    classified: classified.as_ref(),
-                },
-                close,
-            };
-            return Box::pin(answer_with_status(ctx, down, head, peer, answer, started)).await;
-        }
-    };
-    let _stream = ctx.shard_metrics.stream_opened();
-    let classified = ctx
-        .audit
-        .as_ref()
-        .map(|_| Classified::new(proxied.name, &proxied.info, head.target()));
-    // 0 until a member's response head is read: an aborted exchange says whether one was.
-    down.response.code = 0;
-    // Boxed: its state (connect, request body, response head) is gone once the response head is
-    // read, so a long stream (a watch) does not keep that space in its connection's task.
-    let exchanged = Box::pin(send_to_member(
-        ctx,
-        down,
-        head,
-        &proxied,
-        peer,
-        limits,
-        body,
-        connection_names_fields,
-        started,
-    ))
-    .await;
-    let Proxied {
-        cluster,
-        verb,
-        long_running,
-        identity,
-        ..
-    } = proxied;
-    let audited = Audited {
-        authenticated: identity.authenticated.as_ref(),
-        acting_as: identity.identity.as_ref(),
-        classified: classified.as_ref(),
-    };
-    let aborted = |reason: &'static str, code: u16| {
-        debug!(reason, "connection aborted mid-response");
-        let outcome = Outcome::Aborted((code != 0).then_some(code), reason);
-        audit_response(ctx, head, peer, audited, started, outcome);
-        Next::Close
-    };
-    let exchanged = match exchanged {
-        Ok(exchanged) => exchanged,
-        Err(Failure::Answer(err)) => {
-            let answer = Refusal {
-                error: &err,
-                counted: Some((cluster, verb)),
-                audited,
-                close,
-            };
-            return Box::pin(answer_with_status(ctx, down, head, peer, answer, started)).await;
-        }
-        Err(Failure::Abort(reason)) => return aborted(reason, down.response.code),
-    };
-    let relayed = match exchanged {
-        Exchanged::Response {
-            mut answer,
-            client_close,
-        } => {
-            // Nothing below reads the routing table: a long stream does not keep an old table
-            // alive.
-            drop(table);
-            if long_running {
-                // The response head is in `down.out` already; a stream that may idle for hours
-                // keeps no copy of it (its code stays, for the audit log).
-                down.response.shed();
-            }
-            let mut sink = ClientSink {
-                io: &mut *down.io,
-                out: &mut down.out,
-                head_pending: true,
-                pipelined: &mut down.buf,
-                max_pipelined: limits.max_head_bytes,
-            };
-            relay(
-                &mut answer,
-                &mut sink,
-                exchange::pace(long_running, &limits),
-            )
-            .await
-            .map(|complete| {
-                exchange::finish(ctx, answer, complete);
-                if client_close {
-                    Next::Close
-                } else {
-                    Next::KeepAlive
-                }
-            })
-        }
-        Exchanged::Upgraded(answer) => {
-            let name = cluster.name.clone();
-            drop(table);
-            // Boxed, as the refusals above: rare paths keep no space in every connection's task.
-            Box::pin(relay_upgrade(ctx, down, answer, &name, started)).await
-        }
-    };
-    match relayed {
-        // The body was read: whether to keep the connection is the client's and member's call.
-        Ok(next) => {
-            let outcome = Outcome::Complete(down.response.code);
-            audit_response(ctx, head, peer, audited, started, outcome);
-            next
-        }
-        // Once the response has started, any failure can only close the connection.
-        Err(Failure::Abort(reason)) => aborted(reason, down.response.code),
-        Err(Failure::Answer(err)) => {
-            debug!(error = %err, "failure after the response started");
-            aborted("failure after the response started", down.response.code)
-        }
-    }
-}
-
-/// What the audit log says of a request besides its head: who authenticated, whom they acted
-/// as, and what the request was classified as (when it got that far).
-#[derive(Clone, Copy, Default)]
-struct Audited<'a> {
-    authenticated: Option<&'a Arc<ClientIdentity>>,
-    acting_as: Option<&'a Arc<ClientIdentity>>,
-    classified: Option<&'a Classified>,
-}
-
-/// A request answered with the gateway's own Status instead of the member's response.
-struct Refusal<'a> {
-    error: &'a GatewayError,
-    /// The cluster and verb it is counted under, when it got as far as a cluster.
-    counted: Option<(&'a Arc<ClusterRoute>, &'static str)>,
-    /// What the audit log says of it.
-    audited: Audited<'a>,
-    /// The connection closes after it (besides errors that demand it).
-    close: bool,
-}
-
-/// Answers with a [`Refusal`]'s Status: counted, written, audited.
-async fn answer_with_status<S: AsyncWrite + Unpin>(
-    ctx: &ShardContext,
-    down: &mut Downstream<'_, S>,
-    head: &Head,
-    peer: Peer,
-    refusal: Refusal<'_>,
-    started: Instant,
-) -> Next {
-    let code = refusal.error.code_and_reason().0;
-    if let Some((cluster, verb)) = refusal.counted {
-        ctx.count_response(cluster, verb, code, started);
-    }
-    let close = refusal.close || refusal.error.must_close();
-    respond_error(down, refusal.error, close, head.method() == b"HEAD").await;
-    audit_response(
-        ctx,
-        head,
-        peer,
-        refusal.audited,
-        started,
-        Outcome::Complete(code),
-    );
-    if close {
-        Next::Close
-    } else {
-        Next::KeepAlive
-    }
-}
-
-/// A watch planned as a shared one (`watch::plan`), and the client's side of it.
-struct SharedAnswer {
-    plan: crate::watch::Plan,
-    peer: Peer,
-    limits: Limits,
-    started: Instant,
-}
-
-/// Serves a shared watch on this connection (which closes after it); None when it is not
-/// shared after all (the member refused the user, say) and nothing was written: proxy it.
-async fn serve_shared<S>(
-    ctx: &ShardContext,
-    down: &mut Downstream<'_, S>,
-    head: &Head,
-    proxied: &request::Proxied<'_>,
-    shared: SharedAnswer,
-) -> Option<Next>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let SharedAnswer {
-        plan,
-        peer,
-        limits,
-        started,
-    } = shared;
-    let _stream = ctx.shard_metrics.stream_opened();
-    // A shared watch holds its connection until the client leaves, and the connection closes
-    // after it: the request head's buffers go now instead (the next read makes a new one, should
-    // the watch be proxied after all). Bytes a client pipelined stay where they are.
-    if down.buf.is_empty() {
-        down.buf = BytesMut::new();
-    }
-    down.out = Vec::new();
-    // The connection closes after the watch, unannounced unless the client asked for it (see
-    // serve_fleet).
-    let mut client = FleetConnection {
-        io: &mut *down.io,
-        chunked: head.minor_version > 0,
-        close: head.minor_version == 0 || wants_close(head),
-        write_timeout: limits.client_write_timeout,
-        head_sent: false,
-    };
-    let caller = crate::watch::Caller {
-        peer,
-        limits,
-        started,
-    };
-    let result = match crate::watch::serve(ctx, proxied, plan, caller, &mut client).await {
-        crate::watch::Served::Proxy => return None,
-        crate::watch::Served::Done(result) => result,
-        crate::watch::Served::Follow(mut follower) => follower.run(ctx, &mut client).await,
-    };
-    let head_sent = client.head_sent;
-    ctx.count_response(proxied.cluster, proxied.verb, 200, started);
-    let classified = ctx
-        .audit
-        .as_ref()
-        .map(|_| Classified::new(proxied.name, &proxied.info, head.target()));
-    let audited = Audited {
-        authenticated: proxied.identity.authenticated.as_ref(),
-        acting_as: proxied.identity.identity.as_ref(),
-        classified: classified.as_ref(),
-    };
-    let outcome = match result {
-        Ok(()) => Outcome::Complete(200),
-        Err(_) => Outcome::Aborted(head_sent.then_some(200), "shared watch cut short"),
-    };
-    audit_response(ctx, head, peer, audited, started, outcome);
-    Some(Next::Close)
-}
-
-/// How a fleet-view request is answered on this connection.
-struct FleetAnswer {
-    limits: Limits,
-    /// The client asked for the connection to close after the response.
-    close: bool,
-    connection_names_fields: bool,
-    started: Instant,
-}
-
-/// What a fleet-view response serves.
-enum FleetWork<'a, 't> {
-    /// A merged LIST or WATCH.
-    Merged(&'a request::FleetRequest<'t>),
-    /// A filtered discovery document.
-    Discovery(&'a request::FleetDiscovery<'t>),
-    /// A named object, as its owner answered the lookup, stamped.
-    Object(&'a request::FleetRequest<'t>, Bytes),
-    /// An access review of every member, with the client's review (the request body).
-    Review(&'a request::FleetReview<'t>, Bytes),
-}
-
-/// Serves a fleet-view request (`work`): the merged or filtered answer, chunked (or, to an
-/// HTTP/1.0 client, until the connection closes).
-async fn serve_fleet<S>(
-    ctx: &ShardContext,
-    down: &mut Downstream<'_, S>,
-    head: &Head,
-    work: FleetWork<'_, '_>,
-    peer: Peer,
-    conn_auth: &auth::ConnectionAuth,
-    answer: FleetAnswer,
-) -> Next
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let _stream = ctx.shard_metrics.stream_opened();
-    let chunked = head.minor_version > 0;
-    let (info, members, verb) = match &work {
-        FleetWork::Merged(fleet) | FleetWork::Object(fleet, _) => {
-            (&fleet.info, &fleet.members, fleet.verb)
-        }
-        FleetWork::Discovery(discovery) => (&discovery.info, &discovery.members, discovery.verb),
-        FleetWork::Review(review, _) => (&review.info, &review.members, review.verb),
-    };
-    let watch = info.verb == fleetgate_config_watcher::request_info::KubeVerb::Watch;
-    // A watch's connection closes after it: the client's bytes meanwhile were not kept. That is
-    // not announced (the member announces nothing on a watch): a client told `Connection: close`
-    // may hand the socket to the response, and Python's http.client then cannot shut it down to
-    // stop a watch (kubernetes-client's `Watch.stop()`).
-    let announce_close = answer.close || !chunked;
-    let close = announce_close || watch;
-    let connection_named =
-        |name: &[u8]| answer.connection_names_fields && head.has_token(b"connection", name);
-    let client_request = crate::fleet::ClientRequest {
-        headers: || head.headers(),
-        conn: conn_auth,
-        connection_named: &connection_named,
-        peer,
-        limits: answer.limits,
-        started: answer.started,
-    };
-    let mut client = FleetConnection {
-        io: &mut *down.io,
-        chunked,
-        close: announce_close,
-        write_timeout: answer.limits.client_write_timeout,
-        head_sent: false,
-    };
-    let result = match work {
-        FleetWork::Merged(fleet) if watch => {
-            crate::fleet::watch::watch(ctx, fleet, &client_request, &mut client).await
-        }
-        FleetWork::Merged(fleet) => {
-            crate::fleet::list::list(ctx, fleet, &client_request, &mut client).await
-        }
-        FleetWork::Discovery(discovery) => {
-            crate::fleet::discovery::serve(ctx, discovery, &client_request, &mut client).await
-        }
-        FleetWork::Object(_, object) => crate::fleet::owner::answer(&mut client, object).await,
-        FleetWork::Review(review, posted) => {
-            crate::fleet::review::serve(ctx, review, &posted, &client_request, &mut client).await
-        }
-    };
-    let head_sent = client.head_sent;
-    // One audit event for the whole LIST, WATCH or discovery request, its cluster `fleet`.
-    let classified = Classified::fleet(info, head.target());
-    let audited = fleet_audited(members, &classified);
-    let (outcome, next) = match result {
-        // Refused before anything went out (a bad limit or continue token, an expired one).
-        Err(Failure::Answer(error)) if !head_sent => {
-            ctx.shard_metrics
-                .fleet_answered(verb, Some(error.code_and_reason().0));
-            let refusal = Refusal {
-                error: &error,
-                counted: None,
-                audited,
-                close,
-            };
-            return answer_with_status(ctx, down, head, peer, refusal, answer.started).await;
-        }
-        Ok(()) if !close => (Outcome::Complete(200), Next::KeepAlive),
-        Ok(()) => (Outcome::Complete(200), Next::Close),
-        Err(_) => (
-            Outcome::Aborted(head_sent.then_some(200), "fleet response cut short"),
-            Next::Close,
-        ),
-    };
-    ctx.shard_metrics.fleet_answered(verb, outcome.code());
-    audit_response(ctx, head, peer, audited, answer.started, outcome);
-    next
-}
-
-/// What the audit log says of a fleet-view request: the user who authenticated (the same on
-/// every member it spans) and its classification.
-fn fleet_audited<'a>(
-    members: &'a [(&Arc<ClusterRoute>, auth::Decided)],
-    classified: &'a Classified,
-) -> Audited<'a> {
-    let decided = members.first().map(|(_, decided)| decided);
-    Audited {
-        authenticated: decided.and_then(|d| d.authenticated.as_ref()),
-        acting_as: decided.and_then(|d| d.identity.as_ref()),
-        classified: Some(classified),
-    }
-}
-
-/// The fleet view's client side on an HTTP/1.1 connection.
+/// A response the gateway writes itself (fleet view, shared watch) on an HTTP/1.1 connection.
 struct FleetConnection<'a, S> {
     io: &'a mut S,
     chunked: bool,
     /// The response head says `Connection: close`.
     close: bool,
+    /// The connection carries another request after it.
+    keep: bool,
     write_timeout: Duration,
     head_sent: bool,
 }
@@ -801,7 +487,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FleetConnection<'_, S> {
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> crate::fleet::FleetClient for FleetConnection<'_, S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> Reply for FleetConnection<'_, S> {
     async fn head(&mut self, content_type: &str, warnings: &[String]) -> Result<(), Failure> {
         let mut out = Vec::with_capacity(256);
         out.extend_from_slice(b"HTTP/1.1 200 OK\r\nCache-Control: no-cache, private\r\n");
@@ -810,7 +496,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> crate::fleet::FleetClient for FleetConne
         out.extend_from_slice(b"\r\n");
         for warning in warnings {
             out.extend_from_slice(b"Warning: ");
-            out.extend_from_slice(crate::fleet::warning_value(warning).as_bytes());
+            out.extend_from_slice(exchange::reply::warning_value(warning).as_bytes());
             out.extend_from_slice(b"\r\n");
         }
         if self.close {
@@ -855,23 +541,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> crate::fleet::FleetClient for FleetConne
             .await
             .map_err(|_| Failure::Abort("client went away"))
     }
-}
 
-/// Hands the audit log one record for a request whose response ended (nothing when the audit
-/// log is off): who authenticated and who the member was told about, and how it ended.
-fn audit_response(
-    ctx: &ShardContext,
-    head: &Head,
-    peer: Peer,
-    audited: Audited<'_>,
-    started: Instant,
-    outcome: Outcome,
-) {
-    if let Some(audit) = &ctx.audit {
-        let mut request = AuditRequest::from_head(head, peer.addr)
-            .identity(audited.authenticated, audited.acting_as);
-        request.classified = audited.classified.cloned();
-        audit.record(request, started, outcome);
+    fn head_sent(&self) -> bool {
+        self.head_sent
+    }
+
+    fn keeps_connection(&self) -> bool {
+        self.keep
     }
 }
 
@@ -905,128 +581,19 @@ fn is_carried_protocol(protocol: &[u8]) -> bool {
     protocol.eq_ignore_ascii_case(b"SPDY/3.1") || protocol.eq_ignore_ascii_case(b"websocket")
 }
 
-/// What came back from the member: a response whose body is still to be relayed, or a 101.
-enum Exchanged {
-    Response { answer: Answer, client_close: bool },
-    Upgraded(Answer),
-}
-
-/// Carries a decided request to its member, up to the member's response head (written into
-/// `down.out` for an ordinary response).
-#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename these
-async fn send_to_member<S>(
-    ctx: &ShardContext,
-    down: &mut Downstream<'_, S>,
-    head: &Head,
-    proxied: &Proxied<'_>,
-    peer: Peer,
-    limits: Limits,
-    body: BodyKind,
-    connection_names_fields: bool,
-    started: Instant,
-) -> Result<Exchanged, Failure>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let upgrade = requested_upgrade(head)?;
-    if upgrade && body != BodyKind::Empty {
-        // Where such a body would end and the upgraded bytes begin is anyone's guess.
-        return Err(GatewayError::BadRequest {
-            reason: "an upgrade request must not carry a body",
-        }
-        .into());
-    }
-    let cluster: &ClusterRoute = proxied.cluster;
-    member_head::write(
-        &mut down.out,
-        cluster,
-        &MemberRequest {
-            method: head.method(),
-            http10: head.minor_version == 0,
-            rest: proxied.rest,
-            query: proxied.query,
-            body,
-            peer: peer.ip_text(),
-            identity: proxied.identity.identity.as_deref(),
-            upgrade: if upgrade {
-                Upgrade::FromClient
-            } else {
-                Upgrade::None
-            },
-            service: proxied.service,
-        },
-        || head.headers(),
-        |name| connection_names_fields && head.has_token(b"connection", name),
-    );
-    let method = head.method();
-    let outbound = Outbound {
-        cluster,
-        service: proxied.service,
-        head: &down.out,
-        replayable: body == BodyKind::Empty && matches!(method, b"GET" | b"HEAD" | b"OPTIONS"),
-        long_running: proxied.long_running,
-        upgrade,
-        head_method: method == b"HEAD",
-        limits,
-        verb: proxied.verb,
-        started,
-        client: peer.ip(),
-    };
-    let mut client_body = ClientBody {
-        io: &mut *down.io,
-        buf: &mut down.buf,
-        progress: BodyProgress::new(body),
-        expect_continue: body != BodyKind::Empty && head.expect_continue,
-    };
-    let answer = exchange::send(
-        ctx,
-        &outbound,
-        &mut client_body,
-        &mut down.response,
-        &mut down.deadline,
-    )
-    .await?;
-    if upgrade && down.response.code == 101 {
-        return Ok(Exchanged::Upgraded(answer));
-    }
-    // A refused upgrade (the member's 400 or 403 Status) is relayed as it came, then both
-    // connections close: the client may already have sent bytes meant for the new protocol, and
-    // the dedicated member connection never joins the pool.
-    // While draining, a response tells the client this connection ends with it.
-    let client_close = wants_close(head)
-        || answer.body == BodyKind::CloseDelimited
-        || upgrade
-        || ctx.drain.is_draining();
-    debug!(
-        shard = ctx.shard,
-        cluster = %cluster.name,
-        verb = proxied.verb,
-        code = down.response.code,
-        head_us = started.elapsed().as_micros() as u64,
-        long_running = proxied.long_running,
-        "response head relayed"
-    );
-    down.out.clear();
-    write_response_head(&mut down.out, &down.response, client_close);
-    Ok(Exchanged::Response {
-        answer,
-        client_close,
-    })
-}
-
 /// The whole request body, its framing taken off, for a request the gateway answers itself from
-/// several members (a fleet access review): at most `max` bytes, else the review's 400. The
+/// several members (a fleet access review), within `limit`. The
 /// client's bytes past it stay in the read buffer.
 async fn read_whole_body<S>(
     down: &mut Downstream<'_, S>,
     head: &Head,
     kind: BodyKind,
-    max: usize,
+    limit: BodyLimit,
 ) -> Result<Bytes, Failure>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let too_large = || Failure::Answer(crate::fleet::review::too_large());
+    let (max, too_large) = (limit.max, || Failure::Answer((limit.too_large)()));
     let (mut left, mut chunks) = match kind {
         BodyKind::Empty => return Ok(Bytes::new()),
         BodyKind::Length(n) if n > max as u64 => return Err(too_large()),
@@ -1036,10 +603,7 @@ where
         BodyKind::CloseDelimited => return Err(too_large()),
     };
     if head.expect_continue && down.buf.is_empty() {
-        down.io
-            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-            .await
-            .map_err(|_| Failure::Abort("client write failed"))?;
+        write_now(down.io, CONTINUE).await?;
     }
     let mut body = Vec::new();
     loop {
@@ -1087,11 +651,7 @@ struct ClientBody<'a, S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> RequestBody for ClientBody<'_, S> {
-    async fn send(
-        &mut self,
-        conn: &mut UpstreamConn,
-        cluster: &ClusterRoute,
-    ) -> Result<(), Failure> {
+    async fn send(&mut self, conn: &mut MemberConn, cluster: &ClusterRoute) -> Result<(), Failure> {
         if self.progress.is_done() {
             return Ok(());
         }
@@ -1099,14 +659,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RequestBody for ClientBody<'_, S> {
             // The gateway answers `Expect: 100-continue` itself (and does not forward it), so the
             // client sends its body without waiting for a 100 the member might never send.
             self.expect_continue = false;
-            self.io
-                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                .await
-                .map_err(|_| Failure::Abort("client write failed"))?;
-            self.io
-                .flush()
-                .await
-                .map_err(|_| Failure::Abort("client flush failed"))?;
+            write_now(self.io, CONTINUE).await?;
         }
         loop {
             if !self.buf.is_empty() {
@@ -1255,30 +808,14 @@ async fn relay_upgrade<S>(
     ctx: &ShardContext,
     down: &mut Downstream<'_, S>,
     mut answer: Answer,
-    cluster: &str,
-    started: Instant,
 ) -> Result<Next, Failure>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     down.out.clear();
     write_switching_head(&mut down.out, &down.response);
-    down.io
-        .write_all(&down.out)
-        .await
-        .map_err(|_| Failure::Abort("client write failed"))?;
-    down.io
-        .flush()
-        .await
-        .map_err(|_| Failure::Abort("client flush failed"))?;
+    write_now(down.io, &down.out).await?;
     let _upgraded = ctx.shard_metrics.upgraded_stream_opened();
-    debug!(
-        shard = ctx.shard,
-        cluster,
-        protocol = %String::from_utf8_lossy(down.response.value(b"upgrade").unwrap_or_default()),
-        head_us = started.elapsed().as_micros() as u64,
-        "upgraded; splicing"
-    );
     // Bytes the client sent past its head, and the member past its 101, go first.
     let client_pending = std::mem::take(&mut down.buf);
     let member_pending = std::mem::take(&mut answer.conn.buf);
@@ -1293,15 +830,27 @@ where
     .await
     {
         Ok(totals) => debug!(
-            cluster,
             client_to_member = totals.client_to_member,
             member_to_client = totals.member_to_client,
             retired = totals.retired,
             "upgraded stream closed"
         ),
-        Err(error) => debug!(cluster, %error, "upgraded stream failed"),
+        Err(error) => debug!(%error, "upgraded stream failed"),
     }
     Ok(Next::Close)
+}
+
+/// The interim response to `Expect: 100-continue`.
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// Writes the gateway's own interim or switching head and flushes it.
+async fn write_now<S: AsyncWrite + Unpin>(io: &mut S, bytes: &[u8]) -> Result<(), Failure> {
+    io.write_all(bytes)
+        .await
+        .map_err(|_| Failure::Abort("client write failed"))?;
+    io.flush()
+        .await
+        .map_err(|_| Failure::Abort("client flush failed"))
 }
 
 /// Writes a 101 as the member sent it, keeping the `Connection: Upgrade` and `Upgrade` fields
@@ -1354,7 +903,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::FleetConnection;
-    use crate::fleet::FleetClient as _;
+    use crate::exchange::reply::Reply as _;
 
     /// A client socket that takes at most `room` bytes a call and counts the calls.
     struct Narrow {
@@ -1423,6 +972,7 @@ mod tests {
                 io: &mut io,
                 chunked: true,
                 close: true,
+                keep: false,
                 write_timeout: Duration::from_secs(5),
                 head_sent: true,
             };

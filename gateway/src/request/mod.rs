@@ -9,7 +9,7 @@
 //! classified (config-watcher's `request_info`: kube-apiserver's RequestInfoFactory, any depth,
 //! failing closed) and authorized against the same table. Everything after it (metrics, the member's
 //! head, the audit log) reads the [`Proxied`] it returns: nothing parses the path again. Called by
-//! `protocol::h1` and `protocol::h2`; never does I/O.
+//! the pipeline (`handle`) for both front-ends; never does I/O.
 
 pub mod discovery;
 pub mod route;

@@ -21,7 +21,7 @@
 //!
 //! Without locks: a hub lives on the shard that opened it and serves that shard's clients only
 //! (per shard, the member holds one watch per key per shard; per gateway, one). Called by the
-//! front-ends (`protocol::h1`, `protocol::h2`) for a `Decision::Proxy` whose verb is `watch`.
+//! pipeline (`handle`) for a `Decision::Proxy` whose verb is `watch`, for both front-ends.
 
 pub mod access;
 pub mod across;
@@ -198,22 +198,20 @@ pub fn plan<'a>(
         }
         Some(_) => return None,
     };
+    // Each selector the client gave, parsed, and passed on as it was parsed.
     let mut selectors = String::new();
-    let labels = match value("labelSelector") {
-        None => LabelSelector::everything(),
-        Some(text) => {
-            let parsed = LabelSelector::parse(&text).ok()?;
-            selectors.push_str(&query_pair("labelSelector", &text));
-            parsed
-        }
+    let mut selector = |key: &str| {
+        let text = value(key)?;
+        selectors.push_str(&query_pair(key, &text));
+        Some(text)
     };
-    let fields = match value("fieldSelector") {
+    let labels = match selector("labelSelector") {
+        None => LabelSelector::everything(),
+        Some(text) => LabelSelector::parse(&text).ok()?,
+    };
+    let fields = match selector("fieldSelector") {
         None => FieldSelector::default(),
-        Some(text) => {
-            let parsed = FieldSelector::parse(&text).ok()?;
-            selectors.push_str(&query_pair("fieldSelector", &text));
-            parsed
-        }
+        Some(text) => FieldSelector::parse(&text).ok()?,
     };
     Some(Plan {
         key: HubKey {

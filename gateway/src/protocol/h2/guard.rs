@@ -182,22 +182,14 @@ impl<S> FrameGuard<S> {
         }
         while !bytes.is_empty() {
             match self.position {
-                Position::Preface(left) => {
+                // Bytes passed over until the next frame header.
+                Position::Preface(left) | Position::Payload(left) => {
                     let n = left.min(bytes.len());
                     bytes = &bytes[n..];
-                    self.position = if n == left {
-                        Position::Header(0)
-                    } else {
-                        Position::Preface(left - n)
-                    };
-                }
-                Position::Payload(left) => {
-                    let n = left.min(bytes.len());
-                    bytes = &bytes[n..];
-                    self.position = if n == left {
-                        Position::Header(0)
-                    } else {
-                        Position::Payload(left - n)
+                    self.position = match self.position {
+                        _ if n == left => Position::Header(0),
+                        Position::Preface(_) => Position::Preface(left - n),
+                        _ => Position::Payload(left - n),
                     };
                 }
                 Position::Header(seen) => {

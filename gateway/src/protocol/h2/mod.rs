@@ -12,8 +12,9 @@
 //! connection, so a watch's upstream is released. kubectl opens exec / attach / port-forward on
 //! HTTP/1.1; on h2 an RFC 8441 extended CONNECT for `websocket` becomes an HTTP/1.1 upgrade (a GET
 //! with `Upgrade: websocket`) on a dedicated member connection, relayed both ways after the 101;
-//! any other CONNECT gets a Status saying it needs HTTP/1.1. Routing,
-//! identity and errors are the same as `proxy`'s. The Gateway's `spec.http2` gives the streams a
+//! any other CONNECT gets a Status saying it needs HTTP/1.1. What a request becomes (routing,
+//! identity, admission, the fleet view, shared watches, errors, audit) is the pipeline's
+//! (`handle::serve`), the same as over HTTP/1.1: a stream is a [`handle::Session`]. The Gateway's `spec.http2` gives the streams a
 //! client may open at once and the idle timeout, read when the connection starts: a connection
 //! with no open stream for that long, or any connection when the gateway drains, gets
 //! GOAWAY(NO_ERROR) (graceful: open streams finish, new ones are refused) and closes. Called by
@@ -23,7 +24,6 @@ use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -34,21 +34,21 @@ use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
 
-use crate::auth::{self, ClientIdentity};
-use crate::errors::GatewayError;
-use crate::exchange::member_head::{self, MemberRequest, Upgrade};
-use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
-use crate::exchange::{
-    self, Failure, Outbound, RequestBody, BODY_STALL_TIMEOUT, IDLE_STREAM_BUFFER, READ_CHUNK,
-};
-use crate::fleet;
-use crate::observe::audit::{AuditRequest, Classified, Outcome, StreamAudit};
 use crate::codec::http1::{
     chunk_size_line, is_hop_by_hop, BodyKind, BodyProgress, Head, CHUNK_SIZE_ROOM,
 };
-use crate::request::{self, Decision, Peer};
+use crate::errors::GatewayError;
+use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
+use crate::exchange::reply::{warning_value, Reply};
+use crate::exchange::{
+    self, Failure, MemberConn, RequestBody, BODY_STALL_TIMEOUT, IDLE_STREAM_BUFFER, READ_CHUNK,
+};
+use crate::handle::{
+    self, BodyLimit, ClientHead, ClientIdentity, Connection, Exchange, Following, Handled, Next,
+    Protocol, Relay, ReplyKind, Session, Start, Upgrade,
+};
+use crate::observe::audit::AuditRequest;
 use crate::runtime::{self, Deadline, First, ShardContext};
-use crate::upstream::UpstreamConn;
 
 pub mod guard;
 mod lingering;
@@ -151,7 +151,6 @@ pub async fn serve_h2<S>(ctx: Rc<ShardContext>, io: S, peer: SocketAddr, identit
 where
     S: AsyncRead + AsyncWrite + Unpin + 'static,
 {
-    let peer = Peer::new(peer);
     // Read once per connection: a reload that changes them applies to new connections.
     let (limits, settings) = {
         let table = ctx.table.load();
@@ -173,22 +172,16 @@ where
     {
         Ok(Ok(connection)) => connection,
         Ok(Err(error)) => {
-            debug!(peer = %peer.addr, %error, "h2 handshake failed");
+            debug!(%peer, %error, "h2 handshake failed");
             return;
         }
         Err(_) => {
-            debug!(peer = %peer.addr, "h2 handshake timed out");
+            debug!(%peer, "h2 handshake timed out");
             return;
         }
     };
-    debug!(peer = %peer.addr, user = ?identity.user, "h2 connection");
-    // Who the audit log names when a stream is refused before its identity is decided.
-    let audit_user = ctx
-        .audit
-        .as_ref()
-        .filter(|_| !identity.user.is_empty())
-        .map(|_| Arc::new(identity.clone()));
-    let identity = Rc::new(auth::ConnectionAuth::new(&identity));
+    debug!(%peer, user = ?identity.user, "h2 connection");
+    let conn = Rc::new(Connection::new(&ctx, peer, &identity));
     streams.idle_since.set(Some(runtime::clock::now()));
     let accept_stream =
         |accepted: Result<(Request<RecvStream>, SendResponse<Bytes>), h2::Error>| match accepted {
@@ -197,15 +190,13 @@ where
                     ctx.clone(),
                     request,
                     respond,
-                    peer,
-                    identity.clone(),
-                    audit_user.clone(),
+                    conn.clone(),
                     streams.opened(),
                 ));
                 true
             }
             Err(error) => {
-                debug!(peer = %peer.addr, %error, "h2 connection ended with an error");
+                debug!(%peer, %error, "h2 connection ended with an error");
                 false
             }
         };
@@ -225,7 +216,7 @@ where
             First::Right(First::Right(why)) => {
                 // A client that costs more than it may: GOAWAY(ENHANCE_YOUR_CALM), its streams
                 // end, and the connection closes once that GOAWAY is out (or within a second).
-                warn!(peer = %peer.addr, why, open_streams = streams.open.get(), "h2 client over its budget; GOAWAY ENHANCE_YOUR_CALM");
+                warn!(%peer, why, open_streams = streams.open.get(), "h2 client over its budget; GOAWAY ENHANCE_YOUR_CALM");
                 ctx.metrics.h2_connection_calmed();
                 connection.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
                 let _ = runtime::timeout(CALM_CLOSE_TIMEOUT, async {
@@ -238,7 +229,7 @@ where
     };
     // GOAWAY(NO_ERROR) with a PING, then the final GOAWAY naming the last stream served: the
     // streams already open finish, new ones are refused, and the connection closes after them.
-    debug!(peer = %peer.addr, ?reason, open_streams = streams.open.get(), "h2 GOAWAY");
+    debug!(%peer, ?reason, open_streams = streams.open.get(), "h2 GOAWAY");
     connection.graceful_shutdown();
     loop {
         match runtime::timeout(GOAWAY_CLOSE_TIMEOUT, connection.accept()).await {
@@ -251,16 +242,16 @@ where
             // Streams still run: keep driving them (the drain's grace period bounds this).
             Err(_) if streams.open.get() > 0 => {}
             Err(_) => {
-                debug!(peer = %peer.addr, "h2 client did not complete the close; dropping the connection");
+                debug!(%peer, "h2 client did not complete the close; dropping the connection");
                 return;
             }
         }
     }
 }
 
-/// Proxies one stream and answers its failure, if any. A shared watch, once positioned in its
-/// hub, goes on in a task of its own ([`follow_watch`]) and this one ends: for as long as the
-/// client watches, its stream holds the follower and not this task's room for every other path.
+/// Serves one stream through the pipeline. A shared watch, once positioned in its hub, goes on
+/// in a task of its own ([`follow_watch`]) and this one ends: for as long as the client
+/// watches, its stream holds the follower and not this task's room for every other path.
 ///
 /// Not an `async fn` (as [`follow_watch`]): its arguments are used where they are.
 #[allow(clippy::manual_async_fn)]
@@ -268,168 +259,92 @@ fn serve_stream(
     ctx: Rc<ShardContext>,
     request: Request<RecvStream>,
     respond: SendResponse<Bytes>,
-    peer: Peer,
-    identity: Rc<auth::ConnectionAuth>,
-    audit_user: Option<Arc<ClientIdentity>>,
+    conn: Rc<Connection>,
     open: StreamGuard,
 ) -> impl Future<Output = ()> {
     async move {
         let started = Instant::now();
-        let counted = ctx.shard_metrics.stream_opened();
-        let audit_request = ctx
-            .audit
-            .as_ref()
-            .map(|_| AuditRequest::from_parts(&request, peer.addr));
-        let mut end = StreamEnd {
-            ctx,
-            respond,
-            audit: StreamAudit {
-                classified: None,
-                authenticated: audit_user.clone(),
-                acting_as: audit_user,
-                code: None,
-                fleet: None,
-            },
-            audit_request,
-            started,
-            _guards: (open, counted),
+        let (parts, recv) = request.into_parts();
+        let websocket = is_websocket_connect(&parts);
+        let head = StreamHead {
+            request: Request::from_parts(parts, ()),
+            websocket,
         };
-        let proxied = proxy_stream(
-            &end.ctx,
-            request,
-            &mut end.respond,
-            peer,
-            &identity,
-            started,
-            &mut end.audit,
-        )
-        .await;
-        match proxied {
-            Ok(Handled::Answered) => end.conclude(Ok(())).await,
-            Ok(Handled::Watch(watch)) => runtime::spawn(follow_watch(end, watch)),
-            Err(failure) => end.conclude(Err(failure)).await,
+        let mut stream = Stream::new(respond, recv, &head);
+        if head.request.method() == Method::CONNECT && !websocket {
+            // RFC 8441: a WebSocket over h2 (extended CONNECT, `:protocol websocket`) is carried
+            // to the member as an HTTP/1.1 upgrade of a GET; any other CONNECT needs HTTP/1.1.
+            let protocol = head
+                .request
+                .extensions()
+                .get::<h2::ext::Protocol>()
+                .map_or("CONNECT", |p| p.as_str())
+                .to_string();
+            let error = GatewayError::UpgradeOverH2 { protocol };
+            handle::refuse_early(&ctx, &conn, &head, &mut stream, &error, started).await;
+            return;
+        }
+        match handle::serve(&ctx, &conn, &head, &mut stream, started).await {
+            Handled::Done(_) => {}
+            Handled::Follow(following) => {
+                let end = FollowEnd {
+                    ctx,
+                    respond: stream.respond,
+                    _open: open,
+                };
+                runtime::spawn(follow_watch(end, following));
+            }
         }
     }
 }
 
-/// How [`proxy_stream`] left a stream.
-// A value of a moment, matched as it returns: boxing the handoff would cost every shared watch
-// an allocation.
-#[allow(clippy::large_enum_variant)]
-enum Handled {
-    /// Its response was sent whole (or as far as the client took it).
-    Answered,
-    /// A shared watch, positioned in its hub and not yet answered: to follow in a task of its
-    /// own.
-    Watch(WatchHandoff),
+/// What a shared watch's stream keeps while it follows its hub.
+struct FollowEnd {
+    ctx: Rc<ShardContext>,
+    respond: SendResponse<Bytes>,
+    /// The connection's count of open streams.
+    _open: StreamGuard,
 }
 
-/// A response sent whole, as [`proxy_stream`] says it.
-fn answered(result: Result<(), Failure>) -> Result<Handled, Failure> {
-    result.map(|()| Handled::Answered)
-}
-
-/// What a shared watch keeps of its request once positioned.
-struct WatchHandoff {
-    follower: crate::watch::Follower,
-    /// The seats admission gave it (`spec.fairness`), held until the watch ends.
-    _admitted: Option<crate::admit::Admitted>,
-    cluster: Arc<ClusterRoute>,
-    verb: &'static str,
-}
-
-/// Follows a positioned shared watch until the client's watch ends, then ends its stream as
-/// [`serve_stream`] would.
+/// Follows a positioned shared watch until the client's watch ends, then ends its stream.
 ///
 /// Not an `async fn`: one would hold its arguments twice (as arguments, and moved into its
 /// body) for as long as the client watches; the block uses them where they are.
 #[allow(clippy::manual_async_fn)]
-fn follow_watch(mut end: StreamEnd, mut watch: WatchHandoff) -> impl Future<Output = ()> {
+fn follow_watch(mut end: FollowEnd, mut following: Following) -> impl Future<Output = ()> {
     async move {
-        let mut client = FleetStream {
+        let mut reply = FleetStream {
             respond: &mut end.respond,
             send: None,
         };
-        let result = watch.follower.run(&end.ctx, &mut client).await;
-        drop(client);
-        end.ctx
-            .count_response(&watch.cluster, watch.verb, 200, end.started);
-        drop(watch);
-        end.conclude(result).await;
+        let followed = following.follow(&end.ctx, &mut reply).await;
+        let sent = reply.head_sent();
+        match followed {
+            Ok(()) => {}
+            Err(Failure::Answer(error)) if !sent => {
+                crate::errors::log_answered(&error, "h2 request");
+                send_status(&mut end.respond, &error).await;
+            }
+            Err(_) => end.respond.send_reset(h2::Reason::INTERNAL_ERROR),
+        }
     }
 }
 
-/// What a stream needs at its end: to answer a failure, and the audit record.
-struct StreamEnd {
-    ctx: Rc<ShardContext>,
-    respond: SendResponse<Bytes>,
-    audit: StreamAudit,
-    audit_request: Option<AuditRequest>,
-    started: Instant,
-    /// The connection's count of open streams and the shard's.
-    _guards: (StreamGuard, crate::observe::metrics::GaugeGuard),
-}
-
-impl StreamEnd {
-    /// Answers `proxied`'s failure, if any, and audits the stream.
-    async fn conclude(&mut self, proxied: Result<(), Failure>) {
-        let StreamEnd {
-            ctx,
-            respond,
-            audit,
-            audit_request,
-            started,
-            _guards,
-        } = self;
-        // Health answers carry no code in `audit` and are not audited.
-        let outcome = match &proxied {
-            Ok(()) => audit.code.map(Outcome::Complete),
-            Err(Failure::Answer(err)) => {
-                let code = err.code_and_reason().0;
-                if code == 401 {
-                    audit.authenticated = None;
-                    audit.acting_as = None;
-                }
-                Some(Outcome::Complete(code))
-            }
-            Err(Failure::Abort(reason)) => Some(Outcome::Aborted(audit.code, reason)),
-        };
-        if let Some(verb) = audit.fleet {
-            ctx.shard_metrics
-                .fleet_answered(verb, outcome.and_then(Outcome::code));
-        }
-        match proxied {
-            Ok(()) => {}
-            Err(Failure::Answer(err)) => {
-                crate::errors::log_answered(&err, "h2 request");
-                let (code, _) = err.code_and_reason();
-                let body = Bytes::from(err.status_body());
-                let mut response = Response::builder()
-                    .status(code)
-                    .header("content-type", "application/json")
-                    .header("cache-control", "no-cache, private")
-                    .header("content-length", body.len());
-                if let Some(seconds) = err.retry_after() {
-                    response = response.header("retry-after", seconds);
-                }
-                let response = response.body(()).unwrap_or_default();
-                if let Ok(mut send) = respond.send_response(response, false) {
-                    let _ = send_flow_controlled(&mut send, body, true).await;
-                }
-            }
-            Err(Failure::Abort(reason)) => {
-                debug!(reason, "h2 stream reset mid-response");
-                respond.send_reset(h2::Reason::INTERNAL_ERROR);
-            }
-        }
-        if let (Some(log), Some(request), Some(outcome)) =
-            (&ctx.audit, audit_request.take(), outcome)
-        {
-            let mut request =
-                request.identity(audit.authenticated.as_ref(), audit.acting_as.as_ref());
-            request.classified = audit.classified.take();
-            log.record(request, *started, outcome);
-        }
+/// Answers a stream with `err`'s Status.
+async fn send_status(respond: &mut SendResponse<Bytes>, err: &GatewayError) {
+    let (code, _) = err.code_and_reason();
+    let body = Bytes::from(err.status_body());
+    let mut response = Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .header("cache-control", "no-cache, private")
+        .header("content-length", body.len());
+    if let Some(seconds) = err.retry_after() {
+        response = response.header("retry-after", seconds);
+    }
+    let response = response.body(()).unwrap_or_default();
+    if let Ok(mut send) = respond.send_response(response, false) {
+        let _ = send_flow_controlled(&mut send, body, true).await;
     }
 }
 
@@ -452,363 +367,218 @@ pub fn server_builder(
     builder
 }
 
-/// Decides one stream's request, carries it to its member through the exchange, and relays the
-/// answer.
-async fn proxy_stream(
-    ctx: &ShardContext,
-    request: Request<RecvStream>,
-    respond: &mut SendResponse<Bytes>,
-    peer: Peer,
-    conn_auth: &auth::ConnectionAuth,
-    started: Instant,
-    audit: &mut StreamAudit,
-) -> Result<Handled, Failure> {
-    let (parts, mut body) = request.into_parts();
-    // RFC 8441: a WebSocket over h2 (extended CONNECT, `:protocol websocket`) is carried to the
-    // member as an HTTP/1.1 upgrade of a GET; any other CONNECT needs HTTP/1.1.
-    let websocket = is_websocket_connect(&parts);
-    if parts.method == Method::CONNECT && !websocket {
-        let protocol = parts
-            .extensions
-            .get::<h2::ext::Protocol>()
-            .map_or("CONNECT", |p| p.as_str())
-            .to_string();
-        return Err(GatewayError::UpgradeOverH2 { protocol }.into());
-    }
-    let target = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .as_bytes();
-    let method: &[u8] = if websocket {
-        b"GET"
-    } else {
-        parts.method.as_str().as_bytes()
-    };
-    let headers = || {
-        parts
-            .headers
-            .iter()
-            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
-    };
-    runtime::faults::inject(target);
-    let table = ctx.table.load();
-    // What the fleet view needs of the request (h2 has no `Connection` field to honour).
-    let no_connection_field = |_: &[u8]| false;
-    let fleet_request = || fleet::ClientRequest {
-        headers,
-        conn: conn_auth,
-        connection_named: &no_connection_field,
-        peer,
-        limits: table.gateway().limits,
-        started,
-    };
-    let decided = request::decide(&table, conn_auth, method, target, headers);
-    // Admission (`spec.fairness`): the seats it takes are held until this stream's response
-    // has ended.
-    let mut admitted = match decided.as_ref().ok().and_then(Decision::subject) {
-        None => None,
-        Some(subject) => match ctx
-            .metrics
-            .admission
-            .admit(&table.gateway().fairness, &subject)
-        {
-            Ok(admitted) => Some(admitted),
-            Err(error) => {
-                if let Some((cluster, verb)) = subject.counted() {
-                    ctx.count_response(cluster, verb, error.code_and_reason().0, started);
-                }
-                if ctx.audit.is_some() {
-                    audit.authenticated = subject.authenticated.cloned();
-                    audit.acting_as = subject.acting_as.cloned();
-                    audit.classified = subject
-                        .classified
-                        .map(|(cluster, info)| Classified::new(cluster, &info, target));
-                }
-                return Err(error.into());
-            }
-        },
-    };
-    let proxied = match decided {
-        Ok(Decision::Proxy(proxied)) => proxied,
-        Ok(Decision::FleetNamed(fleet)) => {
-            // A refusal of the owner lookup (404, 409, 503) is audited and counted as the fleet
-            // view's; once the owner is found the request is an ordinary one below.
-            audit.fleet = Some(fleet.verb);
-            if ctx.audit.is_some() {
-                audit_fleet(audit, &fleet.info, &fleet.members, target);
-            }
-            let client_request = fleet_request();
-            let owner = Box::pin(fleet::owner::find(ctx, &fleet, &client_request)).await?;
-            if let Some(object) = owner.object {
-                // A plain GET: answered with the owner's object from the lookup, stamped.
-                audit.code = Some(200);
-                let mut client = FleetStream {
-                    respond: &mut *respond,
-                    send: None,
-                };
-                return answered(fleet::owner::answer(&mut client, object).await);
-            }
-            audit.fleet = None;
-            fleet.into_owner(owner.index)
-        }
-        Ok(Decision::Fleet(fleet)) => {
-            // One audit event, and one count, for the whole LIST, its cluster `fleet`.
-            audit.fleet = Some(fleet.verb);
-            audit.code = Some(200);
-            if ctx.audit.is_some() {
-                audit_fleet(audit, &fleet.info, &fleet.members, target);
-            }
-            let client_request = fleet_request();
-            let mut client = FleetStream {
-                respond: &mut *respond,
-                send: None,
-            };
-            // Boxed: a fleet LIST's or WATCH's state (member pages or watches in flight) would
-            // otherwise be part of every stream's future.
-            if fleet.info.verb == fleetgate_config_watcher::request_info::KubeVerb::Watch {
-                let watching = fleet::watch::watch(ctx, &fleet, &client_request, &mut client);
-                return answered(Box::pin(watching).await);
-            }
-            let listing = fleet::list::list(ctx, &fleet, &client_request, &mut client);
-            return answered(Box::pin(listing).await);
-        }
-        Ok(Decision::FleetReview(review)) => {
-            audit.fleet = Some(review.verb);
-            audit.code = Some(200);
-            if ctx.audit.is_some() {
-                audit_fleet(audit, &review.info, &review.members, target);
-            }
-            // The review goes to every member: it is read whole first.
-            let posted = read_whole_body(&mut body, fleet::review::MAX_REVIEW_BYTES).await?;
-            let client_request = fleet_request();
-            let mut client = FleetStream {
-                respond: &mut *respond,
-                send: None,
-            };
-            let serving = fleet::review::serve(ctx, &review, &posted, &client_request, &mut client);
-            return answered(Box::pin(serving).await);
-        }
-        Ok(Decision::FleetDiscovery(discovery)) => {
-            audit.fleet = Some(discovery.verb);
-            audit.code = Some(200);
-            if ctx.audit.is_some() {
-                audit_fleet(audit, &discovery.info, &discovery.members, target);
-            }
-            let client_request = fleet_request();
-            let mut client = FleetStream {
-                respond: &mut *respond,
-                send: None,
-            };
-            let serving = fleet::discovery::serve(ctx, &discovery, &client_request, &mut client);
-            return answered(Box::pin(serving).await);
-        }
-        Ok(Decision::Health) => {
-            let response = Response::builder()
-                .status(StatusCode::OK)
-                .header("content-type", "text/plain; charset=utf-8")
-                .header("content-length", 2)
-                .body(())
-                .unwrap_or_default();
-            let head_only = parts.method == Method::HEAD;
-            let mut send = respond
-                .send_response(response, head_only)
-                .map_err(|_| Failure::Abort("client reset"))?;
-            if !head_only {
-                send_flow_controlled(&mut send, Bytes::from_static(b"ok"), true)
-                    .await
-                    .map_err(|_| Failure::Abort("client reset"))?;
-            }
-            return Ok(Handled::Answered);
-        }
-        Err(refused) => {
-            if let Some((cluster, verb)) = refused.counted {
-                ctx.count_response(cluster, verb, refused.error.code_and_reason().0, started);
-            }
-            if ctx.audit.is_some() {
-                audit.classified = refused
-                    .classified
-                    .map(|(cluster, info)| Classified::new(cluster, &info, target));
-            }
-            // The audit log names who a 403 was for (a 401 clears these in serve_stream).
-            if refused.authenticated.is_some() {
-                audit.authenticated = refused.authenticated;
-                audit.acting_as = refused.acting_as;
-            }
-            return Err(refused.error.into());
-        }
-    };
-    if ctx.audit.is_some() {
-        audit.authenticated = proxied.identity.authenticated.clone();
-        audit.acting_as = proxied.identity.identity.clone();
-        audit.classified = Some(Classified::new(proxied.name, &proxied.info, target));
-    }
-    let accept = || {
-        parts
-            .headers
-            .get_all(http::header::ACCEPT)
-            .iter()
-            .map(|v| v.as_bytes())
-    };
-    if let Some(plan) = crate::watch::plan(&table, &proxied, accept()) {
-        let mut client = FleetStream {
-            respond: &mut *respond,
-            send: None,
-        };
-        let caller = crate::watch::Caller {
-            peer,
-            limits: table.gateway().limits,
-            started,
-        };
-        let served = crate::watch::serve(ctx, &proxied, plan, caller, &mut client);
-        match Box::pin(served).await {
-            // Not shared after all: proxied below.
-            crate::watch::Served::Proxy => {}
-            crate::watch::Served::Done(result) => {
-                ctx.count_response(proxied.cluster, proxied.verb, 200, started);
-                if ctx.audit.is_some() {
-                    audit.code = Some(200);
-                }
-                return answered(result);
-            }
-            crate::watch::Served::Follow(follower) => {
-                if ctx.audit.is_some() {
-                    audit.code = Some(200);
-                }
-                return Ok(Handled::Watch(WatchHandoff {
-                    follower,
-                    _admitted: admitted.take(),
-                    cluster: Arc::clone(proxied.cluster),
-                    verb: proxied.verb,
-                }));
-            }
+/// A stream's request head: the request without its body, and whether it is an RFC 8441
+/// WebSocket (an extended CONNECT the member gets as a GET with `Upgrade: websocket`).
+struct StreamHead {
+    request: Request<()>,
+    websocket: bool,
+}
+
+impl ClientHead for StreamHead {
+    fn method(&self) -> &[u8] {
+        if self.websocket {
+            b"GET"
+        } else {
+            self.request.method().as_str().as_bytes()
         }
     }
-    let cluster: &ClusterRoute = proxied.cluster;
-    let limits = table.gateway().limits;
-    // The request body: with the client's Content-Length, or chunked when it has none.
-    let request_body = if body.is_end_stream() || websocket {
-        BodyKind::Empty
-    } else {
-        match parts
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            Some(n) => BodyKind::Length(n),
-            None => BodyKind::Chunked,
-        }
-    };
-    let mut head = Vec::with_capacity(1024);
-    member_head::write(
-        &mut head,
-        cluster,
-        &MemberRequest {
-            method,
-            http10: false,
-            rest: proxied.rest,
-            query: proxied.query,
-            body: request_body,
-            peer: peer.ip_text(),
-            identity: proxied.identity.identity.as_deref(),
-            upgrade: if websocket {
-                Upgrade::WebSocket
-            } else {
-                Upgrade::None
-            },
-            service: proxied.service,
-        },
-        headers,
+
+    fn target(&self) -> &[u8] {
+        let uri = self.request.uri();
+        uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes()
+    }
+
+    fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let fields = self.request.headers().iter();
+        fields.map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+    }
+
+    fn accept(&self) -> impl Iterator<Item = &[u8]> {
+        let accept = self.request.headers().get_all(http::header::ACCEPT);
+        accept.into_iter().map(|v| v.as_bytes())
+    }
+
+    fn connection_has(&self, _: &[u8]) -> bool {
         // h2 has no `Connection` field (the h2 crate refuses connection-specific fields).
-        |_| false,
-    );
-    let outbound = Outbound {
-        cluster,
-        service: proxied.service,
-        head: &head,
-        replayable: request_body == BodyKind::Empty
-            && matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS),
-        long_running: proxied.long_running,
-        upgrade: websocket,
-        head_method: parts.method == Method::HEAD,
-        limits,
-        verb: proxied.verb,
-        started,
-        client: peer.ip(),
-    };
-    let mut response = Head::default();
-    let mut stream_body = StreamBody {
-        body: &mut body,
-        kind: request_body,
-        respond: &mut *respond,
-    };
-    // The stream's one timer (its response head; the request body has its own stall timeout).
-    let mut deadline = Deadline::new();
-    // The exchange's futures are boxed here, each for as long as it runs: inline they would be
-    // room in every stream's future, a shared watch's included, for the stream's whole life.
-    let mut answer = Box::pin(exchange::send(
-        ctx,
-        &outbound,
-        &mut stream_body,
-        &mut response,
-        &mut deadline,
-    ))
-    .await?;
-    audit.code = Some(response.code);
-    let long_running = proxied.long_running;
-    let switched = websocket && response.code == 101;
-    if websocket && !switched && (200..300).contains(&response.code) {
-        // A 2xx would tell the h2 client its WebSocket is open.
-        return Err(GatewayError::UpstreamProtocol {
-            cluster: cluster.name.to_string(),
-            reason: "answered a WebSocket upgrade without switching protocols",
+        false
+    }
+
+    fn http10(&self) -> bool {
+        false
+    }
+
+    fn audit_request(&self, peer: SocketAddr) -> AuditRequest {
+        AuditRequest::from_parts(&self.request, peer)
+    }
+}
+
+/// One stream, as the pipeline sees it: its response handle, its request body, and the room its
+/// exchange with the member needs.
+struct Stream {
+    respond: SendResponse<Bytes>,
+    body: RecvStream,
+    /// The response body's stream, once its head is sent.
+    send: Option<SendStream<Bytes>>,
+    /// The framing of the request body for the member.
+    kind: BodyKind,
+    member_head: Vec<u8>,
+    response: Head,
+    /// The stream's one timer (its response head; the request body has its own stall timeout).
+    deadline: Deadline,
+}
+
+impl Stream {
+    fn new(respond: SendResponse<Bytes>, body: RecvStream, head: &StreamHead) -> Stream {
+        // The request body: with the client's Content-Length, or chunked when it has none.
+        let kind = if body.is_end_stream() || head.websocket {
+            BodyKind::Empty
+        } else {
+            match head
+                .request
+                .headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                Some(n) => BodyKind::Length(n),
+                None => BodyKind::Chunked,
+            }
+        };
+        Stream {
+            respond,
+            body,
+            send: None,
+            kind,
+            member_head: Vec::new(),
+            response: Head::default(),
+            deadline: Deadline::new(),
         }
-        .into());
     }
-    let reply = if switched {
-        h2_response(cluster, &response, 200, &[b"sec-websocket-accept"])?
-    } else {
-        h2_response(cluster, &response, response.code, &[])?
-    };
-    debug!(
-        shard = ctx.shard,
-        cluster = %cluster.name,
-        verb = proxied.verb,
-        code = response.code,
-        head_us = started.elapsed().as_micros() as u64,
-        long_running,
-        "h2 response head relayed"
-    );
-    // Nothing below reads the routing table: a long stream does not keep an old table alive.
-    drop(table);
-    let empty = BodyProgress::new(answer.body).is_done() && !switched;
-    let mut send = respond
-        .send_response(reply, empty)
-        .map_err(|_| Failure::Abort("client reset"))?;
-    if switched {
-        let _upgraded = ctx.shard_metrics.upgraded_stream_opened();
-        debug!("h2 WebSocket switched; relaying");
-        return answered(Box::pin(relay_tunnel(&mut answer.conn, &mut body, &mut send)).await);
+}
+
+impl Session for Stream {
+    type Head = StreamHead;
+    const PROTOCOL: Protocol = Protocol::H2;
+
+    fn body_kind(&self) -> BodyKind {
+        self.kind
     }
-    let complete = if empty {
-        true
-    } else {
-        Box::pin(relay(
-            &mut answer,
-            &mut StreamSink { send: &mut send },
-            exchange::pace(long_running, &limits),
-        ))
-        .await?
-    };
-    exchange::finish(ctx, answer, complete);
-    Ok(Handled::Answered)
+
+    fn names_fields(&self) -> bool {
+        false
+    }
+
+    fn closes(&self) -> bool {
+        false
+    }
+
+    fn upgrade(&self, head: &StreamHead) -> Result<Upgrade, GatewayError> {
+        Ok(if head.websocket {
+            Upgrade::WebSocket
+        } else {
+            Upgrade::None
+        })
+    }
+
+    async fn answer_status(&mut self, _: &StreamHead, error: &GatewayError, _: bool) {
+        send_status(&mut self.respond, error).await;
+    }
+
+    async fn answer_health(&mut self, head: &StreamHead) -> Next {
+        let response = Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "text/plain; charset=utf-8")
+            .header("content-length", 2)
+            .body(())
+            .unwrap_or_default();
+        let head_only = head.request.method() == Method::HEAD;
+        if let Ok(mut send) = self.respond.send_response(response, head_only) {
+            if !head_only {
+                let ok = Bytes::from_static(b"ok");
+                let _ = send_flow_controlled(&mut send, ok, true).await;
+            }
+        }
+        Next::KeepAlive
+    }
+
+    async fn read_body(&mut self, _: &StreamHead, limit: BodyLimit) -> Result<Bytes, Failure> {
+        read_whole_body(&mut self.body, limit).await
+    }
+
+    fn reply(&mut self, _: &StreamHead, _: ReplyKind) -> impl Reply + '_ {
+        FleetStream {
+            respond: &mut self.respond,
+            send: None,
+        }
+    }
+
+    fn exchange(&mut self, _: &StreamHead) -> Exchange<'_, impl RequestBody + '_> {
+        self.member_head.reserve(1024);
+        Exchange {
+            member_head: &mut self.member_head,
+            response: &mut self.response,
+            deadline: &mut self.deadline,
+            body: StreamBody {
+                body: &mut self.body,
+                kind: self.kind,
+                respond: &mut self.respond,
+            },
+        }
+    }
+
+    fn start_response(&mut self, _: &StreamHead, start: Start<'_>) -> Result<(), Failure> {
+        let (answer, cluster, how) = (start.answer, start.cluster, start.how);
+        let response = &self.response;
+        let switched = how.upgrade && response.code == 101;
+        if how.upgrade && !switched && (200..300).contains(&response.code) {
+            // A 2xx would tell the h2 client its WebSocket is open.
+            return Err(GatewayError::UpstreamProtocol {
+                cluster: cluster.to_string(),
+                reason: "answered a WebSocket upgrade without switching protocols",
+            }
+            .into());
+        }
+        let reply = if switched {
+            h2_response(cluster, response, 200, &[b"sec-websocket-accept"])?
+        } else {
+            h2_response(cluster, response, response.code, &[])?
+        };
+        let empty = BodyProgress::new(answer.body).is_done() && !switched;
+        self.send = Some(send_head(&mut self.respond, reply, empty)?);
+        Ok(())
+    }
+
+    async fn relay(&mut self, to: Relay<'_>) -> Result<Next, Failure> {
+        let (ctx, how, mut answer) = (to.ctx, to.how, to.answer);
+        let send = self
+            .send
+            .as_mut()
+            .ok_or(Failure::Abort("relay before the response head"))?;
+        if how.upgrade && self.response.code == 101 {
+            let _upgraded = ctx.shard_metrics.upgraded_stream_opened();
+            debug!("h2 WebSocket switched; relaying");
+            Box::pin(relay_tunnel(&mut answer.conn, &mut self.body, send)).await?;
+            return Ok(Next::KeepAlive);
+        }
+        let complete = if BodyProgress::new(answer.body).is_done() {
+            true
+        } else {
+            let pace = exchange::pace(how.long_running, &how.limits);
+            Box::pin(relay(&mut answer, &mut StreamSink { send }, pace)).await?
+        };
+        exchange::finish(ctx, answer, complete);
+        Ok(Next::KeepAlive)
+    }
+
+    fn abort(&mut self) {
+        self.respond.send_reset(h2::Reason::INTERNAL_ERROR);
+    }
 }
 
 /// The whole request body of a stream, for a request the gateway answers itself from several
-/// members (a fleet access review): at most `max` bytes, else the review's 400. The client's
+/// members (a fleet access review), within `limit`. The client's
 /// window is released as the bytes arrive.
-async fn read_whole_body(body: &mut RecvStream, max: usize) -> Result<Bytes, Failure> {
+async fn read_whole_body(body: &mut RecvStream, limit: BodyLimit) -> Result<Bytes, Failure> {
     let mut whole = BytesMut::new();
     loop {
         let data = match runtime::timeout(BODY_STALL_TIMEOUT, body.data()).await {
@@ -816,8 +586,8 @@ async fn read_whole_body(body: &mut RecvStream, max: usize) -> Result<Bytes, Fai
             Ok(None) => return Ok(whole.freeze()),
             Err(_) => return Err(Failure::Abort("client stalled in the request body")),
         };
-        if whole.len() + data.len() > max {
-            return Err(Failure::Answer(fleet::review::too_large()));
+        if whole.len() + data.len() > limit.max {
+            return Err(Failure::Answer((limit.too_large)()));
         }
         whole.extend_from_slice(&data);
         let _ = body.flow_control().release_capacity(data.len());
@@ -835,11 +605,7 @@ struct StreamBody<'a> {
 }
 
 impl RequestBody for StreamBody<'_> {
-    async fn send(
-        &mut self,
-        conn: &mut UpstreamConn,
-        cluster: &ClusterRoute,
-    ) -> Result<(), Failure> {
+    async fn send(&mut self, conn: &mut MemberConn, cluster: &ClusterRoute) -> Result<(), Failure> {
         if self.kind == BodyKind::Empty {
             return Ok(());
         }
@@ -900,43 +666,25 @@ struct StreamSink<'a> {
     send: &'a mut SendStream<Bytes>,
 }
 
-/// What the audit log says of a fleet-view request: the user who authenticated (the same on
-/// every member it spans) and its classification as the fleet view's.
-fn audit_fleet(
-    audit: &mut StreamAudit,
-    info: &fleetgate_config_watcher::request_info::RequestInfo<'_>,
-    members: &[(&Arc<ClusterRoute>, auth::Decided)],
-    target: &[u8],
-) {
-    let decided = members.first().map(|(_, decided)| decided);
-    audit.authenticated = decided.and_then(|d| d.authenticated.clone());
-    audit.acting_as = decided.and_then(|d| d.identity.clone());
-    audit.classified = Some(Classified::fleet(info, target));
-}
-
-/// The fleet view's client side on an h2 stream.
+/// A response the gateway writes itself (fleet view, shared watch) on an h2 stream.
 struct FleetStream<'a> {
     respond: &'a mut SendResponse<Bytes>,
     send: Option<SendStream<Bytes>>,
 }
 
-impl fleet::FleetClient for FleetStream<'_> {
+impl Reply for FleetStream<'_> {
     async fn head(&mut self, content_type: &str, warnings: &[String]) -> Result<(), Failure> {
         let mut response = Response::builder()
             .status(StatusCode::OK)
             .header("content-type", content_type)
             .header("cache-control", "no-cache, private");
         for warning in warnings {
-            response = response.header("warning", fleet::warning_value(warning));
+            response = response.header("warning", warning_value(warning));
         }
         let response = response
             .body(())
             .map_err(|_| Failure::Abort("unsendable response head"))?;
-        let send = self
-            .respond
-            .send_response(response, false)
-            .map_err(|_| Failure::Abort("client reset the stream"))?;
-        self.send = Some(send);
+        self.send = Some(send_head(self.respond, response, false)?);
         Ok(())
     }
 
@@ -965,6 +713,14 @@ impl fleet::FleetClient for FleetStream<'_> {
             .ok_or(Failure::Abort("end before head"))?;
         send.send_data(Bytes::new(), true)
             .map_err(|_| Failure::Abort("client reset the stream"))
+    }
+
+    fn head_sent(&self) -> bool {
+        self.send.is_some()
+    }
+
+    fn keeps_connection(&self) -> bool {
+        true
     }
 }
 
@@ -1004,7 +760,7 @@ impl ResponseSink for StreamSink<'_> {
 /// the hop-by-hop ones, `Transfer-Encoding` and the `dropped` names (a field h2 cannot carry is
 /// left out rather than failing the stream).
 fn h2_response(
-    cluster: &ClusterRoute,
+    cluster: &str,
     response: &Head,
     code: u16,
     dropped: &[&[u8]],
@@ -1026,7 +782,7 @@ fn h2_response(
     builder
         .body(())
         .map_err(|_| GatewayError::UpstreamProtocol {
-            cluster: cluster.name.to_string(),
+            cluster: cluster.to_string(),
             reason: "response head not representable in h2",
         })
 }
@@ -1044,7 +800,7 @@ fn is_websocket_connect(parts: &http::request::Parts) -> bool {
 /// direction under flow control (a client's DATA is released as the member takes it; a member read
 /// goes out as the client's window allows).
 async fn relay_tunnel(
-    conn: &mut UpstreamConn,
+    conn: &mut MemberConn,
     body: &mut RecvStream,
     send: &mut SendStream<Bytes>,
 ) -> Result<(), Failure> {
@@ -1122,6 +878,17 @@ async fn relay_tunnel(
     .await
 }
 
+/// Sends a response head on a stream; its body goes on the stream returned (none when `end`).
+fn send_head(
+    respond: &mut SendResponse<Bytes>,
+    head: Response<()>,
+    end: bool,
+) -> Result<SendStream<Bytes>, Failure> {
+    respond
+        .send_response(head, end)
+        .map_err(|_| Failure::Abort("client reset the stream"))
+}
+
 /// Sends `data` on `send` as the peer's flow-control window grants capacity.
 async fn send_flow_controlled(
     send: &mut SendStream<Bytes>,
@@ -1153,8 +920,8 @@ mod tests {
         std::mem::size_of::<R>()
     }
 
-    /// The same, of seven arguments.
-    fn future_size7<A, B, C, D, E, F, G, R>(_: fn(A, B, C, D, E, F, G) -> R) -> usize {
+    /// The same, of five arguments.
+    fn future_size5<A, B, C, D, E, R>(_: fn(A, B, C, D, E) -> R) -> usize {
         std::mem::size_of::<R>()
     }
 
@@ -1165,7 +932,7 @@ mod tests {
     /// the stream's task future and its own, 5,048 + 2,928 bytes).
     #[test]
     fn a_streams_task_and_a_shared_watchs_task_hold_no_member_request_inline() {
-        let stream = future_size7(super::serve_stream);
+        let stream = future_size5(super::serve_stream);
         let watching = future_size2(super::follow_watch);
         eprintln!("serve_stream future: {stream} bytes; follow_watch's: {watching}");
         assert!(stream <= 5632, "{stream} bytes");
