@@ -6,8 +6,8 @@
 use fleetgate_config_watcher::ClusterRoute;
 
 use super::ClientIdentity;
-use crate::errors::GatewayError;
 use crate::codec::http1::push_header;
+use crate::errors::GatewayError;
 
 /// Whether a client header is dropped because identity headers are the gateway's to write
 /// (except on a PassThrough cluster, where the client speaks for itself). `_` reads as `-`

@@ -23,9 +23,9 @@ use std::io::Write as _;
 use fleetgate_config_watcher::ClusterRoute;
 
 use crate::auth::{self, ClientIdentity};
-use crate::errors::GatewayError;
 use crate::codec::http1::head::trim;
 use crate::codec::http1::{push_header, BodyKind};
+use crate::errors::GatewayError;
 use crate::request::route;
 
 /// How the member is asked to switch protocols, if at all.

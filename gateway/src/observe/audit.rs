@@ -35,8 +35,8 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use crate::auth::ClientIdentity;
-use crate::observe::metrics::Metrics;
 use crate::codec::http1::Head;
+use crate::observe::metrics::Metrics;
 use fleetgate_config_watcher::request_info::RequestInfo;
 
 /// The writer flushes at least this often while it has unflushed lines.
