@@ -338,14 +338,7 @@ pub fn cells(resource: &str, object: &Value) -> Vec<Value> {
                 })
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "<none>".into());
-            let selector = spec["selector"]
-                .as_object()
-                .map(|m| {
-                    m.iter()
-                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
+            let selector = Some(selectors::match_labels_text(&spec["selector"]))
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "<none>".into());
             vec![
