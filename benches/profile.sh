@@ -28,16 +28,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 wait_port() { for _ in $(seq 300); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
 
 mkdir -p "$work/www"
-python3 - "$work/www" <<'PY'
-import json, sys
-d = sys.argv[1]
-cm = {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "bench", "namespace": "default",
-      "resourceVersion": "1000"}, "data": {"k": "v" * 780}}
-open(f"{d}/small.json", "w").write(json.dumps(cm, separators=(",", ":")) + "\n")
-items = [dict(cm, metadata=dict(cm["metadata"], name=f"bench-{i}")) for i in range(20_000)]
-open(f"{d}/big.json", "w").write(json.dumps({"kind": "ConfigMapList", "apiVersion": "v1",
-     "metadata": {"resourceVersion": "1000"}, "items": items}, separators=(",", ":")) + "\n")
-PY
+"$here/upstream-files.py" "$work/www" 20000 --bare
 up_port=$(free_port)
 sed -e "s|@LISTEN@|127.0.0.1:$up_port|" -e "s|@WORK@|$work|g" "$here/upstream-nginx.conf.in" >"$work/upstream.conf"
 nginx -c "$work/upstream.conf"

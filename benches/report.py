@@ -300,6 +300,33 @@ def watch_fanout(out, s, goals):
                       f"{fmt(x.get('p99_us'), 0)} vs {fmt(ha.get('p99_us'), 0)} us (added over direct: {fmt(added(x), 0)} vs {fmt(added(ha), 0)} us)", verdict(p99_ok, 0)))
 
 
+def request_section(s, r, name, what):
+    """The section of one request scenario (small-get, small-get-h2): req/s, CPU per request,
+    p50, p99 and errors per target."""
+    s += ["", f"### {name} ({what})", "",
+          f"![{name}](charts/{name}.svg)", "",
+          table(r, [("req/s", lambda x: fmt(x["req_per_sec"], 0)),
+                    ("CPU us/req", lambda x: fmt(x["cpu_us_per_request"])),
+                    ("p50 us", lambda x: fmt(x["p50_us"], 0)), ("p99 us", lambda x: fmt(x["p99_us"], 0)),
+                    ("errors", lambda x: str(x["errors"]))])]
+
+
+def stream_mb(out, s, goals, name, what, notes, goal):
+    """The section of one streaming scenario (exec-stream, portforward-stream): MB/s, CPU per MB
+    and errors per target, and goal 4 (fleetgate's MB/s at least 0.9x direct's)."""
+    r = load(out, name)
+    if not r:
+        return
+    s += ["", f"### {name} ({what})", "", *notes,
+          f"![{name}](charts/{name}.svg)", "",
+          table(r, [("MB/s", lambda x: fmt(x["mb_per_sec"])),
+                    ("CPU ms/MB", lambda x: fmt(x["cpu_ms_per_mb"], 2)),
+                    ("errors", lambda x: str(x["errors"]))])]
+    fg = r.get("fleetgate-sim", {}).get("mb_per_sec")
+    direct = r.get("direct-sim", {}).get("mb_per_sec")
+    goals.append(("4", goal, f"{fmt(ratio(fg, direct), 2)}x", verdict(ratio(fg, direct), 0.9, at_most=False)))
+
+
 def main():
     out, md, commit, loadavg, duration, watches, event_watches, churn, exec_streams = sys.argv[1:10]
     fleet_members, fleet_pods, fleet_limit = (sys.argv[10:13] + ["100", "1000", "500"][len(sys.argv[10:13]):])
@@ -326,12 +353,7 @@ def main():
 
     r = load(out, "small-get")
     if r:
-        s += ["", "### small-get (HTTP/1.1, 50 keep-alive connections, ~1 KiB ConfigMap from a static nginx)", "",
-              "![small-get](charts/small-get.svg)", "",
-              table(r, [("req/s", lambda x: fmt(x["req_per_sec"], 0)),
-                        ("CPU us/req", lambda x: fmt(x["cpu_us_per_request"])),
-                        ("p50 us", lambda x: fmt(x["p50_us"], 0)), ("p99 us", lambda x: fmt(x["p99_us"], 0)),
-                        ("errors", lambda x: str(x["errors"]))])]
+        request_section(s, r, "small-get", "HTTP/1.1, 50 keep-alive connections, ~1 KiB ConfigMap from a static nginx")
         fg = r.get("fleetgate", {}).get("cpu_us_per_request")
         peer, best = best_peer(r, "cpu_us_per_request", ["haproxy", "nginx", "goproxy"])
         floor = r.get("floor", {}).get("cpu_us_per_request")
@@ -340,12 +362,7 @@ def main():
 
     r = load(out, "small-get-h2")
     if r:
-        s += ["", "### small-get-h2 (TLS + h2 to the proxy, 10 connections x 10 streams; HTTP/1.1 to the static nginx)", "",
-              "![small-get-h2](charts/small-get-h2.svg)", "",
-              table(r, [("req/s", lambda x: fmt(x["req_per_sec"], 0)),
-                        ("CPU us/req", lambda x: fmt(x["cpu_us_per_request"])),
-                        ("p50 us", lambda x: fmt(x["p50_us"], 0)), ("p99 us", lambda x: fmt(x["p99_us"], 0)),
-                        ("errors", lambda x: str(x["errors"]))])]
+        request_section(s, r, "small-get-h2", "TLS + h2 to the proxy, 10 connections x 10 streams; HTTP/1.1 to the static nginx")
         fg = r.get("fleetgate", {}).get("cpu_us_per_request")
         ha = r.get("haproxy-tls", {}).get("cpu_us_per_request")
         goals.append(("4, 7", "CPU per request over TLS + h2 <= 0.7x HAProxy's", f"{fmt(ratio(fg, ha), 2)}x", verdict(ratio(fg, ha), 0.7)))
@@ -419,28 +436,13 @@ def main():
         peers = [r[p]["p99_us"] for p in ("haproxy-sim", "nginx-sim", "goproxy-sim") if r.get(p, {}).get("p99_us") is not None]
         latency_goals(goals, fg, min(peers) if peers else None, "watch-latency")
 
-    r = load(out, "exec-stream")
-    if r:
-        s += ["", f"### exec-stream ({exec_streams} WebSocket exec sessions of `cat` on the simulated member, stdin pushed and stdout read back)", "",
-              "MB/s counts the bytes echoed back; each crossed the proxy twice (once each way).", "",
-              "![exec-stream](charts/exec-stream.svg)", "",
-              table(r, [("MB/s", lambda x: fmt(x["mb_per_sec"])),
-                        ("CPU ms/MB", lambda x: fmt(x["cpu_ms_per_mb"], 2)),
-                        ("errors", lambda x: str(x["errors"]))])]
-        fg = r.get("fleetgate-sim", {}).get("mb_per_sec")
-        direct = r.get("direct-sim", {}).get("mb_per_sec")
-        goals.append(("4", "exec-stream MB/s >= 0.9x direct", f"{fmt(ratio(fg, direct), 2)}x", verdict(ratio(fg, direct), 0.9, at_most=False)))
-
-    r = load(out, "portforward-stream")
-    if r:
-        s += ["", f"### portforward-stream ({exec_streams} WebSocket port-forwards to the simulated pod's echoing port)", "",
-              "![portforward-stream](charts/portforward-stream.svg)", "",
-              table(r, [("MB/s", lambda x: fmt(x["mb_per_sec"])),
-                        ("CPU ms/MB", lambda x: fmt(x["cpu_ms_per_mb"], 2)),
-                        ("errors", lambda x: str(x["errors"]))])]
-        fg = r.get("fleetgate-sim", {}).get("mb_per_sec")
-        direct = r.get("direct-sim", {}).get("mb_per_sec")
-        goals.append(("4", "port-forward MB/s >= 0.9x direct (the exec goal applied to port-forward)", f"{fmt(ratio(fg, direct), 2)}x", verdict(ratio(fg, direct), 0.9, at_most=False)))
+    stream_mb(out, s, goals, "exec-stream",
+              f"{exec_streams} WebSocket exec sessions of `cat` on the simulated member, stdin pushed and stdout read back",
+              ["MB/s counts the bytes echoed back; each crossed the proxy twice (once each way).", ""],
+              "exec-stream MB/s >= 0.9x direct")
+    stream_mb(out, s, goals, "portforward-stream",
+              f"{exec_streams} WebSocket port-forwards to the simulated pod's echoing port", [],
+              "port-forward MB/s >= 0.9x direct (the exec goal applied to port-forward)")
 
     r = load(out, "reload-storm")
     if r:

@@ -21,13 +21,8 @@ scenarios=("$@"); [ ${#scenarios[@]} -gt 0 ] || scenarios=(small-get)
 mkdir -p "$out"
 work=$(mktemp -d /tmp/fleetgate-bench.XXXXXX)
 chmod 755 "$work"  # the nginx workers (www-data) read the upstream's files from here
-pids=()
-# The work directory goes with the processes (KEEP_WORK=1 keeps it to look into).
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; [ -n "${KEEP_WORK:-}" ] || rm -rf "$work"; }
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+# shellcheck source=benches/common.sh
+. "$here/common.sh"
 
 echo "== building (release)"
 (cd "$repo" && cargo build --release -q -p fleetgate -p fleetgate-loadtest)
@@ -36,17 +31,7 @@ lt=$repo/target/release/fleetgate-loadtest
 
 echo "== upstream (nginx, core 0)"
 mkdir -p "$work/www"
-python3 - "$work/www" <<'PY'
-import json, sys
-d = sys.argv[1]
-cm = {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "bench", "namespace": "default",
-      "uid": "6d0c1d0e-3a8e-4c7b-9d55-0a5f8f5b7c11", "resourceVersion": "1000",
-      "creationTimestamp": "2026-11-22T10:00:00Z"}, "data": {"k": "v" * 780}}
-open(f"{d}/small.json", "w").write(json.dumps(cm, separators=(",", ":")) + "\n")
-items = [dict(cm, metadata=dict(cm["metadata"], name=f"bench-{i}")) for i in range(100_000)]
-open(f"{d}/big.json", "w").write(json.dumps({"kind": "ConfigMapList", "apiVersion": "v1",
-     "metadata": {"resourceVersion": "1000"}, "items": items}, separators=(",", ":")) + "\n")
-PY
+"$here/upstream-files.py" "$work/www" 100000
 up_port=$(free_port)
 sed -e "s|@LISTEN@|127.0.0.1:$up_port|" -e "s|@WORK@|$work|g" "$here/upstream-nginx.conf.in" >"$work/upstream.conf"
 taskset -c 0 nginx -c "$work/upstream.conf"

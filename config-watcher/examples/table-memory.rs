@@ -12,7 +12,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
-use fleetgate_config_watcher::{load_path, ClusterConfig, Config, ConnectMode, RouteTable};
+use fleetgate_config_watcher::{load_path, Config, RouteTable};
+
+mod common;
+use common::GATEWAY;
 
 /// The system allocator, counting live bytes and allocations.
 struct Counting;
@@ -59,46 +62,18 @@ fn live() -> (isize, usize) {
     )
 }
 
-const GATEWAY: &str = "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: gw\nspec:\n  listeners:\n  - address: 127.0.0.1:0\n    tls: false\n";
-
-fn ca_pem() -> Vec<u8> {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params.self_signed(&key).unwrap().pem().into_bytes()
-}
-
-/// A cluster as the simulated fleet writes one: https, a CA, a token, one label, impersonation.
-fn cluster(i: usize, ca: Vec<u8>) -> ClusterConfig {
-    ClusterConfig {
-        name: format!("member{i}"),
-        labels: [("env".to_owned(), "dev".to_owned())].into(),
-        origin: format!("/etc/fleetgate/clusters/member{i}.yaml"),
-        server: format!(
-            "https://10.{}.{}.{}:6443",
-            i >> 16 & 255,
-            i >> 8 & 255,
-            i & 255
-        ),
-        ca_pem: Some(ca),
-        insecure_skip_tls_verify: false,
-        token: Some(format!("{:048x}", i as u128 * 0x9e37_79b9_7f4a_7c15)),
-        client_cert_pem: None,
-        client_key_pem: None,
-        impersonation: true,
-        pass_through: false,
-        mode: ConnectMode::Direct,
-        proxy_url: None,
-        proxy_headers: Default::default(),
-        tunnel_address: None,
-    }
-}
-
 fn measure(base: &Config, clusters: usize, fleet: &str, cas: &[Vec<u8>]) {
     let (bytes0, allocs0) = live();
     let mut config = base.clone();
     config.clusters = (0..clusters)
-        .map(|i| cluster(i, cas[i % cas.len()].clone()))
+        .map(|i| {
+            common::cluster(
+                i,
+                cas[i % cas.len()].clone(),
+                format!("{:048x}", i as u128 * 0x9e37_79b9_7f4a_7c15),
+                format!("/etc/fleetgate/clusters/member{i}.yaml"),
+            )
+        })
         .collect();
     let (bytes1, _) = live();
     let table = RouteTable::build(&config).unwrap();
@@ -132,8 +107,8 @@ fn main() {
     std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
     let base = load_path(dir.path()).unwrap();
     let largest = sizes.iter().copied().max().unwrap_or(0);
-    let shared = vec![ca_pem()];
-    let own: Vec<Vec<u8>> = (0..largest).map(|_| ca_pem()).collect();
+    let shared = vec![common::ca_pem()];
+    let own: Vec<Vec<u8>> = (0..largest).map(|_| common::ca_pem()).collect();
     for &clusters in &sizes {
         measure(&base, clusters, "one shared CA", &shared);
         measure(&base, clusters, "a CA each", &own);

@@ -6,46 +6,23 @@
 
 use std::time::Instant;
 
-use fleetgate_config_watcher::{load_path, ClusterConfig, ConnectMode, RouteTable};
+use fleetgate_config_watcher::{load_path, RouteTable};
 
-const GATEWAY: &str = "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: gw\nspec:\n  listeners:\n  - address: 127.0.0.1:0\n    tls: false\n";
+mod common;
+use common::GATEWAY;
 
 fn main() {
     let clusters: usize = std::env::args()
         .nth(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or(10_000);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = params.self_signed(&key).unwrap().pem().into_bytes();
+    let ca = common::ca_pem();
 
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
     let mut config = load_path(dir.path()).unwrap();
     config.clusters = (0..clusters)
-        .map(|i| ClusterConfig {
-            name: format!("member{i}"),
-            labels: [("env".to_owned(), "dev".to_owned())].into(),
-            origin: "bench".to_owned(),
-            server: format!(
-                "https://10.{}.{}.{}:6443",
-                i >> 16 & 255,
-                i >> 8 & 255,
-                i & 255
-            ),
-            ca_pem: Some(ca.clone()),
-            insecure_skip_tls_verify: false,
-            token: Some(format!("token-{i}")),
-            client_cert_pem: None,
-            client_key_pem: None,
-            impersonation: true,
-            pass_through: false,
-            mode: ConnectMode::Direct,
-            proxy_url: None,
-            proxy_headers: Default::default(),
-            tunnel_address: None,
-        })
+        .map(|i| common::cluster(i, ca.clone(), format!("token-{i}"), "bench".to_owned()))
         .collect();
 
     let mut best = f64::MAX;

@@ -143,6 +143,17 @@ impl Target {
         }
     }
 
+    /// GETs `/metrics` (text) on a connection of its own: the status and the body as text.
+    pub async fn metrics_text(&self) -> anyhow::Result<(u16, String)> {
+        let mut conn = HttpConn::new(self.connect().await?);
+        let head = conn
+            .send(&self.get_request("/metrics", "text/plain"))
+            .await?;
+        let mut body = Vec::new();
+        conn.read_body(&head, |d| body.extend_from_slice(d)).await?;
+        Ok((head.status, String::from_utf8_lossy(&body).into_owned()))
+    }
+
     /// The bytes of a GET request for `path` (relative to the target's base URL).
     pub fn get_request(&self, path: &str, accept: &str) -> Vec<u8> {
         let mut request = format!(

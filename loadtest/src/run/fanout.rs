@@ -200,16 +200,11 @@ impl Writer {
 
 /// The watches a member holds now for each of [`RESOURCES`], summed (its `/metrics`).
 async fn member_watches(member: &Target) -> anyhow::Result<u64> {
-    let mut conn = HttpConn::new(member.connect().await?);
-    let head = conn
-        .send(&member.get_request("/metrics", "text/plain"))
-        .await?;
-    let mut body = Vec::new();
-    conn.read_body(&head, |d| body.extend_from_slice(d)).await?;
-    if head.status != 200 {
-        bail!("{}: /metrics answered {}", member.name, head.status);
+    let (status, text) = member.metrics_text().await?;
+    if status != 200 {
+        bail!("{}: /metrics answered {}", member.name, status);
     }
-    Ok(sum_open_watches(&String::from_utf8_lossy(&body)))
+    Ok(sum_open_watches(&text))
 }
 
 /// The sum of `fleetgate_sim_open_watches{resource="R"}` over the resources of [`RESOURCES`].

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 
-use super::client::{HttpConn, Target, TlsOptions};
+use super::client::{Target, TlsOptions};
 use super::procstat::ProcWatch;
 use super::scenarios::small_get;
 use super::{RunArgs, TargetResult};
@@ -60,13 +60,7 @@ fn clean(dir: &Path) {
 
 /// The gateway's reload counters (success, failure) from its admin `/metrics`.
 pub(super) async fn read_reloads(admin: &Target) -> anyhow::Result<(u64, u64)> {
-    let mut conn = HttpConn::new(admin.connect().await?);
-    let head = conn
-        .send(&admin.get_request("/metrics", "text/plain"))
-        .await?;
-    let mut body = Vec::new();
-    conn.read_body(&head, |d| body.extend_from_slice(d)).await?;
-    let text = String::from_utf8_lossy(&body);
+    let (_, text) = admin.metrics_text().await?;
     let read = |result: &str| -> Option<u64> {
         let key = format!("fleetgate_config_reloads_total{{result=\"{result}\"}}");
         text.lines()

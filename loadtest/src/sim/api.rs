@@ -22,7 +22,7 @@ use crate::sim::resources::{Registry, ResourceInfo};
 use crate::sim::status::{error_response, json_response, qualified, ApiError, Flow, ResponseCtx};
 use crate::sim::stream::{StreamKind, StreamRequest};
 use crate::sim::table::{negotiate, OutputFormat};
-use crate::sim::{discovery, logs, objects, openapi, watch};
+use crate::sim::{discovery, logs, objects, openapi, store, watch};
 
 /// Largest request body accepted (the apiserver's limit is 3 MiB too).
 const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
@@ -709,23 +709,15 @@ async fn dispatch(
             let object = objects::get_object(info, res, ns, name.unwrap_or(""))?;
             Ok(objects::respond_object(info, res, StatusCode::OK, &object))
         }
-        ("update", _) => {
+        ("update" | "patch", _) => {
             let content_type = header_str(&req, header::CONTENT_TYPE).map(str::to_string);
             let body = read_body(req.into_body()).await?;
-            objects::update(
-                info,
-                res,
-                ns,
-                name.unwrap_or(""),
-                sub,
-                content_type.as_deref(),
-                &body,
-            )
-        }
-        ("patch", _) => {
-            let content_type = header_str(&req, header::CONTENT_TYPE).map(str::to_string);
-            let body = read_body(req.into_body()).await?;
-            objects::patch(
+            let write = if verb == "update" {
+                objects::update
+            } else {
+                objects::patch
+            };
+            write(
                 info,
                 res,
                 ns,
@@ -777,11 +769,8 @@ pub fn resolve_container(pod: &Value, requested: Option<&str>) -> Result<String,
 }
 
 fn stream_request(query: &Query, pod: &Value, kind: &str) -> Result<StreamRequest, ApiError> {
-    let namespace = pod["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    let pod_name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
+    let namespace = store::meta_str(pod, "namespace");
+    let pod_name = store::meta_str(pod, "name");
     let stream_kind = match kind {
         "exec" => StreamKind::Exec {
             command: query.get_all("command"),

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::sim::member::Member;
 use crate::sim::objects::{node_status, now_rfc3339};
-use crate::sim::store::Mutation;
+use crate::sim::store::{self, Mutation};
 
 /// The annotation each churn update carries.
 pub const SENT_AT_ANNOTATION: &str = "fleetgate.io/sent-at";
@@ -22,14 +22,8 @@ pub const SENT_AT_ANNOTATION: &str = "fleetgate.io/sent-at";
 pub const LOAD_NAMESPACES: usize = 10;
 
 pub(crate) fn put(member: &Member, plural: &'static str, object: Value) {
-    let ns = object["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    let name = object["metadata"]["name"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
+    let ns = store::meta_str(&object, "namespace");
+    let name = store::meta_str(&object, "name");
     let _ = member
         .store
         .mutate::<()>(plural, &ns, &name, |_| Ok(Mutation::Put(object)));

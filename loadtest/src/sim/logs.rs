@@ -13,6 +13,7 @@ use serde_json::Value;
 use crate::sim::api::{resolve_container, RequestInfo};
 use crate::sim::body::SimBody;
 use crate::sim::status::{base_response, finish, ApiError, Flow, ResponseCtx};
+use crate::sim::store;
 
 /// How many lines a pod has "written" before the request (without follow).
 const INITIAL_LINES: u64 = 5;
@@ -39,11 +40,8 @@ pub fn serve(info: &RequestInfo<'_>, pod: &Value) -> Result<Response<SimBody>, A
             pod["metadata"]["name"].as_str().unwrap_or("")
         )));
     }
-    let namespace = pod["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
+    let namespace = store::meta_str(pod, "namespace");
+    let name = store::meta_str(pod, "name");
     let timestamps = info.query.flag("timestamps");
     let follow = info.query.flag("follow");
     let first = match info

@@ -20,9 +20,9 @@ use crate::sim::member::Member;
 use crate::sim::patch::{self, PatchError, PatchType};
 use crate::sim::resources::{self, ResourceInfo};
 use crate::sim::schema;
-use crate::sim::selectors::{FieldSelector, LabelSelector};
+use crate::sim::selectors::{self, FieldSelector, LabelSelector};
 use crate::sim::status::{bytes_response, json_response, success_status, ApiError, ResponseCtx};
-use crate::sim::store::Mutation;
+use crate::sim::store::{self, Mutation};
 use crate::sim::table::{self, IncludeObject, OutputFormat, TableOptions};
 
 /// Namespaces that may not be deleted.
@@ -649,10 +649,7 @@ fn normalize(res: &ResourceInfo, ns: Option<&str>, object: &mut Value) {
 /// The sim's controllers and kubelet: defaults and status of a newly created object.
 fn apply_create_defaults(member: &Member, res: &ResourceInfo, object: &mut Value) {
     let now = now_rfc3339();
-    let name = object["metadata"]["name"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
+    let name = store::meta_str(object, "name");
     match res.plural {
         "namespaces" => {
             object["metadata"]["labels"]["kubernetes.io/metadata.name"] = json!(name);
@@ -953,10 +950,7 @@ fn insert_new(
         object["metadata"]["generation"] = json!(1);
     }
     apply_create_defaults(member, res, &mut object);
-    let name = object["metadata"]["name"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
+    let name = store::meta_str(&object, "name");
     if info.query.get("dryRun") == Some("All") {
         return Ok(respond_object(
             info,
@@ -1042,10 +1036,7 @@ pub fn update(
     body: &[u8],
 ) -> Result<Response<SimBody>, ApiError> {
     let mut object = parse_object_body(res, content_type, body)?;
-    let body_name = object["metadata"]["name"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
+    let body_name = store::meta_str(&object, "name");
     if !body_name.is_empty() && body_name != name {
         return Err(ApiError::bad_request(format!(
             "the name of the object ({body_name}) does not match the name on the URL ({name})"
@@ -1292,10 +1283,7 @@ fn delete_namespace_contents(member: &Member, ns: &str) {
             .store
             .list(res.store_key(), Some(ns), None, None, |_| true);
         for object in page.items {
-            let name = object["metadata"]["name"]
-                .as_str()
-                .unwrap_or("")
-                .to_string();
+            let name = store::meta_str(&object, "name");
             let _ = member
                 .store
                 .mutate::<()>(res.store_key(), ns, &name, |current| {
@@ -1325,14 +1313,8 @@ pub fn delete_collection(
         .list(res.store_key(), ns, None, None, |o| selectors.matches(o));
     let mut deleted = Vec::new();
     for object in page.items {
-        let name = object["metadata"]["name"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-        let obj_ns = object["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
+        let name = store::meta_str(&object, "name");
+        let obj_ns = store::meta_str(&object, "namespace");
         if let Ok(Some((_, last))) =
             info.member
                 .store
@@ -1358,15 +1340,7 @@ pub fn delete_collection(
 /// The `autoscaling/v1` Scale of a deployment.
 fn scale_of(object: &Value) -> Value {
     let meta = &object["metadata"];
-    let selector = object["spec"]["selector"]["matchLabels"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                .collect::<Vec<_>>()
-                .join(",")
-        })
-        .unwrap_or_default();
+    let selector = selectors::match_labels_text(&object["spec"]["selector"]["matchLabels"]);
     json!({
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",

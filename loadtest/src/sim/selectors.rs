@@ -6,6 +6,20 @@
 
 use serde_json::Value;
 
+/// A `matchLabels` map as the text of a label selector (`app=web,tier=front`), as kubectl's
+/// columns and a Scale's `status.selector` show it; empty when it is not a map.
+pub(crate) fn match_labels_text(match_labels: &Value) -> String {
+    match_labels
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default()
+}
+
 /// A parse error, with the message the apiserver would print.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]

@@ -14,6 +14,14 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+/// `metadata.<field>` of an object (`name`, `namespace`) as a string, empty when absent.
+pub(crate) fn meta_str(object: &Value, field: &str) -> String {
+    object["metadata"][field]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// How many events a watcher may fall behind before it is ended with 410 Expired.
 const BROADCAST_CAPACITY: usize = 8192;
 
@@ -53,14 +61,8 @@ pub struct StoredEvent {
 
 impl StoredEvent {
     pub fn new(rv: u64, event_type: EventType, resource: &'static str, object: Arc<Value>) -> Self {
-        let namespace = object["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let name = object["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let namespace = meta_str(&object, "namespace");
+        let name = meta_str(&object, "name");
         Self {
             rv,
             event_type,

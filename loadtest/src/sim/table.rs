@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use crate::sim::selectors;
+
 /// What the client accepts, in the order it listed, narrowed to what the sim can produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputFormat {
@@ -336,14 +338,7 @@ pub fn cells(resource: &str, object: &Value) -> Vec<Value> {
                 })
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "<none>".into());
-            let selector = spec["selector"]
-                .as_object()
-                .map(|m| {
-                    m.iter()
-                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
+            let selector = Some(selectors::match_labels_text(&spec["selector"]))
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "<none>".into());
             vec![
@@ -370,15 +365,7 @@ pub fn cells(resource: &str, object: &Value) -> Vec<Value> {
                     })
                     .unwrap_or_default()
             };
-            let selector = spec["selector"]["matchLabels"]
-                .as_object()
-                .map(|m| {
-                    m.iter()
-                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
-                .unwrap_or_default();
+            let selector = selectors::match_labels_text(&spec["selector"]["matchLabels"]);
             vec![
                 name,
                 json!(format!("{ready}/{desired}")),

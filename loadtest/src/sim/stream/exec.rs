@@ -15,8 +15,6 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 use tracing::{debug, info};
@@ -144,12 +142,8 @@ pub(crate) async fn serve_spdy<IO>(io: IO, target: StreamRequest, version: Chann
 where
     IO: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let mut session = match Session::start(io) {
-        Ok(s) => s,
-        Err(error) => {
-            debug!(%error, "spdy session did not start");
-            return;
-        }
+    let Some(mut session) = Session::start_logged(io) else {
+        return;
     };
     // The client announces one stream per flag it set, plus error (v2+) and resize (v3+, tty).
     // With a terminal stderr is part of stdout; kubelet then ignores a stderr request.
@@ -405,12 +399,7 @@ pub(crate) async fn serve_websocket<S>(
     let mut status = vec![CHANNEL_ERROR];
     status.extend_from_slice(&version.status_bytes(&exit));
     let _ = out_tx.send(Message::Binary(status.into())).await;
-    let _ = out_tx
-        .send(Message::Close(Some(CloseFrame {
-            code: CloseCode::Normal,
-            reason: "".into(),
-        })))
-        .await;
+    let _ = out_tx.send(super::normal_close()).await;
     drop(out_tx);
     // The client answers our close frame and closes the connection; give it a moment.
     let _ = tokio::time::timeout(CLOSE_GRACE, gone_rx.wait_for(|gone| *gone)).await;

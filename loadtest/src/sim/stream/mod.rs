@@ -38,6 +38,15 @@ use tokio_tungstenite::WebSocketStream;
 use tracing::debug;
 
 use crate::sim::body::SimBody;
+
+/// The close frame that ends a WebSocket session normally (code 1000, no reason).
+fn normal_close() -> tokio_tungstenite::tungstenite::Message {
+    use tokio_tungstenite::tungstenite::protocol::{frame::coding::CloseCode, CloseFrame};
+    tokio_tungstenite::tungstenite::Message::Close(Some(CloseFrame {
+        code: CloseCode::Normal,
+        reason: "".into(),
+    }))
+}
 use exec::ChannelVersion;
 
 pub use spdy::SpdyError;

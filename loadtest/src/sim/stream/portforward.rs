@@ -14,8 +14,6 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 use tracing::debug;
@@ -28,12 +26,8 @@ pub(crate) async fn serve_spdy<IO>(io: IO, pod: String, ports: Vec<u16>)
 where
     IO: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let mut session = match Session::start(io) {
-        Ok(s) => s,
-        Err(error) => {
-            debug!(%error, "spdy session did not start");
-            return;
-        }
+    let Some(mut session) = Session::start_logged(io) else {
+        return;
     };
     // Error streams waiting for their data stream, and the reverse, by request id.
     let mut error_streams: HashMap<String, StreamWriter> = HashMap::new();
@@ -136,11 +130,6 @@ pub(crate) async fn serve_websocket_channels<S>(
         }
     }
     debug!(%pod, ?ports, bytes, "port-forward (websocket channels) session ended");
-    let _ = ws_tx
-        .send(Message::Close(Some(CloseFrame {
-            code: CloseCode::Normal,
-            reason: "".into(),
-        })))
-        .await;
+    let _ = ws_tx.send(super::normal_close()).await;
     let _ = ws_tx.close().await;
 }

@@ -105,6 +105,17 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    /// [`Session::start`], or `None` with the reason logged at debug level: what a session
+    /// handler does when the connection cannot carry SPDY.
+    pub(crate) fn start_logged<IO>(io: IO) -> Option<Session>
+    where
+        IO: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        Session::start(io)
+            .map_err(|error| tracing::debug!(%error, "spdy session did not start"))
+            .ok()
+    }
+
     /// Starts the reader and writer tasks on `io`.
     pub(crate) fn start<IO>(io: IO) -> Result<Session, SpdyError>
     where
