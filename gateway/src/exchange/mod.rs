@@ -17,7 +17,6 @@
 //! Nothing else in the crate talks to members. Never parses a client's request and never decides
 //! identity; errors are [`Failure`]s that say whether anything reached the client yet.
 
-pub mod budget;
 pub mod lines;
 pub mod member_head;
 pub mod relay;
@@ -39,7 +38,7 @@ use crate::codec::http1::{parse_response, response_body, BodyKind, Head, HeadLim
 use crate::errors::GatewayError;
 use crate::runtime::{self, Deadline, First, ShardContext};
 use crate::tunnel::wire::ServiceRef;
-use crate::upstream::{connect, dial_address, PoolKey, UpstreamConn};
+use crate::upstream::{budget, connect, dial_address, PoolKey, UpstreamConn};
 
 /// A connection to a member, as the front-ends' [`RequestBody`] writes to it and an upgrade
 /// carries it: the exchange's name for it, so the front-ends need not reach into `upstream`.

@@ -25,9 +25,9 @@ pub struct ShardContext {
     /// The audit log: one record per response end, when the Gateway has `spec.audit`.
     pub audit: Option<crate::observe::audit::AuditLog>,
     /// Every socket the gateway holds, against the process's descriptor limit.
-    pub sockets: Arc<crate::exchange::budget::Sockets>,
+    pub sockets: Arc<crate::upstream::budget::Sockets>,
     /// The member connections each client address holds on this shard.
-    pub client_holds: crate::exchange::budget::ClientHolds,
+    pub client_holds: crate::upstream::budget::ClientHolds,
     /// How many shards the gateway runs (per-client limits are split between them).
     pub workers: usize,
     /// This context itself, for tasks that outlive the request that starts them (a shared

@@ -91,7 +91,7 @@ pub fn start_with_reload(
     reload: Option<Arc<ReloadStatus>>,
 ) -> anyhow::Result<RunningGateway> {
     crate::runtime::faults::init_from_env();
-    let descriptors = crate::exchange::budget::raise_descriptor_limit();
+    let descriptors = crate::upstream::budget::raise_descriptor_limit();
     info!(descriptors, "open-files limit");
     let gateway = table.load().gateway().clone();
     let workers = match options.workers.filter(|w| *w > 0) {
@@ -183,7 +183,7 @@ pub fn start_with_reload(
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
         audit: audit.clone(),
-        sockets: crate::exchange::budget::Sockets::new(workers),
+        sockets: crate::upstream::budget::Sockets::new(workers),
         workers,
     };
     let mut shards = Vec::with_capacity(workers);

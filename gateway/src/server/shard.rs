@@ -27,6 +27,29 @@ use crate::runtime::shutdown::Shutdown;
 use crate::runtime::ShardContext;
 use crate::upstream::ShardPool;
 
+/// Runs the TLS handshake on an accepted socket (`tls`) and hands the stream to the front-end
+/// ALPN chose: h2 when the client chose it, HTTP/1.1 otherwise (also without ALPN).
+async fn serve_tls<S>(
+    ctx: Rc<ShardContext>,
+    acceptor: tokio_rustls::TlsAcceptor,
+    tcp: S,
+    peer: std::net::SocketAddr,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+{
+    let Some(accepted) = crate::tls::accept(acceptor, tcp, peer).await else {
+        return;
+    };
+    let (mut stream, identity) = (accepted.stream, accepted.identity);
+    // The h2 connection's future is boxed: it is twice the size of HTTP/1.1's, and this future
+    // (every TLS connection's, for its whole life) would otherwise be as large as the larger.
+    if accepted.h2 {
+        Box::pin(crate::protocol::h2::serve_h2(ctx, stream, peer, identity)).await;
+    } else {
+        serve_http1(ctx, &mut stream, peer, &identity).await;
+    }
+}
+
 /// Which monoio driver the shards run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Driver {
@@ -84,7 +107,7 @@ pub struct SharedState {
     pub metrics: Arc<Metrics>,
     pub shutdown: Arc<Shutdown>,
     pub audit: Option<crate::observe::audit::AuditLog>,
-    pub sockets: Arc<crate::exchange::budget::Sockets>,
+    pub sockets: Arc<crate::upstream::budget::Sockets>,
     pub workers: usize,
 }
 
@@ -138,7 +161,7 @@ pub fn spawn_shard(
                     drain: Default::default(),
                     audit,
                     sockets,
-                    client_holds: crate::exchange::budget::ClientHolds::default(),
+                    client_holds: crate::upstream::budget::ClientHolds::default(),
                     workers,
                     me: me.clone(),
                     shared_watches: Default::default(),
@@ -257,7 +280,7 @@ async fn accept_loop(
                     let _connected = ctx.shard_metrics.client_connected();
                     let _socket = ctx.sockets.hold(ctx.shard);
                     let _open = ctx.shutdown.connection_opened();
-                    crate::tls::dispatch(ctx.clone(), acceptor, tcp, peer).await;
+                    serve_tls(ctx.clone(), acceptor, tcp, peer).await;
                 });
             }
             None => {

@@ -18,7 +18,7 @@
 //! client may open at once and the idle timeout, read when the connection starts: a connection
 //! with no open stream for that long, or any connection when the gateway drains, gets
 //! GOAWAY(NO_ERROR) (graceful: open streams finish, new ones are refused) and closes. Called by
-//! `tls::dispatch` when ALPN says `h2`.
+//! `server::shard` when ALPN says `h2`.
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
