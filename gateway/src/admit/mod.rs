@@ -19,6 +19,7 @@
 //! has no `spec.fairness`. The [`Admitted`] guard gives the seats back when the request ends.
 //! Never blocks, never does I/O.
 
+pub mod metrics;
 pub mod tally;
 
 use std::net::IpAddr;
@@ -76,7 +77,8 @@ impl Limit {
     }
 }
 
-/// Every counter of admission, shared by the shards (made with the metrics, which read it).
+/// Every counter of admission, shared by the shards (made by `server`, which hands the metrics
+/// registry its collector, `metrics`).
 pub struct Admission {
     epoch: Instant,
     users: Tally<Arc<str>>,

@@ -14,16 +14,18 @@
 //! - `reply`: the front-ends' side of a response the gateway writes itself (fleet view, shared
 //!   watch).
 //!
-//! Nothing else in the crate talks to members. Never parses a client's request and never decides
-//! identity; errors are [`Failure`]s that say whether anything reached the client yet.
+//! Nothing else in the crate talks to members. Takes only its part of the shard context
+//! ([`ShardExchange`], `shard`). Never parses a client's request and never decides identity; errors are [`Failure`]s that say whether anything reached the client yet.
 
-pub mod budget;
 pub mod lines;
 pub mod member_head;
 pub mod relay;
 pub mod reply;
 pub mod retired;
+mod shard;
 pub mod splice;
+
+pub use shard::ShardExchange;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -37,9 +39,9 @@ use tracing::debug;
 
 use crate::codec::http1::{parse_response, response_body, BodyKind, Head, HeadLimits};
 use crate::errors::GatewayError;
-use crate::runtime::{self, Deadline, First, ShardContext};
+use crate::runtime::{self, Deadline, First};
 use crate::tunnel::wire::ServiceRef;
-use crate::upstream::{connect, dial_address, PoolKey, UpstreamConn};
+use crate::upstream::{budget, connect, dial_address, PoolKey, UpstreamConn};
 
 /// A connection to a member, as the front-ends' [`RequestBody`] writes to it and an upgrade
 /// carries it: the exchange's name for it, so the front-ends need not reach into `upstream`.
@@ -145,7 +147,7 @@ pub(crate) struct Answer {
 /// (timed by the front-end's `deadline`: its connection's, or its h2 stream's). Metrics count the
 /// response by its code.
 pub(crate) async fn send(
-    shard: &ShardContext,
+    shard: &ShardExchange,
     out: &Outbound<'_>,
     body: &mut impl RequestBody,
     response: &mut Head,
@@ -240,7 +242,7 @@ pub(crate) async fn send(
 /// Abandoned as soon as the client gives up (an h2 stream reset): a stream reset before its turn
 /// never takes a place in line, and a dial it started goes on for the next in line.
 async fn new_connection(
-    shard: &ShardContext,
+    shard: &ShardExchange,
     out: &Outbound<'_>,
     key: &PoolKey,
     fresh: bool,
@@ -294,7 +296,7 @@ fn gone_already(body: &mut impl RequestBody) -> bool {
 /// itself, since the request that started it may be gone before it ends.
 fn dialer(
     route: Arc<ClusterRoute>,
-    shard: Weak<ShardContext>,
+    shard: Weak<ShardExchange>,
     timeout: Duration,
 ) -> impl AsyncFn() -> Result<UpstreamConn, GatewayError> + 'static {
     async move || {
@@ -315,7 +317,7 @@ async fn open(
     cluster: &ClusterRoute,
     service: Option<&ServiceRef<'_>>,
     timeout: Duration,
-    shard: &ShardContext,
+    shard: &ShardExchange,
 ) -> Result<UpstreamConn, GatewayError> {
     let dialed = connect(cluster, service, timeout, &shard.shard_metrics).await;
     let mut conn = shard.shard_metrics.dialed(cluster, dialed)?;
@@ -337,7 +339,7 @@ pub(crate) fn pace(long_running: bool, limits: &Limits) -> relay::Pace {
 }
 
 /// Gives a connection back to the shard's pool if its response ended cleanly and completely.
-pub(crate) fn finish(shard: &ShardContext, answer: Answer, complete: bool) {
+pub(crate) fn finish(shard: &ShardExchange, answer: Answer, complete: bool) {
     if answer.reusable && complete && answer.conn.buf.is_empty() {
         shard.pool.put(answer.conn);
     }

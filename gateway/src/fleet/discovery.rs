@@ -14,18 +14,18 @@
 //! on with legacy discovery. A client whose `Accept` admits no plain JSON gets kube's 406.
 //!
 //! A member's address (`serverAddressByClientCIDRs`) is left out: a client must not learn of a
-//! way around the gateway. Called by the front-ends for a `Decision::FleetDiscovery`; documents
-//! are small (tens of KiB) and read whole.
+//! way around the gateway. Called by the pipeline (`handle`) for a `Decision::FleetDiscovery`;
+//! documents are small (tens of KiB) and read whole.
 
 use serde_json::{Map, Value};
 
 use super::{ClientRequest, FleetClient};
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
+use crate::exchange::ShardExchange;
 use crate::member::ask::{ask_accepting, Asked, Missed};
 use crate::request::discovery::{Document, MergedKind};
 use crate::request::FleetDiscovery;
-use crate::runtime::ShardContext;
 
 impl Document<'_> {
     /// A member's document, filtered to `kinds`; `Ok(None)` when nothing is left (a 404).
@@ -171,7 +171,7 @@ pub fn accepts_json<'h>(values: impl Iterator<Item = &'h [u8]>) -> bool {
 /// Serves a fleet discovery request: the first member (in `request.members`' order) whose
 /// answer can be read, filtered; members that failed before it are named in `Warning` fields.
 pub(crate) async fn serve<'h, F, H>(
-    ctx: &ShardContext,
+    ctx: &ShardExchange,
     request: &FleetDiscovery<'_>,
     client_request: &ClientRequest<'_, F>,
     client: &mut impl FleetClient,

@@ -41,9 +41,10 @@ use super::{ClientRequest, FleetClient};
 use crate::auth::Decided;
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
+use crate::exchange::ShardExchange;
 use crate::member::ask::{ask, Asked, Missed};
 use crate::request::FleetRequest;
-use crate::runtime::{self, First, ShardContext};
+use crate::runtime::{self, First};
 
 /// Body bytes gathered before they go to the client.
 const WRITE_CHUNK: usize = 64 * 1024;
@@ -53,7 +54,7 @@ pub const READ_AHEAD: usize = 1;
 
 /// Serves a merged LIST.
 pub(crate) async fn list<'h, F, H>(
-    ctx: &ShardContext,
+    ctx: &ShardExchange,
     request: &FleetRequest<'_>,
     client_request: &ClientRequest<'_, F>,
     client: &mut impl FleetClient,
@@ -368,7 +369,7 @@ impl<C: FleetClient> Out<'_, C> {
 
 /// One member's pages, asked as the user.
 struct MemberPages<'a, 'r, F> {
-    ctx: &'a ShardContext,
+    ctx: &'a ShardExchange,
     request: &'a FleetRequest<'r>,
     client_request: &'a ClientRequest<'a, F>,
     cluster: &'a ClusterRoute,

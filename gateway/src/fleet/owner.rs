@@ -23,9 +23,9 @@ use super::page::stamp_object;
 use super::{ClientRequest, FleetClient};
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
+use crate::exchange::ShardExchange;
 use crate::member::ask::{ask, Asked, Missed};
 use crate::request::FleetRequest;
-use crate::runtime::ShardContext;
 
 /// The one cluster that has the object a fleet request names.
 pub(crate) struct Owner {
@@ -38,7 +38,7 @@ pub(crate) struct Owner {
 
 /// The one cluster that has the object `request` names.
 pub(crate) async fn find<'h, F, H>(
-    ctx: &ShardContext,
+    ctx: &ShardExchange,
     request: &FleetRequest<'_>,
     client_request: &ClientRequest<'_, F>,
 ) -> Result<Owner, Failure>

@@ -21,9 +21,9 @@ use serde_json::Value;
 use super::{ClientRequest, FleetClient};
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
+use crate::exchange::ShardExchange;
 use crate::member::ask::{post_as, Asked, Missed, Posted};
 use crate::request::FleetReview;
-use crate::runtime::ShardContext;
 
 /// The largest review body the fleet view reads (a review is well under a KiB; the body is held
 /// while the members are asked).
@@ -38,7 +38,7 @@ pub fn too_large() -> GatewayError {
 
 /// Asks every member of `review` for the client's `body` and answers with the fleet's review.
 pub(crate) async fn serve<'h, F, H>(
-    ctx: &ShardContext,
+    ctx: &ShardExchange,
     review: &FleetReview<'_>,
     body: &[u8],
     client_request: &ClientRequest<'_, F>,

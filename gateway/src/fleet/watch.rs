@@ -25,7 +25,7 @@
 //!   with that ERROR event, as kube-apiserver does: the client lists again.
 //!
 //! The watch ends at the client's `timeoutSeconds`, when the shard drains, or when the client
-//! goes away. Called by the front-ends for a [`FleetRequest`] whose verb is `watch`.
+//! goes away. Called by the pipeline (`handle`) for a [`FleetRequest`] whose verb is `watch`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
@@ -47,12 +47,13 @@ use super::{ClientRequest, FleetClient};
 use crate::auth::Decided;
 use crate::errors::GatewayError;
 use crate::exchange::relay::ResponseSink;
+use crate::exchange::ShardExchange;
 use crate::exchange::{Answer, Failure};
 use crate::member::ask::{self, Ask, Asked, Missed, To};
 use crate::member::backoff::Backoff;
 use crate::member::watcher::{self, event_version, AfterExpiry, Fault, ShardClock};
 use crate::request::{fleet_members, FleetRequest};
-use crate::runtime::{self, First, ShardContext};
+use crate::runtime::{self, First};
 
 /// How often the routing table is looked at for clusters that joined or left.
 pub const RECHECK: Duration = Duration::from_secs(1);
@@ -75,7 +76,7 @@ enum Start {
 
 /// Serves a merged WATCH.
 pub(crate) async fn watch<'h, F, H>(
-    ctx: &ShardContext,
+    ctx: &ShardExchange,
     request: &FleetRequest<'_>,
     client_request: &ClientRequest<'_, F>,
     client: &mut impl FleetClient,
@@ -412,7 +413,7 @@ impl<'a> Parts<'a> {
     #[allow(clippy::too_many_arguments, reason = "the part's whole context")]
     fn start<'h, F, H>(
         &mut self,
-        ctx: &'a ShardContext,
+        ctx: &'a ShardExchange,
         request: &'a FleetRequest<'a>,
         client_request: &'a ClientRequest<'a, F>,
         cluster: Arc<ClusterRoute>,
@@ -462,7 +463,7 @@ struct Part {
 /// bookmarks), handing its events to the merge, until its resourceVersion expires, it refuses,
 /// its route is retired or the merge is gone.
 async fn follow<'h, F, H>(
-    ctx: &ShardContext,
+    ctx: &ShardExchange,
     request: &FleetRequest<'_>,
     client_request: &ClientRequest<'_, F>,
     part: Part,
@@ -505,7 +506,7 @@ where
 
 /// A member's side of its part: watches asked of it as the user, through the exchange.
 struct PartMember<'a, 'r, F> {
-    ctx: &'a ShardContext,
+    ctx: &'a ShardExchange,
     request: &'a FleetRequest<'r>,
     to: To<'a, ClientRequest<'r, F>>,
 }

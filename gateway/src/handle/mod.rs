@@ -18,7 +18,8 @@
 //! request on the plain proxy path: its one box is the exchange's future, which the front-ends
 //! boxed before for the same reason (a long stream must not keep its room); refusals and the
 //! fleet and shared-watch paths are boxed where they branch off, as before. Called by
-//! `protocol::h1` for each request and by `protocol::h2` for each stream.
+//! `protocol::h1` for each request and by `protocol::h2` for each stream. The shard context they
+//! hold is defined here (`context`): each station below takes only its part of it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,6 +29,8 @@ use bytes::Bytes;
 use fleetgate_config_watcher::request_info::{KubeVerb, RequestInfo};
 use fleetgate_config_watcher::{ClusterRoute, Limits};
 use tracing::debug;
+
+mod context;
 
 pub use crate::auth::ClientIdentity;
 use crate::auth::{ConnectionAuth, Decided};
@@ -40,8 +43,9 @@ use crate::exchange::{self, Answer, Failure, Outbound, RequestBody};
 use crate::fleet;
 use crate::observe::audit::{AuditRequest, Classified, Outcome, StreamAudit};
 use crate::request::{self, Decision, FleetRequest, Peer, Proxied};
-use crate::runtime::{self, Deadline, ShardContext};
+use crate::runtime::{self, Deadline};
 use crate::watch;
+pub use context::ShardContext;
 
 /// Which protocol a front-end speaks with its client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,7 +242,7 @@ pub(crate) async fn serve<S: Session>(
     started: Instant,
 ) -> Handled {
     runtime::faults::inject(head.target());
-    let table = ctx.table.load();
+    let table = ctx.exchange.table.load();
     let decided = request::decide(&table, &conn.auth, head.method(), head.target(), || {
         head.headers()
     });
@@ -256,11 +260,7 @@ pub(crate) async fn serve<S: Session>(
     // whole stream included) has ended.
     let admitted = match decided.as_ref().ok().and_then(Decision::subject) {
         None => None,
-        Some(subject) => match ctx
-            .metrics
-            .admission
-            .admit(&table.gateway().fairness, &subject)
-        {
+        Some(subject) => match ctx.admission.admit(&table.gateway().fairness, &subject) {
             Ok(admitted) => Some(admitted),
             Err(error) => {
                 if ctx.audit.is_some() {
@@ -299,7 +299,7 @@ pub(crate) async fn serve<S: Session>(
         flow.trail.acting_as = proxied.identity.identity.clone();
         flow.classify(Some((proxied.name, proxied.info)));
     }
-    let stream = ctx.shard_metrics.stream_opened();
+    let stream = ctx.exchange.shard_metrics.stream_opened();
     if let Some(plan) = watch::plan(&table, &proxied, head.accept()) {
         let caller = watch::Caller {
             peer: conn.peer,
@@ -307,7 +307,14 @@ pub(crate) async fn serve<S: Session>(
             started,
         };
         let mut reply = flow.session.reply(head, ReplyKind::SharedWatch);
-        let served = Box::pin(watch::serve(ctx, &proxied, plan, caller, &mut reply)).await;
+        let served = Box::pin(watch::serve(
+            &ctx.watches,
+            &proxied,
+            plan,
+            caller,
+            &mut reply,
+        ))
+        .await;
         let sent = reply.head_sent();
         drop(reply);
         match served {
@@ -385,7 +392,7 @@ pub(crate) async fn serve<S: Session>(
     };
     match flow.session.start_response(head, start) {
         Ok(()) => debug!(
-            shard = ctx.shard,
+            shard = ctx.exchange.shard,
             cluster = %proxied.cluster.name,
             verb = proxied.verb,
             code,
@@ -439,7 +446,7 @@ pub(crate) async fn refuse_early<S: Session>(
         head,
         session,
         trail: conn.trail(),
-        limits: ctx.table.load().gateway().limits,
+        limits: ctx.exchange.table.load().gateway().limits,
         close: true,
         started,
     };
@@ -510,7 +517,10 @@ impl<'a, S: Session> Flow<'a, S> {
     /// Counts a fleet-view request once, and hands the audit log its record (when it is on).
     fn record(&mut self, outcome: Outcome) {
         if let Some(verb) = self.trail.fleet {
-            self.ctx.shard_metrics.fleet_answered(verb, outcome.code());
+            self.ctx
+                .exchange
+                .shard_metrics
+                .fleet_answered(verb, outcome.code());
         }
         if let Some(log) = &self.ctx.audit {
             let request = self.head.audit_request(self.conn.peer.addr);
@@ -593,7 +603,15 @@ impl<'a, S: Session> Flow<'a, S> {
         };
         // 0 until a member's response head is read: an aborted exchange says whether one was.
         response.code = 0;
-        match exchange::send(self.ctx, &outbound, &mut client_body, response, deadline).await {
+        match exchange::send(
+            &self.ctx.exchange,
+            &outbound,
+            &mut client_body,
+            response,
+            deadline,
+        )
+        .await
+        {
             Ok(answer) => Ok((answer, response.code)),
             Err(failure) => Err((failure, response.code)),
         }
@@ -607,7 +625,7 @@ impl<'a, S: Session> Flow<'a, S> {
         let (head, names_fields) = (self.head, self.session.names_fields());
         let named = move |name: &[u8]| names_fields && head.connection_has(name);
         let asked = self.asker().request(|| head.headers(), &named);
-        match fleet::owner::find(self.ctx, &fleet, &asked).await {
+        match fleet::owner::find(&self.ctx.exchange, &fleet, &asked).await {
             Ok(fleet::owner::Owner {
                 object: Some(object),
                 ..
@@ -657,7 +675,7 @@ impl<'a, S: Session> Flow<'a, S> {
     /// Answers a fleet-view request from its members, in one 200 written as it is merged.
     async fn fleet_answer(&mut self, work: FleetWork<'_, '_>) -> Next {
         let ctx = self.ctx;
-        let _stream = ctx.shard_metrics.stream_opened();
+        let _stream = ctx.exchange.shard_metrics.stream_opened();
         let watch = matches!(work, FleetWork::Merged(fleet) if fleet.info.verb == KubeVerb::Watch);
         let kind = if watch {
             ReplyKind::FleetWatch
@@ -670,15 +688,17 @@ impl<'a, S: Session> Flow<'a, S> {
         let mut reply = self.session.reply(head, kind);
         let result = match work {
             FleetWork::Merged(fleet) if watch => {
-                fleet::watch::watch(ctx, fleet, &asked, &mut reply).await
+                fleet::watch::watch(&ctx.exchange, fleet, &asked, &mut reply).await
             }
-            FleetWork::Merged(fleet) => fleet::list::list(ctx, fleet, &asked, &mut reply).await,
+            FleetWork::Merged(fleet) => {
+                fleet::list::list(&ctx.exchange, fleet, &asked, &mut reply).await
+            }
             FleetWork::Discovery(found) => {
-                fleet::discovery::serve(ctx, found, &asked, &mut reply).await
+                fleet::discovery::serve(&ctx.exchange, found, &asked, &mut reply).await
             }
             FleetWork::Object(object) => fleet::owner::answer(&mut reply, object).await,
             FleetWork::Review(review, posted) => {
-                fleet::review::serve(ctx, review, &posted, &asked, &mut reply).await
+                fleet::review::serve(&ctx.exchange, review, &posted, &asked, &mut reply).await
             }
         };
         self.trail.code = Some(200);
@@ -805,7 +825,7 @@ impl Following {
         ctx: &ShardContext,
         reply: &mut impl Reply,
     ) -> Result<(), Failure> {
-        let result = self.follower.run(ctx, reply).await;
+        let result = self.follower.run(&ctx.watches, reply).await;
         ctx.count_response(&self.cluster, self.verb, 200, self.started);
         let outcome = match &result {
             Ok(()) => Outcome::Complete(200),

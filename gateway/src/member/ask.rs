@@ -24,9 +24,10 @@ use crate::codec::http1::{BodyKind, Head};
 use crate::errors::GatewayError;
 use crate::exchange::member_head::{self, MemberRequest, Upgrade};
 use crate::exchange::relay::{relay, ClientEvent, Pace, ResponseSink};
+use crate::exchange::ShardExchange;
 use crate::exchange::{self, Answer, Failure, NoBody, Outbound, RequestBody};
 use crate::request::Peer;
-use crate::runtime::{Deadline, ShardContext};
+use crate::runtime::Deadline;
 use crate::upstream::UpstreamConn;
 
 /// The largest answer read (a page of 500 large objects).
@@ -132,7 +133,7 @@ impl<'a, 'h> Ask<'a, 'h> {
     /// Sends the request; the whole body of a 2xx answer.
     pub async fn read<C: ClientSide<'h>>(
         &self,
-        ctx: &ShardContext,
+        ctx: &ShardExchange,
         to: &To<'_, C>,
     ) -> Result<Vec<u8>, Missed> {
         let (mut answer, response) = self.open(ctx, to).await?;
@@ -156,7 +157,7 @@ impl<'a, 'h> Ask<'a, 'h> {
     /// [`stream`]. Any other code is [`Missed::Answered`] (the connection is closed).
     pub async fn open_watch<C: ClientSide<'h>>(
         mut self,
-        ctx: &ShardContext,
+        ctx: &ShardExchange,
         to: &To<'_, C>,
     ) -> Result<Answer, Missed> {
         self.long_running = true;
@@ -170,7 +171,7 @@ impl<'a, 'h> Ask<'a, 'h> {
     /// Sends the request; the answer with its head read, its body still to relay.
     async fn open<C: ClientSide<'h>>(
         &self,
-        ctx: &ShardContext,
+        ctx: &ShardExchange,
         to: &To<'_, C>,
     ) -> Result<(Answer, Head), Missed> {
         let (accept, post, client) = (self.accept, self.post, to.client);
@@ -237,7 +238,7 @@ impl<'a, 'h> Ask<'a, 'h> {
 /// Streams a watch [`Ask::open_watch`] opened into `body` until the member ends it (its
 /// connection then goes back to the pool) or it breaks (`body` refusing a piece included).
 pub(crate) async fn stream(
-    ctx: &ShardContext,
+    ctx: &ShardExchange,
     mut answer: Answer,
     body: &mut impl ResponseSink,
 ) -> Result<(), Missed> {
@@ -250,7 +251,7 @@ pub(crate) async fn stream(
 
 /// Asks `cluster` for `asked` as the user; the body of a 200 answer.
 pub(crate) async fn ask<'h, C: ClientSide<'h>>(
-    ctx: &ShardContext,
+    ctx: &ShardExchange,
     asked: &Asked<'_>,
     client: &C,
     cluster: &ClusterRoute,
@@ -261,7 +262,7 @@ pub(crate) async fn ask<'h, C: ClientSide<'h>>(
 
 /// [`ask`], with `accept` (when given) as the member's `Accept` instead of the client's.
 pub(crate) async fn ask_accepting<'h, C: ClientSide<'h>>(
-    ctx: &ShardContext,
+    ctx: &ShardExchange,
     asked: &Asked<'_>,
     accept: Option<&'static [u8]>,
     client: &C,
@@ -281,7 +282,7 @@ pub(crate) async fn ask_accepting<'h, C: ClientSide<'h>>(
 /// A POST of the JSON `body` to `cluster` as the user (a review the member is asked for); the
 /// body of a 2xx answer.
 pub(crate) async fn post<'h, C: ClientSide<'h>>(
-    ctx: &ShardContext,
+    ctx: &ShardExchange,
     asked: &Asked<'_>,
     body: &[u8],
     client: &C,
@@ -298,7 +299,7 @@ pub(crate) async fn post<'h, C: ClientSide<'h>>(
 /// A POST of `posted` to `cluster` as the user, its answer asked for as JSON (to be read here);
 /// the body of a 2xx answer.
 pub(crate) async fn post_as<'h, C: ClientSide<'h>>(
-    ctx: &ShardContext,
+    ctx: &ShardExchange,
     asked: &Asked<'_>,
     posted: Posted<'_, 'h>,
     client: &C,

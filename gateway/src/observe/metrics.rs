@@ -10,9 +10,8 @@
 //! the shard's list of cells is locked only when a label set is seen for the first time on that
 //! shard, and by the scrape. The few process-wide counters (the audit log's, h2 connections
 //! calmed, a member's reachability and failures) are rare events: a member's reachability is
-//! written only when it changes, failures only when a member fails. `spec.fairness`'s refusals
-//! and per-cluster requests in flight are read at scrape time from admission's shared counters
-//! (`admit`). Called by the front-ends, the exchange, `server::shard` and `upstream`; encoded by
+//! written only when it changes, failures only when a member fails. Stations with counters of
+//! their own register a collector here (`spec.fairness`'s: `admit::metrics`). Called by the front-ends, the exchange, `server::shard` and `upstream`; encoded by
 //! `server::admin`.
 
 // The one lock of the crate (see clippy.toml): taken by a shard only for a label set's first use,
@@ -416,9 +415,6 @@ pub struct Metrics {
     /// Audit events written / dropped because the writer was behind (the `audit` module).
     pub audit_events: Counter,
     pub audit_events_dropped: Counter,
-    /// Admission's counters (`admit`): process-wide like this registry, made with it so the
-    /// scrape reads them; the shards reach them through their context's metrics.
-    pub admission: Arc<crate::admit::Admission>,
 }
 
 /// The cells of every shard, summed by the scrape.
@@ -433,6 +429,12 @@ impl std::fmt::Debug for ShardList {
 
 impl Metrics {
     pub fn new() -> Arc<Metrics> {
+        Metrics::with_collectors(Vec::new())
+    }
+
+    /// The registry with the stations' own collectors besides (admission's, `admit::metrics`),
+    /// read at scrape time like the shards' cells.
+    pub fn with_collectors(collectors: Vec<Box<dyn Collector>>) -> Arc<Metrics> {
         let mut registry = Registry::with_prefix("fleetgate");
         let shards = Arc::new(ShardList::default());
         let clusters = Arc::new(ClusterStates::default());
@@ -459,8 +461,9 @@ impl Metrics {
         registry.register_collector(Box::new(super::process::BuildInfo));
         let supervision = Arc::new(Supervision::default());
         registry.register_collector(Box::new(supervision.clone()));
-        let admission = Arc::new(crate::admit::Admission::default());
-        registry.register_collector(Box::new(FairnessCollector(admission.clone())));
+        for collector in collectors {
+            registry.register_collector(collector);
+        }
         let mut process = Registry::default();
         process.register_collector(Box::new(super::process::ProcessCollector));
         Arc::new(Metrics {
@@ -472,7 +475,6 @@ impl Metrics {
             supervision,
             audit_events,
             audit_events_dropped,
-            admission,
         })
     }
 
@@ -669,60 +671,6 @@ impl Collector for ShardList {
             ),
             upstream.iter().map(|(l, n)| (l, ConstGauge::new(*n))),
         )
-    }
-}
-
-/// Labels of the fairness refusal counter: which limit of which scope refused what kind of
-/// request. No user label: users are as many as tokens, and a series per user would let them
-/// grow the scrape without bound (the audit log names who got each 429).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RefusalLabels {
-    scope: &'static str,
-    limit: &'static str,
-    kind: &'static str,
-}
-
-/// Labels of the per-cluster in-flight gauge (clusters are bounded by the configuration).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct InFlightLabels {
-    cluster: Arc<str>,
-    kind: &'static str,
-}
-
-/// `spec.fairness`'s refusals and the requests in flight per cluster, read from admission's
-/// shared counters at scrape time.
-#[derive(Debug)]
-struct FairnessCollector(Arc<crate::admit::Admission>);
-
-impl Collector for FairnessCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let mut family = encoder.encode_descriptor(
-            "fairness_rejections",
-            "Requests (and connections) refused by spec.fairness, by scope (user, cluster, address), limit and kind (short or long-running)",
-            None,
-            MetricType::Counter,
-        )?;
-        for (limit, kind, count) in self.0.refusals() {
-            let (scope, limit) = limit.labels();
-            let labels = RefusalLabels { scope, limit, kind };
-            ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
-        }
-        let mut family = encoder.encode_descriptor(
-            "fairness_in_flight",
-            "Requests in flight per member cluster while spec.fairness is on, by kind (short or long-running)",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (cluster, short, long) in self.0.in_flight() {
-            for (kind, n) in [("short", short), ("long", long)] {
-                let labels = InFlightLabels {
-                    cluster: cluster.clone(),
-                    kind,
-                };
-                ConstGauge::new(i64::from(n)).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        Ok(())
     }
 }
 

@@ -9,7 +9,7 @@
 //! (the member's bytes written as they came, the response head and the first bytes in one
 //! write), and the gateway's own responses chunked (or, to an HTTP/1.0 client, delimited by the
 //! close). Generic over the stream type, so the same code serves TLS and plaintext sockets.
-//! Called by `tls` and `server::shard` for each accepted connection.
+//! Called by `server::shard` for each accepted connection (plaintext, or TLS without h2).
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -33,12 +33,13 @@ use crate::exchange::splice::splice;
 use crate::exchange::{
     self, Answer, Failure, MemberConn, RequestBody, BODY_STALL_TIMEOUT, READ_CHUNK,
 };
+use crate::handle::ShardContext;
 use crate::handle::{
     self, BodyLimit, ClientHead, ClientIdentity, Connection, Exchange, Handled, Next, Protocol,
     Relay, ReplyKind, Session, Start, Upgrade,
 };
 use crate::observe::audit::AuditRequest;
-use crate::runtime::{self, clock, Deadline, First, ShardContext};
+use crate::runtime::{self, clock, Deadline, First};
 
 /// Requests served on one connection between two yields to the shard's other connections.
 const YIELD_EVERY_REQUESTS: u32 = 32;
@@ -85,8 +86,8 @@ pub async fn serve_http1<S>(
         if served.is_multiple_of(YIELD_EVERY_REQUESTS) {
             runtime::yield_now().await;
         }
-        let limits = ctx.table.load().gateway().limits;
-        match read_request_head(&mut down, &mut head, limits, &ctx.drain).await {
+        let limits = ctx.exchange.table.load().gateway().limits;
+        match read_request_head(&mut down, &mut head, limits, &ctx.exchange.drain).await {
             Ok(true) => {}
             Ok(false) => break,
             Err(err) => {
@@ -310,7 +311,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session for Request<'_, '_, S> {
         let response = &self.down.response;
         if how.upgrade && response.code == 101 {
             debug!(
-                shard = ctx.shard,
+                shard = ctx.exchange.shard,
                 cluster,
                 protocol = %String::from_utf8_lossy(response.value(b"upgrade").unwrap_or_default()),
                 head_us = how.started.elapsed().as_micros() as u64,
@@ -325,7 +326,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session for Request<'_, '_, S> {
         self.client_close = wants_close(head)
             || answer.body == BodyKind::CloseDelimited
             || how.upgrade
-            || ctx.drain.is_draining();
+            || ctx.exchange.drain.is_draining();
         self.down.out.clear();
         write_response_head(&mut self.down.out, response, self.client_close);
         Ok(())
@@ -352,7 +353,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session for Request<'_, '_, S> {
         };
         let pace = exchange::pace(how.long_running, &how.limits);
         let complete = relay(&mut answer, &mut sink, pace).await?;
-        exchange::finish(ctx, answer, complete);
+        exchange::finish(&ctx.exchange, answer, complete);
         Ok(if self.client_close {
             Next::Close
         } else {
@@ -815,7 +816,7 @@ where
     down.out.clear();
     write_switching_head(&mut down.out, &down.response);
     write_now(down.io, &down.out).await?;
-    let _upgraded = ctx.shard_metrics.upgraded_stream_opened();
+    let _upgraded = ctx.exchange.shard_metrics.upgraded_stream_opened();
     // Bytes the client sent past its head, and the member past its 101, go first.
     let client_pending = std::mem::take(&mut down.buf);
     let member_pending = std::mem::take(&mut answer.conn.buf);

@@ -1,26 +1,26 @@
-//! What every station of a request on one shard stands on: the shard's context (`context`: table
-//! snapshot, upstream pool, metric cells, budgets), the drain (`shutdown`), the per-shard table
-//! copy (`snapshot`), test fault injection (`faults`), the coarse clock deadlines are set from
-//! (`clock`), one timer per connection or stream for all its phases (`deadline`), and the few
-//! runtime services the protocol
-//! code needs, behind runtime-neutral names: a timeout (and one armed only when the work does not
-//! finish at once), a race of two futures, a yield and spawning a local task that catches its own
-//! panic. Today they run on monoio's timer; swapping the runtime means changing this module,
-//! `server::shard`, `server::listener` and `upstream::connect`, not the codec, the front-ends or
-//! the exchange.
+//! The runtime shim: what a shard runs on, behind runtime-neutral names, and nothing of any
+//! station (it imports none; only `observe`'s panic counter). The services every station awaits:
+//! a timeout (and one armed only when the work does not finish at once), a race of two futures,
+//! a yield, a sleep and spawning a local task that catches its own panic; the coarse clock
+//! deadlines are set from (`clock`) and one timer per connection or stream for all its phases
+//! (`deadline`). Beside them, the shard-local primitives below every station: the drain
+//! (`shutdown`), the per-shard copy of the routing table (`snapshot`), each shard's inbox for
+//! messages from other threads (`inbox`) and test fault injection (`faults`). Today the services
+//! run on monoio's timer; swapping the runtime means changing this module, `server::shard`,
+//! `server::listener` and `upstream::connect`, not the codec, the front-ends or the stations.
+//! The shard's context (what its connections share) is not here: the stations each define their
+//! part, `handle::ShardContext` composes them and `server::shard` builds it.
 //!
-//! Called by the server, the front-ends, the exchange and `tls`. The services must only be used
-//! on a shard thread (monoio's timer is per-runtime).
+//! Called by the server, the front-ends, the pipeline, the stations below it and `tls`. The
+//! services must only be used on a shard thread (monoio's timer is per-runtime).
 
 pub mod clock;
-pub mod context;
 pub mod deadline;
 pub mod faults;
 pub mod inbox;
 pub mod shutdown;
 pub mod snapshot;
 
-pub use context::ShardContext;
 pub use deadline::Deadline;
 
 use std::future::Future;

@@ -2,16 +2,19 @@
 //! listener, and returns once every shard accepts ([`start`]). The folder holds what a connection
 //! meets before any HTTP: `listener` (SO_REUSEPORT sockets, never shared with another process),
 //! `shard` (one monoio runtime per core, its accept loops), `supervise` (a shard that dies is
-//! noticed and restarted) and `admin` (health and metrics). What the shards' connections stand on
-//! (context, drain, timeouts) is `runtime`. The `serve` and `demo` commands (`cli`) and the tests
-//! call [`start`]; nothing here parses HTTP.
+//! noticed and restarted) and `admin` (health and metrics). It is the composition root: it makes
+//! admission's counters and the metrics registry, builds each shard's context
+//! (`handle::ShardContext`, from the exchange's and the shared watches' parts) and hands a TLS
+//! connection to the front-end ALPN chose. What the shards run on (drain, timeouts) is
+//! `runtime`. The `serve` and `demo` commands (`cli`) and the tests call [`start`]; nothing here
+//! parses HTTP.
 
 pub mod admin;
 pub mod listener;
 pub mod shard;
 pub mod supervise;
 
-pub use crate::runtime::ShardContext;
+pub use crate::handle::ShardContext;
 pub use shard::Driver;
 
 use std::net::SocketAddr;
@@ -91,7 +94,7 @@ pub fn start_with_reload(
     reload: Option<Arc<ReloadStatus>>,
 ) -> anyhow::Result<RunningGateway> {
     crate::runtime::faults::init_from_env();
-    let descriptors = crate::exchange::budget::raise_descriptor_limit();
+    let descriptors = crate::upstream::budget::raise_descriptor_limit();
     info!(descriptors, "open-files limit");
     let gateway = table.load().gateway().clone();
     let workers = match options.workers.filter(|w| *w > 0) {
@@ -99,7 +102,11 @@ pub fn start_with_reload(
         None if gateway.workers > 0 => gateway.workers,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let metrics = Metrics::new();
+    // Admission owns its counters; the registry reads them at scrape time.
+    let admission = Arc::new(crate::admit::Admission::default());
+    let metrics = Metrics::with_collectors(vec![Box::new(
+        crate::admit::metrics::FairnessCollector(admission.clone()),
+    )]);
     let mut bound = Vec::new();
     let mut per_shard: Vec<Vec<ShardListener>> = (0..workers).map(|_| Vec::new()).collect();
     let mut specs = Vec::new();
@@ -183,7 +190,8 @@ pub fn start_with_reload(
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
         audit: audit.clone(),
-        sockets: crate::exchange::budget::Sockets::new(workers),
+        sockets: crate::upstream::budget::Sockets::new(workers),
+        admission,
         workers,
     };
     let mut shards = Vec::with_capacity(workers);

@@ -4,8 +4,10 @@
 //! A shard owns its upstream pool and shares only the routing table (an `ArcSwap`), the
 //! metrics atomics and the shutdown state (`runtime::shutdown`) with the others. When the drain begins, each
 //! accept loop stops and drops its listening socket; the connections already accepted finish on
-//! their own (see `runtime::shutdown`). This module and `upstream::connect` are where monoio's types
-//! live; nothing here parses HTTP. Called by `serve`.
+//! their own (see `runtime::shutdown`). Each shard builds its context here (`handle::ShardContext`
+//! over the exchange's and the shared watches' parts), and each TLS connection goes, once `tls`
+//! has run its handshake, to the front-end ALPN chose. This module and `upstream::connect` are
+//! where monoio's types live; nothing here parses HTTP. Called by `server::start`.
 
 use std::future::Future;
 use std::io;
@@ -21,11 +23,36 @@ use monoio::io::IntoPollIo;
 use tracing::{debug, error, warn};
 
 use crate::auth::ClientIdentity;
+use crate::exchange::ShardExchange;
+use crate::handle::ShardContext;
 use crate::observe::metrics::Metrics;
 use crate::protocol::h1::serve_http1;
 use crate::runtime::shutdown::Shutdown;
-use crate::runtime::ShardContext;
 use crate::upstream::ShardPool;
+use crate::watch::ShardWatches;
+
+/// Runs the TLS handshake on an accepted socket (`tls`) and hands the stream to the front-end
+/// ALPN chose: h2 when the client chose it, HTTP/1.1 otherwise (also without ALPN).
+async fn serve_tls<S>(
+    ctx: Rc<ShardContext>,
+    acceptor: tokio_rustls::TlsAcceptor,
+    tcp: S,
+    peer: std::net::SocketAddr,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+{
+    let Some(accepted) = crate::tls::accept(acceptor, tcp, peer).await else {
+        return;
+    };
+    let (mut stream, identity) = (accepted.stream, accepted.identity);
+    // The h2 connection's future is boxed: it is twice the size of HTTP/1.1's, and this future
+    // (every TLS connection's, for its whole life) would otherwise be as large as the larger.
+    if accepted.h2 {
+        Box::pin(crate::protocol::h2::serve_h2(ctx, stream, peer, identity)).await;
+    } else {
+        serve_http1(ctx, &mut stream, peer, &identity).await;
+    }
+}
 
 /// Which monoio driver the shards run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -77,14 +104,16 @@ fn block_on_driver<F: Future<Output = ()>>(driver: Driver, future: F) -> io::Res
 }
 
 /// What every shard shares: the routing table, the metrics registry, the drain, the audit log,
-/// the socket budget, and how many shards there are.
+/// the socket budget, admission's counters, and how many shards there are.
 #[derive(Clone)]
 pub struct SharedState {
     pub table: SharedTable,
     pub metrics: Arc<Metrics>,
     pub shutdown: Arc<Shutdown>,
     pub audit: Option<crate::observe::audit::AuditLog>,
-    pub sockets: Arc<crate::exchange::budget::Sockets>,
+    pub sockets: Arc<crate::upstream::budget::Sockets>,
+    /// Admission's counters (`admit`), shared by every shard.
+    pub admission: Arc<crate::admit::Admission>,
     pub workers: usize,
 }
 
@@ -115,6 +144,7 @@ pub fn spawn_shard(
         shutdown,
         audit,
         sockets,
+        admission,
         workers,
     } = shared;
     let shard_metrics = metrics.shard();
@@ -128,21 +158,30 @@ pub fn spawn_shard(
         .spawn(move || {
             let report = started.clone();
             let result = block_on_driver(driver, async move {
-                let ctx = Rc::new_cyclic(|me| ShardContext {
+                let exchange = Rc::new_cyclic(|me| ShardExchange {
                     shard: index,
                     table: crate::runtime::snapshot::ShardTable::new(table),
                     pool: ShardPool::new(POOL_MAX_IDLE, POOL_IDLE_TIMEOUT),
                     shard_metrics,
-                    metrics,
-                    shutdown,
                     drain: Default::default(),
-                    audit,
                     sockets,
-                    client_holds: crate::exchange::budget::ClientHolds::default(),
+                    client_holds: crate::upstream::budget::ClientHolds::default(),
                     workers,
                     me: me.clone(),
+                });
+                let watches = Rc::new_cyclic(|me| ShardWatches {
+                    exchange: Rc::clone(&exchange),
                     shared_watches: Default::default(),
                     watch_reviews: Default::default(),
+                    me: me.clone(),
+                });
+                let ctx = Rc::new(ShardContext {
+                    exchange,
+                    watches,
+                    metrics,
+                    admission,
+                    shutdown,
+                    audit,
                 });
                 // Pull-mode agents the tunnel thread hands to this shard (`tunnel::handoff`).
                 monoio::spawn(crate::tunnel::handoff::receive(
@@ -150,13 +189,13 @@ pub fn spawn_shard(
                 ));
                 // Feeds of shared watches other shards ask of this one (`watch::across`).
                 monoio::spawn(crate::watch::across::receive(
-                    ctx.clone(),
+                    Rc::clone(&ctx.watches),
                     crate::watch::across::register(index),
                 ));
                 let drain_watch = ctx.clone();
                 monoio::spawn(async move {
                     drain_watch.shutdown.drain_started().await;
-                    drain_watch.drain.begin();
+                    drain_watch.exchange.drain.begin();
                 });
                 for listener in listeners {
                     let opened = listener.socket.try_clone().and_then(|stop| {
@@ -201,12 +240,12 @@ async fn accept_loop(
     tls: Option<crate::tls::reload::LiveServerConfig>,
 ) {
     // Pinned once: the wait for the drain lives as long as the loop, not one accept.
-    let mut drain_started = std::pin::pin!(ctx.drain.started());
+    let mut drain_started = std::pin::pin!(ctx.exchange.drain.started());
     loop {
         let accepted = match crate::runtime::race(listener.accept(), drain_started.as_mut()).await {
             crate::runtime::First::Left(accepted) => accepted,
             crate::runtime::First::Right(()) => {
-                debug!(shard = ctx.shard, listener = %name, "draining: no longer accepting");
+                debug!(shard = ctx.exchange.shard, listener = %name, "draining: no longer accepting");
                 // The supervisor holds a duplicate of this socket, so dropping ours would leave it
                 // listening with nobody accepting. Shutting it down takes it out of the
                 // SO_REUSEPORT group for every holder: new connections are refused.
@@ -218,7 +257,7 @@ async fn accept_loop(
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors and the like: keep accepting after a pause.
-                error!(shard = ctx.shard, listener = %name, error = %e, "accept failed");
+                error!(shard = ctx.exchange.shard, listener = %name, error = %e, "accept failed");
                 crate::runtime::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -226,13 +265,11 @@ async fn accept_loop(
         // `spec.fairness.perAddressConnections`: an address over it has its new connection
         // closed now, before a TLS handshake is spent on it.
         let counted = {
-            let table = ctx.table.load();
-            ctx.metrics
-                .admission
-                .connect(&table.gateway().fairness, peer.ip())
+            let table = ctx.exchange.table.load();
+            ctx.admission.connect(&table.gateway().fairness, peer.ip())
         };
         let Some(counted) = counted else {
-            debug!(shard = ctx.shard, listener = %name, "connection refused: its address has perAddressConnections open");
+            debug!(shard = ctx.exchange.shard, listener = %name, "connection refused: its address has perAddressConnections open");
             drop(tcp);
             continue;
         };
@@ -254,17 +291,17 @@ async fn accept_loop(
                 let acceptor = tokio_rustls::TlsAcceptor::from(live.load_full());
                 crate::runtime::spawn(async move {
                     let _counted = counted;
-                    let _connected = ctx.shard_metrics.client_connected();
-                    let _socket = ctx.sockets.hold(ctx.shard);
+                    let _connected = ctx.exchange.shard_metrics.client_connected();
+                    let _socket = ctx.exchange.sockets.hold(ctx.exchange.shard);
                     let _open = ctx.shutdown.connection_opened();
-                    crate::tls::dispatch(ctx.clone(), acceptor, tcp, peer).await;
+                    serve_tls(ctx.clone(), acceptor, tcp, peer).await;
                 });
             }
             None => {
                 crate::runtime::spawn(async move {
                     let _counted = counted;
-                    let _connected = ctx.shard_metrics.client_connected();
-                    let _socket = ctx.sockets.hold(ctx.shard);
+                    let _connected = ctx.exchange.shard_metrics.client_connected();
+                    let _socket = ctx.exchange.sockets.hold(ctx.exchange.shard);
                     let _open = ctx.shutdown.connection_opened();
                     let mut tcp = tcp;
                     let anonymous = ClientIdentity::anonymous();

@@ -5,9 +5,10 @@
 //!
 //! The handshake runs with tokio-rustls on the readiness-based (`poll-io`) socket `shard` hands
 //! over (any `AsyncRead + AsyncWrite` stream; this module names no runtime type), so the
-//! same accepted stream can go to the HTTP/1.1 driver now and to the `h2` crate when ALPN says
-//! `h2` (issue 4): [`dispatch`] is that branch point. Never does HTTP itself. Called by `shard`
-//! for every connection accepted on a TLS listener. The configuration itself is rebuilt when the
+//! accepted stream goes to the HTTP/1.1 front-end or, when ALPN says `h2`, to the h2 one:
+//! [`accept`] says which, and `server::shard` (the composition root) makes that branch. Never does
+//! HTTP itself and imports no front-end. Called by `server::shard` for every connection accepted
+//! on a TLS listener. The configuration itself is rebuilt when the
 //! certificate, key or client CA change (`reload`): each accept loads the current one.
 //!
 //! A client certificate refused in the handshake (not signed by the client CA, expired, not for
@@ -19,7 +20,6 @@
 pub mod reload;
 
 use std::net::SocketAddr;
-use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,8 +32,6 @@ use rustls::{RootCertStore, ServerConfig};
 use tracing::{debug, info};
 
 use crate::auth::ClientIdentity;
-use crate::protocol::h1::serve_http1;
-use crate::runtime::ShardContext;
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -138,27 +136,36 @@ fn build_server_config(
     Ok(Arc::new(config))
 }
 
-/// Runs the handshake on an accepted socket and hands the stream to the protocol ALPN chose.
-pub async fn dispatch<S>(
-    ctx: Rc<ShardContext>,
+/// A finished handshake: the stream, the identity its client certificate gives (empty without
+/// one), and whether the client chose h2 by ALPN.
+pub struct Accepted<S> {
+    pub stream: tokio_rustls::server::TlsStream<S>,
+    pub identity: ClientIdentity,
+    pub h2: bool,
+}
+
+/// Runs the handshake on an accepted socket: `None` (logged) when it fails, times out or the
+/// certificate gives no identity.
+pub async fn accept<S>(
     acceptor: tokio_rustls::TlsAcceptor,
     tcp: S,
     peer: SocketAddr,
-) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+) -> Option<Accepted<S>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let mut tls = match crate::runtime::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+    let tls = match crate::runtime::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(error)) => {
             match refused_client_certificate(&error) {
                 Some(reason) => info!(%peer, reason, "client certificate refused"),
                 None => debug!(%peer, %error, "TLS handshake failed"),
             }
-            return;
+            return None;
         }
         Err(_) => {
             debug!(%peer, "TLS handshake timed out");
-            return;
+            return None;
         }
     };
     let (_, session) = tls.get_ref();
@@ -169,19 +176,17 @@ pub async fn dispatch<S>(
             Ok(identity) => identity,
             Err(error) => {
                 info!(%peer, reason = %error, "client certificate refused: it gives no identity");
-                return;
+                return None;
             }
         },
         None => ClientIdentity::default(),
     };
-    // The protocol branch: h2 when the client chose it, HTTP/1.1 otherwise (also without ALPN).
-    // The h2 connection's future is boxed: it is twice the size of HTTP/1.1's, and this future
-    // (every TLS connection's, for its whole life) would otherwise be as large as the larger.
-    if session.alpn_protocol() == Some(b"h2") {
-        Box::pin(crate::protocol::h2::serve_h2(ctx, tls, peer, identity)).await;
-    } else {
-        serve_http1(ctx, &mut tls, peer, &identity).await;
-    }
+    let h2 = session.alpn_protocol() == Some(b"h2");
+    Some(Accepted {
+        stream: tls,
+        identity,
+        h2,
+    })
 }
 
 /// Why the handshake refused the client's certificate, in words, when that is why it failed

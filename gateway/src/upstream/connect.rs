@@ -132,8 +132,8 @@ pub struct UpstreamConn {
     /// Whether it has carried a request before (a failure on a reused connection may be the
     /// member closing an idle connection, and is retried once on a fresh one).
     pub reused: bool,
-    /// Its file descriptor, counted against the process's budget (`exchange::budget`).
-    pub socket: Option<crate::exchange::budget::SocketHeld>,
+    /// Its file descriptor, counted against the process's budget (`upstream::budget`).
+    pub socket: Option<crate::upstream::budget::SocketHeld>,
     _open: UpstreamGuard,
 }
 

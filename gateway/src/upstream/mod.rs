@@ -7,8 +7,10 @@
 //! never decides routes: the connection driver (`proxy`) asks it for a connection to a
 //! [`ClusterRoute`] and gives it back only after a clean, complete response. New connections to
 //! one endpoint are dialed a few at a time per shard, requests beyond that waiting in line
-//! (`dials`), so a flood of requests is never a flood of dials.
+//! (`dials`), so a flood of requests is never a flood of dials. It also keeps the socket budget
+//! (`budget`): the descriptors every socket takes and the member connections each client holds.
 
+pub mod budget;
 mod connect;
 mod dials;
 mod pool;

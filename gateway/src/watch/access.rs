@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::ShardWatches;
 use super::{Caller, HubKey, OwnRequests};
 use crate::auth::ClientIdentity;
 use crate::member::ask::{post, Asked};
 use crate::request::Proxied;
-use crate::runtime::ShardContext;
 
 /// How long a review's answer is trusted.
 pub const TTL: Duration = Duration::from_secs(10);
@@ -70,7 +70,7 @@ fn cache_key(route: u64, who: &ClientIdentity, key: &HubKey) -> String {
 
 /// Whether the member lets the request's user watch `key`'s resource in its scope.
 pub(crate) async fn may_watch(
-    ctx: &ShardContext,
+    ctx: &ShardWatches,
     proxied: &Proxied<'_>,
     key: &HubKey,
     caller: Caller,
@@ -106,7 +106,7 @@ pub(crate) async fn may_watch(
         verb: "create",
     };
     let answer = post(
-        ctx,
+        &ctx.exchange,
         &asked,
         &body,
         &request,

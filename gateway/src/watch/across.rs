@@ -24,9 +24,10 @@ use fleetgate_config_watcher::ClusterRoute;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use super::hub::{Phase, Update};
+use super::ShardWatches;
 use super::{Caller, HubKey};
 use crate::runtime::inbox::Inboxes;
-use crate::runtime::{self, First, ShardContext};
+use crate::runtime::{self, First};
 
 /// A mirror's request for a feed of `key`.
 pub struct Subscribe {
@@ -80,7 +81,7 @@ pub fn subscribe(
 }
 
 /// A shard's inbox: each feed asked of it served by a task of its own.
-pub async fn receive(ctx: Rc<ShardContext>, mut inbox: UnboundedReceiver<Subscribe>) {
+pub async fn receive(ctx: Rc<ShardWatches>, mut inbox: UnboundedReceiver<Subscribe>) {
     while let Some(asked) = inbox.recv().await {
         runtime::spawn(serve_feed(Rc::clone(&ctx), asked));
     }
@@ -88,7 +89,7 @@ pub async fn receive(ctx: Rc<ShardContext>, mut inbox: UnboundedReceiver<Subscri
 
 /// Feeds one mirror from this shard's hub for its key (started if there is none) until either
 /// ends.
-async fn serve_feed(ctx: Rc<ShardContext>, asked: Subscribe) {
+async fn serve_feed(ctx: Rc<ShardWatches>, asked: Subscribe) {
     let Subscribe {
         key,
         cluster,

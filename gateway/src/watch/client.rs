@@ -19,11 +19,12 @@ use bytes::Bytes;
 use serde_json::json;
 
 use super::hub::{Backfill, Event, History, Hub, Joined, Kind, Phase};
+use super::ShardWatches;
 use super::{Caller, Plan, Served, Start};
 use crate::exchange::Failure;
 use crate::fleet::FleetClient;
 use crate::observe::metrics::GaugeGuard;
-use crate::runtime::{self, First, ShardContext};
+use crate::runtime::{self, First};
 
 /// How long before the client's deadline its last bookmark goes (as the apiserver does).
 const BOOKMARK_BEFORE_DEADLINE: Duration = Duration::from_secs(2);
@@ -32,14 +33,14 @@ const BOOKMARK_BEFORE_DEADLINE: Duration = Duration::from_secs(2);
 /// starts, backfilling or catching up from the member when that is older than the hub's list):
 /// what follows it from there, or how the watch ended before it began.
 pub(super) async fn position(
-    ctx: &ShardContext,
+    ctx: &ShardWatches,
     hub: Rc<Hub>,
     plan: Plan,
     caller: Caller,
     client: &mut impl FleetClient,
 ) -> Served {
     let joined = hub.join();
-    let counted = ctx.shard_metrics.shared_watch_client();
+    let counted = ctx.exchange.shard_metrics.shared_watch_client();
     // Wait for the hub's first list.
     loop {
         let seen = hub.signal.epoch();
@@ -170,7 +171,7 @@ impl Follower {
     /// watch ends.
     pub(crate) async fn run(
         &mut self,
-        ctx: &ShardContext,
+        ctx: &ShardWatches,
         client: &mut impl FleetClient,
     ) -> Result<(), Failure> {
         client.head("application/json", &[]).await?;
@@ -244,7 +245,7 @@ impl Cursor {
 
     async fn run(
         &mut self,
-        ctx: &ShardContext,
+        ctx: &ShardWatches,
         hub: &Rc<Hub>,
         client: &mut impl FleetClient,
     ) -> Result<(), Failure> {
@@ -262,7 +263,7 @@ impl Cursor {
                 }
                 _ => Box::pin(std::future::pending()),
             };
-        let mut drain = std::pin::pin!(ctx.drain.started());
+        let mut drain = std::pin::pin!(ctx.exchange.drain.started());
         loop {
             if let Some(event) = self.pending.pop() {
                 let line = self.line(hub, &event, self.pending_as.unwrap_or(event.kind));

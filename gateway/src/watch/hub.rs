@@ -46,6 +46,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{debug, info, warn};
 
 use super::selector::Labels;
+use super::ShardWatches;
 use super::{Caller, Form, HubKey, NoFields, OwnRequests, TABLE_ACCEPT};
 use crate::auth::Decided;
 use crate::exchange::lines::{LineSink, Lines};
@@ -55,7 +56,7 @@ use crate::fleet::ClientRequest;
 use crate::member::ask::{self, Ask, Asked, Missed, To};
 use crate::member::backoff::Backoff;
 use crate::member::watcher::{self, AfterExpiry, Fault, ShardClock, Start};
-use crate::runtime::{self, First, ShardContext};
+use crate::runtime::{self, First};
 
 /// How long a hub without clients keeps its member watch.
 pub const IDLE_FOR: Duration = Duration::from_secs(30);
@@ -363,14 +364,14 @@ impl Hub {
     /// A hub for `key` on `cluster`, its member watch started as a task of the shard; or, with
     /// `fed`, a hub fed by the key's home shard instead (`super::across`).
     pub fn start(
-        shard: Rc<ShardContext>,
+        shard: Rc<ShardWatches>,
         cluster: Arc<ClusterRoute>,
         key: HubKey,
         caller: Caller,
         fed: Option<UnboundedReceiver<Update>>,
         from: Option<u64>,
     ) -> Rc<Hub> {
-        let table = shard.table.load();
+        let table = shard.exchange.table.load();
         let (ring_size, lag_limit) = table
             .gateway()
             .shared_watches
@@ -405,11 +406,11 @@ impl Hub {
         runtime::spawn(async move {
             let phase = match fed {
                 Some(updates) => {
-                    let _fed = shard.shard_metrics.shared_watch_fed();
+                    let _fed = shard.exchange.shard_metrics.shared_watch_fed();
                     running.mirror(&shard, updates).await
                 }
                 None => {
-                    let _open = shard.shard_metrics.shared_watch_opened();
+                    let _open = shard.exchange.shard_metrics.shared_watch_opened();
                     running.run(&shard, caller).await
                 }
             };
@@ -471,7 +472,7 @@ impl Hub {
     }
 
     /// Lists, then watches (`member::watcher`), until the hub ends; how it ended.
-    async fn run(&self, shard: &ShardContext, caller: Caller) -> Phase {
+    async fn run(&self, shard: &ShardWatches, caller: Caller) -> Phase {
         let own = OwnRequests::new();
         let request = own.request(caller);
         let gateway_itself = gateway_itself();
@@ -496,7 +497,7 @@ impl Hub {
             &mut backoff,
         );
         let retired = self.cluster.retirement.listen();
-        let outside = runtime::race(retired, shard.drain.started());
+        let outside = runtime::race(retired, shard.exchange.drain.started());
         let (cluster, resource) = (&self.key.cluster, &self.key.resource);
         match runtime::race(runtime::race(watching, self.idle()), outside).await {
             First::Left(First::Left(ended)) => match ended {
@@ -707,7 +708,7 @@ impl Hub {
     /// follows the hub instead of a member watch of its own. The events carry no labels-before
     /// (as replayed ones). Fails when the ring no longer holds everything since the start, or
     /// would outgrow its size.
-    pub async fn backfill(&self, shard: &ShardContext, caller: Caller, from: u64) -> Backfill {
+    pub async fn backfill(&self, shard: &ShardWatches, caller: Caller, from: u64) -> Backfill {
         let running = Backfilling::mark(self);
         let until = self.state.borrow().start_rv;
         let outcome = match self.history(shard, caller, from, "", until).await {
@@ -726,7 +727,7 @@ impl Hub {
     /// that lets none through). Bookmarks are left out; at most `ring_size` events are kept.
     pub async fn history(
         &self,
-        shard: &ShardContext,
+        shard: &ShardWatches,
         caller: Caller,
         from: u64,
         selectors: &str,
@@ -749,7 +750,7 @@ impl Hub {
             .open_watch(shard, &request, &gateway_itself, &query)
             .await
         {
-            Ok(answer) => ask::stream(shard, answer, &mut lines).await,
+            Ok(answer) => ask::stream(&shard.exchange, answer, &mut lines).await,
             Err(missed) => Err(missed),
         };
         let history = lines.sink;
@@ -812,7 +813,7 @@ impl Hub {
     /// Opens a member watch of the hub's collection with `query`, as the gateway itself.
     async fn open_watch(
         &self,
-        shard: &ShardContext,
+        shard: &ShardWatches,
         request: &ClientRequest<'_, NoFields>,
         identity: &Decided,
         query: &str,
@@ -830,7 +831,7 @@ impl Hub {
         };
         Ask::get(&asked)
             .accept(self.accept())
-            .open_watch(shard, &to)
+            .open_watch(&shard.exchange, &to)
             .await
     }
 
@@ -944,9 +945,9 @@ impl Hub {
     /// A mirror's life: the home's snapshot, then its events into this hub's ring, until the
     /// home ends the feed (its phase), or this hub ends (no clients, the route retired, the
     /// shard drains).
-    async fn mirror(&self, shard: &ShardContext, mut updates: UnboundedReceiver<Update>) -> Phase {
+    async fn mirror(&self, shard: &ShardWatches, mut updates: UnboundedReceiver<Update>) -> Phase {
         let retired = self.cluster.retirement.listen();
-        let mut outside = std::pin::pin!(runtime::race(retired, shard.drain.started()));
+        let mut outside = std::pin::pin!(runtime::race(retired, shard.exchange.drain.started()));
         let mut idle = std::pin::pin!(self.idle());
         loop {
             let first = match runtime::race(
@@ -1114,7 +1115,7 @@ impl watcher::Handler for Feed<'_> {
 
 /// The hub's member: its own list and watches of the collection, as the gateway itself.
 struct HubMember<'a> {
-    shard: &'a ShardContext,
+    shard: &'a ShardWatches,
     to: To<'a, ClientRequest<'a, NoFields>>,
     path: &'a str,
     accept: &'static [u8],
@@ -1131,7 +1132,7 @@ impl watcher::Member for HubMember<'_> {
         };
         Ask::get(&asked)
             .accept(self.accept)
-            .read(self.shard, &self.to)
+            .read(&self.shard.exchange, &self.to)
             .await
     }
 
@@ -1144,12 +1145,12 @@ impl watcher::Member for HubMember<'_> {
         };
         Ask::get(&asked)
             .accept(self.accept)
-            .open_watch(self.shard, &self.to)
+            .open_watch(&self.shard.exchange, &self.to)
             .await
     }
 
     async fn stream(&mut self, answer: Answer, body: &mut impl ResponseSink) -> Result<(), Missed> {
-        ask::stream(self.shard, answer, body).await
+        ask::stream(&self.shard.exchange, answer, body).await
     }
 
     fn retired(&self) -> bool {

@@ -39,9 +39,9 @@ use fleetgate_config_watcher::request_info::{self, KubeVerb};
 use fleetgate_config_watcher::{ClusterRoute, Limits, RouteTable, SharedWatchScope};
 
 use crate::exchange::Failure;
+use crate::exchange::ShardExchange;
 use crate::fleet::FleetClient;
 use crate::request::{Peer, Proxied};
-use crate::runtime::ShardContext;
 pub(crate) use client::Follower;
 use selector::{FieldSelector, LabelSelector};
 
@@ -298,7 +298,7 @@ pub(crate) enum Served {
 
 /// Admits a planned shared watch and positions it in its hub, or says it must be proxied.
 pub(crate) async fn serve(
-    ctx: &ShardContext,
+    ctx: &ShardWatches,
     proxied: &Proxied<'_>,
     plan: Plan,
     caller: Caller,
@@ -320,6 +320,20 @@ pub(crate) async fn serve(
         return Served::Proxy;
     };
     client::position(ctx, hub, plan, caller, client).await
+}
+
+/// The shared watches' part of the shard context: the shard's hubs and the members' answers on
+/// who may watch what, over the exchange's part. Built by `server::shard`; a hub's member watch
+/// holds it (an `Rc`) for as long as the hub runs.
+pub struct ShardWatches {
+    /// What the shard's requests to members share.
+    pub exchange: Rc<ShardExchange>,
+    /// The shard's shared watches, by key.
+    pub shared_watches: SharedWatches,
+    /// The members' answers on who may watch what (`access`), for a short while.
+    pub watch_reviews: access::ReviewCache,
+    /// This part itself, for the hubs a request starts (they outlive it).
+    pub me: std::rc::Weak<ShardWatches>,
 }
 
 /// The shard's hubs, by key.
@@ -346,7 +360,7 @@ impl SharedWatches {
 /// resourceVersion its first client starts after, when that is older than the hub's list); None
 /// when it failed recently (its member refused the gateway's own list, say).
 fn hub_for(
-    ctx: &ShardContext,
+    ctx: &ShardWatches,
     cluster: &Arc<ClusterRoute>,
     key: &HubKey,
     caller: Caller,
@@ -358,6 +372,7 @@ fn hub_for(
     let shard = ctx.me.upgrade()?;
     // Per gateway, a key's hub on another shard than its home is fed by the home's.
     let scope = ctx
+        .exchange
         .table
         .load()
         .gateway()
@@ -366,8 +381,8 @@ fn hub_for(
         .map(|s| s.scope);
     let fed = match scope {
         Some(SharedWatchScope::Gateway) => {
-            let home = across::home(key, ctx.workers);
-            (home != ctx.shard)
+            let home = across::home(key, ctx.exchange.workers);
+            (home != ctx.exchange.shard)
                 .then(|| across::subscribe(home, key, cluster, caller, from))
                 .flatten()
         }

@@ -18,7 +18,7 @@
 //! client may open at once and the idle timeout, read when the connection starts: a connection
 //! with no open stream for that long, or any connection when the gateway drains, gets
 //! GOAWAY(NO_ERROR) (graceful: open streams finish, new ones are refused) and closes. Called by
-//! `tls::dispatch` when ALPN says `h2`.
+//! `server::shard` when ALPN says `h2`.
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
@@ -43,12 +43,13 @@ use crate::exchange::reply::{warning_value, Reply};
 use crate::exchange::{
     self, Failure, MemberConn, RequestBody, BODY_STALL_TIMEOUT, IDLE_STREAM_BUFFER, READ_CHUNK,
 };
+use crate::handle::ShardContext;
 use crate::handle::{
     self, BodyLimit, ClientHead, ClientIdentity, Connection, Exchange, Following, Handled, Next,
     Protocol, Relay, ReplyKind, Session, Start, Upgrade,
 };
 use crate::observe::audit::AuditRequest;
-use crate::runtime::{self, Deadline, First, ShardContext};
+use crate::runtime::{self, Deadline, First};
 
 pub mod guard;
 mod lingering;
@@ -153,7 +154,7 @@ where
 {
     // Read once per connection: a reload that changes them applies to new connections.
     let (limits, settings) = {
-        let table = ctx.table.load();
+        let table = ctx.exchange.table.load();
         (table.gateway().limits, table.gateway().http2)
     };
     let builder = server_builder(&limits, &settings);
@@ -201,7 +202,11 @@ where
             }
         };
     // Pinned once: its timer and drain wait live as long as the connection, not one accept.
-    let mut go_away = std::pin::pin!(go_away_reason(&ctx.drain, &streams, settings.idle_timeout));
+    let mut go_away = std::pin::pin!(go_away_reason(
+        &ctx.exchange.drain,
+        &streams,
+        settings.idle_timeout
+    ));
     // Accepting also drives the connection (frames of every stream move only while it is polled).
     let reason = loop {
         let stop = runtime::race(go_away.as_mut(), flood.wait());
@@ -555,7 +560,7 @@ impl Session for Stream {
             .as_mut()
             .ok_or(Failure::Abort("relay before the response head"))?;
         if how.upgrade && self.response.code == 101 {
-            let _upgraded = ctx.shard_metrics.upgraded_stream_opened();
+            let _upgraded = ctx.exchange.shard_metrics.upgraded_stream_opened();
             debug!("h2 WebSocket switched; relaying");
             Box::pin(relay_tunnel(&mut answer.conn, &mut self.body, send)).await?;
             return Ok(Next::KeepAlive);
@@ -566,7 +571,7 @@ impl Session for Stream {
             let pace = exchange::pace(how.long_running, &how.limits);
             Box::pin(relay(&mut answer, &mut StreamSink { send }, pace)).await?
         };
-        exchange::finish(ctx, answer, complete);
+        exchange::finish(&ctx.exchange, answer, complete);
         Ok(Next::KeepAlive)
     }
 
