@@ -71,7 +71,7 @@ fn cluster_yaml(name: &str, server: &str, pki: &Pki, extra: &str) -> String {
 
 #[test]
 fn a_tunnel_cluster_needs_no_server_and_a_direct_one_does() {
-    let (dir, pki) = gateway_dir();
+    let (dir, _) = gateway_dir();
     put(dir.path(), "pulled.yaml", "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: pulled\nspec:\n  connectMode: Tunnel\n  credentials:\n    token: tok-pulled\n");
     let table = table_in(dir.path());
     let route = table.cluster("pulled").unwrap();
@@ -325,7 +325,7 @@ fn fleet_resources_and_karmada_resource_registries_resolve_against_the_clusters(
 fn shared_watches(
     block: &str,
 ) -> Result<Option<fleetgate_config_watcher::SharedWatchSettings>, String> {
-    let (dir, pki) = gateway_dir();
+    let (dir, _) = gateway_dir();
     let path = dir.path().join("gateway.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, format!("{text}{block}")).unwrap();
