@@ -44,6 +44,24 @@ fn write_gateway(dir: &Path, pki: &Pki) {
     .unwrap();
 }
 
+/// A temporary config directory holding a Gateway (`write_gateway`) and the PKI it names.
+fn gateway_dir() -> (tempfile::TempDir, Pki) {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    write_gateway(dir.path(), &pki);
+    (dir, pki)
+}
+
+/// Writes `text` to the file `name` in the config directory `dir`.
+fn put(dir: &Path, name: &str, text: impl AsRef<[u8]>) {
+    std::fs::write(dir.join(name), text).unwrap();
+}
+
+/// The route table of the config in `dir`; loading and building must both succeed.
+fn table_in(dir: &Path) -> RouteTable {
+    RouteTable::build(&load_path(dir).unwrap()).unwrap()
+}
+
 fn cluster_yaml(name: &str, server: &str, pki: &Pki, extra: &str) -> String {
     format!(
         "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\n  labels:\n    env: dev\nspec:\n  server: {server}\n  caData: |\n{}  credentials:\n    token: tok-{name}\n{extra}",
@@ -53,34 +71,21 @@ fn cluster_yaml(name: &str, server: &str, pki: &Pki, extra: &str) -> String {
 
 #[test]
 fn a_tunnel_cluster_needs_no_server_and_a_direct_one_does() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = pki();
-    write_gateway(dir.path(), &pki);
-    std::fs::write(
-        dir.path().join("pulled.yaml"),
-        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: pulled\nspec:\n  connectMode: Tunnel\n  credentials:\n    token: tok-pulled\n",
-    )
-    .unwrap();
-    let config = load_path(dir.path()).unwrap();
-    let table = RouteTable::build(&config).unwrap();
+    let (dir, _) = gateway_dir();
+    put(dir.path(), "pulled.yaml", "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: pulled\nspec:\n  connectMode: Tunnel\n  credentials:\n    token: tok-pulled\n");
+    let table = table_in(dir.path());
     let route = table.cluster("pulled").unwrap();
     assert_eq!(route.mode, fleetgate_config_watcher::ConnectMode::Tunnel);
     assert_eq!(route.upstream.path_prefix, "");
     assert!(route.tls_client.is_none());
-    std::fs::write(
-        dir.path().join("pulled.yaml"),
-        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: pulled\nspec:\n  credentials:\n    token: tok-pulled\n",
-    )
-    .unwrap();
+    put(dir.path(), "pulled.yaml", "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: pulled\nspec:\n  credentials:\n    token: tok-pulled\n");
     let err = load_path(dir.path()).unwrap_err().to_string();
     assert!(err.contains("spec.server"), "{err}");
 }
 
 #[test]
 fn a_tunnel_cluster_says_where_a_konnectivity_agent_dials_its_member() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = pki();
-    write_gateway(dir.path(), &pki);
+    let (dir, pki) = gateway_dir();
     let tunnel = |extra: &str| {
         format!(
             "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: pulled\nspec:\n  connectMode: Tunnel\n  caData: |\n{}  credentials:\n    token: tok\n{extra}",
@@ -88,24 +93,20 @@ fn a_tunnel_cluster_says_where_a_konnectivity_agent_dials_its_member() {
         )
     };
     // The default: the API server's service, with the Cluster's CA for the gateway's TLS.
-    std::fs::write(dir.path().join("pulled.yaml"), tunnel("")).unwrap();
-    let table = RouteTable::build(&load_path(dir.path()).unwrap()).unwrap();
-    let member = table
-        .cluster("pulled")
-        .unwrap()
-        .tunnel_member
-        .as_ref()
-        .unwrap();
+    put(dir.path(), "pulled.yaml", tunnel(""));
+    let table = table_in(dir.path());
+    let pulled = table.cluster("pulled").unwrap();
+    let member = pulled.tunnel_member.as_ref().unwrap();
     assert_eq!(member.address, "kubernetes.default.svc:443");
     assert!(member.tls_client.is_some());
     // Set, and changing it changes the route's id (pooled connections are not reused).
     let id = table.cluster("pulled").unwrap().id;
-    std::fs::write(
-        dir.path().join("pulled.yaml"),
+    put(
+        dir.path(),
+        "pulled.yaml",
         tunnel("  tunnel:\n    address: 10.96.0.1:443\n"),
-    )
-    .unwrap();
-    let table = RouteTable::build(&load_path(dir.path()).unwrap()).unwrap();
+    );
+    let table = table_in(dir.path());
     let route = table.cluster("pulled").unwrap();
     assert_eq!(
         route.tunnel_member.as_ref().unwrap().address,
@@ -123,31 +124,21 @@ fn a_tunnel_cluster_says_where_a_konnectivity_agent_dials_its_member() {
             "  tunnel:\n    address: a:443\n",
         ),
     ] {
-        std::fs::write(dir.path().join("pulled.yaml"), &bad).unwrap();
+        put(dir.path(), "pulled.yaml", &bad);
         let err = load_path(dir.path()).unwrap_err().to_string();
         assert!(err.contains("spec.tunnel.address"), "{err}");
     }
     // Without a CA the route has no TLS for konnectivity agents (the listener refuses them).
-    std::fs::write(
-        dir.path().join("pulled.yaml"),
-        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: pulled\nspec:\n  connectMode: Tunnel\n",
-    )
-    .unwrap();
-    let table = RouteTable::build(&load_path(dir.path()).unwrap()).unwrap();
-    let member = table
-        .cluster("pulled")
-        .unwrap()
-        .tunnel_member
-        .as_ref()
-        .unwrap();
+    put(dir.path(), "pulled.yaml", "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: pulled\nspec:\n  connectMode: Tunnel\n");
+    let table = table_in(dir.path());
+    let pulled = table.cluster("pulled").unwrap();
+    let member = pulled.tunnel_member.as_ref().unwrap();
     assert!(member.tls_client.is_none());
 }
 
 #[test]
 fn loads_a_directory_into_a_routing_table() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = pki();
-    write_gateway(dir.path(), &pki);
+    let (dir, pki) = gateway_dir();
     std::fs::create_dir(dir.path().join("clusters")).unwrap();
     std::fs::write(
         dir.path().join("clusters/m.yaml"),
@@ -164,7 +155,7 @@ fn loads_a_directory_into_a_routing_table() {
     )
     .unwrap();
     // Editors' and mounted ConfigMaps' dot files are not configuration.
-    std::fs::write(dir.path().join("clusters/.m.yaml.swp"), "garbage: [").unwrap();
+    put(dir.path(), "clusters/.m.yaml.swp", "garbage: [");
 
     let config = load_path(dir.path()).unwrap();
     assert_eq!(config.clusters.len(), 2);
@@ -183,7 +174,7 @@ fn loads_a_directory_into_a_routing_table() {
     assert!(table.cluster("member3").is_none());
 
     // Rebuilding the same config keeps ids; changing one cluster changes only its id.
-    let again = RouteTable::build(&load_path(dir.path()).unwrap()).unwrap();
+    let again = table_in(dir.path());
     assert_eq!(again.cluster("member1").unwrap().id, m1.id);
     std::fs::write(
         dir.path().join("clusters/m.yaml"),
@@ -194,20 +185,18 @@ fn loads_a_directory_into_a_routing_table() {
         ),
     )
     .unwrap();
-    let changed = RouteTable::build(&load_path(dir.path()).unwrap()).unwrap();
+    let changed = table_in(dir.path());
     assert_eq!(changed.cluster("member1").unwrap().id, m1.id);
     assert_ne!(changed.cluster("member2").unwrap().id, m2.id);
 }
 
 fn error_for(cluster: &str) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = pki();
-    write_gateway(dir.path(), &pki);
-    std::fs::write(
-        dir.path().join("c.yaml"),
+    let (dir, pki) = gateway_dir();
+    put(
+        dir.path(),
+        "c.yaml",
         cluster.replace("CA", &indent(&pki.ca_pem)),
-    )
-    .unwrap();
+    );
     match load_path(dir.path()).and_then(|c| RouteTable::build(&c)) {
         Ok(_) => panic!("accepted: {cluster}"),
         Err(e) => e.to_string(),
@@ -252,7 +241,7 @@ fn mistakes_are_named_by_object_and_field() {
 #[test]
 fn exactly_one_gateway() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("empty.yaml"), "---\n").unwrap();
+    put(dir.path(), "empty.yaml", "---\n");
     let e = load_path(dir.path()).unwrap_err();
     assert!(
         matches!(e, ConfigError::Set(ref m) if m.contains("no Gateway")),
@@ -264,14 +253,9 @@ fn exactly_one_gateway() {
 
 #[test]
 fn secrets_never_reach_debug_output() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = pki();
-    write_gateway(dir.path(), &pki);
-    std::fs::write(
-        dir.path().join("c.yaml"),
-        cluster_yaml("member1", "https://127.0.0.1:6443", &pki, ""),
-    )
-    .unwrap();
+    let (dir, pki) = gateway_dir();
+    let member1 = cluster_yaml("member1", "https://127.0.0.1:6443", &pki, "");
+    put(dir.path(), "c.yaml", member1);
     let config = load_path(dir.path()).unwrap();
     let table = RouteTable::build(&config).unwrap();
     let shown = format!("{config:?} {table:?}");
@@ -281,9 +265,7 @@ fn secrets_never_reach_debug_output() {
 
 #[test]
 fn fleet_resources_and_karmada_resource_registries_resolve_against_the_clusters() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = pki();
-    write_gateway(dir.path(), &pki);
+    let (dir, pki) = gateway_dir();
     // member-a and member-b are env=dev; member-c is relabelled prod.
     for name in ["member-a", "member-b", "member-c"] {
         let yaml = cluster_yaml(name, "https://127.0.0.1:6443", &pki, "");
@@ -292,15 +274,10 @@ fn fleet_resources_and_karmada_resource_registries_resolve_against_the_clusters(
         } else {
             yaml
         };
-        std::fs::write(dir.path().join(format!("{name}.yaml")), yaml).unwrap();
+        put(dir.path(), &format!("{name}.yaml"), yaml);
     }
-    std::fs::write(
-        dir.path().join("fleet.yaml"),
-        "apiVersion: fleetgate.io/v1alpha1\nkind: FleetResource\nmetadata:\n  name: dev\nspec:\n  resourceSelectors:\n  - {apiVersion: v1, kind: Pod}\n  - {apiVersion: networking.k8s.io/v1, kind: Ingress}\n  clusters:\n    selector: {matchLabels: {env: dev}}\n---\napiVersion: search.karmada.io/v1alpha1\nkind: ResourceRegistry\nmetadata:\n  name: karmada\nspec:\n  targetCluster:\n    clusterNames: [member-c, member-a]\n    exclude: [member-a]\n  resourceSelectors:\n  - {apiVersion: v1, kind: Pod}\n  - {apiVersion: apps/v1, kind: Deployment}\n  backendStore: {openSearch: {addresses: [\"http://x\"]}}\n",
-    )
-    .unwrap();
-    let config = load_path(dir.path()).unwrap();
-    let table = RouteTable::build(&config).unwrap();
+    put(dir.path(), "fleet.yaml", "apiVersion: fleetgate.io/v1alpha1\nkind: FleetResource\nmetadata:\n  name: dev\nspec:\n  resourceSelectors:\n  - {apiVersion: v1, kind: Pod}\n  - {apiVersion: networking.k8s.io/v1, kind: Ingress}\n  clusters:\n    selector: {matchLabels: {env: dev}}\n---\napiVersion: search.karmada.io/v1alpha1\nkind: ResourceRegistry\nmetadata:\n  name: karmada\nspec:\n  targetCluster:\n    clusterNames: [member-c, member-a]\n    exclude: [member-a]\n  resourceSelectors:\n  - {apiVersion: v1, kind: Pod}\n  - {apiVersion: apps/v1, kind: Deployment}\n  backendStore: {openSearch: {addresses: [\"http://x\"]}}\n");
+    let table = table_in(dir.path());
     let fleet = table.fleet();
     let pods = fleet.kind("", "pods").unwrap();
     // The union of both objects' clusters; member-a excluded only by the registry.
@@ -334,7 +311,7 @@ fn fleet_resources_and_karmada_resource_registries_resolve_against_the_clusters(
             "at least one",
         ),
     ] {
-        std::fs::write(dir.path().join("fleet.yaml"), bad).unwrap();
+        put(dir.path(), "fleet.yaml", bad);
         let err = load_path(dir.path())
             .and_then(|c| RouteTable::build(&c).map(|_| ()))
             .expect_err(bad)
@@ -348,9 +325,7 @@ fn fleet_resources_and_karmada_resource_registries_resolve_against_the_clusters(
 fn shared_watches(
     block: &str,
 ) -> Result<Option<fleetgate_config_watcher::SharedWatchSettings>, String> {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = pki();
-    write_gateway(dir.path(), &pki);
+    let (dir, _) = gateway_dir();
     let path = dir.path().join("gateway.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, format!("{text}{block}")).unwrap();
@@ -448,9 +423,7 @@ fn shared_watches_are_off_by_default_and_checked_when_on() {
 #[test]
 fn the_first_table_leaves_out_invalid_objects_but_needs_a_valid_gateway() {
     use fleetgate_config_watcher::{first_table, load_objects, ReloadStatus};
-    let dir = tempfile::tempdir().unwrap();
-    let pki = pki();
-    write_gateway(dir.path(), &pki);
+    let (dir, pki) = gateway_dir();
     let policy = |name: &str, verbs: &str| {
         format!(
             "apiVersion: fleetgate.io/v1alpha1\nkind: AccessPolicy\nmetadata:\n  name: {name}\nspec:\n  subjects: [{{kind: Group, name: devs}}]\n  clusters: {{names: [good, bad-server]}}\n  rules: [{{verbs: {verbs}}}]\n"
@@ -514,14 +487,11 @@ fn the_first_table_leaves_out_invalid_objects_but_needs_a_valid_gateway() {
 
     // Without a valid Gateway there is nothing to serve: listeners cannot be guessed.
     let gateway = std::fs::read_to_string(dir.path().join("gateway.yaml")).unwrap();
-    std::fs::write(
-        dir.path().join("gateway.yaml"),
-        gateway.replace(
-            "  listeners:\n  - address: 127.0.0.1:0\n",
-            "  listeners: []\n",
-        ),
-    )
-    .unwrap();
+    let no_listeners = gateway.replace(
+        "  listeners:\n  - address: 127.0.0.1:0\n",
+        "  listeners: []\n",
+    );
+    put(dir.path(), "gateway.yaml", no_listeners);
     let e = first_table(load_objects(dir.path()), &ReloadStatus::new())
         .err()
         .unwrap()

@@ -9,11 +9,12 @@ mod support;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use support::fleet::Fleet as Setup;
-use support::kubectl::{groups_of, kubectl_command, kubectl_with_cert};
+use support::kubectl::{assert_failed_with, groups_of, kubectl_command, kubectl_with_cert, ran};
+use support::wait::wait_for_some;
 
 impl Setup {
     fn audit_path(&self) -> PathBuf {
@@ -61,24 +62,17 @@ impl Setup {
                     .arg(self.path(&format!("users/{credential}.key")));
             }
         }
-        let out = command
-            .arg(format!("https://{}{path}", self.https()))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "curl {path}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let url = format!("https://{}{path}", self.https());
+        let out = ran(command.arg(url).output().unwrap(), &format!("curl {path}"));
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     }
 
     /// Every line of the audit log, parsed; waits (bounded) until `predicate` holds for them,
     /// since the writer flushes at least once a second.
     fn events_when(&self, predicate: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = std::fs::read_to_string(self.audit_path()).unwrap_or_default();
+        let read = || std::fs::read_to_string(self.audit_path()).unwrap_or_default();
+        let events_now = || {
+            let text = read();
             // Only whole lines: the writer may be in the middle of one.
             let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
             let events: Vec<Value> = complete
@@ -88,28 +82,24 @@ impl Setup {
                         .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"))
                 })
                 .collect();
-            if predicate(&events) {
-                return events;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the audit log never had the expected events; it has:\n{text}\ngateway log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            predicate(&events).then_some(events)
+        };
+        wait_for_some(
+            "the expected events in the audit log",
+            Duration::from_secs(10),
+            events_now,
+            || format!("it has:\n{}\ngateway log:\n{}", read(), self.log()),
+        )
     }
 }
 
 fn start() -> Setup {
     let mut setup = Setup::sim(2, 2);
-    let dir = setup.dir().to_path_buf();
     // The fleet's Gateway, with the audit log on (a relative path: beside gateway.yaml).
-    let gateway_yaml = dir.join("gateway.yaml");
-    let mut gateway: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(&gateway_yaml).unwrap()).unwrap();
-    gateway["spec"]["audit"] = serde_yaml::from_str("{path: audit/fleetgate-audit.log}").unwrap();
-    std::fs::write(&gateway_yaml, serde_yaml::to_string(&gateway).unwrap()).unwrap();
+    setup.edit_gateway(|gateway| {
+        gateway["spec"]["audit"] =
+            serde_yaml::from_str("{path: audit/fleetgate-audit.log}").unwrap();
+    });
 
     setup.serve(&["--workers", "2"], None);
     setup
@@ -172,7 +162,7 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
         "member2",
         &["get", "configmap", "no-such-map", "-n", "default"],
     );
-    assert!(!missing.status.success());
+    assert_failed_with(&missing, "not found");
     // And over h2 through the fleet view: no member has it.
     let fleet_missing_h2 = setup.kubectl(
         None,
@@ -180,11 +170,6 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
         &["get", "configmap", "no-such-fleet-map-h2", "-n", "default"],
     );
     assert!(!fleet_missing_h2.status.success());
-    assert!(
-        String::from_utf8_lossy(&missing.stderr).contains("not found"),
-        "{}",
-        String::from_utf8_lossy(&missing.stderr)
-    );
     let whoami = ok(&setup.kubectl(
         Some("carol"),
         "member1",
@@ -222,18 +207,14 @@ fn every_request_gets_one_audit_event_with_user_verb_cluster_uri_and_code() {
         ]
         .iter()
         .all(|agent| !by_agent(events, agent).is_empty())
-            && events
-                .iter()
-                .any(|e| e["objectRef"]["name"] == "no-such-map")
-            && events
-                .iter()
-                .any(|e| e["objectRef"]["name"] == "no-such-fleet-map-h2")
-            && events
-                .iter()
-                .any(|e| e["objectRef"]["resource"] == "selfsubjectreviews")
-            && events
-                .iter()
-                .any(|e| e["objectRef"]["subresource"] == "exec")
+            && [
+                ("name", "no-such-map"),
+                ("name", "no-such-fleet-map-h2"),
+                ("resource", "selfsubjectreviews"),
+                ("subresource", "exec"),
+            ]
+            .iter()
+            .all(|(field, value)| events.iter().any(|e| e["objectRef"][*field] == *value))
     });
 
     // Every line is an audit.k8s.io/v1 Event at level Metadata, stage ResponseComplete, with a

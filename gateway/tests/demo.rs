@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::fleet::KillOnDrop;
+use support::kubectl::assert_failed_with;
 use support::wait::LineReader;
 
 fn kubectl(
@@ -184,12 +185,7 @@ fn demo_serves_every_member_through_the_gateway_and_stops_on_sigterm() {
         &cache,
         &["--context", "member1", "get", "configmap", "demo-only-on-2"],
     );
-    assert!(!on1.status.success());
-    assert!(
-        String::from_utf8_lossy(&on1.stderr).contains("NotFound"),
-        "{}",
-        String::from_utf8_lossy(&on1.stderr)
-    );
+    assert_failed_with(&on1, "NotFound");
 
     // SIGTERM stops the demo, gateway included, promptly and cleanly.
     let pid = demo.0.id() as libc::pid_t;

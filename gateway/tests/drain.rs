@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use http_body_util::BodyExt;
 use support::client::{cluster_file, Load, Sender};
 use support::fleet::{with_refused_token, Fleet};
-use support::kubectl::kubectl_command;
+use support::kubectl::{kubectl_command, ran};
 use support::wait::wait_for;
 use tokio::sync::mpsc;
 
@@ -274,11 +274,7 @@ fn a_removed_cluster_ends_its_watches_and_exec_sessions() {
         .args(["run", "drain-sleeper", "-n", "default", "--image=busybox"])
         .output()
         .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    ran(run, "kubectl run");
     let load = Load::start(&fleet, UNCHANGED);
     let mut exec = fleet
         .kubectl("member1")

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use support::fleet::Fleet;
-use support::kubectl::kubectl_command;
+use support::kubectl::{kubectl_command, succeeded};
 use support::wait::wait_for;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -162,13 +162,8 @@ fn a_cluster_behind_an_http_proxy_is_reached_through_connect_with_its_headers() 
     fleet.serve(&["--workers", "1"], Some("info"));
 
     let out = fleet.kubectl("member1", &["get", "namespaces", "-o", "name"]);
-    assert!(
-        out.status.success(),
-        "kubectl get through the proxy: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        fleet.log()
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("namespace/default"));
+    let names = succeeded(out, "get through the proxy", &fleet.log());
+    assert!(names.contains("namespace/default"));
     let heads = tunnel.heads();
     assert!(!heads.is_empty(), "the gateway did not use the proxy");
     let head = &heads[0];
@@ -260,12 +255,7 @@ data:
     std::fs::write(fleet.path("clusters/karmada1.yaml"), karmada).unwrap();
     fleet.serve(&["--workers", "1"], Some("info"));
     let out = fleet.kubectl("karmada1", &["get", "namespaces", "-o", "name"]);
-    assert!(
-        out.status.success(),
-        "kubectl get to the Karmada cluster: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        fleet.log()
-    );
+    succeeded(out, "get to the Karmada cluster", &fleet.log());
     let heads = tunnel.heads();
     assert!(
         heads

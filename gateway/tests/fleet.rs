@@ -246,11 +246,7 @@ fn an_unreachable_member_is_named_in_a_warning_and_the_others_are_listed() {
     let mut fleet = Fleet::sim(2, 2);
     // A third cluster whose server nobody listens on.
     let member1 = std::fs::read_to_string(fleet.fleet_path("clusters/member1.yaml")).unwrap();
-    let server = member1
-        .lines()
-        .find_map(|l| l.trim_start().strip_prefix("server: "))
-        .unwrap()
-        .to_owned();
+    let server = fleet.cluster_field("member1", "server");
     let closed = support::closed_port();
     let dead = member1
         .replace("name: member1", "name: member9")

@@ -15,7 +15,8 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use support::fleet::{raw_get, Fleet};
-use support::kubectl::{groups_of, kubectl};
+use support::kubectl::{groups_of, kubectl, succeeded};
+use support::wait::wait_for_or;
 
 /// A fleet of three members (member1 and member3 `env: dev`, member2 `env: prod`), plus, when
 /// asked, `direct1`: member1 again as a PassThrough cluster labelled `env: dev`.
@@ -38,18 +39,11 @@ fn start(pass_through: bool) -> Fleet {
         .unwrap();
     }
     // A plaintext listener too: its clients are system:anonymous unless they bring a token.
-    let gateway_yaml = dir.join("gateway.yaml");
-    let mut gateway_object: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(&gateway_yaml).unwrap()).unwrap();
-    gateway_object["spec"]["listeners"]
-        .as_sequence_mut()
-        .unwrap()
-        .push(serde_yaml::from_str("{name: plain, address: '127.0.0.1:0', tls: false}").unwrap());
-    std::fs::write(
-        &gateway_yaml,
-        serde_yaml::to_string(&gateway_object).unwrap(),
-    )
-    .unwrap();
+    fleet.edit_gateway(|gateway| {
+        let plain = "{name: plain, address: '127.0.0.1:0', tls: false}";
+        let listeners = gateway["spec"]["listeners"].as_sequence_mut().unwrap();
+        listeners.push(serde_yaml::from_str(plain).unwrap());
+    });
     fleet.serve(&["--workers", "2"], None);
     fleet
 }
@@ -175,13 +169,8 @@ impl Fleet {
     /// `kubectl auth whoami -o json` on `context`: the userInfo the member saw.
     fn whoami(&self, kubeconfig: &Path, context: &str) -> serde_json::Value {
         let out = kubectl(kubeconfig, context, &["auth", "whoami", "-o", "json"]);
-        assert!(
-            out.status.success(),
-            "whoami on {context} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            self.log_tail(20)
-        );
-        let review: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let out = succeeded(out, &format!("whoami on {context}"), &self.log_tail(20));
+        let review: serde_json::Value = serde_json::from_str(&out).unwrap();
         review["status"]["userInfo"].clone()
     }
 }
@@ -507,19 +496,16 @@ spec:
         &["cannot get resource \"configmaps\"", "cluster \"member2\""],
     );
     std::fs::remove_file(&file).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let withdrawn = || {
         let out = list_raw();
-        if !out.status.success() && stderr_of(&out).contains("cluster \"member2\"") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "grant never withdrawn: {}",
-            fleet.log_tail(20)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        !out.status.success() && stderr_of(&out).contains("cluster \"member2\"")
+    };
+    wait_for_or(
+        "the grant withdrawn",
+        Duration::from_secs(20),
+        withdrawn,
+        || fleet.log_tail(20),
+    );
     // The token file follows reloads too: a new line is a new user (dave, group devs).
     let dave = "Authorization: Bearer dave-token-0123456789\r\n";
     assert!(fleet.plain_get(dave).starts_with("HTTP/1.1 401"));
@@ -543,19 +529,16 @@ spec:
     // A policy that does not compile (an unknown verb) is rejected as a whole reload: the
     // previous table keeps serving, and the metrics count the failure.
     std::fs::write(&file, grant.replace("[list]", "[list, fly]")).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let failure_counted = || {
         let metrics = fleet.admin_get("/metrics");
-        if metrics.contains("fleetgate_config_reloads_total{result=\"failure\"} 1") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no reload failure counted: {}",
-            fleet.log_tail(20)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        metrics.contains("fleetgate_config_reloads_total{result=\"failure\"} 1")
+    };
+    wait_for_or(
+        "the reload failure counted",
+        Duration::from_secs(20),
+        failure_counted,
+        || fleet.log_tail(20),
+    );
     assert!(
         std::fs::read_to_string(fleet.path("gateway.log"))
             .unwrap()

@@ -16,8 +16,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use support::fleet::Fleet;
-use support::kubectl::{assert_echoed, kubectl_command, PORT_FORWARD, REMOTE_COMMAND};
-use support::wait::{wait_for, LineReader};
+use support::kubectl::{
+    assert_echoed, kubectl_command, succeeded, PORT_FORWARD, PORT_FORWARD_HELLO_TRACED,
+    REMOTE_COMMAND,
+};
+use support::wait::{read_on_thread, wait_for, LineReader};
 
 fn start() -> Fleet {
     let mut fleet = Fleet::sim(1, 5);
@@ -79,13 +82,8 @@ impl Fleet {
     }
 
     fn success(&self, out: &Output, what: &[&str]) {
-        assert!(
-            out.status.success(),
-            "kubectl {what:?} failed ({}): {}\ngateway log:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            self.log_tail(30)
-        );
+        let log = format!("gateway log:\n{}", self.log_tail(30));
+        succeeded(out.clone(), &format!("{what:?}"), &log);
     }
 
     /// The gateway's `fleetgate_upgraded_streams` gauge, from its admin listener.
@@ -197,32 +195,16 @@ fn attach_echoes_stdin_through_the_gateway() {
 fn port_forward_round_trips_bytes_through_the_gateway() {
     let fleet = start();
     for (protocol, env) in PORT_FORWARD {
+        let forward_args: Vec<&str> = PORT_FORWARD_HELLO_TRACED.split(' ').collect();
         let mut child = fleet
-            .kubectl_command(
-                &[
-                    "port-forward",
-                    "-n",
-                    "default",
-                    "pod/hello",
-                    ":8080",
-                    "--address",
-                    "127.0.0.1",
-                    "-v=8",
-                ],
-                env,
-            )
+            .kubectl_command(&forward_args, env)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn kubectl port-forward");
         let mut lines = LineReader::new(child.stdout.take().expect("stdout"));
-        let mut log_pipe = child.stderr.take().expect("stderr");
-        let log = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = log_pipe.read_to_string(&mut text);
-            text
-        });
+        let log = read_on_thread(child.stderr.take().expect("stderr"));
         let port = support::kubectl::forwarded_port(&mut lines);
         // Two connections one after the other, each larger than one SPDY frame.
         for round in 0..2u32 {

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use support::fleet::Fleet as Setup;
-use support::kubectl::{kubectl, kubectl_with_cert, succeeded};
+use support::kubectl::{kubectl, kubectl_with_cert, ran, succeeded};
 
 const FLEETGATE: &str = env!("CARGO_BIN_EXE_fleetgate");
 
@@ -233,22 +233,14 @@ fn generated_kubeconfig_reaches_exactly_the_allowed_clusters_with_kubectl() {
         );
     }
     // The current context is used when none is given.
+    let whoami = "auth whoami -o jsonpath={.status.userInfo.username}";
     let plain = Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(&out_file)
-        .args([
-            "auth",
-            "whoami",
-            "-o",
-            "jsonpath={.status.userInfo.username}",
-        ])
+        .args(whoami.split(' '))
         .output()
         .unwrap();
-    assert!(
-        plain.status.success(),
-        "{}",
-        String::from_utf8_lossy(&plain.stderr)
-    );
+    let plain = ran(plain, whoami);
     assert_eq!(String::from_utf8_lossy(&plain.stdout), "dana");
 
     // A cluster the user may not reach is refused, by name, and no file is written.
@@ -356,13 +348,8 @@ fn issued_certificate_authenticates_with_kubectl_flags() {
     .args(["auth", "whoami", "-o", "json"])
     .output()
     .unwrap();
-    assert!(
-        whoami.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&whoami.stderr),
-        setup.log_tail(20)
-    );
-    let review: serde_json::Value = serde_json::from_slice(&whoami.stdout).unwrap();
+    let whoami = succeeded(whoami, "auth whoami", &setup.log_tail(20));
+    let review: serde_json::Value = serde_json::from_str(&whoami).unwrap();
     assert_eq!(review["status"]["userInfo"]["username"], "dana");
 
     // A certificate from another CA is not accepted by this gateway.

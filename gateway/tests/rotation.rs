@@ -118,11 +118,7 @@ fn new_client_ca(user: &str) -> (String, String, String) {
 
 /// Points the Gateway's `spec.tls` (and `spec.auth.tokenFile`, when given) at absolute paths.
 fn edit_gateway(fleet: &Fleet, edit: impl FnOnce(&mut serde_yaml::Value)) {
-    let path = fleet.fleet_path("gateway.yaml");
-    let mut gateway: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    edit(&mut gateway);
-    std::fs::write(&path, serde_yaml::to_string(&gateway).unwrap()).unwrap();
+    fleet.edit_gateway(edit);
 }
 
 fn set(value: &mut serde_yaml::Value, keys: &[&str], to: &Path) {
@@ -475,31 +471,27 @@ fn sighup_reopens_the_audit_log_at_its_path() {
             .filter(|l| l.contains(needle))
             .count()
     };
+    let wait = |what: &str, condition: &dyn Fn() -> bool| {
+        wait_for_or(what, Duration::from_secs(10), condition, || {
+            fleet.log_tail(20)
+        })
+    };
     get("/clusters/member1/api/v1/namespaces/default/configmaps?before-rotation");
-    wait_for_or(
-        "the first line",
-        Duration::from_secs(10),
-        || lines_with(&audit, "before-rotation") == 1,
-        || fleet.log_tail(20),
-    );
+    wait("the first line", &|| {
+        lines_with(&audit, "before-rotation") == 1
+    });
 
     // What logrotate does: rename, then SIGHUP.
     let rotated = fleet.path("audit.log.1");
     std::fs::rename(&audit, &rotated).unwrap();
     signal(&fleet.gateway.as_ref().unwrap().child, libc::SIGHUP);
-    wait_for_or(
-        "the reopen logged",
-        Duration::from_secs(10),
-        || without_ansi(&fleet.log()).contains("audit log reopened"),
-        || fleet.log_tail(20),
-    );
+    wait("the reopen logged", &|| {
+        without_ansi(&fleet.log()).contains("audit log reopened")
+    });
     get("/clusters/member1/api/v1/namespaces/default/configmaps?after-rotation");
-    wait_for_or(
-        "the next line in a new file at the path",
-        Duration::from_secs(10),
-        || lines_with(&audit, "after-rotation") == 1,
-        || fleet.log_tail(20),
-    );
+    wait("the next line in a new file at the path", &|| {
+        lines_with(&audit, "after-rotation") == 1
+    });
     assert_eq!(lines_with(&rotated, "after-rotation"), 0);
     assert_eq!(lines_with(&rotated, "before-rotation"), 1);
     assert_eq!(lines_with(&audit, "before-rotation"), 0);

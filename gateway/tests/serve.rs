@@ -32,20 +32,28 @@ fn a_tls_listener_without_a_client_ca_is_refused_with_a_reason() {
     assert!(stderr.contains("client CA"), "{stderr}");
 }
 
-#[test]
-fn an_address_already_taken_is_refused_with_a_reason() {
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = taken.local_addr().unwrap();
+/// `fleetgate serve` of a Gateway with one plain-HTTP listener at `address` and `spec_tail`
+/// appended to its spec: it must stop without a `ready` line. Its stderr, to say why.
+fn refused_plain(address: &str, spec_tail: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("gateway.yaml");
     std::fs::write(
         &config,
-        format!("apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: g\nspec:\n  listeners:\n    - name: http\n      address: {address}\n      tls: false\n"),
+        format!("apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: g\nspec:\n  listeners:\n    - name: http\n      address: {address}\n      tls: false\n{spec_tail}"),
     )
     .unwrap();
     let out = serve(&config);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{spec_tail}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("ready"), "{spec_tail}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn an_address_already_taken_is_refused_with_a_reason() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap();
+    let stderr = refused_plain(&address.to_string(), "");
     assert!(stderr.contains(&address.to_string()), "{stderr}");
 }
 
@@ -81,20 +89,7 @@ fn h2_and_timeout_settings_out_of_range_are_refused_naming_the_field() {
         ("  fleet:\n    createIn: fleet\n", "spec.fleet.createIn"),
     ];
     for (block, field) in cases {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("gateway.yaml");
-        std::fs::write(
-            &config,
-            format!("apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: g\nspec:\n  listeners:\n    - name: http\n      address: 127.0.0.1:0\n      tls: false\n{block}"),
-        )
-        .unwrap();
-        let out = serve(&config);
-        assert!(!out.status.success(), "{block}");
-        assert!(
-            !String::from_utf8_lossy(&out.stdout).contains("ready"),
-            "{block}"
-        );
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = refused_plain("127.0.0.1:0", block);
         assert!(stderr.contains(field), "{block}: {stderr}");
     }
 }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::fleet::{fleetgate_binary, Fleet, KillOnDrop};
+use support::kubectl::PORT_FORWARD_HELLO;
 use support::pull::{
     admin_get_at, admin_https, agent_command, exits_within, gateway_kubectl, issue_agent,
     kubectl_basics, make_pull_mode, serve_with_tunnel, signal, spawn_lines, stalled_list, Agent,
@@ -154,15 +155,7 @@ fn kubectl_works_on_a_pull_mode_member_as_on_a_direct_one() {
         ("KUBECTL_PORT_FORWARD_WEBSOCKETS", "true"),
         ("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false"),
     ] {
-        let forward_args = [
-            "port-forward",
-            "-n",
-            "default",
-            "pod/hello",
-            ":8080",
-            "--address",
-            "127.0.0.1",
-        ];
+        let forward_args: Vec<&str> = PORT_FORWARD_HELLO.split(' ').collect();
         let (_forward, mut out) = pulled.spawn_lines(&forward_args, &[env]);
         let port = support::kubectl::forwarded_port(&mut out);
         support::kubectl::assert_echoed(port, 0, &format!("{env:?}"));

@@ -28,14 +28,15 @@ use support::fleet::{
     admin_get, fleetgate_binary, loadtest_binary, spawn_serve, Fleet, KillOnDrop, ReadyLine,
 };
 use support::kubectl::{
-    assert_echoed, assert_switched, kubectl_command, PORT_FORWARD, REMOTE_COMMAND,
+    assert_echoed, assert_switched, kubectl_command, succeeded, PORT_FORWARD,
+    PORT_FORWARD_HELLO_TRACED, REMOTE_COMMAND,
 };
 use support::netns::{skipped, Netns};
 use support::pull::{
     admin_get_at, admin_https, agent_command, exits_within, issue_agent, make_pull_mode,
-    without_ansi, Agent, AgentSetup,
+    without_ansi, Agent, AgentSetup, WATCH_DEV_CONFIGMAPS,
 };
-use support::wait::{wait_for, wait_for_or, LineReader};
+use support::wait::{read_on_thread, wait_for, wait_for_or, LineReader};
 
 /// The simulated fleet (one member) inside a network namespace, its member1 pull-mode, and a
 /// gateway in the test's namespace whose tunnel listener is on the veth.
@@ -57,6 +58,11 @@ struct Replica {
 }
 
 impl NetnsPull {
+    /// [`NetnsPull::start`] for `test`, or None when network-namespace tests are skipped here.
+    fn unless_skipped(test: &str, objects: usize, serve: &[&str]) -> Option<NetnsPull> {
+        (!skipped(test)).then(|| NetnsPull::start(objects, serve))
+    }
+
     fn start(objects: usize, serve: &[&str]) -> NetnsPull {
         let ns = Netns::create();
         let fleet = Fleet::sim_launched(ns.command(loadtest_binary()), 1, objects, "", &[]);
@@ -163,14 +169,7 @@ impl NetnsPull {
 
     /// kubectl through the gateway with `input` on stdin; killed after 60 s.
     fn kubectl_io(&self, args: &[&str], env: &[(&str, &str)], input: &[u8]) -> Output {
-        let mut child = KillOnDrop(
-            self.kubectl(args, env)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap(),
-        );
+        let mut child = self.spawn_piped(args, env, Stdio::piped());
         let mut stdin = child.stdin.take().unwrap();
         let input = input.to_vec();
         let writer = std::thread::spawn(move || {
@@ -206,13 +205,8 @@ impl NetnsPull {
     }
 
     fn success(&self, out: &Output, args: &[&str]) {
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} through the gateway failed ({}): {}\ngateway log:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            self.fleet.log_tail(30)
-        );
+        let log = format!("gateway log:\n{}", self.fleet.log_tail(30));
+        succeeded(out.clone(), &format!("{args:?} through the gateway"), &log);
     }
 
     /// kubectl straight to the member from inside the namespace (the fleet's own kubeconfig).
@@ -247,22 +241,17 @@ impl NetnsPull {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> (KillOnDrop, LineReader, std::thread::JoinHandle<String>) {
-        let mut child = KillOnDrop(
-            self.kubectl(args, env)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap(),
-        );
+        let mut child = self.spawn_piped(args, env, Stdio::null());
         let lines = LineReader::new(child.stdout.take().unwrap());
-        let mut stderr = child.stderr.take().unwrap();
-        let errors = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = stderr.read_to_string(&mut text);
-            text
-        });
+        let errors = read_on_thread(child.stderr.take().unwrap());
         (child, lines, errors)
+    }
+
+    /// kubectl through the gateway, started with `stdin` and its stdout and stderr piped.
+    fn spawn_piped(&self, args: &[&str], env: &[(&str, &str)], stdin: Stdio) -> KillOnDrop {
+        let mut kubectl = self.kubectl(args, env);
+        let piped = kubectl.stdout(Stdio::piped()).stderr(Stdio::piped());
+        KillOnDrop(piped.stdin(stdin).spawn().unwrap())
     }
 
     /// A GET through the gateway at `https` as `admin`; the whole response.
@@ -293,10 +282,10 @@ fn serving_certificate_also_for(fleet: &Fleet, address: std::net::Ipv4Addr) {
 
 #[test]
 fn kubectl_through_the_gateway_is_kubectl_on_a_member_only_its_agent_reaches() {
-    if skipped("kubectl_through_the_gateway_is_kubectl_on_a_member_only_its_agent_reaches") {
+    let test = "kubectl_through_the_gateway_is_kubectl_on_a_member_only_its_agent_reaches";
+    let Some(mut pulled) = NetnsPull::unless_skipped(test, 20, &[]) else {
         return;
-    }
-    let mut pulled = NetnsPull::start(20, &[]);
+    };
 
     // The boundary is real: the member answers inside the namespace, and neither its address
     // nor the namespace's veth address reaches it from the gateway's side.
@@ -334,17 +323,8 @@ fn kubectl_through_the_gateway_is_kubectl_on_a_member_only_its_agent_reaches() {
 
     // A watch sees every write made through the gateway: create, apply (create and change),
     // patch, label, delete.
-    let (mut watch, mut events, _) = pulled.spawn_lines(
-        &[
-            "get",
-            "configmaps",
-            "-n",
-            "dev",
-            "-w",
-            "--output-watch-events",
-        ],
-        &[],
-    );
+    let watch_args: Vec<&str> = WATCH_DEV_CONFIGMAPS.split(' ').collect();
+    let (mut watch, mut events, _) = pulled.spawn_lines(&watch_args, &[]);
     events.wait_line("the watch's first event", Duration::from_secs(30), |l| {
         l.contains("kube-root-ca.crt")
     });
@@ -488,19 +468,8 @@ fn kubectl_through_the_gateway_is_kubectl_on_a_member_only_its_agent_reaches() {
 
     // port-forward: 200 KB echoed by the pod, twice on one forward, over the protocol asked.
     for (protocol, env) in PORT_FORWARD {
-        let (mut forward, mut out, log) = pulled.spawn_lines(
-            &[
-                "port-forward",
-                "-n",
-                "default",
-                "pod/hello",
-                ":8080",
-                "--address",
-                "127.0.0.1",
-                "-v=8",
-            ],
-            env,
-        );
+        let forward_args: Vec<&str> = PORT_FORWARD_HELLO_TRACED.split(' ').collect();
+        let (mut forward, mut out, log) = pulled.spawn_lines(&forward_args, env);
         let port = support::kubectl::forwarded_port(&mut out);
         for round in 0..2u32 {
             assert_echoed(port, round, protocol);
@@ -528,10 +497,11 @@ fn assert_unavailable(pulled: &NetnsPull, https: SocketAddr, wait: Duration) {
 
 #[test]
 fn the_agent_killed_during_a_watch_ends_it_cleanly_and_its_return_is_waited_for() {
-    if skipped("the_agent_killed_during_a_watch_ends_it_cleanly_and_its_return_is_waited_for") {
+    let test = "the_agent_killed_during_a_watch_ends_it_cleanly_and_its_return_is_waited_for";
+    let Some(mut pulled) = NetnsPull::unless_skipped(test, 5, &["--tunnel-wait-seconds", "3"])
+    else {
         return;
-    }
-    let mut pulled = NetnsPull::start(5, &["--tunnel-wait-seconds", "3"]);
+    };
     let tunnel = pulled.tunnel();
     let agent = pulled.start_agent(&[tunnel]);
 
@@ -667,10 +637,10 @@ fn alarms_since(log: &str, from: usize) -> Vec<String> {
 
 #[test]
 fn with_two_replicas_one_restarted_or_lost_the_other_serves_every_request() {
-    if skipped("with_two_replicas_one_restarted_or_lost_the_other_serves_every_request") {
+    let test = "with_two_replicas_one_restarted_or_lost_the_other_serves_every_request";
+    let Some(mut pulled) = NetnsPull::unless_skipped(test, 5, &[]) else {
         return;
-    }
-    let mut pulled = NetnsPull::start(5, &[]);
+    };
     let a = pulled.tunnel();
     let listen_b = format!("{}:0", pulled.ns.host_addr);
     let mut b = pulled.replica(&listen_b, "replica-b.log");
@@ -764,10 +734,11 @@ fn with_two_replicas_one_restarted_or_lost_the_other_serves_every_request() {
 
 #[test]
 fn wrong_cluster_certificates_are_refused_and_the_right_agent_still_serves() {
-    if skipped("wrong_cluster_certificates_are_refused_and_the_right_agent_still_serves") {
+    let test = "wrong_cluster_certificates_are_refused_and_the_right_agent_still_serves";
+    let Some(mut pulled) = NetnsPull::unless_skipped(test, 5, &["--tunnel-wait-seconds", "1"])
+    else {
         return;
-    }
-    let mut pulled = NetnsPull::start(5, &["--tunnel-wait-seconds", "1"]);
+    };
     let tunnel = pulled.tunnel();
     let agents = pulled.fleet.fleet_path("agents");
     // A certificate for another cluster (member2: none this gateway serves), and one for
@@ -882,11 +853,11 @@ fn wrong_cluster_certificates_are_refused_and_the_right_agent_still_serves() {
 
 #[test]
 fn a_stalled_big_body_leaves_the_small_requests_of_its_tunnel_at_their_latency() {
-    if skipped("a_stalled_big_body_leaves_the_small_requests_of_its_tunnel_at_their_latency") {
-        return;
-    }
     // About 10 MB of ConfigMaps: far more than a stream's window and the buffers on the way.
-    let mut pulled = NetnsPull::start(8000, &[]);
+    let test = "a_stalled_big_body_leaves_the_small_requests_of_its_tunnel_at_their_latency";
+    let Some(mut pulled) = NetnsPull::unless_skipped(test, 8000, &[]) else {
+        return;
+    };
     match pulled.ns.add_delay(Duration::from_millis(5)) {
         Ok(()) => eprintln!("5 ms each way on the veth (netem)"),
         Err(why) => eprintln!("no delay on the veth ({why}): the path has the veth's latency"),

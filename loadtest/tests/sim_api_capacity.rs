@@ -29,9 +29,7 @@ fn thousands_of_watches_each_see_a_change() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
     let fleet = TestFleet::start(1);
-    let addr = fleet.handle().member_addrs()[0];
-    let ca = fleet.fleet_ca_pem();
-    let token = fleet.token("admin");
+    let (addr, ca, token) = fleet.first_member();
     fleet.runtime.block_on(async move {
         let deadline = Instant::now() + Duration::from_secs(60);
         let connections = 8;
@@ -62,14 +60,13 @@ fn thousands_of_watches_each_see_a_change() {
             bodies.push(resp.into_body());
         }
         let rss_open = rss_kib();
-        let create = http::Request::post("/api/v1/namespaces/default/configmaps")
-            .header("host", "127.0.0.1")
-            .header("authorization", format!("Bearer {token}"))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from_static(
+        let create = raw::post_json(
+            "/api/v1/namespaces/default/configmaps",
+            &token,
+            Bytes::from_static(
                 br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"broadcast"},"data":{"k":"v"}}"#,
-            )))
-            .expect("request");
+            ),
+        );
         let (parts, _) = raw::request(addr, &ca, create).await;
         assert_eq!(parts.status, 201);
         let started = Instant::now();

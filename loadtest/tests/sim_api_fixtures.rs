@@ -204,25 +204,14 @@ const CASES: &[Case] = &[
 ];
 
 fn request(case: &Case, token: &str) -> http::Request<Full<Bytes>> {
-    let mut builder = http::Request::builder()
-        .method(case.method)
-        .uri(case.path)
-        .header("host", "127.0.0.1")
-        .header("authorization", format!("Bearer {token}"));
-    if let Some(ct) = case.content_type {
-        builder = builder.header("content-type", ct);
-    }
-    builder
-        .body(Full::new(Bytes::from_static(case.body.as_bytes())))
-        .expect("request")
+    let body = Bytes::from_static(case.body.as_bytes());
+    raw::with_body(case.method, case.path, token, case.content_type, body)
 }
 
 #[test]
 fn recorded_error_statuses_match() {
     let fleet = TestFleet::start(1);
-    let addr = fleet.handle().member_addrs()[0];
-    let ca = fleet.fleet_ca_pem();
-    let token = fleet.token("admin");
+    let (addr, ca, token) = fleet.first_member();
     fleet.runtime.block_on(async {
         // The recording's setup: namespace `fixtures` and ConfigMap `fixture-cm`.
         for (path, body) in [
@@ -232,12 +221,7 @@ fn recorded_error_statuses_match() {
                 json!({"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"fixture-cm"},"data":{"k1":"v1"}}),
             ),
         ] {
-            let req = http::Request::post(path)
-                .header("host", "127.0.0.1")
-                .header("authorization", format!("Bearer {token}"))
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(body.to_string())))
-                .expect("request");
+            let req = raw::post_json(path, &token, body.to_string());
             let (parts, _) = raw::request(addr, &ca, req).await;
             assert_eq!(parts.status, 201, "{path}");
         }
@@ -262,9 +246,7 @@ fn recorded_error_statuses_match() {
 #[test]
 fn malformed_object_shapes_are_400_not_dropped_connections() {
     let fleet = TestFleet::start(1);
-    let addr = fleet.handle().member_addrs()[0];
-    let ca = fleet.fleet_ca_pem();
-    let token = fleet.token("admin");
+    let (addr, ca, token) = fleet.first_member();
     fleet.runtime.block_on(async {
         for (path, body) in [
             (
@@ -288,12 +270,7 @@ fn malformed_object_shapes_are_400_not_dropped_connections() {
                 r#"{"metadata":{"name":"d"},"spec":[1]}"#,
             ),
         ] {
-            let req = http::Request::post(path)
-                .header("host", "127.0.0.1")
-                .header("authorization", format!("Bearer {token}"))
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from_static(body.as_bytes())))
-                .expect("request");
+            let req = raw::post_json(path, &token, Bytes::from_static(body.as_bytes()));
             let (parts, body_bytes) = raw::request(addr, &ca, req).await;
             assert_eq!(parts.status, 400, "{path} {body}");
             let status: Value = serde_json::from_slice(&body_bytes).expect("Status");

@@ -6,24 +6,19 @@ mod common;
 
 use std::time::Duration;
 
-use common::TestFleet;
+use common::{kube_client, TestFleet};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
-use kube::{Api, Client, Config};
+use kube::Api;
 
 #[test]
 fn kube_rs_configmap_lifecycle_with_watcher() {
     let fleet = TestFleet::start(1);
     let kubeconfig_path = fleet.kubeconfig();
     fleet.runtime.block_on(async move {
-        let kubeconfig = Kubeconfig::read_from(&kubeconfig_path).expect("kubeconfig");
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .expect("config");
-        let client = Client::try_from(config).expect("client");
+        let client = kube_client(&kubeconfig_path).await;
         let api: Api<ConfigMap> = Api::namespaced(client, "default");
 
         // A watcher started before the changes sees them.
@@ -139,11 +134,7 @@ fn kube_rs_streaming_list_watcher_initialises() {
     let fleet = TestFleet::start_with(1, 20, 0.0, Default::default());
     let kubeconfig_path = fleet.kubeconfig();
     fleet.runtime.block_on(async move {
-        let kubeconfig = Kubeconfig::read_from(&kubeconfig_path).expect("kubeconfig");
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .expect("config");
-        let client = Client::try_from(config).expect("client");
+        let client = kube_client(&kubeconfig_path).await;
         let api: Api<ConfigMap> = Api::all(client);
         // sendInitialEvents=true: the initial objects, then a BOOKMARK marking their end.
         let config = watcher::Config::default()

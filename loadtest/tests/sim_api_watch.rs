@@ -17,12 +17,7 @@ fn post_configmap(name: &str, token: &str, labels: &str) -> http::Request<Full<B
     let body = format!(
         r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","labels":{labels}}},"data":{{"k":"v"}}}}"#
     );
-    http::Request::post("/api/v1/namespaces/default/configmaps")
-        .header("host", "127.0.0.1")
-        .header("authorization", format!("Bearer {token}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .expect("request")
+    raw::post_json("/api/v1/namespaces/default/configmaps", token, body)
 }
 
 /// Reads the next body frame with a deadline.
@@ -36,9 +31,7 @@ async fn next_frame(body: &mut hyper::body::Incoming) -> Option<Bytes> {
 #[test]
 fn watch_resumes_from_a_resource_version_one_chunk_per_event() {
     let fleet = TestFleet::start(1);
-    let addr = fleet.handle().member_addrs()[0];
-    let ca = fleet.fleet_ca_pem();
-    let token = fleet.token("admin");
+    let (addr, ca, token) = fleet.first_member();
     fleet.runtime.block_on(async {
         let (parts, body) = raw::request(
             addr,
@@ -121,9 +114,7 @@ fn too_old_resource_version_is_an_error_event_in_a_200_stream() {
         ..SimTuning::default()
     };
     let fleet = TestFleet::start_with(1, 0, 0.0, tuning);
-    let addr = fleet.handle().member_addrs()[0];
-    let ca = fleet.fleet_ca_pem();
-    let token = fleet.token("admin");
+    let (addr, ca, token) = fleet.first_member();
     fleet.runtime.block_on(async {
         for i in 0..12 {
             let (parts, _) = raw::request(
@@ -172,9 +163,7 @@ fn too_old_resource_version_is_an_error_event_in_a_200_stream() {
 #[test]
 fn bookmarks_and_timeout_end_the_stream() {
     let fleet = TestFleet::start(1);
-    let addr = fleet.handle().member_addrs()[0];
-    let ca = fleet.fleet_ca_pem();
-    let token = fleet.token("admin");
+    let (addr, ca, token) = fleet.first_member();
     fleet.runtime.block_on(async {
         let rv = fleet.handle().member(0).expect("member").store.current_rv();
         let started = std::time::Instant::now();
@@ -309,9 +298,7 @@ fn identity_errors_have_the_recorded_shapes() {
 #[test]
 fn http2_by_alpn_serves_discovery_and_watches() {
     let fleet = TestFleet::start(1);
-    let addr = fleet.handle().member_addrs()[0];
-    let ca = fleet.fleet_ca_pem();
-    let token = fleet.token("admin");
+    let (addr, ca, token) = fleet.first_member();
     fleet.runtime.block_on(async {
         let tls = raw::connect(addr, &ca, true).await;
         assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
@@ -349,20 +336,21 @@ fn http2_by_alpn_serves_discovery_and_watches() {
 }
 
 fn merge_patch(name: &str, token: &str, patch: &'static str) -> http::Request<Full<Bytes>> {
-    http::Request::patch(format!("/api/v1/namespaces/default/configmaps/{name}"))
-        .header("host", "127.0.0.1")
-        .header("authorization", format!("Bearer {token}"))
-        .header("content-type", "application/merge-patch+json")
-        .body(Full::new(Bytes::from_static(patch.as_bytes())))
-        .expect("request")
+    let path = format!("/api/v1/namespaces/default/configmaps/{name}");
+    let merge = Some("application/merge-patch+json");
+    raw::with_body(
+        "PATCH",
+        &path,
+        token,
+        merge,
+        Bytes::from_static(patch.as_bytes()),
+    )
 }
 
 #[test]
 fn selector_watch_sees_objects_enter_and_leave() {
     let fleet = TestFleet::start(1);
-    let addr = fleet.handle().member_addrs()[0];
-    let ca = fleet.fleet_ca_pem();
-    let token = fleet.token("admin");
+    let (addr, ca, token) = fleet.first_member();
     fleet.runtime.block_on(async {
         let (parts, _) = raw::request(
             addr,
@@ -407,9 +395,7 @@ fn selector_watch_sees_objects_enter_and_leave() {
 #[test]
 fn small_bodies_have_content_length_large_ones_are_chunked() {
     let fleet = TestFleet::start(1);
-    let addr = fleet.handle().member_addrs()[0];
-    let ca = fleet.fleet_ca_pem();
-    let token = fleet.token("admin");
+    let (addr, ca, token) = fleet.first_member();
     fleet.runtime.block_on(async {
         let (parts, body) = raw::request(addr, &ca, raw::get("/api", &token)).await;
         assert_eq!(

@@ -28,12 +28,8 @@ const PORT_FORWARD: [(&str, &[(&str, &str)]); 2] = [
 /// Runs kubectl with `input` on stdin, written from another thread so that a large input and a
 /// large output cannot deadlock on full pipes. Bounded: kubectl is killed after 60 s.
 fn kubectl_io(fleet: &TestFleet, args: &[&str], env: &[(&str, &str)], input: &[u8]) -> Output {
-    let mut cmd = Command::new(KUBECTL);
-    cmd.arg("--kubeconfig")
-        .arg(fleet.kubeconfig())
-        .arg("--cache-dir")
-        .arg(fleet.cache_dir())
-        .args(args)
+    let mut cmd = fleet.kubectl_command();
+    cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -220,21 +216,8 @@ fn attach_echoes_stdin() {
 fn port_forward_echoes_bytes_over_websocket_and_spdy() {
     let fleet = TestFleet::start(1);
     for (protocol, env) in PORT_FORWARD {
-        let mut cmd = Command::new(KUBECTL);
-        cmd.arg("--kubeconfig")
-            .arg(fleet.kubeconfig())
-            .arg("--cache-dir")
-            .arg(fleet.cache_dir())
-            .args([
-                "port-forward",
-                "-n",
-                "default",
-                "pod/hello",
-                ":8080",
-                "--address",
-                "127.0.0.1",
-                "-v=8",
-            ])
+        let mut cmd = fleet.kubectl_command();
+        cmd.args("port-forward -n default pod/hello :8080 --address 127.0.0.1 -v=8".split(' '))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -327,17 +310,13 @@ fn closing_the_client_mid_exec_ends_the_session() {
     ok_stdout(&fleet.kubectl(&["run", "sleeper", "-n", "default", "--image=busybox"]));
     for (protocol, env) in REMOTE_COMMAND {
         assert_eq!(sim::stream::active_sessions("default", "sleeper"), 0);
-        let mut cmd = Command::new(KUBECTL);
-        cmd.arg("--kubeconfig")
-            .arg(fleet.kubeconfig())
-            .arg("--cache-dir")
-            .arg(fleet.cache_dir())
-            .args([
-                "exec", "sleeper", "-n", "default", "--", "sleep", "infinity",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        let mut cmd = fleet.kubectl_command();
+        cmd.args([
+            "exec", "sleeper", "-n", "default", "--", "sleep", "infinity",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -564,12 +543,8 @@ fn stopping_port_forward_ends_the_session() {
     let fleet = TestFleet::start(1);
     ok_stdout(&fleet.kubectl(&["run", "forwarded", "-n", "default", "--image=busybox"]));
     for (protocol, env) in PORT_FORWARD {
-        let mut cmd = Command::new(KUBECTL);
-        cmd.arg("--kubeconfig")
-            .arg(fleet.kubeconfig())
-            .arg("--cache-dir")
-            .arg(fleet.cache_dir())
-            .args(["port-forward", "-n", "default", "pod/forwarded", ":7000"])
+        let mut cmd = fleet.kubectl_command();
+        cmd.args(["port-forward", "-n", "default", "pod/forwarded", ":7000"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());

@@ -6,19 +6,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::TestFleet;
+use common::{kube_client, TestFleet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::AttachParams;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::Api;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn pods(fleet_kubeconfig: std::path::PathBuf) -> Api<Pod> {
-    let kubeconfig = Kubeconfig::read_from(&fleet_kubeconfig).expect("kubeconfig");
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("config");
-    Api::namespaced(Client::try_from(config).expect("client"), "default")
+    Api::namespaced(kube_client(&fleet_kubeconfig).await, "default")
 }
 
 #[test]

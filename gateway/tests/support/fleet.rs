@@ -207,6 +207,18 @@ impl Drop for Fleet {
 }
 
 impl Fleet {
+    /// The value of `key` in the simulated fleet's `clusters/CLUSTER.yaml` (its `server`, its
+    /// `token`), trimmed.
+    pub fn cluster_field(&self, cluster: &str, key: &str) -> String {
+        let path = self.fleet_path(&format!("clusters/{cluster}.yaml"));
+        let yaml = std::fs::read_to_string(&path).unwrap();
+        let value = yaml
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix(':'))
+            .unwrap_or_else(|| panic!("no {key} in {}", path.display()));
+        value.trim().to_owned()
+    }
+
     /// The fleet's kubeconfig through the gateway: a context per member, and `fleet`.
     pub fn gateway_kubeconfig(&self) -> PathBuf {
         self.path("gateway.kubeconfig")
@@ -343,6 +355,11 @@ impl Fleet {
         &self.fleet_dir
     }
 
+    /// Rewrites the fleet's `gateway.yaml` with `edit` (read, parsed, edited, written back).
+    pub fn edit_gateway(&self, edit: impl FnOnce(&mut serde_yaml::Value)) {
+        edit_yaml(&self.fleet_path("gateway.yaml"), edit);
+    }
+
     /// A path under the fleet's directory.
     pub fn fleet_path(&self, rel: &str) -> PathBuf {
         self.fleet_dir.join(rel)
@@ -466,10 +483,23 @@ pub fn admin_get(admin: SocketAddr, path: &str) -> String {
     raw_get(admin, "admin", path, "")
 }
 
+/// Rewrites the YAML file at `path` with `edit` (read, parsed, edited, written back).
+pub fn edit_yaml(path: &Path, edit: impl FnOnce(&mut serde_yaml::Value)) {
+    let mut value: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    edit(&mut value);
+    std::fs::write(path, serde_yaml::to_string(&value).unwrap()).unwrap();
+}
+
 /// A plaintext HTTP/1.1 GET of `path` with `Connection: close` and `headers` (whole lines,
 /// each ending in `\r\n`); the whole response as the gateway wrote it, head included.
 pub fn raw_get(address: SocketAddr, host: &str, path: &str, headers: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(address).expect("listener");
+    let stream = std::net::TcpStream::connect(address).expect("listener");
+    get_closing(stream, host, path, headers)
+}
+
+/// [`raw_get`] over a connection already made (a TLS one, say): the whole response.
+pub fn get_closing(mut stream: impl Read + Write, host: &str, path: &str, headers: &str) -> String {
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n"

@@ -1,8 +1,10 @@
 //! Running the real kubectl (/usr/bin/kubectl) against the gateway: a command with the
-//! kubeconfig and context set, its output captured, and the checks every kubectl test makes.
+//! kubeconfig and context set, its output captured, the argument lists several tests share, and
+//! the checks every kubectl test makes (a run that must succeed, or fail saying why).
 //!
-//! It never talks to a member directly and never retries. Used by the kubectl, kubectl_streams,
-//! reload, drain, identity, egress_proxy, one_pass, audit, tunnel and tunnel_netns test binaries.
+//! It never talks to a member directly and never retries. Used by most kubectl-driven test
+//! binaries (kubectl, kubectl_streams, reload, drain, identity, egress_proxy, one_pass, audit,
+//! demo, tunnel, tunnel_netns, ...) and by the pull-mode harness.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -21,6 +23,14 @@ pub const PORT_FORWARD: [(&str, &[(&str, &str)]); 2] = [
     ("websocket", &[]),
     ("spdy", &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]),
 ];
+
+/// `kubectl port-forward` of the simulated `hello` pod's echo port 8080 to a free local port
+/// (printed on stdout); split on spaces for the argument list.
+pub const PORT_FORWARD_HELLO: &str = "port-forward -n default pod/hello :8080 --address 127.0.0.1";
+
+/// The same port-forward with `-v=8`, so that its log says which protocol kubectl switched to.
+pub const PORT_FORWARD_HELLO_TRACED: &str =
+    "port-forward -n default pod/hello :8080 --address 127.0.0.1 -v=8";
 
 /// kubectl's `-v=8` log shows a 101 of `protocol` (not a silent fallback to the other one) for
 /// a path containing `through` (the gateway's `/clusters/NAME/`).
@@ -75,6 +85,27 @@ pub fn succeeded(out: Output, what: &str, context: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The output of a command (kubectl, curl, `fleetgate certs`) that must have succeeded; a
+/// failure panics with `what`, the exit status and stderr.
+#[track_caller]
+pub fn ran(out: Output, what: &str) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A command that must have failed with `needle` in its stderr.
+#[track_caller]
+pub fn assert_failed_with(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "succeeded, {needle:?} expected");
+    assert!(stderr.contains(needle), "{needle:?} expected in: {stderr}");
 }
 
 /// `kubectl` with no kubeconfig at all: the server, the CA to trust and a client certificate

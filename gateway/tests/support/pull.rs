@@ -2,8 +2,8 @@
 //! (`fleetgate certs issue-agent`), a real `fleetgate agent` child started and waited for (its
 //! `ready` line), signals to it, and raw HTTPS requests to a gateway as the fleet's `admin`.
 //!
-//! Readiness is the agent's `ready` line, never a sleep. Used by the tunnel and tunnel_netns
-//! binaries.
+//! Readiness is the agent's `ready` line, never a sleep. Used by the tunnel* binaries, deploy
+//! and rotation.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -11,8 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::fleet::{admin_tls_config, fleetgate_binary, Fleet, KillOnDrop};
+use super::fleet::{admin_tls_config, fleetgate_binary, get_closing, Fleet, KillOnDrop};
+use super::kubectl::ran;
 use super::wait::{wait_for, LineReader};
+
+/// `kubectl get -w` of namespace dev's ConfigMaps, each event with its type; split on spaces
+/// for the argument list.
+pub const WATCH_DEV_CONFIGMAPS: &str = "get configmaps -n dev -w --output-watch-events";
 
 /// Makes `name`'s Cluster file pull-mode (`connectMode: Tunnel`, no server, no CA) and returns
 /// its server URL; its CA goes to `agents/NAME-kube-ca.crt`.
@@ -39,11 +44,7 @@ pub fn issue_agent(dir: &Path, cluster: &str) {
         .arg(dir)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ran(out, "fleetgate certs issue-agent");
 }
 
 /// What an agent is started with, beside its gateways.
@@ -180,15 +181,8 @@ pub fn admin_https(
 /// A GET of `path` on the gateway at `https` as `admin` (`Connection: close`); the whole
 /// response, head included.
 pub fn admin_get_at(fleet_dir: &Path, https: SocketAddr, path: &str) -> String {
-    let mut client = admin_https(fleet_dir, TcpStream::connect(https).unwrap());
-    write!(
-        client,
-        "GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = String::new();
-    client.read_to_string(&mut answer).unwrap();
-    answer
+    let client = admin_https(fleet_dir, TcpStream::connect(https).unwrap());
+    get_closing(client, "gw", path, "")
 }
 
 /// A client of the gateway at `https` (as `admin`) that asks for `cluster`'s whole ConfigMap
@@ -285,14 +279,7 @@ pub fn kubectl_basics(fleet: &Fleet, cluster: &str, said: &str) -> String {
     assert!(through.lines().count() > 20, "{through}");
 
     // A watch sees a change made afterwards.
-    let watch_args = [
-        "get",
-        "configmaps",
-        "-n",
-        "dev",
-        "-w",
-        "--output-watch-events",
-    ];
+    let watch_args: Vec<&str> = WATCH_DEV_CONFIGMAPS.split(' ').collect();
     let (watch, mut events) = spawn_lines(fleet, cluster, &watch_args, &[]);
     events.wait_line("the watch's first event", Duration::from_secs(30), |l| {
         l.contains("kube-root-ca.crt")
@@ -327,11 +314,7 @@ pub fn kubectl_basics(fleet: &Fleet, cluster: &str, said: &str) -> String {
         .env(env.0, env.1)
         .output()
         .unwrap();
-        assert!(
-            out.status.success(),
-            "exec {env:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = ran(out, &format!("exec {env:?}"));
         assert_eq!(out.stdout, format!("{said}\n").as_bytes(), "exec {env:?}");
     }
     through

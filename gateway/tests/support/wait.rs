@@ -22,7 +22,23 @@ pub fn wait_for_or(
     context: impl FnOnce() -> String,
 ) -> Duration {
     let start = Instant::now();
-    while !condition() {
+    wait_for_some(what, deadline, || condition().then_some(()), context);
+    start.elapsed()
+}
+
+/// Polls `condition` every 20 ms until it returns Some (then its value) or `deadline` passes
+/// (then the test fails, its message ending with `context()`).
+pub fn wait_for_some<T>(
+    what: &str,
+    deadline: Duration,
+    mut condition: impl FnMut() -> Option<T>,
+    context: impl FnOnce() -> String,
+) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(value) = condition() {
+            return value;
+        }
         if start.elapsed() >= deadline {
             panic!(
                 "timed out after {deadline:?} waiting for {what}\n{}",
@@ -31,7 +47,15 @@ pub fn wait_for_or(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    start.elapsed()
+}
+
+/// All of a child's pipe (its stderr, say), read to the end on a thread; join for the text.
+pub fn read_on_thread(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    })
 }
 
 /// Lines of a child's pipe, read on a thread and stamped with when they arrived.

@@ -1,7 +1,8 @@
 //! Shared harness of the loadtest crate's integration tests (used by the sim API tests, the
 //! streaming tests and the lead's gateway tests): starts a simulated fleet in-process on a
 //! background tokio runtime in a temporary directory, runs `/usr/bin/kubectl` against it with a
-//! private cache directory, and waits for conditions with a deadline instead of sleeping.
+//! private cache directory, builds kube-rs clients and raw HTTPS requests for a member, and waits
+//! for conditions with a deadline instead of sleeping.
 //!
 //! Every helper is bounded in time; nothing binds a fixed port.
 
@@ -102,13 +103,21 @@ impl TestFleet {
         kubectl_with(&self.kubeconfig(), &self.cache_dir(), args, env)
     }
 
+    /// The first member as a raw client meets it: its address, the fleet CA (PEM) that signed
+    /// its serving certificate, and the `admin` user's bearer token.
+    pub fn first_member(&self) -> (std::net::SocketAddr, String, String) {
+        let addr = self.handle().member_addrs()[0];
+        (addr, self.fleet_ca_pem(), self.token("admin"))
+    }
+
+    /// `kubectl --kubeconfig DIR/kubeconfig --cache-dir CACHE`, to add arguments and stdio to.
+    pub fn kubectl_command(&self) -> Command {
+        kubectl_command(&self.kubeconfig(), &self.cache_dir())
+    }
+
     /// Starts kubectl without waiting (for `get -w`, `logs -f`, `port-forward`).
     pub fn kubectl_spawn(&self, args: &[&str]) -> std::process::Child {
-        Command::new(KUBECTL)
-            .arg("--kubeconfig")
-            .arg(self.kubeconfig())
-            .arg("--cache-dir")
-            .arg(self.cache_dir())
+        self.kubectl_command()
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -130,6 +139,26 @@ impl Drop for TestFleet {
     }
 }
 
+/// A kube-rs client from the kubeconfig at `path` (its current context).
+pub async fn kube_client(path: &Path) -> kube::Client {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let kubeconfig = Kubeconfig::read_from(path).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    kube::Client::try_from(config).expect("client")
+}
+
+/// `kubectl --kubeconfig KUBECONFIG --cache-dir CACHE_DIR`, to add arguments and stdio to.
+pub fn kubectl_command(kubeconfig: &Path, cache_dir: &Path) -> Command {
+    let mut cmd = Command::new(KUBECTL);
+    cmd.arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--cache-dir")
+        .arg(cache_dir);
+    cmd
+}
+
 /// Runs kubectl with the given kubeconfig and cache directory.
 pub fn kubectl_with(
     kubeconfig: &Path,
@@ -137,27 +166,19 @@ pub fn kubectl_with(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Output {
-    let mut cmd = Command::new(KUBECTL);
-    cmd.arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--cache-dir")
-        .arg(cache_dir)
+    kubectl_command(kubeconfig, cache_dir)
         .args(args)
-        .stdin(Stdio::null());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("run kubectl")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run kubectl")
 }
 
 /// Runs kubectl feeding `stdin`.
 pub fn kubectl_stdin(fleet: &TestFleet, args: &[&str], stdin: &str) -> Output {
     use std::io::Write;
-    let mut child = Command::new(KUBECTL)
-        .arg("--kubeconfig")
-        .arg(fleet.kubeconfig())
-        .arg("--cache-dir")
-        .arg(fleet.cache_dir())
+    let mut child = fleet
+        .kubectl_command()
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -336,10 +357,34 @@ pub mod raw {
 
     /// A GET with a bearer token.
     pub fn get(path: &str, token: &str) -> http::Request<Full<Bytes>> {
-        http::Request::get(path)
+        with_body("GET", path, token, None, Bytes::new())
+    }
+
+    /// A `method` request for `path` with a bearer token and `body`, of `content_type` if given.
+    pub fn with_body(
+        method: &str,
+        path: &str,
+        token: &str,
+        content_type: Option<&str>,
+        body: impl Into<Bytes>,
+    ) -> http::Request<Full<Bytes>> {
+        let mut builder = http::Request::builder()
+            .method(method)
+            .uri(path)
             .header("host", "127.0.0.1")
-            .header("authorization", format!("Bearer {token}"))
-            .body(Full::new(Bytes::new()))
-            .expect("request")
+            .header("authorization", format!("Bearer {token}"));
+        if let Some(content_type) = content_type {
+            builder = builder.header("content-type", content_type);
+        }
+        builder.body(Full::new(body.into())).expect("request")
+    }
+
+    /// A POST of a JSON `body` with a bearer token.
+    pub fn post_json(
+        path: &str,
+        token: &str,
+        body: impl Into<Bytes>,
+    ) -> http::Request<Full<Bytes>> {
+        with_body("POST", path, token, Some("application/json"), body)
     }
 }
