@@ -10,16 +10,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceColumnDefinition, CustomResourceDefinition,
 };
 use kube::core::CustomResourceExt;
-use schemars::{json_schema, Schema, SchemaGenerator};
-
-/// The schema of a field that holds free-form JSON (kept as written, not pruned by the API
-/// server).
-pub fn preserve_unknown_fields(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true,
-    })
-}
 
 pub use crate::objects::{ClusterStatus, ObjectStatus, ReplicaTunnels, StatusCondition};
 

@@ -1,8 +1,7 @@
 //! Client impersonation: the `Impersonate-*` headers a client sends to act as someone else, as
 //! kube-apiserver's impersonation filter reads them, each identity checked against the
 //! AccessPolicy's `impersonate` grants, and what an impersonated identity may do without a grant
-//! of its own. Refused where the member would see the gateway itself. Called by `auth::decide`
-//! and the front-ends.
+//! of its own. Refused where the member would see the gateway itself. Called by `auth::decide`.
 
 use fleetgate_config_watcher::policy::{is_basic, AccessControl, RequestAttributes};
 

@@ -10,7 +10,7 @@
 //! the client's own `Authorization` goes through instead. Never does I/O, never logs a
 //! credential, and never trusts a header for identity. The common path (certificate, or a token
 //! seen before on the connection) allocates nothing but an `Arc` count. Called by `tls` (at
-//! handshake), `proxy` and `http2` (per request).
+//! handshake) and the pipeline (`handle`, per request, through `request::decide`).
 
 use std::cell::RefCell;
 use std::sync::Arc;

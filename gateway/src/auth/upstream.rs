@@ -1,7 +1,7 @@
 //! What the member is told about the user: the cluster's own credentials, then
 //! `Impersonate-User` / `-Group` / `-Uid` / `-Extra-*` for the identity the gateway decided, and
 //! which client headers never reach a member because they are the gateway's to write. Called by
-//! the front-ends while they build the member's request head.
+//! the exchange (`exchange::member_head`) while it builds the member's request head.
 
 use fleetgate_config_watcher::ClusterRoute;
 

@@ -346,6 +346,21 @@ impl GatewayError {
     }
 }
 
+/// The Status of a 410 `Expired`: a resourceVersion older than the watch window, as
+/// kube-apiserver words it (`too old resource version: {detail}`). Sent inside a watch as an
+/// ERROR event (fixtures: configmaps-watch-too-old-rv1-raw.txt), or made from a member's 410 head.
+pub fn expired_status(detail: &str) -> serde_json::Value {
+    serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("too old resource version: {detail}"),
+        "reason": "Expired",
+        "code": 410
+    })
+}
+
 /// The reason phrase of the status line for the codes this module emits.
 pub fn reason_phrase(code: u16) -> &'static str {
     match code {

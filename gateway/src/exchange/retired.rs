@@ -5,8 +5,8 @@
 //! "Cleanly" depends on the framing: a chunked body gets its last chunk (`0\r\n\r\n`) at a chunk
 //! boundary (a kube-apiserver watch event or log line is one chunk, so the client never sees half
 //! an event); a close-delimited body ends by closing; a Content-Length body cannot end early and
-//! is cut. The HTTP/1.1 driver (`proxy`) and the h2 glue (`http2`) ask [`retired_end`] what to do
-//! once they see the route's retirement, and write the ending themselves. Only long-running
+//! is cut. The pipeline (`handle`) asks [`retired_end`] what to do once it sees the route's
+//! retirement, and the front-end writes the ending. Only long-running
 //! responses (watch, `logs -f`) are ended this way: an ordinary response finishes by itself and
 //! ending it early would truncate a document. Never does I/O.
 

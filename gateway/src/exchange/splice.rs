@@ -11,7 +11,7 @@
 //! session may sit idle for hours. The one other end is the route's retirement (its cluster was
 //! removed or its credentials changed): the splice stops at once and the caller closes both
 //! connections, as a member restart would. Runtime-neutral (tokio's I/O traits on readiness streams);
-//! never parses anything. Called by `proxy` once a 101 has been relayed.
+//! never parses anything. Called by the pipeline (`handle`) once a 101 has been relayed.
 
 use std::future::{poll_fn, Future};
 use std::io;

@@ -875,7 +875,7 @@ mod tests {
 
     #[test]
     fn an_expired_member_ends_the_watch_with_its_status_naming_the_cluster() {
-        let status = watcher::expired_status("41");
+        let status = crate::errors::expired_status("41");
         let end = out(vec![merge(false).expired("m2", status)]);
         assert_eq!(end[0]["type"], "ERROR");
         assert_eq!(end[0]["object"]["code"], 410);

@@ -28,7 +28,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::ask::Missed;
 use super::backoff::Backoff;
@@ -246,7 +246,7 @@ pub(crate) async fn run(
         };
         match missed {
             Missed::Answered(410, _) => {
-                let status = expired_status(&from);
+                let status = crate::errors::expired_status(&from);
                 match handler.expired(&status) {
                     AfterExpiry::Relist => state = State::List,
                     AfterExpiry::WatchFrom(place) => {
@@ -278,19 +278,6 @@ pub(crate) async fn run(
             }
         }
     }
-}
-
-/// The Status of a 410 a member answered with a head rather than an ERROR event.
-pub fn expired_status(from: &str) -> Value {
-    json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": format!("too old resource version: {from}"),
-        "reason": "Expired",
-        "code": 410
-    })
 }
 
 /// The resourceVersion an event's object carries (a Table's own, for a Table watch).

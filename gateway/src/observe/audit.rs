@@ -8,8 +8,8 @@
 //! (`fleetgate_audit_events_dropped`); a shard never blocks on the log and never does file I/O.
 //! One writer thread derives the rest (cluster, verb, objectRef, auditID, timestamps), serializes
 //! and writes through a buffered writer, flushing at least once a second. Built by `serve` from
-//! the Gateway's `spec.audit`; records come from `proxy` (HTTP/1.1, upgrades when the session ends)
-//! and `http2` (each stream) where a response ends.
+//! the Gateway's `spec.audit`; records come from the pipeline (`handle`, for both front-ends)
+//! where a response ends (an upgrade's when its session ends).
 //!
 //! On SIGHUP (`serve`) the writer reopens the configured path ([`AuditLog::reopen`]): a log
 //! rotator renames the file, signals, and the next lines go to a new file at the path, as with
@@ -167,7 +167,7 @@ impl AuditRequest {
     }
 }
 
-/// What an h2 stream's driver learns as it goes, for the record at the stream's end: who (once
+/// What the pipeline learns of a request as it goes (over either protocol), for the record at the stream's end: who (once
 /// decided), what the request was classified as, and the code of the response head it sent.
 #[derive(Debug, Default)]
 pub struct StreamAudit {

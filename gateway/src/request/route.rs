@@ -7,7 +7,7 @@
 //! prefix is stripped (an empty rest becomes `/`), the query is passed on raw and
 //! percent-encoding is never decoded, so the member sees exactly the bytes the client sent.
 //! This module does no lookup in the routing table and never allocates; the connection driver
-//! (`proxy`) calls [`route`] and then asks the table for the cluster.
+//! (`handle`, through `request::decide`) calls [`route`] and then asks the table for the cluster.
 //!
 //! After a cluster prefix, [`service_path`] recognizes the direct service path of a pull-mode
 //! cluster, `/services/{namespace}/{name}:{port}/{path}`: `services` is no root segment of a

@@ -8,7 +8,7 @@
 //! - a member host name ending in `.slow.fleetgate.test` takes 2 s to resolve, to `localhost` (a
 //!   slow DNS server: the shard must go on serving meanwhile).
 //!
-//! Read once per request by the front-ends, before `request::decide` (one relaxed load when
+//! Read once per request by the pipeline (`handle`), before `request::decide` (one relaxed load when
 //! off). Never enable it in production: it lets any client kill a shard.
 
 use std::sync::atomic::{AtomicBool, Ordering};

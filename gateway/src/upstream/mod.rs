@@ -4,7 +4,7 @@
 //! This is one of the few modules that touch monoio types: it dials with monoio and turns the
 //! socket into a readiness-based (`poll-io`) stream, so tokio-rustls and, later, the `h2` crate run
 //! on it, and an idle pooled connection holds no kernel-owned buffer. It never parses HTTP and
-//! never decides routes: the connection driver (`proxy`) asks it for a connection to a
+//! never decides routes: the exchange asks it for a connection to a
 //! [`ClusterRoute`] and gives it back only after a clean, complete response. New connections to
 //! one endpoint are dialed a few at a time per shard, requests beyond that waiting in line
 //! (`dials`), so a flood of requests is never a flood of dials. It also keeps the socket budget

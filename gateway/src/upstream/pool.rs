@@ -143,11 +143,6 @@ impl ShardPool {
         }
         self.idle.put(conn);
     }
-
-    /// Idle connections held now (for tests and metrics).
-    pub fn idle_count(&self) -> usize {
-        self.idle.by_cluster.borrow().values().map(Vec::len).sum()
-    }
 }
 
 /// The idle connections, shared between the pool, its line's dials and its sweeper task (same

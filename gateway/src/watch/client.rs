@@ -389,15 +389,7 @@ fn kind_of(resource: &str) -> String {
 /// The 410 ERROR event kube-apiserver sends inside a 200 watch for a resourceVersion older than
 /// its window (fixtures: configmaps-watch-too-old-rv1-raw.txt).
 fn expired_line(requested: u64, oldest: u64) -> Bytes {
-    let status = json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": format!("too old resource version: {requested} ({oldest})"),
-        "reason": "Expired",
-        "code": 410
-    });
+    let status = crate::errors::expired_status(&format!("{requested} ({oldest})"));
     let mut out =
         serde_json::to_vec(&json!({"type": "ERROR", "object": status})).unwrap_or_default();
     out.push(b'\n');

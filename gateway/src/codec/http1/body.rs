@@ -5,7 +5,7 @@
 //! The framing decision is where request smuggling is stopped: a request with both Content-Length
 //! and Transfer-Encoding, several or invalid Content-Lengths, or a Transfer-Encoding other than a
 //! lone final `chunked` is refused, never "repaired". This module never does I/O and never
-//! allocates; the connection driver (`proxy`) calls it for every message in both directions.
+//! allocates; the HTTP/1.1 front-end (`protocol::h1`) and the exchange call it for every message in both directions.
 
 use super::head::{trim, Head};
 

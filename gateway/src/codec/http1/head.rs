@@ -4,7 +4,7 @@
 //!
 //! This module only turns bytes into heads. It knows nothing of clusters, routes or identity, never
 //! does I/O, and never allocates once a connection's buffers have grown to its largest head. The
-//! connection driver (`proxy`) calls [`parse_request`] and [`parse_response`] on its read buffers.
+//! HTTP/1.1 front-end (`protocol::h1`) and the exchange call [`parse_request`] and [`parse_response`] on its read buffers.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
