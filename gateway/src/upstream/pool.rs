@@ -35,6 +35,9 @@ use crate::errors::GatewayError;
 use crate::runtime::clock;
 use crate::tunnel::wire::ServiceRef;
 
+#[cfg(test)]
+mod tests;
+
 /// What an upstream connection reaches, as the pool keys it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
