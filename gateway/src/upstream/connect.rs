@@ -173,6 +173,19 @@ impl UpstreamConn {
     }
 }
 
+#[cfg(test)]
+impl UpstreamConn {
+    /// A connection over `io` to `cluster`'s member, as [`connect`] gives one (for in-process
+    /// tests of the pool and the exchange).
+    pub(crate) fn for_test(
+        io: UpstreamIo,
+        cluster: &ClusterRoute,
+        metrics: &ShardMetrics,
+    ) -> UpstreamConn {
+        UpstreamConn::new(io, cluster, super::PoolKey::new(cluster, None), metrics)
+    }
+}
+
 /// Opens a connection to `cluster` (TCP and, for https, the TLS handshake) within `timeout`;
 /// with `service`, a stream to that service through a pull-mode cluster's agent (never for a
 /// cluster reached directly).

@@ -35,6 +35,9 @@ use crate::errors::GatewayError;
 use crate::runtime::clock;
 use crate::tunnel::wire::ServiceRef;
 
+#[cfg(test)]
+mod tests;
+
 /// What an upstream connection reaches, as the pool keys it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
@@ -142,6 +145,12 @@ impl ShardPool {
             }
         }
         self.idle.put(conn);
+    }
+
+    /// Idle connections held now (the in-process tests' view of the pool).
+    #[cfg(test)]
+    pub(crate) fn idle_count(&self) -> usize {
+        self.idle.by_cluster.borrow().values().map(Vec::len).sum()
     }
 }
 
