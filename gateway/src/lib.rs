@@ -47,6 +47,8 @@ pub mod protocol;
 pub mod request;
 pub mod runtime;
 pub mod server;
+#[cfg(test)]
+mod testing;
 pub mod tls;
 pub mod tunnel;
 pub mod upstream;

@@ -30,7 +30,7 @@ enum Command {
     /// Write a kubeconfig with one context per cluster a user may reach through the gateway.
     Kubeconfig(fleetgate::cli::kubeconfig::KubeconfigArgs),
     /// Beside a pull-mode member: dial the gateways and carry their requests to the member.
-    Agent(fleetgate::cli::agent::AgentArgs),
+    Agent(fleetgate::agent::AgentArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -41,7 +41,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo(args) => fleetgate::cli::demo::run(args, &cli.log),
         Command::Certs(args) => fleetgate::cli::certs::run(args),
         Command::Kubeconfig(args) => fleetgate::cli::kubeconfig::run(args),
-        Command::Agent(args) => fleetgate::cli::agent::run(args),
+        Command::Agent(args) => fleetgate::agent::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -8,7 +8,7 @@
 //! A leaf: it computes delays and never sleeps or reads a clock (its callers measure how long an
 //! attempt ran, and sleep on their own runtime), so it serves the member watcher (on a shard's
 //! monoio runtime), the pull-mode agent (on tokio), and tests (with no time at all). Called by
-//! `member::watcher` and `cli::agent`.
+//! `member::watcher` and the agent program (`agent/`).
 
 use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;

@@ -1058,7 +1058,7 @@ mod tests {
 
     /// The route of a cluster `name` whose server is `server`, as the table builds it.
     fn route(name: &str, server: &str) -> Arc<ClusterRoute> {
-        let table = crate::request::test_table(&format!(
+        let table = crate::testing::test_table(&format!(
             "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {{name: {name}}}\n\
              spec: {{server: \"{server}\"}}\n"
         ));

@@ -689,18 +689,6 @@ fn no_fleet_route<'t>(rest: &[u8]) -> Refused<'t> {
     .into()
 }
 
-/// A routing table of a minimal Gateway and the `clusters` objects (YAML), for unit tests.
-#[cfg(test)]
-pub(crate) fn test_table(clusters: &str) -> RouteTable {
-    let yaml = format!(
-        "apiVersion: fleetgate.io/v1alpha1\nkind: Gateway\nmetadata: {{name: g}}\nspec:\n  \
-         listeners: [{{name: http, address: \"127.0.0.1:0\", tls: false}}]\n---\n{clusters}"
-    );
-    let files = [(std::path::PathBuf::from("/t/c.yaml"), yaml)];
-    let config = fleetgate_config_watcher::load_texts(std::path::Path::new("/t"), &files).unwrap();
-    RouteTable::build(&config).unwrap()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -713,7 +701,7 @@ mod tests {
         reason = "the closure returns what `decide` returns"
     )]
     fn the_service_path_needs_an_identity_the_gateway_verified() {
-        let table = test_table(
+        let table = crate::testing::test_table(
             "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: pt}\n\
              spec: {mode: Tunnel, authMode: PassThrough}\n",
         );

@@ -23,7 +23,7 @@ fn table() -> RouteTable {
              spec: {{connectMode: Tunnel}}\n"
         )
     };
-    crate::request::test_table(&format!("{}---\n{}", cluster("edge"), cluster("other")))
+    crate::testing::test_table(&format!("{}---\n{}", cluster("edge"), cluster("other")))
 }
 
 fn route(name: &str) -> Arc<ClusterRoute> {

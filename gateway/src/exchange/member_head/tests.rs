@@ -41,7 +41,7 @@ fn connection_may_not_name_framing_routing_or_identity_fields() {
 /// member's head of the same cluster carries the gateway's (or, PassThrough, the client's).
 #[test]
 fn a_service_gets_no_credential_or_identity_on_any_cluster() {
-    let table = crate::request::test_table(
+    let table = crate::testing::test_table(
         "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: imp}\n\
          spec: {mode: Tunnel, credentials: {token: gateway-secret}}\n---\n\
          apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: pt}\n\
@@ -119,7 +119,7 @@ fn a_service_gets_no_credential_or_identity_on_any_cluster() {
 /// A direct cluster behind a path prefix, with the gateway's token, impersonating (the default),
 /// and a PassThrough one.
 fn member_table() -> fleetgate_config_watcher::RouteTable {
-    crate::request::test_table(
+    crate::testing::test_table(
         "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata: {name: imp}\n\
          spec: {server: \"https://member.example:6443/prefix\", insecureSkipTLSVerify: true, credentials: {token: gw-token}}\n\
          ---\n\

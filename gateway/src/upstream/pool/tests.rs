@@ -25,7 +25,7 @@ fn routes() -> (Arc<ClusterRoute>, Arc<ClusterRoute>) {
         )
     };
     let table =
-        crate::request::test_table(&format!("{}---\n{}", cluster("edge"), cluster("other")));
+        crate::testing::test_table(&format!("{}---\n{}", cluster("edge"), cluster("other")));
     let route = |name| table.cluster(name).unwrap().clone();
     (route("edge"), route("other"))
 }
