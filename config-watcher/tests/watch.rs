@@ -47,22 +47,45 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) -> Duration {
     start.elapsed()
 }
 
+/// A new directory holding `files` (name, contents), watched: the directory, the table the
+/// watcher publishes, its status, and the watcher.
+fn watched(
+    files: &[(&str, &str)],
+) -> (
+    tempfile::TempDir,
+    SharedTable,
+    Arc<ReloadStatus>,
+    fleetgate_config_watcher::FileWatcher,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, contents) in files {
+        write(dir.path(), name, contents);
+    }
+    let (table, status, watcher) = start(dir.path());
+    (dir, table, status, watcher)
+}
+
+/// Writes `contents` to the file `name` under `dir`.
+fn write(dir: &Path, name: impl AsRef<Path>, contents: impl AsRef<[u8]>) {
+    std::fs::write(dir.join(name), contents).unwrap();
+}
+
 fn port_of(table: &SharedTable, name: &str) -> Option<u16> {
     table.load().cluster(name).map(|c| c.upstream.port)
 }
 
 #[test]
 fn directory_changes_are_published_and_a_broken_file_keeps_the_last_good_table() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
-    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1001)).unwrap();
-    let (table, status, _watcher) = start(dir.path());
+    let (dir, table, status, _watcher) = watched(&[
+        ("gateway.yaml", GATEWAY),
+        ("a.yaml", &cluster("alpha", 1001)),
+    ]);
     assert_eq!(table.load().generation(), 1);
     let alpha_id = table.load().cluster("alpha").unwrap().id;
 
     // Added.
     std::fs::create_dir(dir.path().join("more")).unwrap();
-    std::fs::write(dir.path().join("more/b.yaml"), cluster("beta", 2001)).unwrap();
+    write(dir.path(), "more/b.yaml", cluster("beta", 2001));
     let took = eventually("beta added", || port_of(&table, "beta") == Some(2001));
     assert!(took < Duration::from_secs(1), "beta took {took:?}");
     assert_eq!(table.load().generation(), 2);
@@ -70,16 +93,12 @@ fn directory_changes_are_published_and_a_broken_file_keeps_the_last_good_table()
     assert_eq!(table.load().cluster("alpha").unwrap().id, alpha_id);
 
     // Changed.
-    std::fs::write(dir.path().join("more/b.yaml"), cluster("beta", 2002)).unwrap();
+    write(dir.path(), "more/b.yaml", cluster("beta", 2002));
     eventually("beta changed", || port_of(&table, "beta") == Some(2002));
 
     // Broken: the old table keeps serving, the error names the file.
     let generation = table.load().generation();
-    std::fs::write(
-        dir.path().join("more/b.yaml"),
-        "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: beta\nspec:\n  server: ftp://x\n",
-    )
-    .unwrap();
+    write(dir.path(), "more/b.yaml", "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: beta\nspec:\n  server: ftp://x\n");
     eventually("the broken file reported", || status.last_error().is_some());
     let failure = status.last_error().unwrap();
     assert!(
@@ -142,7 +161,7 @@ fn a_single_file_replaced_by_rename_is_a_change() {
     let file = dir.path().join("fleetgate.yaml");
     std::fs::write(&file, format!("{GATEWAY}---\n{}", cluster("alpha", 1001))).unwrap();
     // An unrelated file beside it must not matter.
-    std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+    write(dir.path(), "notes.txt", "x");
     let (table, status, _watcher) = start(&file);
 
     let tmp = dir.path().join(".fleetgate.yaml.swp");
@@ -156,15 +175,13 @@ fn a_single_file_replaced_by_rename_is_a_change() {
 
 #[test]
 fn a_burst_of_writes_is_debounced_into_few_reloads() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
-    let (table, status, _watcher) = start(dir.path());
+    let (dir, table, status, _watcher) = watched(&[("gateway.yaml", GATEWAY)]);
     for i in 0..50u16 {
-        std::fs::write(
-            dir.path().join(format!("c{}.yaml", i % 5)),
+        write(
+            dir.path(),
+            format!("c{}.yaml", i % 5),
             cluster(&format!("c{}", i % 5), 4000 + i),
-        )
-        .unwrap();
+        );
     }
     eventually("the last write served", || {
         (45..50).all(|i| port_of(&table, &format!("c{}", i % 5)) == Some(4000 + i))
@@ -180,14 +197,10 @@ fn a_burst_of_writes_is_debounced_into_few_reloads() {
 #[test]
 fn a_rebuild_reuses_the_routes_of_unchanged_clusters_and_shares_tls_configs() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
+    write(dir.path(), "gateway.yaml", GATEWAY);
     let mut config = load_path(dir.path()).unwrap();
     let template = {
-        std::fs::write(
-            dir.path().join("c.yaml"),
-            "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: a\nspec:\n  server: https://127.0.0.1:1\n  insecureSkipTLSVerify: true\n  credentials:\n    token: t\n",
-        )
-        .unwrap();
+        write(dir.path(), "c.yaml", "apiVersion: fleetgate.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: a\nspec:\n  server: https://127.0.0.1:1\n  insecureSkipTLSVerify: true\n  credentials:\n    token: t\n");
         load_path(dir.path()).unwrap().clusters.remove(0)
     };
     for name in ["a", "b", "c"] {
@@ -239,18 +252,14 @@ fn rejected(status: &ReloadStatus) -> Vec<(String, bool)> {
 
 #[test]
 fn a_bad_cluster_does_not_block_a_good_one_added_beside_it() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
-    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1001)).unwrap();
-    let (table, status, _watcher) = start(dir.path());
+    let (dir, table, status, _watcher) = watched(&[
+        ("gateway.yaml", GATEWAY),
+        ("a.yaml", &cluster("alpha", 1001)),
+    ]);
 
     // One team's Cluster names a Secret nobody created; another team's Cluster is fine.
-    std::fs::write(
-        dir.path().join("bad.yaml"),
-        cluster_without_its_secret("bad"),
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("good.yaml"), cluster("gamma", 3001)).unwrap();
+    write(dir.path(), "bad.yaml", cluster_without_its_secret("bad"));
+    write(dir.path(), "good.yaml", cluster("gamma", 3001));
     eventually("the good cluster served", || {
         port_of(&table, "gamma") == Some(3001)
     });
@@ -276,11 +285,11 @@ fn a_bad_cluster_does_not_block_a_good_one_added_beside_it() {
     );
 
     // The Secret created: the Cluster is served and nothing is rejected any more.
-    std::fs::write(
-        dir.path().join("secret.yaml"),
+    write(
+        dir.path(),
+        "secret.yaml",
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: missing\nstringData:\n  token: t\n",
-    )
-    .unwrap();
+    );
     eventually("the fixed cluster served", || {
         port_of(&table, "bad") == Some(9)
     });
@@ -290,19 +299,19 @@ fn a_bad_cluster_does_not_block_a_good_one_added_beside_it() {
 
 #[test]
 fn an_object_that_turns_invalid_keeps_its_last_good_version_while_others_change() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
-    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1001)).unwrap();
-    std::fs::write(dir.path().join("b.yaml"), cluster("beta", 2001)).unwrap();
-    let (table, status, _watcher) = start(dir.path());
+    let (dir, table, status, _watcher) = watched(&[
+        ("gateway.yaml", GATEWAY),
+        ("a.yaml", &cluster("alpha", 1001)),
+        ("b.yaml", &cluster("beta", 2001)),
+    ]);
     let alpha_id = table.load().cluster("alpha").unwrap().id;
 
-    std::fs::write(
-        dir.path().join("a.yaml"),
+    write(
+        dir.path(),
+        "a.yaml",
         cluster("alpha", 1001).replace("http://", "ftp://"),
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("b.yaml"), cluster("beta", 2002)).unwrap();
+    );
+    write(dir.path(), "b.yaml", cluster("beta", 2002));
     eventually("beta changed", || port_of(&table, "beta") == Some(2002));
     // alpha's last good version serves on, the same route (its pool and streams kept).
     assert_eq!(table.load().cluster("alpha").unwrap().id, alpha_id);
@@ -318,15 +327,15 @@ fn an_object_that_turns_invalid_keeps_its_last_good_version_while_others_change(
     );
 
     // A Gateway that turns invalid keeps its last good version too; clusters go on changing.
-    std::fs::write(
-        dir.path().join("gateway.yaml"),
+    write(
+        dir.path(),
+        "gateway.yaml",
         GATEWAY.replace(
             "  listeners:\n  - address: 127.0.0.1:0\n    tls: false\n",
             "  listeners: []\n",
         ),
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("c.yaml"), cluster("gamma", 3001)).unwrap();
+    );
+    write(dir.path(), "c.yaml", cluster("gamma", 3001));
     eventually("gamma added", || port_of(&table, "gamma") == Some(3001));
     assert_eq!(table.load().gateway().listeners.len(), 1);
     eventually("the Gateway reported", || {
@@ -345,22 +354,21 @@ fn an_object_that_turns_invalid_keeps_its_last_good_version_while_others_change(
 
 #[test]
 fn a_file_that_does_not_parse_keeps_its_objects_and_other_files_go_on() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
-    std::fs::write(
-        dir.path().join("a.yaml"),
-        format!("{}---\n{}", cluster("alpha", 1001), cluster("alpha2", 1002)),
-    )
-    .unwrap();
-    let (table, status, _watcher) = start(dir.path());
+    let (dir, table, status, _watcher) = watched(&[
+        ("gateway.yaml", GATEWAY),
+        (
+            "a.yaml",
+            &format!("{}---\n{}", cluster("alpha", 1001), cluster("alpha2", 1002)),
+        ),
+    ]);
 
     // a.yaml half written (or mistyped): neither of its clusters can be told apart any more.
-    std::fs::write(
-        dir.path().join("a.yaml"),
+    write(
+        dir.path(),
+        "a.yaml",
         format!("{}---\nkind: [broken\n", cluster("alpha", 1005)),
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("b.yaml"), cluster("beta", 2001)).unwrap();
+    );
+    write(dir.path(), "b.yaml", cluster("beta", 2001));
     eventually("beta added", || port_of(&table, "beta") == Some(2001));
     assert_eq!(port_of(&table, "alpha"), Some(1001));
     assert_eq!(port_of(&table, "alpha2"), Some(1002));
@@ -373,7 +381,7 @@ fn a_file_that_does_not_parse_keeps_its_objects_and_other_files_go_on() {
     );
 
     // Fixed: its objects as now written.
-    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1005)).unwrap();
+    write(dir.path(), "a.yaml", cluster("alpha", 1005));
     eventually("a.yaml served", || {
         port_of(&table, "alpha") == Some(1005) && port_of(&table, "alpha2").is_none()
     });
@@ -382,17 +390,17 @@ fn a_file_that_does_not_parse_keeps_its_objects_and_other_files_go_on() {
 
 #[test]
 fn a_cluster_defined_twice_keeps_the_copy_that_serves() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
-    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1001)).unwrap();
-    let (table, status, _watcher) = start(dir.path());
+    let (dir, table, status, _watcher) = watched(&[
+        ("gateway.yaml", GATEWAY),
+        ("a.yaml", &cluster("alpha", 1001)),
+    ]);
 
     // Another team takes the name in a file of its own, and adds a cluster of its own.
-    std::fs::write(
-        dir.path().join("z.yaml"),
+    write(
+        dir.path(),
+        "z.yaml",
         format!("{}---\n{}", cluster("alpha", 9001), cluster("zeta", 9002)),
-    )
-    .unwrap();
+    );
     eventually("zeta added", || port_of(&table, "zeta") == Some(9002));
     assert_eq!(port_of(&table, "alpha"), Some(1001));
     eventually("the second alpha reported", || {
@@ -410,22 +418,22 @@ fn a_cluster_defined_twice_keeps_the_copy_that_serves() {
 
 #[test]
 fn two_gateways_keep_the_last_good_one_and_a_secret_defined_twice_is_neither_copy() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY).unwrap();
-    std::fs::write(dir.path().join("a.yaml"), cluster("alpha", 1001)).unwrap();
-    let (table, status, _watcher) = start(dir.path());
+    let (dir, table, status, _watcher) = watched(&[
+        ("gateway.yaml", GATEWAY),
+        ("a.yaml", &cluster("alpha", 1001)),
+    ]);
 
     // A second Gateway: which one is meant cannot be guessed, so neither replaces the serving
     // one; the Cluster written with it is served.
-    std::fs::write(
-        dir.path().join("gateway2.yaml"),
+    write(
+        dir.path(),
+        "gateway2.yaml",
         GATEWAY.replace("name: gw", "name: gw2").replace(
             "tls: false",
             "tls: false\n  - address: 127.0.0.1:0\n    tls: false",
         ),
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("b.yaml"), cluster("beta", 2001)).unwrap();
+    );
+    write(dir.path(), "b.yaml", cluster("beta", 2001));
     eventually("beta added", || port_of(&table, "beta") == Some(2001));
     assert_eq!(table.load().gateway().name, "gw");
     assert_eq!(table.load().gateway().listeners.len(), 1);
@@ -452,13 +460,9 @@ fn two_gateways_keep_the_last_good_one_and_a_secret_defined_twice_is_neither_cop
     // One Secret name in two files: neither copy is used, so the Cluster naming it is not served.
     let secret =
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: missing\nstringData:\n  token: t\n";
-    std::fs::write(dir.path().join("s1.yaml"), secret).unwrap();
-    std::fs::write(dir.path().join("s2.yaml"), secret).unwrap();
-    std::fs::write(
-        dir.path().join("g.yaml"),
-        cluster_without_its_secret("gamma"),
-    )
-    .unwrap();
+    write(dir.path(), "s1.yaml", secret);
+    write(dir.path(), "s2.yaml", secret);
+    write(dir.path(), "g.yaml", cluster_without_its_secret("gamma"));
     eventually("the Secrets and gamma reported", || {
         let mut r = rejected(&status);
         r.sort();

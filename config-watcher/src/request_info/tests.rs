@@ -9,6 +9,15 @@ fn parse(method: &str, url: &'static str) -> RequestInfo<'static> {
     RequestInfo::parse(method.as_bytes(), path.as_bytes(), query.as_bytes())
 }
 
+/// For each `(url, name, verb)`: a GET of `url` names `name` (`""`: none) with kube's `verb`.
+#[track_caller]
+fn assert_names_and_verbs(cases: &[(&'static str, &str, &str)]) {
+    for &(url, name, verb) in cases {
+        let info = parse("GET", url);
+        assert_eq!((info.name, info.verb.name()), (name, verb), "{url}");
+    }
+}
+
 /// method, url, verb, api group, version, namespace, resource, subresource, name.
 type KubeCase = (
     &'static str,
@@ -25,311 +34,43 @@ type KubeCase = (
 /// kube's TestGetAPIRequestInfo success cases: method, url, verb, api group, version,
 /// namespace, resource, subresource, name (kube's expected API prefix is "api" in every row of
 /// its table, including the /apis ones, a quirk of the table: the prefix is checked here too).
+// One row a case, as in kube's own table (rustfmt would spread each over eleven lines).
+#[rustfmt::skip]
 const KUBE_CASES: &[KubeCase] = &[
-    (
-        "GET",
-        "/api/v1/namespaces",
-        "list",
-        "",
-        "v1",
-        "",
-        "namespaces",
-        "",
-        "",
-    ),
-    (
-        "GET",
-        "/api/v1/namespaces/other",
-        "get",
-        "",
-        "v1",
-        "other",
-        "namespaces",
-        "",
-        "other",
-    ),
-    (
-        "GET",
-        "/api/v1/namespaces/other/pods",
-        "list",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "",
-    ),
-    (
-        "GET",
-        "/api/v1/namespaces/other/pods/foo",
-        "get",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "foo",
-    ),
-    (
-        "HEAD",
-        "/api/v1/namespaces/other/pods/foo",
-        "get",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "foo",
-    ),
-    ("GET", "/api/v1/pods", "list", "", "v1", "", "pods", "", ""),
-    ("HEAD", "/api/v1/pods", "list", "", "v1", "", "pods", "", ""),
-    (
-        "PATCH",
-        "/api/v1/namespaces/new-namespace",
-        "patch",
-        "",
-        "v1",
-        "",
-        "namespaces",
-        "",
-        "new-namespace",
-    ),
+    ("GET",    "/api/v1/namespaces",                                                "list",             "",           "v1",      "",      "namespaces", "",         ""),
+    ("GET",    "/api/v1/namespaces/other",                                          "get",              "",           "v1",      "other", "namespaces", "",         "other"),
+    ("GET",    "/api/v1/namespaces/other/pods",                                     "list",             "",           "v1",      "other", "pods",       "",         ""),
+    ("GET",    "/api/v1/namespaces/other/pods/foo",                                 "get",              "",           "v1",      "other", "pods",       "",         "foo"),
+    ("HEAD",   "/api/v1/namespaces/other/pods/foo",                                 "get",              "",           "v1",      "other", "pods",       "",         "foo"),
+    ("GET",    "/api/v1/pods",                                                      "list",             "",           "v1",      "",      "pods",       "",         ""),
+    ("HEAD",   "/api/v1/pods",                                                      "list",             "",           "v1",      "",      "pods",       "",         ""),
+    ("PATCH",  "/api/v1/namespaces/new-namespace",                                  "patch",            "",           "v1",      "",      "namespaces", "",         "new-namespace"),
     // special verbs
-    (
-        "GET",
-        "/api/v1/proxy/namespaces/other/pods/foo",
-        "proxy",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "foo",
-    ),
-    (
-        "GET",
-        "/api/v1/proxy/namespaces/other/pods/foo/subpath/not/a/subresource",
-        "proxy",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "foo",
-    ),
-    (
-        "GET",
-        "/api/v1/watch/pods",
-        "watch",
-        "",
-        "v1",
-        "",
-        "pods",
-        "",
-        "",
-    ),
-    (
-        "GET",
-        "/api/v1/pods?watch=true",
-        "watch",
-        "",
-        "v1",
-        "",
-        "pods",
-        "",
-        "",
-    ),
-    (
-        "GET",
-        "/api/v1/pods?watch=false",
-        "list",
-        "",
-        "v1",
-        "",
-        "pods",
-        "",
-        "",
-    ),
-    (
-        "GET",
-        "/api/v1/watch/namespaces/other/pods",
-        "watch",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "",
-    ),
-    (
-        "GET",
-        "/api/v1/namespaces/other/pods?watch=1",
-        "watch",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "",
-    ),
-    (
-        "GET",
-        "/api/v1/namespaces/other/pods?watch=0",
-        "list",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "",
-    ),
+    ("GET",    "/api/v1/proxy/namespaces/other/pods/foo",                           "proxy",            "",           "v1",      "other", "pods",       "",         "foo"),
+    ("GET",    "/api/v1/proxy/namespaces/other/pods/foo/subpath/not/a/subresource", "proxy",            "",           "v1",      "other", "pods",       "",         "foo"),
+    ("GET",    "/api/v1/watch/pods",                                                "watch",            "",           "v1",      "",      "pods",       "",         ""),
+    ("GET",    "/api/v1/pods?watch=true",                                           "watch",            "",           "v1",      "",      "pods",       "",         ""),
+    ("GET",    "/api/v1/pods?watch=false",                                          "list",             "",           "v1",      "",      "pods",       "",         ""),
+    ("GET",    "/api/v1/watch/namespaces/other/pods",                               "watch",            "",           "v1",      "other", "pods",       "",         ""),
+    ("GET",    "/api/v1/namespaces/other/pods?watch=1",                             "watch",            "",           "v1",      "other", "pods",       "",         ""),
+    ("GET",    "/api/v1/namespaces/other/pods?watch=0",                             "list",             "",           "v1",      "other", "pods",       "",         ""),
     // subresource identification
-    (
-        "GET",
-        "/api/v1/namespaces/other/pods/foo/status",
-        "get",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "status",
-        "foo",
-    ),
-    (
-        "GET",
-        "/api/v1/namespaces/other/pods/foo/proxy/subpath",
-        "get",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "proxy",
-        "foo",
-    ),
-    (
-        "PUT",
-        "/api/v1/namespaces/other/finalize",
-        "update",
-        "",
-        "v1",
-        "other",
-        "namespaces",
-        "finalize",
-        "other",
-    ),
-    (
-        "PUT",
-        "/api/v1/namespaces/other/status",
-        "update",
-        "",
-        "v1",
-        "other",
-        "namespaces",
-        "status",
-        "other",
-    ),
+    ("GET",    "/api/v1/namespaces/other/pods/foo/status",                          "get",              "",           "v1",      "other", "pods",       "status",   "foo"),
+    ("GET",    "/api/v1/namespaces/other/pods/foo/proxy/subpath",                   "get",              "",           "v1",      "other", "pods",       "proxy",    "foo"),
+    ("PUT",    "/api/v1/namespaces/other/finalize",                                 "update",           "",           "v1",      "other", "namespaces", "finalize", "other"),
+    ("PUT",    "/api/v1/namespaces/other/status",                                   "update",           "",           "v1",      "other", "namespaces", "status",   "other"),
     // verb identification
-    (
-        "PATCH",
-        "/api/v1/namespaces/other/pods/foo",
-        "patch",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "foo",
-    ),
-    (
-        "DELETE",
-        "/api/v1/namespaces/other/pods/foo",
-        "delete",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "foo",
-    ),
-    (
-        "POST",
-        "/api/v1/namespaces/other/pods",
-        "create",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "",
-    ),
+    ("PATCH",  "/api/v1/namespaces/other/pods/foo",                                 "patch",            "",           "v1",      "other", "pods",       "",         "foo"),
+    ("DELETE", "/api/v1/namespaces/other/pods/foo",                                 "delete",           "",           "v1",      "other", "pods",       "",         "foo"),
+    ("POST",   "/api/v1/namespaces/other/pods",                                     "create",           "",           "v1",      "other", "pods",       "",         ""),
     // deletecollection verb identification
-    (
-        "DELETE",
-        "/api/v1/nodes",
-        "deletecollection",
-        "",
-        "v1",
-        "",
-        "nodes",
-        "",
-        "",
-    ),
-    (
-        "DELETE",
-        "/api/v1/namespaces",
-        "deletecollection",
-        "",
-        "v1",
-        "",
-        "namespaces",
-        "",
-        "",
-    ),
-    (
-        "DELETE",
-        "/api/v1/namespaces/other/pods",
-        "deletecollection",
-        "",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "",
-    ),
-    (
-        "DELETE",
-        "/apis/extensions/v1/namespaces/other/pods",
-        "deletecollection",
-        "extensions",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "",
-    ),
+    ("DELETE", "/api/v1/nodes",                                                     "deletecollection", "",           "v1",      "",      "nodes",      "",         ""),
+    ("DELETE", "/api/v1/namespaces",                                                "deletecollection", "",           "v1",      "",      "namespaces", "",         ""),
+    ("DELETE", "/api/v1/namespaces/other/pods",                                     "deletecollection", "",           "v1",      "other", "pods",       "",         ""),
+    ("DELETE", "/apis/extensions/v1/namespaces/other/pods",                         "deletecollection", "extensions", "v1",      "other", "pods",       "",         ""),
     // api group and version identification
-    (
-        "POST",
-        "/apis/extensions/v1/namespaces/other/pods",
-        "create",
-        "extensions",
-        "v1",
-        "other",
-        "pods",
-        "",
-        "",
-    ),
-    (
-        "POST",
-        "/apis/extensions/v1beta3/namespaces/other/pods",
-        "create",
-        "extensions",
-        "v1beta3",
-        "other",
-        "pods",
-        "",
-        "",
-    ),
+    ("POST",   "/apis/extensions/v1/namespaces/other/pods",                         "create",           "extensions", "v1",      "other", "pods",       "",         ""),
+    ("POST",   "/apis/extensions/v1beta3/namespaces/other/pods",                    "create",           "extensions", "v1beta3", "other", "pods",       "",         ""),
 ];
 
 #[test]
@@ -394,65 +135,25 @@ fn kube_apiservers_non_resource_cases() {
 
 #[test]
 fn kube_apiservers_field_selector_cases() {
-    for (url, name, verb) in [
-        ("/apis/group/version/resource", "", "list"),
-        (
-            "/apis/group/version/resource?fieldSelector=metadata.name=name1",
-            "name1",
-            "list",
-        ),
-        (
-            "/apis/group/version/resource?watch=true&fieldSelector=metadata.name=name1",
-            "name1",
-            "watch",
-        ),
-        (
-            "/apis/group/version/resource?fieldSelector=foo=bar",
-            "",
-            "list",
-        ),
-        (
-            "/apis/group/version/resource?fieldSelector=metadata.name=name1,foo",
-            "",
-            "list",
-        ),
-        (
-            "/apis/group/version/resource?fieldSelector=metadata.name=name1,foo&watch=true",
-            "",
-            "watch",
-        ),
-        (
-            "/apis/group/version/resource?fieldSelector=metadata.name=name1,foo&watch=false",
-            "",
-            "list",
-        ),
+    // url, name, verb: one row a case.
+    #[rustfmt::skip]
+    let cases = [
+        ("/apis/group/version/resource",                                                      "",      "list"),
+        ("/apis/group/version/resource?fieldSelector=metadata.name=name1",                    "name1", "list"),
+        ("/apis/group/version/resource?watch=true&fieldSelector=metadata.name=name1",         "name1", "watch"),
+        ("/apis/group/version/resource?fieldSelector=foo=bar",                                "",      "list"),
+        ("/apis/group/version/resource?fieldSelector=metadata.name=name1,foo",                "",      "list"),
+        ("/apis/group/version/resource?fieldSelector=metadata.name=name1,foo&watch=true",     "",      "watch"),
+        ("/apis/group/version/resource?fieldSelector=metadata.name=name1,foo&watch=false",    "",      "list"),
         // As kubectl sends them: percent-encoded `=` and `,`, `==`, among other requirements.
-        (
-            "/api/v1/namespaces/ns/configmaps?fieldSelector=metadata.name%3Dcm1&watch=1",
-            "cm1",
-            "watch",
-        ),
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.namespace%3Dns%2Cmetadata.name%3D%3Dcm1",
-            "cm1",
-            "list",
-        ),
+        ("/api/v1/namespaces/ns/configmaps?fieldSelector=metadata.name%3Dcm1&watch=1",        "cm1",   "watch"),
+        ("/api/v1/configmaps?fieldSelector=metadata.namespace%3Dns%2Cmetadata.name%3D%3Dcm1", "cm1",   "list"),
         // Not a valid path segment name: no name.
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name%3D..",
-            "",
-            "list",
-        ),
+        ("/api/v1/configmaps?fieldSelector=metadata.name%3D..",                               "",      "list"),
         // A watch that is no bool: kube reports a watch, and reads nothing else.
-        (
-            "/api/v1/configmaps?watch=yes&fieldSelector=metadata.name%3Dcm1",
-            "",
-            "watch",
-        ),
-    ] {
-        let info = parse("GET", url);
-        assert_eq!((info.name, info.verb.name()), (name, verb), "{url}");
-    }
+        ("/api/v1/configmaps?watch=yes&fieldSelector=metadata.name%3Dcm1",                    "",      "watch"),
+    ];
+    assert_names_and_verbs(&cases);
 }
 
 #[test]
@@ -484,55 +185,23 @@ fn long_running_is_kube_apiservers_check() {
 
 #[test]
 fn policy_and_metrics_verbs() {
-    for (method, url, policy, metrics) in [
-        (
-            "POST",
-            "/api/v1/namespaces/a/pods/p/exec",
-            Some(Verb::Exec),
-            "connect",
-        ),
-        (
-            "GET",
-            "/api/v1/namespaces/a/pods/p/exec",
-            Some(Verb::Exec),
-            "connect",
-        ),
-        (
-            "POST",
-            "/api/v1/namespaces/a/pods/p/attach",
-            Some(Verb::Attach),
-            "connect",
-        ),
-        (
-            "POST",
-            "/api/v1/namespaces/a/pods/p/portforward",
-            Some(Verb::PortForward),
-            "connect",
-        ),
-        (
-            "GET",
-            "/api/v1/namespaces/a/services/s/proxy/x",
-            Some(Verb::Proxy),
-            "connect",
-        ),
-        (
-            "GET",
-            "/api/v1/proxy/namespaces/a/pods/p",
-            Some(Verb::Proxy),
-            "connect",
-        ),
-        ("GET", "/api/v1/namespaces/a/pods", Some(Verb::List), "list"),
-        ("GET", "/api/v1/pods?watch=1", Some(Verb::Watch), "watch"),
-        (
-            "DELETE",
-            "/api/v1/namespaces/a/pods",
-            Some(Verb::DeleteCollection),
-            "deletecollection",
-        ),
-        ("GET", "/version", Some(Verb::Get), "get"),
-        ("POST", "/api/v1", Some(Verb::Create), "post"),
-        ("OPTIONS", "/api/v1/pods", None, "other"),
-    ] {
+    // One row a case (rustfmt would spread each over six lines).
+    #[rustfmt::skip]
+    let cases = [
+        ("POST",    "/api/v1/namespaces/a/pods/p/exec",        Some(Verb::Exec),               "connect"),
+        ("GET",     "/api/v1/namespaces/a/pods/p/exec",        Some(Verb::Exec),               "connect"),
+        ("POST",    "/api/v1/namespaces/a/pods/p/attach",      Some(Verb::Attach),             "connect"),
+        ("POST",    "/api/v1/namespaces/a/pods/p/portforward", Some(Verb::PortForward),        "connect"),
+        ("GET",     "/api/v1/namespaces/a/services/s/proxy/x", Some(Verb::Proxy),              "connect"),
+        ("GET",     "/api/v1/proxy/namespaces/a/pods/p",       Some(Verb::Proxy),              "connect"),
+        ("GET",     "/api/v1/namespaces/a/pods",               Some(Verb::List),               "list"),
+        ("GET",     "/api/v1/pods?watch=1",                    Some(Verb::Watch),              "watch"),
+        ("DELETE",  "/api/v1/namespaces/a/pods",               Some(Verb::DeleteCollection),   "deletecollection"),
+        ("GET",     "/version",                                Some(Verb::Get),                "get"),
+        ("POST",    "/api/v1",                                 Some(Verb::Create),             "post"),
+        ("OPTIONS", "/api/v1/pods",                            None,                           "other"),
+    ];
+    for (method, url, policy, metrics) in cases {
         let info = parse(method, url);
         assert_eq!(
             (info.policy_verb(), info.metrics_verb()),
@@ -613,107 +282,47 @@ fn the_direct_service_path_is_classified_as_the_apiserver_proxy_path() {
 /// policy checks is the one the member serves.
 #[test]
 fn the_query_is_read_as_gos_url_query_reads_it() {
-    for (url, name, verb) in [
+    // url, name, verb: one row a case.
+    #[rustfmt::skip]
+    let cases = [
         // Escaped values and keys.
-        ("/api/v1/configmaps?watch=%66alse", "", "list"),
-        ("/api/v1/configmaps?watch=%30", "", "list"),
-        ("/api/v1/configmaps?watch=tr%75e", "", "watch"),
-        ("/api/v1/configmaps?w%61tch=true", "", "watch"),
-        ("/api/v1/configmaps?w%61tch=1&watch=0", "", "watch"),
-        (
-            "/api/v1/configmaps?watch=FAL%53E&fieldSelector=metadata.name%3Dcm1",
-            "cm1",
-            "list",
-        ),
+        ("/api/v1/configmaps?watch=%66alse",                                              "",    "list"),
+        ("/api/v1/configmaps?watch=%30",                                                  "",    "list"),
+        ("/api/v1/configmaps?watch=tr%75e",                                               "",    "watch"),
+        ("/api/v1/configmaps?w%61tch=true",                                               "",    "watch"),
+        ("/api/v1/configmaps?w%61tch=1&watch=0",                                          "",    "watch"),
+        ("/api/v1/configmaps?watch=FAL%53E&fieldSelector=metadata.name%3Dcm1",            "cm1", "list"),
         // A value Go cannot decode: not even a watch of a bool kube could not read.
-        ("/api/v1/configmaps?watch=%66alse%", "", "list"),
-        ("/api/v1/configmaps?watch=%zz&watch=true", "", "watch"),
+        ("/api/v1/configmaps?watch=%66alse%",                                             "",    "list"),
+        ("/api/v1/configmaps?watch=%zz&watch=true",                                       "",    "watch"),
         // A pair with a `;` is dropped: the next `watch` is the first.
-        ("/api/v1/configmaps?watch=true;&watch=false", "", "list"),
-        ("/api/v1/configmaps?watch=false;x", "", "list"),
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name%3Dcm1;",
-            "",
-            "list",
-        ),
+        ("/api/v1/configmaps?watch=true;&watch=false",                                    "",    "list"),
+        ("/api/v1/configmaps?watch=false;x",                                              "",    "list"),
+        ("/api/v1/configmaps?fieldSelector=metadata.name%3Dcm1;",                         "",    "list"),
         // `+` is a space: no bool, so a watch (kube's reading of an undecodable watch).
-        ("/api/v1/configmaps?watch=+", "", "watch"),
-        ("/api/v1/configmaps?watch=+0", "", "watch"),
+        ("/api/v1/configmaps?watch=+",                                                    "",    "watch"),
+        ("/api/v1/configmaps?watch=+0",                                                   "",    "watch"),
         // The field selector, unescaped first, then by kube's own rules.
-        (
-            "/api/v1/configmaps?fieldSelector=metadata%2Ename%3Dcm1",
-            "cm1",
-            "list",
-        ),
-        (
-            "/api/v1/configmaps?fieldS%65lector=metadata.name%3Dcm1",
-            "cm1",
-            "list",
-        ),
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name%3Dcm1%2C%2C",
-            "cm1",
-            "list",
-        ),
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name%3Dcm1%2Cmetadata.name%3D%3Dcm1",
-            "cm1",
-            "list",
-        ),
+        ("/api/v1/configmaps?fieldSelector=metadata%2Ename%3Dcm1",                        "cm1", "list"),
+        ("/api/v1/configmaps?fieldS%65lector=metadata.name%3Dcm1",                        "cm1", "list"),
+        ("/api/v1/configmaps?fieldSelector=metadata.name%3Dcm1%2C%2C",                    "cm1", "list"),
+        ("/api/v1/configmaps?fieldSelector=metadata.name%3Dcm1%2Cmetadata.name%3D%3Dcm1", "cm1", "list"),
         // Two different names: none (kube takes the first in sorted order; the member selects
         // neither, as both must hold).
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name%3Dcm1%2Cmetadata.name%3Dcm2",
-            "",
-            "list",
-        ),
+        ("/api/v1/configmaps?fieldSelector=metadata.name%3Dcm1%2Cmetadata.name%3Dcm2",    "",    "list"),
         // A name that needed unescaping cannot be borrowed: none, as if unnamed (stricter).
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name%3Dsystem%3Aedit",
-            "",
-            "list",
-        ),
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name%3Da%5C%2Cb",
-            "",
-            "list",
-        ),
+        ("/api/v1/configmaps?fieldSelector=metadata.name%3Dsystem%3Aedit",                "",    "list"),
+        ("/api/v1/configmaps?fieldSelector=metadata.name%3Da%5C%2Cb",                     "",    "list"),
         // A bare `=` in a value, an unknown escape, a trailing backslash: no selector kube takes.
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name%3Da%3Db",
-            "",
-            "list",
-        ),
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name%3Da%5Cx",
-            "",
-            "list",
-        ),
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name%3Da%5C",
-            "",
-            "list",
-        ),
+        ("/api/v1/configmaps?fieldSelector=metadata.name%3Da%3Db",                        "",    "list"),
+        ("/api/v1/configmaps?fieldSelector=metadata.name%3Da%5Cx",                        "",    "list"),
+        ("/api/v1/configmaps?fieldSelector=metadata.name%3Da%5C",                         "",    "list"),
         // `!=` is no exact match, and a `!` alone belongs to the field.
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name%21%3Dcm1",
-            "",
-            "list",
-        ),
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name!%3Dcm1&watch=1",
-            "",
-            "watch",
-        ),
-        (
-            "/api/v1/configmaps?fieldSelector=metadata.name!x%3Dcm1",
-            "",
-            "list",
-        ),
-    ] {
-        let info = parse("GET", url);
-        assert_eq!((info.name, info.verb.name()), (name, verb), "{url}");
-    }
+        ("/api/v1/configmaps?fieldSelector=metadata.name%21%3Dcm1",                       "",    "list"),
+        ("/api/v1/configmaps?fieldSelector=metadata.name!%3Dcm1&watch=1",                 "",    "watch"),
+        ("/api/v1/configmaps?fieldSelector=metadata.name!x%3Dcm1",                        "",    "list"),
+    ];
+    assert_names_and_verbs(&cases);
 }
 
 /// Go's `url.ParseQuery` (1.17 on), plainly: the pairs it keeps, unescaped.
