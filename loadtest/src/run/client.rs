@@ -454,6 +454,27 @@ impl HttpConn {
         }
     }
 
+    /// Hands the next `len` body bytes to `on_data` as they arrive; a close before they all came
+    /// is the error `cut(bytes still missing)`.
+    async fn pass_on(
+        &mut self,
+        len: u64,
+        on_data: &mut impl FnMut(&[u8]),
+        cut: impl Fn(u64) -> String,
+    ) -> anyhow::Result<()> {
+        let mut left = len;
+        while left > 0 {
+            if self.buf.is_empty() && self.fill().await? == 0 {
+                bail!("{}", cut(left));
+            }
+            let n = (self.buf.len() as u64).min(left) as usize;
+            on_data(&self.buf[..n]);
+            self.buf.advance(n);
+            left -= n as u64;
+        }
+        Ok(())
+    }
+
     /// Reads the body of `head` to its end, handing each piece of body data to `on_data`.
     /// Returns the number of body bytes.
     pub async fn read_body(
@@ -463,17 +484,12 @@ impl HttpConn {
     ) -> anyhow::Result<u64> {
         let mut total = 0u64;
         match head.framing {
-            Framing::Length(mut left) => {
-                while left > 0 {
-                    if self.buf.is_empty() && self.fill().await? == 0 {
-                        bail!("connection closed with {left} body bytes missing");
-                    }
-                    let n = (self.buf.len() as u64).min(left) as usize;
-                    on_data(&self.buf[..n]);
-                    self.buf.advance(n);
-                    left -= n as u64;
-                    total += n as u64;
-                }
+            Framing::Length(len) => {
+                self.pass_on(len, &mut on_data, |left| {
+                    format!("connection closed with {left} body bytes missing")
+                })
+                .await?;
+                total += len;
             }
             Framing::UntilClose => loop {
                 if !self.buf.is_empty() {
@@ -500,7 +516,7 @@ impl HttpConn {
                 };
                 let size_text = std::str::from_utf8(&self.buf[..line_end])?;
                 let size_text = size_text.split(';').next().unwrap_or("").trim();
-                let mut size = u64::from_str_radix(size_text, 16)
+                let size = u64::from_str_radix(size_text, 16)
                     .with_context(|| format!("bad chunk size {size_text:?}"))?;
                 self.buf.advance(line_end + 2);
                 if size == 0 {
@@ -518,16 +534,11 @@ impl HttpConn {
                         }
                     }
                 }
-                while size > 0 {
-                    if self.buf.is_empty() && self.fill().await? == 0 {
-                        bail!("connection closed inside a chunk");
-                    }
-                    let n = (self.buf.len() as u64).min(size) as usize;
-                    on_data(&self.buf[..n]);
-                    self.buf.advance(n);
-                    size -= n as u64;
-                    total += n as u64;
-                }
+                self.pass_on(size, &mut on_data, |_| {
+                    "connection closed inside a chunk".to_owned()
+                })
+                .await?;
+                total += size;
                 while self.buf.len() < 2 {
                     if self.fill().await? == 0 {
                         bail!("connection closed after a chunk");

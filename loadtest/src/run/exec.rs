@@ -20,7 +20,7 @@ use tokio_tungstenite::tungstenite::{handshake::client::generate_key, Message};
 
 use super::client::Target;
 use super::procstat::ProcWatch;
-use super::scenarios::cpu_now;
+use super::scenarios::{cpu_now, cpu_since};
 use super::{RunArgs, TargetResult};
 
 /// The exec a scenario uses when `--path` is left at its default.
@@ -187,7 +187,7 @@ pub async fn byte_stream(
     let bytes0 = echoed.load(Ordering::Relaxed);
     let measured = Instant::now();
     tokio::time::sleep_until(deadline.into()).await;
-    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    let cpu = cpu_since(pw, cpu0)?;
     let seconds = measured.elapsed().as_secs_f64();
     let bytes = echoed.load(Ordering::Relaxed) - bytes0;
     let mut errors = 0u64;

@@ -43,8 +43,8 @@ use super::client::{Head, HttpConn, Target};
 use super::h2load::{build_request, connect_h2};
 use super::procstat::ProcWatch;
 use super::scenarios::{
-    cpu_now, current_rv, open_watches, read_events, split_lines, stamped, unix_nanos, with_query,
-    Latencies,
+    cpu_now, cpu_since, current_rv, open_watches, read_events, split_lines, stamped, unix_nanos,
+    with_query, Latencies,
 };
 use super::{RunArgs, TargetResult};
 
@@ -598,7 +598,7 @@ pub async fn watch_fanout(
     }
     let seconds = measured.elapsed().as_secs_f64();
     let hist = shared.latency.snapshot();
-    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    let cpu = cpu_since(pw, cpu0)?;
     cycler.abort();
     for driver in drivers {
         driver.abort();

@@ -13,7 +13,7 @@ use hdrhistogram::Histogram;
 
 use super::client::Target;
 use super::procstat::ProcWatch;
-use super::scenarios::{cpu_now, new_hist, request_figures};
+use super::scenarios::{check_warm_up, measured, new_hist, request_figures};
 use super::{RunArgs, TargetResult};
 
 /// Counts of one phase, summed over every stream.
@@ -166,25 +166,17 @@ pub async fn small_get_h2(
         Arc::new(AtomicU64::new(args.max_requests)),
     )
     .await;
-    if warm.requests == 0 {
-        bail!(
-            "{}: no h2 request succeeded during warm-up ({} errors)",
-            target.name,
-            warm.errors
-        );
-    }
-    let cpu0 = cpu_now(pw)?;
-    let start = Instant::now();
-    let out = phase(
-        &conns,
-        args.streams,
-        request,
-        start + args.duration,
-        Arc::new(AtomicU64::new(args.max_requests)),
-    )
-    .await;
-    let seconds = start.elapsed().as_secs_f64();
-    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    check_warm_up(target, "h2 request", (warm.requests, warm.errors))?;
+    let (out, seconds, cpu) = measured(pw, |start| {
+        phase(
+            &conns,
+            args.streams,
+            request,
+            start + args.duration,
+            Arc::new(AtomicU64::new(args.max_requests)),
+        )
+    })
+    .await?;
     for conn in conns {
         conn.driver.abort();
     }

@@ -140,6 +140,43 @@ pub(super) fn cpu_now(pw: Option<&ProcWatch>) -> anyhow::Result<Option<Duration>
     pw.map(|p| p.cpu()).transpose()
 }
 
+/// The target's CPU seconds since `cpu0` (a [`cpu_now`] reading); None without `--pid`.
+pub(super) fn cpu_since(
+    pw: Option<&ProcWatch>,
+    cpu0: Option<Duration>,
+) -> anyhow::Result<Option<f64>> {
+    Ok(cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64()))
+}
+
+/// Fails a scenario whose warm-up saw no `what` succeed: its measured phase would count nothing
+/// but errors.
+pub(super) fn check_warm_up(
+    target: &Target,
+    what: &str,
+    (requests, errors): (u64, u64),
+) -> anyhow::Result<()> {
+    if requests == 0 {
+        bail!(
+            "{}: no {what} succeeded during warm-up ({errors} errors)",
+            target.name
+        );
+    }
+    Ok(())
+}
+
+/// The measured phase of a scenario: `phase`, begun with the instant it starts, and what it
+/// returned, with its wall-clock seconds and the target's CPU seconds over it.
+pub(super) async fn measured<T, F: std::future::Future<Output = T>>(
+    pw: Option<&ProcWatch>,
+    phase: impl FnOnce(Instant) -> F,
+) -> anyhow::Result<(T, f64, Option<f64>)> {
+    let cpu0 = cpu_now(pw)?;
+    let start = Instant::now();
+    let out = phase(start).await;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok((out, seconds, cpu_since(pw, cpu0)?))
+}
+
 /// `small-get`: C keep-alive connections, each one request at a time, for `--duration`.
 pub async fn small_get(
     args: &RunArgs,
@@ -156,25 +193,17 @@ pub async fn small_get(
         Arc::new(AtomicU64::new(args.max_requests)),
     )
     .await;
-    if warm.requests == 0 {
-        bail!(
-            "{}: no request succeeded during warm-up ({} errors)",
-            target.name,
-            warm.errors
-        );
-    }
-    let cpu0 = cpu_now(pw)?;
-    let start = Instant::now();
-    let out = request_phase(
-        target,
-        warm.conns,
-        request,
-        start + args.duration,
-        Arc::new(AtomicU64::new(args.max_requests)),
-    )
-    .await;
-    let seconds = start.elapsed().as_secs_f64();
-    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    check_warm_up(target, "request", (warm.requests, warm.errors))?;
+    let (out, seconds, cpu) = measured(pw, |start| {
+        request_phase(
+            target,
+            warm.conns,
+            request,
+            start + args.duration,
+            Arc::new(AtomicU64::new(args.max_requests)),
+        )
+    })
+    .await?;
     Ok(TargetResult {
         bytes: out.bytes,
         ..request_figures(
@@ -239,7 +268,7 @@ pub async fn big_list(
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    let cpu = cpu_since(pw, cpu0)?;
     let (rss_base_kib, rss_peak_kib) = rss.stop();
     let mb = bytes as f64 / 1e6;
     Ok(TargetResult {
@@ -338,11 +367,7 @@ pub async fn watch_idle(
     // Let the target settle (allocator, lazily grown buffers) before reading memory.
     tokio::time::sleep(args.warmup).await;
     let held = pw.map(|p| p.rss_each()).transpose()?;
-    let cpu0 = cpu_now(pw)?;
-    let start = Instant::now();
-    tokio::time::sleep(args.duration).await;
-    let seconds = start.elapsed().as_secs_f64();
-    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    let ((), seconds, cpu) = measured(pw, |_| tokio::time::sleep(args.duration)).await?;
     let w = watches.len();
     drop(watches);
     let kib = |v: &Vec<u64>| v.iter().sum::<u64>() as f64 / 1024.0;
@@ -499,7 +524,7 @@ pub async fn watch_events(
     }
     let seconds = start.elapsed().as_secs_f64();
     let hist = latency.snapshot();
-    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    let cpu = cpu_since(pw, cpu0)?;
     let n = events.load(Ordering::Relaxed) - ev0;
     Ok(TargetResult {
         target: target.name.clone(),
@@ -571,7 +596,7 @@ pub async fn watch_latency(
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    let cpu = cpu_now(pw)?.zip(cpu0).map(|(b, a)| (b - a).as_secs_f64());
+    let cpu = cpu_since(pw, cpu0)?;
     added.sort_by(f64::total_cmp);
     let n = added.len() as u64;
     Ok(TargetResult {

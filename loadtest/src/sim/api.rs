@@ -391,14 +391,19 @@ async fn route_and_serve(
             Err(ApiError::method_not_allowed())
         }
     };
-    let discovery_format = || -> Result<OutputFormat, ApiError> {
+    // A discovery document (`doc`; 404 when it names nothing): GET or HEAD only, in JSON or YAML
+    // as asked, never in the aggregated form. The method and the format are checked first.
+    let discovery_doc = |doc: &dyn Fn() -> Option<Value>| -> Result<Response<SimBody>, ApiError> {
+        get_only(&method)?;
         if discovery::only_aggregated(accept.as_deref()) {
             return Err(ApiError::NotAcceptable { discovery: true });
         }
-        match negotiate(accept.as_deref()) {
-            Some(OutputFormat::Yaml) => Ok(OutputFormat::Yaml),
-            _ => Ok(OutputFormat::Json),
-        }
+        let format = match negotiate(accept.as_deref()) {
+            Some(OutputFormat::Yaml) => OutputFormat::Yaml,
+            _ => OutputFormat::Json,
+        };
+        let doc = doc().ok_or(ApiError::PageNotFound)?;
+        Ok(objects::encode(StatusCode::OK, &doc, format, &ctx))
     };
     match route {
         Route::Version => {
@@ -414,41 +419,12 @@ async fn route_and_serve(
             ))
         }
         Route::ApiVersions => {
-            get_only(&method)?;
-            let format = discovery_format()?;
-            Ok(objects::encode(
-                StatusCode::OK,
-                &discovery::api_versions(&member.server_address),
-                format,
-                &ctx,
-            ))
+            discovery_doc(&|| Some(discovery::api_versions(&member.server_address)))
         }
-        Route::Groups => {
-            get_only(&method)?;
-            let format = discovery_format()?;
-            Ok(objects::encode(
-                StatusCode::OK,
-                &discovery::api_groups(&member.registry),
-                format,
-                &ctx,
-            ))
-        }
-        Route::Group(group) => {
-            get_only(&method)?;
-            let format = discovery_format()?;
-            let doc =
-                discovery::api_group(&member.registry, &group).ok_or(ApiError::PageNotFound)?;
-            Ok(objects::encode(StatusCode::OK, &doc, format, &ctx))
-        }
+        Route::Groups => discovery_doc(&|| Some(discovery::api_groups(&member.registry))),
+        Route::Group(group) => discovery_doc(&|| discovery::api_group(&member.registry, &group)),
         Route::ResourceList { group, version } => {
-            get_only(&method)?;
-            let format = discovery_format()?;
-            Ok(objects::encode(
-                StatusCode::OK,
-                &discovery::resource_list(&member.registry, &group, &version),
-                format,
-                &ctx,
-            ))
+            discovery_doc(&|| Some(discovery::resource_list(&member.registry, &group, &version)))
         }
         Route::Metrics => {
             get_only(&method)?;

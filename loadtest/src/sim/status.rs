@@ -110,10 +110,7 @@ impl ApiError {
 
     pub fn grouped_not_found(group: &str, resource: &str, name: &str) -> Self {
         let qualified = qualified(group, resource);
-        let mut details = json!({"name": name, "kind": resource});
-        if !group.is_empty() {
-            details["group"] = json!(group);
-        }
+        let details = object_details(group, resource, name);
         Self::status(404, "NotFound", format!("{qualified} {name:?} not found"))
             .with_details(details)
     }
@@ -138,10 +135,7 @@ impl ApiError {
     }
 
     pub fn conflict(group: &str, resource: &str, name: &str) -> Self {
-        let mut details = json!({"name": name, "kind": resource});
-        if !group.is_empty() {
-            details["group"] = json!(group);
-        }
+        let details = object_details(group, resource, name);
         Self::status(
             409,
             "Conflict",
@@ -154,10 +148,7 @@ impl ApiError {
     }
 
     pub fn already_exists(group: &str, resource: &str, name: &str) -> Self {
-        let mut details = json!({"name": name, "kind": resource});
-        if !group.is_empty() {
-            details["group"] = json!(group);
-        }
+        let details = object_details(group, resource, name);
         Self::status(
             409,
             "AlreadyExists",
@@ -234,6 +225,16 @@ impl ApiError {
             }),
         }
     }
+}
+
+/// The `details` of a Status about one object, as kube-apiserver writes them: its name, its
+/// resource as `kind`, and its group unless it is the core group.
+fn object_details(group: &str, resource: &str, name: &str) -> Value {
+    let mut details = json!({"name": name, "kind": resource});
+    if !group.is_empty() {
+        details["group"] = json!(group);
+    }
+    details
 }
 
 /// `configmaps` or `deployments.apps`.

@@ -324,6 +324,17 @@ fn switching(headers: &[(&'static str, String)]) -> hyper::Response<SimBody> {
     resp
 }
 
+/// The first protocol in the client's order of `offered` that is `supported`, with what it
+/// selects.
+fn first_supported<T: Copy>(
+    offered: &[String],
+    supported: &[(&'static str, T)],
+) -> Option<(&'static str, T)> {
+    offered
+        .iter()
+        .find_map(|p| supported.iter().find(|(name, _)| name == p).copied())
+}
+
 /// The plan and its 101, or the refusal to send instead (boxed: a response is large).
 type Negotiated = Result<(SessionPlan, hyper::Response<SimBody>), Box<hyper::Response<SimBody>>>;
 
@@ -344,13 +355,7 @@ fn negotiate_spdy(headers: &HeaderMap, target: &StreamRequest) -> Negotiated {
                 // A client that offers nothing gets the first protocol (kubelet does the same).
                 (SessionPlan::SpdyExec(ChannelVersion::V2), "")
             } else {
-                let found = offered.iter().find_map(|p| {
-                    SPDY_EXEC_PROTOCOLS
-                        .iter()
-                        .find(|(name, _)| name == p)
-                        .copied()
-                });
-                match found {
+                match first_supported(&offered, SPDY_EXEC_PROTOCOLS) {
                     Some((name, version)) => (SessionPlan::SpdyExec(version), name),
                     None => {
                         let ours: Vec<&str> = SPDY_EXEC_PROTOCOLS.iter().map(|(n, _)| *n).collect();
@@ -435,13 +440,7 @@ fn negotiate_websocket(headers: &HeaderMap, target: &StreamRequest) -> Negotiate
             }
         }
         _ => {
-            let found = offered.iter().find_map(|p| {
-                WEBSOCKET_EXEC_PROTOCOLS
-                    .iter()
-                    .find(|(name, _)| name == p)
-                    .copied()
-            });
-            match found {
+            match first_supported(&offered, WEBSOCKET_EXEC_PROTOCOLS) {
                 Some((name, version)) => (SessionPlan::WebSocketExec(version), name),
                 None => {
                     return Err(boxed_bad_request(&format!(

@@ -1338,19 +1338,32 @@ async fn sleep(args: &[String], err: &Sink) -> i32 {
     0
 }
 
-async fn mkdir(args: &[String], err: &Sink, st: &ShellState) -> i32 {
-    let parents = args.iter().any(|a| a == "-p");
+/// Runs `op` on each operand (each argument that is no flag), as mkdir, rm and touch do: the
+/// message of a failure goes to stderr, the next operand is tried all the same, and the exit
+/// code is 1 if any failed.
+async fn each_operand(
+    args: &[String],
+    err: &Sink,
+    mut op: impl FnMut(&str) -> Result<(), String>,
+) -> i32 {
     let mut code = 0;
-    for dir in args.iter().filter(|a| !a.starts_with('-')) {
-        let result = fs::lock(&st.ctx.fs).mkdir(&st.resolve(dir), parents);
-        if let Err(e) = result {
-            let _ = err
-                .write_str(&format!("mkdir: can't create directory '{dir}': {e}\n"))
-                .await;
+    for operand in args.iter().filter(|a| !a.starts_with('-')) {
+        if let Err(message) = op(operand) {
+            let _ = err.write_str(&format!("{message}\n")).await;
             code = 1;
         }
     }
     code
+}
+
+async fn mkdir(args: &[String], err: &Sink, st: &ShellState) -> i32 {
+    let parents = args.iter().any(|a| a == "-p");
+    each_operand(args, err, |dir| {
+        fs::lock(&st.ctx.fs)
+            .mkdir(&st.resolve(dir), parents)
+            .map_err(|e| format!("mkdir: can't create directory '{dir}': {e}"))
+    })
+    .await
 }
 
 async fn rm(args: &[String], err: &Sink, st: &ShellState) -> i32 {
@@ -1361,40 +1374,24 @@ async fn rm(args: &[String], err: &Sink, st: &ShellState) -> i32 {
         .collect();
     let recursive = flags.contains('r') || flags.contains('R');
     let force = flags.contains('f');
-    let mut code = 0;
-    for target in args.iter().filter(|a| !a.starts_with('-')) {
-        let result = fs::lock(&st.ctx.fs).remove(&st.resolve(target), recursive);
-        match result {
-            Ok(()) => {}
-            Err(FsError::NotFound) if force => {}
-            Err(FsError::NotEmpty) => {
-                let _ = err
-                    .write_str(&format!("rm: '{target}' is a directory\n"))
-                    .await;
-                code = 1;
-            }
-            Err(e) => {
-                let _ = err
-                    .write_str(&format!("rm: can't remove '{target}': {e}\n"))
-                    .await;
-                code = 1;
-            }
+    each_operand(args, err, |target| {
+        match fs::lock(&st.ctx.fs).remove(&st.resolve(target), recursive) {
+            Ok(()) => Ok(()),
+            Err(FsError::NotFound) if force => Ok(()),
+            Err(FsError::NotEmpty) => Err(format!("rm: '{target}' is a directory")),
+            Err(e) => Err(format!("rm: can't remove '{target}': {e}")),
         }
-    }
-    code
+    })
+    .await
 }
 
 async fn touch(args: &[String], err: &Sink, st: &ShellState) -> i32 {
-    let mut code = 0;
-    for file in args.iter().filter(|a| !a.starts_with('-')) {
-        let path = st.resolve(file);
-        let result = fs::lock(&st.ctx.fs).write_file(&path, b"", true);
-        if let Err(e) = result {
-            let _ = err.write_str(&format!("touch: {file}: {e}\n")).await;
-            code = 1;
-        }
-    }
-    code
+    each_operand(args, err, |file| {
+        fs::lock(&st.ctx.fs)
+            .write_file(&st.resolve(file), b"", true)
+            .map_err(|e| format!("touch: {file}: {e}"))
+    })
+    .await
 }
 
 /// Reads the named file, or stdin when there is none.

@@ -186,24 +186,23 @@ fn decode_control(
                 headers,
             }
         }
-        TYPE_SYN_REPLY => {
+        // SYN_REPLY and HEADERS share one layout: the stream id, then a header block.
+        TYPE_SYN_REPLY | TYPE_HEADERS => {
             need(p, 4)?;
             let stream_id = p.get_u32() & 0x7fff_ffff;
             let headers = inflater.decode(p)?;
-            Frame::SynReply {
-                stream_id,
-                flags,
-                headers,
-            }
-        }
-        TYPE_HEADERS => {
-            need(p, 4)?;
-            let stream_id = p.get_u32() & 0x7fff_ffff;
-            let headers = inflater.decode(p)?;
-            Frame::Headers {
-                stream_id,
-                flags,
-                headers,
+            if frame_type == TYPE_SYN_REPLY {
+                Frame::SynReply {
+                    stream_id,
+                    flags,
+                    headers,
+                }
+            } else {
+                Frame::Headers {
+                    stream_id,
+                    flags,
+                    headers,
+                }
             }
         }
         TYPE_RST_STREAM => {
@@ -374,23 +373,22 @@ impl FrameEncoder {
                 stream_id,
                 flags,
                 headers,
-            } => {
-                let block = self.compress_headers(headers)?;
-                let mut body = BytesMut::with_capacity(4 + block.len());
-                body.put_u32(stream_id & 0x7fff_ffff);
-                body.extend_from_slice(&block);
-                put_control(out, TYPE_SYN_REPLY, *flags, &body);
             }
-            Frame::Headers {
+            | Frame::Headers {
                 stream_id,
                 flags,
                 headers,
             } => {
+                let frame_type = if matches!(frame, Frame::SynReply { .. }) {
+                    TYPE_SYN_REPLY
+                } else {
+                    TYPE_HEADERS
+                };
                 let block = self.compress_headers(headers)?;
                 let mut body = BytesMut::with_capacity(4 + block.len());
                 body.put_u32(stream_id & 0x7fff_ffff);
                 body.extend_from_slice(&block);
-                put_control(out, TYPE_HEADERS, *flags, &body);
+                put_control(out, frame_type, *flags, &body);
             }
             Frame::RstStream { stream_id, status } => {
                 let mut body = BytesMut::with_capacity(8);
