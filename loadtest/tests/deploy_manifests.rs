@@ -10,7 +10,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-use common::{kubectl_stdin, ok_stdout, stderr, TestFleet, KUBECTL};
+use common::{assert_stderr_has, kubectl_stdin, ok_stdout, stderr, TestFleet, KUBECTL};
 
 /// The kustomizations under deploy/ that build on their own (deploy/tunnel is a Component, built
 /// through the example overlay).
@@ -47,10 +47,6 @@ fn documents(yaml: &str) -> Vec<serde_json::Value> {
         .map(|doc| serde_json::Value::deserialize(doc).expect("a YAML document"))
         .filter(|doc| !doc.is_null())
         .collect()
-}
-
-fn apply(fleet: &TestFleet, manifests: &str) -> String {
-    ok_stdout(&kubectl_stdin(fleet, &["apply", "-f", "-"], manifests))
 }
 
 #[test]
@@ -110,7 +106,7 @@ fn every_kustomization_renders() {
 fn the_example_install_applies_to_a_simulated_management_cluster() {
     let fleet = TestFleet::start(1);
     let install = render("overlays/example");
-    let out = apply(&fleet, &install);
+    let out = fleet.apply(&install);
     for created in [
         "namespace/fleetgate created",
         "customresourcedefinition.apiextensions.k8s.io/clusters.fleetgate.io created",
@@ -128,7 +124,7 @@ fn the_example_install_applies_to_a_simulated_management_cluster() {
         assert!(out.contains(created), "{created} not in:\n{out}");
     }
     // Applying again changes nothing (the patches kubectl computes are empty).
-    let again = apply(&fleet, &install);
+    let again = fleet.apply(&install);
     assert!(
         again.contains("deployment.apps/fleetgate unchanged"),
         "{again}"
@@ -165,7 +161,7 @@ fn the_example_install_applies_to_a_simulated_management_cluster() {
     assert_eq!(verbs, r#"["get","list","watch"]"#);
 
     // The fleet: Clusters and AccessPolicies, checked against the CRDs just applied.
-    let out = apply(&fleet, &render("overlays/example/fleet"));
+    let out = fleet.apply(&render("overlays/example/fleet"));
     for created in [
         "cluster.fleetgate.io/member1 created",
         "cluster.fleetgate.io/edge1 created",
@@ -190,14 +186,14 @@ fn the_example_install_applies_to_a_simulated_management_cluster() {
         .iter()
         .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "fleetgate-config")
         .expect("the gateway's ConfigMap");
-    let out = apply(&fleet, config["data"]["gateway.yaml"].as_str().unwrap());
+    let out = fleet.apply(config["data"]["gateway.yaml"].as_str().unwrap());
     assert!(
         out.contains("gateway.fleetgate.io/fleetgate created"),
         "{out}"
     );
 
     // The agent applies to a member.
-    let out = apply(&fleet, &render("agent"));
+    let out = fleet.apply(&render("agent"));
     assert!(
         out.contains("deployment.apps/fleetgate-agent created"),
         "{out}"
@@ -227,7 +223,7 @@ spec:
 fn custom_resources_that_break_their_crd_schema_are_refused() {
     let fleet = TestFleet::start(1);
     // Before the CRDs exist the sim's built-in fleetgate.io kinds take anything.
-    apply(&fleet, &render("base"));
+    fleet.apply(&render("base"));
 
     let refused = kubectl_stdin(&fleet, &["apply", "-f", "-"], WRONG_TYPE);
     assert!(!refused.status.success(), "a wrong type was accepted");
@@ -282,11 +278,7 @@ fn custom_resources_that_break_their_crd_schema_are_refused() {
     // kubectl validates strictly by default: an unknown field is refused...
     let strict = kubectl_stdin(&fleet, &["apply", "-f", "-"], UNKNOWN_FIELD);
     assert!(!strict.status.success(), "an unknown field was accepted");
-    assert!(
-        stderr(&strict).contains(r#"unknown field "spec.mode""#),
-        "{}",
-        stderr(&strict)
-    );
+    assert_stderr_has(&strict, r#"unknown field "spec.mode""#);
     // ...and pruned when validation is off, as a structural schema prunes it.
     ok_stdout(&kubectl_stdin(
         &fleet,

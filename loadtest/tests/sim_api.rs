@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{kubectl_stdin, ok_stdout, stderr, LineReader, TestFleet};
+use common::{assert_stderr_has, kubectl_stdin, ok_stdout, stderr, LineReader, TestFleet};
 
 const CONFIGMAP_YAML: &str = "apiVersion: v1
 kind: ConfigMap
@@ -108,9 +108,7 @@ fn get_in_every_output_format() {
     );
 
     // Other kinds with their own columns.
-    let deploy = kubectl_stdin(
-        &fleet,
-        &["apply", "-f", "-"],
+    fleet.apply(
         "apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -129,7 +127,6 @@ spec:
         image: nginx:1.27
 ",
     );
-    ok_stdout(&deploy);
     // kubectl create serviceaccount sends protobuf; every namespace has `default`.
     ok_stdout(&fleet.kubectl(&["create", "serviceaccount", "robot", "-n", "default"]));
     let accounts = ok_stdout(&fleet.kubectl(&["get", "sa", "-n", "default", "-o", "name"]));
@@ -147,12 +144,14 @@ spec:
 #[test]
 fn apply_client_side_then_server_side() {
     let fleet = TestFleet::start(1);
-    let created = kubectl_stdin(&fleet, &["apply", "-f", "-"], CONFIGMAP_YAML);
-    assert!(ok_stdout(&created).contains("configmap/app-config created"));
+    assert!(fleet
+        .apply(CONFIGMAP_YAML)
+        .contains("configmap/app-config created"));
 
     let changed = CONFIGMAP_YAML.replace("color: blue", "color: green");
-    let configured = kubectl_stdin(&fleet, &["apply", "-f", "-"], &changed);
-    assert!(ok_stdout(&configured).contains("configmap/app-config configured"));
+    assert!(fleet
+        .apply(&changed)
+        .contains("configmap/app-config configured"));
     let color = ok_stdout(&fleet.kubectl(&[
         "get",
         "cm",
@@ -188,11 +187,7 @@ fn apply_client_side_then_server_side() {
 #[test]
 fn patch_with_merge_strategic_and_json() {
     let fleet = TestFleet::start(1);
-    ok_stdout(&kubectl_stdin(
-        &fleet,
-        &["apply", "-f", "-"],
-        CONFIGMAP_YAML,
-    ));
+    fleet.apply(CONFIGMAP_YAML);
     ok_stdout(&fleet.kubectl(&[
         "patch",
         "cm",
@@ -270,30 +265,18 @@ fn patch_with_merge_strategic_and_json() {
         r#"[{"op":"test","path":"/data/color","value":"WRONG"}]"#,
     ]);
     assert!(!failed.status.success());
-    assert!(
-        stderr(&failed).contains("the server rejected our request"),
-        "{}",
-        stderr(&failed)
-    );
+    assert_stderr_has(&failed, "the server rejected our request");
 }
 
 #[test]
 fn delete_removes_the_object() {
     let fleet = TestFleet::start(1);
-    ok_stdout(&kubectl_stdin(
-        &fleet,
-        &["apply", "-f", "-"],
-        CONFIGMAP_YAML,
-    ));
+    fleet.apply(CONFIGMAP_YAML);
     let out = ok_stdout(&fleet.kubectl(&["delete", "cm", "app-config", "-n", "default"]));
     assert!(out.contains("configmap \"app-config\" deleted"), "{out}");
     let gone = fleet.kubectl(&["get", "cm", "app-config", "-n", "default"]);
     assert!(!gone.status.success());
-    assert!(
-        stderr(&gone).contains("configmaps \"app-config\" not found"),
-        "{}",
-        stderr(&gone)
-    );
+    assert_stderr_has(&gone, "configmaps \"app-config\" not found");
     // Pods and namespaces go too (the sim deletes at once).
     ok_stdout(&fleet.kubectl(&["delete", "pod", "hello", "-n", "default"]));
     ok_stdout(&fleet.kubectl(&["create", "namespace", "scratch"]));
@@ -316,11 +299,7 @@ fn delete_removes_the_object() {
 #[test]
 fn get_watch_shows_a_change_made_by_another_client() {
     let fleet = TestFleet::start(1);
-    ok_stdout(&kubectl_stdin(
-        &fleet,
-        &["apply", "-f", "-"],
-        CONFIGMAP_YAML,
-    ));
+    fleet.apply(CONFIGMAP_YAML);
     let mut watch = fleet.kubectl_spawn(&["get", "cm", "-n", "default", "-w"]);
     let mut lines = LineReader::new(watch.stdout.take().expect("stdout"));
     lines.wait_line("the initial row", Duration::from_secs(20), |l| {
@@ -354,11 +333,7 @@ fn logs_and_follow() {
     let tail = ok_stdout(&fleet.kubectl(&["logs", "hello", "-n", "default", "--tail=2"]));
     assert_eq!(tail.lines().count(), 2, "{tail}");
     let bad = fleet.kubectl(&["logs", "hello", "-n", "default", "-c", "nope"]);
-    assert!(
-        stderr(&bad).contains("container nope is not valid for pod hello"),
-        "{}",
-        stderr(&bad)
-    );
+    assert_stderr_has(&bad, "container nope is not valid for pod hello");
 
     let mut follow = fleet.kubectl_spawn(&["logs", "-f", "hello", "-n", "default"]);
     let mut lines = LineReader::new(follow.stdout.take().expect("stdout"));
@@ -426,46 +401,21 @@ fn auth_whoami_and_impersonation() {
     // bob may read configmaps but not pods.
     ok_stdout(&fleet.kubectl(&["get", "cm", "-n", "default", "--as", "bob"]));
     let pods = fleet.kubectl(&["get", "pods", "-n", "default", "--as", "bob"]);
-    assert!(
-        stderr(&pods).contains("User \"bob\" cannot list resource \"pods\""),
-        "{}",
-        stderr(&pods)
-    );
+    assert_stderr_has(&pods, "User \"bob\" cannot list resource \"pods\"");
 
     // alice (token) may not impersonate anyone.
-    let alice_kubeconfig = alice_kubeconfig(&fleet);
-    let denied = common::kubectl_with(
-        &alice_kubeconfig,
-        &fleet.cache_dir(),
-        &["get", "cm", "-n", "dev", "--as", "bob"],
-        &[],
-    );
+    let denied = kubectl_as_alice(&fleet, &["get", "cm", "-n", "dev", "--as", "bob"]);
     assert!(!denied.status.success());
-    assert!(
-        stderr(&denied).contains("User \"alice\" cannot impersonate resource \"users\""),
-        "{}",
-        stderr(&denied)
+    assert_stderr_has(
+        &denied,
+        "User \"alice\" cannot impersonate resource \"users\"",
     );
     // whoami --as from alice is refused too (kubectl words any 403 of the review its own way);
     // without --as she sees herself.
-    let whoami_as = common::kubectl_with(
-        &alice_kubeconfig,
-        &fleet.cache_dir(),
-        &["auth", "whoami", "--as", "bob"],
-        &[],
-    );
+    let whoami_as = kubectl_as_alice(&fleet, &["auth", "whoami", "--as", "bob"]);
     assert!(!whoami_as.status.success());
-    assert!(
-        stderr(&whoami_as).contains("do not have permission"),
-        "{}",
-        stderr(&whoami_as)
-    );
-    let herself = common::kubectl_with(
-        &alice_kubeconfig,
-        &fleet.cache_dir(),
-        &["auth", "whoami"],
-        &[],
-    );
+    assert_stderr_has(&whoami_as, "do not have permission");
+    let herself = kubectl_as_alice(&fleet, &["auth", "whoami"]);
     let out = String::from_utf8_lossy(&herself.stdout);
     assert!(
         out.contains("alice") && out.contains("devs") && out.contains("alice-uid"),
@@ -473,8 +423,8 @@ fn auth_whoami_and_impersonation() {
     );
 }
 
-/// A kubeconfig for member1 authenticating as alice with her token.
-fn alice_kubeconfig(fleet: &TestFleet) -> std::path::PathBuf {
+/// Runs kubectl against member1 as alice, with her token.
+fn kubectl_as_alice(fleet: &TestFleet, args: &[&str]) -> std::process::Output {
     let path = fleet.tempdir.path().join("alice.kubeconfig");
     let ca = fleet.dir().join("pki/fleet-ca.crt");
     let text = format!(
@@ -484,45 +434,19 @@ fn alice_kubeconfig(fleet: &TestFleet) -> std::path::PathBuf {
         fleet.token("alice")
     );
     std::fs::write(&path, text).expect("write kubeconfig");
-    path
+    common::kubectl_with(&path, &fleet.cache_dir(), args, &[])
 }
 
 #[test]
 fn alice_is_forbidden_outside_dev() {
     let fleet = TestFleet::start(1);
-    let kubeconfig = alice_kubeconfig(&fleet);
-    let allowed = common::kubectl_with(
-        &kubeconfig,
-        &fleet.cache_dir(),
-        &["get", "pods", "-n", "dev"],
-        &[],
-    );
+    let allowed = kubectl_as_alice(&fleet, &["get", "pods", "-n", "dev"]);
     assert!(allowed.status.success(), "{}", stderr(&allowed));
-    let denied = common::kubectl_with(
-        &kubeconfig,
-        &fleet.cache_dir(),
-        &["get", "pods", "-n", "default"],
-        &[],
-    );
+    let denied = kubectl_as_alice(&fleet, &["get", "pods", "-n", "default"]);
     assert!(!denied.status.success());
-    assert!(
-        stderr(&denied).contains(
-            "pods is forbidden: User \"alice\" cannot list resource \"pods\" in API group \"\" in the namespace \"default\""
-        ),
-        "{}",
-        stderr(&denied)
-    );
-    let create = common::kubectl_with(
-        &kubeconfig,
-        &fleet.cache_dir(),
-        &["create", "cm", "x", "-n", "dev"],
-        &[],
-    );
-    assert!(
-        stderr(&create).contains("cannot create resource \"configmaps\""),
-        "{}",
-        stderr(&create)
-    );
+    assert_stderr_has(&denied, "pods is forbidden: User \"alice\" cannot list resource \"pods\" in API group \"\" in the namespace \"default\"");
+    let create = kubectl_as_alice(&fleet, &["create", "cm", "x", "-n", "dev"]);
+    assert_stderr_has(&create, "cannot create resource \"configmaps\"");
 }
 
 #[test]
@@ -546,17 +470,12 @@ fn bad_input_gets_kubernetes_errors() {
 
     let unknown = fleet.kubectl(&["get", "widgets"]);
     assert!(!unknown.status.success());
-    assert!(
-        stderr(&unknown).contains("the server doesn't have a resource type \"widgets\""),
-        "{}",
-        stderr(&unknown)
+    assert_stderr_has(
+        &unknown,
+        "the server doesn't have a resource type \"widgets\"",
     );
     let missing_ns = fleet.kubectl(&["create", "cm", "x", "-n", "no-such-namespace"]);
-    assert!(
-        stderr(&missing_ns).contains("namespaces \"no-such-namespace\" not found"),
-        "{}",
-        stderr(&missing_ns)
-    );
+    assert_stderr_has(&missing_ns, "namespaces \"no-such-namespace\" not found");
 }
 
 #[test]
@@ -648,11 +567,7 @@ fn generated_files_follow_the_contract() {
         &["get", "cm", "kube-root-ca.crt", "-n", "default"],
         &[],
     );
-    assert!(
-        stderr(&as_self).contains("User \"fleetgate-gateway\" cannot get"),
-        "{}",
-        stderr(&as_self)
-    );
+    assert_stderr_has(&as_self, "User \"fleetgate-gateway\" cannot get");
     let as_admin = common::kubectl_with(
         &path,
         &fleet.cache_dir(),
@@ -750,10 +665,10 @@ metadata:
 spec:
   subjects: [{kind: Group, name: devs}]
 ";
-    let out = ok_stdout(&kubectl_stdin(&fleet, &["apply", "-f", "-"], objects));
+    let out = fleet.apply(objects);
     assert!(out.contains("cluster.fleetgate.io/east created"), "{out}");
     let changed = objects.replace("env: dev", "env: prod");
-    ok_stdout(&kubectl_stdin(&fleet, &["apply", "-f", "-"], &changed));
+    fleet.apply(&changed);
     let env = ok_stdout(&fleet.kubectl(&[
         "get",
         "clusters.fleetgate.io",
@@ -780,7 +695,7 @@ spec:
     schema:
       openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 ";
-    ok_stdout(&kubectl_stdin(&fleet, &["apply", "-f", "-"], crd));
+    fleet.apply(crd);
     ok_stdout(&fleet.kubectl(&[
         "wait",
         "--for",
@@ -818,7 +733,7 @@ spec:
     schema:
       openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 ";
-    ok_stdout(&kubectl_stdin(&fleet, &["apply", "-f", "-"], crd));
+    fleet.apply(crd);
     let karmada_cluster = "apiVersion: cluster.karmada.io/v1alpha1
 kind: Cluster
 metadata:
@@ -827,11 +742,7 @@ spec:
   apiEndpoint: https://10.0.0.5:6443
   syncMode: Push
 ";
-    let out = ok_stdout(&kubectl_stdin(
-        &fleet,
-        &["apply", "-f", "-"],
-        karmada_cluster,
-    ));
+    let out = fleet.apply(karmada_cluster);
     assert!(
         out.contains("cluster.cluster.karmada.io/member-a created"),
         "{out}"

@@ -13,6 +13,11 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::Api;
 
+/// The test ConfigMaps' one data value, `data.k`.
+fn value_of_k(cm: &ConfigMap) -> Option<&str> {
+    cm.data.as_ref()?.get("k").map(String::as_str)
+}
+
 #[test]
 fn kube_rs_configmap_lifecycle_with_watcher() {
     let fleet = TestFleet::start(1);
@@ -55,14 +60,7 @@ fn kube_rs_configmap_lifecycle_with_watcher() {
         assert!(created.metadata.resource_version.is_some());
 
         let fetched = api.get("from-kube-rs").await.expect("get");
-        assert_eq!(
-            fetched
-                .data
-                .as_ref()
-                .and_then(|d| d.get("k"))
-                .map(String::as_str),
-            Some("v1")
-        );
+        assert_eq!(value_of_k(&fetched), Some("v1"));
 
         let listed = api
             .list(&ListParams::default().labels("app=kube-rs"))
@@ -83,14 +81,7 @@ fn kube_rs_configmap_lifecycle_with_watcher() {
             )
             .await
             .expect("patch");
-        assert_eq!(
-            patched
-                .data
-                .as_ref()
-                .and_then(|d| d.get("k"))
-                .map(String::as_str),
-            Some("v2")
-        );
+        assert_eq!(value_of_k(&patched), Some("v2"));
 
         api.delete("from-kube-rs", &DeleteParams::default())
             .await
@@ -110,14 +101,9 @@ fn kube_rs_configmap_lifecycle_with_watcher() {
                 .expect("watcher stream open")
                 .expect("watcher event");
             match event {
-                watcher::Event::Apply(cm) => seen.push(format!(
-                    "apply {}",
-                    cm.data
-                        .as_ref()
-                        .and_then(|d| d.get("k"))
-                        .cloned()
-                        .unwrap_or_default()
-                )),
+                watcher::Event::Apply(cm) => {
+                    seen.push(format!("apply {}", value_of_k(&cm).unwrap_or_default()))
+                }
                 watcher::Event::Delete(cm) => {
                     seen.push(format!("delete {}", cm.metadata.name.unwrap_or_default()))
                 }

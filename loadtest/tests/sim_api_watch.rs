@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,11 +14,15 @@ use fleetgate_loadtest::sim::SimTuning;
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
-fn post_configmap(name: &str, token: &str, labels: &str) -> http::Request<Full<Bytes>> {
+/// Creates ConfigMap `name` in `default`, with `labels` (a JSON object), on the member at `addr`
+/// as `token`'s user; the member must answer 201.
+async fn create_configmap(addr: SocketAddr, ca: &str, token: &str, name: &str, labels: &str) {
     let body = format!(
         r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","labels":{labels}}},"data":{{"k":"v"}}}}"#
     );
-    raw::post_json("/api/v1/namespaces/default/configmaps", token, body)
+    let post = raw::post_json("/api/v1/namespaces/default/configmaps", token, body);
+    let (parts, _) = raw::request(addr, ca, post).await;
+    assert_eq!(parts.status, 201, "creating {name}");
 }
 
 /// Reads the next body frame with a deadline.
@@ -56,8 +61,7 @@ fn watch_resumes_from_a_resource_version_one_chunk_per_event() {
 
         // Two writes after the list; a watch from the list RV replays both, in order.
         for name in ["w1", "w2"] {
-            let (parts, _) = raw::request(addr, &ca, post_configmap(name, &token, "{}")).await;
-            assert_eq!(parts.status, 201);
+            create_configmap(addr, &ca, &token, name, "{}").await;
         }
         let resp = raw::request_streaming(
             addr,
@@ -93,8 +97,7 @@ fn watch_resumes_from_a_resource_version_one_chunk_per_event() {
         assert_eq!(names, vec!["w1", "w2"]);
 
         // A live change arrives as exactly one chunk holding one event.
-        let (parts, _) = raw::request(addr, &ca, post_configmap("w3", &token, "{}")).await;
-        assert_eq!(parts.status, 201);
+        create_configmap(addr, &ca, &token, "w3", "{}").await;
         let chunk = next_frame(&mut body).await.expect("live event");
         let text = String::from_utf8_lossy(&chunk);
         assert!(
@@ -117,13 +120,7 @@ fn too_old_resource_version_is_an_error_event_in_a_200_stream() {
     let (addr, ca, token) = fleet.first_member();
     fleet.runtime.block_on(async {
         for i in 0..12 {
-            let (parts, _) = raw::request(
-                addr,
-                &ca,
-                post_configmap(&format!("churn-{i}"), &token, "{}"),
-            )
-            .await;
-            assert_eq!(parts.status, 201);
+            create_configmap(addr, &ca, &token, &format!("churn-{i}"), "{}").await;
         }
         let (parts, body) = raw::request(
             addr,
@@ -179,8 +176,7 @@ fn bookmarks_and_timeout_end_the_stream() {
         )
         .await;
         // A change the selector filters out moves the RV: a BOOKMARK reports it before the end.
-        let (parts, _) = raw::request(addr, &ca, post_configmap("unrelated", &token, "{}")).await;
-        assert_eq!(parts.status, 201);
+        create_configmap(addr, &ca, &token, "unrelated", "{}").await;
         let body = tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect())
             .await
             .expect("the stream ends at timeoutSeconds")
@@ -352,13 +348,7 @@ fn selector_watch_sees_objects_enter_and_leave() {
     let fleet = TestFleet::start(1);
     let (addr, ca, token) = fleet.first_member();
     fleet.runtime.block_on(async {
-        let (parts, _) = raw::request(
-            addr,
-            &ca,
-            post_configmap("mover", &token, r#"{"team":"a"}"#),
-        )
-        .await;
-        assert_eq!(parts.status, 201);
+        create_configmap(addr, &ca, &token, "mover", r#"{"team":"a"}"#).await;
         let resp = raw::request_streaming(
             addr,
             &ca,

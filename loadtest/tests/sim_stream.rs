@@ -7,7 +7,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use common::{ok_stdout, stderr, wait_for, LineReader, TestFleet, KUBECTL};
@@ -28,15 +28,15 @@ const PORT_FORWARD: [(&str, &[(&str, &str)]); 2] = [
 /// Runs kubectl with `input` on stdin, written from another thread so that a large input and a
 /// large output cannot deadlock on full pipes. Bounded: kubectl is killed after 60 s.
 fn kubectl_io(fleet: &TestFleet, args: &[&str], env: &[(&str, &str)], input: &[u8]) -> Output {
-    let mut cmd = fleet.kubectl_command();
-    cmd.args(args)
+    let mut child = fleet
+        .kubectl_command()
+        .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().expect("spawn kubectl");
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn kubectl");
     let mut stdin = child.stdin.take().expect("stdin");
     let input = input.to_vec();
     let writer = std::thread::spawn(move || {
@@ -74,6 +74,40 @@ fn assert_switched(log: &str, protocol: &str, port_forward: bool) {
     {
         panic!("{e}");
     }
+}
+
+/// Starts kubectl with `env` and its stderr as given, its stdout read line by line. Keep the
+/// reader as long as kubectl runs: it would die writing to a closed pipe.
+fn kubectl_lines(
+    fleet: &TestFleet,
+    args: &[&str],
+    env: &[(&str, &str)],
+    stderr: Stdio,
+) -> (Child, LineReader) {
+    let mut child = fleet
+        .kubectl_command()
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn kubectl");
+    let lines = LineReader::new(child.stdout.take().expect("stdout"));
+    (child, lines)
+}
+
+/// The local port of `kubectl port-forward`, from its `Forwarding from 127.0.0.1:PORT` line.
+fn forwarded_port(lines: &mut LineReader) -> u16 {
+    const FORWARDING: &str = "Forwarding from 127.0.0.1:";
+    let line = lines.wait_line("the Forwarding line", Duration::from_secs(30), |l| {
+        l.starts_with(FORWARDING)
+    });
+    line[FORWARDING.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"))
 }
 
 #[test]
@@ -216,16 +250,9 @@ fn attach_echoes_stdin() {
 fn port_forward_echoes_bytes_over_websocket_and_spdy() {
     let fleet = TestFleet::start(1);
     for (protocol, env) in PORT_FORWARD {
-        let mut cmd = fleet.kubectl_command();
-        cmd.args("port-forward -n default pod/hello :8080 --address 127.0.0.1 -v=8".split(' '))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn kubectl port-forward");
-        let mut lines = LineReader::new(child.stdout.take().expect("stdout"));
+        let args = "port-forward -n default pod/hello :8080 --address 127.0.0.1 -v=8";
+        let args: Vec<&str> = args.split(' ').collect();
+        let (mut child, mut lines) = kubectl_lines(&fleet, &args, env, Stdio::piped());
         // Drained on a thread so kubectl's -v=8 log never fills the pipe.
         let mut log_pipe = child.stderr.take().expect("stderr");
         let log = std::thread::spawn(move || {
@@ -233,14 +260,7 @@ fn port_forward_echoes_bytes_over_websocket_and_spdy() {
             let _ = log_pipe.read_to_string(&mut text);
             text
         });
-        let line = lines.wait_line("the Forwarding line", Duration::from_secs(30), |l| {
-            l.starts_with("Forwarding from 127.0.0.1:")
-        });
-        let port: u16 = line["Forwarding from 127.0.0.1:".len()..]
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        let port = forwarded_port(&mut lines);
         // Two connections one after the other, and a payload larger than one SPDY frame.
         for round in 0..2 {
             let mut conn =
@@ -310,17 +330,17 @@ fn closing_the_client_mid_exec_ends_the_session() {
     ok_stdout(&fleet.kubectl(&["run", "sleeper", "-n", "default", "--image=busybox"]));
     for (protocol, env) in REMOTE_COMMAND {
         assert_eq!(sim::stream::active_sessions("default", "sleeper"), 0);
-        let mut cmd = fleet.kubectl_command();
-        cmd.args([
-            "exec", "sleeper", "-n", "default", "--", "sleep", "infinity",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn kubectl exec");
+        let mut child = fleet
+            .kubectl_command()
+            .args([
+                "exec", "sleeper", "-n", "default", "--", "sleep", "infinity",
+            ])
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn kubectl exec");
         wait_for("the exec session to open", Duration::from_secs(30), || {
             (sim::stream::active_sessions("default", "sleeper") == 1).then_some(())
         });
@@ -344,15 +364,14 @@ fn exec_with_a_terminal_runs_an_interactive_shell() {
             fleet.kubeconfig().display(),
             fleet.cache_dir().display()
         );
-        let mut cmd = Command::new("script");
-        cmd.args(["-qec", &kubectl, "/dev/null"])
+        let mut child = Command::new("script")
+            .args(["-qec", &kubectl, "/dev/null"])
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn script");
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn script");
         let mut keyboard = child.stdin.take().expect("stdin");
         keyboard.write_all(b"echo tty-$HOSTNAME\rexit 4\r").unwrap();
         let mut screen = LineReader::new(child.stdout.take().expect("stdout"));
@@ -406,34 +425,17 @@ fn exec_without_an_upgrade_is_a_bad_request_status() {
 #[test]
 fn websocket_v4_client_gets_channels_and_exit_status() {
     use futures_util::StreamExt;
-    use tokio_tungstenite::tungstenite::{handshake::client::generate_key, Message};
+    use tokio_tungstenite::tungstenite::Message;
 
     let fleet = TestFleet::start(1);
-    let addr = fleet.handle().member_addrs()[0];
-    let token = fleet.token("admin");
-    let ca = fleet.fleet_ca_pem();
     let (protocol, stdout, stderr, status) = fleet.runtime.block_on(async {
-        let tls = common::raw::connect(addr, &ca, false).await;
-        let req = http::Request::get(
-            "wss://127.0.0.1/api/v1/namespaces/default/pods/hello/exec?command=sh&command=-c\
+        let (mut ws, protocol) = websocket_to(
+            &fleet,
+            "/api/v1/namespaces/default/pods/hello/exec?command=sh&command=-c\
              &command=echo%20hi%3B%20echo%20oops%20%3E%262%3B%20exit%202&stdout=true&stderr=true",
+            "v4.channel.k8s.io",
         )
-        .header("host", "127.0.0.1")
-        .header("authorization", format!("Bearer {token}"))
-        .header("connection", "Upgrade")
-        .header("upgrade", "websocket")
-        .header("sec-websocket-version", "13")
-        .header("sec-websocket-key", generate_key())
-        .header("sec-websocket-protocol", "v4.channel.k8s.io")
-        .body(())
-        .unwrap();
-        let (mut ws, resp) = tokio_tungstenite::client_async(req, tls)
-            .await
-            .expect("websocket handshake");
-        let protocol = resp.headers()["sec-websocket-protocol"]
-            .to_str()
-            .unwrap()
-            .to_string();
+        .await;
         let (mut stdout, mut stderr, mut status) = (Vec::new(), Vec::new(), Vec::new());
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while let Ok(Some(message)) = tokio::time::timeout_at(deadline, ws.next()).await {
@@ -450,7 +452,7 @@ fn websocket_v4_client_gets_channels_and_exit_status() {
         }
         (protocol, stdout, stderr, status)
     });
-    assert_eq!(protocol, "v4.channel.k8s.io");
+    assert_eq!(protocol.as_deref(), Some("v4.channel.k8s.io"));
     assert_eq!(stdout, b"hi\n");
     assert_eq!(stderr, b"oops\n");
     let status: serde_json::Value = serde_json::from_slice(&status).expect("Status on channel 3");
@@ -463,33 +465,17 @@ fn websocket_v4_client_gets_channels_and_exit_status() {
 #[test]
 fn websocket_channel_port_forward_announces_ports_and_echoes() {
     use futures_util::SinkExt;
-    use tokio_tungstenite::tungstenite::{handshake::client::generate_key, Message};
+    use tokio_tungstenite::tungstenite::Message;
 
     let fleet = TestFleet::start(1);
-    let addr = fleet.handle().member_addrs()[0];
-    let token = fleet.token("admin");
-    let ca = fleet.fleet_ca_pem();
     fleet.runtime.block_on(async {
-        let tls = common::raw::connect(addr, &ca, false).await;
-        let req = http::Request::get(
-            "wss://127.0.0.1/api/v1/namespaces/default/pods/hello/portforward?ports=8080,9090",
+        let (mut ws, protocol) = websocket_to(
+            &fleet,
+            "/api/v1/namespaces/default/pods/hello/portforward?ports=8080,9090",
+            "v4.channel.k8s.io",
         )
-        .header("host", "127.0.0.1")
-        .header("authorization", format!("Bearer {token}"))
-        .header("connection", "Upgrade")
-        .header("upgrade", "websocket")
-        .header("sec-websocket-version", "13")
-        .header("sec-websocket-key", generate_key())
-        .header("sec-websocket-protocol", "v4.channel.k8s.io")
-        .body(())
-        .unwrap();
-        let (mut ws, resp) = tokio_tungstenite::client_async(req, tls)
-            .await
-            .expect("websocket handshake");
-        assert_eq!(
-            resp.headers()["sec-websocket-protocol"],
-            "v4.channel.k8s.io"
-        );
+        .await;
+        assert_eq!(protocol.as_deref(), Some("v4.channel.k8s.io"));
         // Data and error channel of each port, each starting with the port (little-endian).
         let mut greetings = Vec::new();
         for _ in 0..4 {
@@ -543,24 +529,13 @@ fn stopping_port_forward_ends_the_session() {
     let fleet = TestFleet::start(1);
     ok_stdout(&fleet.kubectl(&["run", "forwarded", "-n", "default", "--image=busybox"]));
     for (protocol, env) in PORT_FORWARD {
-        let mut cmd = fleet.kubectl_command();
-        cmd.args(["port-forward", "-n", "default", "pod/forwarded", ":7000"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn kubectl port-forward");
-        let mut lines = LineReader::new(child.stdout.take().expect("stdout"));
-        let line = lines.wait_line("the Forwarding line", Duration::from_secs(30), |l| {
-            l.starts_with("Forwarding from 127.0.0.1:")
-        });
-        let port: u16 = line["Forwarding from 127.0.0.1:".len()..]
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("port");
+        let (mut child, mut lines) = kubectl_lines(
+            &fleet,
+            &["port-forward", "-n", "default", "pod/forwarded", ":7000"],
+            env,
+            Stdio::null(),
+        );
+        let port = forwarded_port(&mut lines);
         // kubectl dials the member lazily on some paths; a round trip proves the session is up.
         let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
         conn.set_read_timeout(Some(Duration::from_secs(20)))
@@ -641,58 +616,39 @@ fn upgrades_without_a_protocol_in_common_are_refused_with_a_status() {
 #[test]
 fn websocket_v4_stdin_may_come_in_text_frames() {
     use futures_util::SinkExt;
-    use tokio_tungstenite::tungstenite::{handshake::client::generate_key, Message};
+    use tokio_tungstenite::tungstenite::Message;
 
     let fleet = TestFleet::start(1);
-    let addr = fleet.handle().member_addrs()[0];
-    let token = fleet.token("admin");
-    let ca = fleet.fleet_ca_pem();
-    let stdout = fleet.runtime.block_on(async {
-        let tls = common::raw::connect(addr, &ca, false).await;
-        let req = http::Request::get(
-            "wss://127.0.0.1/api/v1/namespaces/default/pods/hello/exec?command=head\
+    let (stdout, status) = fleet.runtime.block_on(async {
+        let (mut ws, _) = websocket_to(
+            &fleet,
+            "/api/v1/namespaces/default/pods/hello/exec?command=head\
              &command=-c&command=5&stdin=true&stdout=true&stderr=true",
+            "v4.channel.k8s.io",
         )
-        .header("host", "127.0.0.1")
-        .header("authorization", format!("Bearer {token}"))
-        .header("connection", "Upgrade")
-        .header("upgrade", "websocket")
-        .header("sec-websocket-version", "13")
-        .header("sec-websocket-key", generate_key())
-        .header("sec-websocket-protocol", "v4.channel.k8s.io")
-        .body(())
-        .unwrap();
-        let (mut ws, _) = tokio_tungstenite::client_async(req, tls)
-            .await
-            .expect("websocket handshake");
+        .await;
         // What the Python client does: `chr(0) + data` sent as a text frame.
         ws.send(Message::Text("\u{0}hello world".into()))
             .await
             .unwrap();
-        let mut stdout = Vec::new();
-        loop {
-            let message = next_binary(&mut ws).await;
-            match message.split_first() {
-                Some((1, rest)) => stdout.extend_from_slice(rest),
-                Some((3, status)) => {
-                    let status: serde_json::Value = serde_json::from_slice(status).unwrap();
-                    assert_eq!(status["status"], "Success");
-                    break;
-                }
-                other => panic!("unexpected message {other:?}"),
-            }
-        }
-        stdout
+        stdout_until_status(&mut ws).await
     });
     assert_eq!(stdout, b"hello");
+    let status: serde_json::Value = serde_json::from_slice(&status).unwrap();
+    assert_eq!(status["status"], "Success");
 }
 
-/// Opens a WebSocket to `path` on member 1 offering `protocol`, as admin.
+/// A WebSocket to a member over TLS.
+type MemberSocket =
+    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+/// Opens a WebSocket to `path` on member 1 offering `protocol`, as admin; with the subprotocol
+/// the member chose.
 async fn websocket_to(
     fleet: &TestFleet,
     path: &str,
     protocol: &str,
-) -> tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+) -> (MemberSocket, Option<String>) {
     use tokio_tungstenite::tungstenite::handshake::client::generate_key;
     let tls = common::raw::connect(
         fleet.handle().member_addrs()[0],
@@ -710,34 +666,43 @@ async fn websocket_to(
         .header("sec-websocket-protocol", protocol)
         .body(())
         .unwrap();
-    let (ws, _) = tokio_tungstenite::client_async(req, tls)
+    let (ws, resp) = tokio_tungstenite::client_async(req, tls)
         .await
         .expect("websocket handshake");
-    ws
+    let chosen = resp
+        .headers()
+        .get("sec-websocket-protocol")
+        .map(|v| v.to_str().expect("subprotocol").to_owned());
+    (ws, chosen)
+}
+
+/// What an exec session over `v4.channel.k8s.io` wrote on stdout (channel 1) until its Status
+/// (channel 3), and that Status; any other channel fails the test.
+async fn stdout_until_status(ws: &mut MemberSocket) -> (Vec<u8>, Vec<u8>) {
+    let mut stdout = Vec::new();
+    loop {
+        let message = next_binary(ws).await;
+        match message.split_first() {
+            Some((1, rest)) => stdout.extend_from_slice(rest),
+            Some((3, status)) => return (stdout, status.to_vec()),
+            other => panic!("unexpected message {other:?}"),
+        }
+    }
 }
 
 #[test]
 fn tty_with_stderr_requested_merges_stderr_into_stdout() {
     // The Python client sends tty=true together with stderr=true; kubelet drops stderr then.
     let fleet = TestFleet::start(1);
-    let output = fleet.runtime.block_on(async {
-        let mut ws = websocket_to(
+    let (output, _) = fleet.runtime.block_on(async {
+        let (mut ws, _) = websocket_to(
             &fleet,
             "/api/v1/namespaces/default/pods/hello/exec?command=sh&command=-c\
              &command=echo%20out%3B%20echo%20err%20%3E%262&stdout=true&stderr=true&tty=true",
             "v4.channel.k8s.io",
         )
         .await;
-        let mut stdout = Vec::new();
-        loop {
-            let message = next_binary(&mut ws).await;
-            match message.split_first() {
-                Some((1, rest)) => stdout.extend_from_slice(rest),
-                Some((3, _)) => break,
-                other => panic!("unexpected message {other:?}"),
-            }
-        }
-        stdout
+        stdout_until_status(&mut ws).await
     });
     assert_eq!(output, b"out\r\nerr\r\n");
 }

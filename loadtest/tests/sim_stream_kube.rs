@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::time::Duration;
 
 use common::{kube_client, TestFleet};
@@ -12,16 +13,19 @@ use kube::api::AttachParams;
 use kube::Api;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-async fn pods(fleet_kubeconfig: std::path::PathBuf) -> Api<Pod> {
-    Api::namespaced(kube_client(&fleet_kubeconfig).await, "default")
+/// Runs `test` on a new one-member fleet's runtime, with kube-rs's `Api` of member 1's pods in
+/// `default`.
+fn with_pods<F: Future<Output = ()>>(test: impl FnOnce(Api<Pod>) -> F) {
+    let fleet = TestFleet::start(1);
+    let kubeconfig = fleet.kubeconfig();
+    fleet.runtime.block_on(async move {
+        test(Api::namespaced(kube_client(&kubeconfig).await, "default")).await
+    });
 }
 
 #[test]
 fn kube_rs_exec_pipes_stdin_and_reports_the_exit_status() {
-    let fleet = TestFleet::start(1);
-    let kubeconfig = fleet.kubeconfig();
-    fleet.runtime.block_on(async move {
-        let pods = pods(kubeconfig).await;
+    with_pods(|pods| async move {
         let params = AttachParams::default()
             .stdin(true)
             .stdout(true)
@@ -67,10 +71,7 @@ fn kube_rs_exec_pipes_stdin_and_reports_the_exit_status() {
 
 #[test]
 fn kube_rs_port_forward_echoes_on_each_port() {
-    let fleet = TestFleet::start(1);
-    let kubeconfig = fleet.kubeconfig();
-    fleet.runtime.block_on(async move {
-        let pods = pods(kubeconfig).await;
+    with_pods(|pods| async move {
         let mut forwarder = tokio::time::timeout(
             Duration::from_secs(20),
             pods.portforward("hello", &[8080, 9090]),

@@ -110,6 +110,11 @@ impl TestFleet {
         (addr, self.fleet_ca_pem(), self.token("admin"))
     }
 
+    /// `kubectl apply -f -` of `yaml`: its stdout (panics with stderr when it fails).
+    pub fn apply(&self, yaml: &str) -> String {
+        ok_stdout(&kubectl_stdin(self, &["apply", "-f", "-"], yaml))
+    }
+
     /// `kubectl --kubeconfig DIR/kubeconfig --cache-dir CACHE`, to add arguments and stdio to.
     pub fn kubectl_command(&self) -> Command {
         kubectl_command(&self.kubeconfig(), &self.cache_dir())
@@ -208,6 +213,13 @@ pub fn ok_stdout(output: &Output) -> String {
 
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Asserts that kubectl's stderr says `expected` (and shows all of it when it does not).
+#[track_caller]
+pub fn assert_stderr_has(output: &Output, expected: &str) {
+    let err = stderr(output);
+    assert!(err.contains(expected), "stderr lacks {expected:?}:\n{err}");
 }
 
 /// Polls `condition` every 20 ms until it returns Some or `deadline` passes (then panics with
