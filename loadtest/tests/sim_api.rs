@@ -187,40 +187,31 @@ fn apply_client_side_then_server_side() {
 #[test]
 fn patch_with_merge_strategic_and_json() {
     let fleet = TestFleet::start(1);
+    // `kubectl patch KIND NAME -n default --type TYPE -p PATCH`.
+    let patch = |kind: &str, name: &str, patch_type: &str, patch: &str| {
+        fleet.kubectl(&[
+            "patch", kind, name, "-n", "default", "--type", patch_type, "-p", patch,
+        ])
+    };
     fleet.apply(CONFIGMAP_YAML);
-    ok_stdout(&fleet.kubectl(&[
-        "patch",
+    ok_stdout(&patch(
         "cm",
         "app-config",
-        "-n",
-        "default",
-        "--type",
         "merge",
-        "-p",
         r#"{"data":{"size":"L"}}"#,
-    ]));
-    ok_stdout(&fleet.kubectl(&[
-        "patch",
+    ));
+    ok_stdout(&patch(
         "cm",
         "app-config",
-        "-n",
-        "default",
-        "--type",
         "strategic",
-        "-p",
         r#"{"metadata":{"labels":{"patched":"smp"}}}"#,
-    ]));
-    ok_stdout(&fleet.kubectl(&[
-        "patch",
+    ));
+    ok_stdout(&patch(
         "cm",
         "app-config",
-        "-n",
-        "default",
-        "--type",
         "json",
-        "-p",
         r#"[{"op":"replace","path":"/data/color","value":"black"}]"#,
-    ]));
+    ));
     let out =
         ok_stdout(&fleet.kubectl(&["get", "cm", "app-config", "-n", "default", "-o", "json"]));
     let cm: serde_json::Value = serde_json::from_str(&out).expect("JSON");
@@ -230,17 +221,12 @@ fn patch_with_merge_strategic_and_json() {
     assert_eq!(cm["metadata"]["labels"]["app"], "demo");
 
     // Strategic merge of a pod's containers merges by name.
-    ok_stdout(&fleet.kubectl(&[
-        "patch",
+    ok_stdout(&patch(
         "pod",
         "hello",
-        "-n",
-        "default",
-        "--type",
         "strategic",
-        "-p",
         r#"{"spec":{"containers":[{"name":"main","image":"busybox:1.38"}]}}"#,
-    ]));
+    ));
     let image = ok_stdout(&fleet.kubectl(&[
         "get",
         "pod",
@@ -253,17 +239,12 @@ fn patch_with_merge_strategic_and_json() {
     assert_eq!(image, "busybox:1.38");
 
     // A json patch whose test fails is a 422 that kubectl reports.
-    let failed = fleet.kubectl(&[
-        "patch",
+    let failed = patch(
         "cm",
         "app-config",
-        "-n",
-        "default",
-        "--type",
         "json",
-        "-p",
         r#"[{"op":"test","path":"/data/color","value":"WRONG"}]"#,
-    ]);
+    );
     assert!(!failed.status.success());
     assert_stderr_has(&failed, "the server rejected our request");
 }

@@ -97,6 +97,16 @@ fn kubectl_lines(
     (child, lines)
 }
 
+/// Kills kubectl, then waits (up to 15 s) for the member to end every session with pod `pod` in
+/// `default`: `what` names the wait in a timeout.
+fn kill_then_session_ends(mut child: Child, pod: &str, what: &str) {
+    child.kill().expect("kill kubectl");
+    let _ = child.wait();
+    wait_for(what, Duration::from_secs(15), || {
+        (sim::stream::active_sessions("default", pod) == 0).then_some(())
+    });
+}
+
 /// The local port of `kubectl port-forward`, from its `Forwarding from 127.0.0.1:PORT` line.
 fn forwarded_port(lines: &mut LineReader) -> u16 {
     const FORWARDING: &str = "Forwarding from 127.0.0.1:";
@@ -330,7 +340,7 @@ fn closing_the_client_mid_exec_ends_the_session() {
     ok_stdout(&fleet.kubectl(&["run", "sleeper", "-n", "default", "--image=busybox"]));
     for (protocol, env) in REMOTE_COMMAND {
         assert_eq!(sim::stream::active_sessions("default", "sleeper"), 0);
-        let mut child = fleet
+        let child = fleet
             .kubectl_command()
             .args([
                 "exec", "sleeper", "-n", "default", "--", "sleep", "infinity",
@@ -344,12 +354,10 @@ fn closing_the_client_mid_exec_ends_the_session() {
         wait_for("the exec session to open", Duration::from_secs(30), || {
             (sim::stream::active_sessions("default", "sleeper") == 1).then_some(())
         });
-        child.kill().expect("kill kubectl");
-        let _ = child.wait();
-        wait_for(
+        kill_then_session_ends(
+            child,
+            "sleeper",
             &format!("the {protocol} session to end after kubectl was killed"),
-            Duration::from_secs(15),
-            || (sim::stream::active_sessions("default", "sleeper") == 0).then_some(()),
         );
     }
 }
@@ -529,7 +537,7 @@ fn stopping_port_forward_ends_the_session() {
     let fleet = TestFleet::start(1);
     ok_stdout(&fleet.kubectl(&["run", "forwarded", "-n", "default", "--image=busybox"]));
     for (protocol, env) in PORT_FORWARD {
-        let (mut child, mut lines) = kubectl_lines(
+        let (child, mut lines) = kubectl_lines(
             &fleet,
             &["port-forward", "-n", "default", "pod/forwarded", ":7000"],
             env,
@@ -548,12 +556,10 @@ fn stopping_port_forward_ends_the_session() {
             1,
             "over {protocol}"
         );
-        child.kill().expect("kill kubectl");
-        let _ = child.wait();
-        wait_for(
+        kill_then_session_ends(
+            child,
+            "forwarded",
             &format!("the {protocol} port-forward session to end"),
-            Duration::from_secs(15),
-            || (sim::stream::active_sessions("default", "forwarded") == 0).then_some(()),
         );
     }
 }
