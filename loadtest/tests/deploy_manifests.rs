@@ -129,16 +129,12 @@ fn the_example_install_applies_to_a_simulated_management_cluster() {
         again.contains("deployment.apps/fleetgate unchanged"),
         "{again}"
     );
-    ok_stdout(&fleet.kubectl(&[
-        "wait",
-        "--for",
-        "condition=established",
-        "--timeout=10s",
-        "crd/clusters.fleetgate.io",
-        "crd/accesspolicies.fleetgate.io",
-        "crd/gateways.fleetgate.io",
-        "crd/fleetresources.fleetgate.io",
-    ]));
+    fleet.wait_established(&[
+        "clusters.fleetgate.io",
+        "accesspolicies.fleetgate.io",
+        "gateways.fleetgate.io",
+        "fleetresources.fleetgate.io",
+    ]);
     let replicas = ok_stdout(&fleet.kubectl(&[
         "get",
         "deployment",

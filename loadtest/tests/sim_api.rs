@@ -677,13 +677,7 @@ spec:
       openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 ";
     fleet.apply(crd);
-    ok_stdout(&fleet.kubectl(&[
-        "wait",
-        "--for",
-        "condition=established",
-        "--timeout=10s",
-        "crd/clusters.fleetgate.io",
-    ]));
+    fleet.wait_established(&["clusters.fleetgate.io"]);
     let can = fleet.kubectl(&[
         "auth",
         "can-i",

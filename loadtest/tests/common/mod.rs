@@ -115,6 +115,14 @@ impl TestFleet {
         ok_stdout(&kubectl_stdin(self, &["apply", "-f", "-"], yaml))
     }
 
+    /// Waits (up to 10 s) until each CustomResourceDefinition named is Established.
+    pub fn wait_established(&self, crds: &[&str]) {
+        let crds: Vec<String> = crds.iter().map(|name| format!("crd/{name}")).collect();
+        let mut args = vec!["wait", "--for", "condition=established", "--timeout=10s"];
+        args.extend(crds.iter().map(String::as_str));
+        ok_stdout(&self.kubectl(&args));
+    }
+
     /// `kubectl --kubeconfig DIR/kubeconfig --cache-dir CACHE`, to add arguments and stdio to.
     pub fn kubectl_command(&self) -> Command {
         kubectl_command(&self.kubeconfig(), &self.cache_dir())

@@ -1648,6 +1648,11 @@ pub(crate) mod tests {
         }
     }
 
+    /// Runs `sh -c script` with nothing on stdin; returns (exit, stdout, stderr).
+    pub(crate) async fn sh(script: &str, ctx: PodContext) -> (ProcessExit, String, String) {
+        run(&["sh", "-c", script], b"", ctx).await
+    }
+
     /// Runs a command with the given stdin; returns (exit, stdout, stderr).
     pub(crate) async fn run(
         argv: &[&str],
@@ -1690,11 +1695,10 @@ pub(crate) mod tests {
     async fn echo_and_exit_codes() {
         let (exit, out, _) = run(&["echo", "hi", "there"], b"", context("p1", false)).await;
         assert_eq!((exit, out.as_str()), (ProcessExit::Code(0), "hi there\n"));
-        let (exit, _, _) = run(&["sh", "-c", "exit 3"], b"", context("p1", false)).await;
+        let (exit, _, _) = sh("exit 3", context("p1", false)).await;
         assert_eq!(exit, ProcessExit::Code(3));
-        let (exit, out, _) = run(
-            &["sh", "-c", "echo 'a b'; echo \"$HOSTNAME\"; exit 7"],
-            b"",
+        let (exit, out, _) = sh(
+            "echo 'a b'; echo \"$HOSTNAME\"; exit 7",
             context("p1", false),
         )
         .await;
@@ -1712,7 +1716,7 @@ pub(crate) mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
-        let (exit, _, err) = run(&["sh", "-c", "foo"], b"", context("p1", false)).await;
+        let (exit, _, err) = sh("foo", context("p1", false)).await;
         assert_eq!(exit, ProcessExit::Code(127));
         assert!(err.contains("foo: not found"));
     }
@@ -1721,28 +1725,18 @@ pub(crate) mod tests {
     async fn cat_pipes_redirections_and_conditionals() {
         let (_, out, _) = run(&["cat"], b"abc\n", context("p2", false)).await;
         assert_eq!(out, "abc\n");
-        let (exit, out, _) = run(
-            &["sh", "-c", "echo hello > /tmp/f && cat /tmp/f | cat; test -f /tmp/f || echo missing; false || echo recovered; echo $?"],
-            b"",
-            context("p2", false),
-        )
+        let (exit, out, _) = sh("echo hello > /tmp/f && cat /tmp/f | cat; test -f /tmp/f || echo missing; false || echo recovered; echo $?", context("p2", false))
         .await;
         assert_eq!(exit, ProcessExit::Code(0));
         assert_eq!(out, "hello\nrecovered\n0\n");
-        let (_, out, _) = run(
-            &["sh", "-c", "ls /nope 2>&1; echo x 2>/dev/null"],
-            b"",
-            context("p2", false),
-        )
-        .await;
+        let (_, out, _) = sh("ls /nope 2>&1; echo x 2>/dev/null", context("p2", false)).await;
         assert!(out.contains("No such file or directory"), "{out}");
     }
 
     #[tokio::test]
     async fn endless_devices_stream_through_pipelines() {
-        let (exit, out, _) = run(
-            &["sh", "-c", "head -c 100000 /dev/zero | wc -c; cat /dev/urandom | head -c 5 | wc -c; cat /dev/null"],
-            b"",
+        let (exit, out, _) = sh(
+            "head -c 100000 /dev/zero | wc -c; cat /dev/urandom | head -c 5 | wc -c; cat /dev/null",
             context("p4", false),
         )
         .await;
@@ -1755,7 +1749,7 @@ pub(crate) mod tests {
         let script = "mkdir -p /g && touch /g/a.txt /g/b.txt /g/c.log; echo /g/*.txt; \
                       cd /g; echo *.log x?txt; echo \"host=$(hostname)\" `echo a; echo b`; \
                       n=$(echo 'one two;three'); echo \"[$n]\"; echo '*'";
-        let (exit, out, err) = run(&["sh", "-c", script], b"", ctx).await;
+        let (exit, out, err) = sh(script, ctx).await;
         assert_eq!(exit, ProcessExit::Code(0), "{err}");
         assert_eq!(
             out,
@@ -1799,13 +1793,8 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn tail_variants() {
         let ctx = context("p5", false);
-        let (_, out, _) = run(
-            &[
-                "sh",
-                "-c",
-                "seq 5 | tail -n 2; echo abcdef | tail -c+3; seq 3 | tail -c 2; seq 4 | tail -n +3",
-            ],
-            b"",
+        let (_, out, _) = sh(
+            "seq 5 | tail -n 2; echo abcdef | tail -c+3; seq 3 | tail -c 2; seq 4 | tail -n +3",
             ctx,
         )
         .await;

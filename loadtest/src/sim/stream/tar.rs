@@ -342,19 +342,14 @@ fn member_names(data: &[u8]) -> std::io::Result<String> {
 
 #[cfg(test)]
 mod tests {
-    use crate::sim::stream::shell::tests::{context, run};
+    use crate::sim::stream::shell::tests::{context, run, sh};
     use crate::sim::stream::status::ProcessExit;
 
     #[tokio::test]
     async fn an_archive_made_in_one_pod_unpacks_in_another() {
         let source = context("tar-src", false);
-        let (exit, _, _) = run(
-            &[
-                "sh",
-                "-c",
-                "mkdir -p /data/sub && echo one > /data/a && echo two > /data/sub/b",
-            ],
-            b"",
+        let (exit, _, _) = sh(
+            "mkdir -p /data/sub && echo one > /data/a && echo two > /data/sub/b",
             source.clone(),
         )
         .await;
@@ -394,7 +389,7 @@ mod tests {
         let dest = context("tar-dst", false);
         let (exit, _, err) = run(&["tar", "-xmf", "-", "-C", "/tmp"], &archive, dest.clone()).await;
         assert_eq!(exit, ProcessExit::Code(0), "{err}");
-        let (_, out, _) = run(&["sh", "-c", "cat /tmp/data/a /tmp/data/sub/b"], b"", dest).await;
+        let (_, out, _) = sh("cat /tmp/data/a /tmp/data/sub/b", dest).await;
         assert_eq!(out, "one\ntwo\n");
     }
 }
