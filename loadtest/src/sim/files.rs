@@ -414,18 +414,12 @@ fn write_oidc_files(dir: &Path, creds: &FleetCredentials) -> std::io::Result<()>
 /// `policies.yaml`: the AccessPolicy objects of docs/simulated-fleet.md. `admin` (group
 /// system:masters, which gateway.kubeconfig's user is in) may do everything everywhere.
 fn write_policies(dir: &Path) -> std::io::Result<()> {
-    let groups = |names: &[&str]| -> Vec<Value> {
+    // Each subject by its name and by the name an OIDC token of the same user or group gives.
+    let subjects = |kind: &str, names: &[&str]| -> Vec<Value> {
         names
             .iter()
-            .flat_map(|g| [g.to_string(), format!("{OIDC_PREFIX}{g}")])
-            .map(|g| json!({"kind": "Group", "name": g}))
-            .collect()
-    };
-    let users = |names: &[&str]| -> Vec<Value> {
-        names
-            .iter()
-            .flat_map(|u| [u.to_string(), format!("{OIDC_PREFIX}{u}")])
-            .map(|u| json!({"kind": "User", "name": u}))
+            .flat_map(|n| [n.to_string(), format!("{OIDC_PREFIX}{n}")])
+            .map(|n| json!({"kind": kind, "name": n}))
             .collect()
     };
     let policy = |name: &str, subjects: Vec<Value>, clusters: Value, rules: Value| {
@@ -445,13 +439,13 @@ fn write_policies(dir: &Path) -> std::io::Result<()> {
         ),
         policy(
             "devs-read-dev",
-            groups(&["devs"]),
+            subjects("Group", &["devs"]),
             json!({"selector": {"matchLabels": {"env": "dev"}}}),
             json!([{"verbs": ["get", "list", "watch"]}]),
         ),
         policy(
             "bob-default-member1",
-            users(&["bob"]),
+            subjects("User", &["bob"]),
             json!({"names": ["member1"]}),
             json!([{
                 "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
@@ -460,7 +454,7 @@ fn write_policies(dir: &Path) -> std::io::Result<()> {
         ),
         policy(
             "ops-everything-and-impersonate-alice",
-            groups(&["ops"]),
+            subjects("Group", &["ops"]),
             json!({"names": ["*"]}),
             json!([
                 {"verbs": ["get", "list", "watch", "create", "update", "patch", "delete",
