@@ -25,18 +25,29 @@ const PORT_FORWARD: [(&str, &[(&str, &str)]); 2] = [
     ("spdy", &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]),
 ];
 
-/// Runs kubectl with `input` on stdin, written from another thread so that a large input and a
-/// large output cannot deadlock on full pipes. Bounded: kubectl is killed after 60 s.
-fn kubectl_io(fleet: &TestFleet, args: &[&str], env: &[(&str, &str)], input: &[u8]) -> Output {
-    let mut child = fleet
+/// Starts kubectl with `args`, `env` (the transport it uses) and `[stdin, stdout, stderr]`.
+fn spawn_kubectl(
+    fleet: &TestFleet,
+    args: &[&str],
+    env: &[(&str, &str)],
+    [stdin, stdout, stderr]: [Stdio; 3],
+) -> Child {
+    fleet
         .kubectl_command()
         .args(args)
         .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdin(stdin)
+        .stdout(stdout)
+        .stderr(stderr)
         .spawn()
-        .expect("spawn kubectl");
+        .expect("spawn kubectl")
+}
+
+/// Runs kubectl with `input` on stdin, written from another thread so that a large input and a
+/// large output cannot deadlock on full pipes. Bounded: kubectl is killed after 60 s.
+fn kubectl_io(fleet: &TestFleet, args: &[&str], env: &[(&str, &str)], input: &[u8]) -> Output {
+    let piped = [Stdio::piped(), Stdio::piped(), Stdio::piped()];
+    let mut child = spawn_kubectl(fleet, args, env, piped);
     let mut stdin = child.stdin.take().expect("stdin");
     let input = input.to_vec();
     let writer = std::thread::spawn(move || {
@@ -84,15 +95,7 @@ fn kubectl_lines(
     env: &[(&str, &str)],
     stderr: Stdio,
 ) -> (Child, LineReader) {
-    let mut child = fleet
-        .kubectl_command()
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .expect("spawn kubectl");
+    let mut child = spawn_kubectl(fleet, args, env, [Stdio::null(), Stdio::piped(), stderr]);
     let lines = LineReader::new(child.stdout.take().expect("stdout"));
     (child, lines)
 }
@@ -340,17 +343,14 @@ fn closing_the_client_mid_exec_ends_the_session() {
     ok_stdout(&fleet.kubectl(&["run", "sleeper", "-n", "default", "--image=busybox"]));
     for (protocol, env) in REMOTE_COMMAND {
         assert_eq!(sim::stream::active_sessions("default", "sleeper"), 0);
-        let child = fleet
-            .kubectl_command()
-            .args([
+        let child = spawn_kubectl(
+            &fleet,
+            &[
                 "exec", "sleeper", "-n", "default", "--", "sleep", "infinity",
-            ])
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn kubectl exec");
+            ],
+            env,
+            [Stdio::null(), Stdio::null(), Stdio::null()],
+        );
         wait_for("the exec session to open", Duration::from_secs(30), || {
             (sim::stream::active_sessions("default", "sleeper") == 1).then_some(())
         });
