@@ -21,6 +21,9 @@ use super::retired::{retired_end, RetiredEnd, FINISH_CHUNK_WITHIN};
 use super::{Answer, Failure, IDLE_STREAM_BUFFER, READ_CHUNK};
 use crate::upstream::UpstreamIo;
 
+#[cfg(test)]
+mod tests;
+
 /// Bytes relayed before the stream lets the shard's other connections run (a member and client
 /// that are always ready would otherwise keep the shard to themselves for a whole big LIST).
 const TURN_BYTES: usize = 256 * 1024;

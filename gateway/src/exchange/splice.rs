@@ -21,6 +21,9 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+#[cfg(test)]
+mod tests;
+
 /// Size of each direction's buffer: large enough that a 1 MiB stdin takes a few dozen reads,
 /// small enough that thousands of idle sessions cost little.
 const SPLICE_BUFFER: usize = 16 * 1024;

@@ -18,4 +18,7 @@ pub mod resolve;
 
 pub use connect::{connect, dial_address, UpstreamConn, UpstreamIo};
 pub use dials::MAX_DIALS_PER_ENDPOINT;
+/// Scripted member connections for the pool's and the exchange's in-process tests.
+#[cfg(test)]
+pub(crate) use pool::scripted;
 pub use pool::{PoolKey, ShardPool, WaitForConnection};

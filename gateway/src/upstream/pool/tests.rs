@@ -1,17 +1,15 @@
-//! The keep-alive pool in process: connections returned, handed out again, expired and found
-//! dead. Each member connection is a stream of a real h2 connection (the tunnel's wire format)
-//! over an in-memory pipe, its member end a task that answers every read with the member's
-//! name: bytes in, bytes out, no socket, no sleep.
+//! The keep-alive pool in process: connections returned, handed out again, expired, found
+//! dead, and swept when their route retires. Each member connection is a scripted one
+//! (`scripted`: a stream of a real h2 connection over an in-memory pipe), its member end a task
+//! that answers every read with the member's name: bytes in, bytes out, no socket, no sleep.
 
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::scripted::{closed_member_conn, member_conn};
 use super::*;
-use crate::observe::metrics::Metrics;
 use crate::runtime::tests::block_on;
-use crate::tunnel::{wire, Counted, TunnelStream};
-use crate::upstream::UpstreamIo;
 
 /// Long enough that nothing expires during a test.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -41,41 +39,19 @@ enum Member {
 
 /// A connection to `cluster`'s member whose far end behaves as `member` says.
 async fn conn(cluster: &ClusterRoute, member: Member) -> UpstreamConn {
-    let (gateway_end, member_end) = tokio::io::duplex(64 * 1024);
-    monoio::spawn(scripted_member(member_end, member));
-    let (send, connection) = wire::gateway_h2(gateway_end).await.unwrap();
-    monoio::spawn(async move { drop(connection.await) });
-    let mut send = send.ready().await.unwrap();
-    let (response, stream) = send.send_request(http::Request::new(()), false).unwrap();
-    let body = response.await.unwrap().into_body();
-    let io = Counted::new(TunnelStream::new(stream, body), Default::default());
-    let metrics = Metrics::new().shard();
-    UpstreamConn::for_test(UpstreamIo::Tunnel(Box::new(io)), cluster, &metrics)
-}
-
-async fn scripted_member(io: DuplexStream, member: Member) {
-    let Ok(mut connection) = wire::agent_h2(io).await else {
-        return;
+    let Member::Alive(name) = member else {
+        return closed_member_conn(cluster).await;
     };
-    while let Some(Ok((request, mut respond))) = connection.accept().await {
-        let Member::Alive(name) = member else {
-            let _ = respond.send_response(http::Response::new(()), true);
-            continue;
-        };
-        let Ok(send) = respond.send_response(http::Response::new(()), false) else {
-            continue;
-        };
-        monoio::spawn(async move {
-            let mut stream = TunnelStream::new(send, request.into_body());
-            let mut buf = [0u8; 1024];
-            while let Ok(1..) = stream.read(&mut buf).await {
-                if stream.write_all(name.as_bytes()).await.is_err() || stream.flush().await.is_err()
-                {
-                    return;
-                }
+    let (conn, mut end) = member_conn(cluster).await;
+    monoio::spawn(async move {
+        let mut buf = [0u8; 1024];
+        while let Ok(1..) = end.read(&mut buf).await {
+            if end.write_all(name.as_bytes()).await.is_err() || end.flush().await.is_err() {
+                return;
             }
-        });
-    }
+        }
+    });
+    conn
 }
 
 /// Which member answers a request written to `conn`.
@@ -155,4 +131,74 @@ fn a_connection_the_member_closed_is_told_apart_from_a_live_one() {
         let mut closed = conn(&edge, Member::Closed).await;
         assert!(closed.closed_while_idle());
     })
+}
+
+/// Lets every task queued on this shard now run once: they run in order, so a task spawned now
+/// runs after them.
+async fn run_queued_tasks() {
+    let (done, ran) = tokio::sync::oneshot::channel();
+    monoio::spawn(async move {
+        let _ = done.send(());
+    });
+    ran.await.unwrap();
+}
+
+#[test]
+fn an_idle_shard_closes_the_connections_of_a_retired_route_by_itself() {
+    block_on(async {
+        let (edge, other) = routes();
+        let pool = ShardPool::new(4, IDLE_TIMEOUT);
+        pool.put(conn(&edge, Member::Alive("a")).await);
+        pool.put(conn(&other, Member::Alive("b")).await);
+        run_queued_tasks().await;
+        // Retired on this shard's own thread, so the sweeper's wake-up is this runtime's own (no
+        // other thread's timing), as the shard's own tasks see it.
+        edge.retirement.retire();
+        run_queued_tasks().await;
+        // Nothing asked the pool for a connection since: its sweeper closed edge's by itself.
+        assert_eq!(pool.idle_count(), 1);
+        assert!(pool.take(&PoolKey::new(&edge, None)).is_none());
+        let mut kept = pool.take(&PoolKey::new(&other, None)).unwrap();
+        assert_eq!(answered_by(&mut kept).await, "b");
+        // A connection of the retired route that comes back after its response is not kept.
+        pool.put(conn(&edge, Member::Alive("c")).await);
+        assert_eq!(pool.idle_count(), 0);
+    })
+}
+
+/// A shard whose pool's sweeper waits for a retirement stops: its runtime ends, the pool dropped
+/// with it, or kept by a task that never ended (a shard thread that died). A retirement on
+/// another thread (the table publisher's) must still return. It deadlocked while the sweeper
+/// task held its wait: the publisher, unable to deliver the dead shard's wake-up, freed the task
+/// inside the event's locked notify, and the task's wait, unregistering, took the same lock.
+#[test]
+fn a_retirement_after_a_shard_stopped_does_not_block_the_publisher() {
+    for pool_outlives_its_shard in [false, true] {
+        std::thread::spawn(move || {
+            block_on(async move {
+                let (edge, _) = routes();
+                let pool = ShardPool::new(4, IDLE_TIMEOUT);
+                pool.put(conn(&edge, Member::Alive("a")).await);
+                run_queued_tasks().await;
+                assert!(
+                    pool.idle.next_retirement.borrow().is_some(),
+                    "the sweeper waits"
+                );
+                if pool_outlives_its_shard {
+                    std::mem::forget(pool);
+                }
+            })
+        })
+        .join()
+        .unwrap();
+        let (retired, returned) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            routes().0.retirement.retire();
+            let _ = retired.send(());
+        });
+        // Bounds a failure only: a working retire() returns at once.
+        returned
+            .recv_timeout(Duration::from_secs(30))
+            .expect("retire() returned");
+    }
 }
