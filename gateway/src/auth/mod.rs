@@ -110,21 +110,35 @@ impl From<GatewayError> for Refusal {
     }
 }
 
-/// Authenticates and authorizes one request for `cluster`, classified as `attrs` (by
-/// `request::decide`); `headers` gives the request's header fields (called twice at most).
-/// Why a request was not authenticated is logged at debug level (never the credential).
-pub fn decide<'h, F, H>(
-    access: &AccessControl,
-    conn: &ConnectionAuth,
-    cluster: &ClusterRoute,
-    attrs: &RequestAttributes<'_>,
-    headers: F,
-) -> Result<Decided, Refusal>
+/// A request's header fields, in order, read as often as a decision needs them: any `Fn()` that
+/// gives them (a front-end's `|| head.headers()`). What [`decide`] and `request::decide` take.
+pub trait HeaderFields<'h> {
+    fn fields(&self) -> impl Iterator<Item = (&'h [u8], &'h [u8])>;
+}
+
+impl<'h, F, H> HeaderFields<'h> for F
 where
     F: Fn() -> H,
     H: Iterator<Item = (&'h [u8], &'h [u8])>,
 {
-    let decided = decide_inner(access, conn, cluster, attrs, headers);
+    fn fields(&self) -> impl Iterator<Item = (&'h [u8], &'h [u8])> {
+        self()
+    }
+}
+
+/// Authenticates and authorizes one request for `cluster`, classified as `attrs` (by
+/// `request::decide`); its header fields are read twice at most.
+/// Why a request was not authenticated is logged at debug level (never the credential).
+pub fn decide<'h>(
+    access: &AccessControl,
+    conn: &ConnectionAuth,
+    cluster: &ClusterRoute,
+    attrs: &RequestAttributes<'_>,
+    headers: &impl HeaderFields<'h>,
+) -> Result<Decided, Refusal> {
+    let decided = authenticate(access, conn, cluster, headers.fields())
+        .map_err(Refusal::from)
+        .and_then(|identity| authorize(access, cluster, attrs, identity, headers.fields()));
     if let Err(Refusal {
         error: GatewayError::Unauthorized { reason },
         ..
@@ -135,41 +149,53 @@ where
     decided
 }
 
-fn decide_inner<'h, F, H>(
+/// Who a request for `cluster` authenticated as, as kube-apiserver's union authenticator says:
+/// the client certificate first (a verified one wins, whatever else the request carries), then
+/// a bearer token in `Authorization`. A PassThrough cluster needs the token itself, whoever the
+/// certificate says the client is. None: the plaintext listener's anonymous user, or on a
+/// PassThrough cluster a token only the member can judge.
+fn authenticate<'h>(
     access: &AccessControl,
     conn: &ConnectionAuth,
     cluster: &ClusterRoute,
-    attrs: &RequestAttributes<'_>,
-    headers: F,
-) -> Result<Decided, Refusal>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
-    // As kube-apiserver's union authenticator: the client certificate first (a verified one
-    // wins, whatever else the request carries), then a bearer token. A PassThrough cluster
-    // needs the token itself, whoever the certificate says the client is.
-    let certificate = conn.certificate.as_ref().filter(|_| !cluster.pass_through);
-    let authenticated = match certificate {
-        Some(identity) => Some(identity.clone()),
-        None => {
-            let authorization = headers()
-                .find(|(name, _)| name.eq_ignore_ascii_case(b"authorization"))
-                .map(|(_, value)| value);
-            let value = match (authorization, &conn.anonymous) {
-                (Some(value), _) => Some(value),
-                // The plaintext listener without a token: the anonymous user.
-                (None, Some(_)) if !cluster.pass_through => None,
-                (None, _) => {
-                    return Err(GatewayError::Unauthorized {
-                        reason: "no client certificate and no bearer token",
-                    }
-                    .into())
-                }
-            };
-            authenticate_header(access, conn, cluster, value)?
+    headers: impl Iterator<Item = (&'h [u8], &'h [u8])>,
+) -> Result<Option<Arc<ClientIdentity>>, GatewayError> {
+    if let Some(identity) = conn.certificate.as_ref().filter(|_| !cluster.pass_through) {
+        return Ok(Some(identity.clone()));
+    }
+    let value = match (authorization(headers), &conn.anonymous) {
+        (Some(value), _) => value,
+        // The plaintext listener without a token: the anonymous user.
+        (None, Some(anonymous)) if !cluster.pass_through => return Ok(Some(anonymous.clone())),
+        (None, _) => {
+            return Err(GatewayError::Unauthorized {
+                reason: "no client certificate and no bearer token",
+            })
         }
     };
+    let Some(token) = bearer_token(value) else {
+        return Err(GatewayError::Unauthorized {
+            reason: "Authorization is not a bearer token",
+        });
+    };
+    match authenticate_token(access, conn, token) {
+        Ok(identity) => Ok(Some(identity)),
+        // A token the gateway cannot verify may still be the member's own (OCM style).
+        Err(_) if cluster.pass_through => Ok(None),
+        Err(reason) => Err(GatewayError::Unauthorized { reason }),
+    }
+}
+
+/// What the `authenticated` client may do on `cluster` as `attrs`: the identity the member is
+/// told about (after client impersonation, its `Impersonate-*` among `headers`, where a policy
+/// grants it), or the refusal.
+fn authorize<'h>(
+    access: &AccessControl,
+    cluster: &ClusterRoute,
+    attrs: &RequestAttributes<'_>,
+    authenticated: Option<Arc<ClientIdentity>>,
+    headers: impl Iterator<Item = (&'h [u8], &'h [u8])>,
+) -> Result<Decided, Refusal> {
     let policy = &access.policy;
     if cluster.pass_through {
         // The member authenticates and authorizes the client's own token (and any
@@ -193,7 +219,7 @@ where
         .into());
     };
     let refused = |error| Refusal::of(error, &authenticated, &authenticated);
-    let identity = match requested_impersonation(headers()).map_err(refused)? {
+    let identity = match requested_impersonation(headers).map_err(refused)? {
         None => authenticated.clone(),
         Some(wanted) => {
             check_impersonation(access, &authenticated, &cluster.name, &wanted).map_err(refused)?;
@@ -224,49 +250,27 @@ where
     })
 }
 
-/// Who an `Authorization` value says the client is (None: the plaintext listener's anonymous
-/// user, or on a PassThrough cluster a token only the member can judge).
-fn authenticate_header(
-    access: &AccessControl,
-    conn: &ConnectionAuth,
-    cluster: &ClusterRoute,
-    value: Option<&[u8]>,
-) -> Result<Option<Arc<ClientIdentity>>, GatewayError> {
-    let Some(value) = value else {
-        return Ok(conn.anonymous.clone());
-    };
-    let Some(token) = bearer_token(value) else {
-        return Err(GatewayError::Unauthorized {
-            reason: "Authorization is not a bearer token",
-        });
-    };
-    match authenticate_token(access, conn, token) {
-        Ok(identity) => Ok(Some(identity)),
-        // A token the gateway cannot verify may still be the member's own (OCM style).
-        Err(_) if cluster.pass_through => Ok(None),
-        Err(reason) => Err(GatewayError::Unauthorized { reason }),
-    }
+/// The value of the request's first `Authorization` field.
+fn authorization<'h>(mut headers: impl Iterator<Item = (&'h [u8], &'h [u8])>) -> Option<&'h [u8]> {
+    headers
+        .find(|(name, _)| name.eq_ignore_ascii_case(b"authorization"))
+        .map(|(_, value)| value)
 }
 
 /// An unknown cluster is named in a 404 only to an authenticated client: anyone else gets the 401
 /// it would get on a real cluster, so cluster names cannot be probed without a credential.
-pub fn hide_unknown_cluster<'h, F, H>(
+pub fn hide_unknown_cluster<'h>(
     err: GatewayError,
     access: &AccessControl,
     conn: &ConnectionAuth,
-    headers: F,
-) -> GatewayError
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
+    headers: &impl HeaderFields<'h>,
+) -> GatewayError {
     let listener_identity = conn.certificate.is_some() || conn.anonymous.is_some();
     if !matches!(err, GatewayError::UnknownCluster { .. }) || listener_identity {
         return err;
     }
-    let known = headers()
-        .find(|(name, _)| name.eq_ignore_ascii_case(b"authorization"))
-        .and_then(|(_, value)| bearer_token(value))
+    let known = authorization(headers.fields())
+        .and_then(bearer_token)
         .is_some_and(|token| authenticate_token(access, conn, token).is_ok());
     if known {
         err

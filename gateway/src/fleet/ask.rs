@@ -10,13 +10,9 @@ use super::ClientRequest;
 use crate::member::ask::ClientSide;
 use crate::request::Peer;
 
-impl<'h, F, H> ClientSide<'h> for ClientRequest<'_, F>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
-    fn fields(&self) -> impl Iterator<Item = (&'h [u8], &'h [u8])> {
-        (self.headers)()
+impl<'a> ClientSide<'a> for ClientRequest<'a> {
+    fn fields(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+        self.headers.iter().copied()
     }
 
     fn connection_named(&self, name: &[u8]) -> bool {

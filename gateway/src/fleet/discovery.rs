@@ -19,10 +19,9 @@
 
 use serde_json::{Map, Value};
 
-use super::{ClientRequest, FleetClient};
+use super::{FleetClient, View};
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
-use crate::exchange::ShardExchange;
 use crate::member::ask::{ask_accepting, Asked, Missed};
 use crate::request::discovery::{Document, MergedKind};
 use crate::request::FleetDiscovery;
@@ -170,20 +169,12 @@ pub fn accepts_json<'h>(values: impl Iterator<Item = &'h [u8]>) -> bool {
 
 /// Serves a fleet discovery request: the first member (in `request.members`' order) whose
 /// answer can be read, filtered; members that failed before it are named in `Warning` fields.
-pub(crate) async fn serve<'h, F, H>(
-    ctx: &ShardExchange,
+pub(crate) async fn serve(
+    view: &View<'_>,
     request: &FleetDiscovery<'_>,
-    client_request: &ClientRequest<'_, F>,
     client: &mut impl FleetClient,
-) -> Result<(), Failure>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
-    let accept = (client_request.headers)()
-        .filter(|(name, _)| name.eq_ignore_ascii_case(b"accept"))
-        .map(|(_, value)| value);
-    if !accepts_json(accept) {
+) -> Result<(), Failure> {
+    if !accepts_json(view.client_request.header_values(b"accept")) {
         return Err(Failure::Answer(GatewayError::FleetDiscoveryNotAcceptable));
     }
     let not_found = || {
@@ -201,6 +192,7 @@ where
     };
     let mut warnings = Vec::new();
     let mut all_not_found = true;
+    let (ctx, client_request) = (view.ctx, &view.client_request);
     for (cluster, identity) in &request.members {
         let accept = Some(&b"application/json"[..]);
         let missed =
@@ -235,16 +227,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const FIXTURES: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/kube-apiserver-v1.24/discovery"
-    );
-
-    fn fixture(name: &str) -> Vec<u8> {
-        std::fs::read(format!("{FIXTURES}/{name}"))
-            .expect("gateway/tests/fixtures holds the recorded fixture")
-    }
+    use crate::fleet::recorded;
 
     /// What the demo merges, and a kind in a second version of a group.
     const KINDS: &[MergedKind<'static>] = &[
@@ -255,7 +238,10 @@ mod tests {
     ];
 
     fn filtered(document: Document<'_>, file: &str) -> Value {
-        let body = document.filter(&fixture(file), KINDS).unwrap().unwrap();
+        let body = document
+            .filter(&recorded(&format!("discovery/{file}")), KINDS)
+            .unwrap()
+            .unwrap();
         assert_eq!(body.last(), Some(&b'\n'));
         serde_json::from_slice(&body).unwrap()
     }
@@ -345,11 +331,12 @@ mod tests {
             version: "v1",
         };
         assert_eq!(
-            core.filter(&fixture("api-v1.json"), &[("", "v1", "nothing")]),
+            core.filter(&recorded("discovery/api-v1.json"), &[("", "v1", "nothing")]),
             Ok(None)
         );
         assert_eq!(
-            Document::Group("apps").filter(&fixture("apis-apps.json"), &[("", "v1", "pods")]),
+            Document::Group("apps")
+                .filter(&recorded("discovery/apis-apps.json"), &[("", "v1", "pods")]),
             Ok(None)
         );
     }

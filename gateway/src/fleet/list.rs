@@ -37,11 +37,10 @@ use tracing::warn;
 
 use super::page::{cluster_column, stamp, Page};
 use super::token::{encode_versions, query_count, query_value, rewrite_query, Continue};
-use super::{ClientRequest, FleetClient};
+use super::{bad_request, FleetClient, View};
 use crate::auth::Decided;
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
-use crate::exchange::ShardExchange;
 use crate::member::ask::{ask, Asked, Missed};
 use crate::request::FleetRequest;
 use crate::runtime::{self, First};
@@ -52,30 +51,24 @@ const WRITE_CHUNK: usize = 64 * 1024;
 /// written (two measured no faster, with 6 MiB more at the peak: docs/benchmarks.md).
 pub const READ_AHEAD: usize = 1;
 
-/// Serves a merged LIST.
-pub(crate) async fn list<'h, F, H>(
-    ctx: &ShardExchange,
+/// Serves a merged LIST: the probe, the stream, the page's continue token (the steps above).
+pub(crate) async fn list(
+    view: &View<'_>,
     request: &FleetRequest<'_>,
-    client_request: &ClientRequest<'_, F>,
     client: &mut impl FleetClient,
-) -> Result<(), Failure>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
-    let bad = |reason: &'static str| Failure::Answer(GatewayError::BadRequest { reason });
+) -> Result<(), Failure> {
     let limit = query_count(request.query, "limit", "limit is not a whole number")
-        .map_err(bad)?
+        .map_err(bad_request)?
         .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     let start = match query_value(request.query, "continue").as_deref() {
         None | Some("") => None,
-        Some(token) => Some(Continue::decode(token).map_err(bad)?),
+        Some(token) => Some(Continue::decode(token).map_err(bad_request)?),
     };
     if !matches!(
         query_value(request.query, "resourceVersion").as_deref(),
         None | Some("") | Some("0")
     ) {
-        return Err(bad(
+        return Err(bad_request(
             "a fleet LIST takes no resourceVersion but 0 (each member has its own)",
         ));
     }
@@ -103,9 +96,8 @@ where
     };
 
     let member_pages = |cluster, identity| MemberPages {
-        ctx,
+        view,
         request,
-        client_request,
         cluster,
         identity,
     };
@@ -368,19 +360,14 @@ impl<C: FleetClient> Out<'_, C> {
 }
 
 /// One member's pages, asked as the user.
-struct MemberPages<'a, 'r, F> {
-    ctx: &'a ShardExchange,
+struct MemberPages<'a, 'r> {
+    view: &'a View<'a>,
     request: &'a FleetRequest<'r>,
-    client_request: &'a ClientRequest<'a, F>,
     cluster: &'a ClusterRoute,
     identity: &'a Decided,
 }
 
-impl<'h, F, H> MemberPages<'_, '_, F>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
+impl MemberPages<'_, '_> {
     /// A page of at most `limit` objects from the member's continue token `from`, as it came.
     async fn body(&self, limit: usize, from: &str) -> Result<Vec<u8>, Missed> {
         let query = page_query(self.request.query, limit, from);
@@ -389,10 +376,11 @@ where
             query: &query,
             verb: self.request.verb,
         };
+        let view = self.view;
         ask(
-            self.ctx,
+            view.ctx,
             &asked,
-            self.client_request,
+            &view.client_request,
             self.cluster,
             self.identity,
         )

@@ -9,8 +9,9 @@
 //!   resourceVersion to resume from, clusters joining and leaving while it is open;
 //! - `owner`: the one member that has a named object, which the request then goes to as an
 //!   ordinary proxied request;
-//! - `ask`: one request of a member as the user (a GET read whole for `list`, `owner` and
-//!   `discovery`, a watch opened for `watch`);
+//! - `ask`: what a member request takes of the client's request (the requests themselves are
+//!   `member::ask`'s: a GET read whole for `list`, `owner` and `discovery`, a watch opened for
+//!   `watch`);
 //! - `discovery`: `/api`, `/apis` and below from one member, filtered to the merged kinds;
 //! - `review`: a SelfSubjectAccessReview (`kubectl auth can-i`) asked of every member, allowed
 //!   where all of them allow it.
@@ -18,7 +19,8 @@
 //! A request aimed at one cluster (`/fleet/cluster.fleetgate.io/NAME/...`, or a create that
 //! `spec.fleet.createIn` sends) is not here: `decide` makes it an ordinary proxied request.
 //!
-//! Called by the pipeline (`handle`) with a [`FleetClient`] for the front-end's side.
+//! Called by the pipeline (`handle`) with a [`View`] (the shard's exchange and the client's
+//! request, its header fields gathered once) and a [`FleetClient`] for the front-end's side.
 
 pub mod ask;
 pub mod discovery;
@@ -33,16 +35,28 @@ use std::time::Instant;
 
 use fleetgate_config_watcher::Limits;
 
+use crate::errors::GatewayError;
+use crate::exchange::{Failure, ShardExchange};
 use crate::request::Peer;
 
 /// The client side of a fleet response (`exchange::reply`, which the front-ends implement).
 pub(crate) use crate::exchange::reply::Reply as FleetClient;
 
+/// The fleet view serving one client request, what each of its stations takes first: the
+/// shard's exchange the members are asked through, and the client's request they are asked on
+/// behalf of.
+pub(crate) struct View<'a> {
+    pub ctx: &'a ShardExchange,
+    pub client_request: ClientRequest<'a>,
+}
+
 /// What the fleet view needs of the client's request besides the decision: its header fields
 /// (passed on to members as in an ordinary request), which of them its `Connection` named, and
 /// who and when.
-pub(crate) struct ClientRequest<'a, F> {
-    pub headers: F,
+pub(crate) struct ClientRequest<'a> {
+    /// The header fields, in order, as the front-end read them (h2's pseudo-header fields are
+    /// not among them).
+    pub headers: &'a [(&'a [u8], &'a [u8])],
     /// How the client's connection authenticated (a merged watch decides again, as the routing
     /// table changes, which clusters it spans).
     pub conn: &'a crate::auth::ConnectionAuth,
@@ -50,6 +64,39 @@ pub(crate) struct ClientRequest<'a, F> {
     pub peer: Peer,
     pub limits: Limits,
     pub started: Instant,
+}
+
+impl<'a> ClientRequest<'a> {
+    /// The values of the header fields named `name` (any case), in order.
+    pub fn header_values(&self, name: &'static [u8]) -> impl Iterator<Item = &'a [u8]> {
+        let headers: &'a [_] = self.headers;
+        headers
+            .iter()
+            .filter(move |(field, _)| field.eq_ignore_ascii_case(name))
+            .map(|(_, value)| *value)
+    }
+
+    /// The value of the first header field named `name` (any case).
+    pub fn header(&self, name: &'static [u8]) -> Option<&'a [u8]> {
+        self.header_values(name).next()
+    }
+}
+
+/// A response recorded from a kube-apiserver 1.24 (`gateway/tests/fixtures/kube-apiserver-v1.24/`
+/// and `path` below it), for the fleet view's unit tests.
+#[cfg(test)]
+fn recorded(path: &str) -> Vec<u8> {
+    let root = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/kube-apiserver-v1.24"
+    );
+    std::fs::read(format!("{root}/{path}"))
+        .expect("gateway/tests/fixtures holds the recorded fixture")
+}
+
+/// A request the fleet view refuses before anything went out (a 400 with `reason`).
+fn bad_request(reason: &'static str) -> Failure {
+    Failure::Answer(GatewayError::BadRequest { reason })
 }
 
 pub use crate::exchange::reply::warning_value;

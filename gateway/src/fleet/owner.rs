@@ -20,10 +20,9 @@ use fleetgate_config_watcher::request_info::KubeVerb;
 use futures_util::future::join_all;
 
 use super::page::stamp_object;
-use super::{ClientRequest, FleetClient};
+use super::{FleetClient, View};
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
-use crate::exchange::ShardExchange;
 use crate::member::ask::{ask, Asked, Missed};
 use crate::request::FleetRequest;
 
@@ -37,15 +36,8 @@ pub(crate) struct Owner {
 }
 
 /// The one cluster that has the object `request` names.
-pub(crate) async fn find<'h, F, H>(
-    ctx: &ShardExchange,
-    request: &FleetRequest<'_>,
-    client_request: &ClientRequest<'_, F>,
-) -> Result<Owner, Failure>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
+pub(crate) async fn find(view: &View<'_>, request: &FleetRequest<'_>) -> Result<Owner, Failure> {
+    let (ctx, client_request) = (view.ctx, &view.client_request);
     let path = object_path(request);
     let plain_get = request.info.verb == KubeVerb::Get && request.info.subresource.is_empty();
     let asked = Asked {
@@ -84,7 +76,7 @@ where
             object: stamped,
         }),
         // Server-side apply of an object no cluster has creates it: routed as a create is.
-        [] if unknown.is_empty() && is_apply(request, &client_request.headers) => {
+        [] if unknown.is_empty() && is_apply(request, client_request.header(b"content-type")) => {
             create_in(request).map(|index| Owner {
                 index,
                 object: None,
@@ -114,16 +106,10 @@ where
 /// Whether the request is a server-side apply of the object itself (`PATCH` with an
 /// `application/apply-patch+yaml` body, or `+json` / `+cbor`), which kube answers for a missing
 /// object by creating it. Other patches of a missing object are kube's 404.
-fn is_apply<'h, F, H>(request: &FleetRequest<'_>, headers: &F) -> bool
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
+fn is_apply(request: &FleetRequest<'_>, content_type: Option<&[u8]>) -> bool {
     request.info.verb == KubeVerb::Patch
         && request.info.subresource.is_empty()
-        && headers()
-            .find(|(name, _)| name.eq_ignore_ascii_case(b"content-type"))
-            .is_some_and(|(_, value)| is_apply_type(value))
+        && content_type.is_some_and(is_apply_type)
 }
 
 /// Whether a `Content-Type` is server-side apply's (`application/apply-patch+FORMAT`, any case,
@@ -206,23 +192,23 @@ mod tests {
 
     #[test]
     fn only_server_side_apply_patches_are_applies() {
-        for apply in [
-            &b"application/apply-patch+yaml"[..],
-            b"Application/Apply-Patch+YAML",
-            b" application/apply-patch+json ; charset=utf-8",
-            b"application/apply-patch+cbor",
+        for (content_type, apply) in [
+            ("application/apply-patch+yaml", true),
+            ("Application/Apply-Patch+YAML", true),
+            (" application/apply-patch+json ; charset=utf-8", true),
+            ("application/apply-patch+cbor", true),
+            ("application/merge-patch+json", false),
+            ("application/strategic-merge-patch+json", false),
+            ("application/json-patch+json", false),
+            ("application/apply-patch+", false),
+            ("application/apply-patch", false),
+            ("", false),
         ] {
-            assert!(is_apply_type(apply), "{}", String::from_utf8_lossy(apply));
-        }
-        for other in [
-            &b"application/merge-patch+json"[..],
-            b"application/strategic-merge-patch+json",
-            b"application/json-patch+json",
-            b"application/apply-patch+",
-            b"application/apply-patch",
-            b"",
-        ] {
-            assert!(!is_apply_type(other), "{}", String::from_utf8_lossy(other));
+            assert_eq!(
+                is_apply_type(content_type.as_bytes()),
+                apply,
+                "{content_type:?}"
+            );
         }
     }
 

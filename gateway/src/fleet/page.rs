@@ -168,20 +168,11 @@ pub fn stamp(entry: &mut Value, cluster: &str, table: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const FIXTURES: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/kube-apiserver-v1.24"
-    );
-
-    fn fixture(path: &str) -> Vec<u8> {
-        std::fs::read(format!("{FIXTURES}/{path}"))
-            .expect("gateway/tests/fixtures holds the recorded fixture")
-    }
+    use crate::fleet::recorded;
 
     #[test]
     fn a_recorded_pod_list_is_read_and_its_items_stamped() {
-        let body = fixture("objects/pod-list.json");
+        let body = recorded("objects/pod-list.json");
         let mut page = Page::parse(&body).unwrap();
         assert_eq!(page.kind, "PodList");
         assert!(!page.is_table());
@@ -202,7 +193,7 @@ mod tests {
 
     #[test]
     fn a_recorded_table_gets_the_cluster_cell_first() {
-        let body = fixture("table/pods-list.json");
+        let body = recorded("table/pods-list.json");
         let mut page = Page::parse(&body).unwrap();
         assert!(page.is_table());
         let columns = page.columns.as_ref().unwrap().as_array().unwrap().len();

@@ -18,10 +18,9 @@ use bytes::Bytes;
 use futures_util::future::join_all;
 use serde_json::Value;
 
-use super::{ClientRequest, FleetClient};
+use super::{FleetClient, View};
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
-use crate::exchange::ShardExchange;
 use crate::member::ask::{post_as, Asked, Missed, Posted};
 use crate::request::FleetReview;
 
@@ -37,20 +36,16 @@ pub fn too_large() -> GatewayError {
 }
 
 /// Asks every member of `review` for the client's `body` and answers with the fleet's review.
-pub(crate) async fn serve<'h, F, H>(
-    ctx: &ShardExchange,
+pub(crate) async fn serve(
+    view: &View<'_>,
     review: &FleetReview<'_>,
     body: &[u8],
-    client_request: &ClientRequest<'_, F>,
     client: &mut impl FleetClient,
-) -> Result<(), Failure>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
-    let content_type = (client_request.headers)()
-        .find(|(name, _)| name.eq_ignore_ascii_case(b"content-type"))
-        .map_or(&b"application/json"[..], |(_, value)| value);
+) -> Result<(), Failure> {
+    let (ctx, client_request) = (view.ctx, &view.client_request);
+    let content_type = client_request
+        .header(b"content-type")
+        .unwrap_or(b"application/json");
     let asked = Asked {
         rest: review.rest,
         query: review.query,

@@ -43,9 +43,8 @@ use tracing::{info, warn};
 
 use super::page::{cluster_column, stamp};
 use super::token::{decode_versions, encode_versions, query_count, query_value, rewrite_query};
-use super::{ClientRequest, FleetClient};
+use super::{bad_request, ClientRequest, FleetClient, View};
 use crate::auth::Decided;
-use crate::errors::GatewayError;
 use crate::exchange::relay::ResponseSink;
 use crate::exchange::ShardExchange;
 use crate::exchange::{Answer, Failure};
@@ -74,29 +73,24 @@ enum Start {
     From(BTreeMap<String, String>),
 }
 
-/// Serves a merged WATCH.
-pub(crate) async fn watch<'h, F, H>(
-    ctx: &ShardExchange,
+/// Serves a merged WATCH, until the client's timeoutSeconds, the shard's drain, a member's 410
+/// or the client leaving.
+pub(crate) async fn watch(
+    view: &View<'_>,
     request: &FleetRequest<'_>,
-    client_request: &ClientRequest<'_, F>,
     client: &mut impl FleetClient,
-) -> Result<(), Failure>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
-    let bad = |reason: &'static str| Failure::Answer(GatewayError::BadRequest { reason });
+) -> Result<(), Failure> {
     let start = match query_value(request.query, "resourceVersion").as_deref() {
         None | Some("") => Start::Unset,
         Some("0") => Start::Any,
-        Some(token) => Start::From(decode_versions(token).map_err(bad)?),
+        Some(token) => Start::From(decode_versions(token).map_err(bad_request)?),
     };
     let timeout = query_count(
         request.query,
         "timeoutSeconds",
         "timeoutSeconds is not a whole number",
     )
-    .map_err(bad)?
+    .map_err(bad_request)?
     .map(|secs| Duration::from_secs(secs.min(u64::from(u32::MAX))));
     let flag = |key| query_value(request.query, key).is_some_and(|v| v == "true" || v == "1");
     let bookmarks = flag("allowWatchBookmarks");
@@ -132,9 +126,8 @@ where
     for (cluster, identity) in &request.members {
         let from = first_from(&cluster.name);
         let id = parts.start(
-            ctx,
+            view,
             request,
-            client_request,
             Arc::clone(cluster),
             clone_decided(identity),
             from,
@@ -147,6 +140,7 @@ where
                 .insert(id);
         }
     }
+    let ctx = view.ctx;
     let mut table = ctx.table.load();
     let mut recheck = Box::pin(runtime::sleep(RECHECK));
     let mut ends: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> = match timeout {
@@ -239,7 +233,7 @@ where
         }
         if look_again {
             table = ctx.table.load();
-            let want = wanted(&table, request, client_request);
+            let want = wanted(&table, request, &view.client_request);
             // Clusters that left the kind, the user's reach or the table.
             let gone: Vec<String> = parts
                 .following
@@ -282,15 +276,7 @@ where
                     .cloned()
                     .unwrap_or_default();
                 let name = cluster.name.to_string();
-                parts.start(
-                    ctx,
-                    request,
-                    client_request,
-                    cluster,
-                    identity,
-                    from,
-                    &notes,
-                );
+                parts.start(view, request, cluster, identity, from, &notes);
                 if joined {
                     info!(cluster = %name, "fleet watch: cluster joined the view");
                     for piece in merge.state(&name, "Joined") {
@@ -306,15 +292,11 @@ where
 
 /// The clusters the request spans in `table` now, each with the identity its member is told
 /// about.
-fn wanted<'h, F, H>(
+fn wanted(
     table: &fleetgate_config_watcher::RouteTable,
     request: &FleetRequest<'_>,
-    client_request: &ClientRequest<'_, F>,
-) -> Vec<(Arc<ClusterRoute>, Decided)>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
+    client_request: &ClientRequest<'_>,
+) -> Vec<(Arc<ClusterRoute>, Decided)> {
     let info = &request.info;
     let Some(kind) = table.fleet().kind(info.api_group, info.resource) else {
         return Vec::new();
@@ -325,7 +307,7 @@ where
         info,
         kind.clusters.iter().filter_map(|name| table.cluster(name)),
         usize::MAX,
-        &client_request.headers,
+        &|| client_request.headers.iter().copied(),
     );
     members
         .into_iter()
@@ -410,22 +392,15 @@ impl<'a> Parts<'a> {
 
     /// Starts following `cluster` from its resourceVersion `from` (empty: from its start); the
     /// part's id.
-    #[allow(clippy::too_many_arguments, reason = "the part's whole context")]
-    fn start<'h, F, H>(
+    fn start(
         &mut self,
-        ctx: &'a ShardExchange,
+        view: &'a View<'a>,
         request: &'a FleetRequest<'a>,
-        client_request: &'a ClientRequest<'a, F>,
         cluster: Arc<ClusterRoute>,
         identity: Decided,
         from: String,
         notes: &mpsc::Sender<Note>,
-    ) -> u64
-    where
-        F: Fn() -> H + 'a,
-        H: Iterator<Item = (&'h [u8], &'h [u8])> + 'a,
-        'h: 'a,
-    {
+    ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let (abort, registration) = AbortHandle::new_pair();
@@ -443,8 +418,7 @@ impl<'a> Parts<'a> {
             identity,
             from,
         };
-        let future: PartFuture<'a> =
-            Box::pin(follow(ctx, request, client_request, part, notes.clone()));
+        let future: PartFuture<'a> = Box::pin(follow(view, request, part, notes.clone()));
         self.running.push(Abortable::new(future, registration));
         id
     }
@@ -462,17 +436,12 @@ struct Part {
 /// Watches one member as the user (`member::watcher`, from the part's resourceVersion, with
 /// bookmarks), handing its events to the merge, until its resourceVersion expires, it refuses,
 /// its route is retired or the merge is gone.
-async fn follow<'h, F, H>(
-    ctx: &ShardExchange,
+async fn follow(
+    view: &View<'_>,
     request: &FleetRequest<'_>,
-    client_request: &ClientRequest<'_, F>,
     part: Part,
     notes: mpsc::Sender<Note>,
-) -> Ended
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
+) -> Ended {
     let Part {
         id,
         cluster,
@@ -480,13 +449,9 @@ where
         from,
     } = part;
     let mut member = PartMember {
-        ctx,
+        ctx: view.ctx,
         request,
-        to: To {
-            cluster: &cluster,
-            identity: &identity,
-            client: client_request,
-        },
+        to: To::new(&cluster, &identity, &view.client_request),
     };
     let mut merge = ToMerge {
         id,
@@ -505,17 +470,13 @@ where
 }
 
 /// A member's side of its part: watches asked of it as the user, through the exchange.
-struct PartMember<'a, 'r, F> {
+struct PartMember<'a, 'r> {
     ctx: &'a ShardExchange,
     request: &'a FleetRequest<'r>,
-    to: To<'a, ClientRequest<'r, F>>,
+    to: To<'a, ClientRequest<'r>>,
 }
 
-impl<'h, F, H> watcher::Member for PartMember<'_, '_, F>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
+impl watcher::Member for PartMember<'_, '_> {
     type Opened = Answer;
 
     /// A part watches from the client's resourceVersion and never relists.

@@ -468,10 +468,15 @@ struct Flow<'a, S: Session> {
 }
 
 impl<'a, S: Session> Flow<'a, S> {
-    /// Who asks the fleet view (borrowing the connection, not this flow).
-    fn asker(&self) -> Asker<'a> {
+    /// Who asks the fleet view, with the client's header fields gathered once (the fleet view
+    /// reads them for every member it asks), borrowing the connection and the head, not this
+    /// flow.
+    fn asker(&self) -> Asker<'a, impl Fn(&[u8]) -> bool + 'a> {
+        let (head, names_fields) = (self.head, self.session.names_fields());
         Asker {
             conn: self.conn,
+            fields: head.headers().collect(),
+            connection_named: move |name: &[u8]| names_fields && head.connection_has(name),
             limits: self.limits,
             started: self.started,
         }
@@ -622,10 +627,8 @@ impl<'a, S: Session> Flow<'a, S> {
     /// the lookup: none has it, several do, some could not be asked).
     async fn find_owner<'t>(&mut self, fleet: FleetRequest<'t>) -> Result<Proxied<'t>, Next> {
         self.fleet_trail(fleet.verb, &fleet.info, &fleet.members);
-        let (head, names_fields) = (self.head, self.session.names_fields());
-        let named = move |name: &[u8]| names_fields && head.connection_has(name);
-        let asked = self.asker().request(|| head.headers(), &named);
-        match fleet::owner::find(&self.ctx.exchange, &fleet, &asked).await {
+        let asker = self.asker();
+        match fleet::owner::find(&asker.view(&self.ctx.exchange), &fleet).await {
             Ok(fleet::owner::Owner {
                 object: Some(object),
                 ..
@@ -682,23 +685,18 @@ impl<'a, S: Session> Flow<'a, S> {
         } else {
             ReplyKind::Fleet
         };
-        let (head, names_fields) = (self.head, self.session.names_fields());
-        let named = move |name: &[u8]| names_fields && head.connection_has(name);
-        let asked = self.asker().request(|| head.headers(), &named);
-        let mut reply = self.session.reply(head, kind);
+        let asker = self.asker();
+        let view = asker.view(&ctx.exchange);
+        let mut reply = self.session.reply(self.head, kind);
         let result = match work {
             FleetWork::Merged(fleet) if watch => {
-                fleet::watch::watch(&ctx.exchange, fleet, &asked, &mut reply).await
+                fleet::watch::watch(&view, fleet, &mut reply).await
             }
-            FleetWork::Merged(fleet) => {
-                fleet::list::list(&ctx.exchange, fleet, &asked, &mut reply).await
-            }
-            FleetWork::Discovery(found) => {
-                fleet::discovery::serve(&ctx.exchange, found, &asked, &mut reply).await
-            }
+            FleetWork::Merged(fleet) => fleet::list::list(&view, fleet, &mut reply).await,
+            FleetWork::Discovery(found) => fleet::discovery::serve(&view, found, &mut reply).await,
             FleetWork::Object(object) => fleet::owner::answer(&mut reply, object).await,
             FleetWork::Review(review, posted) => {
-                fleet::review::serve(&ctx.exchange, review, &posted, &asked, &mut reply).await
+                fleet::review::serve(&view, review, &posted, &mut reply).await
             }
         };
         self.trail.code = Some(200);
@@ -734,31 +732,29 @@ impl<'a, S: Session> Flow<'a, S> {
     }
 }
 
-/// Who asks the fleet view, and since when.
-#[derive(Clone, Copy)]
-struct Asker<'a> {
+/// Who asks the fleet view, and since when: the client's connection, and its request's header
+/// fields and which of them its `Connection` named.
+struct Asker<'a, N> {
     conn: &'a Connection,
+    fields: Vec<(&'a [u8], &'a [u8])>,
+    connection_named: N,
     limits: Limits,
     started: Instant,
 }
 
-impl<'a> Asker<'a> {
-    /// The fleet view's view of the client's request.
-    fn request<'r, F>(
-        self,
-        headers: F,
-        connection_named: &'r dyn Fn(&[u8]) -> bool,
-    ) -> fleet::ClientRequest<'r, F>
-    where
-        'a: 'r,
-    {
-        fleet::ClientRequest {
-            headers,
-            conn: &self.conn.auth,
-            connection_named,
-            peer: self.conn.peer,
-            limits: self.limits,
-            started: self.started,
+impl<N: Fn(&[u8]) -> bool> Asker<'_, N> {
+    /// The fleet view for the client's request, its members asked through `exchange`.
+    fn view<'r>(&'r self, exchange: &'r exchange::ShardExchange) -> fleet::View<'r> {
+        fleet::View {
+            ctx: exchange,
+            client_request: fleet::ClientRequest {
+                headers: &self.fields,
+                conn: &self.conn.auth,
+                connection_named: &self.connection_named,
+                peer: self.conn.peer,
+                limits: self.limits,
+                started: self.started,
+            },
         }
     }
 }

@@ -24,7 +24,7 @@ use fleetgate_config_watcher::policy::{self_review, SelfReview};
 use fleetgate_config_watcher::request_info::{KubeVerb, RequestInfo};
 use fleetgate_config_watcher::{ClusterRoute, ConnectMode, FleetSettings, RouteTable};
 
-use crate::auth::{self, ClientIdentity, ConnectionAuth, Decided};
+use crate::auth::{self, ClientIdentity, ConnectionAuth, Decided, HeaderFields};
 use crate::errors::GatewayError;
 use crate::tunnel::wire::ServiceRef;
 use discovery::{Document, MergedKind};
@@ -234,25 +234,21 @@ impl From<GatewayError> for Refused<'_> {
     }
 }
 
-/// Decides a request from its method, target and header fields (`headers` may be called a few
-/// times). `method` is the one the member will see (an RFC 8441 WebSocket CONNECT is a GET).
+/// Decides a request from its method, target and header fields (read a few times). `method` is
+/// the one the member will see (an RFC 8441 WebSocket CONNECT is a GET).
 #[allow(
     clippy::result_large_err,
     reason = "the Ok side is as large; a Box would allocate for every refusal and every request"
 )]
-pub fn decide<'t, 'h, F, H>(
+pub fn decide<'t, 'h>(
     table: &'t RouteTable,
     conn: &ConnectionAuth,
     method: &'t [u8],
     target: &'t [u8],
-    headers: F,
-) -> Result<Decision<'t>, Refused<'t>>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
+    headers: impl HeaderFields<'h>,
+) -> Result<Decision<'t>, Refused<'t>> {
     target::check(target)?;
-    auth::check_field_names(headers())?;
+    auth::check_field_names(headers.fields())?;
     let (name, rest, query) = match route::route(target, table.gateway().ocm_style) {
         Route::Health(_) => return Ok(Decision::Health),
         Route::NotFound => {
@@ -263,7 +259,7 @@ where
         }
         Route::Cluster { name, rest, query } => (name, rest, query),
         Route::Fleet { aimed, rest, query } => {
-            return decide_fleet(table, conn, method, aimed, rest, query, headers)
+            return decide_fleet(table, conn, method, aimed, rest, query, &headers)
         }
     };
     let service = match route::service_path(rest) {
@@ -288,7 +284,7 @@ where
                 unknown,
                 table.access(),
                 conn,
-                headers,
+                &headers,
             ))
         });
     };
@@ -296,7 +292,7 @@ where
     let counted = Some((cluster, verb));
     if !cluster.impersonation && !cluster.pass_through {
         // The member would see the gateway itself: nobody may choose another identity there.
-        auth::check_request(headers()).map_err(|error| Refused {
+        auth::check_request(headers.fields()).map_err(|error| Refused {
             error,
             authenticated: None,
             acting_as: None,
@@ -304,7 +300,7 @@ where
             classified,
         })?;
     }
-    let identity = auth::decide(table.access(), conn, cluster, &info, headers)
+    let identity = auth::decide(table.access(), conn, cluster, &info, &headers)
         .map_err(|refusal| Refused::by_policy(refusal, counted, classified))?;
     let Some(service) = service else {
         return Ok(Decision::Proxy(Proxied::new(
@@ -395,19 +391,15 @@ impl<'t> Proxied<'t> {
     clippy::result_large_err,
     reason = "as `decide`: the refusal is as large as the decision"
 )]
-fn decide_fleet<'t, 'h, F, H>(
+fn decide_fleet<'t, 'h>(
     table: &'t RouteTable,
     conn: &ConnectionAuth,
     method: &'t [u8],
     aimed: Option<&'t str>,
     rest: &'t [u8],
     query: &'t [u8],
-    headers: F,
-) -> Result<Decision<'t>, Refused<'t>>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
+    headers: &impl HeaderFields<'h>,
+) -> Result<Decision<'t>, Refused<'t>> {
     let info = RequestInfo::parse(method, rest, query);
     let verb = info.metrics_verb();
     // What a hint to a cluster the request may not reach is answered with: exactly what a hint
@@ -416,7 +408,7 @@ where
         let unknown = GatewayError::UnknownCluster {
             name: name.to_string(),
         };
-        auth::hide_unknown_cluster(unknown, table.access(), conn, &headers).into()
+        auth::hide_unknown_cluster(unknown, table.access(), conn, headers).into()
     };
     // The aimed cluster, or every cluster by name.
     let candidates = || -> Vec<&'t Arc<ClusterRoute>> {
@@ -433,7 +425,7 @@ where
         let document = Document::of(rest).filter(|_| method == b"GET");
         let want = if document.is_some() { usize::MAX } else { 1 };
         let (members, refusal) =
-            fleet_members(table, conn, &info, candidates().into_iter(), want, &headers);
+            fleet_members(table, conn, &info, candidates().into_iter(), want, headers);
         if members.is_empty() {
             return Err(match aimed {
                 Some(name) => hidden(name),
@@ -472,7 +464,7 @@ where
             (None, SelfReview::Rules) => return Err(GatewayError::FleetRulesReview.into()),
         };
         let (mut members, refusal) =
-            fleet_members(table, conn, &info, candidates().into_iter(), want, &headers);
+            fleet_members(table, conn, &info, candidates().into_iter(), want, headers);
         if members.is_empty() {
             return Err(match aimed {
                 Some(name) => hidden(name),
@@ -530,13 +522,13 @@ where
             let Some(create_in) = aimed.or(table.gateway().fleet.create_in.as_deref()) else {
                 return Err(create());
             };
-            return aimed_at(table, conn, kind, create_in, rest, query, info, &headers)
+            return aimed_at(table, conn, kind, create_in, rest, query, info, headers)
                 .map_err(|_| aimed.map_or_else(create, hidden));
         }
         _ => return Err(unsupported("this verb")),
     };
     if let Some(name) = aimed {
-        return aimed_at(table, conn, kind, name, rest, query, info, &headers)
+        return aimed_at(table, conn, kind, name, rest, query, info, headers)
             .map_err(|_| hidden(name));
     }
     let (members, refusal) = fleet_members(
@@ -545,7 +537,7 @@ where
         &info,
         kind.clusters.iter().filter_map(|name| table.cluster(name)),
         usize::MAX,
-        &headers,
+        headers,
     );
     if members.is_empty() {
         return Err(fleet_refusal(refusal, rest, &info));
@@ -573,7 +565,7 @@ where
     clippy::too_many_arguments,
     reason = "the parts of one request, as `decide_fleet` took them apart"
 )]
-fn aimed_at<'t, 'h, F, H>(
+fn aimed_at<'t, 'h>(
     table: &'t RouteTable,
     conn: &ConnectionAuth,
     kind: &FleetKind,
@@ -581,12 +573,8 @@ fn aimed_at<'t, 'h, F, H>(
     rest: &'t [u8],
     query: &'t [u8],
     info: RequestInfo<'t>,
-    headers: &F,
-) -> Result<Decision<'t>, ()>
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
+    headers: &impl HeaderFields<'h>,
+) -> Result<Decision<'t>, ()> {
     let merged_here = kind.clusters.iter().any(|c| c == name);
     let cluster = table.cluster(name).filter(|_| merged_here);
     let (mut members, _) = fleet_members(table, conn, &info, cluster.into_iter(), 1, headers);
@@ -602,18 +590,14 @@ where
     clippy::result_large_err,
     reason = "as `decide`: the refusal is as large as the decision"
 )]
-pub fn fleet_members<'t, 'h, F, H>(
+pub fn fleet_members<'t, 'h>(
     table: &'t RouteTable,
     conn: &ConnectionAuth,
     info: &RequestInfo<'_>,
     candidates: impl Iterator<Item = &'t Arc<ClusterRoute>>,
     want: usize,
-    headers: &F,
-) -> (Vec<(&'t Arc<ClusterRoute>, Decided)>, Option<Refused<'t>>)
-where
-    F: Fn() -> H,
-    H: Iterator<Item = (&'h [u8], &'h [u8])>,
-{
+    headers: &impl HeaderFields<'h>,
+) -> (Vec<(&'t Arc<ClusterRoute>, Decided)>, Option<Refused<'t>>) {
     let mut refusal = None;
     let mut members = Vec::new();
     for cluster in candidates {
@@ -621,7 +605,7 @@ where
             break;
         }
         if !cluster.impersonation && !cluster.pass_through {
-            if let Err(error) = auth::check_request(headers()) {
+            if let Err(error) = auth::check_request(headers.fields()) {
                 refusal.get_or_insert(Refused::from(error));
                 continue;
             }

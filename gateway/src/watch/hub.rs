@@ -47,7 +47,7 @@ use tracing::{debug, info, warn};
 
 use super::selector::Labels;
 use super::ShardWatches;
-use super::{Caller, Form, HubKey, NoFields, OwnRequests, TABLE_ACCEPT};
+use super::{Caller, Form, HubKey, OwnRequests, TABLE_ACCEPT};
 use crate::auth::Decided;
 use crate::exchange::lines::{LineSink, Lines};
 use crate::exchange::relay::ResponseSink;
@@ -814,7 +814,7 @@ impl Hub {
     async fn open_watch(
         &self,
         shard: &ShardWatches,
-        request: &ClientRequest<'_, NoFields>,
+        request: &ClientRequest<'_>,
         identity: &Decided,
         query: &str,
     ) -> Result<Answer, Missed> {
@@ -1116,7 +1116,7 @@ impl watcher::Handler for Feed<'_> {
 /// The hub's member: its own list and watches of the collection, as the gateway itself.
 struct HubMember<'a> {
     shard: &'a ShardWatches,
-    to: To<'a, ClientRequest<'a, NoFields>>,
+    to: To<'a, ClientRequest<'a>>,
     path: &'a str,
     accept: &'static [u8],
 }

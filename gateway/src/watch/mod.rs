@@ -248,9 +248,6 @@ pub struct Caller {
     pub started: Instant,
 }
 
-/// The header fields the gateway's own requests to a member carry of a client: none.
-pub(crate) type NoFields = fn() -> std::iter::Empty<(&'static [u8], &'static [u8])>;
-
 fn no_connection_fields(_: &[u8]) -> bool {
     false
 }
@@ -268,9 +265,10 @@ impl OwnRequests {
         }
     }
 
-    pub fn request(&self, caller: Caller) -> crate::fleet::ClientRequest<'_, NoFields> {
+    pub fn request(&self, caller: Caller) -> crate::fleet::ClientRequest<'_> {
         crate::fleet::ClientRequest {
-            headers: std::iter::empty,
+            // The header fields the gateway's own requests carry of a client: none.
+            headers: &[],
             conn: &self.conn,
             connection_named: &no_connection_fields,
             peer: caller.peer,
