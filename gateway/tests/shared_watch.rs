@@ -810,7 +810,7 @@ fn patch_seen_by(
     i: u32,
     watches: [&Watcher; 2],
     counts: [usize; 2],
-) -> (Vec<(String, String)>, Vec<(String, String)>) {
+) -> (SeedEvents, SeedEvents) {
     patch_seed(fleet, i);
     let both = || {
         (
@@ -830,6 +830,9 @@ fn patch_seen_by(
     both()
 }
 
+/// The seed events of one watch, in order: each event's type and the seed's `data.i`.
+type SeedEvents = Vec<(String, String)>;
+
 /// A seed event as [`seed_events`] lists it: its type and the seed's `data.i`.
 fn event(kind: &str, i: &str) -> (String, String) {
     (kind.to_owned(), i.to_owned())
@@ -837,7 +840,7 @@ fn event(kind: &str, i: &str) -> (String, String) {
 
 /// The `data.i` values of ConfigMap `seed` in the events of a raw watch stream, in order, with
 /// each event's type.
-fn seed_events(output: &str) -> Vec<(String, String)> {
+fn seed_events(output: &str) -> SeedEvents {
     output
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
