@@ -15,8 +15,13 @@ use std::time::Duration;
 
 use support::fleet::admin_get;
 use support::wait::wait_for;
-use support::{exchange, h2_client, h2_request, setup_with, setup_with_config, DRIVERS};
+use support::{h2_client, h2_get, setup_with, setup_with_config, DRIVERS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A watch of the recording member's ConfigMaps (it streams what `Upstream::emit` sends).
+const WATCH: &str = "/clusters/member/api/v1/configmaps?watch=true";
+/// An ordinary request that needs a member connection.
+const NAMESPACES: &str = "/clusters/member/api/v1/namespaces";
 
 /// Reads a response head (not its body, which for a watch never ends) and returns its code; the
 /// bytes read past the head stay in `carry`.
@@ -57,10 +62,7 @@ async fn a_client_that_stops_reading_an_ordinary_response_is_cut_and_its_member_
         })
         .await;
         // 64 MiB the client never reads: far more than the socket buffers hold.
-        let mut tls = gw.tls().await;
-        tls.write_all(b"GET /clusters/member/big?bytes=67108864 HTTP/1.1\r\nHost: gw\r\n\r\n")
-            .await
-            .unwrap();
+        let mut tls = gw.tls_get("/clusters/member/big?bytes=67108864").await;
         let admin = gw.admin;
         tokio::task::block_in_place(|| {
             wait_for(
@@ -80,14 +82,8 @@ async fn a_client_that_stops_reading_an_ordinary_response_is_cut_and_its_member_
         assert!(received.len() < 64 << 20, "{driver}: the whole body came");
 
         // The same over h2: a stream whose window the client never opens again.
-        let mut h2 = h2_client(&gw).await.ready().await.unwrap();
-        let (response, _) = h2
-            .send_request(
-                h2_request("GET", "/clusters/member/big?bytes=67108864"),
-                true,
-            )
-            .unwrap();
-        let response = response.await.unwrap();
+        let h2 = h2_client(&gw).await;
+        let response = h2_get(&h2, "/clusters/member/big?bytes=67108864").await;
         assert_eq!(response.status(), 200);
         let _unread = response.into_body();
         tokio::task::block_in_place(|| {
@@ -104,29 +100,16 @@ async fn a_client_that_stops_reading_an_ordinary_response_is_cut_and_its_member_
 async fn what_a_client_sends_during_a_watch_is_bounded_by_the_head_limit() {
     for driver in DRIVERS {
         let (upstream, gw) = setup_with_config(driver, |text| text).await;
-        let mut tls = gw.tls().await;
-        tls.write_all(
-            b"GET /clusters/member/api/v1/configmaps?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
-        )
-        .await
-        .unwrap();
+        let mut tls = gw.tls_get(WATCH).await;
         let mut carry = Vec::new();
         assert_eq!(read_head(&mut tls, &mut carry).await, 200);
-        tokio::task::block_in_place(|| {
-            wait_for(
-                "the watch to reach the member",
-                Duration::from_secs(10),
-                || upstream.watchers() == 1,
-            )
-        });
+        upstream
+            .wait_watchers(1, "the watch to reach the member")
+            .await;
         // More than maxHeadBytes (8192 in the test Gateway) that is no request at all.
         let garbage = vec![b'x'; 20_000];
         let _ = tls.write_all(&garbage).await;
-        tokio::task::block_in_place(|| {
-            wait_for("the watch to be cut", Duration::from_secs(10), || {
-                upstream.watchers() == 0
-            })
-        });
+        upstream.wait_watchers(0, "the watch to be cut").await;
     }
 }
 
@@ -143,60 +126,24 @@ async fn one_client_address_holds_at_most_its_member_connections() {
         // Three watches hold three member connections.
         let mut watches = Vec::new();
         for _ in 0..3 {
-            let mut tls = gw.tls().await;
-            tls.write_all(
-                b"GET /clusters/member/api/v1/configmaps?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
-            )
-            .await
-            .unwrap();
-            watches.push(tls);
+            watches.push(gw.tls_get(WATCH).await);
         }
-        tokio::task::block_in_place(|| {
-            wait_for("three watches", Duration::from_secs(10), || {
-                upstream.watchers() == 3
-            })
-        });
+        upstream.wait_watchers(3, "three watches").await;
         // A fourth request from the same address is refused with a Status kubectl retries.
-        let refused = exchange(
-            gw.tls().await,
-            b"GET /clusters/member/api/v1/namespaces HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
-        )
-        .await
-        .unwrap();
+        let refused = gw.https_get(NAMESPACES).await;
         assert_eq!(refused.code, 429, "{driver}: {refused:?}");
         assert_eq!(refused.header("retry-after").as_deref(), Some("1"));
         assert_eq!(refused.json()["reason"], "TooManyRequests");
-        let mut h2 = h2_client(&gw).await.ready().await.unwrap();
-        let (response, _) = h2
-            .send_request(
-                h2_request("GET", "/clusters/member/api/v1/namespaces"),
-                true,
-            )
-            .unwrap();
-        let response = response.await.unwrap();
+        let response = h2_get(&h2_client(&gw).await, NAMESPACES).await;
         assert_eq!(response.status(), 429, "{driver} (h2)");
         assert_eq!(response.headers()["retry-after"], "1");
         // Health checks need no member connection.
-        let health = exchange(
-            gw.tls().await,
-            b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
-        )
-        .await
-        .unwrap();
+        let health = gw.https_get("/healthz").await;
         assert_eq!(health.code, 200);
         // One watch ends: the address may hold another.
         drop(watches.pop());
-        tokio::task::block_in_place(|| {
-            wait_for("the watch to end", Duration::from_secs(10), || {
-                upstream.watchers() == 2
-            })
-        });
-        let admitted = exchange(
-            gw.tls().await,
-            b"GET /clusters/member/api/v1/namespaces HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
-        )
-        .await
-        .unwrap();
+        upstream.wait_watchers(2, "the watch to end").await;
+        let admitted = gw.https_get(NAMESPACES).await;
         assert_eq!(admitted.code, 200, "{driver}: {admitted:?}");
     }
 }
@@ -259,12 +206,7 @@ async fn near_the_descriptor_limit_new_member_connections_get_503_and_health_and
         let mut watches = Vec::new();
         let refused = loop {
             assert!(watches.len() < 200, "{driver}: nothing was ever refused");
-            let mut tls = gw.tls().await;
-            tls.write_all(
-                b"GET /clusters/member/api/v1/configmaps?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
-            )
-            .await
-            .unwrap();
+            let mut tls = gw.tls_get(WATCH).await;
             let mut carry = Vec::new();
             let code = read_head(&mut tls, &mut carry).await;
             if code != 200 {
@@ -289,12 +231,7 @@ async fn near_the_descriptor_limit_new_member_connections_get_503_and_health_and
             watches.len()
         );
         // Health checks still answer, and the open watches still stream.
-        let health = exchange(
-            gw.tls().await,
-            b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
-        )
-        .await
-        .unwrap();
+        let health = gw.https_get("/healthz").await;
         assert_eq!(health.code, 200, "{driver}");
         upstream.emit("{\"type\":\"ADDED\",\"object\":{\"kind\":\"ConfigMap\",\"metadata\":{\"name\":\"late\"}}}");
         let (tls, carry) = watches.last_mut().unwrap();

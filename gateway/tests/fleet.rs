@@ -13,7 +13,7 @@ mod support;
 use std::collections::BTreeSet;
 
 use support::fleet::Fleet;
-use support::kubectl::succeeded;
+use support::kubectl::{get_configmap, succeeded};
 
 /// What the simulated fleet's FleetResource merges, as `kubectl api-resources -o name` names it.
 const MERGED: [&str; 7] = [
@@ -544,11 +544,7 @@ fn a_create_goes_to_create_in_for_whoever_may_reach_it_there() {
     fleet.kubectl_at_ok(aimed, None, &["create", "configmap", "a", "-n", "default"]);
     assert!(exists_in(&fleet, "member2", "a") && !exists_in(&fleet, "member1", "a"));
 
-    let gateway = fleet.fleet_path("gateway.yaml");
-    let yaml = std::fs::read_to_string(&gateway).unwrap();
-    let with = yaml.replace("\nspec:\n", "\nspec:\n  fleet: {createIn: member2}\n");
-    assert_ne!(with, yaml);
-    std::fs::write(&gateway, with).unwrap();
+    fleet.set_fleet_spec("createIn: member2");
     fleet.serve(&["--workers", "1"], None);
     fleet.kubectl_ok("fleet", &["create", "configmap", "b", "-n", "default"]);
     assert!(exists_in(&fleet, "member2", "b") && !exists_in(&fleet, "member1", "b"));
@@ -594,18 +590,7 @@ fn server_side_apply_of_a_new_object_is_routed_as_a_create() {
         fleet.kubectl_output("fleet", &args)
     };
     let value_in = |fleet: &Fleet, context: &str, name: &str| {
-        let out = fleet.kubectl_output(
-            context,
-            &[
-                "get",
-                "configmap",
-                name,
-                "-n",
-                "default",
-                "-o",
-                "jsonpath={.data.k}",
-            ],
-        );
+        let out = fleet.kubectl_output(context, &get_configmap(name, "jsonpath={.data.k}"));
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
@@ -623,37 +608,28 @@ fn server_side_apply_of_a_new_object_is_routed_as_a_create() {
     assert_eq!(value_in(&fleet, "member1", "applied"), None);
     assert_eq!(value_in(&fleet, "member2", "applied"), None);
 
-    let gateway = fleet.fleet_path("gateway.yaml");
-    let yaml = std::fs::read_to_string(&gateway).unwrap();
-    std::fs::write(
-        &gateway,
-        yaml.replace("\nspec:\n", "\nspec:\n  fleet: {createIn: member2}\n"),
-    )
-    .unwrap();
+    fleet.set_fleet_spec("createIn: member2");
     fleet.serve(&["--workers", "1"], None);
+    // `apply --server-side` of NAME with VALUE (it must succeed), then VALUE is in `context`.
+    let applied_in = |context: &str, name: &str, value: &str, what: &str| {
+        let file = manifest(&fleet, name, value);
+        succeeded(apply(&fleet, None, &file), what, &fleet.log_tail(20));
+        assert_eq!(
+            value_in(&fleet, context, name).as_deref(),
+            Some(value),
+            "{what}"
+        );
+    };
     // With createIn: created there, as a create would be.
-    let out = apply(&fleet, None, &file);
-    succeeded(
-        out,
+    applied_in(
+        "member2",
+        "applied",
+        "one",
         "apply --server-side of a new object",
-        &fleet.log_tail(20),
-    );
-    assert_eq!(
-        value_in(&fleet, "member2", "applied").as_deref(),
-        Some("one")
     );
     assert_eq!(value_in(&fleet, "member1", "applied"), None);
     // Applied again, it exists: it goes to its one owner.
-    let file = manifest(&fleet, "applied", "two");
-    succeeded(
-        apply(&fleet, None, &file),
-        "apply again",
-        &fleet.log_tail(20),
-    );
-    assert_eq!(
-        value_in(&fleet, "member2", "applied").as_deref(),
-        Some("two")
-    );
+    applied_in("member2", "applied", "two", "apply again");
     // An object only member1 has is applied in member1, not created in createIn's cluster.
     fleet.kubectl_ok(
         "member1",
@@ -666,16 +642,7 @@ fn server_side_apply_of_a_new_object_is_routed_as_a_create() {
             "--from-literal=k=zero",
         ],
     );
-    let file = manifest(&fleet, "solo", "three");
-    succeeded(
-        apply(&fleet, None, &file),
-        "apply to member1's",
-        &fleet.log_tail(20),
-    );
-    assert_eq!(
-        value_in(&fleet, "member1", "solo").as_deref(),
-        Some("three")
-    );
+    applied_in("member1", "solo", "three", "apply to member1's");
     assert_eq!(value_in(&fleet, "member2", "solo"), None);
     // Any other patch of an object no cluster has is kube's 404.
     let patch = fleet.kubectl_output(

@@ -64,16 +64,22 @@ async fn all(
     }
 }
 
-#[test]
-fn kube_rs_lists_and_reads_through_the_fleet_view() {
-    // The fleet runs on its own runtime; the client gets another, dropped before the fleet's.
-    let mut fleet = Fleet::sim(10, 3);
+/// `clusters` simulated members of `objects` objects each behind a one-worker gateway, and
+/// `client` run against them. The fleet runs on its own runtime; the client gets another, dropped
+/// before the fleet's.
+fn with_fleet(clusters: usize, objects: usize, client: impl AsyncFnOnce(&Fleet)) {
+    let mut fleet = Fleet::sim(clusters, objects);
     fleet.serve(&["--workers", "1"], None);
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
-        .block_on(lists_and_reads(&fleet));
+        .block_on(client(&fleet));
+}
+
+#[test]
+fn kube_rs_lists_and_reads_through_the_fleet_view() {
+    with_fleet(10, 3, lists_and_reads);
 }
 
 async fn lists_and_reads(fleet: &Fleet) {
@@ -108,13 +114,7 @@ async fn lists_and_reads(fleet: &Fleet) {
 
 #[test]
 fn a_kube_rs_watcher_follows_every_member() {
-    let mut fleet = Fleet::sim(2, 2);
-    fleet.serve(&["--workers", "1"], None);
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(watches(&fleet));
+    with_fleet(2, 2, watches);
 }
 
 async fn watches(fleet: &Fleet) {

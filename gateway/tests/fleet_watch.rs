@@ -601,14 +601,7 @@ fn a_list_whose_member_dies_after_the_head_is_cut_and_the_next_one_names_it() {
     // before member2's, which is reached through a relay the test cuts as soon as the head
     // arrived.
     let mut fleet = Fleet::sim(2, 2000);
-    let gateway = fleet.fleet_path("gateway.yaml");
-    let yaml = std::fs::read_to_string(&gateway).unwrap();
-    assert!(yaml.contains("\nspec:\n"), "{yaml}");
-    std::fs::write(
-        &gateway,
-        yaml.replace("\nspec:\n", "\nspec:\n  fleet: {pageSize: 10}\n"),
-    )
-    .unwrap();
+    fleet.set_fleet_spec("pageSize: 10");
     let member2 = server_of(&fleet, "member2");
     let relay = Relay::start(
         &fleet,
@@ -664,13 +657,7 @@ fn an_unpaged_list_read_ahead_in_small_pages_has_every_object_once() {
     // of the writer; the merged list must still be every object once, in
     // cluster order.
     let mut fleet = Fleet::sim(3, 30);
-    let gateway = fleet.fleet_path("gateway.yaml");
-    let yaml = std::fs::read_to_string(&gateway).unwrap();
-    std::fs::write(
-        &gateway,
-        yaml.replace("\nspec:\n", "\nspec:\n  fleet: {pageSize: 4}\n"),
-    )
-    .unwrap();
+    fleet.set_fleet_spec("pageSize: 4");
     fleet.serve(&["--workers", "1"], None);
     let (_, items) = fleet.fleet_list("/fleet/api/v1/configmaps");
     let merged: Vec<(String, String, String)> = items

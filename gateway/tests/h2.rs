@@ -11,17 +11,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::client::SendRequest;
-use support::{h2_client, h2_request, read_h2_body, setup, setup_with_connect_timeout, DRIVERS};
+use support::{
+    h2_answer, h2_client, h2_get, h2_request, h2_send_get, read_h2_body, setup,
+    setup_with_connect_timeout, DRIVERS,
+};
 
+/// `GET {path}` on `client`: the status and the whole body.
 async fn get(client: &SendRequest<Bytes>, path: &str) -> (u16, Vec<u8>) {
-    let mut client = client.clone().ready().await.expect("ready");
-    let (response, _) = client.send_request(h2_request("GET", path), true).unwrap();
-    let response = tokio::time::timeout(Duration::from_secs(30), response)
-        .await
-        .expect("response in time")
-        .expect("response");
-    let code = response.status().as_u16();
-    (code, read_h2_body(response.into_body()).await)
+    h2_answer(h2_get(client, path).await).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,24 +73,12 @@ async fn h2_requests_bodies_and_watches_are_proxied() {
         assert_eq!(status["reason"], "NotFound", "{driver}");
 
         // A watch: each event arrives at once; resetting the stream frees the member stream.
-        let mut sender = client.clone().ready().await.unwrap();
-        let (response, _) = sender
-            .send_request(
-                h2_request("GET", "/clusters/member/api/v1/configmaps?watch=true"),
-                true,
-            )
-            .unwrap();
-        let response = response.await.unwrap();
+        let response = h2_get(&client, "/clusters/member/api/v1/configmaps?watch=true").await;
         assert_eq!(response.status(), 200, "{driver}");
         let mut body = response.into_body();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while upstream.watchers() == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{driver}: watch never reached the member"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        upstream
+            .wait_watchers(1, &format!("{driver}: watch never reached the member"))
+            .await;
         for i in 0..3 {
             let sent = Instant::now();
             upstream.emit(&format!("{{\"type\":\"ADDED\",\"n\":{i}}}"));
@@ -113,14 +98,12 @@ async fn h2_requests_bodies_and_watches_are_proxied() {
             );
         }
         drop(body); // resets the stream (RST_STREAM CANCEL)
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while upstream.watchers() != 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{driver}: the member watch outlived the reset stream"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        upstream
+            .wait_watchers(
+                0,
+                &format!("{driver}: the member watch outlived the reset stream"),
+            )
+            .await;
         // The connection still serves.
         assert_eq!(
             get(&client, "/clusters/member/api").await.0,
@@ -139,17 +122,8 @@ async fn a_thousand_concurrent_streams_on_one_connection_are_all_answered() {
         // All 1000 are opened before any answer is read.
         let mut pending = Vec::new();
         for i in 0..1000 {
-            let mut sender = client.clone().ready().await.unwrap();
-            let (response, _) = sender
-                .send_request(
-                    h2_request(
-                        "GET",
-                        &format!("/clusters/member/late-watch?watch=true&i={i}"),
-                    ),
-                    true,
-                )
-                .unwrap();
-            pending.push(response);
+            let path = format!("/clusters/member/late-watch?watch=true&i={i}");
+            pending.push(h2_send_get(&client, &path).await);
         }
         let started = Instant::now();
         let mut answered = 0;
@@ -158,10 +132,9 @@ async fn a_thousand_concurrent_streams_on_one_connection_are_all_answered() {
                 .await
                 .unwrap_or_else(|_| panic!("{driver}: stream {answered} unanswered: {}", gw.log()))
                 .expect("response");
-            assert_eq!(response.status(), 200, "{driver}");
             assert_eq!(
-                read_h2_body(response.into_body()).await,
-                b"late",
+                h2_answer(response).await,
+                (200, b"late".to_vec()),
                 "{driver}"
             );
             answered += 1;
@@ -191,14 +164,7 @@ async fn a_stalled_h2_reader_does_not_grow_gateway_memory_or_stall_other_streams
         );
         let before = gw.rss_kib();
         // 200 MB asked for, never read: only the flow-control window may leave the member.
-        let mut sender = client.clone().ready().await.unwrap();
-        let (response, _) = sender
-            .send_request(
-                h2_request("GET", "/clusters/member/big?bytes=209715200"),
-                true,
-            )
-            .unwrap();
-        let stalled = response.await.unwrap();
+        let stalled = h2_get(&client, "/clusters/member/big?bytes=209715200").await;
         assert_eq!(stalled.status(), 200);
         for _ in 0..20 {
             // Other streams on the same connection keep flowing meanwhile.

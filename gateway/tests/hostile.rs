@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 
 use support::h2raw;
-use support::{exchange, h2_client, h2_request, read_h2_body, read_response, setup, DRIVERS};
+use support::{exchange, h2_answer, h2_client, h2_get, h2_request, read_response, setup, DRIVERS};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// The request smuggled inside a body in the desync cases.
@@ -226,11 +226,7 @@ async fn dot_segments_and_encoded_separators_are_refused_on_every_listener_and_p
             assert_refused(response, &rest, 400, &format!("{driver} {path} (plain)"));
             let (response, rest) = send_raw(gw.tls().await, raw.as_bytes()).await;
             assert_refused(response, &rest, 400, &format!("{driver} {path} (TLS)"));
-            let mut client = h2.clone().ready().await.unwrap();
-            let (response, _) = client.send_request(h2_request("GET", path), true).unwrap();
-            let response = response.await.expect("an h2 response");
-            let code = response.status().as_u16();
-            let body = read_h2_body(response.into_body()).await;
+            let (code, body) = h2_answer(h2_get(&h2, path).await).await;
             assert_eq!(
                 code,
                 400,
@@ -241,12 +237,9 @@ async fn dot_segments_and_encoded_separators_are_refused_on_every_listener_and_p
         let seen = upstream.requests();
         assert!(seen.is_empty(), "{driver}: the member saw {seen:#?}");
         // The same request without the escape goes through, as it came.
-        let ok = exchange(
-            gw.plain().await,
-            b"GET /clusters/member/api/v1/namespaces/default/configmaps/a.b HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
-        )
-        .await
-        .unwrap();
+        let ok = gw
+            .http_get("/clusters/member/api/v1/namespaces/default/configmaps/a.b")
+            .await;
         assert_eq!(ok.code, 200);
         let seen = upstream.requests();
         assert_eq!(seen.len(), 1);
@@ -258,6 +251,21 @@ async fn dot_segments_and_encoded_separators_are_refused_on_every_listener_and_p
             seen[0].head
         );
     }
+}
+
+/// An h2 GET of the member's namespaces on a new connection, carrying `fields` (name, value; the
+/// name lowercased, as h2 requires): the status.
+async fn h2_status_with(gw: &support::Gateway, fields: &[(&str, &str)]) -> http::StatusCode {
+    let mut h2 = h2_client(gw).await.ready().await.unwrap();
+    let mut request = h2_request("GET", "/clusters/member/api/v1/namespaces");
+    for (name, value) in fields {
+        request.headers_mut().append(
+            http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    let (response, _) = h2.send_request(request, true).unwrap();
+    response.await.unwrap().status()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,17 +287,12 @@ async fn forged_identity_headers_never_reach_the_member() {
             "{driver}: a forged token is not anonymous"
         );
         // Over h2 too.
-        let mut h2 = h2_client(&gw).await.ready().await.unwrap();
-        let mut request = h2_request("GET", "/clusters/member/api/v1/namespaces");
-        for line in forged.split("\r\n").filter(|l| !l.is_empty()) {
-            let (name, value) = line.split_once(": ").unwrap();
-            request.headers_mut().append(
-                http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()).unwrap(),
-                value.parse().unwrap(),
-            );
-        }
-        let (response, _) = h2.send_request(request, true).unwrap();
-        assert_eq!(response.await.unwrap().status(), 200, "{driver} (h2)");
+        let fields: Vec<(&str, &str)> = forged
+            .split("\r\n")
+            .filter(|l| !l.is_empty())
+            .map(|line| line.split_once(": ").unwrap())
+            .collect();
+        assert_eq!(h2_status_with(&gw, &fields).await, 200, "{driver} (h2)");
         let seen = upstream.requests();
         assert_eq!(seen.len(), 2, "{driver}: {seen:#?}");
         for request in seen {
@@ -320,15 +323,8 @@ async fn identity_fields_spelled_with_underscores_are_refused_and_reach_no_membe
             let what = format!("{driver} {name}");
             refused_then_served(gw.tls().await, &raw, &format!("{what} (TLS)")).await;
             refused_then_served(gw.plain().await, &raw, &format!("{what} (plaintext)")).await;
-            let mut h2 = h2_client(&gw).await.ready().await.unwrap();
-            let mut request = h2_request("GET", "/clusters/member/api/v1/namespaces");
-            request.headers_mut().append(
-                http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()).unwrap(),
-                value.parse().unwrap(),
-            );
-            let (response, _) = h2.send_request(request, true).unwrap();
             assert_eq!(
-                response.await.unwrap().status(),
+                h2_status_with(&gw, &[(name, value)]).await,
                 400,
                 "{driver} (h2) {name}"
             );
@@ -531,13 +527,8 @@ async fn h2_paths_that_do_not_start_with_a_slash_or_inject_fields_are_refused_an
         }
         // Every shard still serves: new connections, spread by the kernel over both.
         for attempt in 0..20 {
-            let health = exchange(
-                gw.tls().await,
-                b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
-            )
-            .await
-            .unwrap_or_else(|| panic!("{driver}: connection {attempt} got no answer"));
-            assert_eq!(health.code, 200);
+            let health = gw.https_get("/healthz").await;
+            assert_eq!(health.code, 200, "{driver}: connection {attempt}");
         }
         let seen = upstream.requests();
         assert!(seen.is_empty(), "{driver}: the member saw {seen:#?}");
@@ -577,6 +568,26 @@ struct Attacked {
     ended: bool,
     /// The slowest answer a well-behaved client on the same shard got meanwhile.
     probe: Duration,
+}
+
+impl Attacked {
+    /// The well-behaved client on the flooded shard kept its latency; `what` names the case.
+    #[track_caller]
+    fn assert_shard_kept_its_latency(&self, what: &str) {
+        assert!(
+            self.probe < PROBE_LIMIT,
+            "{what}: the shard stalled {:?}",
+            self.probe
+        );
+    }
+
+    /// The gateway answered the flood with GOAWAY(ENHANCE_YOUR_CALM), and the shard kept its
+    /// latency meanwhile.
+    #[track_caller]
+    fn assert_calmed(&self, what: &str) {
+        assert_eq!(self.goaway, Some(CALM), "{what}");
+        self.assert_shard_kept_its_latency(what);
+    }
 }
 
 /// Opens an h2 connection, `watches` watch streams on it (waiting until each is answered), then
@@ -699,12 +710,7 @@ async fn a_settings_flood_on_400_watches_is_calmed_and_the_shard_keeps_its_laten
         })
         .await;
         assert!(attacked.ended, "{driver}: the flood was never stopped");
-        assert_eq!(attacked.goaway, Some(CALM), "{driver}");
-        assert!(
-            attacked.probe < PROBE_LIMIT,
-            "{driver}: the shard stalled {:?}",
-            attacked.probe
-        );
+        attacked.assert_calmed(driver);
         let metrics =
             tokio::task::block_in_place(|| support::fleet::admin_get(gw.admin, "/metrics"));
         assert!(
@@ -724,12 +730,7 @@ async fn ping_and_rapid_reset_floods_are_calmed_and_the_shard_keeps_its_latency(
                 .collect()
         })
         .await;
-        assert_eq!(attacked.goaway, Some(CALM), "{driver}: PING flood");
-        assert!(
-            attacked.probe < PROBE_LIMIT,
-            "{driver}: PING flood stalled {:?}",
-            attacked.probe
-        );
+        attacked.assert_calmed(&format!("{driver}: PING flood"));
 
         // Rapid reset (CVE-2023-44487): a request and its cancellation, again and again.
         let attacked = attack(&gw, 0, |i| {
@@ -746,12 +747,7 @@ async fn ping_and_rapid_reset_floods_are_calmed_and_the_shard_keeps_its_latency(
             out
         })
         .await;
-        assert_eq!(attacked.goaway, Some(CALM), "{driver}: rapid reset");
-        assert!(
-            attacked.probe < PROBE_LIMIT,
-            "{driver}: rapid reset stalled {:?}",
-            attacked.probe
-        );
+        attacked.assert_calmed(&format!("{driver}: rapid reset"));
         // Resets abandon their member requests: far fewer reach the member than were sent.
         let seen = upstream.requests().len();
         assert!(
@@ -788,11 +784,7 @@ async fn continuation_floods_and_hpack_bombs_reach_no_member() {
             attacked.ended,
             "{driver}: the CONTINUATION flood was read forever"
         );
-        assert!(
-            attacked.probe < PROBE_LIMIT,
-            "{driver}: stalled {:?}",
-            attacked.probe
-        );
+        attacked.assert_shard_kept_its_latency(&format!("{driver}: CONTINUATION flood"));
 
         // HPACK bomb: one 4 KiB value in the dynamic table, referenced a thousand times (1 byte
         // each), decoding to 4 MB of fields.

@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use support::fleet::Fleet;
-use support::kubectl::{kubectl, kubectl_command};
+use support::kubectl::{assert_failed_with, kubectl, kubectl_command};
 use support::wait::LineReader;
 
 fn start(clusters: usize) -> Fleet {
@@ -29,7 +29,14 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
             table.starts_with("NAME") && table.contains("hello"),
             "{table}"
         );
-        let wide = fleet.kubectl_ok(context, &["get", "pods", "-n", "default", "-o", "wide"]);
+        // `kubectl get POD_OR_PODS [hello] -n default -o FORMAT`.
+        let get = |what: &[&str], format: &str| {
+            let mut args = vec!["get"];
+            args.extend_from_slice(what);
+            args.extend_from_slice(&["-n", "default", "-o", format]);
+            fleet.kubectl_ok(context, &args)
+        };
+        let wide = get(&["pods"], "wide");
         assert!(wide.contains("hello") && wide.contains("NODE"), "{wide}");
         let json: serde_json::Value =
             serde_json::from_str(&fleet.kubectl_ok(context, &["get", "pods", "-A", "-o", "json"]))
@@ -38,53 +45,18 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
             json["items"].as_array().is_some_and(|i| !i.is_empty()),
             "{json}"
         );
-        let yaml = fleet.kubectl_ok(
-            context,
-            &["get", "pod", "hello", "-n", "default", "-o", "yaml"],
-        );
+        let yaml = get(&["pod", "hello"], "yaml");
         assert!(yaml.contains("name: hello"), "{yaml}");
         let name = fleet.kubectl_ok(context, &["get", "namespaces", "-o", "name"]);
         assert!(name.contains("namespace/default"), "{name}");
-        let jsonpath = fleet.kubectl_ok(
-            context,
-            &[
-                "get",
-                "pod",
-                "hello",
-                "-n",
-                "default",
-                "-o",
-                "jsonpath={.metadata.name}",
-            ],
-        );
+        let jsonpath = get(&["pod", "hello"], "jsonpath={.metadata.name}");
         assert_eq!(jsonpath, "hello");
-        let columns = fleet.kubectl_ok(
-            context,
-            &[
-                "get",
-                "pods",
-                "-n",
-                "default",
-                "-o",
-                "custom-columns=N:.metadata.name,P:.status.phase",
-            ],
-        );
+        let columns = get(&["pods"], "custom-columns=N:.metadata.name,P:.status.phase");
         assert!(
             columns.contains("hello") && columns.contains("Running"),
             "{columns}"
         );
-        let template = fleet.kubectl_ok(
-            context,
-            &[
-                "get",
-                "pod",
-                "hello",
-                "-n",
-                "default",
-                "-o",
-                "go-template={{.kind}}",
-            ],
-        );
+        let template = get(&["pod", "hello"], "go-template={{.kind}}");
         assert_eq!(template, "Pod");
         let version = fleet.kubectl_ok(context, &["version", "-o", "json"]);
         assert!(version.contains("serverVersion"), "{version}");
@@ -98,60 +70,19 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
         .unwrap();
         let applied = fleet.kubectl_ok(context, &["apply", "-f", manifest.to_str().unwrap()]);
         assert!(applied.contains("configmap/through-gw"), "{applied}");
-        let data = |key: &str| {
-            fleet.kubectl_ok(
-                context,
-                &[
-                    "get",
-                    "cm",
-                    "through-gw",
-                    "-n",
-                    "default",
-                    "-o",
-                    &format!("jsonpath={{.data.{key}}}"),
-                ],
-            )
-        };
+        let data = |key: &str| get(&["cm", "through-gw"], &format!("jsonpath={{.data.{key}}}"));
         assert_eq!(data("member"), context);
-        fleet.kubectl_ok(
-            context,
-            &[
-                "patch",
-                "cm",
-                "through-gw",
-                "-n",
-                "default",
-                "-p",
-                r#"{"data":{"a":"1"}}"#,
-            ],
-        );
-        fleet.kubectl_ok(
-            context,
-            &[
-                "patch",
-                "cm",
-                "through-gw",
-                "-n",
-                "default",
-                "--type",
-                "merge",
-                "-p",
-                r#"{"data":{"b":"2"}}"#,
-            ],
-        );
-        fleet.kubectl_ok(
-            context,
-            &[
-                "patch",
-                "cm",
-                "through-gw",
-                "-n",
-                "default",
-                "--type",
-                "json",
-                "-p",
-                r#"[{"op":"add","path":"/data/c","value":"3"}]"#,
-            ],
+        let patch = |kind: &[&str], body: &str| {
+            let mut args = vec!["patch", "cm", "through-gw", "-n", "default"];
+            args.extend_from_slice(kind);
+            args.extend_from_slice(&["-p", body]);
+            fleet.kubectl_ok(context, &args)
+        };
+        patch(&[], r#"{"data":{"a":"1"}}"#);
+        patch(&["--type", "merge"], r#"{"data":{"b":"2"}}"#);
+        patch(
+            &["--type", "json"],
+            r#"[{"op":"add","path":"/data/c","value":"3"}]"#,
         );
         assert_eq!(
             (data("a"), data("b"), data("c")),
@@ -160,12 +91,7 @@ fn kubectl_reads_and_writes_every_member_through_the_gateway() {
         let deleted = fleet.kubectl_ok(context, &["delete", "cm", "through-gw", "-n", "default"]);
         assert!(deleted.contains("deleted"), "{deleted}");
         let gone = fleet.kubectl_output(context, &["get", "cm", "through-gw", "-n", "default"]);
-        assert!(!gone.status.success());
-        assert!(
-            String::from_utf8_lossy(&gone.stderr).contains("NotFound"),
-            "{}",
-            String::from_utf8_lossy(&gone.stderr)
-        );
+        assert_failed_with(&gone, "NotFound");
     }
     // Each member holds only its own object: the requests really went to different members.
     let direct = kubectl(
@@ -323,44 +249,20 @@ fn unknown_and_unreachable_members_give_clear_errors_while_others_keep_working()
     )
     .unwrap();
     fleet.serve(&["--workers", "2"], None);
-    let unknown = fleet.kubectl_output(
-        "member1",
-        &[
-            "--server",
-            &format!("https://{}", fleet.https()),
-            "get",
-            "--raw",
-            "/clusters/nope/api/v1/namespaces",
-        ],
-    );
-    let stderr = String::from_utf8_lossy(&unknown.stderr);
-    assert!(!unknown.status.success());
-    assert!(
-        stderr.contains("NotFound") && stderr.contains("cluster \"nope\" not found"),
-        "{stderr}"
-    );
+    // `kubectl get --raw PATH` with `context`'s credentials, sent to the gateway's root.
+    let raw = |context: &str, path: &str| {
+        let server = format!("https://{}", fleet.https());
+        fleet.kubectl_output(context, &["--server", &server, "get", "--raw", path])
+    };
+    let unknown = raw("member1", "/clusters/nope/api/v1/namespaces");
+    assert_failed_with(&unknown, "NotFound");
+    assert_failed_with(&unknown, "cluster \"nope\" not found");
 
     let stopped = fleet.kubectl_output("member2", &["get", "ns"]);
-    let stderr = String::from_utf8_lossy(&stopped.stderr);
-    assert!(!stopped.status.success());
-    assert!(stderr.contains("ServiceUnavailable"), "{stderr}");
-    let stopped = fleet.kubectl_output(
-        "member2",
-        &[
-            "--server",
-            &format!("https://{}", fleet.https()),
-            "get",
-            "--raw",
-            "/clusters/member2/api/v1/namespaces",
-        ],
-    );
-    let stderr = String::from_utf8_lossy(&stopped.stderr);
-    assert!(!stopped.status.success());
-    assert!(
-        stderr.contains("ServiceUnavailable")
-            && stderr.contains("cluster \"member2\" is unavailable"),
-        "{stderr}"
-    );
+    assert_failed_with(&stopped, "ServiceUnavailable");
+    let stopped = raw("member2", "/clusters/member2/api/v1/namespaces");
+    assert_failed_with(&stopped, "ServiceUnavailable");
+    assert_failed_with(&stopped, "cluster \"member2\" is unavailable");
     let ok = fleet.kubectl_ok("member1", &["get", "ns", "-o", "name"]);
     assert!(ok.contains("namespace/default"));
     // The member sees the gateway's user, impersonated from the client certificate.

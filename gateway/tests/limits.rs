@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use support::fleet::{admin_get, Fleet};
 use support::wait::wait_for;
-use support::{h2_client, h2_request, read_response, setup_with_config, Response, DRIVERS};
+use support::{h2_client, h2_get, read_response, setup_with_config, Response, DRIVERS};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 /// An ordinary GET the recording member answers at once.
@@ -108,12 +108,7 @@ async fn a_user_flooding_a_member_gets_429s_while_another_keeps_its_latency() {
         // member answers only after 10 s...
         let mut held = Vec::new();
         for _ in 0..4 {
-            let mut plain = gw.plain().await;
-            plain
-                .write_all(b"GET /clusters/member/slow HTTP/1.1\r\nHost: gw\r\n\r\n")
-                .await
-                .unwrap();
-            held.push(plain);
+            held.push(gw.plain_get("/clusters/member/slow").await);
         }
         tokio::task::block_in_place(|| {
             wait_for(
@@ -222,19 +217,11 @@ async fn a_user_holding_its_watches_can_still_list() {
     let watch = "/clusters/member/api/v1/configmaps?watch=true";
     let mut watches = Vec::new();
     for _ in 0..2 {
-        let mut tls = gw.tls().await;
-        tls.write_all(format!("GET {watch} HTTP/1.1\r\nHost: gw\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
-        watches.push(tls);
+        watches.push(gw.tls_get(watch).await);
     }
-    tokio::task::block_in_place(|| {
-        wait_for(
-            "both watches at the member",
-            Duration::from_secs(10),
-            || upstream.watchers() == 2,
-        )
-    });
+    upstream
+        .wait_watchers(2, "both watches at the member")
+        .await;
     // A third is over the limit, on HTTP/1.1 and on h2.
     let mut tls = gw.tls().await;
     let mut carry = Vec::new();
@@ -247,25 +234,17 @@ async fn a_user_holding_its_watches_can_still_list() {
         "{message}"
     );
     let h2 = h2_client(&gw).await;
-    let mut sender = h2.clone().ready().await.unwrap();
-    let (response, _) = sender.send_request(h2_request("GET", watch), true).unwrap();
-    let response = response.await.unwrap();
+    let response = h2_get(&h2, watch).await;
     assert_eq!(response.status(), 429);
     assert_eq!(response.headers()["retry-after"], "1");
     // Lists are counted apart: alice holding her watches still lists, on both protocols.
     assert_eq!(get(&mut tls, &mut carry, GET).await.code, 200);
-    let mut sender = h2.clone().ready().await.unwrap();
-    let (response, _) = sender.send_request(h2_request("GET", GET), true).unwrap();
-    assert_eq!(response.await.unwrap().status(), 200);
+    assert_eq!(h2_get(&h2, GET).await.status(), 200);
     // A watch ended gives its seat back.
     drop(watches.pop());
-    tokio::task::block_in_place(|| {
-        wait_for(
-            "the ended watch to leave the member",
-            Duration::from_secs(10),
-            || upstream.watchers() == 1,
-        )
-    });
+    upstream
+        .wait_watchers(1, "the ended watch to leave the member")
+        .await;
     let admin = gw.admin;
     tokio::task::block_in_place(|| {
         wait_for(
@@ -279,16 +258,8 @@ async fn a_user_holding_its_watches_can_still_list() {
             },
         )
     });
-    let mut again = gw.tls().await;
-    again
-        .write_all(format!("GET {watch} HTTP/1.1\r\nHost: gw\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    tokio::task::block_in_place(|| {
-        wait_for("a new watch at the member", Duration::from_secs(10), || {
-            upstream.watchers() == 2
-        })
-    });
+    let _again = gw.tls_get(watch).await;
+    upstream.wait_watchers(2, "a new watch at the member").await;
     tokio::task::block_in_place(|| {
         let refused = metric(
             admin,
@@ -297,7 +268,7 @@ async fn a_user_holding_its_watches_can_still_list() {
         assert_eq!(refused, 2, "the h1 and the h2 watch over the limit");
     });
 
-    // Four connections from 127.0.0.1 are open (a watch, `tls`, the h2 one, `again`; the
+    // Four connections from 127.0.0.1 are open (a watch, `tls`, the h2 one, `_again`; the
     // admin listener's are not counted): four more fit under 8, the next is closed before its
     // handshake.
     let mut open = Vec::new();

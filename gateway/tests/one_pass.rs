@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use support::fleet::Fleet as Setup;
-use support::kubectl::{kubectl, kubectl_with_cert, ran, succeeded};
+use support::kubectl::{groups_of, kubectl, kubectl_with_cert, ran, succeeded};
 
 const FLEETGATE: &str = env!("CARGO_BIN_EXE_fleetgate");
 
@@ -156,6 +156,32 @@ fn contexts(kubeconfig: &Path) -> (Vec<String>, String) {
     (names, doc["current-context"].as_str().unwrap().to_string())
 }
 
+/// The arguments of `fleetgate kubeconfig --server SERVER --user USER EXTRA... --certs-dir
+/// CERTS --config CONFIG --out OUT`, `extra` being the flags of the case (groups, clusters, ttl).
+fn kubeconfig_args<'a>(
+    server: &'a str,
+    user: &'a str,
+    extra: &[&'a str],
+    certs: &'a Path,
+    config: &'a Path,
+    out: &'a Path,
+) -> Vec<&'a str> {
+    let files = [
+        "--certs-dir",
+        certs.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    [
+        &["kubeconfig", "--server", server, "--user", user][..],
+        extra,
+        &files,
+    ]
+    .concat()
+}
+
 /// `fleetgate kubeconfig` for user dana with `extra` flags (groups, ttl); what it printed.
 fn kubeconfig_of_dana(
     server: &str,
@@ -164,17 +190,27 @@ fn kubeconfig_of_dana(
     config: &Path,
     out: &Path,
 ) -> String {
-    let mut args = vec!["kubeconfig", "--server", server, "--user", "dana"];
-    args.extend_from_slice(extra);
-    args.extend_from_slice(&[
-        "--certs-dir",
-        certs.to_str().unwrap(),
-        "--config",
-        config.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    fleetgate_ok(&args)
+    fleetgate_ok(&kubeconfig_args(server, "dana", extra, certs, config, out))
+}
+
+/// The arguments of `fleetgate certs issue --dir DIR --user USER EXTRA...`.
+fn issue_args<'a>(dir: &'a Path, user: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let dir = dir.to_str().unwrap();
+    [&["certs", "issue", "--dir", dir, "--user", user][..], extra].concat()
+}
+
+/// kubectl `args` with no kubeconfig, through the gateway at `server`'s member1, trusting
+/// `ca` and presenting `USER.crt` / `USER.key` of `dir` (as a user given the files would).
+fn kubectl_as(server: &str, ca: &Path, dir: &Path, user: &str, args: &[&str]) -> Output {
+    kubectl_with_cert(
+        &format!("{server}/clusters/member1"),
+        ca,
+        &dir.join(format!("{user}.crt")),
+        &dir.join(format!("{user}.key")),
+    )
+    .args(args)
+    .output()
+    .unwrap()
 }
 
 #[test]
@@ -216,14 +252,9 @@ fn generated_kubeconfig_reaches_exactly_the_allowed_clusters_with_kubectl() {
         let review: serde_json::Value = serde_json::from_str(&whoami).unwrap();
         let user = &review["status"]["userInfo"];
         assert_eq!(user["username"], "dana", "{context}: {whoami}");
-        let groups: Vec<&str> = user["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|g| g.as_str())
-            .collect();
+        let groups = groups_of(user);
         assert!(
-            groups.contains(&"ops") && groups.contains(&"devs"),
+            groups.iter().any(|g| g == "ops") && groups.iter().any(|g| g == "devs"),
             "{context}: both O attributes must reach the member: {groups:?}"
         );
         let namespaces = kubectl_ok(&setup, &out_file, context, &["get", "ns", "-o", "name"]);
@@ -245,25 +276,21 @@ fn generated_kubeconfig_reaches_exactly_the_allowed_clusters_with_kubectl() {
 
     // A cluster the user may not reach is refused, by name, and no file is written.
     let refused_file = setup.path("refused.kubeconfig");
-    let refused = fleetgate(&[
-        "kubeconfig",
-        "--server",
+    let refused = fleetgate(&kubeconfig_args(
         &server,
-        "--user",
         "dana",
-        "--group",
-        "ops",
-        "--cluster",
-        "member1",
-        "--cluster",
-        "member2",
-        "--certs-dir",
-        certs.to_str().unwrap(),
-        "--config",
-        conf.to_str().unwrap(),
-        "--out",
-        refused_file.to_str().unwrap(),
-    ]);
+        &[
+            "--group",
+            "ops",
+            "--cluster",
+            "member1",
+            "--cluster",
+            "member2",
+        ],
+        &certs,
+        &conf,
+        &refused_file,
+    ));
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("member2"), "{stderr}");
@@ -271,19 +298,14 @@ fn generated_kubeconfig_reaches_exactly_the_allowed_clusters_with_kubectl() {
 
     // --cluster narrows to what was asked; erin (no groups) gets member2 only.
     let erin_file = setup.path("erin.kubeconfig");
-    fleetgate_ok(&[
-        "kubeconfig",
-        "--server",
+    fleetgate_ok(&kubeconfig_args(
         &server,
-        "--user",
         "erin",
-        "--certs-dir",
-        certs.to_str().unwrap(),
-        "--config",
-        conf.to_str().unwrap(),
-        "--out",
-        erin_file.to_str().unwrap(),
-    ]);
+        &[],
+        &certs,
+        &conf,
+        &erin_file,
+    ));
     let (names, current) = contexts(&erin_file);
     assert_eq!(names, vec!["member2".to_string()]);
     assert_eq!(current, "member2");
@@ -306,20 +328,18 @@ fn issued_certificate_authenticates_with_kubectl_flags() {
     let (setup, https) = start();
     let certs = setup.path("certs");
     let issued = setup.path("issued");
-    let out = fleetgate_ok(&[
-        "certs",
-        "issue",
-        "--dir",
-        certs.to_str().unwrap(),
-        "--user",
+    let out = fleetgate_ok(&issue_args(
+        &certs,
         "dana",
-        "--group",
-        "ops",
-        "--ttl",
-        "2h",
-        "--out-dir",
-        issued.to_str().unwrap(),
-    ]);
+        &[
+            "--group",
+            "ops",
+            "--ttl",
+            "2h",
+            "--out-dir",
+            issued.to_str().unwrap(),
+        ],
+    ));
     assert!(
         out.contains("dana.crt") && out.contains("dana.key"),
         "{out}"
@@ -327,27 +347,22 @@ fn issued_certificate_authenticates_with_kubectl_flags() {
     assert!(!out.contains("PRIVATE KEY"), "{out}");
     assert_eq!(mode(&issued.join("dana.key")), 0o600);
     // Issuing over an existing key needs --force.
-    let again = fleetgate(&[
-        "certs",
-        "issue",
-        "--dir",
-        certs.to_str().unwrap(),
-        "--user",
+    let again = fleetgate(&issue_args(
+        &certs,
         "dana",
-        "--out-dir",
-        issued.to_str().unwrap(),
-    ]);
+        &["--out-dir", issued.to_str().unwrap()],
+    ));
     assert!(!again.status.success());
 
-    let whoami = kubectl_with_cert(
-        &format!("https://{https}/clusters/member1"),
-        &certs.join("serving-ca.crt"),
-        &issued.join("dana.crt"),
-        &issued.join("dana.key"),
-    )
-    .args(["auth", "whoami", "-o", "json"])
-    .output()
-    .unwrap();
+    let server = format!("https://{https}");
+    let serving_ca = certs.join("serving-ca.crt");
+    let whoami = kubectl_as(
+        &server,
+        &serving_ca,
+        &issued,
+        "dana",
+        &["auth", "whoami", "-o", "json"],
+    );
     let whoami = succeeded(whoami, "auth whoami", &setup.log_tail(20));
     let review: serde_json::Value = serde_json::from_str(&whoami).unwrap();
     assert_eq!(review["status"]["userInfo"]["username"], "dana");
@@ -361,25 +376,8 @@ fn issued_certificate_authenticates_with_kubectl_flags() {
         other.to_str().unwrap(),
         "--no-serving",
     ]);
-    fleetgate_ok(&[
-        "certs",
-        "issue",
-        "--dir",
-        other.to_str().unwrap(),
-        "--user",
-        "dana",
-        "--group",
-        "system:masters",
-    ]);
-    let forged = kubectl_with_cert(
-        &format!("https://{https}/clusters/member1"),
-        &certs.join("serving-ca.crt"),
-        &other.join("dana.crt"),
-        &other.join("dana.key"),
-    )
-    .args(["get", "ns"])
-    .output()
-    .unwrap();
+    fleetgate_ok(&issue_args(&other, "dana", &["--group", "system:masters"]));
+    let forged = kubectl_as(&server, &serving_ca, &other, "dana", &["get", "ns"]);
     assert!(
         !forged.status.success(),
         "a certificate of another CA was accepted"
@@ -437,27 +435,18 @@ fn the_demos_pki_directory_issues_certificates_and_kubeconfigs_as_it_is() {
 
     // `certs issue --dir DIR/pki`: a certificate the demo's gateway accepts.
     let issued = demo.path("issued");
-    fleetgate_ok(&[
-        "certs",
-        "issue",
-        "--dir",
-        pki,
-        "--user",
+    fleetgate_ok(&issue_args(
+        Path::new(pki),
         "erin",
-        "--group",
-        "ops",
-        "--out-dir",
-        issued.to_str().unwrap(),
-    ]);
-    let namespaces = kubectl_with_cert(
-        &format!("{server}/clusters/member1"),
+        &["--group", "ops", "--out-dir", issued.to_str().unwrap()],
+    ));
+    let namespaces = kubectl_as(
+        &server,
         &demo.fleet_path("pki/serving-ca.crt"),
-        &issued.join("erin.crt"),
-        &issued.join("erin.key"),
-    )
-    .args(["get", "ns", "-o", "name"])
-    .output()
-    .unwrap();
+        &issued,
+        "erin",
+        &["get", "ns", "-o", "name"],
+    );
     let namespaces = succeeded(namespaces, "erin's get ns", &demo.log_tail(20));
     assert!(namespaces.contains("namespace/default"), "{namespaces}");
 }

@@ -275,12 +275,9 @@ async fn malformed_and_smuggling_requests_are_refused_and_never_forwarded() {
 async fn watch_events_reach_the_client_at_once_and_a_closed_client_frees_the_member_stream() {
     for driver in DRIVERS {
         let (upstream, gw) = setup(driver).await;
-        let mut tls = gw.tls().await;
-        tls.write_all(
-            b"GET /clusters/member/api/v1/configmaps?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
-        )
-        .await
-        .unwrap();
+        let mut tls = gw
+            .tls_get("/clusters/member/api/v1/configmaps?watch=true")
+            .await;
         let mut buf = Vec::new();
         let mut chunk = [0u8; 4096];
         while !buf.windows(4).any(|w| w == b"\r\n\r\n") {

@@ -42,6 +42,12 @@ impl Fleet {
         self.request("GET", path, "")
     }
 
+    /// `path` answers `code` now (one GET, no retry); a failure shows the gateway log's tail.
+    #[track_caller]
+    fn assert_answers(&self, path: &str, code: u16) {
+        assert_eq!(self.get_once(path).0, code, "{path}\n{}", self.log_tail(20));
+    }
+
     /// Polls `path` until it answers `code`; panics after `within`. Returns how long it took.
     fn answers_within(&self, path: &str, code: u16, within: Duration) -> Duration {
         let start = Instant::now();
@@ -70,8 +76,8 @@ fn path_of(member: &str) -> String {
 #[test]
 fn clusters_follow_the_watched_directory_while_requests_keep_succeeding() {
     let fleet = start(3);
-    assert_eq!(fleet.get_once(UNCHANGED).0, 200);
-    assert_eq!(fleet.get_once(&path_of("member2")).0, 404);
+    fleet.assert_answers(UNCHANGED, 200);
+    fleet.assert_answers(&path_of("member2"), 404);
     let load = Load::start(&fleet, UNCHANGED);
 
     // Added: member2's file appears (renamed in, as `mv` or `kubectl cp` would).
@@ -119,8 +125,8 @@ fn clusters_follow_the_watched_directory_while_requests_keep_succeeding() {
             && verbose.contains("spec.caData/caFile"),
         "{verbose}"
     );
-    assert_eq!(fleet.get_once(&path_of("member3")).0, 200);
-    assert_eq!(fleet.get_once(&path_of("member9")).0, 404);
+    fleet.assert_answers(&path_of("member3"), 200);
+    fleet.assert_answers(&path_of("member9"), 404);
     let metrics = fleet.admin_get("/metrics");
     assert!(
         metrics.contains("fleetgate_config_reloads_total{result=\"failure\"} 1")
@@ -163,8 +169,8 @@ fn a_bad_cluster_is_left_out_and_every_good_one_beside_it_is_served() {
     )
     .unwrap();
     fleet.serve(&["--workers", "2"], Some("info"));
-    assert_eq!(fleet.get_once(UNCHANGED).0, 200, "{}", fleet.log_tail(20));
-    assert_eq!(fleet.get_once(&path_of("member9")).0, 404);
+    fleet.assert_answers(UNCHANGED, 200);
+    fleet.assert_answers(&path_of("member9"), 404);
     let verbose = fleet.admin_until("/readyz?verbose", "rejected", WITHIN, "member9 not shown");
     assert!(
         verbose.starts_with("HTTP/1.1 200")
@@ -218,8 +224,8 @@ fn a_bad_cluster_is_left_out_and_every_good_one_beside_it_is_served() {
         verbose.contains("Cluster member2") && verbose.contains("spec.server"),
         "{verbose}"
     );
-    assert_eq!(fleet.get_once(&path_of("member2")).0, 200);
-    assert_eq!(fleet.get_once(UNCHANGED).0, 200);
+    fleet.assert_answers(&path_of("member2"), 200);
+    fleet.assert_answers(UNCHANGED, 200);
 }
 
 /// kubectl on the fleet's own kubeconfig (the members, not the gateway), as `admin`.
@@ -244,13 +250,8 @@ fn clusters_follow_the_management_cluster() {
     fleet.serve_with_management(&config, &[], None);
     // `ready` comes after the first list: member2 is served at once, member1 (not in the
     // management cluster) is not.
-    assert_eq!(
-        fleet.get_once(&path_of("member2")).0,
-        200,
-        "{}",
-        fleet.log_tail(20)
-    );
-    assert_eq!(fleet.get_once(&path_of("member1")).0, 404);
+    fleet.assert_answers(&path_of("member2"), 200);
+    fleet.assert_answers(&path_of("member1"), 404);
 
     let member1 = cluster_file(fleet.dir(), "member1");
     kubectl(fleet.dir(), &["apply", "-f", member1.to_str().unwrap()]);
@@ -304,7 +305,7 @@ fn a_cluster_follows_the_secret_its_credentials_reference() {
         assert!(start.elapsed() < WITHIN * 2, "{}", fleet.log_tail(20));
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(fleet.get_once(UNCHANGED).0, 200);
+    fleet.assert_answers(UNCHANGED, 200);
 
     // Rotated to a token the member refuses, then back.
     std::fs::write(&secret_file, secret("rotated-but-unknown")).unwrap();
@@ -326,7 +327,7 @@ fn a_cluster_follows_the_secret_its_credentials_reference() {
             && verbose.contains("Secret fleet/member1-credentials not found"),
         "{verbose}"
     );
-    assert_eq!(fleet.get_once(UNCHANGED).0, 200);
+    fleet.assert_answers(UNCHANGED, 200);
 }
 
 /// `serve --config DIR --management-kubeconfig ...`: the files stay watched beside the management
@@ -353,19 +354,9 @@ fn files_and_the_management_cluster_are_merged() {
     let config = fleet.dir().to_path_buf();
     fleet.serve_with_management(&config, &[], None);
     // `ready` comes after both sources reported: both clusters are served at once.
-    assert_eq!(
-        fleet.get_once(&path_of("member1")).0,
-        200,
-        "{}",
-        fleet.log_tail(20)
-    );
-    assert_eq!(
-        fleet.get_once(&path_of("member2")).0,
-        200,
-        "{}",
-        fleet.log_tail(20)
-    );
-    assert_eq!(fleet.get_once(&path_of("member3")).0, 404);
+    fleet.assert_answers(&path_of("member1"), 200);
+    fleet.assert_answers(&path_of("member2"), 200);
+    fleet.assert_answers(&path_of("member3"), 404);
 
     // A file change: member3 appears.
     unpark(fleet.dir(), "member3");
@@ -401,7 +392,7 @@ fn files_and_the_management_cluster_are_merged() {
     // An API change: member2 goes.
     kubectl(fleet.dir(), &["delete", "clusters.fleetgate.io", "member2"]);
     fleet.answers_within(&path_of("member2"), 404, WITHIN);
-    assert_eq!(fleet.get_once(&path_of("member1")).0, 200);
+    fleet.assert_answers(&path_of("member1"), 200);
 
     // member3 defined in the management cluster too: rejected, naming both places; the files'
     // member3 keeps serving.
@@ -423,7 +414,7 @@ fn files_and_the_management_cluster_are_merged() {
             && verbose.contains("management cluster"),
         "{verbose}"
     );
-    assert_eq!(fleet.get_once(&path_of("member3")).0, 200);
+    fleet.assert_answers(&path_of("member3"), 200);
     kubectl(fleet.dir(), &["delete", "clusters.fleetgate.io", "member3"]);
     fleet.admin_until(
         "/readyz?verbose",
@@ -494,5 +485,5 @@ spec:
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(fleet.get_once(&path_of("member2")).0, 200);
+    fleet.assert_answers(&path_of("member2"), 200);
 }

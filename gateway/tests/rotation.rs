@@ -27,7 +27,7 @@ use arc_swap::ArcSwap;
 use std::time::Duration;
 
 use base64::Engine;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
+use rcgen::{CertificateParams, DnType, KeyPair, SanType};
 use rustls::pki_types::pem::PemObject;
 use support::fleet::{tls_config_as, Fleet};
 use support::pull::{
@@ -99,21 +99,9 @@ fn serving_cert(ca: &rcgen::Issuer<'_, KeyPair>, cn: &str) -> (String, String) {
 /// A CA of its own and a client certificate it signed for `user` in `system:masters` (whom the
 /// fleet's policies allow everything): (CA PEM, cert PEM, key PEM).
 fn new_client_ca(user: &str) -> (String, String, String) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "rotated-client-ca");
-    let ca = rcgen::CertifiedIssuer::self_signed(params, ca_key).unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name.push(DnType::CommonName, user);
-    params
-        .distinguished_name
-        .push(DnType::OrganizationName, "system:masters");
-    let key = KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, &ca).unwrap();
-    (ca.pem(), cert.pem(), key.serialize_pem())
+    let ca = support::test_ca("rotated-client-ca");
+    let (cert, key) = support::client_cert(&ca, user, "system:masters");
+    (ca.pem(), cert, key)
 }
 
 /// Points the Gateway's `spec.tls` (and `spec.auth.tokenFile`, when given) at absolute paths.

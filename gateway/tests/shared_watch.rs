@@ -21,7 +21,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Config};
 use support::fleet::Fleet;
-use support::kubectl::{kubectl, kubectl_command};
+use support::kubectl::{get_configmap, kubectl, kubectl_command};
 use support::wait::{wait_for, wait_for_or};
 
 /// Turns on `spec.sharedWatches` for configmaps in the fleet's Gateway.
@@ -798,22 +798,49 @@ fn a_client_that_falls_behind_the_lag_limit_is_cut_with_410() {
 fn version_of(fleet: &Fleet, name: &str) -> u64 {
     let rv = direct(
         fleet,
-        &[
-            "get",
-            "configmap",
-            name,
-            "-n",
-            "default",
-            "-o",
-            "jsonpath={.metadata.resourceVersion}",
-        ],
+        &get_configmap(name, "jsonpath={.metadata.resourceVersion}"),
     );
     rv.trim().parse().unwrap()
 }
 
+/// Patches the seed to `i` and waits (30 s at most) until the two watches have seen `counts`
+/// seed events each; their seed events then, read anew.
+fn patch_seen_by(
+    fleet: &Fleet,
+    i: u32,
+    watches: [&Watcher; 2],
+    counts: [usize; 2],
+) -> (SeedEvents, SeedEvents) {
+    patch_seed(fleet, i);
+    let both = || {
+        (
+            seed_events(&watches[0].output()),
+            seed_events(&watches[1].output()),
+        )
+    };
+    wait_for_or(
+        "both watches to see the next change",
+        Duration::from_secs(30),
+        || {
+            let (a, b) = both();
+            [a.len(), b.len()] == counts
+        },
+        || format!("{:?}", both()),
+    );
+    both()
+}
+
+/// The seed events of one watch, in order: each event's type and the seed's `data.i`.
+type SeedEvents = Vec<(String, String)>;
+
+/// A seed event as [`seed_events`] lists it: its type and the seed's `data.i`.
+fn event(kind: &str, i: &str) -> (String, String) {
+    (kind.to_owned(), i.to_owned())
+}
+
 /// The `data.i` values of ConfigMap `seed` in the events of a raw watch stream, in order, with
 /// each event's type.
-fn seed_events(output: &str) -> Vec<(String, String)> {
+fn seed_events(output: &str) -> SeedEvents {
     output
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -851,19 +878,14 @@ fn a_first_watch_older_than_the_shared_list_is_replayed_not_proxied() {
     // A client that starts now (no resourceVersion) gets the objects as they are, once.
     let current = raw_watch(&fleet, "current", "member1", "");
     wait_for_seed(&current, "a current watch's initial ADDED");
-    patch_seed(&fleet, 2);
-    let both = || (seed_events(&first.output()), seed_events(&current.output()));
-    wait_for_or(
-        "both watches to see the next change",
-        Duration::from_secs(30),
-        || both().0.len() == 2 && both().1.len() == 2,
-        || format!("{:?}", both()),
-    );
-    let modified = |i: &str| ("MODIFIED".to_owned(), i.to_owned());
-    assert_eq!(both().0, [modified("1"), modified("2")]);
+    let (first_events, current_events) = patch_seen_by(&fleet, 2, [&first, &current], [2, 2]);
     assert_eq!(
-        both().1,
-        [("ADDED".to_owned(), "1".to_owned()), modified("2")]
+        first_events,
+        [event("MODIFIED", "1"), event("MODIFIED", "2")]
+    );
+    assert_eq!(
+        current_events,
+        [event("ADDED", "1"), event("MODIFIED", "2")]
     );
     assert_eq!(member_watches(&fleet, "member1", "configmaps"), 1);
     // A first watch of another key from a version the member can no longer replay gets the
@@ -1202,17 +1224,12 @@ fn a_watch_from_before_the_hubs_start_is_backfilled_not_proxied() {
         &second,
         "the older watch to get the change made after its list",
     );
-    patch_seed(&fleet, 2);
-    let both = || (seed_events(&first.output()), seed_events(&second.output()));
-    wait_for_or(
-        "both watches to see the next change",
-        Duration::from_secs(30),
-        || both().0.len() == 1 && both().1.len() == 2,
-        || format!("{:?}", both()),
+    let (first_events, second_events) = patch_seen_by(&fleet, 2, [&first, &second], [1, 2]);
+    assert_eq!(first_events, [event("MODIFIED", "2")]);
+    assert_eq!(
+        second_events,
+        [event("MODIFIED", "1"), event("MODIFIED", "2")]
     );
-    let modified = |i: &str| ("MODIFIED".to_owned(), i.to_owned());
-    assert_eq!(both().0, [modified("2")]);
-    assert_eq!(both().1, [modified("1"), modified("2")]);
     // The backfill's member watch ended; the hub's is the only one.
     wait_for_or(
         "one member watch",

@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use h2::client::SendRequest;
 use support::{
-    h2_request, read_h2_body, read_response, setup_with_config, Gateway, Upstream, DRIVERS,
+    h2_answer, h2_send_get, read_h2_body, read_response, setup_with_config, Gateway, Upstream,
+    DRIVERS,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::sync::{oneshot, watch};
 
 /// Starts a member and a gateway whose Gateway object gets `limits` appended to its
@@ -66,14 +67,17 @@ async fn h2_connect(gw: &Gateway) -> H2 {
     }
 }
 
-/// Sends a GET on `client` and returns the response (head only).
-async fn send_get(client: &SendRequest<Bytes>, path: &str) -> h2::client::ResponseFuture {
-    let mut sender = client.clone().ready().await.expect("ready");
-    sender
-        .send_request(h2_request("GET", path), true)
-        .unwrap()
-        .0
+/// Opens a watch of the member's ConfigMaps on `h2` (its head must be 200) and waits until it
+/// reached the member; its body, to read or to hold (dropping it resets the stream).
+async fn open_watch(h2: &H2, upstream: &Upstream, driver: &str) -> h2::RecvStream {
+    let watch = h2_send_get(&h2.client, WATCH).await.await.unwrap();
+    assert_eq!(watch.status(), 200, "{driver}");
+    let body = watch.into_body();
+    upstream.wait_watchers(1, "watch reached the member").await;
+    body
 }
+
+const WATCH: &str = "/clusters/member/api/v1/configmaps?watch=true";
 
 /// Polls `check` every 10 ms until it is true, for at most `within`.
 async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
@@ -154,25 +158,17 @@ async fn sigterm_drains_h2_and_http1_lets_in_flight_requests_finish_and_exits_ze
     for driver in DRIVERS {
         let (upstream, mut gw) = start(driver, "    shutdownGraceSeconds: 20\n", "").await;
         let h2 = h2_connect(&gw).await;
-        let warm = send_get(&h2.client, "/clusters/member/api").await;
+        let warm = h2_send_get(&h2.client, "/clusters/member/api").await;
         assert_eq!(warm.await.unwrap().status(), 200, "{driver}");
 
         // In flight at SIGTERM: an h2 request and an HTTP/1.1 request the member answers after
         // 1.5 s, and an HTTP/1.1 keep-alive connection that is idle between requests.
         let h2_in_flight =
-            send_get(&h2.client, "/clusters/member/late-watch?watch=true&via=h2").await;
-        let mut h1_busy = gw.tls().await;
-        h1_busy
-            .write_all(
-                b"GET /clusters/member/late-watch?watch=true&via=h1 HTTP/1.1\r\nHost: gw\r\n\r\n",
-            )
-            .await
-            .unwrap();
-        let mut h1_idle = gw.tls().await;
-        h1_idle
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
-            .await
-            .unwrap();
+            h2_send_get(&h2.client, "/clusters/member/late-watch?watch=true&via=h2").await;
+        let mut h1_busy = gw
+            .tls_get("/clusters/member/late-watch?watch=true&via=h1")
+            .await;
+        let mut h1_idle = gw.tls_get("/healthz").await;
         let mut idle_carry = Vec::new();
         let health = read_response(&mut h1_idle, &mut idle_carry).await.unwrap();
         assert_eq!(health.code, 200, "{driver}");
@@ -195,10 +191,9 @@ async fn sigterm_drains_h2_and_http1_lets_in_flight_requests_finish_and_exits_ze
             .await
             .expect("in-flight h2 response in time")
             .expect("in-flight h2 response");
-        assert_eq!(response.status(), 200, "{driver}");
         assert_eq!(
-            read_h2_body(response.into_body()).await,
-            b"late",
+            h2_answer(response).await,
+            (200, b"late".to_vec()),
             "{driver}"
         );
 
@@ -264,14 +259,7 @@ async fn a_watch_keeps_flowing_during_the_drain_and_is_cut_at_the_end_of_the_gra
     for driver in DRIVERS {
         let (upstream, mut gw) = start(driver, "    shutdownGraceSeconds: 2\n", "").await;
         let h2 = h2_connect(&gw).await;
-        let watch = send_get(&h2.client, "/clusters/member/api/v1/configmaps?watch=true").await;
-        let watch = watch.await.unwrap();
-        assert_eq!(watch.status(), 200, "{driver}");
-        let mut body = watch.into_body();
-        eventually(Duration::from_secs(10), "watch reached the member", || {
-            upstream.watchers() == 1
-        })
-        .await;
+        let mut body = open_watch(&h2, &upstream, driver).await;
 
         let ready = admin_readyz(&gw).await;
         assert_eq!(
@@ -342,15 +330,8 @@ async fn a_second_signal_during_the_drain_exits_at_once() {
     for driver in DRIVERS {
         let (upstream, mut gw) = start(driver, "    shutdownGraceSeconds: 120\n", "").await;
         let h2 = h2_connect(&gw).await;
-        let watch = send_get(&h2.client, "/clusters/member/api/v1/configmaps?watch=true").await;
-        let watch = watch.await.unwrap();
-        assert_eq!(watch.status(), 200, "{driver}");
         // Held open: dropping the body would reset the stream.
-        let _watch_body = watch.into_body();
-        eventually(Duration::from_secs(10), "watch reached the member", || {
-            upstream.watchers() == 1
-        })
-        .await;
+        let _watch_body = open_watch(&h2, &upstream, driver).await;
         signal(&gw, libc::SIGTERM);
         // The drain has begun once the client sees GOAWAY.
         goaway_seen(&h2.client, Duration::from_secs(5)).await;
@@ -383,7 +364,7 @@ async fn max_concurrent_streams_from_the_gateway_object_is_what_the_client_gets(
         // Seven watches are open at once; an eighth waits for a free stream.
         let mut watches = Vec::new();
         for i in 0..7 {
-            let response = send_get(
+            let response = h2_send_get(
                 &h2.client,
                 &format!("/clusters/member/api/v1/configmaps?watch=true&w={i}"),
             )
@@ -395,7 +376,7 @@ async fn max_concurrent_streams_from_the_gateway_object_is_what_the_client_gets(
             assert_eq!(response.status(), 200, "{driver}");
             watches.push(response.into_body());
         }
-        let eighth = send_get(&h2.client, "/clusters/member/api?eighth=1").await;
+        let eighth = h2_send_get(&h2.client, "/clusters/member/api?eighth=1").await;
         let mut eighth = Box::pin(eighth);
         assert!(
             tokio::time::timeout(Duration::from_millis(500), eighth.as_mut())
@@ -421,22 +402,11 @@ async fn h2_idle_timeout_sends_goaway_to_an_idle_connection_but_not_to_one_with_
         let (upstream, gw) = start(driver, "", "  http2:\n    idleTimeoutSeconds: 1\n").await;
         // A connection with an open watch.
         let mut busy = h2_connect(&gw).await;
-        let watch = send_get(
-            &busy.client,
-            "/clusters/member/api/v1/configmaps?watch=true",
-        )
-        .await;
-        let watch = watch.await.unwrap();
-        assert_eq!(watch.status(), 200, "{driver}");
-        let mut watch = watch.into_body();
-        eventually(Duration::from_secs(10), "watch reached the member", || {
-            upstream.watchers() == 1
-        })
-        .await;
+        let mut watch = open_watch(&busy, &upstream, driver).await;
 
         // An idle connection: one request, then nothing.
         let idle = h2_connect(&gw).await;
-        let response = send_get(&idle.client, "/clusters/member/api")
+        let response = h2_send_get(&idle.client, "/clusters/member/api")
             .await
             .await
             .unwrap();
@@ -479,7 +449,7 @@ async fn h2_idle_timeout_sends_goaway_to_an_idle_connection_but_not_to_one_with_
             .unwrap()
             .unwrap();
         assert_eq!(&event[..], b"{\"type\":\"ADDED\",\"n\":7}\n", "{driver}");
-        let response = send_get(&busy.client, "/clusters/member/api")
+        let response = h2_send_get(&busy.client, "/clusters/member/api")
             .await
             .await
             .unwrap();
@@ -491,22 +461,10 @@ async fn h2_idle_timeout_sends_goaway_to_an_idle_connection_but_not_to_one_with_
 async fn http1_keep_alive_idle_timeout_closes_an_idle_connection_but_not_a_watch() {
     for driver in DRIVERS {
         let (upstream, gw) = start(driver, "    idleTimeoutSeconds: 1\n", "").await;
-        let mut watch = gw.tls().await;
-        watch
-            .write_all(
-                b"GET /clusters/member/api/v1/configmaps?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
-            )
-            .await
-            .unwrap();
-        eventually(Duration::from_secs(10), "watch reached the member", || {
-            upstream.watchers() == 1
-        })
-        .await;
+        let mut watch = gw.tls_get(WATCH).await;
+        upstream.wait_watchers(1, "watch reached the member").await;
 
-        let mut idle = gw.tls().await;
-        idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
-            .await
-            .unwrap();
+        let mut idle = gw.tls_get("/healthz").await;
         let mut carry = Vec::new();
         let response = read_response(&mut idle, &mut carry).await.unwrap();
         assert_eq!(response.code, 200, "{driver}");
@@ -542,26 +500,23 @@ async fn http1_keep_alive_idle_timeout_closes_an_idle_connection_but_not_a_watch
     }
 }
 
+/// A GET of `path` on the admin listener (`Connection: close`): the response.
+async fn admin_get(gw: &Gateway, path: &str) -> support::Response {
+    let stream = tokio::net::TcpStream::connect(gw.admin).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+    support::exchange(stream, request.as_bytes())
+        .await
+        .unwrap_or_else(|| panic!("no answer to admin {path}"))
+}
+
 /// The admin listener's `/readyz?verbose`.
 async fn admin_readyz(gw: &Gateway) -> support::Response {
-    let stream = tokio::net::TcpStream::connect(gw.admin).await.unwrap();
-    support::exchange(
-        stream,
-        b"GET /readyz?verbose HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
-    )
-    .await
-    .expect("readyz")
+    admin_get(gw, "/readyz?verbose").await
 }
 
 /// The routing table generation the gateway serves, from its admin `/metrics`.
 async fn served_generation(gw: &Gateway) -> u64 {
-    let stream = tokio::net::TcpStream::connect(gw.admin).await.unwrap();
-    let response = support::exchange(
-        stream,
-        b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
-    )
-    .await
-    .expect("metrics");
+    let response = admin_get(gw, "/metrics").await;
     String::from_utf8_lossy(&response.body)
         .lines()
         .find_map(|l| l.strip_prefix("fleetgate_config_generation "))
@@ -607,7 +562,7 @@ async fn a_reload_changes_h2_settings_for_new_connections_only() {
         .expect("3 on a connection made after the reload")
         .unwrap();
         // The connection made before keeps the settings it started with.
-        let response = send_get(&before.client, "/clusters/member/api").await;
+        let response = h2_send_get(&before.client, "/clusters/member/api").await;
         assert_eq!(response.await.unwrap().status(), 200, "{driver}");
         assert_eq!(*before.max_send_streams.borrow(), 7, "{driver}");
     }

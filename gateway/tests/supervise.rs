@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use support::fleet::admin_get;
 use support::wait::wait_for;
-use support::{exchange, h2_client, h2_request, read_h2_body, setup_with, DRIVERS};
+use support::{exchange, h2_client, h2_send_get, read_h2_body, setup_with, DRIVERS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// One shard, so every connection of a test shares the shard a fault hits.
@@ -48,11 +48,7 @@ async fn a_panic_while_serving_a_request_closes_only_its_connection() {
         assert_eq!(first.code, 200, "{driver}");
 
         // The panicking request gets no answer: its connection is closed.
-        let mut victim = gw.plain().await;
-        victim
-            .write_all(b"GET /debug/fleetgate/panic-task HTTP/1.1\r\nHost: gw\r\n\r\n")
-            .await
-            .unwrap();
+        let mut victim = gw.plain_get("/debug/fleetgate/panic-task").await;
         let mut rest = Vec::new();
         let read = tokio::time::timeout(Duration::from_secs(10), victim.read_to_end(&mut rest))
             .await
@@ -70,21 +66,12 @@ async fn a_panic_while_serving_a_request_closes_only_its_connection() {
 
         // Over h2, the panicking stream is reset and the connection's other streams go on.
         let client = h2_client(&gw).await;
-        let mut sender = client.clone().ready().await.unwrap();
-        let (doomed, _) = sender
-            .send_request(h2_request("GET", "/debug/fleetgate/panic-task"), true)
-            .unwrap();
+        let doomed = h2_send_get(&client, "/debug/fleetgate/panic-task").await;
         let reset = tokio::time::timeout(Duration::from_secs(10), doomed)
             .await
             .expect("the panicking stream ends");
         assert!(reset.is_err(), "{driver}: {reset:?}");
-        let mut sender = client.clone().ready().await.unwrap();
-        let (response, _) = sender
-            .send_request(
-                h2_request("GET", "/clusters/member/api/v1/namespaces"),
-                true,
-            )
-            .unwrap();
+        let response = h2_send_get(&client, "/clusters/member/api/v1/namespaces").await;
         let response = response.await.expect("the same h2 connection still works");
         assert_eq!(response.status(), 200, "{driver}");
         assert!(!read_h2_body(response.into_body()).await.is_empty());
@@ -107,11 +94,7 @@ async fn a_shard_that_dies_fails_readyz_until_it_is_restarted() {
         let (_upstream, gw) = setup_with(driver, one_shard, faults_on).await;
         let admin = gw.admin;
         // Kills the only shard's thread (the request's own connection dies with it).
-        let mut killer = gw.plain().await;
-        killer
-            .write_all(b"GET /debug/fleetgate/kill-shard HTTP/1.1\r\nHost: gw\r\n\r\n")
-            .await
-            .unwrap();
+        let _killer = gw.plain_get("/debug/fleetgate/kill-shard").await;
         let mut down = String::new();
         tokio::task::block_in_place(|| {
             wait_for("/readyz to fail", Duration::from_secs(10), || {
@@ -196,17 +179,8 @@ async fn a_slow_member_name_lookup_does_not_stall_the_shard() {
         let client = h2_client(&gw).await;
         // In this order on one connection: the named member's stream reaches the lookup first.
         let started = Instant::now();
-        let mut sender = client.clone().ready().await.unwrap();
-        let (slow, _) = sender
-            .send_request(h2_request("GET", "/clusters/named/api/v1/namespaces"), true)
-            .unwrap();
-        let mut sender = client.clone().ready().await.unwrap();
-        let (fast, _) = sender
-            .send_request(
-                h2_request("GET", "/clusters/member/api/v1/namespaces"),
-                true,
-            )
-            .unwrap();
+        let slow = h2_send_get(&client, "/clusters/named/api/v1/namespaces").await;
+        let fast = h2_send_get(&client, "/clusters/member/api/v1/namespaces").await;
         let fast = tokio::time::timeout(Duration::from_secs(1), fast)
             .await
             .unwrap_or_else(|_| panic!("{driver}: the shard stalled behind a name lookup"))
@@ -217,10 +191,7 @@ async fn a_slow_member_name_lookup_does_not_stall_the_shard() {
         assert!(started.elapsed() >= Duration::from_secs(2), "{driver}");
         // The answer is kept: the next request dials at once.
         let again = Instant::now();
-        let mut sender = client.clone().ready().await.unwrap();
-        let (cached, _) = sender
-            .send_request(h2_request("GET", "/clusters/named/api/v1/pods"), true)
-            .unwrap();
+        let cached = h2_send_get(&client, "/clusters/named/api/v1/pods").await;
         assert_eq!(cached.await.unwrap().status(), 200, "{driver}");
         assert!(again.elapsed() < Duration::from_secs(1), "{driver}");
         assert_eq!(named.requests().len(), 2, "{driver}");

@@ -17,15 +17,14 @@ mod support;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::fleet::{fleetgate_binary, Fleet, KillOnDrop};
+use support::fleet::{client_tls_config, fleetgate_binary, Fleet, KillOnDrop};
 use support::kubectl::PORT_FORWARD_HELLO;
 use support::pull::{
-    admin_get_at, admin_https, agent_command, exits_within, gateway_kubectl, issue_agent,
-    kubectl_basics, make_pull_mode, serve_with_tunnel, signal, spawn_lines, stalled_list, Agent,
-    AgentSetup,
+    admin_get_at, agent_command, assert_small_gets_keep_flowing, exits_within, gateway_kubectl,
+    issue_agent, kubectl_basics, make_pull_mode, serve_with_tunnel, signal, spawn_lines,
+    stalled_list, Agent, AgentSetup,
 };
 use support::wait::{wait_for, LineReader};
 
@@ -210,15 +209,11 @@ fn a_lost_agent_ends_its_streams_and_a_returning_one_is_waited_for() {
 
     // No agent: after the wait, a 503 Status naming the cluster.
     let started = Instant::now();
-    let mut client = admin_https(
+    let answer = admin_get_at(
         pulled.fleet.dir(),
-        TcpStream::connect(pulled.fleet.https()).unwrap(),
+        pulled.fleet.https(),
+        "/clusters/member2/api/v1/namespaces",
     );
-    client
-        .write_all(b"GET /clusters/member2/api/v1/namespaces HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut answer = String::new();
-    client.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(
         answer.contains(r#""kind":"Status""#)
@@ -350,29 +345,15 @@ fn tunnel_client(
     identity: Option<(&str, &str)>,
 ) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
     let read = |p: &str| std::fs::read(pulled.fleet.fleet_path(p)).unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in fleetgate_config_watcher::parse_certs(&read("pki/gateway-ca.crt")).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let builder =
-        rustls::ClientConfig::builder_with_provider(fleetgate_config_watcher::crypto_provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots);
-    let mut config = match identity {
-        Some((cert, key)) => builder
-            .with_client_auth_cert(
-                fleetgate_config_watcher::parse_certs(&read(cert)).unwrap(),
-                fleetgate_config_watcher::parse_key(&read(key)).unwrap(),
-            )
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![b"fleetgate-tunnel/1".to_vec()];
+    let identity = identity.map(|(cert, key)| (read(cert), read(key)));
+    let config = client_tls_config(
+        &read("pki/gateway-ca.crt"),
+        identity.as_ref().map(|(cert, key)| (&cert[..], &key[..])),
+        b"fleetgate-tunnel/1",
+    );
     let tcp = TcpStream::connect(pulled.tunnel).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let conn =
-        rustls::ClientConnection::new(Arc::new(config), "127.0.0.1".try_into().unwrap()).unwrap();
+    let conn = rustls::ClientConnection::new(config, "127.0.0.1".try_into().unwrap()).unwrap();
     rustls::StreamOwned::new(conn, tcp)
 }
 
@@ -386,6 +367,17 @@ fn answer_to(
     let mut answer = Vec::new();
     client.read_to_end(&mut answer)?;
     Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// A TLS client of the tunnel listener with agent `cluster`'s certificate
+/// (`agents/agent-CLUSTER.crt`).
+fn agent_client(
+    pulled: &PullFleet,
+    cluster: &str,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let cert = format!("agents/agent-{cluster}.crt");
+    let key = format!("agents/agent-{cluster}.key");
+    tunnel_client(pulled, Some((&cert, &key)))
 }
 
 #[test]
@@ -404,10 +396,7 @@ fn wrong_certificates_and_garbage_are_refused_at_the_tunnel_listener() {
 
     // The gateway refuses it too: member1's certificate claiming member2.
     let claim = answer_to(
-        tunnel_client(
-            &pulled,
-            Some(("agents/agent-member1.crt", "agents/agent-member1.key")),
-        ),
+        agent_client(&pulled, "member1"),
         b"FLEETGATE-TUNNEL/1 member2\n",
     )
     .unwrap();
@@ -417,38 +406,22 @@ fn wrong_certificates_and_garbage_are_refused_at_the_tunnel_listener() {
     );
     // member1's own certificate for member1, a Direct cluster.
     let direct = answer_to(
-        tunnel_client(
-            &pulled,
-            Some(("agents/agent-member1.crt", "agents/agent-member1.key")),
-        ),
+        agent_client(&pulled, "member1"),
         b"FLEETGATE-TUNNEL/1 member1\n",
     )
     .unwrap();
     assert!(direct.contains("not a Tunnel cluster"), "{direct:?}");
     // A hostile hello: too long, then not a hello at all.
-    let long = answer_to(
-        tunnel_client(
-            &pulled,
-            Some(("agents/agent-member2.crt", "agents/agent-member2.key")),
-        ),
-        &[b'A'; 4096],
-    )
-    .unwrap_or_default();
+    let long = answer_to(agent_client(&pulled, "member2"), &[b'A'; 4096]).unwrap_or_default();
     assert!(!long.starts_with("OK"), "{long:?}");
     let garbage = answer_to(
-        tunnel_client(
-            &pulled,
-            Some(("agents/agent-member2.crt", "agents/agent-member2.key")),
-        ),
+        agent_client(&pulled, "member2"),
         b"\x00\xff\r\nGET / HTTP/1.1\r\n\r\n",
     )
     .unwrap_or_default();
     assert!(garbage.starts_with("REFUSED"), "{garbage:?}");
     // A valid hello followed by garbage instead of h2.
-    let mut client = tunnel_client(
-        &pulled,
-        Some(("agents/agent-member2.crt", "agents/agent-member2.key")),
-    );
+    let mut client = agent_client(&pulled, "member2");
     client.write_all(b"FLEETGATE-TUNNEL/1 member2\n").unwrap();
     let mut ok = [0u8; 3];
     client.read_exact(&mut ok).unwrap();
@@ -498,16 +471,7 @@ fn a_stalled_big_body_leaves_the_other_streams_of_the_tunnel_flowing() {
         stalled_list(pulled.fleet.dir(), pulled.fleet.https(), "member2");
 
     // Small GETs on the same tunnel keep their latency while it stalls.
-    let mut slowest = Duration::ZERO;
-    for _ in 0..10 {
-        let started = Instant::now();
-        assert!(pulled.ok(&["get", "ns", "dev"]).contains("dev"));
-        slowest = slowest.max(started.elapsed());
-    }
-    assert!(
-        slowest < Duration::from_secs(3),
-        "slowest small GET took {slowest:?}"
-    );
+    assert_small_gets_keep_flowing(|args| pulled.ok(args));
 
     // The stalled body is intact once its client reads again.
     let mut rest = Vec::new();

@@ -33,8 +33,8 @@ use support::kubectl::{
 };
 use support::netns::{skipped, Netns};
 use support::pull::{
-    admin_get_at, admin_https, agent_command, exits_within, issue_agent, make_pull_mode,
-    without_ansi, Agent, AgentSetup, WATCH_DEV_CONFIGMAPS,
+    admin_get_at, agent_command, exits_within, issue_agent, make_pull_mode, without_ansi, Agent,
+    AgentSetup, WATCH_DEV_CONFIGMAPS,
 };
 use support::wait::{read_on_thread, wait_for, wait_for_or, LineReader};
 
@@ -516,10 +516,7 @@ fn the_agent_killed_during_a_watch_ends_it_cleanly_and_its_return_is_waited_for(
         l.starts_with("before-kill")
     });
     // And an HTTP/1.1 watch, its initial events (before-kill among them) read.
-    let mut raw = admin_https(
-        pulled.fleet.dir(),
-        TcpStream::connect(pulled.fleet.https()).unwrap(),
-    );
+    let mut raw = pulled.fleet.admin_connection();
     raw.write_all(
         b"GET /clusters/member1/api/v1/namespaces/dev/configmaps?watch=true HTTP/1.1\r\nHost: gw\r\n\r\n",
     )
@@ -586,10 +583,7 @@ fn the_agent_killed_during_a_watch_ends_it_cleanly_and_its_return_is_waited_for(
 
     // A request sent while the agent is away (before its process even starts) waits for its
     // return, and succeeds.
-    let mut waiting = admin_https(
-        pulled.fleet.dir(),
-        TcpStream::connect(pulled.fleet.https()).unwrap(),
-    );
+    let mut waiting = pulled.fleet.admin_connection();
     waiting
         .write_all(b"GET /clusters/member1/api/v1/namespaces/dev HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
         .unwrap();

@@ -18,15 +18,15 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use support::fleet::{fleetgate_binary, Fleet, KillOnDrop};
+use support::fleet::{fleetgate_binary, Fleet};
 use support::kubectl::kubectl_command;
-use support::pull::{issue_agent, make_pull_mode, serve_with_tunnel};
-use support::wait::LineReader;
+use support::pull::{
+    agent_command, issue_agent, make_pull_mode, serve_with_tunnel, Agent, AgentSetup,
+};
 
 /// A backend: an HTTP/1.1 server on 127.0.0.1:0 answering each request with what it got, as
 /// JSON; `Upgrade` requests get a 101 and their bytes echoed. Counts its connections.
@@ -164,9 +164,8 @@ struct ServiceFleet {
     fleet: Fleet,
     echo: Backend,
     other: Backend,
-    _agent: KillOnDrop,
-    agent_log: std::path::PathBuf,
-    _agent_out: LineReader,
+    /// Its log is read for the service streams it opened.
+    agent: Agent,
 }
 
 impl ServiceFleet {
@@ -194,46 +193,24 @@ impl ServiceFleet {
         )
         .unwrap();
         let tunnel = serve_with_tunnel(&mut fleet, &[]);
-        let agent_log = fleet.path("agent.log");
-        let mut agent = KillOnDrop(
-            Command::new(fleetgate_binary())
-                .arg("agent")
-                .arg("--gateway")
-                .arg(format!("https://{tunnel}"))
-                .args(["--cluster", "member2"])
-                .arg("--cert")
-                .arg(agents.join("agent-member2.crt"))
-                .arg("--key")
-                .arg(agents.join("agent-member2.key"))
-                .arg("--ca")
-                .arg(fleet.fleet_path("pki/gateway-ca.crt"))
-                .args(["--kube-server", &member2])
-                .arg("--kube-ca")
-                .arg(agents.join("member2-kube-ca.crt"))
-                .arg("--allow-service")
-                .arg(format!("team-a/echo:8080={}", echo.addr))
-                .env("RUST_LOG", "fleetgate=debug")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(std::fs::File::create(&agent_log).unwrap())
-                .spawn()
-                .unwrap(),
-        );
-        let mut agent_out = LineReader::new(agent.stdout.take().unwrap());
-        assert!(
-            agent_out
-                .wait_for_text("ready", Duration::from_secs(30))
-                .is_some(),
-            "the agent printed no ready line:\n{}",
-            std::fs::read_to_string(&agent_log).unwrap_or_default()
-        );
+        let setup = AgentSetup {
+            cluster: "member2",
+            identity: agents.join("agent-member2"),
+            kube_server: &member2,
+            kube_ca: agents.join("member2-kube-ca.crt"),
+            log: fleet.path("agent.log"),
+        };
+        let mut command =
+            agent_command(Command::new(fleetgate_binary()), &fleet, &[tunnel], &setup);
+        command
+            .arg("--allow-service")
+            .arg(format!("team-a/echo:8080={}", echo.addr));
+        let agent = Agent::start(command, &setup.log, || fleet.log_tail(30));
         ServiceFleet {
             fleet,
             echo,
             other,
-            _agent: agent,
-            agent_log,
-            _agent_out: agent_out,
+            agent,
         }
     }
 
@@ -266,8 +243,7 @@ impl ServiceFleet {
 
     /// A TLS connection to the gateway as the fleet's `admin` (client certificate).
     fn admin_conn(&self) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-        self.fleet
-            .admin_https(TcpStream::connect(self.fleet.https()).unwrap())
+        self.fleet.admin_connection()
     }
 
     /// A GET of `path` as the admin on a new connection it closes; the whole response.
@@ -284,7 +260,7 @@ impl ServiceFleet {
     }
 
     fn service_streams_opened(&self) -> usize {
-        std::fs::read_to_string(&self.agent_log)
+        std::fs::read_to_string(&self.agent.log)
             .unwrap_or_default()
             .matches("service connection opened")
             .count()

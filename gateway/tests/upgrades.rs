@@ -43,11 +43,8 @@ async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> (String, Vec<u8>) {
 async fn an_upgrade_is_spliced_both_ways_on_a_dedicated_member_connection() {
     for driver in DRIVERS {
         let (upstream, gw) = setup(driver).await;
-        let mut tls = gw.tls().await;
         // A plain request first, so an idle pooled member connection exists on this shard.
-        tls.write_all(b"GET /clusters/member/api HTTP/1.1\r\nHost: gw\r\n\r\n")
-            .await
-            .unwrap();
+        let mut tls = gw.tls_get("/clusters/member/api").await;
         let mut carry = Vec::new();
         assert_eq!(read_response(&mut tls, &mut carry).await.unwrap().code, 200);
         assert_eq!(upstream.connections.load(Ordering::SeqCst), 1, "{driver}");
@@ -140,14 +137,13 @@ async fn an_upgrade_is_spliced_both_ways_on_a_dedicated_member_connection() {
 async fn a_member_half_close_reaches_the_client_and_the_client_may_still_send() {
     for driver in DRIVERS {
         let (upstream, gw) = setup(driver).await;
-        let mut tls = gw.tls().await;
-        tls.write_all(
-            b"POST /clusters/member/api/v1/namespaces/a/pods/p/upgrade-then-close HTTP/1.1\r\n\
+        let mut tls = gw
+            .tls_sent(
+                b"POST /clusters/member/api/v1/namespaces/a/pods/p/upgrade-then-close HTTP/1.1\r\n\
               Host: gw\r\nConnection: Upgrade\r\nUpgrade: spdy/3.1\r\n\
               X-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n",
-        )
-        .await
-        .unwrap();
+            )
+            .await;
         let (head, mut rest) = read_head(&mut tls).await;
         assert!(head.starts_with("HTTP/1.1 101 "), "{driver}: {head}");
         assert!(head.contains("Upgrade: spdy/3.1\r\n"), "{driver}: {head}");
@@ -180,14 +176,13 @@ async fn a_member_half_close_reaches_the_client_and_the_client_may_still_send() 
 async fn an_upgrade_the_member_does_not_switch_is_relayed_and_closes() {
     for driver in DRIVERS {
         let (upstream, gw) = setup(driver).await;
-        let mut tls = gw.tls().await;
         // The recording member answers this path with an ordinary 200.
-        tls.write_all(
-            b"GET /clusters/member/api/v1/namespaces/a/pods/p/exec HTTP/1.1\r\nHost: gw\r\n\
+        let mut tls = gw
+            .tls_sent(
+                b"GET /clusters/member/api/v1/namespaces/a/pods/p/exec HTTP/1.1\r\nHost: gw\r\n\
               Connection: Upgrade\r\nUpgrade: WebSocket\r\nSec-WebSocket-Version: 13\r\n\r\n",
-        )
-        .await
-        .unwrap();
+            )
+            .await;
         let mut carry = Vec::new();
         let response = read_response(&mut tls, &mut carry).await.unwrap();
         assert_eq!(response.code, 200, "{driver}");
@@ -223,13 +218,12 @@ async fn an_upgrade_the_member_does_not_switch_is_relayed_and_closes() {
         assert_eq!(upstream.requests().len(), before, "{driver}");
         // An upgrade to a member that cannot be reached: a Status, then the connection closes
         // (bytes of the new protocol may follow the head).
-        let mut tls = gw.tls().await;
-        tls.write_all(
-            b"POST /clusters/stopped/api/v1/namespaces/a/pods/p/exec HTTP/1.1\r\nHost: gw\r\n\
+        let mut tls = gw
+            .tls_sent(
+                b"POST /clusters/stopped/api/v1/namespaces/a/pods/p/exec HTTP/1.1\r\nHost: gw\r\n\
               Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\nGET / HTTP/1.1\r\n\r\n",
-        )
-        .await
-        .unwrap();
+            )
+            .await;
         let mut carry = Vec::new();
         let unreachable = read_response(&mut tls, &mut carry).await.unwrap();
         assert_eq!(unreachable.code, 503, "{driver}");

@@ -1,11 +1,13 @@
 //! The simulated fleet (a `fleetgate-loadtest sim` child, as `fleetgate demo` runs it: the gateway
 //! crate never links the simulated fleet) with a real `fleetgate serve` child in front of it:
 //! starting both, parsing the `ready` lines, killing the gateway on drop before the members stop,
-//! and the small clients tests use on it (the admin listener, the fleet's `admin` TLS identity).
+//! and the small clients tests use on it (the admin listener, the fleet's `admin` TLS identity,
+//! the rustls client configuration the harness's own TLS clients are built with).
 //!
 //! It never sleeps for readiness (the `ready` line is the signal) and binds only 127.0.0.1:0.
 //! Used by the kubectl, kubectl_streams, reload, drain, identity, egress_proxy, one_pass and
-//! audit test binaries; [`spawn_serve`] also by [`super::Gateway`].
+//! audit test binaries, and by the tunnel binaries; [`spawn_serve`] and [`client_tls_config`]
+//! also by [`super::Gateway`] and [`super::Pki`].
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -355,6 +357,16 @@ impl Fleet {
         &self.fleet_dir
     }
 
+    /// Puts `fleet: {FIELDS}` (the fleet view's settings, say `createIn: member2`) first in the
+    /// spec of the fleet's `gateway.yaml`, the rest of the file as it was.
+    pub fn set_fleet_spec(&self, fields: &str) {
+        let gateway = self.fleet_path("gateway.yaml");
+        let yaml = std::fs::read_to_string(&gateway).unwrap();
+        assert!(yaml.contains("\nspec:\n"), "{yaml}");
+        let with = yaml.replace("\nspec:\n", &format!("\nspec:\n  fleet: {{{fields}}}\n"));
+        std::fs::write(&gateway, with).unwrap();
+    }
+
     /// Rewrites the fleet's `gateway.yaml` with `edit` (read, parsed, edited, written back).
     pub fn edit_gateway(&self, edit: impl FnOnce(&mut serde_yaml::Value)) {
         edit_yaml(&self.fleet_path("gateway.yaml"), edit);
@@ -451,13 +463,14 @@ impl Fleet {
         &self,
         tcp: std::net::TcpStream,
     ) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
-        tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let conn = rustls::ClientConnection::new(
-            self.admin_tls_config(b"http/1.1"),
-            "127.0.0.1".try_into().unwrap(),
-        )
-        .unwrap();
-        rustls::StreamOwned::new(conn, tcp)
+        admin_https(&self.fleet_dir, tcp)
+    }
+
+    /// [`Fleet::admin_https`] on a new connection to the gateway's TLS listener.
+    pub fn admin_connection(
+        &self,
+    ) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+        self.admin_https(std::net::TcpStream::connect(self.https()).unwrap())
     }
 
     /// A TLS client of the gateway as the fleet's `admin` user (allowed everything by the
@@ -524,22 +537,56 @@ pub fn tls_config_as(
     alpn: &[u8],
 ) -> Arc<rustls::ClientConfig> {
     let read = |p: &str| std::fs::read(fleet_dir.join(p)).unwrap();
+    client_tls_config(
+        &read("pki/gateway-ca.crt"),
+        Some((&read(cert), &read(key))),
+        alpn,
+    )
+}
+
+/// A rustls client (the gateway's crypto provider, its default protocol versions) trusting the
+/// CA certificates in `ca_pem`, presenting `identity` (certificate and key, PEM) when given,
+/// offering `alpn`.
+pub fn client_tls_config(
+    ca_pem: &[u8],
+    identity: Option<(&[u8], &[u8])>,
+    alpn: &[u8],
+) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
-    for c in fleetgate_config_watcher::parse_certs(&read("pki/gateway-ca.crt")).unwrap() {
+    for c in fleetgate_config_watcher::parse_certs(ca_pem).unwrap() {
         roots.add(c).unwrap();
     }
-    let mut config =
+    let builder =
         rustls::ClientConfig::builder_with_provider(fleetgate_config_watcher::crypto_provider())
             .with_safe_default_protocol_versions()
             .unwrap()
-            .with_root_certificates(roots)
+            .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => builder
             .with_client_auth_cert(
-                fleetgate_config_watcher::parse_certs(&read(cert)).unwrap(),
-                fleetgate_config_watcher::parse_key(&read(key)).unwrap(),
+                fleetgate_config_watcher::parse_certs(cert).unwrap(),
+                fleetgate_config_watcher::parse_key(key).unwrap(),
             )
-            .unwrap();
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
     config.alpn_protocols = vec![alpn.to_vec()];
     Arc::new(config)
+}
+
+/// An HTTP/1.1 TLS client of a gateway on `tcp` (its reads time out after 30 s), as the
+/// `admin` of the fleet in `fleet_dir`.
+pub fn admin_https(
+    fleet_dir: &Path,
+    tcp: std::net::TcpStream,
+) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let conn = rustls::ClientConnection::new(
+        admin_tls_config(fleet_dir, b"http/1.1"),
+        "127.0.0.1".try_into().unwrap(),
+    )
+    .unwrap();
+    rustls::StreamOwned::new(conn, tcp)
 }
 
 /// `fleetgate_sim_open_watches{resource=...}` (the watches a simulated member holds) from kubectl's

@@ -55,6 +55,11 @@ pub fn assert_echoed(port: u16, round: u32, what: &str) -> TcpStream {
     conn
 }
 
+/// The arguments of `kubectl get configmap NAME -n default -o OUTPUT` (a `jsonpath=...`, say).
+pub fn get_configmap<'a>(name: &'a str, output: &'a str) -> [&'a str; 7] {
+    ["get", "configmap", name, "-n", "default", "-o", output]
+}
+
 /// `kubectl --kubeconfig KUBECONFIG --context CONTEXT`, to add arguments to. No request
 /// timeout: streaming sessions (exec, port-forward, watches) set their own bounds.
 pub fn kubectl_command(kubeconfig: &Path, context: &str) -> Command {

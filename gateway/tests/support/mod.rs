@@ -1,6 +1,8 @@
 //! Test harness for the gateway's socket-level tests: a generated PKI, a recording raw-HTTP
-//! upstream ("member") whose behaviour depends on the path, the real `fleetgate serve` process
-//! with a config written for them, and TLS / plaintext clients that speak raw bytes.
+//! upstream ("member") whose behaviour depends on the path (and a wait for the watches it holds),
+//! the real `fleetgate serve` process with a config written for them, and clients: TLS /
+//! plaintext ones that speak raw bytes (a request sent, a `GET` answered) and h2 ones (a `GET`
+//! sent, answered, its body read).
 //!
 //! Readiness is always a signal (the `ready` line, a bound listener), never a sleep; ports are
 //! always 127.0.0.1:0.
@@ -46,18 +48,7 @@ pub struct Pki {
 
 impl Pki {
     pub fn generate() -> Pki {
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "fleetgate-test-ca");
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
+        let ca = test_ca("fleetgate-test-ca");
 
         let serving_key = KeyPair::generate().unwrap();
         let mut serving = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
@@ -98,26 +89,8 @@ impl Pki {
     }
 
     fn config_with(&self, cert: Option<(&str, &str)>) -> Arc<rustls::ClientConfig> {
-        let provider = fleetgate_config_watcher::crypto_provider();
-        let mut roots = rustls::RootCertStore::empty();
-        for c in fleetgate_config_watcher::parse_certs(self.ca_pem.as_bytes()).unwrap() {
-            roots.add(c).unwrap();
-        }
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots);
-        let mut config = match cert {
-            Some((cert, key)) => builder
-                .with_client_auth_cert(
-                    fleetgate_config_watcher::parse_certs(cert.as_bytes()).unwrap(),
-                    fleetgate_config_watcher::parse_key(key.as_bytes()).unwrap(),
-                )
-                .unwrap(),
-            None => builder.with_no_client_auth(),
-        };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Arc::new(config)
+        let identity = cert.map(|(cert, key)| (cert.as_bytes(), key.as_bytes()));
+        fleet::client_tls_config(self.ca_pem.as_bytes(), identity, b"http/1.1")
     }
 }
 
@@ -173,6 +146,20 @@ impl Upstream {
         self.events.receiver_count()
     }
 
+    /// Polls (every 10 ms, for at most 10 s) until exactly `n` watches are open at this member;
+    /// `what` names the wait in the failure message.
+    pub async fn wait_watchers(&self, n: usize, what: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.watchers() != n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not within 10 s: {what} ({} watches open at the member, {n} awaited)",
+                self.watchers()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     pub fn requests(&self) -> Vec<Recorded> {
         self.seen.lock().unwrap().clone()
     }
@@ -192,6 +179,14 @@ async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
     }
 }
 
+/// The `Content-Length` of a request or response head already lowercased, if it has one.
+fn content_length(lower_head: &str) -> Option<usize> {
+    let value = lower_head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))?;
+    Some(value.trim().parse().unwrap())
+}
+
 async fn serve_upstream(
     mut stream: TcpStream,
     seen: Arc<Mutex<Vec<Recorded>>>,
@@ -206,11 +201,7 @@ async fn serve_upstream(
         buf.drain(..end);
         let lower = head.to_ascii_lowercase();
         let mut body = Vec::new();
-        if let Some(cl) = lower
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-        {
-            let len: usize = cl.trim().parse().unwrap();
+        if let Some(len) = content_length(&lower) {
             while buf.len() < len {
                 let mut chunk = vec![0u8; 65536];
                 let n = stream.read(&mut chunk).await.unwrap_or(0);
@@ -619,6 +610,53 @@ impl Gateway {
     pub async fn plain(&self) -> TcpStream {
         TcpStream::connect(self.http).await.unwrap()
     }
+
+    /// A TLS connection (alice) that has sent `request` (raw bytes); reading the answer is the
+    /// caller's.
+    pub async fn tls_sent(&self, request: &[u8]) -> tokio_rustls::client::TlsStream<TcpStream> {
+        sent(self.tls().await, request).await
+    }
+
+    /// A TLS connection (alice) that has sent `GET {path}` (keep-alive, no body); reading the
+    /// answer (a watch's head and events, say) is the caller's.
+    pub async fn tls_get(&self, path: &str) -> tokio_rustls::client::TlsStream<TcpStream> {
+        self.tls_sent(&get_request(path)).await
+    }
+
+    /// [`Gateway::tls_get`] on the plaintext listener.
+    pub async fn plain_get(&self, path: &str) -> TcpStream {
+        sent(self.plain().await, &get_request(path)).await
+    }
+
+    /// `GET {path}` with `Connection: close` on a new TLS connection (alice): the response.
+    pub async fn https_get(&self, path: &str) -> Response {
+        exchange(self.tls().await, &get_closing_request(path))
+            .await
+            .unwrap_or_else(|| panic!("no response to GET {path}"))
+    }
+
+    /// `GET {path}` with `Connection: close` on a new plaintext connection: the response.
+    pub async fn http_get(&self, path: &str) -> Response {
+        exchange(self.plain().await, &get_closing_request(path))
+            .await
+            .unwrap_or_else(|| panic!("no response to GET {path}"))
+    }
+}
+
+/// `stream` once it has sent `request`.
+async fn sent<S: AsyncWrite + Unpin>(mut stream: S, request: &[u8]) -> S {
+    stream.write_all(request).await.unwrap();
+    stream
+}
+
+/// `GET {path}` to the gateway (`Host: gw`), keep-alive, no body.
+fn get_request(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: gw\r\n\r\n").into_bytes()
+}
+
+/// `GET {path}` to the gateway (`Host: gw`) with `Connection: close`, no body.
+fn get_closing_request(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n").into_bytes()
 }
 
 /// An h2 connection to the gateway with the client certificate (alice); its driver runs as a
@@ -645,6 +683,37 @@ pub fn h2_request(method: &str, path: &str) -> http::Request<()> {
         .uri(format!("https://gw{path}"))
         .body(())
         .unwrap()
+}
+
+/// Sends `GET {path}` (no body) on `client` once it is ready; the response to come.
+pub async fn h2_send_get(
+    client: &h2::client::SendRequest<bytes::Bytes>,
+    path: &str,
+) -> h2::client::ResponseFuture {
+    let mut sender = client.clone().ready().await.expect("h2 connection ready");
+    sender
+        .send_request(h2_request("GET", path), true)
+        .unwrap()
+        .0
+}
+
+/// `GET {path}` on `client`: the response head (waited for at most 30 s); its body is the
+/// caller's to read or to hold unread.
+pub async fn h2_get(
+    client: &h2::client::SendRequest<bytes::Bytes>,
+    path: &str,
+) -> http::Response<h2::RecvStream> {
+    let response = h2_send_get(client, path).await;
+    tokio::time::timeout(Duration::from_secs(30), response)
+        .await
+        .unwrap_or_else(|_| panic!("no h2 response to GET {path} within 30 s"))
+        .unwrap_or_else(|e| panic!("h2 GET {path}: {e}"))
+}
+
+/// An h2 response's status and its whole body (read as [`read_h2_body`] does).
+pub async fn h2_answer(response: http::Response<h2::RecvStream>) -> (u16, Vec<u8>) {
+    let code = response.status().as_u16();
+    (code, read_h2_body(response.into_body()).await)
 }
 
 /// Reads a whole h2 response body, releasing flow-control capacity as it goes.
@@ -693,8 +762,24 @@ pub async fn setup_with(
     setup_files(driver, edit, |text| text, configure).await
 }
 
+/// A self-signed CA named `common_name`, to sign serving and client certificates with.
+pub fn test_ca(common_name: &str) -> rcgen::CertifiedIssuer<'static, KeyPair> {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap()
+}
+
 /// A client certificate `ca` signed for `common_name` in `organization`: PEM, and its key's.
-fn client_cert(
+pub fn client_cert(
     ca: &rcgen::CertifiedIssuer<'static, KeyPair>,
     common_name: &str,
     organization: &str,
@@ -792,11 +877,7 @@ pub async fn read_response<S: AsyncRead + Unpin>(
             }
             let lower = head.to_ascii_lowercase();
             let mut body = Vec::new();
-            if let Some(cl) = lower
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-            {
-                let len: usize = cl.trim().parse().unwrap();
+            if let Some(len) = content_length(&lower) {
                 while carry.len() < len {
                     if !fill(stream, carry).await {
                         break;

@@ -1,6 +1,7 @@
 //! Pull mode in tests: a simulated member's Cluster made a `Tunnel` one, agent certificates
 //! (`fleetgate certs issue-agent`), a real `fleetgate agent` child started and waited for (its
-//! `ready` line), signals to it, and raw HTTPS requests to a gateway as the fleet's `admin`.
+//! `ready` line), signals to it, raw HTTPS requests to a gateway as the fleet's `admin`, and a
+//! stalled reader of a big LIST beside which small GETs must keep their latency.
 //!
 //! Readiness is the agent's `ready` line, never a sleep. Used by the tunnel* binaries, deploy
 //! and rotation.
@@ -9,9 +10,10 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::fleet::{admin_tls_config, fleetgate_binary, get_closing, Fleet, KillOnDrop};
+pub use super::fleet::admin_https;
+use super::fleet::{fleetgate_binary, get_closing, Fleet, KillOnDrop};
 use super::kubectl::ran;
 use super::wait::{wait_for, LineReader};
 
@@ -164,25 +166,28 @@ pub fn exits_within(child: &mut KillOnDrop, within: Duration, what: &str) {
     wait_for(what, within, || matches!(child.try_wait(), Ok(Some(_))));
 }
 
-/// An HTTP/1.1 TLS client of a gateway on `tcp`, as the `admin` of the fleet in `fleet_dir`.
-pub fn admin_https(
-    fleet_dir: &Path,
-    tcp: TcpStream,
-) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let conn = rustls::ClientConnection::new(
-        admin_tls_config(fleet_dir, b"http/1.1"),
-        "127.0.0.1".try_into().unwrap(),
-    )
-    .unwrap();
-    rustls::StreamOwned::new(conn, tcp)
-}
-
 /// A GET of `path` on the gateway at `https` as `admin` (`Connection: close`); the whole
 /// response, head included.
 pub fn admin_get_at(fleet_dir: &Path, https: SocketAddr, path: &str) -> String {
     let client = admin_https(fleet_dir, TcpStream::connect(https).unwrap());
     get_closing(client, "gw", path, "")
+}
+
+/// Ten small GETs (`get ns dev`, run by `kubectl_ok`, which must name `dev`) while a
+/// [`stalled_list`] holds its big LIST on the same way to the member: the slowest must answer
+/// within 3 s.
+#[track_caller]
+pub fn assert_small_gets_keep_flowing(mut kubectl_ok: impl FnMut(&[&str]) -> String) {
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        let started = Instant::now();
+        assert!(kubectl_ok(&["get", "ns", "dev"]).contains("dev"));
+        slowest = slowest.max(started.elapsed());
+    }
+    assert!(
+        slowest < Duration::from_secs(3),
+        "slowest small GET took {slowest:?}"
+    );
 }
 
 /// A client of the gateway at `https` (as `admin`) that asks for `cluster`'s whole ConfigMap
