@@ -126,25 +126,50 @@ fn finish(send: &mut SendStream<Bytes>) -> io::Result<()> {
     send.send_data(Bytes::new(), true).map_err(broken)
 }
 
+/// The buffer a member connection is read into, with room as [`ReadSize`] says.
+struct Reads {
+    buf: BytesMut,
+    size: ReadSize,
+    /// The room the last [`Reads::buf`] offered.
+    offered: usize,
+}
+
+impl Reads {
+    fn new() -> Self {
+        Reads {
+            buf: BytesMut::new(),
+            size: ReadSize(FIRST_READ),
+            offered: 0,
+        }
+    }
+
+    /// The buffer to read into next, with room for the read.
+    fn buf(&mut self) -> &mut BytesMut {
+        self.offered = self.size.room(&mut self.buf);
+        &mut self.buf
+    }
+
+    /// The `read` bytes the last read put in the buffer, for h2; sizes the next read.
+    fn filled(&mut self, read: usize) -> Bytes {
+        self.size.after(read, self.offered);
+        self.buf.split().freeze()
+    }
+}
+
 /// A plain member connection's bytes to the gateway: waits for readiness holding no buffer, then
 /// reads what is there into one and hands its filled part to h2.
 async fn from_plain(
     member: &mut tokio::net::tcp::OwnedReadHalf,
     send: &mut SendStream<Bytes>,
 ) -> io::Result<()> {
-    let mut buf = BytesMut::new();
-    let mut size = ReadSize(FIRST_READ);
+    let mut reads = Reads::new();
     loop {
-        let offered = size.room(&mut buf);
-        match member.try_read_buf(&mut buf) {
+        match member.try_read_buf(reads.buf()) {
             Ok(0) => return finish(send),
-            Ok(read) => {
-                size.after(read, offered);
-                send_all(send, buf.split().freeze()).await?
-            }
+            Ok(read) => send_all(send, reads.filled(read)).await?,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 // Nothing now: wait without a buffer (an idle watch holds none).
-                buf = BytesMut::new();
+                reads.buf = BytesMut::new();
                 member.readable().await?;
             }
             Err(e) => return Err(e),
@@ -157,16 +182,13 @@ async fn from_member<R: AsyncRead + Unpin>(
     member: &mut R,
     send: &mut SendStream<Bytes>,
 ) -> io::Result<()> {
-    let mut buf = BytesMut::new();
-    let mut size = ReadSize(FIRST_READ);
+    let mut reads = Reads::new();
     loop {
-        let offered = size.room(&mut buf);
-        let read = member.read_buf(&mut buf).await?;
+        let read = member.read_buf(reads.buf()).await?;
         if read == 0 {
             return finish(send);
         }
-        size.after(read, offered);
-        send_all(send, buf.split().freeze()).await?;
+        send_all(send, reads.filled(read)).await?;
     }
 }
 

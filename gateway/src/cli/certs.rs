@@ -772,14 +772,14 @@ mod tests {
     #[test]
     fn issue_agent_names_the_cluster_with_its_own_ca() {
         let dir = tempfile::tempdir().unwrap();
-        let args = IssueAgentArgs {
+        let args = |cluster: &str| IssueAgentArgs {
             dir: dir.path().to_path_buf(),
-            cluster: "member2".into(),
+            cluster: cluster.into(),
             ttl: Duration::from_secs(3600),
             out_dir: None,
             force: false,
         };
-        issue_agent(&args).unwrap();
+        issue_agent(&args("member2")).unwrap();
         let pem = std::fs::read(dir.path().join("agent-member2.crt")).unwrap();
         let der = rustls_pki_types::pem::PemObject::from_pem_slice(&pem)
             .map(|c: rustls_pki_types::CertificateDer<'static>| c)
@@ -791,20 +791,12 @@ mod tests {
         assert!(!dir.path().join(CLIENT_CA_CERT).exists());
         // A second cluster reuses the CA.
         let ca = std::fs::read(dir.path().join(AGENT_CA_CERT)).unwrap();
-        issue_agent(&IssueAgentArgs {
-            cluster: "member3".into(),
-            ..args
-        })
-        .unwrap();
+        issue_agent(&args("member3")).unwrap();
         assert_eq!(std::fs::read(dir.path().join(AGENT_CA_CERT)).unwrap(), ca);
-        let bad = IssueAgentArgs {
-            dir: dir.path().to_path_buf(),
-            cluster: "../x".into(),
-            ttl: Duration::from_secs(3600),
-            out_dir: None,
-            force: false,
-        };
-        assert!(matches!(issue_agent(&bad), Err(CertsError::Invalid { .. })));
+        assert!(matches!(
+            issue_agent(&args("../x")),
+            Err(CertsError::Invalid { .. })
+        ));
     }
 
     #[test]

@@ -789,6 +789,26 @@ fn rfc3339_micros(t: SystemTime) -> String {
 mod tests {
     use super::*;
 
+    /// A GET of `target` from 127.0.0.1 by no one (not authenticated yet), not classified.
+    fn get(target: &str) -> AuditRequest {
+        AuditRequest {
+            method: http::Method::GET,
+            target: target.into(),
+            user_agent: None,
+            user: None,
+            impersonated: None,
+            source_ip: "127.0.0.1".parse().unwrap(),
+            classified: None,
+        }
+    }
+
+    /// A client authenticated as `user`, in no group.
+    fn named(user: &str) -> ClientIdentity {
+        let mut identity = ClientIdentity::anonymous();
+        identity.user = user.into();
+        identity
+    }
+
     /// The event of a request for `target` on member1, classified as a shard classifies it.
     fn classified_event(method: http::Method, target: &str) -> serde_json::Value {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
@@ -798,16 +818,11 @@ mod tests {
             rest.as_bytes(),
             query.as_bytes(),
         );
-        let mut request = AuditRequest {
+        let request = AuditRequest {
             method,
-            target: target.into(),
-            user_agent: None,
-            user: None,
-            impersonated: None,
-            source_ip: "127.0.0.1".parse().unwrap(),
-            classified: None,
+            classified: Some(Classified::new(&target[10..17], &info, target.as_bytes())),
+            ..get(target)
         };
-        request.classified = Some(Classified::new(&target[10..17], &info, target.as_bytes()));
         let record = Record {
             request,
             received: SystemTime::now(),
@@ -860,24 +875,20 @@ mod tests {
     fn event_has_the_audit_k8s_io_shape() {
         let record = Record {
             request: AuditRequest {
-                method: http::Method::GET,
-                target: TARGET.into(),
                 user_agent: Some("kubectl/v1.32.0".into()),
                 user: Some(Arc::new({
-                    let mut alice = ClientIdentity::anonymous();
-                    alice.user = "alice".into();
+                    let mut alice = named("alice");
                     alice.groups = vec!["devs".into()];
                     alice.uid = Some("alice-uid".into());
                     alice.extra = vec![("team".into(), vec!["blue".into()])];
                     alice
                 })),
-                impersonated: None,
-                source_ip: "127.0.0.1".parse().unwrap(),
                 classified: Some(Classified::new(
                     &TARGET[10..17],
                     &RequestInfo::parse(b"GET", &TARGET.as_bytes()[17..48], b"limit=500"),
                     TARGET.as_bytes(),
                 )),
+                ..get(TARGET)
             },
             received: SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456),
             latency: Duration::from_micros(1500),
@@ -909,24 +920,11 @@ mod tests {
 
     #[test]
     fn an_honoured_impersonation_is_named() {
-        let alice = Arc::new({
-            let mut alice = ClientIdentity::anonymous();
-            alice.user = "alice".into();
-            alice
-        });
-        let bob = Arc::new({
-            let mut bob = ClientIdentity::anonymous();
-            bob.user = "bob".into();
-            bob
-        });
+        let alice = Arc::new(named("alice"));
+        let bob = Arc::new(named("bob"));
         let request = AuditRequest {
-            method: http::Method::GET,
-            target: "/clusters/m1/api/v1/namespaces".into(),
-            user_agent: None,
-            user: None,
-            impersonated: None,
             source_ip: "::1".parse().unwrap(),
-            classified: None,
+            ..get("/clusters/m1/api/v1/namespaces")
         };
         let same = request.clone().identity(Some(&alice), Some(&alice));
         assert!(same.impersonated.is_none());
@@ -987,24 +985,16 @@ mod tests {
     #[test]
     fn the_access_line_names_the_request_and_its_audit_id_and_no_query() {
         let target = "/clusters/member1/api/v1/namespaces/default/pods?limit=500&token=secret";
-        let mut request = AuditRequest {
-            method: http::Method::GET,
-            target: target.into(),
+        let request = AuditRequest {
             user_agent: Some("kubectl/v1.32.0".into()),
-            user: Some(Arc::new({
-                let mut alice = ClientIdentity::anonymous();
-                alice.user = "alice".into();
-                alice
-            })),
-            impersonated: None,
-            source_ip: "127.0.0.1".parse().unwrap(),
-            classified: None,
+            user: Some(Arc::new(named("alice"))),
+            classified: Some(Classified::new(
+                &target[10..17],
+                &RequestInfo::parse(b"GET", &target.as_bytes()[17..48], b"limit=500"),
+                target.as_bytes(),
+            )),
+            ..get(target)
         };
-        request.classified = Some(Classified::new(
-            &target[10..17],
-            &RequestInfo::parse(b"GET", &target.as_bytes()[17..48], b"limit=500"),
-            target.as_bytes(),
-        ));
         let record = Record {
             request,
             received: SystemTime::now(),
@@ -1056,15 +1046,7 @@ mod tests {
             sender,
             dropped: Counter::default(),
         };
-        let request = AuditRequest {
-            method: http::Method::GET,
-            target: "/healthz".into(),
-            user_agent: None,
-            user: None,
-            impersonated: None,
-            source_ip: "127.0.0.1".parse().unwrap(),
-            classified: None,
-        };
+        let request = get("/healthz");
         for _ in 0..5 {
             log.record(request.clone(), Instant::now(), Outcome::Complete(200));
         }

@@ -9,6 +9,9 @@
 //! on. Shutting the write side down ends the stream (END_STREAM), a half-close the peer passes
 //! on; dropping it unfinished resets the stream. Runtime-agnostic (the `h2` crate's handles are
 //! polled from a shard's monoio runtime); never blocks.
+//!
+//! [`Unread`], the rest of a received chunk handed out as the reader asks, is shared with the
+//! konnectivity connection (`konnectivity::conn`), the other byte pipe fed chunk by chunk.
 
 use std::io;
 use std::pin::Pin;
@@ -28,7 +31,7 @@ pub struct TunnelStream {
     send: SendStream<Bytes>,
     recv: RecvStream,
     /// Received bytes the reader has not taken yet (their window is not released yet).
-    unread: Bytes,
+    unread: Unread,
     /// Whether END_STREAM was sent.
     finished: bool,
 }
@@ -38,7 +41,7 @@ impl TunnelStream {
         TunnelStream {
             send,
             recv,
-            unread: Bytes::new(),
+            unread: Unread::default(),
             finished: false,
         }
     }
@@ -50,19 +53,38 @@ impl AsyncRead for TunnelStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        while this.unread.is_empty() {
-            match ready!(this.recv.poll_data(cx)) {
-                None => return Poll::Ready(Ok(())),
-                Some(Err(e)) => return Poll::Ready(Err(broken(e))),
-                Some(Ok(data)) => this.unread = data,
+        let TunnelStream { recv, unread, .. } = self.get_mut();
+        let n = ready!(unread.poll_read(buf, || {
+            Poll::Ready(ready!(recv.poll_data(cx)).transpose().map_err(broken))
+        }))?;
+        // Only now may the sender send more: the window follows the reader.
+        let _ = recv.flow_control().release_capacity(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// What a byte pipe over a channel of chunks (a tunnel stream, a konnectivity connection) has
+/// received and its reader not taken yet: the rest of the last chunk.
+#[derive(Default)]
+pub(super) struct Unread(Bytes);
+
+impl Unread {
+    /// Hands `buf` as much of the held chunk as fits, taking the next chunk from `next` first
+    /// when none is held (`None` from it: the end of the stream); how many bytes it handed.
+    pub(super) fn poll_read(
+        &mut self,
+        buf: &mut ReadBuf<'_>,
+        mut next: impl FnMut() -> Poll<io::Result<Option<Bytes>>>,
+    ) -> Poll<io::Result<usize>> {
+        while self.0.is_empty() {
+            match ready!(next())? {
+                Some(chunk) => self.0 = chunk,
+                None => return Poll::Ready(Ok(0)),
             }
         }
-        let n = this.unread.len().min(buf.remaining());
-        buf.put_slice(&this.unread.split_to(n));
-        // Only now may the sender send more: the window follows the reader.
-        let _ = this.recv.flow_control().release_capacity(n);
-        Poll::Ready(Ok(()))
+        let n = self.0.len().min(buf.remaining());
+        buf.put_slice(&self.0.split_to(n));
+        Poll::Ready(Ok(n))
     }
 }
 

@@ -43,18 +43,25 @@ pub enum UpstreamIo {
     Konnectivity(Box<Counted<tokio_rustls::client::TlsStream<KonnectivityConn>>>),
 }
 
+/// `$call` on the stream `$io` holds, whichever it is (each is `Unpin`, so `Pin::new` takes it).
+macro_rules! on_stream {
+    ($io:expr, $s:ident => $call:expr) => {
+        match $io {
+            UpstreamIo::Plain($s) => $call,
+            UpstreamIo::Tls($s) => $call,
+            UpstreamIo::Tunnel($s) => $call,
+            UpstreamIo::Konnectivity($s) => $call,
+        }
+    };
+}
+
 impl AsyncRead for UpstreamIo {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpstreamIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            UpstreamIo::Konnectivity(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
+        on_stream!(self.get_mut(), s => Pin::new(s).poll_read(cx, buf))
     }
 }
 
@@ -64,12 +71,7 @@ impl AsyncWrite for UpstreamIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            UpstreamIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            UpstreamIo::Konnectivity(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
+        on_stream!(self.get_mut(), s => Pin::new(s).poll_write(cx, buf))
     }
 
     /// Forwarded, so a piece written as a chain (a chunk's size line, data and CRLF) reaches a
@@ -79,39 +81,19 @@ impl AsyncWrite for UpstreamIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            UpstreamIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-            UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-            UpstreamIo::Konnectivity(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
+        on_stream!(self.get_mut(), s => Pin::new(s).poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            UpstreamIo::Plain(s) => s.is_write_vectored(),
-            UpstreamIo::Tls(s) => s.is_write_vectored(),
-            UpstreamIo::Tunnel(s) => s.is_write_vectored(),
-            UpstreamIo::Konnectivity(s) => s.is_write_vectored(),
-        }
+        on_stream!(self, s => s.is_write_vectored())
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpstreamIo::Plain(s) => Pin::new(s).poll_flush(cx),
-            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            UpstreamIo::Konnectivity(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
+        on_stream!(self.get_mut(), s => Pin::new(s).poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpstreamIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            UpstreamIo::Tunnel(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            UpstreamIo::Konnectivity(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+        on_stream!(self.get_mut(), s => Pin::new(s).poll_shutdown(cx))
     }
 }
 

@@ -217,6 +217,14 @@ fn meta_of(metadata: Option<&Value>) -> Meta {
     }
 }
 
+/// The elements of `list`'s array `field` (none when it is missing or not an array).
+fn elements<'a>(list: &'a Value, field: &str) -> impl Iterator<Item = &'a Value> {
+    list.get(field)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+}
+
 fn version_of(metadata: Option<&Value>) -> Option<u64> {
     metadata?
         .get("resourceVersion")?
@@ -582,9 +590,15 @@ impl Hub {
 
     /// The objects of a list, as ADDED events, and a Table's column definitions.
     fn list_objects(&self, list: &Value, list_rv: u64) -> (Objects, Option<Bytes>) {
-        let mut objects = BTreeMap::new();
-        let mut columns = None;
-        match self.key.form {
+        let api_version = list.get("apiVersion").cloned().unwrap_or(Value::Null);
+        let mut objects = Objects::new();
+        let mut add = |event: Event| {
+            objects.insert(
+                (event.namespace.clone(), event.name.clone()),
+                Arc::new(event),
+            );
+        };
+        let columns = match self.key.form {
             Form::Json => {
                 let kind = list
                     .get("kind")
@@ -592,13 +606,7 @@ impl Hub {
                     .and_then(|k| k.strip_suffix("List"))
                     .unwrap_or("")
                     .to_owned();
-                let api_version = list.get("apiVersion").cloned().unwrap_or(Value::Null);
-                for item in list
-                    .get("items")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
+                for item in elements(list, "items") {
                     let mut item = item.clone();
                     if let Value::Object(map) = &mut item {
                         // List items go without kind and apiVersion; watch events carry them.
@@ -609,37 +617,23 @@ impl Hub {
                     }
                     let metadata = item.get("metadata");
                     let rv = version_of(metadata).unwrap_or(list_rv);
-                    let event = Event::new(Kind::Added, rv, &item, meta_of(metadata));
-                    objects.insert(
-                        (event.namespace.clone(), event.name.clone()),
-                        Arc::new(event),
-                    );
+                    add(Event::new(Kind::Added, rv, &item, meta_of(metadata)));
                 }
+                None
             }
             Form::Table => {
-                columns = list
-                    .get("columnDefinitions")
-                    .filter(|c| c.is_array())
-                    .and_then(|c| serde_json::to_vec(c).ok())
-                    .map(Bytes::from);
-                let api_version = list.get("apiVersion").cloned().unwrap_or(Value::Null);
-                for row in list
-                    .get("rows")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
+                for row in elements(list, "rows") {
                     let metadata = row.get("object").and_then(|o| o.get("metadata"));
                     let rv = version_of(metadata).unwrap_or(list_rv);
                     let table = one_row_table(&api_version, rv, row.clone());
-                    let event = Event::new(Kind::Added, rv, &table, meta_of(metadata));
-                    objects.insert(
-                        (event.namespace.clone(), event.name.clone()),
-                        Arc::new(event),
-                    );
+                    add(Event::new(Kind::Added, rv, &table, meta_of(metadata)));
                 }
+                list.get("columnDefinitions")
+                    .filter(|c| c.is_array())
+                    .and_then(|c| serde_json::to_vec(c).ok())
+                    .map(Bytes::from)
             }
-        }
+        };
         (objects, columns)
     }
 

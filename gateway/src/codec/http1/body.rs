@@ -290,13 +290,9 @@ impl ChunkedScanner {
                     b'\r' => State::DataLf,
                     _ => return Err(FramingError("chunk data not followed by CRLF")),
                 },
-                State::DataLf => match b {
-                    b'\n' => {
-                        self.line_bytes = 0;
-                        State::Size
-                    }
-                    _ => return Err(FramingError("chunk data not followed by CRLF")),
-                },
+                State::DataLf => {
+                    self.line_feed(b, State::Size, "chunk data not followed by CRLF")?
+                }
                 State::TrailerStart => match b {
                     b'\r' => State::FinalLf,
                     b' ' | b'\t' => return Err(FramingError("obs-fold in trailer")),
@@ -308,13 +304,9 @@ impl ChunkedScanner {
                     b'\t' | b' '..=b'~' | 0x80..=0xff => State::Trailer,
                     _ => return Err(FramingError("invalid trailer field")),
                 },
-                State::TrailerLf => match b {
-                    b'\n' => {
-                        self.line_bytes = 0;
-                        State::TrailerStart
-                    }
-                    _ => return Err(FramingError("trailer line not ended by CRLF")),
-                },
+                State::TrailerLf => {
+                    self.line_feed(b, State::TrailerStart, "trailer line not ended by CRLF")?
+                }
                 State::FinalLf => match b {
                     b'\n' => State::Done,
                     _ => return Err(FramingError("chunked body not ended by CRLF")),
@@ -323,6 +315,16 @@ impl ChunkedScanner {
             };
         }
         Ok(i)
+    }
+
+    /// `b` after the CR that ends a line: an LF starts a new line in `next`; anything else is
+    /// refused as `why`.
+    fn line_feed(&mut self, b: u8, next: State, why: &'static str) -> Result<State, FramingError> {
+        if b != b'\n' {
+            return Err(FramingError(why));
+        }
+        self.line_bytes = 0;
+        Ok(next)
     }
 }
 

@@ -231,6 +231,27 @@ fn fill_headers(head: &mut Head, raw: &[u8], headers: &[httparse::Header<'_>]) {
     }
 }
 
+/// Where the head at the front of `src` ends (the length of the head with its blank line), if
+/// it is all there; `None` while more bytes are needed (`scanned` then remembers how far `src`
+/// was searched). A head longer than `limits` allows is an error, whole or not.
+fn head_end(
+    src: &[u8],
+    scanned: &mut usize,
+    limits: HeadLimits,
+) -> Result<Option<usize>, HeadError> {
+    let Some(end) = find_head_end(src, *scanned) else {
+        if src.len() > limits.max_head_bytes {
+            return Err(HeadError::TooLarge(limits.max_head_bytes));
+        }
+        *scanned = src.len();
+        return Ok(None);
+    };
+    if end > limits.max_head_bytes {
+        return Err(HeadError::TooLarge(limits.max_head_bytes));
+    }
+    Ok(Some(end))
+}
+
 /// Parses a request head from the front of `src`. On success the head's bytes are copied into
 /// `head` and removed from `src` (the body, or a pipelined next request, stays there) and `true`
 /// is returned; `false` means more bytes are needed. `scanned` remembers how far `src` has been
@@ -241,16 +262,9 @@ pub fn parse_request(
     limits: HeadLimits,
     head: &mut Head,
 ) -> Result<bool, HeadError> {
-    let Some(end) = find_head_end(src, *scanned) else {
-        if src.len() > limits.max_head_bytes {
-            return Err(HeadError::TooLarge(limits.max_head_bytes));
-        }
-        *scanned = src.len();
+    let Some(end) = head_end(src, scanned, limits)? else {
         return Ok(false);
     };
-    if end > limits.max_head_bytes {
-        return Err(HeadError::TooLarge(limits.max_head_bytes));
-    }
     let raw = &src[..end];
     reject_bare_lf(raw)?;
     let mut stack = [const { MaybeUninit::uninit() }; STACK_HEADERS];
@@ -299,16 +313,9 @@ pub fn parse_response(
     limits: HeadLimits,
     head: &mut Head,
 ) -> Result<bool, HeadError> {
-    let Some(end) = find_head_end(src, *scanned) else {
-        if src.len() > limits.max_head_bytes {
-            return Err(HeadError::TooLarge(limits.max_head_bytes));
-        }
-        *scanned = src.len();
+    let Some(end) = head_end(src, scanned, limits)? else {
         return Ok(false);
     };
-    if end > limits.max_head_bytes {
-        return Err(HeadError::TooLarge(limits.max_head_bytes));
-    }
     let raw = &src[..end];
     let mut stack = [const { MaybeUninit::uninit() }; STACK_HEADERS];
     let mut heap = Vec::new(); // stays empty (no allocation) unless the limit exceeds the stack slots

@@ -19,13 +19,15 @@ use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use futures_channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use futures_util::task::AtomicWaker;
 use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::tunnel::stream::Unread;
 
 /// Bytes a writer may have queued towards the agent and not yet framed.
 pub const MAX_IN_FLIGHT: usize = 256 * 1024;
@@ -78,7 +80,7 @@ pub struct KonnectivityConn {
     shared: Arc<ConnShared>,
     inbound: UnboundedReceiver<Inbound>,
     /// A received chunk the reader has not finished.
-    unread: Bytes,
+    unread: Unread,
     /// Set once the read side ended (clean or not): later reads repeat it.
     ended: Option<Result<(), String>>,
 }
@@ -95,7 +97,7 @@ impl KonnectivityConn {
             commands,
             shared,
             inbound,
-            unread: Bytes::new(),
+            unread: Unread::default(),
             ended: None,
         }
     }
@@ -115,25 +117,29 @@ impl AsyncRead for KonnectivityConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        while this.unread.is_empty() {
-            if let Some(ended) = &this.ended {
-                return Poll::Ready(ended.clone().map_err(|why| reset(&why)));
+        let KonnectivityConn {
+            inbound,
+            shared,
+            unread,
+            ended,
+            ..
+        } = self.get_mut();
+        ready!(unread.poll_read(buf, || loop {
+            // Once ended, every later read ends the same way.
+            if let Some(end) = ended.as_ref() {
+                return Poll::Ready(end.clone().map(|()| None).map_err(|why| reset(&why)));
             }
-            match Pin::new(&mut this.inbound).poll_next(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Inbound::Data(data))) => {
-                    this.shared.unread.fetch_sub(data.len(), Ordering::AcqRel);
-                    this.unread = data;
+            *ended = match ready!(Pin::new(&mut *inbound).poll_next(cx)) {
+                Some(Inbound::Data(data)) => {
+                    shared.unread.fetch_sub(data.len(), Ordering::AcqRel);
+                    return Poll::Ready(Ok(Some(data)));
                 }
-                Poll::Ready(Some(Inbound::End)) => this.ended = Some(Ok(())),
-                Poll::Ready(Some(Inbound::Failed(why))) => this.ended = Some(Err(why)),
+                Some(Inbound::End) => Some(Ok(())),
+                Some(Inbound::Failed(why)) => Some(Err(why)),
                 // The session ended without a word (it always sends one): not a clean end.
-                Poll::Ready(None) => this.ended = Some(Err("the agent's session ended".to_owned())),
-            }
-        }
-        let n = this.unread.len().min(buf.remaining());
-        buf.put_slice(&this.unread.split_to(n));
+                None => Some(Err("the agent's session ended".to_owned())),
+            };
+        }))?;
         Poll::Ready(Ok(()))
     }
 }

@@ -313,8 +313,16 @@ fn read_payload(raw: Bytes, int_fields: [bool; 3]) -> Result<Payload, DecodeErro
     Ok(p)
 }
 
-fn text(b: Bytes) -> String {
-    String::from_utf8_lossy(&b).into_owned()
+impl Payload {
+    /// Bytes field `n`, taken out.
+    fn bytes(&mut self, n: usize) -> Bytes {
+        std::mem::take(&mut self.bytes[n])
+    }
+
+    /// String field `n`, taken out (bytes that are not UTF-8 become U+FFFD, never an error).
+    fn text(&mut self, n: usize) -> String {
+        String::from_utf8_lossy(&self.bytes(n)).into_owned()
+    }
 }
 
 /// Decodes one `Packet` message.
@@ -343,15 +351,15 @@ pub fn decode(message: Bytes) -> Result<Packet, DecodeError> {
         DIAL_REQ => {
             let mut p = read_payload(take(2, &mut payloads), [false, false, true])?;
             Packet::DialRequest {
-                protocol: text(std::mem::take(&mut p.bytes[1])),
-                address: text(std::mem::take(&mut p.bytes[2])),
+                protocol: p.text(1),
+                address: p.text(2),
                 random: p.ints[3],
             }
         }
         DIAL_RSP => {
             let mut p = read_payload(take(3, &mut payloads), [false, true, true])?;
             Packet::DialResponse {
-                error: text(std::mem::take(&mut p.bytes[1])),
+                error: p.text(1),
                 connect_id: p.ints[2],
                 random: p.ints[3],
             }
@@ -360,8 +368,8 @@ pub fn decode(message: Bytes) -> Result<Packet, DecodeError> {
             let mut p = read_payload(take(4, &mut payloads), [true, false, false])?;
             Packet::Data {
                 connect_id: p.ints[1],
-                error: text(std::mem::take(&mut p.bytes[2])),
-                data: std::mem::take(&mut p.bytes[3]),
+                error: p.text(2),
+                data: p.bytes(3),
             }
         }
         CLOSE_REQ => {
@@ -373,7 +381,7 @@ pub fn decode(message: Bytes) -> Result<Packet, DecodeError> {
         CLOSE_RSP => {
             let mut p = read_payload(take(6, &mut payloads), [false, true, true])?;
             Packet::CloseResponse {
-                error: text(std::mem::take(&mut p.bytes[1])),
+                error: p.text(1),
                 connect_id: p.ints[2],
             }
         }

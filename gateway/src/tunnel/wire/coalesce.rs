@@ -189,11 +189,13 @@ mod tests {
     use std::task::{Wake, Waker};
 
     /// A transport that records each write it takes, taking at most `room` bytes at a time
-    /// (`Pending` when `room` is 0), and has `incoming` to read.
+    /// (`Pending` when `room` is 0), and has `incoming` to read. `gone`: it answers every write
+    /// with 0 bytes taken, as a transport that can take no more does.
     #[derive(Default)]
     struct Recorder {
         writes: Vec<Vec<u8>>,
         room: Option<usize>,
+        gone: bool,
         flushes: usize,
         shut: bool,
         incoming: Vec<u8>,
@@ -205,6 +207,9 @@ mod tests {
             _: &mut Context<'_>,
             data: &[u8],
         ) -> Poll<io::Result<usize>> {
+            if self.gone {
+                return Poll::Ready(Ok(0));
+            }
             let n = self.room.map_or(data.len(), |room| room.min(data.len()));
             if n == 0 {
                 return Poll::Pending;
@@ -266,6 +271,14 @@ mod tests {
 
     fn flush(c: &mut Coalesce<Recorder>, cx: &mut Context<'_>) -> Poll<()> {
         Pin::new(c).poll_flush(cx).map(|r| r.unwrap())
+    }
+
+    /// Over a slow transport: one that takes at most `room` bytes a write.
+    fn over_slow(room: usize) -> Coalesce<Recorder> {
+        Coalesce::new(Recorder {
+            room: Some(room),
+            ..Default::default()
+        })
     }
 
     /// h2's pattern: a flush before each frame and one at the end of the poll, then the next
@@ -370,10 +383,7 @@ mod tests {
     #[test]
     fn a_big_write_behind_a_slow_transport_keeps_order() {
         let mut cx = Context::from_waker(Waker::noop());
-        let mut c = Coalesce::new(Recorder {
-            room: Some(3),
-            ..Default::default()
-        });
+        let mut c = over_slow(3);
         assert!(write(&mut c, &mut cx, b"abcde").is_ready());
         let body = vec![9u8; SMALL];
         let mut sent = 0;
@@ -412,10 +422,7 @@ mod tests {
     #[test]
     fn a_slow_transport_gets_every_byte_in_order() {
         let mut cx = Context::from_waker(Waker::noop());
-        let mut c = Coalesce::new(Recorder {
-            room: Some(3),
-            ..Default::default()
-        });
+        let mut c = over_slow(3);
         assert!(write(&mut c, &mut cx, b"abcdefgh").is_ready());
         assert_eq!(flush(&mut c, &mut cx), Poll::Ready(()));
         c.inner.room = Some(0);
@@ -437,24 +444,11 @@ mod tests {
 
     #[test]
     fn a_transport_that_takes_nothing_is_an_error() {
-        struct Zero;
-        impl AsyncWrite for Zero {
-            fn poll_write(
-                self: Pin<&mut Self>,
-                _: &mut Context<'_>,
-                _: &[u8],
-            ) -> Poll<io::Result<usize>> {
-                Poll::Ready(Ok(0))
-            }
-            fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-                Poll::Ready(Ok(()))
-            }
-            fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-                Poll::Ready(Ok(()))
-            }
-        }
         let mut cx = Context::from_waker(Waker::noop());
-        let mut c = Coalesce::new(Zero);
+        let mut c = Coalesce::new(Recorder {
+            gone: true,
+            ..Default::default()
+        });
         assert!(matches!(
             Pin::new(&mut c).poll_write(&mut cx, b"x"),
             Poll::Ready(Ok(1))

@@ -193,23 +193,30 @@ impl Model {
     }
 }
 
-fn key() -> impl Strategy<Value = String> {
+/// One of a few `common` strings (so that terms and labels meet) or, as often as any one of
+/// them, a random one matching `pattern`.
+fn common_or(
+    common: &'static [&'static str],
+    pattern: &'static str,
+) -> impl Strategy<Value = String> {
     prop_oneof![
-        Just("app".to_string()),
-        Just("tier".to_string()),
-        Just("n".to_string()),
-        Just("example.com/team".to_string()),
-        "[a-z][a-z0-9._-]{0,8}[a-z0-9]",
+        common.len() as u32 => prop::sample::select(common).prop_map(str::to_owned),
+        1 => pattern,
     ]
 }
 
+fn key() -> impl Strategy<Value = String> {
+    common_or(
+        &["app", "tier", "n", "example.com/team"],
+        "[a-z][a-z0-9._-]{0,8}[a-z0-9]",
+    )
+}
+
 fn value() -> impl Strategy<Value = String> {
-    prop_oneof![
-        Just("web".to_string()),
-        Just("1".to_string()),
-        Just("42".to_string()),
+    common_or(
+        &["web", "1", "42"],
         "[A-Za-z0-9]([A-Za-z0-9._-]{0,6}[A-Za-z0-9])?",
-    ]
+    )
 }
 
 fn model() -> impl Strategy<Value = Model> {
