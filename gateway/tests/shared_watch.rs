@@ -1251,8 +1251,15 @@ fn h2_shared_watches_whose_clients_vanish_leave_nothing_behind() {
     wait_for("every watcher's first row", Duration::from_secs(30), || {
         watchers.iter().all(|w| w.output().contains("seed"))
     });
-    assert_eq!(fleet.metric("fleetgate_shared_watch_clients"), Some(5));
-    assert_eq!(fleet.metric("fleetgate_open_streams"), Some(5));
+    // kubectl prints its list's rows before it opens its watch: wait for the five watches.
+    wait_for(
+        "every watcher's watch in the hub",
+        Duration::from_secs(30),
+        || {
+            fleet.metric("fleetgate_shared_watch_clients") == Some(5)
+                && fleet.metric("fleetgate_open_streams") == Some(5)
+        },
+    );
     // Killed mid-watch: their TCP connections close without a GOAWAY or a reset.
     drop(watchers);
     wait_for_or(

@@ -41,13 +41,19 @@ async fn serve_tls<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
-    let Some(accepted) = crate::tls::accept(acceptor, tcp, peer).await else {
+    // Bound field by field: a binding of the whole `Accepted` would keep its room (a second TLS
+    // stream's worth, ~3 KiB) in this future for the connection's whole life, beside `stream`.
+    let Some(crate::tls::Accepted {
+        mut stream,
+        identity,
+        h2,
+    }) = crate::tls::accept(acceptor, tcp, peer).await
+    else {
         return;
     };
-    let (mut stream, identity) = (accepted.stream, accepted.identity);
     // The h2 connection's future is boxed: it is twice the size of HTTP/1.1's, and this future
     // (every TLS connection's, for its whole life) would otherwise be as large as the larger.
-    if accepted.h2 {
+    if h2 {
         Box::pin(crate::protocol::h2::serve_h2(ctx, stream, peer, identity)).await;
     } else {
         serve_http1(ctx, &mut stream, peer, &identity).await;
@@ -309,5 +315,43 @@ async fn accept_loop(
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use monoio::net::tcp::stream_poll::TcpStreamPoll;
+
+    use crate::handle::ShardContext;
+
+    /// The size of the future an async fn of four arguments returns.
+    fn future_size4<A, B, C, D, R>(_: fn(A, B, C, D) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// Every TLS client connection is a task holding this future for its whole life (an idle
+    /// watch: hours), so its size is memory per watch (docs/benchmarks.md, watch-idle-tls). A
+    /// binding of the whole handshake result kept a second TLS stream's room in it beside the
+    /// stream in use: 9,976 bytes a connection task in a release build, against 6,744 before.
+    #[test]
+    fn a_tls_connections_task_holds_one_tls_stream() {
+        let tls = future_size4(
+            super::serve_tls::<TcpStreamPoll>
+                as fn(Rc<ShardContext>, tokio_rustls::TlsAcceptor, TcpStreamPoll, _) -> _,
+        );
+        let stream = std::mem::size_of::<tokio_rustls::server::TlsStream<TcpStreamPoll>>();
+        let http1 = future_size4(
+            crate::protocol::h1::serve_http1::<tokio_rustls::server::TlsStream<TcpStreamPoll>>
+                as fn(Rc<ShardContext>, &'static mut _, _, &'static _) -> _,
+        );
+        eprintln!("serve_tls future: {tls} bytes; TLS stream {stream}; serve_http1's {http1}");
+        // The stream, the identity and HTTP/1.1's future, with room for their alignment: not a
+        // second stream.
+        assert!(
+            tls < http1 + 2 * stream,
+            "{tls} bytes: {stream} a TLS stream, {http1} HTTP/1.1"
+        );
     }
 }
