@@ -22,11 +22,7 @@ pub fn verify_jwt(
     else {
         return Err("not a JWT");
     };
-    let header: serde_json::Value = b64
-        .decode(header)
-        .ok()
-        .and_then(|h| serde_json::from_slice(&h).ok())
-        .ok_or("JWT header is not base64url JSON")?;
+    let header = json_part(header, "JWT header is not base64url JSON")?;
     let algorithm = header
         .get("alg")
         .and_then(|a| a.as_str())
@@ -52,11 +48,7 @@ pub fn verify_jwt(
         }
         return Err("JWT signature does not verify with any issuer key");
     }
-    let claims: serde_json::Value = b64
-        .decode(payload)
-        .ok()
-        .and_then(|p| serde_json::from_slice(&p).ok())
-        .ok_or("JWT payload is not base64url JSON")?;
+    let claims = json_part(payload, "JWT payload is not base64url JSON")?;
     let settings = &oidc.settings;
     if claims.get("iss").and_then(|i| i.as_str()) != Some(settings.issuer.as_str()) {
         return Err("JWT issuer does not match");
@@ -119,6 +111,15 @@ pub fn verify_jwt(
         },
         expires,
     ))
+}
+
+/// One JWT part (its header or payload) read: base64url, then JSON; `Err(what)` when either fails.
+fn json_part(part: &str, what: &'static str) -> Result<serde_json::Value, &'static str> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(part)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .ok_or(what)
 }
 
 fn header_and_payload_len(token: &str) -> usize {
