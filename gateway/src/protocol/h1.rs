@@ -154,17 +154,22 @@ where
     }
     match handle::serve(ctx, conn, head, &mut session, started).await {
         Handled::Done(next) => next,
+        // Boxed: a shared watch's follower is no room in every other request's future (a plain
+        // watch's task holds that future for as long as its client watches).
         Handled::Follow(mut following) => {
-            // The connection closes after a shared watch.
-            let mut reply = session.reply(head, ReplyKind::SharedWatch);
-            let followed = following.follow(ctx, &mut reply).await;
-            let sent = reply.head_sent();
-            drop(reply);
-            if let (Err(Failure::Answer(error)), false) = (followed, sent) {
-                crate::errors::log_answered(&error, "request");
-                session.answer_status(head, &error, true).await;
-            }
-            Next::Close
+            Box::pin(async move {
+                // The connection closes after a shared watch.
+                let mut reply = session.reply(head, ReplyKind::SharedWatch);
+                let followed = following.follow(ctx, &mut reply).await;
+                let sent = reply.head_sent();
+                drop(reply);
+                if let (Err(Failure::Answer(error)), false) = (followed, sent) {
+                    crate::errors::log_answered(&error, "request");
+                    session.answer_status(head, &error, true).await;
+                }
+                Next::Close
+            })
+            .await
         }
     }
 }
