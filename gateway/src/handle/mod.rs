@@ -127,11 +127,22 @@ pub(crate) struct Start<'a> {
     pub how: &'a Respond,
 }
 
-/// The member's answer, its response head started, for [`Session::relay`].
+/// The member's answer, its response head started, for [`Session::relay`]. The answer stays in
+/// the pipeline's frame (its connection goes back to the pool there): a long stream's task holds
+/// it once, not once per station it passes through.
 pub(crate) struct Relay<'a> {
     pub ctx: &'a ShardContext,
-    pub answer: Answer,
+    pub answer: &'a mut Answer,
     pub how: &'a Respond,
+}
+
+/// How a relay ended, for the pipeline.
+pub(crate) struct Relayed {
+    /// Whether the client connection serves another request.
+    pub next: Next,
+    /// The member's body was read to its end, so its connection can serve another request (an
+    /// upgraded connection never can).
+    pub complete: bool,
 }
 
 /// How much of a request body the gateway reads whole, and the refusal beyond it.
@@ -183,8 +194,8 @@ pub(crate) trait Session {
     /// exchange's `response`. A [`Failure::Answer`]: nothing went out, answer it instead.
     fn start_response(&mut self, head: &Self::Head, start: Start<'_>) -> Result<(), Failure>;
     /// Relays the member's answer to the client (the body, or the upgraded connection's bytes
-    /// both ways), then gives a clean member connection back to the pool.
-    async fn relay(&mut self, to: Relay<'_>) -> Result<Next, Failure>;
+    /// both ways); the pipeline then gives a clean member connection back to the pool.
+    async fn relay(&mut self, to: Relay<'_>) -> Result<Relayed, Failure>;
     /// Cuts the response short (h2: the stream is reset; HTTP/1.1: the connection closes).
     fn abort(&mut self);
 }
@@ -221,15 +232,15 @@ impl Connection {
 }
 
 /// How [`serve`] left a request.
-// A value of a moment, matched as it returns: boxing the handoff would cost every shared watch
-// an allocation.
-#[allow(clippy::large_enum_variant)]
 pub(crate) enum Handled {
     /// Answered (or cut short); what becomes of the connection.
     Done(Next),
     /// A shared watch positioned in its hub: the front-end follows it ([`Following::follow`]),
     /// in a task of its own if it likes, with the session's [`Reply`] for a shared watch.
-    Follow(Following),
+    /// Boxed: a front-end that matches the value as it returns keeps its room across what
+    /// follows, and unboxed that was 856 bytes in every HTTP/1.1 connection's task (release
+    /// build), for one allocation per shared watch.
+    Follow(Box<Following>),
 }
 
 /// The request a front-end read, through the whole pipeline: decided, admitted, dispatched,
@@ -243,9 +254,6 @@ pub(crate) async fn serve<S: Session>(
 ) -> Handled {
     runtime::faults::inject(head.target());
     let table = ctx.exchange.table.load();
-    let decided = request::decide(&table, &conn.auth, head.method(), head.target(), || {
-        head.headers()
-    });
     let mut flow = Flow {
         ctx,
         conn,
@@ -256,43 +264,51 @@ pub(crate) async fn serve<S: Session>(
         limits: table.gateway().limits,
         started,
     };
-    // Admission (`spec.fairness`): the seats it takes are held until the response (a watch's
-    // whole stream included) has ended.
-    let admitted = match decided.as_ref().ok().and_then(Decision::subject) {
-        None => None,
-        Some(subject) => match ctx.admission.admit(&table.gateway().fairness, &subject) {
-            Ok(admitted) => Some(admitted),
-            Err(error) => {
+    // In a block: the decision is borrowed, so a name for it at the top would keep its room in
+    // the future for the whole stream.
+    let (admitted, proxied) = {
+        let decided = request::decide(&table, &conn.auth, head.method(), head.target(), || {
+            head.headers()
+        });
+        // Admission (`spec.fairness`): the seats it takes are held until the response (a watch's
+        // whole stream included) has ended.
+        let admitted = match decided.as_ref().ok().and_then(Decision::subject) {
+            None => None,
+            Some(subject) => match ctx.admission.admit(&table.gateway().fairness, &subject) {
+                Ok(admitted) => Some(admitted),
+                Err(error) => {
+                    if ctx.audit.is_some() {
+                        flow.trail.authenticated = subject.authenticated.cloned();
+                        flow.trail.acting_as = subject.acting_as.cloned();
+                        flow.classify(subject.classified);
+                    }
+                    let refused = flow.refuse(&error, subject.counted(), flow.close);
+                    return Handled::Done(Box::pin(refused).await);
+                }
+            },
+        };
+        let proxied = match decided {
+            Ok(Decision::Proxy(proxied)) => proxied,
+            Ok(Decision::Health) => return Handled::Done(flow.session.answer_health(head).await),
+            Ok(Decision::FleetNamed(fleet)) => match Box::pin(flow.find_owner(fleet)).await {
+                Ok(proxied) => proxied,
+                Err(next) => return Handled::Done(next),
+            },
+            Ok(decision) => return Handled::Done(Box::pin(flow.serve_fleet(decision)).await),
+            Err(refused) => {
                 if ctx.audit.is_some() {
-                    flow.trail.authenticated = subject.authenticated.cloned();
-                    flow.trail.acting_as = subject.acting_as.cloned();
-                    flow.classify(subject.classified);
+                    flow.classify(refused.classified);
+                    // Who a refusal after authentication was for (a 401 names no one).
+                    if refused.authenticated.is_some() {
+                        flow.trail.authenticated = refused.authenticated;
+                        flow.trail.acting_as = refused.acting_as;
+                    }
                 }
-                let refused = flow.refuse(&error, subject.counted(), flow.close);
-                return Handled::Done(Box::pin(refused).await);
+                let answered = flow.refuse(&refused.error, refused.counted, flow.close);
+                return Handled::Done(Box::pin(answered).await);
             }
-        },
-    };
-    let proxied = match decided {
-        Ok(Decision::Proxy(proxied)) => proxied,
-        Ok(Decision::Health) => return Handled::Done(flow.session.answer_health(head).await),
-        Ok(Decision::FleetNamed(fleet)) => match Box::pin(flow.find_owner(fleet)).await {
-            Ok(proxied) => proxied,
-            Err(next) => return Handled::Done(next),
-        },
-        Ok(decision) => return Handled::Done(Box::pin(flow.serve_fleet(decision)).await),
-        Err(refused) => {
-            if ctx.audit.is_some() {
-                flow.classify(refused.classified);
-                // Who a refusal after authentication was for (a 401 names no one).
-                if refused.authenticated.is_some() {
-                    flow.trail.authenticated = refused.authenticated;
-                    flow.trail.acting_as = refused.acting_as;
-                }
-            }
-            let answered = flow.refuse(&refused.error, refused.counted, flow.close);
-            return Handled::Done(Box::pin(answered).await);
-        }
+        };
+        (admitted, proxied)
     };
     if ctx.audit.is_some() {
         flow.trail.authenticated = proxied.identity.authenticated.clone();
@@ -334,7 +350,7 @@ pub(crate) async fn serve<S: Session>(
             }
             watch::Served::Follow(follower) => {
                 flow.trail.code = Some(200);
-                return Handled::Follow(Following {
+                return Handled::Follow(Box::new(Following {
                     follower,
                     _admitted: admitted,
                     _stream: stream,
@@ -346,7 +362,7 @@ pub(crate) async fn serve<S: Session>(
                         .as_ref()
                         .map(|_| head.audit_request(conn.peer.addr)),
                     trail: std::mem::take(&mut flow.trail),
-                });
+                }));
             }
         }
     }
@@ -367,8 +383,9 @@ pub(crate) async fn serve<S: Session>(
     }
     // Boxed: its state (connect, request body, response head) is gone once the response head is
     // read, so a long stream (a watch) does not keep that space in its connection's task.
-    let exchanged = Box::pin(flow.send_to_member(&proxied, upgrade, body)).await;
-    let (answer, code) = match exchanged {
+    // No name for the result: a named local borrowed in its error arm would keep its room in
+    // the future for the whole stream (a borrowed local's storage lives to the end of its scope).
+    let (mut answer, code) = match Box::pin(flow.send_to_member(&proxied, upgrade, body)).await {
         Ok(exchanged) => exchanged,
         Err((Failure::Answer(error), _)) => {
             return Handled::Done(Box::pin(flow.refuse(&error, counted, flow.close)).await)
@@ -410,12 +427,13 @@ pub(crate) async fn serve<S: Session>(
     drop(table);
     let relay = Relay {
         ctx,
-        answer,
+        answer: &mut answer,
         how: &how,
     };
     let next = match flow.session.relay(relay).await {
         // The body was read: whether to keep the connection is the client's and member's call.
-        Ok(next) => {
+        Ok(Relayed { next, complete }) => {
+            exchange::finish(&ctx.exchange, answer, complete);
             flow.record(Outcome::Complete(code));
             next
         }

@@ -36,7 +36,7 @@ use crate::exchange::{
 use crate::handle::ShardContext;
 use crate::handle::{
     self, BodyLimit, ClientHead, ClientIdentity, Connection, Exchange, Handled, Next, Protocol,
-    Relay, ReplyKind, Session, Start, Upgrade,
+    Relay, Relayed, ReplyKind, Session, Start, Upgrade,
 };
 use crate::observe::audit::AuditRequest;
 use crate::runtime::{self, clock, Deadline, First};
@@ -337,12 +337,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session for Request<'_, '_, S> {
         Ok(())
     }
 
-    async fn relay(&mut self, to: Relay<'_>) -> Result<Next, Failure> {
-        let (ctx, how, mut answer) = (to.ctx, to.how, to.answer);
+    async fn relay(&mut self, to: Relay<'_>) -> Result<Relayed, Failure> {
+        let Relay { ctx, answer, how } = to;
         let down = &mut *self.down;
         if how.upgrade && down.response.code == 101 {
             // Boxed, as the refusals: rare paths keep no space in every connection's task.
-            return Box::pin(relay_upgrade(ctx, down, answer)).await;
+            let next = Box::pin(relay_upgrade(ctx, down, answer)).await?;
+            return Ok(Relayed {
+                next,
+                complete: false,
+            });
         }
         if how.long_running {
             // The response head is in `down.out` already; a stream that may idle for hours
@@ -357,13 +361,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session for Request<'_, '_, S> {
             max_pipelined: how.limits.max_head_bytes,
         };
         let pace = exchange::pace(how.long_running, &how.limits);
-        let complete = relay(&mut answer, &mut sink, pace).await?;
-        exchange::finish(&ctx.exchange, answer, complete);
-        Ok(if self.client_close {
+        let complete = relay(answer, &mut sink, pace).await?;
+        let next = if self.client_close {
             Next::Close
         } else {
             Next::KeepAlive
-        })
+        };
+        Ok(Relayed { next, complete })
     }
 
     fn abort(&mut self) {
@@ -809,11 +813,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ResponseSink for ClientSink<'_, S> {
 }
 
 /// Relays the member's 101 to the client, then splices the two connections until both close.
-/// The dedicated member connection is dropped at the end; the client connection is closed.
+/// The dedicated member connection is dropped by the pipeline after; the client connection is
+/// closed.
 async fn relay_upgrade<S>(
     ctx: &ShardContext,
     down: &mut Downstream<'_, S>,
-    mut answer: Answer,
+    answer: &mut Answer,
 ) -> Result<Next, Failure>
 where
     S: AsyncRead + AsyncWrite + Unpin,

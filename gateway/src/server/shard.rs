@@ -353,8 +353,10 @@ mod tests {
             tls < http1 + 2 * stream,
             "{tls} bytes: {stream} a TLS stream, {http1} HTTP/1.1"
         );
-        // HTTP/1.1's future is every plain watch's task: a shared watch's follower is boxed
-        // where it starts, not room in it (5,952 bytes in a test build; 6,840 before).
-        assert!(http1 <= 6144, "serve_http1's future: {http1} bytes");
+        // HTTP/1.1's future is every plain watch's task for the watch's life. A shared watch's
+        // follower is boxed where it starts (6,840 -> 5,952 bytes in a test build); the member's
+        // answer is held once, by the pipeline, and the pipeline's handoff of a shared watch is
+        // boxed (5,952 -> 4,584).
+        assert!(http1 <= 4800, "serve_http1's future: {http1} bytes");
     }
 }

@@ -46,7 +46,7 @@ use crate::exchange::{
 use crate::handle::ShardContext;
 use crate::handle::{
     self, BodyLimit, ClientHead, ClientIdentity, Connection, Exchange, Following, Handled, Next,
-    Protocol, Relay, ReplyKind, Session, Start, Upgrade,
+    Protocol, Relay, Relayed, ReplyKind, Session, Start, Upgrade,
 };
 use crate::observe::audit::AuditRequest;
 use crate::runtime::{self, Deadline, First};
@@ -316,7 +316,7 @@ struct FollowEnd {
 /// Not an `async fn`: one would hold its arguments twice (as arguments, and moved into its
 /// body) for as long as the client watches; the block uses them where they are.
 #[allow(clippy::manual_async_fn)]
-fn follow_watch(mut end: FollowEnd, mut following: Following) -> impl Future<Output = ()> {
+fn follow_watch(mut end: FollowEnd, mut following: Box<Following>) -> impl Future<Output = ()> {
     async move {
         let mut reply = FleetStream {
             respond: &mut end.respond,
@@ -553,8 +553,8 @@ impl Session for Stream {
         Ok(())
     }
 
-    async fn relay(&mut self, to: Relay<'_>) -> Result<Next, Failure> {
-        let (ctx, how, mut answer) = (to.ctx, to.how, to.answer);
+    async fn relay(&mut self, to: Relay<'_>) -> Result<Relayed, Failure> {
+        let Relay { ctx, answer, how } = to;
         let send = self
             .send
             .as_mut()
@@ -563,16 +563,21 @@ impl Session for Stream {
             let _upgraded = ctx.exchange.shard_metrics.upgraded_stream_opened();
             debug!("h2 WebSocket switched; relaying");
             Box::pin(relay_tunnel(&mut answer.conn, &mut self.body, send)).await?;
-            return Ok(Next::KeepAlive);
+            return Ok(Relayed {
+                next: Next::KeepAlive,
+                complete: false,
+            });
         }
         let complete = if BodyProgress::new(answer.body).is_done() {
             true
         } else {
             let pace = exchange::pace(how.long_running, &how.limits);
-            Box::pin(relay(&mut answer, &mut StreamSink { send }, pace)).await?
+            Box::pin(relay(answer, &mut StreamSink { send }, pace)).await?
         };
-        exchange::finish(&ctx.exchange, answer, complete);
-        Ok(Next::KeepAlive)
+        Ok(Relayed {
+            next: Next::KeepAlive,
+            complete,
+        })
     }
 
     fn abort(&mut self) {
