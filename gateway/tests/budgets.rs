@@ -26,20 +26,30 @@ const NAMESPACES: &str = "/clusters/member/api/v1/namespaces";
 /// Reads a response head (not its body, which for a watch never ends) and returns its code; the
 /// bytes read past the head stay in `carry`.
 async fn read_head<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, carry: &mut Vec<u8>) -> u16 {
-    let mut chunk = [0u8; 4096];
     loop {
         if let Some(end) = carry.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&carry[..end]).into_owned();
             carry.drain(..end + 4);
             return head.split(' ').nth(1).unwrap().parse().unwrap();
         }
-        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
-            .await
-            .expect("a response head in time")
-            .unwrap();
-        assert!(n > 0, "closed before a response head");
-        carry.extend_from_slice(&chunk[..n]);
+        read_more(stream, carry, "a response head").await;
     }
+}
+
+/// Reads what `stream` has next onto `carry`; fails the test if `what` (the bytes awaited) does
+/// not come within 10 s or the stream ends first.
+async fn read_more<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+    carry: &mut Vec<u8>,
+    what: &str,
+) {
+    let mut chunk = [0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+        .await
+        .unwrap_or_else(|_| panic!("{what} in time"))
+        .unwrap();
+    assert!(n > 0, "closed before {what}");
+    carry.extend_from_slice(&chunk[..n]);
 }
 
 /// The gateway's `fleetgate_upstream_connections` for the test member.
@@ -211,11 +221,13 @@ async fn near_the_descriptor_limit_new_member_connections_get_503_and_health_and
             let code = read_head(&mut tls, &mut carry).await;
             if code != 200 {
                 // The Status body (it ends with a line feed).
-                let mut chunk = [0u8; 4096];
                 while !carry.ends_with(b"\n") {
-                    let n = tls.read(&mut chunk).await.unwrap();
-                    assert!(n > 0, "{driver}: the refusal was cut short");
-                    carry.extend_from_slice(&chunk[..n]);
+                    read_more(
+                        &mut tls,
+                        &mut carry,
+                        &format!("{driver}: the refusal's end"),
+                    )
+                    .await;
                 }
                 break (code, carry);
             }
@@ -235,14 +247,8 @@ async fn near_the_descriptor_limit_new_member_connections_get_503_and_health_and
         assert_eq!(health.code, 200, "{driver}");
         upstream.emit("{\"type\":\"ADDED\",\"object\":{\"kind\":\"ConfigMap\",\"metadata\":{\"name\":\"late\"}}}");
         let (tls, carry) = watches.last_mut().unwrap();
-        let mut chunk = [0u8; 4096];
         while !String::from_utf8_lossy(carry).contains("late") {
-            let n = tokio::time::timeout(Duration::from_secs(10), tls.read(&mut chunk))
-                .await
-                .expect("the event in time")
-                .unwrap();
-            assert!(n > 0, "{driver}: the watch ended");
-            carry.extend_from_slice(&chunk[..n]);
+            read_more(tls, carry, &format!("{driver}: the event")).await;
         }
     }
 }

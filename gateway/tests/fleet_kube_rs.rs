@@ -42,13 +42,7 @@ async fn all(
         for cm in list.items {
             let cluster = match stamp {
                 Some(member) => member.to_owned(),
-                None => cm
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get("fleetgate.io/cluster"))
-                    .cloned()
-                    .expect("stamped with its cluster"),
+                None => stamped_cluster(&cm),
             };
             let fresh = out.insert((
                 cluster,
@@ -62,6 +56,31 @@ async fn all(
             return out;
         }
     }
+}
+
+/// The cluster the fleet view stamped `cm` with (its `fleetgate.io/cluster` annotation).
+fn stamped_cluster(cm: &ConfigMap) -> String {
+    cm.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("fleetgate.io/cluster"))
+        .cloned()
+        .expect("stamped with its cluster")
+}
+
+/// Creates an empty ConfigMap `name` in namespace `default` of `member`, directly.
+async fn create_in(fleet: &Fleet, member: &str, name: &str) {
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    Api::<ConfigMap>::namespaced(client(fleet, member).await, "default")
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap_or_else(|e| panic!("create in {member}: {e}"));
 }
 
 /// `clusters` simulated members of `objects` objects each behind a one-worker gateway, and
@@ -94,17 +113,7 @@ async fn lists_and_reads(fleet: &Fleet) {
     assert_eq!(all(&merged, 500, None).await, want);
     assert_eq!(all(&merged, 4, None).await, want, "paging across clusters");
 
-    let only = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("kube-rs-only".into()),
-            ..ObjectMeta::default()
-        },
-        ..ConfigMap::default()
-    };
-    Api::<ConfigMap>::namespaced(client(fleet, "member1").await, "default")
-        .create(&PostParams::default(), &only)
-        .await
-        .expect("create in member1");
+    create_in(fleet, "member1", "kube-rs-only").await;
     let read = Api::<ConfigMap>::namespaced(client(fleet, "fleet").await, "default")
         .get("kube-rs-only")
         .await
@@ -129,12 +138,7 @@ async fn watches(fleet: &Fleet) {
     }
     let key = |cm: &ConfigMap| {
         (
-            cm.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get("fleetgate.io/cluster"))
-                .cloned()
-                .expect("stamped with its cluster"),
+            stamped_cluster(cm),
             cm.metadata.namespace.clone().unwrap_or_default(),
             cm.metadata.name.clone().unwrap_or_default(),
         )
@@ -163,17 +167,7 @@ async fn watches(fleet: &Fleet) {
     }
     assert_eq!(initial, want);
     // Then the changes, from either member.
-    let made = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("kube-rs-watched".into()),
-            ..ObjectMeta::default()
-        },
-        ..ConfigMap::default()
-    };
-    Api::<ConfigMap>::namespaced(client(fleet, "member2").await, "default")
-        .create(&PostParams::default(), &made)
-        .await
-        .expect("create in member2");
+    create_in(fleet, "member2", "kube-rs-watched").await;
     loop {
         if let Event::Apply(cm) = next().await {
             if cm.metadata.name.as_deref() == Some("kube-rs-watched") {

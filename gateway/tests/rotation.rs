@@ -430,11 +430,7 @@ fn an_agent_of_a_new_agent_ca_connects_once_the_file_changes() {
         &setup,
     );
     let _agent = Agent::start(command, &log, || fleet.log_tail(30));
-    let answer = admin_get_at(
-        fleet.dir(),
-        fleet.https(),
-        "/clusters/member2/api/v1/namespaces",
-    );
+    let answer = fleet.https_get("/clusters/member2/api/v1/namespaces");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 

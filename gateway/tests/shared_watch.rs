@@ -660,18 +660,8 @@ fn relists_and_a_removed_cluster_ends_its_watches(workers: &str, more: &str, wat
     let mut raws: Vec<Watcher> = (0..watchers)
         .map(|n| raw_watch(&fleet, &format!("raw-{n}"), "member2", ""))
         .collect();
-    let member2 = |fleet: &Fleet| {
-        let out = kubectl(
-            &fleet.fleet_path("kubeconfig"),
-            "member2",
-            &["get", "--raw", "/metrics"],
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .any(|l| l == "fleetgate_sim_open_watches{resource=\"configmaps\"} 1")
-    };
     wait_for("member2's shared watch", Duration::from_secs(30), || {
-        member2(&fleet)
+        member_watches(&fleet, "member2", "configmaps") == 1
     });
     if watchers > 1 {
         // Clients on both shards (the kernel spread 2 x 12 connections): each key's other shard
@@ -695,14 +685,7 @@ fn relists_and_a_removed_cluster_ends_its_watches(workers: &str, more: &str, wat
     }
     drop(warm);
     wait_for("member2 to hold no watch", Duration::from_secs(30), || {
-        let out = kubectl(
-            &fleet.fleet_path("kubeconfig"),
-            "member2",
-            &["get", "--raw", "/metrics"],
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .any(|l| l == "fleetgate_sim_open_watches{resource=\"configmaps\"} 0")
+        member_watches(&fleet, "member2", "configmaps") == 0
     });
 }
 

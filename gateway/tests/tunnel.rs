@@ -166,11 +166,9 @@ fn kubectl_works_on_a_pull_mode_member_as_on_a_direct_one() {
     let opened = || agent.log().matches("member connection opened").count();
     let before = opened();
     for _ in 0..20 {
-        let answer = admin_get_at(
-            pulled.fleet.dir(),
-            pulled.fleet.https(),
-            "/clusters/member2/api/v1/namespaces/dev",
-        );
+        let answer = pulled
+            .fleet
+            .https_get("/clusters/member2/api/v1/namespaces/dev");
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
     assert!(
@@ -209,11 +207,9 @@ fn a_lost_agent_ends_its_streams_and_a_returning_one_is_waited_for() {
 
     // No agent: after the wait, a 503 Status naming the cluster.
     let started = Instant::now();
-    let answer = admin_get_at(
-        pulled.fleet.dir(),
-        pulled.fleet.https(),
-        "/clusters/member2/api/v1/namespaces",
-    );
+    let answer = pulled
+        .fleet
+        .https_get("/clusters/member2/api/v1/namespaces");
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(
         answer.contains(r#""kind":"Status""#)
@@ -604,11 +600,9 @@ fn gateway_replicas_come_from_dns_and_follow_it() {
             .starts_with("HTTP/1.1 200")
         },
     );
-    let first = admin_get_at(
-        pulled.fleet.dir(),
-        pulled.fleet.https(),
-        "/clusters/member2/api/v1/namespaces/dev",
-    );
+    let first = pulled
+        .fleet
+        .https_get("/clusters/member2/api/v1/namespaces/dev");
     assert!(first.starts_with("HTTP/1.1 200"), "{first}");
 
     // The second address leaves the name, then its replica goes: the agent does not dial it

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use support::fleet::{Fleet, KillOnDrop};
 use support::pull::{
-    admin_get_at, assert_small_gets_keep_flowing, gateway_kubectl, issue_agent, kubectl_basics,
+    assert_small_gets_keep_flowing, gateway_kubectl, issue_agent, kubectl_basics,
     serve_with_tunnel, spawn_lines, stalled_list,
 };
 use support::wait::{wait_for, LineReader};
@@ -167,7 +167,7 @@ impl KonnFleet {
 
     /// A GET of `path` as `admin`; the whole response.
     fn admin_get(&self, path: &str) -> String {
-        admin_get_at(self.fleet.dir(), self.fleet.https(), path)
+        self.fleet.https_get(path)
     }
 }
 

@@ -22,8 +22,7 @@ use std::time::{Duration, Instant};
 
 use support::fleet::{fleetgate_binary, Fleet};
 use support::pull::{
-    admin_get_at, agent_command, issue_agent, make_pull_mode, serve_with_tunnel, without_ansi,
-    Agent, AgentSetup,
+    agent_command, issue_agent, make_pull_mode, serve_with_tunnel, without_ansi, Agent, AgentSetup,
 };
 use support::wait::wait_for;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -177,12 +176,9 @@ fn a_flood_of_idle_connections_does_not_keep_a_restarted_agent_out() {
         (command, setup.log)
     };
     let answers = |fleet: &Fleet| {
-        admin_get_at(
-            fleet.dir(),
-            fleet.https(),
-            "/clusters/member2/api/v1/namespaces/dev",
-        )
-        .starts_with("HTTP/1.1 200")
+        fleet
+            .https_get("/clusters/member2/api/v1/namespaces/dev")
+            .starts_with("HTTP/1.1 200")
     };
     let (command, log) = agent_command_for(&fleet);
     let agent = Agent::start(command, &log, || fleet.log_tail(30));

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::raw;
 use common::TestFleet;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -49,12 +49,10 @@ fn thousands_of_watches_each_see_a_change() {
         let mut bodies = Vec::with_capacity(watches);
         for i in 0..watches {
             let sender = &mut senders[i % connections];
-            let req = http::Request::get(format!(
+            let url = format!(
                 "https://{addr}/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv}"
-            ))
-            .header("authorization", format!("Bearer {token}"))
-            .body(Full::new(Bytes::new()))
-            .expect("request");
+            );
+            let req = raw::h2_get(url, &token);
             let resp = sender.send_request(req).await.expect("watch");
             assert_eq!(resp.status(), 200);
             bodies.push(resp.into_body());

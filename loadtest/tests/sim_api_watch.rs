@@ -305,22 +305,17 @@ fn http2_by_alpn_serves_discovery_and_watches() {
         .await
         .expect("h2 handshake");
         tokio::spawn(conn);
-        let req = http::Request::get(format!("https://{addr}/api"))
-            .header("authorization", format!("Bearer {token}"))
-            .body(Full::new(Bytes::new()))
-            .expect("request");
+        let req = raw::h2_get(format!("https://{addr}/api"), &token);
         let resp = sender.send_request(req).await.expect("h2 request");
         assert_eq!(resp.status(), 200);
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         let doc: Value = serde_json::from_slice(&body).expect("APIVersions");
         assert_eq!(doc["kind"], "APIVersions");
 
-        let req = http::Request::get(format!(
+        let url = format!(
             "https://{addr}/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=0&timeoutSeconds=1"
-        ))
-        .header("authorization", format!("Bearer {token}"))
-        .body(Full::new(Bytes::new()))
-        .expect("request");
+        );
+        let req = raw::h2_get(url, &token);
         let resp = sender.send_request(req).await.expect("h2 watch");
         let body = tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect())
             .await

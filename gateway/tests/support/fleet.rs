@@ -428,6 +428,12 @@ impl Fleet {
             .map_or(0, |count| count.trim().parse().unwrap())
     }
 
+    /// A GET of `path` on the gateway's HTTPS listener as the fleet's `admin`
+    /// (`Connection: close`); the whole response, head included.
+    pub fn https_get(&self, path: &str) -> String {
+        super::pull::admin_get_at(self.dir(), self.https(), path)
+    }
+
     /// A GET of `path` on the admin listener; the whole response, head included.
     pub fn admin_get(&self, path: &str) -> String {
         admin_get(self.admin(), path)

@@ -463,35 +463,24 @@ spec:
     responseHeadTimeoutSeconds: 0.5
 "#
     .replace("ca-dir/", "");
+    // The three clusters differ in name, server and CA (stalled's upstream speaks TLS).
+    let cluster = |name: &str, server: String, ca: &str| {
+        format!(
+            r#"apiVersion: fleetgate.io/v1alpha1
+kind: Cluster
+metadata:
+  name: {name}
+spec:
+  server: {server}
+{ca}  credentials:
+    token: gateway-token
+"#
+        )
+    };
     let clusters = format!(
-        r#"apiVersion: fleetgate.io/v1alpha1
-kind: Cluster
-metadata:
-  name: member
-spec:
-  server: http://{member}/prefix
-  credentials:
-    token: gateway-token
----
-apiVersion: fleetgate.io/v1alpha1
-kind: Cluster
-metadata:
-  name: stopped
-spec:
-  server: http://{stopped}
-  credentials:
-    token: gateway-token
----
-apiVersion: fleetgate.io/v1alpha1
-kind: Cluster
-metadata:
-  name: stalled
-spec:
-  server: https://{stalled}
-  caFile: ca.crt
-  credentials:
-    token: gateway-token
----
+        r#"{member}---
+{stopped}---
+{stalled}---
 # Every test client (the plaintext listener's anonymous user included) may do anything but
 # impersonate: these tests are about the proxy; identity.rs tests policies.
 apiVersion: fleetgate.io/v1alpha1
@@ -520,7 +509,13 @@ spec:
     - {{apiVersion: v1, kind: Pod}}
   clusters: {{names: [member]}}
 "#,
-        stopped = closed_port()
+        member = cluster("member", format!("http://{member}/prefix"), ""),
+        stopped = cluster("stopped", format!("http://{}", closed_port()), ""),
+        stalled = cluster(
+            "stalled",
+            format!("https://{stalled}"),
+            "  caFile: ca.crt\n"
+        ),
     );
     std::fs::write(dir.join("gateway.yaml"), gateway).unwrap();
     std::fs::write(dir.join("clusters.yaml"), clusters).unwrap();

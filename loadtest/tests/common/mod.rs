@@ -380,6 +380,15 @@ pub mod raw {
         with_body("GET", path, token, None, Bytes::new())
     }
 
+    /// A GET of the absolute `url` with a bearer token, for an h2 connection (the authority
+    /// comes from the URL; no Host header).
+    pub fn h2_get(url: String, token: &str) -> http::Request<Full<Bytes>> {
+        http::Request::get(url)
+            .header("authorization", format!("Bearer {token}"))
+            .body(Full::new(Bytes::new()))
+            .expect("request")
+    }
+
     /// A `method` request for `path` with a bearer token and `body`, of `content_type` if given.
     pub fn with_body(
         method: &str,

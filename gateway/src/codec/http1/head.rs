@@ -252,6 +252,54 @@ fn head_end(
     Ok(Some(end))
 }
 
+/// What a parser read off a head's start line, as spans of the head's bytes.
+struct StartLine {
+    /// The method, or the reason phrase.
+    first: Range<usize>,
+    /// The request target (empty in a response).
+    second: Range<usize>,
+    minor_version: u8,
+    /// The status code (0 in a request).
+    code: u16,
+}
+
+/// The part [`parse_request`] and [`parse_response`] share: finds the whole head at the front of
+/// `src`, hands it to `parse` with the header slots `limits` allows, and on success copies it into
+/// `head` and removes it from `src`. `parse` reads the start line (refusing what its kind of head
+/// must not be) and returns it with the headers httparse filled.
+fn take_head<P>(
+    src: &mut BytesMut,
+    scanned: &mut usize,
+    limits: HeadLimits,
+    head: &mut Head,
+    parse: P,
+) -> Result<bool, HeadError>
+where
+    P: for<'h, 'b> FnOnce(
+        &'b [u8],
+        &'h mut [MaybeUninit<httparse::Header<'b>>],
+    ) -> Result<(StartLine, &'h [httparse::Header<'b>]), HeadError>,
+{
+    let Some(end) = head_end(src, scanned, limits)? else {
+        return Ok(false);
+    };
+    let raw = &src[..end];
+    let mut stack = [const { MaybeUninit::uninit() }; STACK_HEADERS];
+    let mut heap = Vec::new(); // stays empty (no allocation) unless the limit exceeds the stack slots
+    let slots = header_slots(&mut stack, &mut heap, limits.max_headers);
+    let (line, headers) = parse(raw, slots)?;
+    head.buf.clear();
+    head.buf.extend_from_slice(raw);
+    head.first = line.first;
+    head.second = line.second;
+    head.minor_version = line.minor_version;
+    head.code = line.code;
+    fill_headers(head, raw, headers);
+    src.advance(end);
+    *scanned = 0;
+    Ok(true)
+}
+
 /// Parses a request head from the front of `src`. On success the head's bytes are copied into
 /// `head` and removed from `src` (the body, or a pipelined next request, stays there) and `true`
 /// is returned; `false` means more bytes are needed. `scanned` remembers how far `src` has been
@@ -262,35 +310,29 @@ pub fn parse_request(
     limits: HeadLimits,
     head: &mut Head,
 ) -> Result<bool, HeadError> {
-    let Some(end) = head_end(src, scanned, limits)? else {
-        return Ok(false);
-    };
-    let raw = &src[..end];
-    reject_bare_lf(raw)?;
-    let mut stack = [const { MaybeUninit::uninit() }; STACK_HEADERS];
-    let mut heap = Vec::new(); // stays empty (no allocation) unless the limit exceeds the stack slots
-    let slots = header_slots(&mut stack, &mut heap, limits.max_headers);
-    let mut request = httparse::Request::new(&mut []);
-    match request.parse_with_uninit_headers(raw, slots) {
-        Ok(httparse::Status::Complete(n)) if n == end => {}
-        Ok(_) => return Err(HeadError::Invalid("request head is not well formed")),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(HeadError::TooManyHeaders(limits.max_headers))
+    let taken = take_head(src, scanned, limits, head, |raw, slots| {
+        reject_bare_lf(raw)?;
+        let mut request = httparse::Request::new(&mut []);
+        match request.parse_with_uninit_headers(raw, slots) {
+            Ok(httparse::Status::Complete(n)) if n == raw.len() => {}
+            Ok(_) => return Err(HeadError::Invalid("request head is not well formed")),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(HeadError::TooManyHeaders(limits.max_headers))
+            }
+            Err(httparse::Error::Version) => return Err(HeadError::Invalid("unsupported version")),
+            Err(_) => return Err(HeadError::Invalid("request head is not well formed")),
         }
-        Err(httparse::Error::Version) => return Err(HeadError::Invalid("unsupported version")),
-        Err(_) => return Err(HeadError::Invalid("request head is not well formed")),
+        let line = StartLine {
+            first: span_of(raw, request.method.unwrap_or_default().as_bytes()),
+            second: span_of(raw, request.path.unwrap_or_default().as_bytes()),
+            minor_version: request.version.unwrap_or(1),
+            code: 0,
+        };
+        Ok((line, request.headers))
+    })?;
+    if !taken {
+        return Ok(false);
     }
-    let method = request.method.unwrap_or_default();
-    let target = request.path.unwrap_or_default();
-    head.buf.clear();
-    head.buf.extend_from_slice(raw);
-    head.first = span_of(raw, method.as_bytes());
-    head.second = span_of(raw, target.as_bytes());
-    head.minor_version = request.version.unwrap_or(1);
-    head.code = 0;
-    fill_headers(head, raw, request.headers);
-    src.advance(end);
-    *scanned = 0;
     if !head.target().starts_with(b"/") {
         return Err(HeadError::Invalid(
             "request target must be an absolute path (origin-form)",
@@ -313,37 +355,28 @@ pub fn parse_response(
     limits: HeadLimits,
     head: &mut Head,
 ) -> Result<bool, HeadError> {
-    let Some(end) = head_end(src, scanned, limits)? else {
-        return Ok(false);
-    };
-    let raw = &src[..end];
-    let mut stack = [const { MaybeUninit::uninit() }; STACK_HEADERS];
-    let mut heap = Vec::new(); // stays empty (no allocation) unless the limit exceeds the stack slots
-    let slots = header_slots(&mut stack, &mut heap, limits.max_headers);
-    let mut response = httparse::Response::new(&mut []);
-    match httparse::ParserConfig::default().parse_response_with_uninit_headers(
-        &mut response,
-        raw,
-        slots,
-    ) {
-        Ok(httparse::Status::Complete(n)) if n == end => {}
-        Ok(_) => return Err(HeadError::Invalid("response head is not well formed")),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(HeadError::TooManyHeaders(limits.max_headers))
+    take_head(src, scanned, limits, head, |raw, slots| {
+        let mut response = httparse::Response::new(&mut []);
+        match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut response,
+            raw,
+            slots,
+        ) {
+            Ok(httparse::Status::Complete(n)) if n == raw.len() => {}
+            Ok(_) => return Err(HeadError::Invalid("response head is not well formed")),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(HeadError::TooManyHeaders(limits.max_headers))
+            }
+            Err(_) => return Err(HeadError::Invalid("response head is not well formed")),
         }
-        Err(_) => return Err(HeadError::Invalid("response head is not well formed")),
-    }
-    let reason = response.reason.unwrap_or_default();
-    head.buf.clear();
-    head.buf.extend_from_slice(raw);
-    head.first = span_of(raw, reason.as_bytes());
-    head.second = 0..0;
-    head.minor_version = response.version.unwrap_or(1);
-    head.code = response.code.unwrap_or(0);
-    fill_headers(head, raw, response.headers);
-    src.advance(end);
-    *scanned = 0;
-    Ok(true)
+        let line = StartLine {
+            first: span_of(raw, response.reason.unwrap_or_default().as_bytes()),
+            second: 0..0,
+            minor_version: response.version.unwrap_or(1),
+            code: response.code.unwrap_or(0),
+        };
+        Ok((line, response.headers))
+    })
 }
 
 #[cfg(test)]

@@ -15,17 +15,8 @@ fn run<F: std::future::Future>(future: F) -> F::Output {
 fn hello_round_trip_and_hostile_lines() {
     let line = hello("member-1");
     assert_eq!(parse_hello(line.trim_end().as_bytes()), Ok("member-1"));
-    for bad in [
-        &b""[..],
-        b"FLEETGATE-TUNNEL/1 ",
-        b"FLEETGATE-TUNNEL/2 member1",
-        b"FLEETGATE-TUNNEL/1 member1 extra",
-        b"FLEETGATE-TUNNEL/1 ../etc",
-        b"FLEETGATE-TUNNEL/1 m\r",
-        b"\xff\xfe",
-        b"GET / HTTP/1.1",
-    ] {
-        assert!(parse_hello(bad).is_err(), "{bad:?}");
+    for bad in crate::testing::byte_cases("tunnel-hello-refused") {
+        assert!(parse_hello(&bad).is_err(), "{bad:?}");
     }
     assert_eq!(printable("a\r\nb\u{7f}c é"), "abc ");
 }
