@@ -16,7 +16,7 @@
 //! upstream pool sleeps on it to close the idle connections of retired routes without being
 //! touched by a request. Nothing here blocks, and nothing here knows about sockets.
 //!
-//! The waiters are a small list of our own ([`Waiters`]), not a notify that wakes under its
+//! The waiters are a small list of our own (`Waiters`), not a notify that wakes under its
 //! lock: a retirement takes the wakers out under the lock and wakes them after releasing it.
 //! Waking the waker of a shard whose runtime died can drop that shard's task, and with it a
 //! listener, on the retiring thread; the listener's drop takes the same lock to unregister, so a
