@@ -17,14 +17,10 @@
 //! `fleetgate_config_watcher::retirement`) are closed by a sweep: on the next touch of the pool
 //! after a retirement anywhere in the process (one atomic load per touch tells), and by a small
 //! task the pool starts on its shard at its first `put`, which sleeps until a retirement happens,
-//! so an idle shard closes them too. The pool, not that task, holds the task's wait, so the wait
-//! ends with the pool, on its shard ([`sweep_on_retirement`] says why).
+//! so an idle shard closes them too ([`sweep_on_retirement`]).
 
 use std::cell::{Cell, RefCell};
-use std::future::Future;
-use std::pin::Pin;
 use std::rc::{Rc, Weak};
-use std::task::Poll;
 use std::time::Duration;
 
 use ahash::AHashMap;
@@ -85,7 +81,6 @@ impl ShardPool {
             by_cluster: RefCell::new(AHashMap::new()),
             swept_at_epoch: Cell::new(retirements().epoch()),
             sweeper_started: Cell::new(false),
-            next_retirement: RefCell::new(None),
             max_idle_per_cluster,
             idle_timeout,
         });
@@ -169,8 +164,6 @@ struct IdleConns {
     swept_at_epoch: Cell<u64>,
     /// Whether the retirement sweeper task runs on this shard yet.
     sweeper_started: Cell<bool>,
-    /// The sweeper task's wait for the next retirement in the process, once it waits.
-    next_retirement: RefCell<Option<Pin<Box<dyn Future<Output = u64>>>>>,
     max_idle_per_cluster: usize,
     idle_timeout: Duration,
 }
@@ -233,33 +226,21 @@ impl IdleConns {
 }
 
 /// Sleeps until a route is retired anywhere in the process, then sweeps this shard's pool; ends
-/// when the pool is dropped (with its shard).
+/// at the first retirement after the pool was dropped (it holds the pool by a `Weak` only).
 ///
-/// The wait (a registration with the process-wide retirement event) is kept in the pool, not in
-/// this task, so that dropping the pool unregisters it on this shard. Kept in the task, it would
-/// outlive a shard whose runtime ended (monoio drops no task that waits on another thread's
-/// event): the next retirement, on the table publisher's thread, would find the dead shard's
-/// waker undeliverable and drop it there, inside the event's locked notify; that frees this task,
-/// whose wait, unregistering, takes the same lock, and the publisher deadlocks, taking every
-/// shard that waits on that event with it. Kept here, what the publisher frees is this task and
-/// its `Weak`, which takes no lock.
+/// Its wait may outlive its shard: a task of a shard whose runtime ended is not dropped while it
+/// waits on another thread's wake-up, and the next retirement, on the table publisher's thread,
+/// then drops it there. That is safe because `retirement` wakes outside its waiters' lock (the
+/// task's wait unregisters under that lock as it drops).
 async fn sweep_on_retirement(idle: Weak<IdleConns>) {
-    std::future::poll_fn(|cx| {
-        let Some(idle) = idle.upgrade() else {
-            return Poll::Ready(());
+    loop {
+        let Some(seen) = idle.upgrade().map(|pool| pool.swept_at_epoch.get()) else {
+            return;
         };
-        loop {
-            {
-                let mut next = idle.next_retirement.borrow_mut();
-                let seen = idle.swept_at_epoch.get();
-                let wait = next.get_or_insert_with(|| Box::pin(retirements().changed_since(seen)));
-                if wait.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                *next = None;
-            }
-            idle.sweep_if_retired();
-        }
-    })
-    .await
+        retirements().changed_since(seen).await;
+        let Some(pool) = idle.upgrade() else {
+            return;
+        };
+        pool.sweep_if_retired();
+    }
 }
