@@ -1321,3 +1321,71 @@ fn an_h2_watch_reset_while_the_hubs_list_is_pending_leaves_at_once() {
     );
     assert_eq!(fleet.metric("fleetgate_shared_watch_clients"), Some(0));
 }
+
+#[test]
+fn a_draining_gateway_ends_a_shared_watch_with_a_last_bookmark_at_the_hubs_version() {
+    let fleet = seeded_fleet();
+    direct(
+        &fleet,
+        &["create", "configmap", "labelled", "-n", "default"],
+    );
+    direct(
+        &fleet,
+        &["label", "configmap", "labelled", "-n", "default", "app=x"],
+    );
+    // One watch sees only `labelled` and asked for bookmarks, the other sees every change.
+    let selected = raw_watch(
+        &fleet,
+        "drain-selected",
+        "member1",
+        "allowWatchBookmarks=true&labelSelector=app%3Dx",
+    );
+    let all = raw_watch(&fleet, "drain-all", "member1", "");
+    wait_for_seed(&all, "the unfiltered watch to start");
+    wait_for_or(
+        "the selected watch to start",
+        Duration::from_secs(30),
+        || selected.output().contains("\"labelled\""),
+        || selected.output(),
+    );
+    // A change the selected watch does not see moves the hub's version past its last event.
+    patch_seed(&fleet, 1);
+    let version = version_of(&fleet, "seed");
+    wait_for_or(
+        "the unfiltered watch to see the change (so the hub has it)",
+        Duration::from_secs(30),
+        || seed_events(&all.output()).contains(&event("MODIFIED", "1")),
+        || all.output(),
+    );
+    let gateway = fleet.gateway.as_ref().unwrap().child.id();
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) on the pid of our own child with a valid signal number touches no memory.
+    unsafe {
+        libc::kill(gateway as libc::pid_t, libc::SIGTERM);
+    }
+    // Both watches end cleanly at once (kubectl exits 0, well before the 30 s grace period),
+    // the selected one told by a last bookmark that it holds everything up to the change it
+    // did not see: it resumes from there on another replica, without listing again.
+    for (watcher, name) in [(selected, "selected"), (all, "all")] {
+        let mut watcher = watcher;
+        let out = watcher.out.clone();
+        let status = support::wait::wait_for_some(
+            &format!("the {name} watch to end"),
+            Duration::from_secs(10),
+            || watcher.child.try_wait().unwrap(),
+            || std::fs::read_to_string(&out).unwrap_or_default(),
+        );
+        assert!(status.success(), "{name}: {status}: {}", watcher.output());
+        if name == "selected" {
+            let output = watcher.output();
+            let last: serde_json::Value =
+                serde_json::from_str(output.lines().last().unwrap()).unwrap();
+            assert_eq!(last["type"], "BOOKMARK", "{output}");
+            assert_eq!(
+                last["object"]["metadata"]["resourceVersion"],
+                version.to_string(),
+                "{output}"
+            );
+        }
+    }
+}

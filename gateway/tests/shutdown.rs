@@ -1,8 +1,9 @@
 //! Graceful shutdown and idle timeouts of a real `fleetgate serve` process, each test under both
 //! monoio drivers, with real h2 (`h2` crate) and HTTP/1.1 (raw bytes over TLS) clients:
 //! SIGTERM sends GOAWAY to h2 clients, lets in-flight requests (h2 and HTTP/1.1) finish, closes
-//! idle keep-alive connections, refuses new connections and exits 0; a watch is cut at the end of
-//! the grace period; a second signal exits at once; `spec.http2.maxConcurrentStreams` is what the
+//! idle keep-alive connections, refuses new connections and exits 0; a watch ends cleanly when
+//! the drain starts (its client watches again elsewhere, from its last resourceVersion), while a
+//! followed log runs on and is cut at the end of the grace period; a second signal exits at once; `spec.http2.maxConcurrentStreams` is what the
 //! client sees in SETTINGS; `spec.http2.idleTimeoutSeconds` closes an idle h2 connection with
 //! GOAWAY but not one with an open watch; `spec.limits.idleTimeoutSeconds` closes an idle
 //! HTTP/1.1 keep-alive connection; a reload that changes `spec.http2` applies to new connections.
@@ -70,14 +71,40 @@ async fn h2_connect(gw: &Gateway) -> H2 {
 /// Opens a watch of the member's ConfigMaps on `h2` (its head must be 200) and waits until it
 /// reached the member; its body, to read or to hold (dropping it resets the stream).
 async fn open_watch(h2: &H2, upstream: &Upstream, driver: &str) -> h2::RecvStream {
-    let watch = h2_send_get(&h2.client, WATCH).await.await.unwrap();
-    assert_eq!(watch.status(), 200, "{driver}");
-    let body = watch.into_body();
-    upstream.wait_watchers(1, "watch reached the member").await;
-    body
+    open_stream(h2, upstream, WATCH, 1, driver).await
+}
+
+/// Opens the long-running GET `path` on `h2` (its head must be 200) and waits until the member
+/// streams to `streams` requests; its body.
+async fn open_stream(
+    h2: &H2,
+    upstream: &Upstream,
+    path: &str,
+    streams: usize,
+    driver: &str,
+) -> h2::RecvStream {
+    let response = h2_send_get(&h2.client, path).await.await.unwrap();
+    assert_eq!(response.status(), 200, "{driver}: {path}");
+    upstream
+        .wait_watchers(streams, "stream reached the member")
+        .await;
+    response.into_body()
 }
 
 const WATCH: &str = "/clusters/member/api/v1/configmaps?watch=true";
+/// A followed log: long-running, not a watch (the test member streams any `watch=true` target).
+const FOLLOW: &str = "/clusters/member/api/v1/namespaces/default/pods/p/log?follow=true&watch=true";
+
+/// The next piece of `body` within 5 s, its window given back.
+async fn next_data(body: &mut h2::RecvStream, what: &str) -> Bytes {
+    let data = tokio::time::timeout(Duration::from_secs(5), body.data())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within 5 s"))
+        .unwrap_or_else(|| panic!("{what}: the stream ended"))
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let _ = body.flow_control().release_capacity(data.len());
+    data
+}
 
 /// Polls `check` every 10 ms until it is true, for at most `within`.
 async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
@@ -255,19 +282,45 @@ async fn sigterm_drains_h2_and_http1_lets_in_flight_requests_finish_and_exits_ze
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_watch_keeps_flowing_during_the_drain_and_is_cut_at_the_end_of_the_grace_period() {
+async fn watches_end_cleanly_when_the_drain_starts_and_a_followed_log_is_cut_at_the_end_of_the_grace_period(
+) {
     for driver in DRIVERS {
-        let (upstream, mut gw) = start(driver, "    shutdownGraceSeconds: 2\n", "").await;
+        let (upstream, mut gw) = start(driver, "    shutdownGraceSeconds: 5\n", "").await;
         let h2 = h2_connect(&gw).await;
-        let mut body = open_watch(&h2, &upstream, driver).await;
+        let mut watch = open_watch(&h2, &upstream, driver).await;
+        let mut h1_watch = gw.tls_get(WATCH).await;
+        upstream
+            .wait_watchers(2, "the HTTP/1.1 watch reached the member")
+            .await;
+        let mut follow = open_stream(&h2, &upstream, FOLLOW, 3, driver).await;
+        upstream.emit("{\"type\":\"ADDED\",\"n\":0}");
+        let first = b"{\"type\":\"ADDED\",\"n\":0}\n";
+        assert_eq!(
+            &next_data(&mut watch, "h2 watch").await[..],
+            first,
+            "{driver}"
+        );
+        assert_eq!(
+            &next_data(&mut follow, "followed log").await[..],
+            first,
+            "{driver}"
+        );
+        let mut h1_seen = Vec::new();
+        while !String::from_utf8_lossy(&h1_seen).contains("\"n\":0") {
+            let mut buf = [0u8; 1024];
+            let n = tokio::time::timeout(Duration::from_secs(5), h1_watch.read(&mut buf))
+                .await
+                .expect("HTTP/1.1 watch event in time")
+                .expect("HTTP/1.1 watch read");
+            assert!(
+                n > 0,
+                "{driver}: the HTTP/1.1 watch ended before its first event"
+            );
+            h1_seen.extend_from_slice(&buf[..n]);
+        }
 
         let ready = admin_readyz(&gw).await;
-        assert_eq!(
-            ready.code,
-            200,
-            "{driver}: {}",
-            String::from_utf8_lossy(&ready.body)
-        );
+        assert_eq!(ready.code, 200, "{driver}");
         let signalled = Instant::now();
         signal(&gw, libc::SIGTERM);
         assert_graceful_goaway(
@@ -275,50 +328,79 @@ async fn a_watch_keeps_flowing_during_the_drain_and_is_cut_at_the_end_of_the_gra
             driver,
             &gw,
         );
+        // The watches end as a member's own watch ends: END_STREAM on h2, the last chunk on
+        // HTTP/1.1. A client resumes from its last resourceVersion elsewhere, without a LIST
+        // (a cut stream, at the end of the grace period, is an error to client-go).
+        let end = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                match watch.data().await {
+                    // The end may come as an empty DATA frame carrying END_STREAM.
+                    Some(Ok(data)) if data.is_empty() => continue,
+                    other => return other,
+                }
+            }
+        })
+        .await
+        .expect("the h2 watch ends when the drain starts, not at the grace period's end");
+        assert!(
+            end.is_none(),
+            "{driver}: the h2 watch was not ended cleanly: {end:?}"
+        );
+        let rest = tokio::time::timeout(Duration::from_secs(3), async {
+            let mut rest = Vec::new();
+            let _ = h1_watch.read_to_end(&mut rest).await;
+            rest
+        })
+        .await
+        .expect("the HTTP/1.1 watch ends when the drain starts");
+        h1_seen.extend_from_slice(&rest);
+        assert!(
+            h1_seen.ends_with(b"0\r\n\r\n"),
+            "{driver}: the HTTP/1.1 watch did not end with its last chunk: {}",
+            String::from_utf8_lossy(&h1_seen)
+        );
+        assert!(
+            signalled.elapsed() < Duration::from_secs(4),
+            "{driver}: the watches ended {:?} after the signal",
+            signalled.elapsed()
+        );
         // A load balancer asking /readyz learns of the drain.
         let draining = admin_readyz(&gw).await;
-        assert_eq!(
-            draining.code,
-            500,
-            "{driver}: {}",
-            String::from_utf8_lossy(&draining.body)
-        );
+        assert_eq!(draining.code, 500, "{driver}");
         assert!(
             String::from_utf8_lossy(&draining.body).contains("[-]shutdown failed: draining"),
             "{driver}: {}",
             String::from_utf8_lossy(&draining.body)
         );
-        // New connections are refused while the watch keeps the process alive (every shard
-        // shuts its listening sockets down; none is left queueing connections).
+        // New connections are refused while the followed log keeps the process alive (every
+        // shard shuts its listening sockets down; none is left queueing connections).
         assert!(
             refused_within(gw.https, Duration::from_millis(1500)).await,
             "{driver}: the gateway still accepts connections during the grace period"
         );
-        // An open watch is in flight: its events still arrive during the drain.
+        // The followed log is in flight: its lines still arrive during the drain.
         upstream.emit("{\"type\":\"ADDED\",\"n\":1}");
-        let event = tokio::time::timeout(Duration::from_secs(5), body.data())
-            .await
-            .expect("event during the drain")
-            .expect("stream open")
-            .expect("event data");
-        assert_eq!(&event[..], b"{\"type\":\"ADDED\",\"n\":1}\n", "{driver}");
-        let _ = body.flow_control().release_capacity(event.len());
+        assert_eq!(
+            &next_data(&mut follow, "followed log during the drain").await[..],
+            b"{\"type\":\"ADDED\",\"n\":1}\n",
+            "{driver}"
+        );
 
-        // At the end of the grace period the process exits 0 and the watch is cut.
+        // At the end of the grace period the process exits 0 and the followed log is cut.
         let status = tokio::task::block_in_place(|| wait_exit(&mut gw, Duration::from_secs(15)));
         let took = signalled.elapsed();
         assert!(status.success(), "{driver}: {status}; log: {}", gw.log());
         assert!(
-            took >= Duration::from_millis(1900),
+            took >= Duration::from_millis(4900),
             "{driver}: exited after {took:?}, before the grace period was over"
         );
         assert!(
-            took < Duration::from_secs(10),
+            took < Duration::from_secs(12),
             "{driver}: exited after {took:?}"
         );
-        let end = tokio::time::timeout(Duration::from_secs(5), body.data())
+        let end = tokio::time::timeout(Duration::from_secs(5), follow.data())
             .await
-            .expect("the cut watch ends");
+            .expect("the cut log ends");
         assert!(!matches!(end, Some(Ok(_))), "{driver}: {end:?}");
         let log = gw.log();
         assert!(log.contains("grace period over"), "{driver}: {log}");
@@ -330,8 +412,9 @@ async fn a_second_signal_during_the_drain_exits_at_once() {
     for driver in DRIVERS {
         let (upstream, mut gw) = start(driver, "    shutdownGraceSeconds: 120\n", "").await;
         let h2 = h2_connect(&gw).await;
-        // Held open: dropping the body would reset the stream.
-        let _watch_body = open_watch(&h2, &upstream, driver).await;
+        // Held open (a followed log runs through the drain; dropping the body would reset the
+        // stream).
+        let _follow = open_stream(&h2, &upstream, FOLLOW, 1, driver).await;
         signal(&gw, libc::SIGTERM);
         // The drain has begun once the client sees GOAWAY.
         goaway_seen(&h2.client, Duration::from_secs(5)).await;

@@ -328,7 +328,7 @@ async fn open(
 }
 
 /// How the relay of a response to a request that is `long_running` (or not) paces its client.
-pub(crate) fn pace(long_running: bool, limits: &Limits) -> relay::Pace {
+pub(crate) fn pace(long_running: bool, limits: &Limits) -> relay::Pace<'static> {
     if long_running {
         relay::Pace::LongRunning
     } else {

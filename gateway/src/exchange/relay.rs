@@ -6,7 +6,10 @@
 //! framing and says where the body ends); an h2 client gets each chunk's data as DATA frames,
 //! sliced out of the read buffer without copying. Long-running responses (watch, `logs -f`) also
 //! watch the client, so one that goes away releases the member at once, and the route's
-//! retirement, ending the stream cleanly between chunks (`retired`). An ordinary response whose
+//! retirement, ending the stream cleanly between chunks (`retired`); a watch ends so too when the
+//! shard drains, so that its client resumes on another replica from its last resourceVersion
+//! instead of listing again (a cut stream is an error to client-go, and an error relists). An
+//! ordinary response whose
 //! client stops reading is cut after [`CLIENT_WRITE_TIMEOUT`] (its member connection is dropped).
 //! Called by the front-ends after `exchange::send`; never parses a request.
 
@@ -28,6 +31,7 @@ mod tests;
 /// that are always ready would otherwise keep the shard to themselves for a whole big LIST).
 const TURN_BYTES: usize = 256 * 1024;
 use crate::codec::http1::BodyProgress;
+use crate::runtime::shutdown::{DrainStarted, ShardDrain};
 use crate::runtime::{self, First};
 
 /// What a waiting long-running stream saw of its client.
@@ -61,10 +65,14 @@ pub(crate) trait ResponseSink {
 }
 
 /// How the relay treats a client that does not take the body.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Pace {
-    /// A long-running response (watch, `logs -f`): the client takes events as it likes.
+#[derive(Clone, Copy)]
+pub(crate) enum Pace<'a> {
+    /// A long-running response (`logs -f`, the gateway's own member watches): the client takes
+    /// events as it likes.
     LongRunning,
+    /// A client's watch: long-running, and ended cleanly between two events once this shard
+    /// drains (an `exec` or `logs -f` runs on through the grace period instead).
+    Watch(&'a ShardDrain),
     /// An ordinary response: a piece the client has not taken within this time cuts it.
     Ordinary { write_timeout: Duration },
 }
@@ -74,9 +82,14 @@ pub(crate) enum Pace {
 pub(crate) async fn relay(
     answer: &mut Answer,
     sink: &mut impl ResponseSink,
-    pace: Pace,
+    pace: Pace<'_>,
 ) -> Result<bool, Failure> {
-    let long_running = matches!(pace, Pace::LongRunning);
+    let long_running = !matches!(pace, Pace::Ordinary { .. });
+    let drain = match pace {
+        Pace::Watch(drain) => Some(drain),
+        _ => None,
+    };
+    let mut drained = Drained(drain.map(ShardDrain::started));
     let conn = &mut answer.conn;
     let mut progress = BodyProgress::new(answer.body);
     let decode = matches!(progress, BodyProgress::Chunked(_)) && sink.decodes_chunks();
@@ -120,7 +133,8 @@ pub(crate) async fn relay(
             return Ok(true);
         }
         paced(pace, sink.flush()).await?;
-        if long_running && retirement.is_retired() {
+        let ends = retirement.is_retired() || drain.is_some_and(ShardDrain::is_draining);
+        if long_running && ends {
             match retired_end(&progress) {
                 RetiredEnd::Done => {}
                 RetiredEnd::LastChunk => {
@@ -131,7 +145,7 @@ pub(crate) async fn relay(
                     sink.end_early(false).await?;
                     return Ok(false);
                 }
-                RetiredEnd::Cut => return Err(Failure::Abort("route retired mid-body")),
+                RetiredEnd::Cut => return Err(Failure::Abort("stream ended mid-body")),
                 RetiredEnd::FinishChunk => {
                     finish_chunk_by.get_or_insert_with(|| Instant::now() + FINISH_CHUNK_WITHIN);
                 }
@@ -143,22 +157,24 @@ pub(crate) async fn relay(
             conn.buf.reserve(READ_CHUNK);
         }
         let read = if let Some(deadline) = finish_chunk_by {
-            // Retired inside a chunk: the rest of it, briefly, then the last chunk.
+            // Retired (or drained) inside a chunk: the rest of it, briefly, then the last chunk.
             let left = deadline.saturating_duration_since(Instant::now());
             match runtime::timeout(left, idle_read(&mut conn.io, &mut conn.buf)).await {
                 Ok(read) => read,
-                Err(_) => return Err(Failure::Abort("route retired inside a chunk")),
+                Err(_) => return Err(Failure::Abort("stream ended inside a chunk")),
             }
         } else if long_running {
             let member_or_client =
                 runtime::race(idle_read(&mut conn.io, &mut conn.buf), sink.client_event());
-            match runtime::race(member_or_client, &mut retired).await {
+            let ends = runtime::race(&mut retired, &mut drained);
+            match runtime::race(member_or_client, ends).await {
                 First::Left(First::Left(read)) => read,
                 First::Left(First::Right(ClientEvent::Gone)) => {
                     return Err(Failure::Abort("client went away during a stream"))
                 }
-                // Kept for later; checked again at the top of the loop, as is the retirement.
-                First::Left(First::Right(ClientEvent::Sent)) | First::Right(()) => continue,
+                // Kept for later; checked again at the top of the loop, as are the retirement
+                // and the drain.
+                First::Left(First::Right(ClientEvent::Sent)) | First::Right(_) => continue,
             }
         } else {
             conn.io.read_buf(&mut conn.buf).await
@@ -209,15 +225,33 @@ async fn idle_read(io: &mut UpstreamIo, buf: &mut BytesMut) -> std::io::Result<u
     }
 }
 
+/// A watch's wait for its shard's drain; never ready for other streams. Ready again on every
+/// poll once the drain has begun (the relay's loop looks at the flag itself).
+struct Drained<'a>(Option<DrainStarted<'a>>);
+
+impl Future for Drained<'_> {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        match &mut self.0 {
+            Some(started) => std::pin::Pin::new(started).poll(cx),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
 /// One piece to the sink, paced.
-async fn send(sink: &mut impl ResponseSink, piece: Bytes, pace: Pace) -> Result<(), Failure> {
+async fn send(sink: &mut impl ResponseSink, piece: Bytes, pace: Pace<'_>) -> Result<(), Failure> {
     paced(pace, sink.send(piece)).await
 }
 
 /// A write to the client: for an ordinary response, a client that does not take it within the
 /// write timeout is cut (the timer is armed only when the write does not finish at once).
 async fn paced(
-    pace: Pace,
+    pace: Pace<'_>,
     write: impl std::future::Future<Output = Result<(), Failure>>,
 ) -> Result<(), Failure> {
     let Pace::Ordinary { write_timeout } = pace else {

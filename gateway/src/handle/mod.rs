@@ -38,11 +38,13 @@ use crate::codec::http1::{BodyKind, Head};
 use crate::errors::GatewayError;
 pub(crate) use crate::exchange::member_head::Upgrade;
 use crate::exchange::member_head::{self, MemberRequest};
+use crate::exchange::relay::Pace;
 use crate::exchange::reply::Reply;
 use crate::exchange::{self, Answer, Failure, Outbound, RequestBody};
 use crate::fleet;
 use crate::observe::audit::{AuditRequest, Classified, Outcome, StreamAudit};
 use crate::request::{self, Decision, FleetRequest, Peer, Proxied};
+use crate::runtime::shutdown::ShardDrain;
 use crate::runtime::{self, Deadline};
 use crate::watch;
 pub use context::ShardContext;
@@ -114,8 +116,22 @@ pub(crate) struct Respond {
     /// means the connection (or stream) now carries the new protocol's bytes.
     pub upgrade: bool,
     pub long_running: bool,
+    /// A watch: its relay ends cleanly when the shard drains.
+    pub watch: bool,
     pub limits: Limits,
     pub started: Instant,
+}
+
+impl Respond {
+    /// How the relay paces the client: as any long-running response, and a watch ends cleanly
+    /// once `drain` begins.
+    pub fn pace<'a>(&self, drain: &'a ShardDrain) -> Pace<'a> {
+        if self.watch {
+            Pace::Watch(drain)
+        } else {
+            exchange::pace(self.long_running, &self.limits)
+        }
+    }
 }
 
 /// The member's answer, its head read, for [`Session::start_response`].
@@ -398,6 +414,7 @@ pub(crate) async fn serve<S: Session>(
     let how = Respond {
         upgrade: upgrade != Upgrade::None,
         long_running: proxied.long_running,
+        watch: proxied.verb == "watch",
         limits: flow.limits,
         started,
     };

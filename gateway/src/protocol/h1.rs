@@ -360,7 +360,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session for Request<'_, '_, S> {
             pipelined: &mut down.buf,
             max_pipelined: how.limits.max_head_bytes,
         };
-        let pace = exchange::pace(how.long_running, &how.limits);
+        let pace = how.pace(&ctx.exchange.drain);
         let complete = relay(answer, &mut sink, pace).await?;
         let next = if self.client_close {
             Next::Close

@@ -264,6 +264,10 @@ impl Cursor {
                 _ => Box::pin(std::future::pending()),
             };
         let mut drain = std::pin::pin!(ctx.exchange.drain.started());
+        // Whether the watch ends (the shard drains, the hub ended) with its client holding every
+        // event the hub has: it is then told so by a last bookmark, and resumes from there on
+        // another replica or the hub's successor, without listing again.
+        let mut caught_up = false;
         loop {
             if let Some(event) = self.pending.pop() {
                 let line = self.line(hub, &event, self.pending_as.unwrap_or(event.kind));
@@ -277,7 +281,10 @@ impl Cursor {
                     Phase::Ready => {}
                     // The route retired, the shard drains, the member refused the gateway: the
                     // watch ends cleanly and the client watches again.
-                    _ => break,
+                    _ => {
+                        caught_up = self.seq >= state.next_seq();
+                        break;
+                    }
                 }
                 let behind = state.next_seq().saturating_sub(self.seq);
                 // Behind the ring's floor: events it needed left the ring (or the member could
@@ -319,13 +326,12 @@ impl Cursor {
                         First::Left(First::Right(First::Left(()))) => break,
                         First::Left(First::Right(First::Right(()))) => {
                             last_bookmark = Box::pin(std::future::pending());
-                            let latest = hub.state.borrow().last_rv;
-                            if latest > self.last_sent_rv {
-                                self.last_sent_rv = latest;
-                                client.body(bookmark(hub, latest)).await?;
-                            }
+                            self.bookmark_latest(hub, client).await?;
                         }
-                        First::Right(First::Left(())) => break,
+                        First::Right(First::Left(())) => {
+                            caught_up = true;
+                            break;
+                        }
                         First::Right(First::Right(())) => {
                             return Err(Failure::Abort("client went away"))
                         }
@@ -333,7 +339,26 @@ impl Cursor {
                 }
             }
         }
+        if caught_up {
+            self.bookmark_latest(hub, client).await?;
+        }
         client.end().await
+    }
+
+    /// A bookmark at the hub's latest resourceVersion, if the client asked for bookmarks and was
+    /// not told it yet. Only for a client that waits for the hub's next event: it holds
+    /// everything up to there.
+    async fn bookmark_latest(
+        &mut self,
+        hub: &Hub,
+        client: &mut impl FleetClient,
+    ) -> Result<(), Failure> {
+        let latest = hub.state.borrow().last_rv;
+        if self.plan.bookmarks && latest > self.last_sent_rv {
+            self.last_sent_rv = latest;
+            client.body(bookmark(hub, latest)).await?;
+        }
+        Ok(())
     }
 }
 

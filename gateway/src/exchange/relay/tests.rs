@@ -22,6 +22,7 @@ use crate::codec::http1::Head;
 use crate::exchange::retired::LAST_CHUNK;
 use crate::exchange::{finish, send, NoBody, Outbound, ShardExchange};
 use crate::observe::metrics::Metrics;
+use crate::runtime::shutdown::ShardDrain;
 use crate::runtime::snapshot::ShardTable;
 use crate::runtime::tests::block_on;
 use crate::runtime::Deadline;
@@ -258,7 +259,7 @@ async fn relay_while(
     shard: &ShardExchange,
     mut answer: Answer,
     sink: &mut Recorder,
-    pace: Pace,
+    pace: Pace<'_>,
     member: impl Future<Output = ()>,
 ) -> Result<bool, &'static str> {
     let relaying = join(relay(&mut answer, sink, pace), member);
@@ -376,8 +377,10 @@ fn head_204_and_304_answers_have_no_body_and_the_next_answer_is_read_intact() {
     }
 }
 
+/// A followed log's lines (or a watch's events, the relay cannot tell them apart) reach the
+/// client one by one; a drain of the shard does not end a stream that is not a watch.
 #[test]
-fn a_watchs_events_reach_the_client_one_by_one_as_the_member_sends_them() {
+fn a_long_running_streams_lines_reach_the_client_one_by_one_as_the_member_sends_them() {
     let events: [&[u8]; 3] = [
         EVENT,
         b"{\"type\":\"MODIFIED\"}\n",
@@ -389,8 +392,11 @@ fn a_watchs_events_reach_the_client_one_by_one_as_the_member_sends_them() {
             let answer = member.ask("GET", true, CHUNKED_OK).await;
             let (mut sink, mut record) = recorder(decodes_chunks);
             let end = &mut member.end;
+            let drain = &member.shard.drain;
             let member_sends = async {
                 for event in events {
+                    // Only a watch ends with the drain: these lines still reach the client.
+                    drain.begin();
                     end.write_all(&chunk(event)).await.unwrap();
                     // Given to the client before the member sends anything more.
                     let given = next_flushed(&mut record).await;
@@ -425,6 +431,8 @@ fn a_watchs_events_reach_the_client_one_by_one_as_the_member_sends_them() {
 enum Ending {
     /// The route is retired (its cluster removed or changed).
     Retired,
+    /// The shard drains (SIGTERM): the client watches again on another replica.
+    Drained,
     /// The member goes away (restarted, its connection or tunnel dropped).
     MemberGone,
     /// The client goes away.
@@ -432,8 +440,15 @@ enum Ending {
 }
 
 #[test]
-fn a_watch_ends_between_events_cleanly_when_its_route_retires_or_its_member_goes() {
-    for ending in [Ending::Retired, Ending::MemberGone, Ending::ClientGone] {
+fn a_watch_ends_between_events_cleanly_when_its_route_retires_its_shard_drains_or_its_member_goes()
+{
+    let endings = [
+        Ending::Retired,
+        Ending::Drained,
+        Ending::MemberGone,
+        Ending::ClientGone,
+    ];
+    for ending in endings {
         for decodes_chunks in [false, true] {
             block_on(async {
                 let mut member = Member::pooled().await;
@@ -444,12 +459,14 @@ fn a_watch_ends_between_events_cleanly_when_its_route_retires_or_its_member_goes
                 let mut client_leaves = Some(client_leaves);
                 let Member { shard, route, end } = member;
                 let mut end = Some(end);
+                let drain = ShardDrain::default();
                 let one_event_then_the_end = async {
                     let stream = end.as_mut().unwrap();
                     stream.write_all(&chunk(EVENT)).await.unwrap();
                     next_flushed(&mut record).await;
                     match ending {
                         Ending::Retired => route.retirement.retire(),
+                        Ending::Drained => drain.begin(),
                         Ending::MemberGone => end = None,
                         Ending::ClientGone => client_leaves = None,
                     }
@@ -458,7 +475,7 @@ fn a_watch_ends_between_events_cleanly_when_its_route_retires_or_its_member_goes
                     &shard,
                     answer,
                     &mut sink,
-                    Pace::LongRunning,
+                    Pace::Watch(&drain),
                     one_event_then_the_end,
                 )
                 .await;

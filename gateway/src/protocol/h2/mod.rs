@@ -41,7 +41,7 @@ use crate::errors::GatewayError;
 use crate::exchange::relay::{relay, ClientEvent, ResponseSink};
 use crate::exchange::reply::{warning_value, Reply};
 use crate::exchange::{
-    self, Failure, MemberConn, RequestBody, BODY_STALL_TIMEOUT, IDLE_STREAM_BUFFER, READ_CHUNK,
+    Failure, MemberConn, RequestBody, BODY_STALL_TIMEOUT, IDLE_STREAM_BUFFER, READ_CHUNK,
 };
 use crate::handle::ShardContext;
 use crate::handle::{
@@ -571,7 +571,7 @@ impl Session for Stream {
         let complete = if BodyProgress::new(answer.body).is_done() {
             true
         } else {
-            let pace = exchange::pace(how.long_running, &how.limits);
+            let pace = how.pace(&ctx.exchange.drain);
             Box::pin(relay(answer, &mut StreamSink { send }, pace)).await?
         };
         Ok(Relayed {
