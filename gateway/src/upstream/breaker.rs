@@ -256,6 +256,13 @@ impl Breaker {
         )
     }
 
+    /// Its metrics' labels.
+    fn labels(&self) -> CircuitLabels {
+        CircuitLabels {
+            cluster: self.cluster.clone(),
+        }
+    }
+
     /// Times it opened.
     pub fn opened(&self) -> u64 {
         self.opened.load(Ordering::Relaxed)
@@ -362,10 +369,8 @@ impl Collector for BreakerCollector {
             MetricType::Gauge,
         )?;
         for breaker in &serving {
-            let labels = CircuitLabels {
-                cluster: breaker.cluster.clone(),
-            };
-            ConstGauge::new(breaker.state() as i64).encode(family.encode_family(&labels)?)?;
+            let gauge = ConstGauge::new(breaker.state() as i64);
+            gauge.encode(family.encode_family(&breaker.labels())?)?;
         }
         let mut family = encoder.encode_descriptor(
             "member_circuit_opened",
@@ -374,10 +379,8 @@ impl Collector for BreakerCollector {
             MetricType::Counter,
         )?;
         for breaker in &serving {
-            let labels = CircuitLabels {
-                cluster: breaker.cluster.clone(),
-            };
-            ConstCounter::new(breaker.opened()).encode(family.encode_family(&labels)?)?;
+            let counter = ConstCounter::new(breaker.opened());
+            counter.encode(family.encode_family(&breaker.labels())?)?;
         }
         Ok(())
     }

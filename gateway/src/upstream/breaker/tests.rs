@@ -15,6 +15,16 @@ fn breaker(name: &str) -> (Breaker, Instant) {
     (Breaker::new(table.cluster(name).unwrap(), epoch), epoch)
 }
 
+/// A breaker of `name` that three refused connects opened at its epoch.
+fn opened(name: &str) -> (Breaker, Instant) {
+    let (b, t0) = breaker(name);
+    for _ in 0..3 {
+        b.record(&refused(), t0, &settings());
+    }
+    assert_eq!(b.state(), CircuitState::Open);
+    (b, t0)
+}
+
 /// Three failures open it for 2 s, at most 5 s.
 fn settings() -> CircuitBreakerSettings {
     CircuitBreakerSettings {
@@ -84,34 +94,26 @@ fn consecutive_connect_failures_open_it_and_a_success_between_them_resets_the_co
 fn answers_and_other_errors_never_count() {
     let (b, t0) = breaker("m");
     let s = settings();
+    // A late answer, and a pull-mode member with no agent connected (it waits for one).
+    let late = || GatewayError::ResponseHeadTimeout {
+        cluster: "m".into(),
+        seconds: 60,
+    };
+    let no_agent = || GatewayError::NoTunnel {
+        cluster: "m".into(),
+        waited_ms: 10,
+    };
     for _ in 0..10 {
-        b.record::<()>(
-            &Err(GatewayError::ResponseHeadTimeout {
-                cluster: "m".into(),
-                seconds: 60,
-            }),
-            t0,
-            &s,
-        );
-        b.record::<()>(
-            &Err(GatewayError::NoTunnel {
-                cluster: "m".into(),
-                waited_ms: 10,
-            }),
-            t0,
-            &s,
-        );
+        b.record::<()>(&Err(late()), t0, &s);
+        b.record::<()>(&Err(no_agent()), t0, &s);
     }
     assert_eq!(b.state(), CircuitState::Closed);
 }
 
 #[test]
 fn after_the_period_one_probe_goes_and_its_success_closes_it() {
-    let (b, t0) = breaker("m");
+    let (b, t0) = opened("m");
     let s = settings();
-    for _ in 0..3 {
-        b.record(&refused(), t0, &s);
-    }
     assert!(b.admit(t0 + ms(1999), &s).is_err());
     let end = t0 + ms(2000);
     assert_eq!(b.admit(end, &s).unwrap(), Pass::Probe);
@@ -132,11 +134,8 @@ fn after_the_period_one_probe_goes_and_its_success_closes_it() {
 
 #[test]
 fn a_failed_probe_opens_it_again_for_longer_up_to_the_longest_period() {
-    let (b, t0) = breaker("m");
+    let (b, t0) = opened("m");
     let s = settings();
-    for _ in 0..3 {
-        b.record(&refused(), t0, &s);
-    }
     let mut at = t0;
     for expected in [4, 5, 5] {
         // The period is over: the probe goes, and fails.
@@ -155,11 +154,8 @@ fn a_failed_probe_opens_it_again_for_longer_up_to_the_longest_period() {
 
 #[test]
 fn a_probe_that_never_ends_lets_another_probe_after_a_period() {
-    let (b, t0) = breaker("m");
+    let (b, t0) = opened("m");
     let s = settings();
-    for _ in 0..3 {
-        b.record(&refused(), t0, &s);
-    }
     let first = t0 + ms(2000);
     assert_eq!(b.admit(first, &s).unwrap(), Pass::Probe);
     // Its request went away before the connect ended: nothing was recorded.
