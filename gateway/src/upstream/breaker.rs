@@ -8,7 +8,7 @@
 //! whatever its code or delay, is never a failure here: only connects are counted, so a busy
 //! member never trips it.
 //!
-//! Checked by [`super::connect`] before a dial (a request's, or the pool's line's dial task), so
+//! Checked by `upstream::connect` before a dial (a request's, or the pool's line's dial task), so
 //! everything that dials a member goes through it: proxied requests, the fleet view, the
 //! shared-watch hubs and the member-watch loop, which then skip an open member at once. A pooled
 //! connection is used without asking it. Not for a stream to a service of a pull-mode member
