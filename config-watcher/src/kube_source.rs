@@ -31,6 +31,9 @@
 //! A Cluster's `spec.credentials.secretRef` without a namespace names a Secret in the namespace
 //! the source reads Secrets in (`--secrets-namespace`).
 //!
+//! A fleetgate Cluster whose member's circuit breaker opened in this replica (the gateway fills
+//! `crate::circuits`) also gets a `CircuitOpen` condition (`circuit`).
+//!
 //! A `Tunnel` Cluster's status also says how many pull-mode agents the gateway replicas hold
 //! (`status.agents`, and each replica's own entry in `status.tunnels`), when the caller gives an
 //! [`AgentReport`] (`agents`: see that module). A change of an object's status alone (the
@@ -67,7 +70,11 @@ use crate::reload::TablePublisher;
 use crate::settings::GatewaySettings;
 
 mod agents;
+mod circuit;
 pub use agents::{AgentReport, AGENT_HEARTBEAT};
+use circuit::CircuitConditions;
+
+use crate::circuits::open_circuits;
 
 /// What the API source follows.
 #[derive(Debug, Clone)]
@@ -580,10 +587,13 @@ async fn follow(
     // have reported), so the table can change with no event here: after every reload outcome,
     // whichever source's, the conditions are written again if it changed.
     let mut written_against: Option<(u64, Option<String>)> = None;
+    let mut circuits = CircuitConditions::default();
     let mut outcomes = publisher.status().outcomes();
     loop {
         // An agent's tunnel came or went, or a heartbeat is due.
         let mut agents_due = false;
+        // A member's circuit breaker opened or closed.
+        let mut circuits_due = false;
         let event = tokio::select! {
             event = events_rx.recv() => match event {
                 Some(event) => Some(event),
@@ -596,6 +606,10 @@ async fn follow(
             },
             () = agents_changed.notified(), if agents.is_some() => {
                 agents_due = true;
+                None
+            }
+            () = open_circuits().changed().notified(), if options.fleetgate => {
+                circuits_due = true;
                 None
             }
             _ = heartbeat.tick(), if agents.is_some() => {
@@ -630,10 +644,11 @@ async fn follow(
         }
         if rebuilt
             || statuses_changed
+            || circuits_due
             || written_against.as_ref() != Some(&serving_state(&publisher))
         {
             written_against = Some(serving_state(&publisher));
-            write_conditions(&client, &objects, &publisher).await;
+            write_conditions(&client, &objects, &publisher, &mut circuits).await;
         }
         if let Some(agents) = agents
             .as_mut()
@@ -691,44 +706,64 @@ fn desired_condition(
 }
 
 /// Writes the `Ready` condition of every fleetgate Cluster, AccessPolicy and FleetResource object
-/// whose condition changed. Karmada's objects are left alone: their status belongs to Karmada's
-/// controllers. An unchanged condition is never rewritten, so the status write (itself a watch
-/// event) settles.
-async fn write_conditions(client: &kube::Client, objects: &Objects, publisher: &TablePublisher) {
+/// whose condition changed, and a Cluster's `CircuitOpen` condition (`circuit`) with it (one
+/// patch: a merge patch replaces the list). Karmada's objects are left alone: their status
+/// belongs to Karmada's controllers. An unchanged condition is never rewritten, so the status
+/// write (itself a watch event) settles.
+async fn write_conditions(
+    client: &kube::Client,
+    objects: &Objects,
+    publisher: &TablePublisher,
+    circuits: &mut CircuitConditions,
+) {
     let table = publisher.table().load();
     let rejected = publisher.status().rejected_objects();
     for kind in CONDITION_KINDS {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.resource());
         for value in objects.of(kind) {
+            let Some(name) = value["metadata"]["name"].as_str() else {
+                continue;
+            };
             let (status, reason, message) = desired_condition(kind, value, &table, &rejected);
             let current = value["status"]["conditions"]
                 .as_array()
                 .and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
-            if current.is_some_and(|c| {
+            let ready_unchanged = current.is_some_and(|c| {
                 c["status"] == status && c["reason"] == reason && c["message"] == message.as_str()
-            }) {
-                continue;
-            }
-            let Some(name) = value["metadata"]["name"].as_str() else {
-                continue;
-            };
+            });
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64);
+            let circuit = match kind {
+                Kind::Cluster => circuits.desired(name, value, &rfc3339(now)),
+                _ => None,
+            };
+            if ready_unchanged && !circuit.as_ref().is_some_and(|(_, due)| *due) {
+                continue;
+            }
             let transition = match current {
                 Some(c) if c["status"] == status => c["lastTransitionTime"].clone(),
                 _ => serde_json::Value::String(rfc3339(now)),
             };
-            let patch = serde_json::json!({"status": {"conditions": [{
+            let mut conditions = vec![serde_json::json!({
                 "type": "Ready",
                 "status": status,
                 "reason": reason,
                 "message": message,
                 "lastTransitionTime": transition,
                 "observedGeneration": value["metadata"]["generation"],
-            }]}});
-            if let Err(error) = patch_status(&api, name, &patch).await {
-                warn!(kind = %kind.resource_name(), object = name, %error, "cannot write the Ready condition");
+            })];
+            conditions.extend(circuit.as_ref().map(|(c, _)| c.clone()));
+            let patch = serde_json::json!({"status": {"conditions": conditions}});
+            match patch_status(&api, name, &patch).await {
+                Ok(()) => {
+                    if let Some((condition, _)) = circuit {
+                        circuits.wrote(name, condition);
+                    }
+                }
+                Err(error) => {
+                    warn!(kind = %kind.resource_name(), object = name, %error, "cannot write the Ready condition");
+                }
             }
         }
     }

@@ -7,6 +7,7 @@
 
 pub mod auth;
 mod checks;
+pub mod circuits;
 pub mod crd;
 mod endpoint;
 mod error;
@@ -47,8 +48,8 @@ pub use reload::{
 };
 pub use retirement::{RetirementListener, RouteRetirement};
 pub use settings::{
-    ClusterConfig, Config, FleetSettings, GatewaySettings, Http2Settings, Limits, ListenerSettings,
-    ServingTls, SharedWatchSettings,
+    CircuitBreakerSettings, ClusterConfig, Config, FleetSettings, GatewaySettings, Http2Settings,
+    Limits, ListenerSettings, ServingTls, SharedWatchSettings,
 };
 pub use table::{
     crypto_provider, egress_proxy, parse_certs, parse_key, parse_server, ClusterRoute, EgressProxy,

@@ -24,8 +24,8 @@ use crate::objects::{
     API_VERSION,
 };
 use crate::settings::{
-    ClusterConfig, Config, FleetSettings, GatewaySettings, Http2Settings, Limits, ListenerSettings,
-    ServingTls,
+    CircuitBreakerSettings, ClusterConfig, Config, FleetSettings, GatewaySettings, Http2Settings,
+    Limits, ListenerSettings, ServingTls,
 };
 
 /// Loads and validates every object under `path` (a file or a directory), all or nothing: the
@@ -327,6 +327,7 @@ pub(crate) fn resolve_gateway(
         audit,
         access_log,
         fairness,
+        circuit_breaker,
     } = obj.spec;
     if listeners.is_empty() {
         return Err(invalid(
@@ -442,6 +443,8 @@ pub(crate) fn resolve_gateway(
             }
             Some(n) => n,
         },
+        circuit_breaker: resolve_circuit_breaker(circuit_breaker.unwrap_or_default())
+            .map_err(|(field, message)| invalid(field, message))?,
     };
     let http2 = resolve_http2(http2).map_err(|(field, message)| invalid(field, message))?;
     let fleet = {
@@ -615,6 +618,67 @@ fn in_range(value: u32, max: u32, field: &'static str) -> Result<u32, (&'static 
     } else {
         Err((field, format!("{value} is not between 1 and {max}")))
     }
+}
+
+/// `spec.circuitBreaker` with defaults applied: an open period between 1 ms and an hour, the
+/// longest no shorter than the first; an error names the field.
+fn resolve_circuit_breaker(
+    spec: crate::objects::CircuitBreakerSpec,
+) -> Result<CircuitBreakerSettings, (&'static str, String)> {
+    let defaults = CircuitBreakerSettings::default();
+    let max = CircuitBreakerSettings::MAX_OPEN;
+    let period = |value: Option<f64>, field: &'static str, default: std::time::Duration| match value
+    {
+        None => Ok(default),
+        Some(s) if (0.001..=max.as_secs_f64()).contains(&s) => {
+            Ok(std::time::Duration::from_secs_f64(s))
+        }
+        Some(s) => Err((
+            field,
+            format!(
+                "{s} is not a number of seconds between 0.001 and {}",
+                max.as_secs()
+            ),
+        )),
+    };
+    let consecutive_failures = spec
+        .consecutive_failures
+        .unwrap_or(defaults.consecutive_failures);
+    if consecutive_failures > CircuitBreakerSettings::MAX_FAILURES {
+        return Err((
+            "spec.circuitBreaker.consecutiveFailures",
+            format!(
+                "{consecutive_failures} is more than {} (0 turns the breakers off)",
+                CircuitBreakerSettings::MAX_FAILURES
+            ),
+        ));
+    }
+    let open = period(
+        spec.open_seconds,
+        "spec.circuitBreaker.openSeconds",
+        defaults.open,
+    )?;
+    // Absent, the longest period is the default's, or the first period when that is longer.
+    let max_open = period(
+        spec.max_open_seconds,
+        "spec.circuitBreaker.maxOpenSeconds",
+        defaults.max_open.max(open),
+    )?;
+    if max_open < open {
+        return Err((
+            "spec.circuitBreaker.maxOpenSeconds",
+            format!(
+                "{} s is shorter than openSeconds ({} s)",
+                max_open.as_secs_f64(),
+                open.as_secs_f64()
+            ),
+        ));
+    }
+    Ok(CircuitBreakerSettings {
+        consecutive_failures,
+        open,
+        max_open,
+    })
 }
 
 /// `spec.http2` with defaults applied; an error names the field.

@@ -105,6 +105,30 @@ pub struct GatewaySpec {
     /// (docs/fairness.md). Off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fairness: Option<FairnessSpec>,
+    /// A circuit breaker per member: consecutive connect failures open it, and requests to that
+    /// member then fail at once with a 503 until a probe connects again (docs/faults.md). On,
+    /// with its defaults, when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<CircuitBreakerSpec>,
+}
+
+/// `spec.circuitBreaker` of the Gateway. Only connect-level failures count (refused, timed out,
+/// a failed TLS handshake, an egress proxy or agent that could not reach the member): an answer,
+/// any code, slow or not, never does.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CircuitBreakerSpec {
+    /// Consecutive connect failures to one member that open its breaker (default 5; 0 turns
+    /// the breakers off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consecutive_failures: Option<u32>,
+    /// How long an opened breaker answers 503 before it lets one probe connect through
+    /// (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_seconds: Option<f64>,
+    /// The longest open period: each failed probe doubles it, up to this (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_open_seconds: Option<f64>,
 }
 
 /// `spec.fairness` of the Gateway: what one user, one cluster and one client address may hold.
@@ -652,8 +676,10 @@ pub struct ObjectStatus {
     pub conditions: Vec<StatusCondition>,
 }
 
-/// A Cluster's status: its `Ready` condition, and for a `Tunnel` (pull-mode) cluster how many of
-/// its agents the gateway replicas hold (written by each replica's API source; docs/pull-mode.md).
+/// A Cluster's status: its `Ready` condition (and `CircuitOpen` once the gateway's circuit
+/// breaker of its member opened: docs/faults.md), and for a `Tunnel` (pull-mode) cluster how many
+/// of its agents the gateway replicas hold (written by each replica's API source;
+/// docs/pull-mode.md).
 #[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterStatus {

@@ -94,6 +94,38 @@ pub struct Limits {
     /// Member connections the requests of one client address may hold at once (watches, logs,
     /// exec sessions and ordinary requests in flight), over the whole gateway.
     pub max_member_connections_per_client: usize,
+    /// The breaker of each member's connects (`spec.circuitBreaker`).
+    pub circuit_breaker: CircuitBreakerSettings,
+}
+
+/// `spec.circuitBreaker`, resolved and checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CircuitBreakerSettings {
+    /// Consecutive connect failures that open a member's breaker; 0: never opened.
+    pub consecutive_failures: u32,
+    /// The first open period.
+    pub open: Duration,
+    /// The longest open period (each failed probe doubles it up to this).
+    pub max_open: Duration,
+}
+
+impl CircuitBreakerSettings {
+    /// The most consecutive failures a breaker may wait for.
+    pub const MAX_FAILURES: u32 = 10_000;
+    /// The longest open period allowed.
+    pub const MAX_OPEN: Duration = Duration::from_secs(3600);
+}
+
+impl Default for CircuitBreakerSettings {
+    /// Five connect failures in a row, with no connect succeeding between them: a healthy member
+    /// that is only busy answers (slowly, or 429, or 5xx) and never trips it.
+    fn default() -> Self {
+        CircuitBreakerSettings {
+            consecutive_failures: 5,
+            open: Duration::from_secs(5),
+            max_open: Duration::from_secs(60),
+        }
+    }
 }
 
 impl Default for Limits {
@@ -107,6 +139,7 @@ impl Default for Limits {
             shutdown_grace: Duration::from_secs(30),
             client_write_timeout: Duration::from_secs(60),
             max_member_connections_per_client: 4096,
+            circuit_breaker: CircuitBreakerSettings::default(),
         }
     }
 }

@@ -140,12 +140,22 @@ async fn rejected(status: &ReloadStatus, table: &SharedTable, serving: u64, name
 
 /// Polls the object's `Ready` condition until it has `status`; returns the condition.
 async fn ready_condition(api: &Api<DynamicObject>, name: &str, status: &str) -> serde_json::Value {
+    condition(api, name, "Ready", status).await
+}
+
+/// Polls the object's condition of type `kind` until it has `status`; returns the condition.
+async fn condition(
+    api: &Api<DynamicObject>,
+    name: &str,
+    kind: &str,
+    status: &str,
+) -> serde_json::Value {
     let start = Instant::now();
     loop {
         let object = api.get(name).await.unwrap();
         let condition = object.data["status"]["conditions"]
             .as_array()
-            .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+            .and_then(|c| c.iter().find(|c| c["type"] == kind))
             .cloned();
         if let Some(c) = condition.filter(|c| c["status"] == status) {
             assert!(
@@ -158,7 +168,7 @@ async fn ready_condition(api: &Api<DynamicObject>, name: &str, status: &str) -> 
         }
         assert!(
             start.elapsed() < Duration::from_secs(5),
-            "{name}: no Ready={status} condition: {}",
+            "{name}: no {kind}={status} condition: {}",
             object.data["status"]
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -1005,4 +1015,34 @@ fn tunnel_clusters_say_how_many_agents_the_replicas_hold() {
     });
     drop(twin_1);
     setup.shutdown(twin_2);
+}
+
+/// A member's circuit breaker, as the gateway reports it (`circuits`), is its Cluster's
+/// `CircuitOpen` condition, written beside the `Ready` one (which stays).
+#[test]
+fn a_cluster_says_when_the_circuit_breaker_of_its_member_is_open() {
+    let setup = ManagementFleet::start();
+    let (server, ca, token) = setup.member2();
+    let (runtime, management) = (&setup.runtime, &setup.management);
+    let clusters = management.clusters();
+    runtime
+        .block_on(management.create(&clusters, fleetgate_cluster("flaky", &server, &ca, &token)));
+    let (source, ..) = setup.watch();
+    let circuits = fleetgate_config_watcher::circuits::open_circuits();
+    runtime.block_on(async {
+        ready_condition(&clusters, "flaky", "True").await;
+        let why = "5 consecutive connect failures, the last: connection refused";
+        circuits.set("flaky", Some(why.into()));
+        let open = condition(&clusters, "flaky", "CircuitOpen", "True").await;
+        assert_eq!(
+            (&open["reason"], &open["message"]),
+            (&json!("ConnectFailures"), &json!(why))
+        );
+        ready_condition(&clusters, "flaky", "True").await;
+        circuits.set("flaky", None);
+        let closed = condition(&clusters, "flaky", "CircuitOpen", "False").await;
+        assert_eq!(closed["reason"], "Connected");
+        ready_condition(&clusters, "flaky", "True").await;
+    });
+    setup.shutdown(source);
 }

@@ -420,6 +420,93 @@ fn shared_watches_are_off_by_default_and_checked_when_on() {
     }
 }
 
+/// `spec.circuitBreaker` resolved, or the mistake named by field (a reload keeps the last good
+/// table when this fails, as for any invalid Gateway).
+fn circuit_breaker(
+    block: &str,
+) -> Result<fleetgate_config_watcher::CircuitBreakerSettings, String> {
+    let (dir, _) = gateway_dir();
+    let path = dir.path().join("gateway.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{text}{block}")).unwrap();
+    load_path(dir.path())
+        .map(|c| c.gateway.limits.circuit_breaker)
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn circuit_breakers_are_on_by_default_and_hostile_values_are_named() {
+    use std::time::Duration;
+    let defaults = circuit_breaker("").unwrap();
+    assert_eq!(
+        (
+            defaults.consecutive_failures,
+            defaults.open,
+            defaults.max_open
+        ),
+        (5, Duration::from_secs(5), Duration::from_secs(60))
+    );
+    let set = circuit_breaker(
+        "  circuitBreaker:\n    consecutiveFailures: 3\n    openSeconds: 0.5\n    maxOpenSeconds: 10\n",
+    )
+    .unwrap();
+    assert_eq!(
+        (set.consecutive_failures, set.open, set.max_open),
+        (3, Duration::from_millis(500), Duration::from_secs(10))
+    );
+    let off = circuit_breaker("  circuitBreaker:\n    consecutiveFailures: 0\n").unwrap();
+    assert_eq!(off.consecutive_failures, 0, "0 turns the breakers off");
+    // A first period longer than the default cap raises the cap with it.
+    let long = circuit_breaker("  circuitBreaker:\n    openSeconds: 120\n").unwrap();
+    assert_eq!(long.max_open, Duration::from_secs(120));
+    for (block, named) in [
+        (
+            "  circuitBreaker:\n    openSeconds: 0\n",
+            "spec.circuitBreaker.openSeconds",
+        ),
+        (
+            "  circuitBreaker:\n    openSeconds: -5\n",
+            "spec.circuitBreaker.openSeconds",
+        ),
+        (
+            "  circuitBreaker:\n    openSeconds: .nan\n",
+            "spec.circuitBreaker.openSeconds",
+        ),
+        (
+            "  circuitBreaker:\n    openSeconds: .inf\n",
+            "spec.circuitBreaker.openSeconds",
+        ),
+        (
+            "  circuitBreaker:\n    maxOpenSeconds: 1e300\n",
+            "spec.circuitBreaker.maxOpenSeconds",
+        ),
+        (
+            "  circuitBreaker:\n    openSeconds: 30\n    maxOpenSeconds: 10\n",
+            "shorter than openSeconds",
+        ),
+        (
+            "  circuitBreaker:\n    consecutiveFailures: 4000000000\n",
+            "spec.circuitBreaker.consecutiveFailures",
+        ),
+        (
+            "  circuitBreaker:\n    consecutiveFailures: -1\n",
+            "gateway.yaml",
+        ),
+        (
+            "  circuitBreaker:\n    consecutiveFailures: 99999999999\n",
+            "gateway.yaml",
+        ),
+        (
+            "  circuitBreaker:\n    failures: 3\n",
+            "unknown field `failures`",
+        ),
+        ("  circuitBreaker: 5\n", "gateway.yaml"),
+    ] {
+        let e = circuit_breaker(block).expect_err(block);
+        assert!(e.contains(named), "{block}: {e}");
+    }
+}
+
 #[test]
 fn the_first_table_leaves_out_invalid_objects_but_needs_a_valid_gateway() {
     use fleetgate_config_watcher::{first_table, load_objects, ReloadStatus};

@@ -145,6 +145,15 @@ pub enum GatewayError {
         #[source]
         source: io::Error,
     },
+    /// The member's circuit breaker is open (`upstream::breaker`): its last connects failed, so
+    /// the request is refused at once instead of waiting out a connect of its own.
+    #[error("cluster {cluster:?} is unavailable: circuit open after {failures} consecutive connect failures (the last: {cause}); retry after {retry_after} s")]
+    CircuitOpen {
+        cluster: String,
+        failures: u32,
+        cause: String,
+        retry_after: u32,
+    },
     #[error("cluster {cluster:?} did not answer within {seconds} s")]
     ResponseHeadTimeout { cluster: String, seconds: u64 },
     #[error("cluster {cluster:?} sent an invalid response: {reason}")]
@@ -195,7 +204,8 @@ impl GatewayError {
             | ResponseHeadTimeout { .. }
             | UpstreamProtocol { .. }
             | UpstreamClosed { .. }
-            | NoTunnel { .. } => Side::Upstream,
+            | NoTunnel { .. }
+            | CircuitOpen { .. } => Side::Upstream,
             OutOfDescriptors { .. } => Side::Internal,
             FleetOwnerUnknown { .. }
             | FleetDiscoveryUnavailable { .. }
@@ -227,9 +237,11 @@ impl GatewayError {
             ClientImpersonation | Forbidden { .. } => (403, "Forbidden"),
             Unauthorized { .. } => (401, "Unauthorized"),
             UpgradeNotSupported { .. } | UpgradeOverH2 { .. } => (501, "NotImplemented"),
-            NoTunnel { .. } | OutOfDescriptors { .. } | ConnectTimeout { .. } | Connect { .. } => {
-                (503, "ServiceUnavailable")
-            }
+            NoTunnel { .. }
+            | OutOfDescriptors { .. }
+            | ConnectTimeout { .. }
+            | Connect { .. }
+            | CircuitOpen { .. } => (503, "ServiceUnavailable"),
             TooManyMemberConnections | TooManyRequests { .. } => (429, "TooManyRequests"),
             ResponseHeadTimeout { .. } => (504, "Timeout"),
             UpstreamProtocol { .. } | UpstreamClosed { .. } => (502, "BadGateway"),
@@ -243,7 +255,8 @@ impl GatewayError {
             GatewayError::OutOfDescriptors { .. } | GatewayError::TooManyMemberConnections => {
                 Some(1)
             }
-            GatewayError::TooManyRequests { retry_after, .. } => Some(*retry_after),
+            GatewayError::TooManyRequests { retry_after, .. }
+            | GatewayError::CircuitOpen { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -262,8 +275,9 @@ impl GatewayError {
         )
     }
 
-    /// The message shown to the client: this error and its causes, one level each.
-    fn message(&self) -> String {
+    /// The message shown to the client: this error and its causes, one level each (also what a
+    /// circuit breaker keeps as the cause it opened on).
+    pub fn message(&self) -> String {
         let mut message = self.to_string();
         let mut source = std::error::Error::source(self);
         while let Some(cause) = source {

@@ -267,7 +267,7 @@ async fn new_connection(
         match route {
             Some(route) => Box::pin(async move {
                 // Joined once the race below saw the client still there.
-                let dial = dialer(route, shard.me.clone(), timeout);
+                let dial = dialer(route, shard.me.clone(), out.limits);
                 let wait = shard.pool.wait_for(key.clone(), fresh, dial);
                 runtime::timeout(timeout, wait).await.unwrap_or_else(|_| {
                     Err(GatewayError::ConnectTimeout {
@@ -276,7 +276,7 @@ async fn new_connection(
                     })
                 })
             }),
-            None => Box::pin(open(cluster, out.service.as_ref(), timeout, shard)),
+            None => Box::pin(open(cluster, out.service.as_ref(), &out.limits, shard)),
         };
     // The client first: a stream already reset never joins the line.
     match runtime::race(body.client_gone(), connection).await {
@@ -297,7 +297,7 @@ fn gone_already(body: &mut impl RequestBody) -> bool {
 fn dialer(
     route: Arc<ClusterRoute>,
     shard: Weak<ShardExchange>,
-    timeout: Duration,
+    limits: Limits,
 ) -> impl AsyncFn() -> Result<UpstreamConn, GatewayError> + 'static {
     async move || {
         let Some(shard) = shard.upgrade() else {
@@ -307,19 +307,27 @@ fn dialer(
                 source: std::io::Error::other("the shard is stopping"),
             });
         };
-        open(&route, None, timeout, &shard).await
+        open(&route, None, &limits, &shard).await
     }
 }
 
-/// Opens a connection to `cluster` (to `service` through a pull-mode member's agent), a dialed
-/// one counted against the descriptor budget (a tunnel stream holds no descriptor of its own).
+/// Opens a connection to `cluster` (to `service` through a pull-mode member's agent) within the
+/// connect timeout, through the member's circuit breaker, a dialed one counted against the
+/// descriptor budget (a tunnel stream holds no descriptor of its own).
 async fn open(
     cluster: &ClusterRoute,
     service: Option<&ServiceRef<'_>>,
-    timeout: Duration,
+    limits: &Limits,
     shard: &ShardExchange,
 ) -> Result<UpstreamConn, GatewayError> {
-    let dialed = connect(cluster, service, timeout, &shard.shard_metrics).await;
+    let dialed = connect(
+        cluster,
+        service,
+        limits.connect_timeout,
+        &limits.circuit_breaker,
+        &shard.shard_metrics,
+    )
+    .await;
     let mut conn = shard.shard_metrics.dialed(cluster, dialed)?;
     if cluster.mode != ConnectMode::Tunnel {
         conn.socket = Some(shard.sockets.hold(shard.shard));

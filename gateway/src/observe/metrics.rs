@@ -244,9 +244,10 @@ impl FailureKind {
     }
 
     /// The kind of a member failure; None for an error that is not the member's (the client's,
-    /// or the gateway's own descriptor budget).
+    /// or the gateway's own descriptor budget) and for a refusal of an open circuit breaker (the
+    /// member was not asked: `fleetgate_member_circuit_*` count those).
     pub fn of(error: &GatewayError) -> Option<FailureKind> {
-        if error.side() != Side::Upstream {
+        if error.side() != Side::Upstream || matches!(error, GatewayError::CircuitOpen { .. }) {
             return None;
         }
         Some(match error {

@@ -7,9 +7,10 @@
 //!
 //! With a live configuration source, `/metrics` also carries the reload counters and
 //! `/readyz?verbose` shows the serving table's generation and the last rejected change (the
-//! gateway stays ready: the last good table keeps serving). A source that cannot watch what it
-//! must (a CRD the management cluster does not serve) is a failing check: `/readyz` answers 500
-//! and `?verbose` gives the reason, until the watch works.
+//! gateway stays ready: the last good table keeps serving), and a line per member whose circuit
+//! breaker is open (the gateway stays ready: it serves the other members). A source that cannot
+//! watch what it must (a CRD the management cluster does not serve) is a failing check:
+//! `/readyz` answers 500 and `?verbose` gives the reason, until the watch works.
 
 use std::io;
 use std::net::TcpListener;
@@ -257,6 +258,24 @@ fn readyz_verbose(metrics: &Metrics, config: Option<&ConfigView>) -> (bool, Stri
                     without.join(", ")
                 ));
             }
+        }
+        // A member whose circuit breaker is open answers 503 at once, but the gateway serves
+        // the others: listed, not failing.
+        let open = crate::upstream::breaker::breakers().open();
+        if open.is_empty() {
+            out.push_str("[+]circuit-breakers ok: none open\n");
+        }
+        for (cluster, state, why) in open {
+            let state = match state {
+                crate::upstream::breaker::CircuitState::HalfOpen => {
+                    "half-open (a probe connect in flight)"
+                }
+                _ => "open",
+            };
+            out.push_str(&format!(
+                "[+]circuit-breaker {cluster}: {state}: {}\n",
+                why.replace('\n', " ")
+            ));
         }
         match view.reload.as_ref().and_then(|r| r.last_error()) {
             Some(failure) => out.push_str(&format!(

@@ -102,11 +102,13 @@ pub fn start_with_reload(
         None if gateway.workers > 0 => gateway.workers,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    // Admission owns its counters; the registry reads them at scrape time.
+    // Admission and the circuit breakers own their counters; the registry reads them at scrape
+    // time.
     let admission = Arc::new(crate::admit::Admission::default());
-    let metrics = Metrics::with_collectors(vec![Box::new(
-        crate::admit::metrics::FairnessCollector(admission.clone()),
-    )]);
+    let metrics = Metrics::with_collectors(vec![
+        Box::new(crate::admit::metrics::FairnessCollector(admission.clone())),
+        Box::new(crate::upstream::breaker::BreakerCollector),
+    ]);
     let mut bound = Vec::new();
     let mut per_shard: Vec<Vec<ShardListener>> = (0..workers).map(|_| Vec::new()).collect();
     let mut specs = Vec::new();

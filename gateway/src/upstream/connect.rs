@@ -11,6 +11,9 @@
 //! either, as a `TunnelIo`), pooled and reused like any other. The edge runs one way: `upstream`
 //! imports `tunnel`, never the reverse.
 //!
+//! Every connect to a member passes its circuit breaker first (`breaker`): an open one refuses
+//! it at once with a 503, and each outcome is recorded there.
+//!
 //! Runtime-specific (monoio) and never called off a shard thread. Called by the exchange through
 //! [`connect`] when the shard's pool has no idle connection for the cluster: for a dialed member,
 //! in a dial task of the pool's line (`dials`).
@@ -22,7 +25,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use fleetgate_config_watcher::{ClusterRoute, ConnectMode, EgressProxy, RouteRetirement};
+use fleetgate_config_watcher::{
+    CircuitBreakerSettings, ClusterRoute, ConnectMode, EgressProxy, RouteRetirement,
+};
 use monoio::io::IntoPollIo;
 use monoio::net::tcp::stream_poll::TcpStreamPoll;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -170,8 +175,29 @@ impl UpstreamConn {
 
 /// Opens a connection to `cluster` (TCP and, for https, the TLS handshake) within `timeout`;
 /// with `service`, a stream to that service through a pull-mode cluster's agent (never for a
-/// cluster reached directly).
+/// cluster reached directly). A connect to the member goes through its circuit breaker
+/// (`breaker`, with the Gateway's `circuit` settings): refused at once while it is open, and its
+/// outcome recorded.
 pub async fn connect(
+    cluster: &ClusterRoute,
+    service: Option<&ServiceRef<'_>>,
+    timeout: Duration,
+    circuit: &CircuitBreakerSettings,
+    metrics: &ShardMetrics,
+) -> Result<UpstreamConn, GatewayError> {
+    if service.is_some() {
+        // A service behind a pull-mode member's agent is another endpoint than the member.
+        return dial(cluster, service, timeout, metrics).await;
+    }
+    let breaker = super::breaker::breakers().of(cluster);
+    breaker.admit(Instant::now(), circuit)?;
+    let outcome = dial(cluster, None, timeout, metrics).await;
+    breaker.record(&outcome, Instant::now(), circuit);
+    outcome
+}
+
+/// [`connect`] without the breaker.
+async fn dial(
     cluster: &ClusterRoute,
     service: Option<&ServiceRef<'_>>,
     timeout: Duration,

@@ -7,9 +7,12 @@
 //! never decides routes: the exchange asks it for a connection to a
 //! [`ClusterRoute`] and gives it back only after a clean, complete response. New connections to
 //! one endpoint are dialed a few at a time per shard, requests beyond that waiting in line
-//! (`dials`), so a flood of requests is never a flood of dials. It also keeps the socket budget
+//! (`dials`), so a flood of requests is never a flood of dials. Every dial passes the member's
+//! circuit breaker (`breaker`, process-wide): consecutive connect failures open it, and dials
+//! are then refused at once until a probe connects again. It also keeps the socket budget
 //! (`budget`): the descriptors every socket takes and the member connections each client holds.
 
+pub mod breaker;
 pub mod budget;
 mod connect;
 mod dials;
