@@ -453,7 +453,9 @@ impl<S: ResponseSink, C: Clock> ResponseSink for Timed<'_, S, C> {
         self.inner.flush().await
     }
 
+    /// The member ended its body: its last line may still wait on the caller.
     async fn end(&mut self) -> Result<(), Failure> {
+        self.heard.busy.set(true);
         self.inner.end().await
     }
 
