@@ -4,12 +4,15 @@
 //! told about and comes back without losing its events; a cluster that joins the view appears in
 //! the open watch as ADDED events and one that leaves ends its part, the watch staying open; a
 //! member's expired resourceVersion ends the watch with a 410 ERROR event, as kube-apiserver's;
-//! each user's watch spans only the clusters their AccessPolicies allow. And a LIST whose member
-//! dies after the head went out is cut rather than silently short (the next one names it).
+//! each user's watch spans only the clusters their AccessPolicies allow; a member whose watch
+//! stalls (the simulated member's fault switch) holds up no other, and its events made meanwhile
+//! arrive once it moves again, each once, in the same client watch. And a LIST whose member dies
+//! after the head went out is cut rather than silently short (the next one names it).
 
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -20,7 +23,7 @@ use base64::Engine as _;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use support::client::{cluster_file, Sender};
-use support::fleet::{Fleet, KillOnDrop};
+use support::fleet::{Fleet, KillOnDrop, ServeProcess};
 use support::kubectl::kubectl_command;
 
 /// How long a test waits for an event it expects (a bound, not a pause).
@@ -690,4 +693,97 @@ fn an_unpaged_list_read_ahead_in_small_pages_has_every_object_once() {
     }
     assert!(want.len() >= 90, "{}", want.len());
     assert_eq!(merged, want, "every object once, in cluster order");
+}
+
+/// Sets `member`'s fault switches (`/debug/sim/faults`, a JSON object) on the member itself, as
+/// the fleet's admin.
+fn set_faults(fleet: &Fleet, member: &str, faults: &str) {
+    let file = fleet.path(&format!("faults-{member}.json"));
+    std::fs::write(&file, faults).unwrap();
+    let args = [
+        "create",
+        "--raw",
+        "/debug/sim/faults",
+        "-f",
+        file.to_str().unwrap(),
+    ];
+    let set = support::kubectl::kubectl(&fleet.fleet_path("kubeconfig"), member, &args);
+    assert!(set.status.success(), "{set:?}");
+}
+
+#[test]
+fn a_stalled_member_holds_up_no_other_and_its_events_arrive_once_it_moves_again() {
+    let mut fleet = Fleet::sim(2, 1);
+    // A stall deadline of a second (the gateway's own is 150 s: kube-apiserver sends a bookmark
+    // about every minute).
+    let config = fleet.dir().to_owned();
+    let args = [
+        OsStr::new("--config"),
+        config.as_os_str(),
+        OsStr::new("--workers"),
+        OsStr::new("1"),
+    ];
+    let env = [
+        ("FLEETGATE_WATCH_STALL_AFTER_MS", "1000"),
+        ("RUST_LOG", "fleetgate=info"),
+    ];
+    let (child, ready) = support::fleet::spawn_serve(args, &env, &fleet.path("gateway.log"));
+    fleet.gateway = Some(ServeProcess {
+        child: KillOnDrop(child),
+        ready,
+    });
+    let create = |member: &str, name: &str| {
+        let args = ["create", "configmap", name, "-n", "default"];
+        let made = support::kubectl::kubectl(&fleet.fleet_path("kubeconfig"), member, &args);
+        assert!(made.status.success(), "{made:?}");
+    };
+
+    let (listed, _) = fleet.fleet_list("/fleet/api/v1/configmaps");
+    let (code, watch) = fleet.watch(&format!(
+        "/fleet/api/v1/configmaps?watch=1&allowWatchBookmarks=true&resourceVersion={listed}"
+    ));
+    assert_eq!(code, 200);
+    // member2's watches stall: the open one sends nothing more, new ones get no answer.
+    set_faults(&fleet, "member2", r#"{"stallWatches": true}"#);
+    create("member2", "stalled-1");
+    create("member2", "stalled-2");
+    // member1's events keep coming, before and after the gateway gave up on member2's watch.
+    create("member1", "flowing-1");
+    let mut seen = watch.until("member1's first event", |e| name_of(e) == "flowing-1");
+    support::wait::wait_for_or(
+        "the gateway to abandon member2's silent watch",
+        WITHIN,
+        || {
+            fleet
+                .log()
+                .contains("member sent nothing past the stall deadline")
+        },
+        || fleet.log_tail(20),
+    );
+    create("member1", "flowing-2");
+    seen.extend(watch.until("member1's second event", |e| name_of(e) == "flowing-2"));
+    assert!(
+        !seen.iter().any(|e| name_of(e).starts_with("stalled")),
+        "{seen:#?}"
+    );
+    // member2 moves again: what it did meanwhile arrives in the same watch, then what follows.
+    set_faults(&fleet, "member2", r#"{"stallWatches": false}"#);
+    seen.extend(watch.until("member2's events", |e| name_of(e) == "stalled-2"));
+    create("member2", "after");
+    seen.extend(watch.until("member2's next event", |e| name_of(e) == "after"));
+    let objects: Vec<(&str, &str)> = seen
+        .iter()
+        .filter(|e| e["type"] != "BOOKMARK")
+        .map(|e| (cluster_of(e), name_of(e)))
+        .collect();
+    for (cluster, name) in [
+        ("member1", "flowing-1"),
+        ("member1", "flowing-2"),
+        ("member2", "stalled-1"),
+        ("member2", "stalled-2"),
+        ("member2", "after"),
+    ] {
+        let times = objects.iter().filter(|o| **o == (cluster, name)).count();
+        assert_eq!(times, 1, "{name} from {cluster}: {objects:?}");
+    }
 }

@@ -3,7 +3,10 @@
 //! client sees every change in order, even as the member keeps ending the gateway's watch; a
 //! resourceVersion that left the ring gets the apiserver's 410; and a user the member does not
 //! let watch gets the member's own 403. The watch that starts a hub, and the informers that resume
-//! on a restarted gateway, are served from a replay of the member's history, not proxied.
+//! on a restarted gateway, are served from a replay of the member's history, not proxied. A
+//! member that restarts, and then forbids the gateway for a while as a restarted kube-apiserver
+//! does until its RBAC cache has synced, breaks no shared watch and no merged one: each resumes
+//! from its last resourceVersion, and every client sees every change once.
 
 // The test's own kube-rs watchers record what they saw under a std Mutex: test code, off the
 // gateway's shards.
@@ -1388,4 +1391,110 @@ fn a_draining_gateway_ends_a_shared_watch_with_a_last_bookmark_at_the_hubs_versi
             );
         }
     }
+}
+
+#[test]
+fn shared_and_merged_watches_outlive_a_member_restart_and_its_passing_403s() {
+    // member1 restarts on the sim's SIGUSR1 (down 300 ms), then forbids every user but a
+    // superuser, the gateway included, for 2 s.
+    let mut fleet = Fleet::sim_with("", 1, 0, &["--restart-down", "300ms"]);
+    share_configmaps(&fleet, 64, 16);
+    fleet.serve(&["--workers", "1"], Some("fleetgate=info"));
+    create_seed(&fleet);
+    let file = fleet.path("faults.json");
+    std::fs::write(&file, r#"{"forbidAfterRestartMs": 2000}"#).unwrap();
+    direct(
+        &fleet,
+        &[
+            "create",
+            "--raw",
+            "/debug/sim/faults",
+            "-f",
+            file.to_str().unwrap(),
+        ],
+    );
+
+    // Shared watches (a raw one, and kubectl's with custom columns), and a merged fleet watch.
+    let mut raw = raw_watch(&fleet, "raw", "member1", "");
+    let mut columns = columns_watchers(&fleet, 2);
+    let mut merged = kubectl_watcher(
+        &fleet,
+        "merged",
+        "fleet",
+        &[
+            "get",
+            "cm",
+            "-n",
+            "default",
+            "-w",
+            "--no-headers",
+            "-o",
+            "custom-columns=NAME:.metadata.name,I:.data.i",
+        ],
+    );
+    let watchers: Vec<&Watcher> = columns.iter().chain([&merged]).collect();
+    let all_at = |i: u32| {
+        watchers
+            .iter()
+            .all(|w| values_in(&w.output()).last() == Some(&i))
+            && seed_events(&raw.output()).last().map(|(_, v)| v.as_str()) == Some(&*i.to_string())
+    };
+    wait_for(
+        "every watch's initial list",
+        Duration::from_secs(30),
+        || all_at(0),
+    );
+    patch_seed(&fleet, 1);
+    wait_for("the first change", Duration::from_secs(30), || all_at(1));
+
+    support::pull::signal(fleet.sim.as_ref().unwrap(), libc::SIGUSR1);
+    // Back, and forbidding: the gateway's own watch is answered 403, and tried again.
+    wait_for_or(
+        "the hub to be refused after the restart",
+        Duration::from_secs(30),
+        || {
+            fleet
+                .log()
+                .lines()
+                .any(|l| l.contains("shared watch: member unreachable") && l.contains("403"))
+        },
+        || fleet.log_tail(20),
+    );
+    patch_seed(&fleet, 2);
+    patch_seed(&fleet, 3);
+    wait_for_or(
+        "the changes after the restart at every client",
+        Duration::from_secs(30),
+        || all_at(3),
+        || {
+            let outputs: Vec<String> = watchers.iter().map(|w| w.output()).collect();
+            format!("{outputs:?}\n{}\n{}", raw.output(), fleet.log_tail(40))
+        },
+    );
+    // Each change once, in order, and no break: every client watch is the one it opened.
+    for w in &watchers {
+        assert_eq!(values_in(&w.output()), [0, 1, 2, 3], "{}", w.out.display());
+    }
+    drop(watchers);
+    for w in columns.iter_mut().chain([&mut merged, &mut raw]) {
+        let status = w.child.try_wait().unwrap();
+        assert!(status.is_none(), "{} ended: {status:?}", w.out.display());
+    }
+    let modified = |i: &str| event("MODIFIED", i);
+    assert_eq!(
+        seed_events(&raw.output()),
+        [
+            event("ADDED", "0"),
+            modified("1"),
+            modified("2"),
+            modified("3")
+        ]
+    );
+    let log = fleet.log();
+    assert!(
+        !log.contains("refused the gateway's own list or watch")
+            && !log.contains("member refused the watch"),
+        "{}",
+        fleet.log_tail(40)
+    );
 }

@@ -3,7 +3,8 @@
 //! child dialing it and carrying streams to member2's address. Checked with kubectl as a user
 //! would: get and list, a watch, `logs -f`, exec and port-forward (WebSocket and SPDY); the
 //! agent killed during a watch (the watch ends, a request without an agent gets a 503 naming the
-//! cluster, a request made while the agent comes back waits for it) and frozen (a half-open
+//! cluster, a request made while the agent comes back waits for it; a shared watch instead
+//! resumes on the new tunnel, its client seeing no break and every change once) and frozen (a half-open
 //! tunnel noticed by PINGs), the gateway frozen (noticed by the agent, which dials again);
 //! several agents of a cluster and an agent of several gateways; wrong certificates, no certificate and garbage refused at the tunnel
 //! listener without harm to the gateway; and a big LIST whose client stops reading while small
@@ -39,7 +40,17 @@ struct PullFleet {
 
 impl PullFleet {
     fn start(objects: usize, serve: &[&str]) -> PullFleet {
+        PullFleet::start_configured(objects, serve, |_| {})
+    }
+
+    /// [`PullFleet::start`], the fleet's files changed by `configure` before the gateway starts.
+    fn start_configured(
+        objects: usize,
+        serve: &[&str],
+        configure: impl FnOnce(&Fleet),
+    ) -> PullFleet {
         let mut fleet = Fleet::sim(2, objects);
+        configure(&fleet);
         let member2 = make_pull_mode(&fleet, "member2");
         issue_agent(&fleet.fleet_path("agents"), "member2");
         issue_agent(&fleet.fleet_path("agents"), "member1");
@@ -309,6 +320,64 @@ fn a_lost_agent_ends_its_streams_and_a_returning_one_is_waited_for() {
         agent.log().matches("tunnel up").count() >= 2
     });
     assert!(pulled.ok(&["get", "ns"]).contains("dev"));
+}
+
+#[test]
+fn a_shared_watch_resumes_on_the_agents_new_tunnel_without_a_break() {
+    let mut pulled = PullFleet::start_configured(0, &["--tunnel-wait-seconds", "5"], |fleet| {
+        fleet.edit_gateway(|gateway| {
+            gateway["spec"]["sharedWatches"] =
+                serde_yaml::from_str("resources: [{group: '', version: v1, resource: configmaps}]")
+                    .unwrap();
+        });
+    });
+    let mut agent = pulled.start_agent();
+    let (mut watch, mut lines) = pulled.spawn_lines(
+        &["get", "configmaps", "-n", "dev", "-w", "--no-headers"],
+        &[],
+    );
+    lines.wait_line("the watch's first row", Duration::from_secs(30), |l| {
+        l.contains("kube-root-ca.crt")
+    });
+    wait_for(
+        "kubectl's watch served by a hub",
+        Duration::from_secs(10),
+        || pulled.fleet.metric("fleetgate_shared_watch_clients") == Some(1),
+    );
+
+    // The agent dies; a change is made in member2 meanwhile (straight at it), and the agent
+    // comes back with a new tunnel.
+    signal(&agent.child, libc::SIGKILL);
+    pulled.fleet.admin_until(
+        "/metrics",
+        "fleetgate_tunnel_agents{cluster=\"member2\"} 0",
+        Duration::from_secs(10),
+        "the gateway to notice the agent gone",
+    );
+    let kubeconfig = pulled.fleet.fleet_path("kubeconfig");
+    let direct = |name: &str| {
+        let args = ["create", "configmap", name, "-n", "dev"];
+        let made = support::kubectl::kubectl(&kubeconfig, "member2", &args);
+        assert!(made.status.success(), "{made:?}");
+    };
+    direct("while-away");
+    agent = pulled.start_agent();
+    lines.wait_line(
+        "the change made while the tunnel was down",
+        Duration::from_secs(30),
+        |l| l.starts_with("while-away "),
+    );
+    direct("after");
+    lines.wait_line("the next change", Duration::from_secs(30), |l| {
+        l.starts_with("after ")
+    });
+    // The same watch all along, each change once.
+    assert!(watch.try_wait().unwrap().is_none(), "kubectl's watch ended");
+    for name in ["while-away ", "after "] {
+        let rows = lines.seen.iter().filter(|l| l.starts_with(name)).count();
+        assert_eq!(rows, 1, "{name}: {:#?}", lines.seen);
+    }
+    drop(agent);
 }
 
 #[test]

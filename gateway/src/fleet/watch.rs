@@ -5,8 +5,12 @@
 //!   through a bounded queue, so a client that reads slowly slows the members down instead of
 //!   growing a buffer. A member whose watch ends (its own timeout, a closed connection) is
 //!   watched again from the last resourceVersion it sent; one that cannot be reached is tried
-//!   again with backoff, from the same place. Members are always asked for bookmarks, so that
-//!   place stays recent.
+//!   again with backoff, from the same place; one that sends nothing (no event, no bookmark)
+//!   past the stall deadline (`member::watcher::STALL_AFTER`) is abandoned and watched again from
+//!   there, while the other members' events keep flowing. A 401 or 403 right after a member's
+//!   failure (a restarted apiserver whose RBAC cache has not synced) is retried for
+//!   `member::watcher::AUTH_GRACE` before the member counts as refusing. Members are always
+//!   asked for bookmarks, so that place stays recent.
 //! - **Merge.** Every event's object is stamped with its cluster (`page::stamp`: annotations, and
 //!   for a Table the CLUSTER cell) and its resourceVersion replaced by the composite one (each
 //!   member's latest, by cluster: `token::encode_versions`), so a client resumes the whole
@@ -461,7 +465,17 @@ async fn follow(
     };
     let mut backoff = watcher::member_backoff();
     let start = watcher::Start::Watch(from);
-    match watcher::run(start, &mut member, &mut merge, &ShardClock, &mut backoff).await {
+    let patience = watcher::Patience::of_members();
+    match watcher::run(
+        start,
+        &mut member,
+        &mut merge,
+        &ShardClock,
+        &mut backoff,
+        patience,
+    )
+    .await
+    {
         watcher::Ended::Expired(status) => Ended::Expired(id, status),
         watcher::Ended::Refused(code) => Ended::Refused(id, format!("it answered {code}")),
         watcher::Ended::Retired => Ended::Retired(id),
@@ -543,6 +557,10 @@ impl watcher::Handler for ToMerge<'_> {
     /// again.
     fn expired(&mut self, _status: &Value) -> AfterExpiry {
         AfterExpiry::End
+    }
+
+    fn stalled(&mut self, from: &str) {
+        warn!(cluster = %self.cluster, from, "fleet watch: member sent nothing past the stall deadline; watching again");
     }
 
     async fn failed(&mut self, missed: &Missed, _backoff: &Backoff) -> Result<(), Fault> {

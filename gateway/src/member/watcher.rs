@@ -11,30 +11,80 @@
 //!   place the next watch starts from. A watch the member ends (its own timeout, a closed
 //!   connection) is opened again from there, at once.
 //!
-//! and three ways out of them:
+//! and four ways out of them:
 //! - a **410** (an ERROR event with code 410, or a 410 answer) is handed to the caller
 //!   ([`Handler::expired`]), which relists (the hub, as client-go's reflector does), watches from
 //!   a place of its choosing, or ends the watcher (the fleet view: the client lists again);
+//! - a watch that **stalls** (no byte from the member, neither event nor bookmark, for
+//!   [`Patience::stall_after`], while the caller was not the one holding it up) is abandoned and
+//!   opened again from the last resourceVersion at once ([`Handler::stalled`]); a watch whose
+//!   head does not come within that time is a failure, as below. Members are always asked for
+//!   bookmarks (kube-apiserver sends one about every minute), so a healthy busy watch is never
+//!   silent that long; a quiet one costs one reopen per deadline;
 //! - a member that **cannot be reached** or answers badly (a 5xx, a 429, an event that is not
 //!   JSON or not one the caller reads) is tried again after a [`Backoff`] delay, from the same
 //!   place; the caller hears of each failure ([`Handler::failed`], and may give up) and of the
 //!   member being back ([`Handler::up`]);
 //! - a member that **refuses** (a 4xx other than 410 and 429), a **retired** route, or a caller
-//!   that stops, ends it ([`Ended`]).
+//!   that stops, ends it ([`Ended`]). A 401 or 403 within [`Patience::auth_grace`] of the
+//!   member's last failure or ended watch is not yet a refusal: a restarted kube-apiserver
+//!   answers 403 until its RBAC cache has synced, so it is tried again with backoff like a
+//!   failure, and refuses only once the grace is over.
 //!
 //! The member side is a [`Member`] (list, open a watch, stream its body), time a [`Clock`]: the
 //! gateway's are requests through the exchange and the shard's timers; a test scripts both,
 //! bytes in and events out, with no sockets and no sleeps. Never imports `fleet` or `watch`.
 
+use std::cell::Cell;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use serde_json::Value;
 
 use super::ask::Missed;
 use super::backoff::Backoff;
 use crate::exchange::lines::{LineSink, Lines};
-use crate::exchange::relay::ResponseSink;
+use crate::exchange::relay::{ClientEvent, ResponseSink};
 use crate::exchange::Failure;
+use crate::runtime::{self, First};
+
+/// How long a member watch may send nothing before it is abandoned: two and a half times
+/// kube-apiserver's bookmark period (about a minute, jittered), so a member that sends its
+/// bookmarks is never taken for stalled. `FLEETGATE_WATCH_STALL_AFTER_MS` overrides it for the
+/// whole process (tests, and members whose bookmarks come at another pace).
+pub const STALL_AFTER: Duration = Duration::from_secs(150);
+/// How long after a member's failure (or an ended watch) a 401 or 403 to the gateway's own list
+/// or watch is taken for a restarted apiserver whose RBAC cache has not synced yet.
+pub const AUTH_GRACE: Duration = Duration::from_secs(30);
+
+/// How long the watcher waits on a member before it stops believing it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Patience {
+    /// No byte of a watch (its head, an event, a bookmark) for this long: it is abandoned.
+    pub stall_after: Duration,
+    /// A 401 or 403 this soon after the member's last failure or ended watch is retried.
+    pub auth_grace: Duration,
+}
+
+impl Patience {
+    /// The gateway's: [`STALL_AFTER`] (or `FLEETGATE_WATCH_STALL_AFTER_MS`, read once) and
+    /// [`AUTH_GRACE`].
+    pub fn of_members() -> Patience {
+        static STALL: OnceLock<Duration> = OnceLock::new();
+        let stall_after = *STALL.get_or_init(|| {
+            std::env::var("FLEETGATE_WATCH_STALL_AFTER_MS")
+                .ok()
+                .and_then(|ms| ms.trim().parse::<u64>().ok())
+                .filter(|&ms| ms > 0)
+                .map_or(STALL_AFTER, Duration::from_millis)
+        });
+        Patience {
+            stall_after,
+            auth_grace: AUTH_GRACE,
+        }
+    }
+}
 
 /// The backoff of a member watch: 250 ms doubled up to 30 s, a fifth of each step jittered, the
 /// count started again after a watch that stayed up for 10 s.
@@ -133,6 +183,10 @@ pub(crate) trait Handler {
     /// The member ended its watch; it is watched again from `from`.
     fn rewatch(&mut self, _from: &str) {}
 
+    /// The member sent nothing for the stall deadline; its watch is abandoned and opened again
+    /// from `from`.
+    fn stalled(&mut self, _from: &str) {}
+
     /// A list or watch failed (`missed`); the next try is after `backoff`'s last delay. `Err`
     /// ends the watcher (`Fault::Stop`: [`Ended::Stopped`]; `Fault::Bad`: [`Ended::GaveUp`]).
     async fn failed(&mut self, _missed: &Missed, _backoff: &Backoff) -> Result<(), Fault> {
@@ -175,6 +229,7 @@ pub(crate) async fn run(
     handler: &mut impl Handler,
     clock: &impl Clock,
     backoff: &mut Backoff,
+    patience: Patience,
 ) -> Ended {
     let (mut state, mut from) = match start {
         Start::List => (State::List, String::new()),
@@ -185,6 +240,8 @@ pub(crate) async fn run(
     // Since when the member has answered well (a list or an opened watch), if it has since the
     // last failure.
     let mut healthy_since: Option<Instant> = None;
+    // When the member last failed or ended a watch: a 401 or 403 soon after is a restart's.
+    let mut disturbed_at: Option<Instant> = None;
     loop {
         if member.retired() {
             return Ended::Retired;
@@ -203,7 +260,7 @@ pub(crate) async fn run(
                 },
                 Err(missed) => missed,
             },
-            State::Watch => match member.open(&from, resumed).await {
+            State::Watch => match open(member, &from, resumed, clock, patience).await {
                 Ok(opened) => {
                     resumed = true;
                     healthy_since.get_or_insert_with(|| clock.now());
@@ -215,7 +272,7 @@ pub(crate) async fn run(
                         from: &mut from,
                         cut: None,
                     });
-                    let streamed = member.stream(opened, &mut lines).await;
+                    let streamed = stream(member, opened, &mut lines, clock, patience).await;
                     match lines.sink.cut.take() {
                         Some(Cut::Expired(status)) => match handler.expired(&status) {
                             AfterExpiry::Relist => {
@@ -231,18 +288,30 @@ pub(crate) async fn run(
                         Some(Cut::Stop) => return Ended::Stopped,
                         Some(Cut::Bad(reason)) => Missed::Failed(reason.into()),
                         None => match streamed {
-                            Ok(()) => {
+                            Some(Err(missed)) => missed,
+                            // Ended by the member, or stalled: watched again from `from`.
+                            ended => {
+                                disturbed_at = Some(clock.now());
                                 if !member.retired() {
-                                    handler.rewatch(&from);
+                                    if ended.is_some() {
+                                        handler.rewatch(&from);
+                                    } else {
+                                        handler.stalled(&from);
+                                    }
                                 }
                                 continue;
                             }
-                            Err(missed) => missed,
                         },
                     }
                 }
                 Err(missed) => missed,
             },
+        };
+        let transient_auth = |code: u16| {
+            matches!(code, 401 | 403)
+                && disturbed_at.is_some_and(|at| {
+                    clock.now().saturating_duration_since(at) < patience.auth_grace
+                })
         };
         match missed {
             Missed::Answered(410, _) => {
@@ -256,7 +325,9 @@ pub(crate) async fn run(
                     AfterExpiry::End => return Ended::Expired(status),
                 }
             }
-            Missed::Answered(code, _) if (400..500).contains(&code) && code != 429 => {
+            Missed::Answered(code, _)
+                if (400..500).contains(&code) && code != 429 && !transient_auth(code) =>
+            {
                 return Ended::Refused(code);
             }
             missed => {
@@ -264,6 +335,10 @@ pub(crate) async fn run(
                     return Ended::Retired;
                 }
                 let now = clock.now();
+                // The grace runs from the member's last failure, not from its 401s and 403s.
+                if !matches!(missed, Missed::Answered(401 | 403, _)) {
+                    disturbed_at = Some(now);
+                }
                 let ran_for = healthy_since
                     .take()
                     .map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
@@ -277,6 +352,119 @@ pub(crate) async fn run(
                 clock.sleep(delay).await;
             }
         }
+    }
+}
+
+/// Opens a watch from `from`; a head that does not come within the stall deadline is a failure.
+async fn open<M: Member>(
+    member: &mut M,
+    from: &str,
+    resumed: bool,
+    clock: &impl Clock,
+    patience: Patience,
+) -> Result<M::Opened, Missed> {
+    match runtime::race(
+        member.open(from, resumed),
+        clock.sleep(patience.stall_after),
+    )
+    .await
+    {
+        First::Left(opened) => opened,
+        First::Right(()) => Err(Missed::Failed(format!(
+            "its watch was not answered within {:?}",
+            patience.stall_after
+        ))),
+    }
+}
+
+/// Streams an opened watch into `lines` until it ends (`Some`), or until the member has sent
+/// nothing for the stall deadline while nothing on the gateway's side held it up (`None`).
+async fn stream<M: Member>(
+    member: &mut M,
+    opened: M::Opened,
+    lines: &mut impl ResponseSink,
+    clock: &impl Clock,
+    patience: Patience,
+) -> Option<Result<(), Missed>> {
+    let heard = Heard {
+        last: Cell::new(clock.now()),
+        busy: Cell::new(false),
+    };
+    let mut body = Timed {
+        inner: lines,
+        heard: &heard,
+        clock,
+    };
+    let silent = heard.silent_for(patience.stall_after, clock);
+    match runtime::race(member.stream(opened, &mut body), silent).await {
+        First::Left(streamed) => Some(streamed),
+        First::Right(()) => None,
+    }
+}
+
+/// When a watch's member last sent something, and whether the caller is busy with it (a slow
+/// client of the fleet view holds the member's stream up: that is no stall of the member's).
+struct Heard {
+    last: Cell<Instant>,
+    busy: Cell<bool>,
+}
+
+impl Heard {
+    /// Resolves once nothing came for `after` while the caller was idle.
+    async fn silent_for(&self, after: Duration, clock: &impl Clock) {
+        loop {
+            let now = clock.now();
+            let due = self.last.get() + after;
+            if !self.busy.get() && now >= due {
+                return;
+            }
+            let wait = if self.busy.get() {
+                after
+            } else {
+                due.saturating_duration_since(now)
+            };
+            clock.sleep(wait).await;
+        }
+    }
+}
+
+/// A watch's body on its way to the lines, each piece marking the member as heard from.
+struct Timed<'h, S, C> {
+    inner: &'h mut S,
+    heard: &'h Heard,
+    clock: &'h C,
+}
+
+impl<S: ResponseSink, C: Clock> ResponseSink for Timed<'_, S, C> {
+    fn decodes_chunks(&self) -> bool {
+        self.inner.decodes_chunks()
+    }
+
+    async fn send(&mut self, piece: Bytes) -> Result<(), Failure> {
+        self.heard.last.set(self.clock.now());
+        self.heard.busy.set(true);
+        let sent = self.inner.send(piece).await;
+        self.heard.busy.set(false);
+        self.heard.last.set(self.clock.now());
+        sent
+    }
+
+    async fn flush(&mut self) -> Result<(), Failure> {
+        self.inner.flush().await
+    }
+
+    /// The member ended its body: its last line may still wait on the caller.
+    async fn end(&mut self) -> Result<(), Failure> {
+        self.heard.busy.set(true);
+        self.inner.end().await
+    }
+
+    async fn end_early(&mut self, last_chunk: bool) -> Result<(), Failure> {
+        self.inner.end_early(last_chunk).await
+    }
+
+    async fn client_event(&mut self) -> ClientEvent {
+        self.inner.client_event().await
     }
 }
 

@@ -18,11 +18,14 @@
 //! - **Ring.** At most `ringSize` events; the oldest leaves as a new one comes, and the
 //!   resourceVersion before the oldest kept event is the oldest a client may resume from.
 //! - **Resilience.** The list and the member watch run on `member::watcher`: a member watch that
-//!   ends or drops is opened again from the last resourceVersion seen, with backoff while the
-//!   member cannot be reached; a member 410 makes the hub LIST again and put what changed into
-//!   the ring (ADDED, MODIFIED, DELETED), as client-go's reflector does. The route's retirement
-//!   (the cluster removed or changed) ends the hub, and with it every client watch, cleanly. So
-//!   does a member that refuses the gateway's own list or watch, or that stays unreachable from
+//!   ends, drops or stalls (nothing, not even a bookmark, past `member::watcher::STALL_AFTER`)
+//!   is opened again from the last resourceVersion seen, with backoff while the member cannot be
+//!   reached, and the clients see no break; a member 410 makes the hub LIST again and put what
+//!   changed into the ring (ADDED, MODIFIED, DELETED), as client-go's reflector does. The route's
+//!   retirement (the cluster removed or changed) ends the hub, and with it every client watch,
+//!   cleanly. So does a member that refuses the gateway's own list or watch (a 401 or 403 right
+//!   after a failure, a restarted apiserver's before its RBAC cache synced, only once it
+//!   lasted past `member::watcher::AUTH_GRACE`), or that stays unreachable from
 //!   the hub's start until the backoff reaches its cap (then clients are proxied for a while:
 //!   [`FAILED_FOR`]), and having had no client for [`IDLE_FOR`].
 //! - **Fed.** Shared per gateway (`super::across`), a hub on another shard than its key's home
@@ -503,6 +506,7 @@ impl Hub {
             &mut feed,
             &ShardClock,
             &mut backoff,
+            watcher::Patience::of_members(),
         );
         let retired = self.cluster.retirement.listen();
         let outside = runtime::race(retired, shard.exchange.drain.started());
@@ -1086,6 +1090,11 @@ impl watcher::Handler for Feed<'_> {
     fn rewatch(&mut self, from: &str) {
         let (cluster, resource) = (&self.0.key.cluster, &self.0.key.resource);
         info!(%cluster, %resource, from, "shared watch: the member ended its watch; watching again");
+    }
+
+    fn stalled(&mut self, from: &str) {
+        let (cluster, resource) = (&self.0.key.cluster, &self.0.key.resource);
+        warn!(%cluster, %resource, from, "shared watch: the member sent nothing past the stall deadline; watching again");
     }
 
     /// A hub whose member has been unreachable since it started gives up once its backoff is

@@ -125,6 +125,8 @@ enum Route {
     OpenApi,
     /// `/metrics`: the member's own gauges, for tests and benchmarks (system:masters only).
     Metrics,
+    /// `/debug/sim/faults`: the member's fault switches (`faults`; system:masters only).
+    Faults,
     SelfSubjectReview(String),
     SelfSubjectAccessReview,
     SelfSubjectRulesReview,
@@ -163,6 +165,12 @@ pub async fn handle(
         }
         None => return error_response(&ApiError::unauthorized(), &ctx),
     };
+    // Right after a restart (when the member's switch says so), RBAC has not synced: every
+    // request but a superuser's is forbidden, as a restarted kube-apiserver answers them.
+    if member.faults.forbids() && !caller.in_group(auth::MASTERS_GROUP) {
+        let verb = req.method().as_str().to_ascii_lowercase();
+        return error_response(&forbidden_path(&caller, &verb, &path), &ctx);
+    }
     let user = match auth::impersonate(&caller, req.headers()) {
         Ok(user) => user,
         Err(error) => return error_response(&impersonation_error(error, &path), &ctx),
@@ -179,6 +187,25 @@ pub async fn handle(
         Ok(resp) => resp,
         Err(error) => error_response(&error, &ctx),
     }
+}
+
+/// A non-resource `path` for system:masters only: the 403 of anyone else.
+fn masters_only(user: &UserInfo, verb: &str, path: &str) -> Result<(), ApiError> {
+    if user.in_group(auth::MASTERS_GROUP) {
+        return Ok(());
+    }
+    Err(forbidden_path(user, verb, path))
+}
+
+fn forbidden_path(user: &UserInfo, verb: &str, path: &str) -> ApiError {
+    ApiError::status(
+        403,
+        "Forbidden",
+        format!(
+            "forbidden: User {:?} cannot {verb} path {path:?}",
+            user.name
+        ),
+    )
 }
 
 /// `/healthz`, `/livez`, `/readyz` (and their `/...` checks): `ok`, for anyone.
@@ -237,6 +264,7 @@ fn parse_route(registry: &Registry, path: &str) -> Result<Route, ApiError> {
         ["version"] => Ok(Route::Version),
         ["openapi", ..] => Ok(Route::OpenApi),
         ["metrics"] => Ok(Route::Metrics),
+        ["debug", "sim", "faults"] => Ok(Route::Faults),
         ["api"] => Ok(Route::ApiVersions),
         ["api", "v1"] => Ok(Route::ResourceList {
             group: String::new(),
@@ -428,20 +456,33 @@ async fn route_and_serve(
         }
         Route::Metrics => {
             get_only(&method)?;
-            if !user.groups.iter().any(|g| g == auth::MASTERS_GROUP) {
-                return Err(ApiError::status(
-                    403,
-                    "Forbidden",
-                    format!(
-                        "forbidden: User {:?} cannot get path \"/metrics\"",
-                        user.name
-                    ),
-                ));
-            }
+            masters_only(user, "get", &path)?;
             Ok(crate::sim::status::bytes_response(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
                 Bytes::from(crate::sim::stream::metrics_text() + &member.open_watches_text()),
+                &ctx,
+            ))
+        }
+        Route::Faults => {
+            let verb = if method == Method::GET || method == Method::HEAD {
+                "get"
+            } else if method == Method::POST || method == Method::PUT {
+                "update"
+            } else {
+                return Err(ApiError::method_not_allowed());
+            };
+            masters_only(user, verb, &path)?;
+            if verb == "update" {
+                let body = read_body(req.into_body()).await?;
+                member
+                    .faults
+                    .apply(&body)
+                    .map_err(|reason| ApiError::status(400, "BadRequest", reason))?;
+            }
+            Ok(json_response(
+                StatusCode::OK,
+                &member.faults.to_json(),
                 &ctx,
             ))
         }
@@ -638,7 +679,13 @@ async fn dispatch(
     let name = rp.name.as_deref();
     let sub = rp.subresource.as_deref();
     match (verb, sub) {
-        ("watch", _) => watch::serve(info, res, ns),
+        ("watch", _) => {
+            // A stalled member never answers a watch asked for meanwhile (`faults`).
+            if info.member.faults.watches_stalled() {
+                std::future::pending::<()>().await;
+            }
+            watch::serve(info, res, ns)
+        }
         ("list", _) => {
             let delay = info.member.tuning.list_delay;
             if !delay.is_zero() {

@@ -1,7 +1,8 @@
 //! The state of one simulated member cluster: its name, object store, accepted tokens, seeded
 //! nodes and tuning knobs. Shared (`Arc`) by its listener, every connection and the load tasks.
 //!
-//! Holds data only; behaviour lives in `api` (requests), `load` (seed and churn) and `server`.
+//! Holds data only; behaviour lives in `api` (requests), `load` (seed and churn), `server` and
+//! `faults` (the switches that make it misbehave).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -9,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::sim::auth::TokenAuthenticator;
+use crate::sim::faults::Faults;
 use crate::sim::resources::Registry;
 use crate::sim::store::Store;
 
@@ -63,6 +65,8 @@ pub struct Member {
     next_ip: AtomicU32,
     /// Watches open now, by plural resource name (`fleetgate_sim_open_watches` in `/metrics`).
     open_watches: Mutex<BTreeMap<&'static str, usize>>,
+    /// The fault switches tests and the load driver flip (`/debug/sim/faults`).
+    pub faults: Faults,
 }
 
 /// Counts one open watch of its resource for as long as it lives.
@@ -105,6 +109,7 @@ impl Member {
             root_ca_pem,
             next_ip: AtomicU32::new(2),
             open_watches: Mutex::new(BTreeMap::new()),
+            faults: Faults::default(),
         }
     }
 

@@ -4,13 +4,15 @@
 //!
 //! A request's way through a member: `server` (TCP, TLS, HTTP/1.1 or h2) -> `api` (identity via
 //! `auth`, routing) -> `objects` / `watch` / `logs` / `stream` over the member's `store`; every
-//! error leaves through `status`; a service proxy request goes to its backend (`services`). `start_fleet` is the only entry point other crates use (the
+//! error leaves through `status`; a service proxy request goes to its backend (`services`); a
+//! member's `faults` switches make it stall its watches or forbid after a restart. `start_fleet` is the only entry point other crates use (the
 //! gateway's `demo` command and the tests); it never blocks the runtime it is called on.
 
 pub mod api;
 pub mod auth;
 pub mod body;
 pub mod discovery;
+pub mod faults;
 pub mod files;
 pub mod load;
 pub mod logs;

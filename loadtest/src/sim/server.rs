@@ -153,6 +153,8 @@ impl MemberServer {
             ));
         }
         let listener = TcpListener::bind(self.addr).await?;
+        // As a restarted apiserver whose RBAC cache is not synced yet, when the switch says so.
+        self.member.faults.restarted();
         self.run(listener);
         Ok(())
     }

@@ -5,7 +5,9 @@
 //! (kubectl `get -w`) carry `columnDefinitions` in the first event only.
 //!
 //! A watch costs one broadcast receiver and the response body's state: no task of its own, no copy
-//! of the store; plain-JSON events reuse the bytes encoded once per event. Called by `api`.
+//! of the store; plain-JSON events reuse the bytes encoded once per event. Once the member's
+//! watches are stalled (`faults`), an open watch sends nothing more, as over a dead connection.
+//! Called by `api`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -296,13 +298,19 @@ pub fn serve(
     };
     state.schedule_bookmark();
     let open = info.member.watch_opened(resource.plural);
+    let member = Arc::clone(info.member);
     let (sender, body) = crate::sim::body::channel(16);
     // One task per watch: it owns the receiver and the filter, and ends when the stream ends or
-    // the client goes away (the body, and with it the channel's receiver, is dropped).
+    // the client goes away (the body, and with it the channel's receiver, is dropped). Once the
+    // member's watches are stalled (`faults`), it sends nothing more until the client leaves.
     tokio::spawn(async move {
         let _open = open;
         loop {
             tokio::select! {
+                _ = member.faults.stalls() => {
+                    sender.closed().await;
+                    break;
+                }
                 chunk = state.next_chunk() => match chunk {
                     Some(chunk) => {
                         if sender.send(chunk).await.is_err() {

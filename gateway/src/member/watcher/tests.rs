@@ -20,6 +20,10 @@ enum Answer {
     List(Result<&'static str, Missed>),
     /// A watch: its body's pieces, then how it ends; or why it did not open.
     Watch(Result<(Vec<&'static str>, Result<(), Missed>), Missed>),
+    /// A watch that opens, sends its pieces, then nothing more, never ending.
+    Stall(Vec<&'static str>),
+    /// A watch whose head never comes.
+    Unanswered,
 }
 
 struct ScriptedMember {
@@ -59,13 +63,14 @@ impl ScriptedMember {
 }
 
 impl Member for ScriptedMember {
-    type Opened = (Vec<&'static str>, Result<(), Missed>);
+    /// The pieces, then how the watch ends (None: it never does).
+    type Opened = (Vec<&'static str>, Option<Result<(), Missed>>);
 
     async fn list(&mut self) -> Result<Vec<u8>, Missed> {
         self.asked.push("list".into());
         match self.next() {
             Answer::List(answer) => answer.map(|body| body.as_bytes().to_vec()),
-            Answer::Watch(_) => panic!("listed where the script watches"),
+            _ => panic!("listed where the script watches"),
         }
     }
 
@@ -73,7 +78,9 @@ impl Member for ScriptedMember {
         let again = if resumed { " resumed" } else { "" };
         self.asked.push(format!("watch {from}{again}"));
         match self.next() {
-            Answer::Watch(answer) => answer,
+            Answer::Watch(answer) => answer.map(|(pieces, end)| (pieces, Some(end))),
+            Answer::Stall(pieces) => Ok((pieces, None)),
+            Answer::Unanswered => std::future::pending().await,
             Answer::List(_) => panic!("watched where the script lists"),
         }
     }
@@ -90,7 +97,10 @@ impl Member for ScriptedMember {
                 .await
                 .map_err(super::super::ask::failed)?;
         }
-        end?;
+        match end {
+            Some(end) => end?,
+            None => std::future::pending().await,
+        }
         body.end().await.map_err(super::super::ask::failed)
     }
 
@@ -154,6 +164,10 @@ impl Handler for Recorder {
         self.told.push(format!("rewatch from {from}"));
     }
 
+    fn stalled(&mut self, from: &str) {
+        self.told.push(format!("stalled from {from}"));
+    }
+
     async fn failed(&mut self, missed: &Missed, backoff: &Backoff) -> Result<(), Fault> {
         self.told.push(format!("failed: {missed:?}"));
         match self.give_up_at {
@@ -197,6 +211,12 @@ fn ready<F: Future>(future: F) -> F::Output {
     panic!("the watcher waited on something the test did not script");
 }
 
+/// A stall deadline of 5 s, the gateway's grace for a restarted member's 403s.
+const PATIENCE: Patience = Patience {
+    stall_after: Duration::from_secs(5),
+    auth_grace: AUTH_GRACE,
+};
+
 fn no_jitter() -> Backoff {
     Backoff::new(
         Duration::from_millis(250),
@@ -219,7 +239,7 @@ fn run_script(start: Start, member: &mut ScriptedMember, recorder: &mut Recorder
         slept: RefCell::new(Vec::new()),
     };
     let mut backoff = no_jitter();
-    let ended = ready(run(start, member, recorder, &clock, &mut backoff));
+    let ended = ready(run(start, member, recorder, &clock, &mut backoff, PATIENCE));
     Run {
         ended,
         asked: std::mem::take(&mut member.asked),
@@ -267,13 +287,13 @@ fn a_list_then_events_split_across_pieces_reach_the_caller_in_order() {
     assert!(run.slept.is_empty());
 }
 
-#[test]
-fn a_watch_the_member_ends_is_resumed_from_the_last_resource_version_at_once() {
+/// `b` in a first watch that ends as `first` scripts it, then `c` in the next: each watch opens
+/// from the last resourceVersion, the caller told of the first's end as `said`.
+fn resumed_after(first: fn(&'static str) -> Answer, said: &str) -> Run {
     let b = leak(added("b", 11));
     let c = leak(added("c", 12));
     let mut member = ScriptedMember::new(vec![
-        Answer::Watch(Ok((vec![b], Ok(())))),
-        // The member's timeout: nothing more, and it is watched again from `b`.
+        first(b),
         Answer::Watch(Ok((vec![c], Ok(())))),
         Answer::Watch(Ok((vec![], Ok(())))),
     ]);
@@ -284,13 +304,15 @@ fn a_watch_the_member_ends_is_resumed_from_the_last_resource_version_at_once() {
     );
     assert_eq!(
         run.told,
-        [
-            "ADDED b 11",
-            "rewatch from 11",
-            "ADDED c 12",
-            "rewatch from 12"
-        ]
+        ["ADDED b 11", said, "ADDED c 12", "rewatch from 12"]
     );
+    run
+}
+
+#[test]
+fn a_watch_the_member_ends_is_resumed_from_the_last_resource_version_at_once() {
+    // The member's timeout: nothing more, and it is watched again from `b`.
+    let run = resumed_after(|b| Answer::Watch(Ok((vec![b], Ok(())))), "rewatch from 11");
     assert!(run.slept.is_empty(), "a clean end is not a failure");
 }
 
@@ -506,4 +528,75 @@ fn a_caller_that_stops_ends_the_watcher_mid_watch() {
     assert!(matches!(run.ended, Ended::Stopped), "{:?}", run.ended);
     assert_eq!(run.asked, ["watch 1"]);
     assert_eq!(run.told, ["ADDED b 11"]);
+}
+
+#[test]
+fn a_watch_silent_past_the_deadline_is_opened_again_from_its_last_version_at_once() {
+    // `b`, then nothing: no event, no bookmark, no end.
+    let run = resumed_after(|b| Answer::Stall(vec![b]), "stalled from 11");
+    // The deadline waited out once; a stall is no failure, so no backoff.
+    assert_eq!(run.slept, [PATIENCE.stall_after]);
+}
+
+#[test]
+fn a_watch_whose_head_never_comes_fails_at_the_deadline_and_is_backed_off() {
+    let c = leak(added("c", 12));
+    let mut member = ScriptedMember::new(vec![
+        Answer::Unanswered,
+        Answer::Watch(Ok((vec![c], Ok(())))),
+    ]);
+    let run = watch_from("7", &mut member);
+    assert_eq!(run.asked, ["watch 7", "watch 7"]);
+    assert_eq!(run.told.len(), 3, "{:?}", run.told);
+    assert!(
+        run.told[0].contains("not answered within 5s"),
+        "{:?}",
+        run.told
+    );
+    assert_eq!(run.told[1..], ["up", "ADDED c 12"]);
+    assert_eq!(
+        run.slept,
+        [PATIENCE.stall_after, Duration::from_millis(250)]
+    );
+}
+
+#[test]
+fn a_403_right_after_the_member_dropped_is_retried_until_it_lets_the_gateway_in() {
+    let b = leak(added("b", 11));
+    let c = leak(added("c", 12));
+    let forbidden = || Answer::Watch(Err(Missed::Answered(403, "forbidden".into())));
+    let mut member = ScriptedMember::new(vec![
+        // The member restarts: its connection drops, then its RBAC cache is not synced.
+        Answer::Watch(Ok((vec![b], Err(Missed::Failed("reset".into()))))),
+        forbidden(),
+        Answer::Watch(Err(Missed::Answered(401, "Unauthorized".into()))),
+        forbidden(),
+        Answer::Watch(Ok((vec![c], Ok(())))),
+    ]);
+    let run = watch_from("7", &mut member);
+    let ms = Duration::from_millis;
+    assert_eq!(run.slept, [ms(250), ms(500), ms(1000), ms(2000)]);
+    assert!(matches!(run.ended, Ended::Retired), "{:?}", run.ended);
+    assert_eq!(run.asked[1..], ["watch 11 resumed"; 4]);
+    assert_eq!(run.told[5..], ["up", "ADDED c 12"]);
+}
+
+#[test]
+fn a_403_that_outlasts_the_grace_is_a_refusal_and_a_list_is_retried_alike() {
+    let mut script = vec![
+        Answer::List(Ok(LIST_10)),
+        Answer::Watch(Ok((vec![], Err(Missed::Failed("reset".into()))))),
+        // A relist is refused too: the same grace.
+        Answer::Watch(Err(Missed::Answered(410, String::new()))),
+    ];
+    script.extend((0..20).map(|_| Answer::List(Err(Missed::Answered(403, "forbidden".into())))));
+    let mut member = ScriptedMember::new(script);
+    member.retire_when_done = false;
+    let run = run_script(Start::List, &mut member, &mut Recorder::default());
+    assert!(matches!(run.ended, Ended::Refused(403)), "{:?}", run.ended);
+    let ms = Duration::from_millis;
+    // Backed off from the drop until the grace was over: 250 ms doubled, 31.75 s in all.
+    assert_eq!(run.slept, [250, 500, 1000, 2000, 4000, 8000, 16000].map(ms));
+    assert!(run.slept.iter().sum::<Duration>() >= AUTH_GRACE);
+    assert_eq!(run.asked.iter().filter(|a| *a == "list").count(), 1 + 7);
 }
