@@ -443,9 +443,9 @@ pub(crate) fn resolve_gateway(
             }
             Some(n) => n,
         },
-        circuit_breaker: resolve_circuit_breaker(circuit_breaker.unwrap_or_default())
-            .map_err(|(field, message)| invalid(field, message))?,
     };
+    let circuit_breaker = resolve_circuit_breaker(circuit_breaker.unwrap_or_default())
+        .map_err(|(field, message)| invalid(field, message))?;
     let http2 = resolve_http2(http2).map_err(|(field, message)| invalid(field, message))?;
     let fleet = {
         let defaults = FleetSettings::default();
@@ -524,6 +524,7 @@ pub(crate) fn resolve_gateway(
         audit,
         access_log,
         fairness,
+        circuit_breaker,
     })
 }
 

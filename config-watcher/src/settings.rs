@@ -42,6 +42,10 @@ pub struct GatewaySettings {
     pub access_log: bool,
     /// `spec.fairness`, resolved (`fairness`); off (nothing limited) when absent.
     pub fairness: crate::fairness::FairnessSettings,
+    /// The breaker of each member's connects (`spec.circuitBreaker`). Not in [`Limits`]: those
+    /// are copied into every connection's state, and the breaker is read only when a connection
+    /// is dialed.
+    pub circuit_breaker: CircuitBreakerSettings,
 }
 
 /// `spec.audit`, resolved: an absolute (or working-directory relative) path and a queue size.
@@ -94,8 +98,6 @@ pub struct Limits {
     /// Member connections the requests of one client address may hold at once (watches, logs,
     /// exec sessions and ordinary requests in flight), over the whole gateway.
     pub max_member_connections_per_client: usize,
-    /// The breaker of each member's connects (`spec.circuitBreaker`).
-    pub circuit_breaker: CircuitBreakerSettings,
 }
 
 /// `spec.circuitBreaker`, resolved and checked.
@@ -139,7 +141,6 @@ impl Default for Limits {
             shutdown_grace: Duration::from_secs(30),
             client_write_timeout: Duration::from_secs(60),
             max_member_connections_per_client: 4096,
-            circuit_breaker: CircuitBreakerSettings::default(),
         }
     }
 }

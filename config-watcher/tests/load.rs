@@ -430,7 +430,7 @@ fn circuit_breaker(
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, format!("{text}{block}")).unwrap();
     load_path(dir.path())
-        .map(|c| c.gateway.limits.circuit_breaker)
+        .map(|c| c.gateway.circuit_breaker)
         .map_err(|e| e.to_string())
 }
 

@@ -320,11 +320,12 @@ async fn open(
     limits: &Limits,
     shard: &ShardExchange,
 ) -> Result<UpstreamConn, GatewayError> {
+    let breaker = shard.table.load().gateway().circuit_breaker;
     let dialed = connect(
         cluster,
         service,
         limits.connect_timeout,
-        &limits.circuit_breaker,
+        &breaker,
         &shard.shard_metrics,
     )
     .await;
