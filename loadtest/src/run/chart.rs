@@ -102,6 +102,23 @@ struct Panel<T> {
     bars: bool,
 }
 
+/// A panel of lines.
+fn lines<T>(label: &'static str, series: Vec<Series<T>>) -> Panel<T> {
+    Panel {
+        label,
+        series,
+        bars: false,
+    }
+}
+
+/// The gateway's resident memory and open descriptors, a panel each, from each sample's.
+fn process_panels<T>(rss_mib: fn(&T) -> Option<f64>, fds: fn(&T) -> Option<f64>) -> [Panel<T>; 2] {
+    [
+        lines("resident memory, MiB", vec![("gateway RSS", BLUE, rss_mib)]),
+        lines("open file descriptors", vec![("gateway fds", BLUE, fds)]),
+    ]
+}
+
 /// Draws panels sharing a time axis (minutes), a red line across all of them at each of `marks`
 /// (seconds).
 fn draw_timeline<T>(
@@ -182,20 +199,10 @@ fn draw_timeline<T>(
 /// descriptors, latency p99 by kind, errors per sample split into those the restarts explain and
 /// the rest, open watches), each member restart a red line across all of them.
 pub fn write_soak_svg(path: &Path, target: &str, report: &SoakReport) -> anyhow::Result<()> {
-    let lines = |label, series: Vec<Series<SoakSample>>| Panel {
-        label,
-        series,
-        bars: false,
-    };
+    let [rss, fds] = process_panels::<SoakSample>(|s| s.rss_mib, |s| s.fds.map(|f| f as f64));
     let panels = vec![
-        lines(
-            "resident memory, MiB",
-            vec![("gateway RSS", BLUE, |s| s.rss_mib)],
-        ),
-        lines(
-            "open file descriptors",
-            vec![("gateway fds", BLUE, |s| s.fds.map(|f| f as f64))],
-        ),
+        rss,
+        fds,
         lines(
             "latency p99, ms",
             vec![
@@ -233,20 +240,10 @@ pub fn write_soak_svg(path: &Path, target: &str, report: &SoakReport) -> anyhow:
 /// `chaos`' chart: the gateway's resident memory and descriptors, the event delivery latency,
 /// events and open watches per sample, each fault a red line across them.
 pub fn write_chaos_svg(path: &Path, report: &ChaosReport) -> anyhow::Result<()> {
-    let lines = |label, series: Vec<Series<ChaosSample>>| Panel {
-        label,
-        series,
-        bars: false,
-    };
+    let [rss, fds] = process_panels::<ChaosSample>(|s| s.rss_mib, |s| s.fds.map(|f| f as f64));
     let panels = vec![
-        lines(
-            "resident memory, MiB",
-            vec![("gateway RSS", BLUE, |s| s.rss_mib)],
-        ),
-        lines(
-            "open file descriptors",
-            vec![("gateway fds", BLUE, |s| s.fds.map(|f| f as f64))],
-        ),
+        rss,
+        fds,
         lines(
             "event latency, ms",
             vec![

@@ -194,9 +194,7 @@ impl Watcher {
                 StreamEnd::Error
             });
         }
-        let Some(rv) = object["metadata"]["resourceVersion"].as_str() else {
-            return None;
-        };
+        let rv = object["metadata"]["resourceVersion"].as_str()?;
         let at_ms = run.ms();
         let change = Kind::parse(kind);
         let name = object["metadata"]["name"].as_str().unwrap_or_default();

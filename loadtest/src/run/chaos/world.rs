@@ -337,9 +337,12 @@ pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<Wo
     Ok(world)
 }
 
+/// The members straight, and each view with its target through the front proxy.
+pub(super) type Targets = (Vec<Target>, Vec<(View, Target)>);
+
 /// The members straight (the writers') and the watchers' targets through the front proxy:
 /// `/clusters/NAME` of each member, then `/fleet`.
-pub(super) fn targets(world: &World) -> anyhow::Result<(Vec<Target>, Vec<(View, Target)>)> {
+pub(super) fn targets(world: &World) -> anyhow::Result<Targets> {
     let opts = TlsOptions::default();
     let direct = Target::parse_group(
         &format!(
