@@ -3,7 +3,7 @@
 //!
 //! The scenario brings its own world, in a work directory: a simulated fleet in this process
 //! (`--chaos-members`, no churn, a short `--history-window` so that a long outage ends in 410),
-//! one TCP [`proxy`] per member that the gateway's Cluster files point at, and `fleetgate serve
+//! one TCP `proxy` per member that the gateway's Cluster files point at, and `fleetgate serve
 //! --config DIR` as a child process (`--gateway-bin`) behind one more proxy, so the watchers keep
 //! one address when the gateway restarts elsewhere. Then, for `--duration`:
 //!
@@ -18,11 +18,12 @@
 //!   history is its event log (every change in the namespace, with its resourceVersion, read from
 //!   the member in this process); every write's answer is checked against it.
 //! - Faults from a seeded schedule (`--seed`, `--faults`), one at a time with quiet between:
-//!   a member blackholed and a member slowed (its proxy holds or delays bytes), its connections
-//!   cut (reset), the member restarted (down, then back with its objects and history), the
-//!   gateway restarted (SIGTERM, a new one started at once) and killed (SIGKILL, then started),
-//!   and configuration churn (a member's Cluster relabelled, an extra Cluster added and removed,
-//!   then everything restored). A pull-mode tunnel kill is not among them.
+//!   a member blackholed (its proxy holds every byte, then resets the connections the partition
+//!   outlived) and a member slowed (its proxy delays every byte), its connections cut (reset),
+//!   the member restarted (down, then back with its objects and history), the gateway restarted
+//!   (SIGTERM, a new one started at once) and killed (SIGKILL, then started), and configuration
+//!   churn (a member's Cluster relabelled, an extra Cluster added and removed, then everything
+//!   restored). A pull-mode tunnel kill is not among them.
 //!
 //! After the run the faults are over; one last write per member marks its final resourceVersion,
 //! and the driver waits (bounded by `--settle-timeout`) until every watcher has reached it, on the
@@ -76,7 +77,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// What happens this long after a fault ended is still charged to it.
 pub const FAULT_GRACE: Duration = Duration::from_secs(10);
 /// Quiet before the first fault and between two.
-const FIRST_FAULT: Duration = Duration::from_secs(3);
+pub const FIRST_FAULT: Duration = Duration::from_secs(3);
 
 /// `chaos`' own flags (flattened into `run`'s).
 #[derive(Debug, Clone, clap::Args)]
