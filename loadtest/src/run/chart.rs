@@ -6,6 +6,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
+use super::chaos::{ChaosReport, ChaosSample};
 use super::soak::{SoakReport, SoakSample};
 use super::TargetResult;
 
@@ -90,67 +91,59 @@ pub fn write_svg(path: &Path, scenario: &str, results: &[TargetResult]) -> anyho
     Ok(())
 }
 
-/// `soak`'s chart: its timeline in five panels sharing the time axis (resident memory, open
-/// descriptors, latency p99 by kind, errors per sample split into those the restarts explain and
-/// the rest, open watches), each member restart a red line across all of them.
-pub fn write_soak_svg(path: &Path, target: &str, report: &SoakReport) -> anyhow::Result<()> {
-    type Series = (&'static str, RGBColor, fn(&SoakSample) -> Option<f64>);
+/// A line of a timeline panel: its name, colour, and its value in a sample.
+type Series<T> = (&'static str, RGBColor, fn(&T) -> Option<f64>);
+
+/// One panel of a timeline: its axis label, and its series drawn as lines, or as bars (one
+/// per sample, at its time) when `bars` is set.
+struct Panel<T> {
+    label: &'static str,
+    series: Vec<Series<T>>,
+    bars: bool,
+}
+
+/// A panel of lines.
+fn lines<T>(label: &'static str, series: Vec<Series<T>>) -> Panel<T> {
+    Panel {
+        label,
+        series,
+        bars: false,
+    }
+}
+
+/// The gateway's resident memory and open descriptors, a panel each, from each sample's.
+fn process_panels<T>(rss_mib: fn(&T) -> Option<f64>, fds: fn(&T) -> Option<f64>) -> [Panel<T>; 2] {
+    [
+        lines("resident memory, MiB", vec![("gateway RSS", BLUE, rss_mib)]),
+        lines("open file descriptors", vec![("gateway fds", BLUE, fds)]),
+    ]
+}
+
+/// Draws panels sharing a time axis (minutes), a red line across all of them at each of `marks`
+/// (seconds).
+fn draw_timeline<T>(
+    path: &Path,
+    title: &str,
+    samples: &[T],
+    at_s: fn(&T) -> f64,
+    marks: &[f64],
+    panels: Vec<Panel<T>>,
+) -> anyhow::Result<()> {
     let minutes = |s: f64| s / 60.0;
-    let end = report
-        .samples
+    let end = samples
         .last()
-        .map(|s| minutes(s.at_s))
+        .map(|s| minutes(at_s(s)))
         .unwrap_or(1.0)
         .max(0.1);
-    let root = SVGBackend::new(path, (1000, 1150)).into_drawing_area();
+    let root = SVGBackend::new(path, (1000, 230 * panels.len() as u32)).into_drawing_area();
     root.fill(&WHITE)?;
-    let root = root.titled(
-        &format!("fleetgate-loadtest soak: {target} (red: a member restart)"),
-        ("sans-serif", 20),
-    )?;
-    let explained_at = |s: &SoakSample| (s.errors_restart as f64, s.errors_other as f64);
-    let panels: Vec<(&str, Vec<Series>)> = vec![
-        (
-            "resident memory, MiB",
-            vec![("gateway RSS", BLUE, |s| s.rss_mib)],
-        ),
-        (
-            "open file descriptors",
-            vec![("gateway fds", BLUE, |s| s.fds.map(|f| f as f64))],
-        ),
-        (
-            "latency p99, ms",
-            vec![
-                ("GET", BLUE, |s| s.get_p99_ms),
-                ("list", GREEN, |s| s.list_p99_ms),
-                ("exec", MAGENTA, |s| s.exec_p99_ms),
-            ],
-        ),
-        ("errors per sample", Vec::new()),
-        (
-            "open watches",
-            vec![("watches", BLUE, |s| Some(s.watches_open as f64))],
-        ),
-    ];
+    let root = root.titled(title, ("sans-serif", 20))?;
     let areas = root.split_evenly((panels.len(), 1));
-    for (area, (label, series)) in areas.iter().zip(panels) {
-        let values: Vec<f64> = if series.is_empty() {
-            report
-                .samples
-                .iter()
-                .map(|s| {
-                    let (a, b) = explained_at(s);
-                    a.max(b)
-                })
-                .collect()
-        } else {
-            report
-                .samples
-                .iter()
-                .flat_map(|s| series.iter().filter_map(move |(_, _, f)| f(s)))
-                .collect()
-        };
-        let max = values.iter().copied().fold(0.0_f64, f64::max);
+    for (area, panel) in areas.iter().zip(panels) {
+        let max = samples
+            .iter()
+            .flat_map(|s| panel.series.iter().filter_map(move |(_, _, f)| f(s)))
+            .fold(0.0_f64, f64::max);
         let top = if max > 0.0 { max * 1.15 } else { 1.0 };
         let mut chart = ChartBuilder::on(area)
             .margin(8)
@@ -160,50 +153,33 @@ pub fn write_soak_svg(path: &Path, target: &str, report: &SoakReport) -> anyhow:
         chart
             .configure_mesh()
             .x_desc("minutes")
-            .y_desc(label)
+            .y_desc(panel.label)
             .light_line_style(WHITE)
             .draw()?;
-        for r in &report.restarts {
-            let x = minutes(r.down_s);
+        for &mark in marks {
+            let x = minutes(mark);
             chart.draw_series(LineSeries::new([(x, 0.0), (x, top)], RED.stroke_width(1)))?;
         }
-        if series.is_empty() {
-            let bar = |x: f64, h: f64, color: RGBColor| {
-                Rectangle::new(
-                    [(x - end / 400.0, 0.0), (x + end / 400.0, h)],
-                    color.filled(),
-                )
-            };
-            chart
-                .draw_series(report.samples.iter().filter_map(|s| {
-                    let (explained, _) = explained_at(s);
-                    (explained > 0.0)
-                        .then(|| bar(minutes(s.at_s), explained, RGBColor(255, 160, 0)))
-                }))?
-                .label("near a restart")
-                .legend(|(x, y)| {
+        for (name, color, f) in panel.series {
+            let points = samples
+                .iter()
+                .filter_map(move |s| Some((minutes(at_s(s)), f(s)?)));
+            if panel.bars {
+                let bar = move |(x, h): (f64, f64)| {
                     Rectangle::new(
-                        [(x, y - 4), (x + 12, y + 4)],
-                        RGBColor(255, 160, 0).filled(),
+                        [(x - end / 400.0, 0.0), (x + end / 400.0, h)],
+                        color.filled(),
                     )
-                });
-            chart
-                .draw_series(report.samples.iter().filter_map(|s| {
-                    let (_, other) = explained_at(s);
-                    (other > 0.0).then(|| bar(minutes(s.at_s), other, RED))
-                }))?
-                .label("elsewhere")
-                .legend(|(x, y)| Rectangle::new([(x, y - 4), (x + 12, y + 4)], RED.filled()));
-        } else {
-            for (name, color, f) in series {
+                };
                 chart
-                    .draw_series(LineSeries::new(
-                        report
-                            .samples
-                            .iter()
-                            .filter_map(|s| Some((minutes(s.at_s), f(s)?))),
-                        color.stroke_width(2),
-                    ))?
+                    .draw_series(points.filter(|(_, h)| *h > 0.0).map(bar))?
+                    .label(name)
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 4), (x + 12, y + 4)], color.filled())
+                    });
+            } else {
+                chart
+                    .draw_series(LineSeries::new(points, color.stroke_width(2)))?
                     .label(name)
                     .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], color));
             }
@@ -217,6 +193,85 @@ pub fn write_soak_svg(path: &Path, target: &str, report: &SoakReport) -> anyhow:
     }
     root.present()?;
     Ok(())
+}
+
+/// `soak`'s chart: its timeline in five panels sharing the time axis (resident memory, open
+/// descriptors, latency p99 by kind, errors per sample split into those the restarts explain and
+/// the rest, open watches), each member restart a red line across all of them.
+pub fn write_soak_svg(path: &Path, target: &str, report: &SoakReport) -> anyhow::Result<()> {
+    let [rss, fds] = process_panels::<SoakSample>(|s| s.rss_mib, |s| s.fds.map(|f| f as f64));
+    let panels = vec![
+        rss,
+        fds,
+        lines(
+            "latency p99, ms",
+            vec![
+                ("GET", BLUE, |s| s.get_p99_ms),
+                ("list", GREEN, |s| s.list_p99_ms),
+                ("exec", MAGENTA, |s| s.exec_p99_ms),
+            ],
+        ),
+        Panel {
+            label: "errors per sample",
+            series: vec![
+                ("near a restart", RGBColor(255, 160, 0), |s| {
+                    Some(s.errors_restart as f64)
+                }),
+                ("elsewhere", RED, |s| Some(s.errors_other as f64)),
+            ],
+            bars: true,
+        },
+        lines(
+            "open watches",
+            vec![("watches", BLUE, |s| Some(s.watches_open as f64))],
+        ),
+    ];
+    let marks: Vec<f64> = report.restarts.iter().map(|r| r.down_s).collect();
+    draw_timeline(
+        path,
+        &format!("fleetgate-loadtest soak: {target} (red: a member restart)"),
+        &report.samples,
+        |s| s.at_s,
+        &marks,
+        panels,
+    )
+}
+
+/// `chaos`' chart: the gateway's resident memory and descriptors, the event delivery latency,
+/// events and open watches per sample, each fault a red line across them.
+pub fn write_chaos_svg(path: &Path, report: &ChaosReport) -> anyhow::Result<()> {
+    let [rss, fds] = process_panels::<ChaosSample>(|s| s.rss_mib, |s| s.fds.map(|f| f as f64));
+    let panels = vec![
+        rss,
+        fds,
+        lines(
+            "event latency, ms",
+            vec![
+                ("p50", GREEN, |s| s.event_p50_ms),
+                ("p99", BLUE, |s| s.event_p99_ms),
+            ],
+        ),
+        lines(
+            "events and open watches",
+            vec![
+                ("events", GREEN, |s| Some(s.events as f64)),
+                ("watches", BLUE, |s| Some(s.watches_open as f64)),
+            ],
+        ),
+    ];
+    let marks: Vec<f64> = report.faults.iter().map(|f| f.start_s).collect();
+    draw_timeline(
+        path,
+        &format!(
+            "fleetgate-loadtest chaos: seed {}, {} violations (red: a fault)",
+            report.seed,
+            report.violations_total()
+        ),
+        &report.samples,
+        |s| s.at_s,
+        &marks,
+        panels,
+    )
 }
 
 #[cfg(test)]

@@ -107,7 +107,13 @@ fn object(plural: &str, name: &str, stamp: u128) -> Value {
 }
 
 /// The bytes of a request with a JSON body.
-fn body_request(target: &Target, method: &str, path: &str, ctype: &str, body: &[u8]) -> Vec<u8> {
+pub(super) fn body_request(
+    target: &Target,
+    method: &str,
+    path: &str,
+    ctype: &str,
+    body: &[u8],
+) -> Vec<u8> {
     let mut head = format!(
         "{method} {}{path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: fleetgate-loadtest/0.1\r\n\
          Accept: application/json\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n",

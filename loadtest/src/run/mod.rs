@@ -10,6 +10,7 @@
 //! Output: a table on stdout, `--json FILE`, `--chart FILE.svg` (`chart`), and a progress bar on
 //! stderr when it is a terminal (`progress`). Never prints anything else on stdout.
 
+pub mod chaos;
 pub mod chart;
 pub mod client;
 mod exec;
@@ -34,23 +35,24 @@ use procstat::ProcWatch;
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// small-get, small-get-h2, big-list, watch-idle, watch-events, watch-latency, exec-stream,
-    /// portforward-stream, reload-storm, fleet-list, watch-fanout, soak.
+    /// portforward-stream, reload-storm, fleet-list, watch-fanout, soak, chaos.
     #[arg(long)]
     pub scenario: String,
     /// NAME=URL or NAME=kubeconfig:PATH[:CONTEXT]; repeat for each target, measured in order.
     /// fleet-list also takes NAME=kubeconfig:PATH:PREFIX*: every context starting with PREFIX,
     /// listed one after the other (the members direct, the baseline of the fleet view);
     /// watch-fanout and soak take the same form: the members through the target (for
-    /// watch-fanout in `--members` order).
-    #[arg(long = "target", required = true)]
+    /// watch-fanout in `--members` order). Required, but by chaos, which starts its own.
+    #[arg(long = "target")]
     pub targets: Vec<String>,
     /// NAME=PID: the process whose CPU and memory are charged to target NAME; NAME=PID,PID,...
     /// charges several, summed (a gateway and the pull-mode agent its requests ride through), and
     /// reports each one's share of the CPU.
     #[arg(long = "pid")]
     pub pids: Vec<String>,
-    /// How long each target is loaded (e.g. 10s, 500ms, 1m).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    /// How long each target is loaded (e.g. 10s, 500ms, 1m; chaos: 60s by default).
+    #[arg(long, default_value = "10s", default_value_if("scenario", "chaos", "60s"),
+          value_parser = parse_duration)]
     pub duration: Duration,
     /// Warm-up before each measurement (connections open, caches warm).
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
@@ -157,9 +159,11 @@ pub struct RunArgs {
     /// soak: the simulated fleet's process (`fleetgate-loadtest sim`).
     #[arg(long)]
     pub sim_pid: Option<u32>,
-    /// soak: one sample of the gateway and of the load this often.
+    /// soak, chaos: one sample of the gateway and of the load this often.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub sample_every: Duration,
+    #[command(flatten)]
+    pub chaos: chaos::ChaosArgs,
 }
 
 /// What one target did in one scenario. Fields that do not apply are None.
@@ -231,6 +235,8 @@ pub struct TargetResult {
     pub reopens: Option<u64>,
     /// soak: its timeline and verdict.
     pub soak: Option<Box<soak::SoakReport>>,
+    /// chaos: its accounting, faults and timeline.
+    pub chaos: Option<Box<chaos::ChaosReport>>,
 }
 
 /// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
@@ -263,17 +269,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         .build()?;
     let results = rt.block_on(run_async(&args))?;
     print_table(&results);
+    for report in results.iter().filter_map(|r| r.chaos.as_deref()) {
+        chaos::print_report(report);
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&results)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.chart {
-        match results
-            .first()
-            .and_then(|r| Some((&r.target, r.soak.as_deref()?)))
-        {
-            Some((target, report)) => chart::write_soak_svg(path, target, report),
-            None => chart::write_svg(path, &args.scenario, &results),
+        let first = results.first();
+        match (
+            first.and_then(|r| Some((&r.target, r.soak.as_deref()?))),
+            first.and_then(|r| r.chaos.as_deref()),
+        ) {
+            (Some((target, report)), _) => chart::write_soak_svg(path, target, report),
+            (None, Some(report)) => chart::write_chaos_svg(path, report),
+            (None, None) => chart::write_svg(path, &args.scenario, &results),
         }
         .with_context(|| format!("drawing {}", path.display()))?;
     }
@@ -289,10 +300,34 @@ pub fn run(args: RunArgs) -> anyhow::Result<Vec<TargetResult>> {
     if missed > 0 {
         bail!("the soak missed {missed} of its goals (above); results written");
     }
+    let failed: Vec<&String> = results
+        .iter()
+        .filter_map(|r| r.chaos.as_deref())
+        .flat_map(|c| &c.failures)
+        .collect();
+    if !failed.is_empty() {
+        for failure in &failed {
+            eprintln!("chaos: {failure}");
+        }
+        bail!(
+            "chaos found {} failures (above); results written",
+            failed.len()
+        );
+    }
     Ok(results)
 }
 
 async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
+    if args.scenario == "chaos" {
+        // It starts its own fleet and gateway: no target.
+        let bar = progress::TargetProgress::start("fleetgate", "chaos", expected_time(args));
+        let r = chaos::chaos(args).await;
+        bar.finish();
+        return Ok(vec![r?]);
+    }
+    if args.targets.is_empty() {
+        bail!("--target is required (every scenario but chaos)");
+    }
     let opts = TlsOptions {
         ca: args.ca.clone(),
         insecure: args.insecure,
@@ -421,6 +456,7 @@ pub const SCENARIOS: &[&str] = &[
     "fleet-list",
     "watch-fanout",
     "soak",
+    "chaos",
 ];
 
 /// Roughly how long one target takes, for the progress bar.
@@ -428,6 +464,7 @@ fn expected_time(args: &RunArgs) -> Duration {
     match args.scenario.as_str() {
         // measured twice: without, then with the storm
         "reload-storm" => (args.warmup + args.duration) * 2,
+        "chaos" => args.duration,
         _ => args.warmup + args.duration,
     }
 }
@@ -435,6 +472,14 @@ fn expected_time(args: &RunArgs) -> Duration {
 fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
     v.map(|v| format!("{v:.decimals$}"))
         .unwrap_or_else(|| "-".into())
+}
+
+/// One count of a chaos row.
+fn chaos_count(r: &TargetResult, count: fn(&chaos::ChaosReport) -> u64) -> String {
+    r.chaos
+        .as_deref()
+        .map(|c| count(c).to_string())
+        .unwrap_or_default()
 }
 
 /// A scenario-specific table column: its title and how to print it.
@@ -551,6 +596,15 @@ pub fn print_table(results: &[TargetResult]) {
                     })
                     .unwrap_or_default()
             }),
+        ],
+        "chaos" => &[
+            ("expected", |r| chaos_count(r, |c| c.expected)),
+            ("duplicates", |r| chaos_count(r, |c| c.duplicates)),
+            ("gaps", |r| chaos_count(r, |c| c.gaps)),
+            ("reorders", |r| chaos_count(r, |c| c.reorders)),
+            ("relists", |r| chaos_count(r, |c| c.relists)),
+            ("410s", |r| chaos_count(r, |c| c.expired)),
+            ("faults", |r| chaos_count(r, |c| c.faults.len() as u64)),
         ],
         _ => &[],
     };
