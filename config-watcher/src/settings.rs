@@ -124,7 +124,7 @@ impl Default for CircuitBreakerSettings {
     fn default() -> Self {
         CircuitBreakerSettings {
             consecutive_failures: 5,
-            open: Duration::from_secs(5),
+            open: Duration::from_secs(1),
             max_open: Duration::from_secs(60),
         }
     }

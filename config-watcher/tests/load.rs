@@ -444,7 +444,7 @@ fn circuit_breakers_are_on_by_default_and_hostile_values_are_named() {
             defaults.open,
             defaults.max_open
         ),
-        (5, Duration::from_secs(5), Duration::from_secs(60))
+        (5, Duration::from_secs(1), Duration::from_secs(60))
     );
     let set = circuit_breaker(
         "  circuitBreaker:\n    consecutiveFailures: 3\n    openSeconds: 0.5\n    maxOpenSeconds: 10\n",
