@@ -397,3 +397,40 @@ fn small_bodies_have_content_length_large_ones_are_chunked() {
         assert_eq!(list["kind"], "ConfigMapList");
     });
 }
+
+/// `fleetgate_sim_requests_total{verb,resource}` on the member's `/metrics`: what a test or a
+/// benchmark reads to count the LISTs (and the rest) that reached the member.
+#[test]
+fn the_member_counts_the_requests_it_serves_by_verb_and_resource() {
+    let fleet = TestFleet::start(1);
+    let (addr, ca, token) = fleet.first_member();
+    fleet.runtime.block_on(async {
+        let count = |metrics: &str, verb: &str, resource: &str| -> u64 {
+            let series =
+                format!("fleetgate_sim_requests_total{{verb=\"{verb}\",resource=\"{resource}\"}} ");
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(series.as_str()))
+                .map_or(0, |v| v.trim().parse().unwrap())
+        };
+        let metrics = || async {
+            let (parts, body) = raw::request(addr, &ca, raw::get("/metrics", &token)).await;
+            assert_eq!(parts.status, 200);
+            String::from_utf8(body.to_vec()).unwrap()
+        };
+        let before = metrics().await;
+        for _ in 0..3 {
+            let list = raw::get("/api/v1/namespaces/default/configmaps", &token);
+            assert_eq!(raw::request(addr, &ca, list).await.0.status, 200);
+        }
+        create_configmap(addr, &ca, &token, "counted", "{}").await;
+        let get = raw::get("/api/v1/namespaces/default/configmaps/counted", &token);
+        assert_eq!(raw::request(addr, &ca, get).await.0.status, 200);
+        let after = metrics().await;
+        let grew = |verb, resource| count(&after, verb, resource) - count(&before, verb, resource);
+        assert_eq!(grew("list", "configmaps"), 3, "{after}");
+        assert_eq!(grew("create", "configmaps"), 1, "{after}");
+        assert_eq!(grew("get", "configmaps"), 1, "{after}");
+        assert_eq!(grew("list", "pods"), 0, "{after}");
+    });
+}

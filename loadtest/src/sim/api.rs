@@ -460,7 +460,11 @@ async fn route_and_serve(
             Ok(crate::sim::status::bytes_response(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
-                Bytes::from(crate::sim::stream::metrics_text() + &member.open_watches_text()),
+                Bytes::from(
+                    crate::sim::stream::metrics_text()
+                        + &member.open_watches_text()
+                        + &member.requests_text(),
+                ),
                 &ctx,
             ))
         }
@@ -656,6 +660,7 @@ async fn serve_resource(
             name,
         },
     )?;
+    info.member.count_request(verb, &resource_attr);
     let result = dispatch(info, &rp, verb, req).await;
     if res.plural == "customresourcedefinitions" && !matches!(verb, "get" | "list" | "watch") {
         let crds = info

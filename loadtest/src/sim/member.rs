@@ -65,6 +65,10 @@ pub struct Member {
     next_ip: AtomicU32,
     /// Watches open now, by plural resource name (`fleetgate_sim_open_watches` in `/metrics`).
     open_watches: Mutex<BTreeMap<&'static str, usize>>,
+    /// Requests served (past authorization), by verb and resource (with its subresource):
+    /// `fleetgate_sim_requests_total` in `/metrics`, so a test or a benchmark counts the LISTs
+    /// that reach the member.
+    requests: Mutex<BTreeMap<(&'static str, String), u64>>,
     /// The fault switches tests and the load driver flip (`/debug/sim/faults`).
     pub faults: Faults,
 }
@@ -109,6 +113,7 @@ impl Member {
             root_ca_pem,
             next_ip: AtomicU32::new(2),
             open_watches: Mutex::new(BTreeMap::new()),
+            requests: Mutex::new(BTreeMap::new()),
             faults: Faults::default(),
         }
     }
@@ -130,23 +135,39 @@ impl Member {
     /// `fleetgate_sim_open_watches{resource="..."}`: one gauge line per resource ever watched
     /// (0 once its watches closed), so a test reads "none" as 0 rather than as absent.
     pub fn open_watches_text(&self) -> String {
-        use std::fmt::Write as _;
-        let mut out = String::from(
-            "# HELP fleetgate_sim_open_watches Watches this member holds open now, by resource\n\
-             # TYPE fleetgate_sim_open_watches gauge\n",
-        );
-        for (resource, count) in self
-            .open_watches
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
-            let _ = writeln!(
-                out,
-                "fleetgate_sim_open_watches{{resource=\"{resource}\"}} {count}"
-            );
+        let open = self.open_watches.lock().unwrap_or_else(|e| e.into_inner());
+        family(
+            "fleetgate_sim_open_watches",
+            "gauge",
+            "Watches this member holds open now, by resource",
+            open.iter()
+                .map(|(resource, count)| (format!("resource=\"{resource}\""), *count as u64)),
+        )
+    }
+
+    /// Counts one request served: `verb` (kube's: list, watch, get, ...) of `resource`.
+    pub fn count_request(&self, verb: &'static str, resource: &str) {
+        let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        match requests.get_mut(&(verb, resource.to_string())) {
+            Some(count) => *count += 1,
+            None => {
+                requests.insert((verb, resource.to_string()), 1);
+            }
         }
-        out
+    }
+
+    /// `fleetgate_sim_requests_total{verb="...",resource="..."}`: one counter line per verb and
+    /// resource served so far.
+    pub fn requests_text(&self) -> String {
+        let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        family(
+            "fleetgate_sim_requests_total",
+            "counter",
+            "Requests this member served, by verb and resource",
+            requests.iter().map(|((verb, resource), count)| {
+                (format!("verb=\"{verb}\",resource=\"{resource}\""), *count)
+            }),
+        )
     }
 
     /// A fresh address in the given /16 prefix (`10.244` for pods, `10.96` for services).
@@ -163,4 +184,20 @@ impl Member {
             .cloned()
             .unwrap_or_else(|| format!("{}-node-1", self.name))
     }
+}
+
+/// One metric family in the Prometheus text format: its HELP and TYPE lines, then a line per
+/// label set.
+fn family(
+    name: &str,
+    kind: &str,
+    help: &str,
+    series: impl Iterator<Item = (String, u64)>,
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!("# HELP {name} {help}\n# TYPE {name} {kind}\n");
+    for (labels, value) in series {
+        let _ = writeln!(out, "{name}{{{labels}}} {value}");
+    }
+    out
 }
