@@ -4,20 +4,31 @@
 //! condition from it (`kube_source`).
 //!
 //! This crate never imports the gateway: the breakers push their transitions here, and
-//! [`OpenCircuits::changed`] wakes the API source's loop. Transitions are rare (a member going
+//! [`OpenCircuits::subscribe`] wakes each API source's loop (one per process in production;
+//! several in a test binary, each with a receiver of its own, so none misses a change). Transitions are rare (a member going
 //! down or coming back), so a small lock is enough; nothing on a request's path takes it. One
 //! per process ([`open_circuits`]), as the breakers are.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use tokio::sync::Notify;
+use tokio::sync::watch;
 
 /// The open breakers, by cluster name, each with the message that says why.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct OpenCircuits {
     open: Mutex<BTreeMap<String, String>>,
-    changed: Notify,
+    /// Counts the changes; every subscriber sees the latest, however busy it was meanwhile.
+    changed: watch::Sender<u64>,
+}
+
+impl Default for OpenCircuits {
+    fn default() -> Self {
+        OpenCircuits {
+            open: Mutex::default(),
+            changed: watch::channel(0).0,
+        }
+    }
 }
 
 /// The process's open circuits.
@@ -37,8 +48,7 @@ impl OpenCircuits {
         };
         drop(open);
         if changed {
-            // One consumer (the API source's loop); a permit is kept when it is busy.
-            self.changed.notify_one();
+            self.changed.send_modify(|n| *n += 1);
         }
     }
 
@@ -48,9 +58,9 @@ impl OpenCircuits {
         open.get(cluster).cloned()
     }
 
-    /// Notified when a breaker opened or closed.
-    pub fn changed(&self) -> &Notify {
-        &self.changed
+    /// A receiver whose `changed()` completes after a breaker opened or closed.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 }
 

@@ -589,6 +589,7 @@ async fn follow(
     let mut written_against: Option<(u64, Option<String>)> = None;
     let mut circuits = CircuitConditions::default();
     let mut outcomes = publisher.status().outcomes();
+    let mut circuits_changed = open_circuits().subscribe();
     loop {
         // An agent's tunnel came or went, or a heartbeat is due.
         let mut agents_due = false;
@@ -608,7 +609,7 @@ async fn follow(
                 agents_due = true;
                 None
             }
-            () = open_circuits().changed().notified(), if options.fleetgate => {
+            Ok(()) = circuits_changed.changed(), if options.fleetgate => {
                 circuits_due = true;
                 None
             }
