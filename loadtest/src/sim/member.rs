@@ -148,12 +148,7 @@ impl Member {
     /// Counts one request served: `verb` (kube's: list, watch, get, ...) of `resource`.
     pub fn count_request(&self, verb: &'static str, resource: &str) {
         let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        match requests.get_mut(&(verb, resource.to_string())) {
-            Some(count) => *count += 1,
-            None => {
-                requests.insert((verb, resource.to_string()), 1);
-            }
-        }
+        *requests.entry((verb, resource.to_string())).or_insert(0) += 1;
     }
 
     /// `fleetgate_sim_requests_total{verb="...",resource="..."}`: one counter line per verb and
