@@ -603,13 +603,16 @@ fn optional_seconds(
 }
 
 /// `value` if it is between 1 and `max`; else an error naming `field`.
+/// (group, version, plural resource).
+type Resource = (String, String, String);
+
 /// Resources named as kube names them (a DNS-1123 label for the resource and version, a
 /// subdomain for the group), at least one, each listed once; an error names the field of
 /// `fields`: the list, then an entry's group, version and resource.
 fn checked_resources(
-    resources: Vec<(String, String, String)>,
+    resources: Vec<Resource>,
     fields: [&'static str; 4],
-) -> Result<Vec<(String, String, String)>, (&'static str, String)> {
+) -> Result<Vec<Resource>, (&'static str, String)> {
     let [list, group_field, version_field, resource_field] = fields;
     if resources.is_empty() {
         return Err((list, "at least one resource is required".into()));
@@ -622,7 +625,7 @@ fn checked_resources(
             && !s.starts_with('-')
             && !s.ends_with('-')
     };
-    let mut checked: Vec<(String, String, String)> = Vec::new();
+    let mut checked: Vec<Resource> = Vec::new();
     for key in resources {
         let (group, version, resource) = &key;
         if !group.is_empty() && (group.len() > 253 || !group.split('.').all(label)) {
