@@ -3,16 +3,24 @@
 //!
 //! The scenario brings its own world, in a work directory: a simulated fleet in this process
 //! (`--chaos-members`, no churn, a short `--history-window` so that a long outage ends in 410),
-//! one TCP `proxy` per member that the gateway's Cluster files point at, and `fleetgate serve
-//! --config DIR` as a child process (`--gateway-bin`) behind one more proxy, so the watchers keep
-//! one address when the gateway restarts elsewhere. Then, for `--duration`:
+//! one TCP `proxy` per member, and `fleetgate serve --config DIR` as a child process
+//! (`--gateway-bin`) behind one more proxy, so the watchers keep one address when the gateway
+//! restarts elsewhere. The gateway's Cluster files point at the members' proxies, but for the last
+//! `--pull-members` members (1 by default), which are pull-mode (`connectMode: Tunnel`): each has
+//! an agent, `fleetgate agent` as a child process (same binary), that dials the gateway's tunnel
+//! listener through a proxy of its own and reaches its member through the member's proxy. With
+//! `--shared-watches` the gateway shares the configmaps' member watches (off by default). Then,
+//! for `--duration`:
 //!
 //! - `--watchers` watchers, spread over `/clusters/memberK` of each member and `/fleet`, each as
 //!   an informer: LIST the configmaps of the `chaos` namespace, WATCH from the list's
 //!   resourceVersion with bookmarks, resume from the last resourceVersion whenever the stream
 //!   ends, LIST again after a 410. The fleet view's resourceVersions are composite (each member's
 //!   by cluster, docs/fleet.md): each event counts for its cluster's member, and the other
-//!   members' versions in it place those members as a bookmark would.
+//!   members' versions in it place those members as a bookmark would. The last `--h2-share` of
+//!   them (half by default, over every view) speak h2 over TLS, every LIST and WATCH a stream of
+//!   one shared connection as client-go's are (`h2`), opened again when it ends; the rest speak
+//!   HTTP/1.1, a connection per request. The report counts the h2 ones apart too.
 //! - A writer per member, straight to the member: creates, merge patches and deletes of
 //!   configmaps, `--write-rate` a second, each stamped `fleetgate.io/sent-at`. The member's own
 //!   history is its event log (every change in the namespace, with its resourceVersion, read from
@@ -21,9 +29,10 @@
 //!   a member blackholed (its proxy holds every byte, then resets the connections the partition
 //!   outlived) and a member slowed (its proxy delays every byte), its connections cut (reset),
 //!   the member restarted (down, then back with its objects and history), the gateway restarted
-//!   (SIGTERM, a new one started at once) and killed (SIGKILL, then started), and configuration
+//!   (SIGTERM, a new one started at once) and killed (SIGKILL, then started), configuration
 //!   churn (a member's Cluster relabelled, an extra Cluster added and removed, then everything
-//!   restored). A pull-mode tunnel kill is not among them.
+//!   restored), and a pull-mode member's tunnel cut (its tunnel proxy resets it: a flap, the
+//!   agent dials again) and killed (the agent SIGKILLed, then started again).
 //!
 //! After the run the faults are over; one last write per member marks its final resourceVersion,
 //! and the driver waits (bounded by `--settle-timeout`) until every watcher has reached it, on the
@@ -31,10 +40,15 @@
 //! every change after its start exactly once, in order, or covered by a relist after a 410.
 //! Violations (duplicates, gaps, reorders, unknown events, watchers that never caught up) are
 //! charged to the fault they happened in or after, printed with the counts, and fail the run.
+//! The members' LISTs are counted too: each member's `fleetgate_sim_requests_total` LIST
+//! counter is read at every fault's start and at the end, and the LISTs from one fault to the
+//! next are that fault's (printed per fault and per kind).
 //!
 //! Like the soak, every `--sample-every` it records the gateway's resident memory and open
 //! descriptors and the write-to-delivery latency of the events of the interval; `--chart` draws
-//! them. Called by `run` (`--scenario chaos`); needs no `--target`.
+//! them. The soak's flatness rule judges them, each gateway process apart (a restart starts
+//! afresh), after its first [`FLAT_WARMUP`]; a growth fails the run. Called by `run`
+//! (`--scenario chaos`); needs no `--target`.
 
 mod check;
 mod h2;
@@ -114,6 +128,11 @@ pub struct ChaosArgs {
     /// connection per request.
     #[arg(long, default_value_t = 0.5)]
     pub h2_share: f64,
+    /// chaos: the gateway shares the configmaps' member watches (`spec.sharedWatches`, scope
+    /// Gateway: one member watch per member for every watcher of it, docs/watches.md) instead of
+    /// giving each client watch its own.
+    #[arg(long)]
+    pub shared_watches: bool,
     /// chaos: past events each member keeps for resume; a watch resumed from further back gets
     /// 410 Expired.
     #[arg(long, default_value_t = 30)]

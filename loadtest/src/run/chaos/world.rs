@@ -490,12 +490,27 @@ pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<Wo
     for m in 0..world.clusters.len() {
         world.write_cluster(m, None)?;
     }
+    if c.shared_watches {
+        share_configmaps(dir)?;
+    }
     let gateway = world.start_gateway().await?;
     *world.gateway.lock().await = Some(gateway);
     for p in &world.pulled {
         p.start_agent(&world.bin).await?;
     }
     Ok(world)
+}
+
+/// DIR/gateway.yaml, as the fleet wrote it, gets `spec.sharedWatches` for configmaps, scope
+/// Gateway (`--shared-watches`).
+fn share_configmaps(dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join("gateway.yaml");
+    let mut gateway: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+    gateway["spec"]["sharedWatches"] = serde_yaml::from_str(
+        "resources:\n- {group: '', version: v1, resource: configmaps}\nscope: Gateway\n",
+    )?;
+    write_atomically(dir, "gateway.yaml", &serde_yaml::to_string(&gateway)?)?;
+    Ok(())
 }
 
 /// Makes member `m` (`name`) pull-mode, as `fleetgate demo --pull` does: its Cluster `cluster`
