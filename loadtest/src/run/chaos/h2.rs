@@ -66,31 +66,37 @@ impl H2Shared {
     }
 
     /// GETs `path` of `target` (its prefix and headers) on a stream of the shared connection:
-    /// the status and the body to read.
+    /// the status and the body to read. A request the connection as a whole refused (it had
+    /// ended, or a draining gateway sent GOAWAY) is sent once more on a new one.
     pub(super) async fn get(
         &self,
         target: &Target,
         path: &str,
     ) -> anyhow::Result<(u16, h2::RecvStream)> {
-        let (number, send) = self.sender().await?;
-        let sent = async {
-            let request = build_request(target, path)?;
-            let mut send = send.ready().await?;
-            let (response, _) = send.send_request(request, true)?;
-            let response = response.await?;
-            anyhow::Ok((response.status().as_u16(), response.into_body()))
-        }
-        .await;
-        if let Err(error) = &sent {
+        let mut again = true;
+        loop {
+            let (number, send) = self.sender().await?;
+            let sent = async {
+                let request = build_request(target, path)?;
+                let mut send = send.ready().await?;
+                let (response, _) = send.send_request(request, true)?;
+                let response = response.await?;
+                anyhow::Ok((response.status().as_u16(), response.into_body()))
+            }
+            .await;
+            let Err(error) = &sent else {
+                return sent;
+            };
             // A stream of its own refused or reset leaves the connection to the others.
             let stream_only = error
                 .downcast_ref::<h2::Error>()
                 .is_some_and(|e| e.is_reset() && !e.is_go_away() && !e.is_io());
-            if !stream_only {
-                self.forget(number).await;
+            if stream_only || !again {
+                return sent;
             }
+            self.forget(number).await;
+            again = false;
         }
-        sent
     }
 }
 
