@@ -1,6 +1,6 @@
 //! LISTs served from memory (issue 34, docs/cache.md) as users meet them: with `spec.cache` on
-//! for configmaps, `kubectl get -o json` through the gateway gives the member's items in the
-//! member's order (namespaces that sort differently as keys than as names included); informers'
+//! for configmaps and namespaces, `kubectl get` (its Tables, AGE computed again) and
+//! `kubectl get -o json` through the gateway give the member's items in the member's order (namespaces that sort differently as keys than as names included); informers'
 //! `resourceVersion=0` lists cost the member no LIST once the cache holds the resource; a write
 //! on the member is in the very next consistent LIST through the gateway, every time; a user
 //! the member does not let list gets its own 403; and a LIST the cache cannot answer as the
@@ -15,11 +15,11 @@ use serde_json::Value;
 use support::fleet::Fleet;
 use support::kubectl::{assert_refused_alike, kube_client};
 
-/// Turns on `spec.cache` for configmaps in the fleet's Gateway.
+/// Turns on `spec.cache` for configmaps and namespaces in the fleet's Gateway.
 fn cache_configmaps(fleet: &Fleet) {
     fleet.edit_gateway(|gateway| {
         let cache: serde_yaml::Value = serde_yaml::from_str(
-            "resources: [{group: '', version: v1, resource: configmaps}]\nmemoryBudget: 64Mi\n",
+            "resources: [{group: '', version: v1, resource: configmaps}, {group: '', version: v1, resource: namespaces}]\nmemoryBudget: 64Mi\n",
         )
         .unwrap();
         gateway["spec"]
@@ -115,6 +115,41 @@ fn cached_lists_equal_the_members_and_resource_version_0_costs_it_no_list() {
         assert_eq!(names(&through), names(&at_member), "{args:?}");
         assert_eq!(through, at_member, "{args:?}");
     }
+    // kubectl get's Tables: the same rows (AGE, the last column, computed again; it may tick
+    // between the two runs).
+    let from_memory = || fleet.metric("fleetgate_cache_lists_total{served=\"memory\"}");
+    let memory_before = from_memory().unwrap();
+    for args in [
+        &["get", "configmaps", "-A"][..],
+        &["get", "configmaps", "-n", "a-b"],
+        &["get", "namespaces"],
+    ] {
+        let without_age = |text: &str| -> Vec<String> {
+            text.lines()
+                .map(|l| {
+                    l.rsplit_once(' ')
+                        .map_or(l, |(rest, _)| rest)
+                        .trim_end()
+                        .to_owned()
+                })
+                .collect()
+        };
+        let through = fleet.kubectl_ok("member1", args);
+        assert_eq!(
+            without_age(&through),
+            without_age(&direct(&fleet, args)),
+            "{args:?}"
+        );
+        assert!(
+            through.lines().next().unwrap().ends_with("AGE"),
+            "{through}"
+        );
+    }
+    assert_eq!(
+        from_memory(),
+        Some(memory_before + 3),
+        "the Tables came from memory"
+    );
     let all = names(&items(&direct(
         &fleet,
         &["get", "configmaps", "-A", "-o", "json"],

@@ -768,6 +768,8 @@ impl<'a, S: Session> Flow<'a, S> {
         let served = watch::list::serve(&self.ctx.watches, proxied, plan, caller, &mut reply).await;
         let (sent, keeps) = (reply.head_sent(), reply.keeps_connection());
         drop(reply);
+        let metrics = &self.ctx.exchange.shard_metrics;
+        metrics.cache_list(served.is_some());
         let result = served?;
         self.ctx
             .count_response(proxied.cluster, proxied.verb, 200, self.started);

@@ -13,10 +13,11 @@
 //! A `limit` (kubectl sends 500) that the selected items fit in changes nothing: the member
 //! would answer the same single page. Anything else goes to the member as it came, which
 //! answers it exactly: more items than a `limit` with a consistent read or a resourceVersion
-//! other than 0 (its pages and continue tokens), `continue`, `resourceVersionMatch=Exact`, a Table (`kubectl get` without `-o`), another
+//! other than 0 (its pages and continue tokens), `continue`, `resourceVersionMatch=Exact`, another
 //! field selector than name and namespace, a user the member does not let list (a
 //! SelfSubjectAccessReview as the user, `access`, cached as for shared watches), a hub that
-//! cannot start. The items are the member's objects in its order (by namespace, then name, as
+//! cannot start. A Table (`kubectl get` without `-o`) comes from the hub of Table form, each
+//! row's `Age` computed again (`table`). The items are the member's objects in its order (by namespace, then name, as
 //! its storage keys sort), filtered by the namespace and selectors as the member filters them.
 //! Called by the pipeline (`handle`) for a `Decision::Proxy` whose verb is `list`.
 
@@ -26,6 +27,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
+
+mod table;
 
 use super::hub::{Event, Hub, Phase};
 use super::selector::{FieldSelector, LabelSelector};
@@ -68,7 +71,7 @@ pub struct ListPlan {
 /// A LIST of a cached resource that the hub can serve exactly as the member would; None: the
 /// member's.
 pub(super) fn plan(asked: Asked<'_>) -> Option<ListPlan> {
-    if asked.key.form != Form::Json || asked.flag("watch")? {
+    if asked.flag("watch")? {
         return None;
     }
     let limit = asked.number("limit", 19)?.filter(|&n| n > 0);
@@ -233,6 +236,8 @@ async fn caught_up(hub: &Rc<Hub>, rv: u64) -> bool {
 struct Selected {
     head: BytesMut,
     objects: Vec<Arc<Event>>,
+    /// A Table's: where its `Age` column is (None: it has none), computed again for each row.
+    table: Option<Option<usize>>,
 }
 
 fn selected(hub: &Hub, plan: &ListPlan) -> Option<Selected> {
@@ -245,12 +250,28 @@ fn selected(hub: &Hub, plan: &ListPlan) -> Option<Selected> {
     put_json(&mut head, api_version);
     head.put_slice(b",\"metadata\":{\"resourceVersion\":\"");
     head.put_slice(state.last_rv.to_string().as_bytes());
-    head.put_slice(b"\"},\"items\":[");
+    let table = match plan.key.form {
+        Form::Json => {
+            head.put_slice(b"\"},\"items\":[");
+            None
+        }
+        Form::Table => {
+            let columns = state.columns.as_ref()?;
+            head.put_slice(b"\"},\"columnDefinitions\":");
+            head.put_slice(columns);
+            head.put_slice(b",\"rows\":[");
+            Some(table::age_column(columns))
+        }
+    };
     let objects = in_scope(&state.objects, &plan.key.namespace)
         .filter(|event| plan.selects(event))
         .cloned()
         .collect();
-    Some(Selected { head, objects })
+    Some(Selected {
+        head,
+        objects,
+        table,
+    })
 }
 
 fn put_json(out: &mut BytesMut, text: &str) {
@@ -263,12 +284,22 @@ fn put_json(out: &mut BytesMut, text: &str) {
 async fn write(client: &mut impl FleetClient, list: Selected) -> Result<(), Failure> {
     client.head("application/json", &[]).await?;
     let mut out = list.head;
+    let now = time::OffsetDateTime::now_utc();
     for (n, event) in list.objects.iter().enumerate() {
         if n > 0 {
             out.put_u8(b',');
         }
-        for part in event.item() {
-            out.put_slice(part);
+        match list.table {
+            None => {
+                for part in event.item() {
+                    out.put_slice(part);
+                }
+            }
+            // A hub's one-row Tables are its own encoding: each has its row.
+            Some(age) => match table::row(event.object(), age, now) {
+                Some(row) => out.put_slice(&row),
+                None => out.put_slice(b"{}"),
+            },
         }
         if out.len() >= PIECE {
             client.body(out.split().freeze()).await?;
