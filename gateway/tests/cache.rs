@@ -3,8 +3,9 @@
 //! `kubectl get -o json` through the gateway give the member's items in the member's order (namespaces that sort differently as keys than as names included); informers'
 //! `resourceVersion=0` lists cost the member no LIST once the cache holds the resource; a write
 //! on the member is in the very next consistent LIST through the gateway, every time; a user
-//! the member does not let list gets its own 403; and a LIST the cache cannot answer as the
-//! member would (more items than its limit) is the member's, pages and all.
+//! the member does not let list gets its own 403; pages (kubectl's chunks) come from memory with
+//! kube-apiserver's own continue tokens, which the member reads too, and a page whose objects
+//! changed since its list is the member's.
 
 mod support;
 
@@ -13,7 +14,7 @@ use kube::api::{ListParams, PostParams};
 use kube::Api;
 use serde_json::Value;
 use support::fleet::Fleet;
-use support::kubectl::{assert_refused_alike, kube_client};
+use support::kubectl::{assert_refused_alike, kube_client, kubectl};
 
 /// Turns on `spec.cache` for configmaps and namespaces in the fleet's Gateway.
 fn cache_configmaps(fleet: &Fleet) {
@@ -180,23 +181,72 @@ fn cached_lists_equal_the_members_and_resource_version_0_costs_it_no_list() {
         before,
         "20 LISTs at 0 reached the member"
     );
-    // More items than the limit: the member's pages, its continue token.
-    let paged: Value = serde_json::from_str(&fleet.kubectl_ok(
+    // Pages: kubectl's chunks through the cache equal the member's whole list, and cost the
+    // member one question (the first page's consistent read).
+    let unpaged = items(&direct(&fleet, &["get", "configmaps", "-A", "-o", "json"]));
+    let before = member_lists(&fleet);
+    let chunked = items(&fleet.kubectl_ok(
+        "member1",
+        &["get", "configmaps", "-A", "--chunk-size", "2", "-o", "json"],
+    ));
+    assert_eq!(names(&chunked), names(&unpaged));
+    assert!(
+        chunked == unpaged,
+        "the chunks' items differ from the member's"
+    );
+    assert_eq!(
+        member_lists(&fleet),
+        before + 1,
+        "pages after the first from memory"
+    );
+    // The cache's continue token is kube-apiserver's: the member itself reads it.
+    let first: Value = serde_json::from_str(&fleet.kubectl_ok(
         "member1",
         &[
             "get",
             "--raw",
-            "/clusters/member1/api/v1/configmaps?limit=2",
+            "/clusters/member1/api/v1/configmaps?limit=4",
         ],
     ))
     .unwrap();
-    assert_eq!(paged["items"].as_array().unwrap().len(), 2);
-    assert!(paged["metadata"]["continue"].is_string(), "{paged}");
-    assert_eq!(
-        member_lists(&fleet),
-        before + 1,
-        "the paged LIST is the member's"
+    let token = first["metadata"]["continue"].as_str().unwrap();
+    let total = everything["items"].as_array().unwrap().len();
+    assert_eq!(first["metadata"]["remainingItemCount"], total - 4);
+    let from_member: Value = serde_json::from_str(&direct(
+        &fleet,
+        &[
+            "get",
+            "--raw",
+            &format!("/api/v1/configmaps?limit=100&continue={token}"),
+        ],
+    ))
+    .unwrap();
+    let mut both = first["items"].as_array().unwrap().clone();
+    both.extend(from_member["items"].as_array().unwrap().iter().cloned());
+    assert_eq!(names(&both), names(everything["items"].as_array().unwrap()));
+    assert!(both == *everything["items"].as_array().unwrap());
+    // A page whose objects changed since its token's list: the member's (here its 410, once the
+    // token's version left its history, exactly as without the cache).
+    direct(&fleet, &["delete", "configmap", "y", "-n", "default"]);
+    let at_member = kubectl(
+        &fleet.fleet_path("kubeconfig"),
+        "member1",
+        &[
+            "get",
+            "--raw",
+            &format!("/api/v1/configmaps?limit=2&continue={token}"),
+        ],
     );
+    let through = fleet.kubectl_output(
+        "member1",
+        &[
+            "get",
+            "--raw",
+            &format!("/clusters/member1/api/v1/configmaps?limit=2&continue={token}"),
+        ],
+    );
+    assert_eq!(through.status.success(), at_member.status.success());
+    assert_eq!(through.stdout, at_member.stdout);
 }
 
 #[test]

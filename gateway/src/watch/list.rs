@@ -9,16 +9,19 @@
 //!   LIST is served once the hub has seen it, within [`CATCH_UP`]; otherwise by the member.
 //! - `resourceVersion=N` (`NotOlderThan`, or no match): once the hub has seen N, within
 //!   [`CATCH_UP`]; otherwise by the member, which answers it itself.
+//! - `limit` (kubectl sends 500): pages as kube-apiserver's storage pages them (a next page when
+//!   any object follows the last one returned; `remainingItemCount` when nothing is filtered),
+//!   with kube-apiserver's own continue tokens (`token`): the next page is the cache's while no
+//!   object from its start on changed since the token's resourceVersion, else the member's, which
+//!   reads the same token (and answers 410 once it expired).
 //!
-//! A `limit` (kubectl sends 500) that the selected items fit in changes nothing: the member
-//! would answer the same single page. Anything else goes to the member as it came, which
-//! answers it exactly: more items than a `limit` with a consistent read or a resourceVersion
-//! other than 0 (its pages and continue tokens), `continue`, `resourceVersionMatch=Exact`, another
-//! field selector than name and namespace, a user the member does not let list (a
-//! SelfSubjectAccessReview as the user, `access`, cached as for shared watches), a hub that
-//! cannot start. A Table (`kubectl get` without `-o`) comes from the hub of Table form, each
-//! row's `Age` computed again (`table`). The items are the member's objects in its order (by namespace, then name, as
-//! its storage keys sort), filtered by the namespace and selectors as the member filters them.
+//! A Table (`kubectl get` without `-o`) comes from the hub of Table form, each row's `Age`
+//! computed again (`table`). The items are the member's objects in its order (by storage key,
+//! `namespace/name`), filtered by the namespace and selectors as the member filters them.
+//! Anything else goes to the member as it came, which answers it exactly:
+//! `resourceVersionMatch=Exact`, `includeObject`, another field selector than name and
+//! namespace, a user the member does not let list (a SelfSubjectAccessReview as the user,
+//! `access`, cached as for shared watches), a hub that cannot start.
 //! Called by the pipeline (`handle`) for a `Decision::Proxy` whose verb is `list`.
 
 use std::ops::Bound;
@@ -29,6 +32,7 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 
 mod table;
+mod token;
 
 use super::hub::{Event, Hub, Phase};
 use super::selector::{FieldSelector, LabelSelector};
@@ -61,9 +65,11 @@ pub enum Read {
 pub struct ListPlan {
     pub key: HubKey,
     pub read: Read,
-    /// The client's `limit`: a list with more items is the member's to page (its continue
-    /// tokens); one that fits is the whole answer, as the member would give it.
+    /// The client's `limit`: at most this many items a page, the next page's continue token
+    /// in kube-apiserver's own form.
     pub limit: Option<u64>,
+    /// The page after a continue token's.
+    pub resume: Option<token::Continue>,
     pub labels: LabelSelector,
     pub fields: FieldSelector,
 }
@@ -101,10 +107,20 @@ pub(super) fn plan(asked: Asked<'_>) -> Option<ListPlan> {
         ),
     };
     asked.number("timeoutSeconds", 9)?;
+    // A page after another: at its list's resourceVersion, which the request may not name (the
+    // member's 400).
+    let (read, resume) = match asked.value("continue").filter(|c| !c.is_empty()) {
+        None => (read, None),
+        Some(_) if read != Read::Consistent => return None,
+        // Not waited for: a page of the cache's own list is at a version the hub has seen; a
+        // later one is the member's list's (the member's to continue).
+        Some(text) => (Read::Any, Some(token::read(&text)?)),
+    };
     Some(ListPlan {
         key: asked.key,
         read,
         limit,
+        resume,
         labels: asked.labels,
         fields: asked.fields,
     })
@@ -127,10 +143,6 @@ pub(crate) async fn serve(
     if !ready(&hub).await {
         return None;
     }
-    // More items than the limit now: the member's to page, without asking it anything first.
-    if too_many(&hub, &plan) {
-        return None;
-    }
     let needed = match plan.read {
         Read::Any => None,
         Read::NotOlderThan(rv) => Some(rv),
@@ -144,48 +156,81 @@ pub(crate) async fn serve(
             return None;
         }
     }
-    let list = selected(&hub, &plan)?;
-    if plan
-        .limit
-        .is_some_and(|limit| list.objects.len() as u64 > limit)
-    {
-        return None;
+    // A page after another is the cache's only while nothing after its start changed since its
+    // list's resourceVersion: the objects then are those of the list the page continues.
+    if let Some(resume) = &plan.resume {
+        if !unchanged_since(&hub, &plan.key.namespace, resume) {
+            return None;
+        }
     }
+    let list = selected(&hub, &plan)?;
     Some(write(client, list).await)
 }
 
-/// Whether the hub holds more items the LIST selects than its limit.
-fn too_many(hub: &Hub, plan: &ListPlan) -> bool {
-    let Some(limit) = plan.limit else {
-        return false;
-    };
-    let state = hub.state.borrow();
-    let selected = in_scope(&state.objects, &plan.key.namespace)
-        .filter(|event| plan.selects(event))
-        .take(
-            usize::try_from(limit)
-                .unwrap_or(usize::MAX)
-                .saturating_add(1),
-        )
-        .count();
-    selected as u64 > limit
-}
-
-/// The objects of `namespace` (every one when empty), in order: the keys from `NAMESPACE/` on,
-/// which sort together.
+/// The objects of `namespace` (every one when empty) in order, from `start` (one of our keys)
+/// on: the keys from `NAMESPACE/` on, which sort together.
 fn in_scope<'o>(
     objects: &'o super::hub::Objects,
     namespace: &str,
-) -> impl Iterator<Item = &'o Arc<Event>> + 'o {
-    let from: Box<str> = if namespace.is_empty() {
+    start: Option<&str>,
+) -> impl Iterator<Item = (&'o str, &'o Arc<Event>)> + 'o {
+    let prefix: Box<str> = if namespace.is_empty() {
         "".into()
     } else {
         format!("{namespace}/").into()
     };
+    let from: Box<str> = match start {
+        Some(start) if *start > *prefix => start.into(),
+        _ => prefix.clone(),
+    };
     objects
         .range::<str, _>((Bound::Included(&*from), Bound::Unbounded))
-        .take_while(move |(key, _)| key.starts_with(&*from))
-        .map(|(_, event)| event)
+        .take_while(move |(key, _)| key.starts_with(&*prefix))
+        .map(|(key, event)| (&**key, event))
+}
+
+/// Our key (`namespace/name`, `/name` when cluster-scoped) from a storage key below the list's
+/// scope (`name` in a namespace; `namespace/name`, or `name` when cluster-scoped, across them).
+fn our_key(scoped: &str, namespace: &str) -> String {
+    if !namespace.is_empty() {
+        format!("{namespace}/{scoped}")
+    } else if scoped.contains('/') {
+        scoped.to_owned()
+    } else {
+        format!("/{scoped}")
+    }
+}
+
+/// The storage key below the list's scope of one of our keys.
+fn scoped_key<'k>(key: &'k str, namespace: &str) -> &'k str {
+    if namespace.is_empty() {
+        key.strip_prefix('/').unwrap_or(key)
+    } else {
+        key.split_once('/').map_or(key, |(_, name)| name)
+    }
+}
+
+/// Whether the hub's objects from `resume`'s start on are still those of its list: the hub holds
+/// every event since its resourceVersion, and none of them is of an object from there on.
+fn unchanged_since(hub: &Hub, namespace: &str, resume: &token::Continue) -> bool {
+    let state = hub.state.borrow();
+    if resume.rv < state.floor_rv || resume.rv > state.last_rv {
+        return false;
+    }
+    let start = our_key(&resume.start, namespace);
+    let prefix = if namespace.is_empty() {
+        String::new()
+    } else {
+        format!("{namespace}/")
+    };
+    let from = state.seek(resume.rv);
+    (from..state.next_seq())
+        .filter_map(|seq| state.at(seq))
+        .filter(|event| event.kind != super::hub::Kind::Bookmark)
+        .all(|event| {
+            let key = super::hub::object_key(&event.namespace, &event.name);
+            !(key.starts_with(&prefix) && *key >= *start)
+        })
 }
 
 impl ListPlan {
@@ -243,30 +288,62 @@ struct Selected {
 fn selected(hub: &Hub, plan: &ListPlan) -> Option<Selected> {
     let state = hub.state.borrow();
     let (kind, api_version) = state.list_kind.as_ref()?;
+    let namespace = &plan.key.namespace;
+    // The page: the selected objects from the start on, at most `limit`. As kube-apiserver's
+    // storage pages, a next page exists when any object (selected or not) follows the last one
+    // returned, and the count of those is told when nothing is filtered.
+    let start = plan.resume.as_ref().map(|r| our_key(&r.start, namespace));
+    let mut scope = in_scope(&state.objects, namespace, start.as_deref());
+    let mut objects: Vec<Arc<Event>> = Vec::new();
+    let mut last: Option<&str> = None;
+    let mut more = false;
+    for (key, event) in scope.by_ref() {
+        if plan
+            .limit
+            .is_some_and(|limit| objects.len() as u64 >= limit)
+        {
+            more = true;
+            break;
+        }
+        if plan.selects(event) {
+            objects.push(Arc::clone(event));
+            last = Some(key);
+        }
+    }
+    let list_rv = plan.resume.as_ref().map_or(state.last_rv, |r| r.rv);
     let mut head = BytesMut::with_capacity(PIECE);
     head.put_slice(b"{\"kind\":");
     put_json(&mut head, kind);
     head.put_slice(b",\"apiVersion\":");
     put_json(&mut head, api_version);
     head.put_slice(b",\"metadata\":{\"resourceVersion\":\"");
-    head.put_slice(state.last_rv.to_string().as_bytes());
+    head.put_slice(list_rv.to_string().as_bytes());
+    head.put_u8(b'"');
+    if let (true, Some(last)) = (more, last) {
+        head.put_slice(b",\"continue\":");
+        put_json(
+            &mut head,
+            &token::write(list_rv, scoped_key(last, namespace)),
+        );
+        if plan.labels.is_everything() && plan.fields.is_everything() {
+            let remaining = 1 + scope.count();
+            head.put_slice(b",\"remainingItemCount\":");
+            head.put_slice(remaining.to_string().as_bytes());
+        }
+    }
     let table = match plan.key.form {
         Form::Json => {
-            head.put_slice(b"\"},\"items\":[");
+            head.put_slice(b"},\"items\":[");
             None
         }
         Form::Table => {
             let columns = state.columns.as_ref()?;
-            head.put_slice(b"\"},\"columnDefinitions\":");
+            head.put_slice(b"},\"columnDefinitions\":");
             head.put_slice(columns);
             head.put_slice(b",\"rows\":[");
             Some(table::age_column(columns))
         }
     };
-    let objects = in_scope(&state.objects, &plan.key.namespace)
-        .filter(|event| plan.selects(event))
-        .cloned()
-        .collect();
     Some(Selected {
         head,
         objects,

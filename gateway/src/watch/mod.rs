@@ -111,10 +111,11 @@ const SERVED_PARAMS: &[&[u8]] = &[
     b"timeout",
 ];
 
-/// The query parameters a LIST from a hub's objects serves (`list`); any other (`continue`,
+/// The query parameters a LIST from a hub's objects serves (`list`); any other (`includeObject`,
 /// say) sends the LIST to the member.
 const LISTED_PARAMS: &[&[u8]] = &[
     b"watch",
+    b"continue",
     b"resourceVersion",
     b"resourceVersionMatch",
     b"timeoutSeconds",
