@@ -65,11 +65,14 @@ use MemberField::{Count, Either, Flag, Path, Unset};
 const NAME: (&str, MemberField) = ("metadata.name", Path("metadata.name"));
 const NAMESPACE: (&str, MemberField) = ("metadata.namespace", Path("metadata.namespace"));
 
+/// The fields one kind serves: each label a selector may name, and how the member reads it.
+type Fields = &'static [(&'static str, MemberField)];
+
 /// `runtime.DefaultMetaV1FieldSelectorConversion`: a kind without a conversion function.
-const DEFAULT: &[(&str, MemberField)] = &[NAME, NAMESPACE];
+const DEFAULT: Fields = &[NAME, NAMESPACE];
 
 /// `(group, resource)`: the fields its conversion function accepts, and how each reads.
-const KINDS: &[(&str, &str, &[(&str, MemberField)])] = &[
+const KINDS: &[(&str, &str, Fields)] = &[
     (
         "",
         "pods",
