@@ -4,14 +4,21 @@
 //! - Label selectors: the whole grammar of `k8s.io/apimachinery/pkg/labels` (`key`, `!key`,
 //!   `=`, `==`, `!=`, `in (...)`, `notin (...)`, `>` and `<` with whole numbers, requirements
 //!   joined by commas, blanks between tokens), with its key and value syntax checks.
-//! - Field selectors: `metadata.name` and `metadata.namespace` with `=`, `==` and `!=`, values
-//!   with kube's escapes (`\,`, `\=`, `\\`).
+//! - Field selectors: kube's grammar (`k8s.io/apimachinery/pkg/fields`: requirements joined by
+//!   commas, `field=value`, `field==value`, `field!=value`, values with kube's escapes `\,`,
+//!   `\=`, `\\`; nothing trimmed). [`FieldSelector`] serves `metadata.name` and
+//!   `metadata.namespace`, the fields every shared watch can answer from an event's metadata.
+//! - Any field ([`parse_any`], in `any_field`): the same grammar with each field a path into
+//!   the object's JSON, and (`member`) the fields kube-apiserver itself serves per resource
+//!   ([`member::member_supports`]) and how it reads them: groundwork for a cache (issue 34),
+//!   not yet called on the data path.
 //!
-//! Anything this module cannot read, or reads but does not serve (another field), is
-//! [`Unsupported`]: the watch is then not shared and goes to the member as it came, so the
-//! member's own answer (a 400 for a bad selector) reaches the client unchanged. Never panics on
-//! any input; the parsers are linear in the input's length. Called by `watch::plan` once per
-//! client watch; the matchers per delivered event.
+//! Anything [`LabelSelector`] or [`FieldSelector`] cannot read, or reads but does not serve
+//! (another field), is [`Unsupported`]: the watch is then not shared and goes to the member as
+//! it came, so the member's own answer (a 400 for a bad selector) reaches the client unchanged.
+//! Never panics on any input; the parsers are linear in the input's length (field terms are
+//! sorted, as kube sorts them). Called by `watch::plan` once per client watch; the matchers per
+//! delivered event.
 
 use std::collections::BTreeMap;
 
@@ -378,20 +385,16 @@ impl FieldSelector {
     /// fields every resource has; another field is [`Unsupported`].
     pub fn parse(text: &str) -> Result<FieldSelector, Unsupported> {
         let mut terms = Vec::new();
-        for term in split_unescaped(text, b',') {
-            if term.is_empty() {
-                continue;
-            }
-            let (field, equal, value) = split_term(term).ok_or(Unsupported)?;
-            let field = match field {
+        for term in field_terms(text).map_err(|_| Unsupported)? {
+            let field = match term.field {
                 "metadata.name" => Field::Name,
                 "metadata.namespace" => Field::Namespace,
                 _ => return Err(Unsupported),
             };
             terms.push(FieldTerm {
                 field,
-                equal,
-                value: unescape(value)?,
+                equal: term.equal,
+                value: term.value,
             });
         }
         Ok(FieldSelector { terms })
@@ -461,22 +464,85 @@ fn split_term(term: &str) -> Option<(&str, bool, &str)> {
 }
 
 /// kube's `UnescapeValue`: `\\`, `\,` and `\=` only; any other escape, or a lone trailing
-/// backslash, is an error; an unescaped `,` or `=` too.
-fn unescape(value: &str) -> Result<String, Unsupported> {
+/// backslash, is an error; an unescaped `,` or `=` too. The errors carry kube's messages.
+fn unescape(value: &str) -> Result<String, Refused> {
     let mut out = String::with_capacity(value.len());
     let mut chars = value.chars();
     while let Some(c) = chars.next() {
         match c {
             '\\' => match chars.next() {
                 Some(e @ ('\\' | ',' | '=')) => out.push(e),
-                _ => return Err(Unsupported),
+                Some(other) => {
+                    return Err(Refused(format!(
+                        "invalid field selector: invalid escape sequence: \\{other}"
+                    )))
+                }
+                None => {
+                    return Err(Refused(
+                        "invalid field selector: invalid escape sequence: \\".into(),
+                    ))
+                }
             },
-            ',' | '=' => return Err(Unsupported),
+            // Go prints the rune with `%v`: its number.
+            ',' | '=' => {
+                return Err(Refused(format!(
+                    "invalid field selector: unescaped character in value: {}",
+                    u32::from(c)
+                )))
+            }
             c => out.push(c),
         }
     }
     Ok(out)
 }
+
+/// A field selector refused by kube's grammar (or by [`parse_any`]'s field paths), with the
+/// message kube-apiserver would answer in its 400.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused(pub String);
+
+/// One requirement of a field selector as kube's grammar reads it: the field exactly as written
+/// (never trimmed, never unescaped), `=` / `==` (`equal`) or `!=`, and the unescaped value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RawTerm<'a> {
+    field: &'a str,
+    equal: bool,
+    value: String,
+}
+
+/// kube's `fields.ParseSelector` grammar: `text` cut at each comma no backslash escapes, empty
+/// terms skipped (so `""`, `","` and `a=b,,c=d` are fine), each term cut at its first operator
+/// (`!=`, `==`, `=`, tried in that order at each position), the value unescaped. The terms are
+/// visited sorted, as kube's parser visits them, so the first error found is the one kube
+/// reports. No blanks are trimmed anywhere: ` a=b` is the field ` a`.
+fn field_terms(text: &str) -> Result<Vec<RawTerm<'_>>, Refused> {
+    let mut pieces: Vec<&str> = split_unescaped(text, b',')
+        .filter(|t| !t.is_empty())
+        .collect();
+    pieces.sort_unstable();
+    pieces
+        .into_iter()
+        .map(|piece| {
+            let (field, equal, value) = split_term(piece).ok_or_else(|| {
+                Refused(format!(
+                    "invalid selector: '{text}'; can't understand '{piece}'"
+                ))
+            })?;
+            Ok(RawTerm {
+                field,
+                equal,
+                value: unescape(value)?,
+            })
+        })
+        .collect()
+}
+
+mod any_field;
+pub mod member;
+
+pub use any_field::{
+    parse_any, AnyFieldSelector, FieldPath, FieldText, FieldValues, Reading, MAX_DEPTH,
+};
 
 #[cfg(test)]
 mod tests;

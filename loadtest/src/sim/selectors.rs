@@ -246,9 +246,157 @@ impl LabelSelector {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct FieldRequirement {
-    path: &'static [&'static str],
+    field: Selectable,
     value: String,
     equal: bool,
+}
+
+/// How the apiserver reads a field it serves from a stored object (its kind's
+/// `ToSelectableFields`, kube v1.24).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Selectable {
+    /// A string field; `""` when absent.
+    Text(&'static [&'static str]),
+    /// A bool field printed by `fmt.Sprint`: `false` when absent.
+    Bool(&'static [&'static str]),
+    /// Events' `source`: `source.component`, or the reporting component when that is empty.
+    EventSource,
+    /// A label the conversion accepts that the field set never holds: always `""`.
+    Absent,
+}
+
+impl Selectable {
+    fn read(self, object: &Value) -> String {
+        fn at<'v>(object: &'v Value, path: &[&str]) -> &'v Value {
+            path.iter().fold(object, |node, key| &node[*key])
+        }
+        match self {
+            Selectable::Text(path) => at(object, path).as_str().unwrap_or("").to_owned(),
+            Selectable::Bool(path) => at(object, path).as_bool().unwrap_or(false).to_string(),
+            Selectable::EventSource => {
+                let component = object["source"]["component"].as_str().unwrap_or("");
+                if component.is_empty() {
+                    object["reportingComponent"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned()
+                } else {
+                    component.to_owned()
+                }
+            }
+            Selectable::Absent => String::new(),
+        }
+    }
+}
+
+/// The field labels `resource`'s field-label conversion function accepts (kube v1.24,
+/// `pkg/apis/core/v1/conversion.go`), with how each is read; `None` for a kind without one,
+/// which gets the default conversion (`metadata.name` and `metadata.namespace`).
+fn conversion(resource: &str) -> Option<&'static [(&'static str, Selectable)]> {
+    use Selectable::{Absent, Bool, EventSource, Text};
+    const NAME: (&str, Selectable) = ("metadata.name", Text(&["metadata", "name"]));
+    const NAMESPACE: (&str, Selectable) = ("metadata.namespace", Text(&["metadata", "namespace"]));
+    Some(match resource {
+        "pods" => &[
+            NAME,
+            NAMESPACE,
+            ("spec.nodeName", Text(&["spec", "nodeName"])),
+            ("spec.restartPolicy", Text(&["spec", "restartPolicy"])),
+            ("spec.schedulerName", Text(&["spec", "schedulerName"])),
+            (
+                "spec.serviceAccountName",
+                Text(&["spec", "serviceAccountName"]),
+            ),
+            ("status.phase", Text(&["status", "phase"])),
+            ("status.podIP", Text(&["status", "podIP"])),
+            ("status.podIPs", Absent),
+            (
+                "status.nominatedNodeName",
+                Text(&["status", "nominatedNodeName"]),
+            ),
+            ("spec.host", Text(&["spec", "nodeName"])),
+        ],
+        "nodes" => &[
+            NAME,
+            ("spec.unschedulable", Bool(&["spec", "unschedulable"])),
+        ],
+        "namespaces" => &[NAME, ("status.phase", Text(&["status", "phase"]))],
+        "secrets" => &[NAME, NAMESPACE, ("type", Text(&["type"]))],
+        "events" => &[
+            NAME,
+            NAMESPACE,
+            ("involvedObject.kind", Text(&["involvedObject", "kind"])),
+            (
+                "involvedObject.namespace",
+                Text(&["involvedObject", "namespace"]),
+            ),
+            ("involvedObject.name", Text(&["involvedObject", "name"])),
+            ("involvedObject.uid", Text(&["involvedObject", "uid"])),
+            (
+                "involvedObject.apiVersion",
+                Text(&["involvedObject", "apiVersion"]),
+            ),
+            (
+                "involvedObject.resourceVersion",
+                Text(&["involvedObject", "resourceVersion"]),
+            ),
+            (
+                "involvedObject.fieldPath",
+                Text(&["involvedObject", "fieldPath"]),
+            ),
+            ("reason", Text(&["reason"])),
+            ("reportingComponent", Text(&["reportingComponent"])),
+            ("source", EventSource),
+            ("type", Text(&["type"])),
+        ],
+        _ => return None,
+    })
+}
+
+/// The field a selector names, as `resource`'s conversion reads it, or the apiserver's
+/// refusal: `field label not supported: X` from a kind's own conversion, the default
+/// conversion's message otherwise.
+fn selectable(resource: &str, label: &str) -> Result<Selectable, SelectorError> {
+    match conversion(resource) {
+        Some(fields) => fields
+            .iter()
+            .find(|(name, _)| *name == label)
+            .map(|(_, field)| *field)
+            .ok_or_else(|| SelectorError(format!("field label not supported: {label}"))),
+        None => match label {
+            "metadata.name" => Ok(Selectable::Text(&["metadata", "name"])),
+            "metadata.namespace" => Ok(Selectable::Text(&["metadata", "namespace"])),
+            _ => Err(SelectorError(format!(
+                "{} is not a known field selector: only \"metadata.name\", \"metadata.namespace\"",
+                go_quote(label)
+            ))),
+        },
+    }
+}
+
+/// Go's `%q` of a string: double quotes, `\"` and `\\`, the short escapes, `\xNN` for other
+/// ASCII control bytes; printable text as it is.
+fn go_quote(text: &str) -> String {
+    let mut out = String::from("\"");
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// A parsed field selector for one resource; empty matches everything.
@@ -258,46 +406,32 @@ pub struct FieldSelector {
 }
 
 impl FieldSelector {
-    /// Parses `input` for `resource` (which decides the supported fields).
+    /// Parses `input` for `resource` (which decides the supported fields), as the apiserver
+    /// does: the terms in sorted order (so the first error is the one kube reports), each field
+    /// exactly as written (nothing trimmed) through the kind's field-label conversion.
     pub fn parse(input: &str, resource: &str) -> Result<Self, SelectorError> {
-        let mut requirements = Vec::new();
-        for term in field_terms(input).filter(|t| !t.is_empty()) {
+        let mut terms: Vec<&str> = field_terms(input).filter(|t| !t.is_empty()).collect();
+        terms.sort_unstable();
+        let mut parsed = Vec::new();
+        for term in terms {
             let Some((field, value, equal)) = field_term(term) else {
                 return Err(SelectorError(format!(
                     "invalid selector: '{input}'; can't understand '{term}'"
                 )));
             };
-            let value = unescape_field_value(value)?;
-            let path: &'static [&'static str] = match (field.trim(), resource) {
-                ("metadata.name", _) => &["metadata", "name"],
-                ("metadata.namespace", _) => &["metadata", "namespace"],
-                ("spec.nodeName", "pods") => &["spec", "nodeName"],
-                ("status.phase", "pods") | ("status.phase", "namespaces") => &["status", "phase"],
-                ("type", "secrets") => &["type"],
-                ("involvedObject.name", "events") => &["involvedObject", "name"],
-                ("involvedObject.kind", "events") => &["involvedObject", "kind"],
-                ("involvedObject.namespace", "events") => &["involvedObject", "namespace"],
-                ("involvedObject.uid", "events") => &["involvedObject", "uid"],
-                ("involvedObject.apiVersion", "events") => &["involvedObject", "apiVersion"],
-                ("involvedObject.resourceVersion", "events") => {
-                    &["involvedObject", "resourceVersion"]
-                }
-                ("involvedObject.fieldPath", "events") => &["involvedObject", "fieldPath"],
-                ("reason", "events") => &["reason"],
-                ("type", "events") => &["type"],
-                (other, "pods") => {
-                    return Err(SelectorError(format!(
-                        "{other:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\", \"spec.nodeName\", \"status.phase\""
-                    )))
-                }
-                (other, _) => {
-                    return Err(SelectorError(format!(
-                        "{other:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
-                    )))
-                }
-            };
-            requirements.push(FieldRequirement { path, value, equal });
+            parsed.push((field, unescape_field_value(value)?, equal));
         }
+        // kube converts the labels once the whole text parsed.
+        let requirements = parsed
+            .into_iter()
+            .map(|(field, value, equal)| {
+                Ok(FieldRequirement {
+                    field: selectable(resource, field)?,
+                    value,
+                    equal,
+                })
+            })
+            .collect::<Result<_, SelectorError>>()?;
         Ok(Self { requirements })
     }
 
@@ -306,14 +440,9 @@ impl FieldSelector {
     }
 
     pub fn matches(&self, object: &Value) -> bool {
-        self.requirements.iter().all(|req| {
-            let mut node = object;
-            for part in req.path {
-                node = &node[*part];
-            }
-            let actual = node.as_str().unwrap_or("");
-            (actual == req.value) == req.equal
-        })
+        self.requirements
+            .iter()
+            .all(|req| (req.field.read(object) == req.value) == req.equal)
     }
 }
 
@@ -378,9 +507,11 @@ fn unescape_field_value(value: &str) -> Result<String, SelectorError> {
                     ))
                 }
             },
+            // Go prints the rune with `%v`: its number.
             ',' | '=' => {
                 return Err(SelectorError(format!(
-                    "invalid field selector: unescaped '{c}'"
+                    "invalid field selector: unescaped character in value: {}",
+                    u32::from(c)
                 )))
             }
             c => out.push(c),
@@ -479,6 +610,84 @@ mod tests {
     }
 
     #[test]
+    fn field_labels_are_the_apiservers_per_kind() {
+        let refusal =
+            |input: &str, resource: &str| FieldSelector::parse(input, resource).unwrap_err().0;
+        for field in [
+            "metadata.name",
+            "metadata.namespace",
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "status.phase",
+            "status.podIP",
+            "status.podIPs",
+            "status.nominatedNodeName",
+            "spec.host",
+        ] {
+            assert!(
+                FieldSelector::parse(&format!("{field}=x"), "pods").is_ok(),
+                "{field}"
+            );
+        }
+        // A kind with its own conversion function says so in its own words.
+        assert_eq!(
+            refusal("status.hostIP=1", "pods"),
+            "field label not supported: status.hostIP"
+        );
+        // Nothing is trimmed: a blank before the field makes another label.
+        assert_eq!(
+            refusal(" spec.nodeName=n1", "pods"),
+            "field label not supported:  spec.nodeName"
+        );
+        assert_eq!(
+            refusal("metadata.namespace=x", "namespaces"),
+            "field label not supported: metadata.namespace"
+        );
+        assert_eq!(
+            refusal("metadata.namespace=x", "nodes"),
+            "field label not supported: metadata.namespace"
+        );
+        assert_eq!(
+            refusal("a\"b\u{1}=x", "configmaps"),
+            "\"a\\\"b\\x01\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+        );
+        // Grammar errors first, then labels, each in sorted order.
+        assert_eq!(
+            refusal("zz=1,spec.x=1,b", "pods"),
+            "invalid selector: 'zz=1,spec.x=1,b'; can't understand 'b'"
+        );
+        assert_eq!(
+            refusal("zz=1,spec.x=1", "pods"),
+            "field label not supported: spec.x"
+        );
+        // How the fields read.
+        let pod = json!({"metadata":{"name":"p"},"spec":{"nodeName":"n1"},"status":{"podIPs":[{"ip":"1.2.3.4"}]}});
+        for (input, want) in [
+            ("spec.host=n1", true),
+            ("status.podIPs=", true),
+            ("status.phase=", true),
+            ("spec.nodeName!=", true),
+            ("spec.nodeName=", false),
+        ] {
+            assert_eq!(
+                FieldSelector::parse(input, "pods").unwrap().matches(&pod),
+                want,
+                "{input}"
+            );
+        }
+        let node = json!({"metadata":{"name":"n1"},"spec":{}});
+        assert!(FieldSelector::parse("spec.unschedulable=false", "nodes")
+            .unwrap()
+            .matches(&node));
+        let event = json!({"source":{},"reportingComponent":"kubelet"});
+        assert!(FieldSelector::parse("source=kubelet", "events")
+            .unwrap()
+            .matches(&event));
+    }
+
+    #[test]
     fn field_values_take_kubes_escapes_and_nothing_else() {
         let named = |name: &str| json!({"metadata":{"name": name, "namespace":"ns"}});
         // An escaped comma or equals sign is part of the value, not a new term or operator.
@@ -495,7 +704,10 @@ mod tests {
             .unwrap()
             .matches(&named(" seed")));
         for (bad, message) in [
-            ("metadata.name=a=b", "invalid field selector: unescaped '='"),
+            (
+                "metadata.name=a=b",
+                "invalid field selector: unescaped character in value: 61",
+            ),
             (
                 r"metadata.name=a\x",
                 r"invalid field selector: invalid escape sequence: \x",
