@@ -5,19 +5,17 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use tokio::io::AsyncBufReadExt;
-use tokio::sync::Notify;
 
 use super::proxy::{Mode, Proxy};
 use super::watcher::View;
 use super::{lock, ChaosArgs, FaultKind, FaultRecord, Planned, Run};
 use crate::run::client::{Target, TlsOptions};
-use crate::run::scenarios::new_hist;
 use crate::run::storm::{cluster_yaml, write_atomically};
 use crate::run::RunArgs;
 use crate::sim::{self, FleetHandle, FleetOptions, SimTuning};
@@ -25,16 +23,16 @@ use crate::sim::{self, FleetHandle, FleetOptions, SimTuning};
 /// The extra Cluster config churn adds and removes (pointing at nothing).
 const EXTRA_CLUSTER: &str = "loadtest-chaos-extra.yaml";
 
-/// The gateway child process.
-pub(super) struct Gateway {
+/// The gateway child process (of `chaos`, and each replica of `rollout`).
+pub(crate) struct Gateway {
     child: tokio::process::Child,
-    pid: u32,
-    https: SocketAddr,
+    pub(crate) pid: u32,
+    pub(crate) https: SocketAddr,
 }
 
 /// The gateway binary `--gateway-bin`, $FLEETGATE_BIN, `fleetgate` beside this program, or on
 /// PATH.
-fn gateway_binary(args: &ChaosArgs) -> PathBuf {
+pub(crate) fn gateway_binary(args: &ChaosArgs) -> PathBuf {
     if let Some(bin) = &args.gateway_bin {
         return bin.clone();
     }
@@ -51,7 +49,7 @@ fn gateway_binary(args: &ChaosArgs) -> PathBuf {
 impl Gateway {
     /// Starts `fleetgate serve --config DIR` (one worker) and waits for its ready line; its log
     /// goes to `log`.
-    async fn start(bin: &Path, dir: &Path, log: &Path) -> anyhow::Result<Gateway> {
+    pub(crate) async fn start(bin: &Path, dir: &Path, log: &Path) -> anyhow::Result<Gateway> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -92,7 +90,7 @@ impl Gateway {
     }
 
     /// Stops it: SIGTERM (it drains) and at most 15 s to exit, or SIGKILL at once.
-    pub(super) async fn stop(mut self, graceful: bool) {
+    pub(crate) async fn stop(mut self, graceful: bool) {
         if graceful {
             let _ = tokio::process::Command::new("kill")
                 .args(["-TERM", &self.pid.to_string()])
@@ -302,17 +300,7 @@ pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<Wo
         proxies.push(proxy);
         clusters.push((path, cluster));
     }
-    let run = Arc::new(Run {
-        start: Instant::now(),
-        members,
-        latency: Mutex::new(new_hist()),
-        events: AtomicU64::new(0),
-        watches_open: AtomicI64::new(0),
-        progress: Notify::new(),
-        listed: AtomicUsize::new(0),
-        gateway_pid: AtomicU32::new(0),
-        fault_now: Mutex::new(None),
-    });
+    let run = Arc::new(Run::new(members));
     let bin = gateway_binary(c);
     let log = dir.join("gateway.log");
     let world = World {
@@ -338,23 +326,32 @@ pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<Wo
 }
 
 /// The members straight, and each view with its target through the front proxy.
-pub(super) type Targets = (Vec<Target>, Vec<(View, Target)>);
+pub(crate) type Targets = (Vec<Target>, Vec<(View, Target)>);
 
 /// The members straight (the writers') and the watchers' targets through the front proxy:
 /// `/clusters/NAME` of each member, then `/fleet`.
 pub(super) fn targets(world: &World) -> anyhow::Result<Targets> {
+    targets_at(&world.dir, &world.run.members, world.front.addr)
+}
+
+/// [`targets`] of the fleet in `dir`, through a front proxy at `front`.
+pub(crate) fn targets_at(
+    dir: &Path,
+    members: &[String],
+    front: SocketAddr,
+) -> anyhow::Result<Targets> {
     let opts = TlsOptions::default();
     let direct = Target::parse_group(
         &format!(
             "direct=kubeconfig:{}:member*",
-            world.dir.join("kubeconfig").display()
+            dir.join("kubeconfig").display()
         ),
         &opts,
     )?
     .1;
-    let through = world.dir.join("gateway.kubeconfig");
+    let through = dir.join("gateway.kubeconfig");
     let mut views = Vec::new();
-    for (m, name) in world.run.members.iter().enumerate() {
+    for (m, name) in members.iter().enumerate() {
         let t = Target::parse(
             &format!("{name}=kubeconfig:{}:{name}", through.display()),
             &opts,
@@ -370,8 +367,8 @@ pub(super) fn targets(world: &World) -> anyhow::Result<Targets> {
     ));
     for (_, t) in &mut views {
         t.host = "127.0.0.1".into();
-        t.port = world.front.addr.port();
-        t.authority = world.front.addr.to_string();
+        t.port = front.port();
+        t.authority = front.to_string();
     }
     Ok((direct, views))
 }
