@@ -87,3 +87,79 @@ pub fn check_cluster_name(name: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A Kubernetes quantity of bytes (`512Mi`, `2Gi`, `1G`, `1048576`): a whole number with an
+/// optional binary (`Ki` to `Ei`) or decimal (`k` to `E`) suffix. None for anything else
+/// (fractions, exponents, signs, blanks) or a value past `u64`.
+pub fn quantity_bytes(text: &str) -> Option<u64> {
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || digits > 20 {
+        return None;
+    }
+    let (number, suffix) = text.split_at(digits);
+    let number: u64 = number.parse().ok()?;
+    let scale: u64 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "Ei" => 1 << 60,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "E" => 1_000_000_000_000_000_000,
+        _ => return None,
+    };
+    number.checked_mul(scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantity_bytes;
+    use proptest::prelude::*;
+
+    #[test]
+    fn quantities_of_bytes_read_as_kube_writes_them_and_nothing_else() {
+        for (text, bytes) in [
+            ("0", Some(0)),
+            ("1048576", Some(1 << 20)),
+            ("512Mi", Some(512 << 20)),
+            ("2Gi", Some(2 << 30)),
+            ("1G", Some(1_000_000_000)),
+            ("3k", Some(3_000)),
+            ("16Ei", None),
+            ("15Ei", Some(15 << 60)),
+            ("18446744073709551616", None),
+            ("1.5Gi", None),
+            ("1e9", None),
+            ("-1Gi", None),
+            ("+1Gi", None),
+            (" 1Gi", None),
+            ("1Gi ", None),
+            ("1gi", None),
+            ("1K", None),
+            ("Gi", None),
+            ("", None),
+            ("1 Gi", None),
+            ("1Gi\u{0}", None),
+        ] {
+            assert_eq!(quantity_bytes(text), bytes, "{text:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_text_is_read_or_refused_without_a_panic(text in ".{0,40}") {
+            let _ = quantity_bytes(&text);
+        }
+
+        #[test]
+        fn a_whole_number_of_mebibytes_reads_back(n in 0u64..(1 << 40)) {
+            prop_assert_eq!(quantity_bytes(&format!("{n}Mi")), Some(n << 20));
+        }
+    }
+}

@@ -48,8 +48,8 @@ pub use reload::{
 };
 pub use retirement::{RetirementListener, RouteRetirement};
 pub use settings::{
-    CircuitBreakerSettings, ClusterConfig, Config, FleetSettings, GatewaySettings, Http2Settings,
-    Limits, ListenerSettings, ServingTls, SharedWatchSettings,
+    CacheSettings, CircuitBreakerSettings, ClusterConfig, Config, FleetSettings, GatewaySettings,
+    Http2Settings, Limits, ListenerSettings, ServingTls, SharedWatchSettings,
 };
 pub use table::{
     crypto_provider, egress_proxy, parse_certs, parse_key, parse_server, ClusterRoute, EgressProxy,

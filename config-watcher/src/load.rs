@@ -323,6 +323,7 @@ pub(crate) fn resolve_gateway(
         http2,
         fleet,
         shared_watches,
+        cache,
         auth,
         audit,
         access_log,
@@ -489,10 +490,28 @@ pub(crate) fn resolve_gateway(
             "must be at least 8".into(),
         ));
     }
-    let shared_watches = match shared_watches {
+    let mut shared_watches = match shared_watches {
         None => None,
         Some(spec) => Some(resolve_shared_watches(spec).map_err(|(field, m)| invalid(field, m))?),
     };
+    let cache = match cache {
+        None => None,
+        Some(spec) => Some(resolve_cache(spec).map_err(|(field, m)| invalid(field, m))?),
+    };
+    // A cached resource is shared for watches too: its hub is its cache.
+    if let Some(cache) = &cache {
+        let shared = shared_watches.get_or_insert_with(|| crate::settings::SharedWatchSettings {
+            resources: Vec::new(),
+            ring_size: crate::settings::SharedWatchSettings::DEFAULT_RING_SIZE as usize,
+            lag_limit: crate::settings::SharedWatchSettings::DEFAULT_RING_SIZE as usize / 4,
+            scope: Default::default(),
+        });
+        for (resource, _) in &cache.resources {
+            if !shared.resources.contains(resource) {
+                shared.resources.push(resource.clone());
+            }
+        }
+    }
     let auth = crate::auth::resolve_auth(auth, base).map_err(|(field, m)| invalid(field, m))?;
     let audit = match audit {
         None => None,
@@ -520,6 +539,7 @@ pub(crate) fn resolve_gateway(
         http2,
         fleet,
         shared_watches,
+        cache,
         auth,
         audit,
         access_log,
@@ -534,50 +554,20 @@ fn resolve_shared_watches(
     spec: crate::objects::SharedWatchesSpec,
 ) -> Result<crate::settings::SharedWatchSettings, (&'static str, String)> {
     use crate::settings::SharedWatchSettings as S;
-    if spec.resources.is_empty() {
-        return Err((
+    let resources = spec
+        .resources
+        .into_iter()
+        .map(|r| (r.group, r.version, r.resource))
+        .collect::<Vec<_>>();
+    let resources = checked_resources(
+        resources,
+        [
             "spec.sharedWatches.resources",
-            "at least one resource is required".into(),
-        ));
-    }
-    // A DNS-1123 label (resource, version) or subdomain (group), as kube requires of them.
-    let label = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 63
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !s.starts_with('-')
-            && !s.ends_with('-')
-    };
-    let mut resources: Vec<(String, String, String)> = Vec::new();
-    for r in spec.resources {
-        if !r.group.is_empty() && (r.group.len() > 253 || !r.group.split('.').all(label)) {
-            return Err((
-                "spec.sharedWatches.resources[].group",
-                format!("{:?} is not an API group name", r.group),
-            ));
-        }
-        if !label(&r.version) {
-            return Err((
-                "spec.sharedWatches.resources[].version",
-                format!("{:?} is not an API version", r.version),
-            ));
-        }
-        if !label(&r.resource) {
-            return Err((
-                "spec.sharedWatches.resources[].resource",
-                format!("{:?} is not a plural resource name", r.resource),
-            ));
-        }
-        let key = (r.group, r.version, r.resource);
-        if resources.contains(&key) {
-            return Err((
-                "spec.sharedWatches.resources",
-                format!("{}/{}/{} is listed twice", key.0, key.1, key.2),
-            ));
-        }
-        resources.push(key);
-    }
+            "spec.sharedWatches.resources[].group",
+            "spec.sharedWatches.resources[].version",
+            "spec.sharedWatches.resources[].resource",
+        ],
+    )?;
     let ring_size = spec.ring_size.unwrap_or(S::DEFAULT_RING_SIZE);
     if !(S::MIN_RING_SIZE..=S::MAX_RING_SIZE).contains(&ring_size) {
         return Err((
@@ -613,6 +603,99 @@ fn optional_seconds(
 }
 
 /// `value` if it is between 1 and `max`; else an error naming `field`.
+/// (group, version, plural resource).
+type Resource = (String, String, String);
+
+/// Resources named as kube names them (a DNS-1123 label for the resource and version, a
+/// subdomain for the group), at least one, each listed once; an error names the field of
+/// `fields`: the list, then an entry's group, version and resource.
+fn checked_resources(
+    resources: Vec<Resource>,
+    fields: [&'static str; 4],
+) -> Result<Vec<Resource>, (&'static str, String)> {
+    let [list, group_field, version_field, resource_field] = fields;
+    if resources.is_empty() {
+        return Err((list, "at least one resource is required".into()));
+    }
+    let label = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+    };
+    let mut checked: Vec<Resource> = Vec::new();
+    for key in resources {
+        let (group, version, resource) = &key;
+        if !group.is_empty() && (group.len() > 253 || !group.split('.').all(label)) {
+            return Err((group_field, format!("{group:?} is not an API group name")));
+        }
+        if !label(version) {
+            return Err((version_field, format!("{version:?} is not an API version")));
+        }
+        if !label(resource) {
+            return Err((
+                resource_field,
+                format!("{resource:?} is not a plural resource name"),
+            ));
+        }
+        if checked.contains(&key) {
+            return Err((
+                list,
+                format!("{group}/{version}/{resource} is listed twice"),
+            ));
+        }
+        checked.push(key);
+    }
+    Ok(checked)
+}
+
+/// `spec.cache` checked: its resources as `spec.sharedWatches`' are, the budget a quantity
+/// between 1 MiB and 1 TiB, each limit at least 1.
+fn resolve_cache(
+    spec: crate::objects::CacheSpec,
+) -> Result<crate::settings::CacheSettings, (&'static str, String)> {
+    use crate::settings::CacheSettings as C;
+    let default_max = spec
+        .max_objects_per_resource
+        .unwrap_or(C::DEFAULT_MAX_OBJECTS);
+    in_range(default_max, u32::MAX, "spec.cache.maxObjectsPerResource")?;
+    let mut limits = Vec::new();
+    for r in &spec.resources {
+        let max = r.max_objects.unwrap_or(default_max);
+        in_range(max, u32::MAX, "spec.cache.resources[].maxObjects")?;
+        limits.push(max as usize);
+    }
+    let names = spec
+        .resources
+        .into_iter()
+        .map(|r| (r.group, r.version, r.resource))
+        .collect::<Vec<_>>();
+    let names = checked_resources(
+        names,
+        [
+            "spec.cache.resources",
+            "spec.cache.resources[].group",
+            "spec.cache.resources[].version",
+            "spec.cache.resources[].resource",
+        ],
+    )?;
+    let memory_budget = match spec.memory_budget.as_deref() {
+        None => C::DEFAULT_MEMORY_BUDGET,
+        Some(text) => crate::checks::quantity_bytes(text)
+            .filter(|b| (1 << 20..=1 << 40).contains(b))
+            .ok_or((
+                "spec.cache.memoryBudget",
+                format!("{text:?} is not a quantity of bytes between 1Mi and 1Ti (say 512Mi)"),
+            ))?,
+    };
+    Ok(C {
+        resources: names.into_iter().zip(limits).collect(),
+        memory_budget,
+    })
+}
+
 fn in_range(value: u32, max: u32, field: &'static str) -> Result<u32, (&'static str, String)> {
     if (1..=max).contains(&value) {
         Ok(value)

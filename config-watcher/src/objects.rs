@@ -90,6 +90,10 @@ pub struct GatewaySpec {
     /// watch of it (docs/watches.md). Off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_watches: Option<SharedWatchesSpec>,
+    /// Lists served from memory (docs/cache.md): the members' objects of these resources kept
+    /// by the shared watches, as bytes. Off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheSpec>,
     /// Authentication (client certificates, token file, OIDC) and authorization mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AuthSpec>,
@@ -393,6 +397,38 @@ pub struct SharedResourceSpec {
     pub version: String,
     /// The plural resource name (`pods`).
     pub resource: String,
+}
+
+/// `spec.cache` of the Gateway: which resources' LISTs are served from memory, and how much
+/// memory that may take.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CacheSpec {
+    /// The cached resources (at least one); each is also shared for watches.
+    pub resources: Vec<CachedResourceSpec>,
+    /// The memory all cached objects of the gateway may take, as a Kubernetes quantity
+    /// (`512Mi`, `2Gi`; default `1Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget: Option<String>,
+    /// The most objects one resource of one member may hold in the cache (default 1,000,000);
+    /// a resource that outgrows it is served by the member again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_objects_per_resource: Option<u32>,
+}
+
+/// One resource of `spec.cache.resources`.
+#[derive(JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CachedResourceSpec {
+    /// The API group (`""` for the core group).
+    #[serde(default)]
+    pub group: String,
+    pub version: String,
+    /// The plural resource name (`pods`).
+    pub resource: String,
+    /// This resource's own limit of objects per member (default: `maxObjectsPerResource`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_objects: Option<u32>,
 }
 
 /// `kind: Cluster`.

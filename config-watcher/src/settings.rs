@@ -32,8 +32,11 @@ pub struct GatewaySettings {
     pub limits: Limits,
     pub http2: Http2Settings,
     pub fleet: FleetSettings,
-    /// `spec.sharedWatches`, resolved; None: every watch is the client's own.
+    /// `spec.sharedWatches`, resolved, with every cached resource among its resources; None:
+    /// every watch is the client's own.
     pub shared_watches: Option<SharedWatchSettings>,
+    /// `spec.cache`, resolved; None: every LIST goes to its member.
+    pub cache: Option<CacheSettings>,
     /// The `spec.auth` block, resolved (token file read, OIDC defaulted).
     pub auth: AuthSettings,
     /// The audit log (`spec.audit`); None: off.
@@ -195,6 +198,30 @@ impl SharedWatchSettings {
         self.resources
             .iter()
             .any(|(g, v, r)| g == group && v == version && r == resource)
+    }
+}
+
+/// `spec.cache`, resolved and checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheSettings {
+    /// The cached resources: (group, version, plural resource) and the most objects each
+    /// member's may hold.
+    pub resources: Vec<((String, String, String), usize)>,
+    /// Bytes all cached objects of the gateway may take.
+    pub memory_budget: u64,
+}
+
+impl CacheSettings {
+    pub const DEFAULT_MEMORY_BUDGET: u64 = 1 << 30;
+    pub const DEFAULT_MAX_OBJECTS: u32 = 1_000_000;
+
+    /// The most objects a member's `resource` in `group` (at `version`) may hold in the cache;
+    /// None: it is not cached.
+    pub fn caches(&self, group: &str, version: &str, resource: &str) -> Option<usize> {
+        self.resources
+            .iter()
+            .find(|((g, v, r), _)| g == group && v == version && r == resource)
+            .map(|(_, max)| *max)
     }
 }
 

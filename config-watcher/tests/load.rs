@@ -334,6 +334,95 @@ fn shared_watches(
         .map_err(|e| e.to_string())
 }
 
+/// `spec.cache` resolved (with the shared watches it implies), or the mistake named by field.
+fn cache(
+    block: &str,
+) -> Result<
+    (
+        Option<fleetgate_config_watcher::CacheSettings>,
+        Option<fleetgate_config_watcher::SharedWatchSettings>,
+    ),
+    String,
+> {
+    let (dir, _) = gateway_dir();
+    let path = dir.path().join("gateway.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{text}{block}")).unwrap();
+    load_path(dir.path())
+        .map(|c| (c.gateway.cache, c.gateway.shared_watches))
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn the_cache_is_off_by_default_shares_what_it_caches_and_refuses_bad_values() {
+    assert_eq!(cache(""), Ok((None, None)));
+    let (on, shared) = cache(
+        "  cache:\n    resources:\n    - {version: v1, resource: pods, maxObjects: 10}\n    - {version: v1, resource: namespaces}\n    memoryBudget: 256Mi\n    maxObjectsPerResource: 5000\n",
+    )
+    .unwrap();
+    let on = on.unwrap();
+    assert_eq!(on.caches("", "v1", "pods"), Some(10));
+    assert_eq!(on.caches("", "v1", "namespaces"), Some(5000));
+    assert_eq!(on.caches("", "v1", "configmaps"), None);
+    assert_eq!(on.memory_budget, 256 << 20);
+    let shared = shared.expect("a cached resource is shared for watches");
+    assert!(shared.shares("", "v1", "pods") && shared.shares("", "v1", "namespaces"));
+    assert_eq!((shared.ring_size, shared.lag_limit), (4096, 1024));
+    // With shared watches of its own: the union, their bounds kept.
+    let (on, shared) = cache(
+        "  sharedWatches:\n    resources: [{version: v1, resource: configmaps}, {version: v1, resource: pods}]\n    ringSize: 64\n  cache:\n    resources: [{version: v1, resource: pods}]\n",
+    )
+    .unwrap();
+    let (on, shared) = (on.unwrap(), shared.unwrap());
+    assert_eq!(on.memory_budget, 1 << 30, "1Gi unless said");
+    assert_eq!(on.caches("", "v1", "pods"), Some(1_000_000));
+    assert_eq!(shared.resources.len(), 2, "pods once");
+    assert_eq!(shared.ring_size, 64);
+    for (block, named) in [
+        ("  cache:\n    resources: []\n", "spec.cache.resources"),
+        ("  cache: {}\n", "missing field `resources`"),
+        (
+            "  cache:\n    resources: [{version: v1, resource: Pods}]\n",
+            "spec.cache.resources[].resource",
+        ),
+        (
+            "  cache:\n    resources: [{version: v1, resource: pods}, {version: v1, resource: pods}]\n",
+            "listed twice",
+        ),
+        (
+            "  cache:\n    resources: [{version: v1, resource: pods, maxObjects: 0}]\n",
+            "spec.cache.resources[].maxObjects",
+        ),
+        (
+            "  cache:\n    resources: [{version: v1, resource: pods}]\n    maxObjectsPerResource: 0\n",
+            "spec.cache.maxObjectsPerResource",
+        ),
+        (
+            "  cache:\n    resources: [{version: v1, resource: pods}]\n    memoryBudget: 1Ki\n",
+            "spec.cache.memoryBudget",
+        ),
+        (
+            "  cache:\n    resources: [{version: v1, resource: pods}]\n    memoryBudget: 2Ei\n",
+            "spec.cache.memoryBudget",
+        ),
+        (
+            "  cache:\n    resources: [{version: v1, resource: pods}]\n    memoryBudget: 1.5Gi\n",
+            "spec.cache.memoryBudget",
+        ),
+        (
+            "  cache:\n    resources: [{version: v1, resource: pods}]\n    memoryBudget: 99999999999999999999999Gi\n",
+            "spec.cache.memoryBudget",
+        ),
+        (
+            "  cache:\n    resources: [{version: v1, resource: pods, ttl: 5}]\n",
+            "unknown field `ttl`",
+        ),
+    ] {
+        let e = cache(block).expect_err(block);
+        assert!(e.contains(named), "{block}: {e}");
+    }
+}
+
 #[test]
 fn shared_watches_are_off_by_default_and_checked_when_on() {
     assert_eq!(shared_watches(""), Ok(None));

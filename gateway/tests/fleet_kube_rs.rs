@@ -9,20 +9,11 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, ObjectMeta, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::{Api, Client};
 use support::fleet::Fleet;
 
 async fn client(fleet: &Fleet, context: &str) -> Client {
-    let kubeconfig = Kubeconfig::read_from(fleet.gateway_kubeconfig()).expect("kubeconfig");
-    let options = KubeConfigOptions {
-        context: Some(context.to_owned()),
-        ..KubeConfigOptions::default()
-    };
-    let config = Config::from_custom_kubeconfig(kubeconfig, &options)
-        .await
-        .expect("config");
-    Client::try_from(config).expect("client")
+    support::kubectl::kube_client(&fleet.gateway_kubeconfig(), context).await
 }
 
 /// (cluster, namespace, name) of every ConfigMap `api` lists, `page` at a time.

@@ -3,7 +3,7 @@
 //! resourceVersion of a list or of any event and loses nothing; a member cut off mid-watch is
 //! told about and comes back without losing its events; a cluster that joins the view appears in
 //! the open watch as ADDED events and one that leaves ends its part, the watch staying open; a
-//! member's expired resourceVersion ends the watch with a 410 ERROR event, as kube-apiserver's;
+//! member's expired resourceVersion ends the watch with the member's exact 410 ERROR event;
 //! each user's watch spans only the clusters their AccessPolicies allow; a member whose watch
 //! stalls (the simulated member's fault switch) holds up no other, and its events made meanwhile
 //! arrive once it moves again, each once, in the same client watch. And a LIST whose member dies
@@ -304,8 +304,32 @@ fn an_expired_member_resource_version_ends_the_watch_with_410() {
     let status = &events.last().unwrap()["object"];
     assert_eq!(status["code"], 410, "{status}");
     assert_eq!(status["reason"], "Expired", "{status}");
+    // The member's own event, exactly: its message names member1's part of the version.
+    let member1 = &versions(&listed)["member1"];
     assert!(
-        status["message"].as_str().unwrap().contains("member1"),
+        status["message"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("too old resource version: {member1} (")),
+        "{status}"
+    );
+    let fields: Vec<&str> = status
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "apiVersion",
+            "code",
+            "kind",
+            "message",
+            "metadata",
+            "reason",
+            "status"
+        ],
         "{status}"
     );
     assert!(watch.next().is_none(), "the watch ends after the 410");

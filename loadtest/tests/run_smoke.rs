@@ -669,10 +669,12 @@ fn soak_restarts_members_and_every_watch_resumes_through_the_gateway() {
     );
 }
 
-/// `chaos` for 60 s (issue 33 item 5): informer-style watchers through the gateway while the
-/// driver injects every fault of its schedule; every event of every member accounted for, with
-/// no violation. The checker's power to catch duplicates, gaps and reorders is shown by its unit
-/// tests (`run::chaos::check`).
+/// `chaos` for 60 s (issue 33 item 5): informer-style watchers through the gateway, half of them
+/// over h2 (one shared connection), while the driver injects every fault of its schedule, a
+/// pull-mode member's tunnel cut and its agent killed among them; every event of every member
+/// accounted for, with no violation, the gateway's memory and descriptors flat, and the members'
+/// LISTs counted per fault. The checker's power to catch duplicates, gaps and reorders is shown
+/// by its unit tests (`run::chaos::check`), the flatness rule's by `run::chaos`'s.
 #[test]
 fn chaos_costs_the_watchers_no_event_through_a_minute_of_faults() {
     let Some(binary) = gateway_binary() else {
@@ -731,12 +733,8 @@ fn chaos_costs_the_watchers_no_event_through_a_minute_of_faults() {
     let (expected, seen) = (r["expected"].as_u64().unwrap(), r["seen"].as_u64().unwrap());
     assert!(expected > 1000 && seen >= expected, "{stdout}");
     // Every kind of fault happened at least once.
-    let kinds: Vec<&str> = r["faults"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["kind"].as_str().unwrap())
-        .collect();
+    let faults = r["faults"].as_array().unwrap();
+    let kinds: Vec<&str> = faults.iter().map(|f| f["kind"].as_str().unwrap()).collect();
     for kind in [
         "blackhole",
         "slow",
@@ -745,13 +743,50 @@ fn chaos_costs_the_watchers_no_event_through_a_minute_of_faults() {
         "gateway-restart",
         "gateway-kill",
         "config-churn",
+        "tunnel-cut",
+        "tunnel-kill",
     ] {
         assert!(kinds.contains(&kind), "{kind} never injected: {stdout}");
     }
+    // The last member is reached through its agent's tunnel, and the tunnel faults hit it.
+    assert_eq!(
+        r["pull_members"],
+        serde_json::json!(["member2"]),
+        "{stdout}"
+    );
     assert!(
-        r["faults"]
-            .as_array()
-            .unwrap()
+        faults
+            .iter()
+            .filter(|f| f["kind"].as_str().unwrap().starts_with("tunnel-"))
+            .all(|f| f["target"] == "member2"),
+        "{stdout}"
+    );
+    // Half the watchers spoke h2, and saw every event they had to, on shared connections.
+    assert_eq!(r["h2_watchers"], 6, "{stdout}");
+    let (h2_expected, h2_seen) = (
+        r["h2_expected"].as_u64().unwrap(),
+        r["h2_seen"].as_u64().unwrap(),
+    );
+    assert!(h2_expected > 500 && h2_seen >= h2_expected, "{stdout}");
+    assert_eq!(r["h2_violations"], 0, "{stdout}");
+    assert!(r["h2_connections"].as_u64().unwrap() >= 1, "{stdout}");
+    // The members' LISTs are counted for every fault, and summed by kind.
+    assert!(
+        faults.iter().all(|f| f["member_lists"].is_u64()),
+        "{stdout}"
+    );
+    assert!(
+        r["per_fault"]["tunnel-kill"]["member_lists"].is_u64(),
+        "{stdout}"
+    );
+    // The gateway's memory and descriptors were judged flat (a growth would be a failure).
+    assert!(r["processes_judged"].as_u64().unwrap() >= 1, "{stdout}");
+    assert!(
+        r["rss_growth_mib"].is_f64() && r["fds_growth"].is_f64(),
+        "{stdout}"
+    );
+    assert!(
+        faults
             .iter()
             .all(|f| !f["detail"].as_str().unwrap().starts_with("failed")),
         "{stdout}"

@@ -355,7 +355,9 @@ fn start_agent(
 }
 
 /// The demo shares the watches of configmaps and pods, one member watch per key for the whole
-/// gateway (docs/watches.md): DIR/gateway.yaml, as the fleet wrote it, gets `spec.sharedWatches`.
+/// gateway (docs/watches.md), and serves LISTs of configmaps, pods and namespaces from memory
+/// (docs/cache.md): DIR/gateway.yaml, as the fleet wrote it, gets `spec.sharedWatches` and
+/// `spec.cache`.
 fn share_watches(dir: &Path) -> anyhow::Result<()> {
     let path = dir.join("gateway.yaml");
     let text =
@@ -370,6 +372,10 @@ fn share_watches(dir: &Path) -> anyhow::Result<()> {
         .and_then(serde_yaml::Value::as_mapping_mut)
         .ok_or_else(|| anyhow!("{} has no spec", path.display()))?;
     spec.insert("sharedWatches".into(), shared);
+    let cache: serde_yaml::Value = serde_yaml::from_str(
+        "resources:\n- {group: '', version: v1, resource: configmaps}\n- {group: '', version: v1, resource: pods}\n- {group: '', version: v1, resource: namespaces}\nmemoryBudget: 256Mi\n",
+    )?;
+    spec.insert("cache".into(), cache);
     std::fs::write(&path, serde_yaml::to_string(&gateway)?)
         .with_context(|| format!("writing {}", path.display()))
 }

@@ -362,14 +362,19 @@ impl GatewayError {
 
 /// The Status of a 410 `Expired`: a resourceVersion older than the watch window, as
 /// kube-apiserver words it (`too old resource version: {detail}`). Sent inside a watch as an
-/// ERROR event (fixtures: configmaps-watch-too-old-rv1-raw.txt), or made from a member's 410 head.
+/// ERROR event (fixtures: configmaps-watch-too-old-rv1-raw.txt).
 pub fn expired_status(detail: &str) -> serde_json::Value {
+    expired_said(format!("too old resource version: {detail}"))
+}
+
+/// The Status of a 410 `Expired` with the member's own `message` (a member's 410 head).
+pub fn expired_said(message: String) -> serde_json::Value {
     serde_json::json!({
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
         "status": "Failure",
-        "message": format!("too old resource version: {detail}"),
+        "message": message,
         "reason": "Expired",
         "code": 410
     })

@@ -204,7 +204,8 @@ pub(crate) async fn watch(
             First::Left(First::Left(First::Right(ended))) => match ended {
                 Some(Ok(Ended::Expired(id, status))) => {
                     if let Some(cluster) = parts.current(id) {
-                        client.body(merge.expired(&cluster, status)).await?;
+                        info!(cluster = %cluster, "fleet watch: member's resourceVersion expired (410); the watch ends");
+                        client.body(merge.expired(status)).await?;
                         break;
                     }
                 }
@@ -708,11 +709,9 @@ impl Merge {
         })
     }
 
-    /// The ERROR event that ends the watch when `cluster`'s resourceVersion expired.
-    fn expired(&self, cluster: &str, mut status: Value) -> Bytes {
-        if let Some(Value::String(message)) = status.get_mut("message") {
-            *message = format!("cluster {cluster}: {message}");
-        }
+    /// The ERROR event that ends the watch when a member's resourceVersion expired: the
+    /// member's own, exactly as kube-apiserver sent it (the log names the cluster).
+    fn expired(&self, status: Value) -> Bytes {
         line(&json!({"type": "ERROR", "object": status}))
     }
 }
@@ -853,14 +852,14 @@ mod tests {
     }
 
     #[test]
-    fn an_expired_member_ends_the_watch_with_its_status_naming_the_cluster() {
-        let status = crate::errors::expired_status("41");
-        let end = out(vec![merge(false).expired("m2", status)]);
+    fn an_expired_member_ends_the_watch_with_its_exact_status() {
+        let status = crate::errors::expired_status("41 (52)");
+        let end = out(vec![merge(false).expired(status.clone())]);
         assert_eq!(end[0]["type"], "ERROR");
-        assert_eq!(end[0]["object"]["code"], 410);
+        assert_eq!(end[0]["object"], status);
         assert_eq!(
             end[0]["object"]["message"],
-            "cluster m2: too old resource version: 41"
+            "too old resource version: 41 (52)"
         );
     }
 }

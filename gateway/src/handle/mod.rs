@@ -171,7 +171,8 @@ pub(crate) struct BodyLimit {
 /// Which response the gateway writes itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReplyKind {
-    /// A fleet-view answer that ends (a LIST, a discovery document, a review, an object).
+    /// A gateway answer that ends: the fleet view's (a LIST, a discovery document, a review,
+    /// an object) and a LIST from a hub's objects.
     Fleet,
     /// A merged fleet watch.
     FleetWatch,
@@ -332,7 +333,13 @@ pub(crate) async fn serve<S: Session>(
         flow.classify(Some((proxied.name, proxied.info)));
     }
     let stream = ctx.exchange.shard_metrics.stream_opened();
-    if let Some(plan) = watch::plan(&table, &proxied, head.accept()) {
+    let planned = watch::plan(&table, &proxied, head.accept());
+    if let Some(watch::Planned::List(plan)) = planned {
+        // Boxed: a connection's task holds this future for its whole life.
+        if let Some(next) = Box::pin(flow.serve_cached_list(&proxied, plan)).await {
+            return Handled::Done(next);
+        }
+    } else if let Some(watch::Planned::Watch(plan)) = planned {
         let caller = watch::Caller {
             peer: conn.peer,
             limits: flow.limits,
@@ -743,6 +750,37 @@ impl<'a, S: Session> Flow<'a, S> {
         };
         drop(reply);
         self.end_own(ended).await
+    }
+
+    /// A LIST served from a hub's objects (`spec.cache`); None: not served (the member refused
+    /// the user, say), nothing written, the member answers it.
+    async fn serve_cached_list(
+        &mut self,
+        proxied: &Proxied<'_>,
+        plan: watch::list::ListPlan,
+    ) -> Option<Next> {
+        let caller = watch::Caller {
+            peer: self.conn.peer,
+            limits: self.limits,
+            started: self.started,
+        };
+        let mut reply = self.session.reply(self.head, ReplyKind::Fleet);
+        let served = watch::list::serve(&self.ctx.watches, proxied, plan, caller, &mut reply).await;
+        let (sent, keeps) = (reply.head_sent(), reply.keeps_connection());
+        drop(reply);
+        let metrics = &self.ctx.exchange.shard_metrics;
+        metrics.cache_list(served.is_some());
+        let result = served?;
+        self.ctx
+            .count_response(proxied.cluster, proxied.verb, 200, self.started);
+        self.trail.code = Some(200);
+        let ended = Ended {
+            result,
+            sent,
+            keeps,
+            cut: "cached list cut short",
+        };
+        Some(self.end_own(ended).await)
     }
 
     /// Ends a response the gateway wrote itself: a refusal before its head is answered with its

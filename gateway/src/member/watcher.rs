@@ -314,8 +314,13 @@ pub(crate) async fn run(
                 })
         };
         match missed {
-            Missed::Answered(410, _) => {
-                let status = crate::errors::expired_status(&from);
+            Missed::Answered(410, message) => {
+                // The member's own words when its 410 head had a Status, else kube's.
+                let status = if message.is_empty() {
+                    crate::errors::expired_status(&from)
+                } else {
+                    crate::errors::expired_said(message)
+                };
                 match handler.expired(&status) {
                     AfterExpiry::Relist => state = State::List,
                     AfterExpiry::WatchFrom(place) => {

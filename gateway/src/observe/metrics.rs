@@ -62,6 +62,12 @@ struct FailureLabels {
     kind: &'static str,
 }
 
+/// Labels of the cache's LIST counter: where a LIST of a cached resource was answered.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServedLabels {
+    served: &'static str,
+}
+
 /// Labels of the fleet view's request counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FleetLabels {
@@ -395,6 +401,9 @@ struct ShardCells {
     shared_watches: AtomicI64,
     shared_watch_clients: AtomicI64,
     shared_watch_feeds: AtomicI64,
+    /// LISTs of cached resources answered from memory, and sent to the member.
+    cache_lists_memory: AtomicU64,
+    cache_lists_member: AtomicU64,
     /// Every request cell of the shard, for the scrape (appended on a label set's first use).
     requests: Mutex<Vec<Arc<RequestCell>>>,
     /// The fleet view's requests (appended on a label set's first use).
@@ -535,7 +544,10 @@ impl Collector for ShardList {
         let mut upstream: AHashMap<ClusterLabels, i64> = AHashMap::new();
         let (mut open, mut upgraded, mut clients) = (0, 0, 0);
         let (mut shared, mut shared_clients, mut shared_feeds) = (0, 0, 0);
+        let (mut from_memory, mut from_member) = (0, 0);
         for shard in &shards {
+            from_memory += shard.cache_lists_memory.load(Ordering::Relaxed);
+            from_member += shard.cache_lists_member.load(Ordering::Relaxed);
             shared += shard.shared_watches.load(Ordering::Relaxed);
             shared_clients += shard.shared_watch_clients.load(Ordering::Relaxed);
             shared_feeds += shard.shared_watch_feeds.load(Ordering::Relaxed);
@@ -631,6 +643,18 @@ impl Collector for ShardList {
                 MetricType::Counter,
             ),
             fleet.iter().map(|(l, n)| (l, ConstCounter::new(*n))),
+        )?;
+        encode_family(
+            &mut encoder,
+            (
+                "cache_lists",
+                "LISTs of resources in spec.cache, by where they were answered: memory, or the member (docs/cache.md)",
+                MetricType::Counter,
+            ),
+            [
+                (&ServedLabels { served: "memory" }, ConstCounter::new(from_memory)),
+                (&ServedLabels { served: "member" }, ConstCounter::new(from_member)),
+            ],
         )?;
         for (name, help, value) in [
             (
@@ -925,6 +949,16 @@ impl ShardMetrics {
     /// Counts a client watch on a shared watch until the guard is dropped.
     pub fn shared_watch_client(&self) -> GaugeGuard {
         GaugeGuard::new(&self.cells, |c| &c.shared_watch_clients)
+    }
+
+    /// Counts a LIST of a cached resource, answered from memory or sent to the member.
+    pub fn cache_list(&self, from_memory: bool) {
+        let cell = if from_memory {
+            &self.cells.cache_lists_memory
+        } else {
+            &self.cells.cache_lists_member
+        };
+        cell.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a shared watch fed by another shard's until the guard is dropped.

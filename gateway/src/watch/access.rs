@@ -1,4 +1,4 @@
-//! Whether the member lets the user watch a resource in a scope: a SelfSubjectAccessReview
+//! Whether the member lets the user watch (or list) a resource in a scope: a SelfSubjectAccessReview
 //! (`authorization.k8s.io/v1`) sent as the user (the same impersonation as the user's own
 //! requests), cached per shard for [`TTL`] by (route, user, groups, uid, extra, resource,
 //! namespace).
@@ -52,11 +52,12 @@ impl ReviewCache {
 }
 
 /// The cache key: everything the member's answer depends on, unambiguously joined.
-fn cache_key(route: u64, who: &ClientIdentity, key: &HubKey) -> String {
+fn cache_key(route: u64, who: &ClientIdentity, key: &HubKey, verb: &str) -> String {
     let mut groups = who.groups.clone();
     groups.sort();
     json!([
         route,
+        verb,
         who.user,
         groups,
         who.uid,
@@ -68,22 +69,24 @@ fn cache_key(route: u64, who: &ClientIdentity, key: &HubKey) -> String {
     .to_string()
 }
 
-/// Whether the member lets the request's user watch `key`'s resource in its scope.
-pub(crate) async fn may_watch(
+/// Whether the member lets the request's user `verb` (`watch`, `list`) `key`'s resource in its
+/// scope.
+pub(crate) async fn may(
     ctx: &ShardWatches,
     proxied: &Proxied<'_>,
     key: &HubKey,
+    verb: &'static str,
     caller: Caller,
 ) -> bool {
     let Some(who) = proxied.identity.identity.as_deref() else {
         return false;
     };
-    let cached = cache_key(proxied.cluster.id, who, key);
+    let cached = cache_key(proxied.cluster.id, who, key, verb);
     if let Some(allowed) = ctx.watch_reviews.get(&cached) {
         return allowed;
     }
     let mut attributes = json!({
-        "verb": "watch",
+        "verb": verb,
         "group": key.group,
         "version": key.version,
         "resource": key.resource,

@@ -113,8 +113,11 @@ pub struct Event {
     pub previous: Option<Labels>,
     /// `{"type":KIND,"object":OBJECT}\n`.
     line: Bytes,
-    /// OBJECT, a slice of `line`.
+    /// OBJECT, a slice of `line`: `{"kind":..,"apiVersion":..,` first, as kube encodes them.
     object: Bytes,
+    /// Where in `object` the fields after `kind` and `apiVersion` start: a LIST's item is `{`
+    /// and those (kube-apiserver's list items go without them). 1 when the object has neither.
+    item_at: u32,
     /// The same object as an ADDED and as a DELETED event (a client whose selector it starts
     /// or stops matching), and as a Table event with column definitions: built once, when first
     /// needed.
@@ -125,7 +128,8 @@ pub struct Event {
 
 impl Event {
     fn new(kind: Kind, rv: u64, object: &Value, meta: Meta) -> Event {
-        let line = encode(kind, &serde_json::to_vec(object).unwrap_or_default());
+        let (encoded, item_at) = encode_object(object);
+        let line = encode(kind, &encoded);
         let prefix = line_prefix(kind).len();
         let object = line.slice(prefix..line.len() - 2);
         Event {
@@ -137,10 +141,23 @@ impl Event {
             previous: None,
             line,
             object,
+            item_at,
             as_added: OnceLock::new(),
             as_deleted: OnceLock::new(),
             with_columns: OnceLock::new(),
         }
+    }
+
+    /// The object as a LIST's item, in two pieces to write one after the other: `{` and the
+    /// object's fields but `kind` and `apiVersion`.
+    pub fn item(&self) -> [&[u8]; 2] {
+        let at = (self.item_at as usize).min(self.object.len());
+        [b"{", &self.object[at..]]
+    }
+
+    /// The object's whole JSON.
+    pub fn object(&self) -> &Bytes {
+        &self.object
     }
 
     /// The event as a client sees it: as `kind` (its own, or ADDED / DELETED when the client's
@@ -162,6 +179,42 @@ impl Event {
             (Some(columns), false) => encode(kind, &with_columns(&self.object, columns)),
         }
     }
+}
+
+/// An object's JSON with `kind` and `apiVersion` first (when it has them), and where the fields
+/// after them start.
+fn encode_object(object: &Value) -> (Vec<u8>, u32) {
+    let Value::Object(map) = object else {
+        return (serde_json::to_vec(object).unwrap_or_default(), 1);
+    };
+    let (Some(kind @ Value::String(_)), Some(api_version @ Value::String(_))) =
+        (map.get("kind"), map.get("apiVersion"))
+    else {
+        return (serde_json::to_vec(object).unwrap_or_default(), 1);
+    };
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"{\"kind\":");
+    let _ = serde_json::to_writer(&mut out, kind);
+    out.extend_from_slice(b",\"apiVersion\":");
+    let _ = serde_json::to_writer(&mut out, api_version);
+    let item_at = out.len() + 1;
+    let mut rest = map
+        .iter()
+        .filter(|(k, _)| *k != "kind" && *k != "apiVersion")
+        .peekable();
+    if rest.peek().is_none() {
+        out.push(b'}');
+        let at = out.len() - 1;
+        return (out, at as u32);
+    }
+    for (key, value) in rest {
+        out.push(b',');
+        let _ = serde_json::to_writer(&mut out, key);
+        out.push(b':');
+        let _ = serde_json::to_writer(&mut out, value);
+    }
+    out.push(b'}');
+    (out, item_at as u32)
 }
 
 fn line_prefix(kind: Kind) -> String {
@@ -236,8 +289,19 @@ fn version_of(metadata: Option<&Value>) -> Option<u64> {
         .ok()
 }
 
-/// The objects a hub holds, by namespace and name: their last ADDED or MODIFIED event.
-pub type Objects = BTreeMap<(Box<str>, Box<str>), Arc<Event>>;
+/// The objects a hub holds by [`object_key`], so in the order kube-apiserver lists them: their
+/// last ADDED or MODIFIED event.
+pub type Objects = BTreeMap<Box<str>, Arc<Event>>;
+
+/// An object's place in [`Objects`]: `namespace/name` (`/name` when cluster-scoped), ordered as
+/// kube-apiserver orders a list (by its storage key, where `a-b/x` comes before `a/x`).
+pub fn object_key(namespace: &str, name: &str) -> Box<str> {
+    let mut key = String::with_capacity(namespace.len() + 1 + name.len());
+    key.push_str(namespace);
+    key.push('/');
+    key.push_str(name);
+    key.into()
+}
 
 /// Where a hub is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -317,6 +381,9 @@ pub struct State {
     pub objects: Objects,
     /// A Table hub's column definitions (JSON).
     pub columns: Option<Bytes>,
+    /// The `kind` and `apiVersion` of the member's list (`ConfigMapList`, `v1`), as a LIST
+    /// from the hub's objects names them.
+    pub list_kind: Option<(Box<str>, Box<str>)>,
 }
 
 impl State {
@@ -324,6 +391,15 @@ impl State {
     /// to its resourceVersion, and a bookmark there says the replay is done.
     fn replays(&self, kind: Kind, rv: u64) -> bool {
         self.replaying && (rv < self.listed_rv || (rv == self.listed_rv && kind != Kind::Bookmark))
+    }
+
+    /// Drops the ring and the objects (an ended hub). The sequence goes on past the events
+    /// dropped, so a client still behind them is not taken for caught up (and told by a last
+    /// bookmark that it holds them): it resumes from its own last event.
+    fn drop_events(&mut self) {
+        self.base += self.ring.len() as u64;
+        self.ring.clear();
+        self.objects.clear();
     }
 
     pub fn next_seq(&self) -> u64 {
@@ -406,6 +482,7 @@ impl Hub {
                 replay_lost: false,
                 objects: BTreeMap::new(),
                 columns: None,
+                list_kind: None,
             }),
             signal: Signal::default(),
             clients: Cell::new(0),
@@ -452,8 +529,7 @@ impl Hub {
         let mut state = self.state.borrow_mut();
         state.phase = phase;
         // Nothing is served from an ended hub: its memory goes now.
-        state.ring.clear();
-        state.objects.clear();
+        state.drop_events();
         drop(state);
         self.signal.bump();
     }
@@ -562,6 +638,10 @@ impl Hub {
         if state.columns.is_none() {
             state.columns = columns;
         }
+        let text = |field: &str| list.get(field).and_then(Value::as_str).map(Box::from);
+        if let (Some(kind), Some(api_version)) = (text("kind"), text("apiVersion")) {
+            state.list_kind = Some((kind, api_version));
+        }
         if state.phase == Phase::Starting {
             state.objects = objects;
             // A first client that listed before the hub did is served from a replay of what
@@ -597,10 +677,7 @@ impl Hub {
         let api_version = list.get("apiVersion").cloned().unwrap_or(Value::Null);
         let mut objects = Objects::new();
         let mut add = |event: Event| {
-            objects.insert(
-                (event.namespace.clone(), event.name.clone()),
-                Arc::new(event),
-            );
+            objects.insert(object_key(&event.namespace, &event.name), Arc::new(event));
         };
         let columns = match self.key.form {
             Form::Json => {
@@ -808,6 +885,33 @@ impl Hub {
         true
     }
 
+    /// The member's current resourceVersion, as cheaply as it gives it: a `limit=1` list of the
+    /// hub's collection, as the gateway itself, in JSON (a consistent read from the hub waits
+    /// until the hub has seen it). None when the member did not answer with one.
+    pub async fn member_version(&self, shard: &ShardWatches, caller: Caller) -> Option<u64> {
+        let own = OwnRequests::new();
+        let request = own.request(caller);
+        let gateway_itself = gateway_itself();
+        let path = self.collection();
+        let asked = Asked {
+            rest: path.as_bytes(),
+            query: b"?limit=1",
+            verb: "list",
+        };
+        let to = To {
+            cluster: &self.cluster,
+            identity: &gateway_itself,
+            client: &request,
+        };
+        let body = Ask::get(&asked)
+            .accept(b"application/json")
+            .read(&shard.exchange, &to)
+            .await
+            .ok()?;
+        let list: Value = serde_json::from_slice(&body).ok()?;
+        version_of(list.get("metadata"))
+    }
+
     /// Opens a member watch of the hub's collection with `query`, as the gateway itself.
     async fn open_watch(
         &self,
@@ -840,7 +944,7 @@ impl Hub {
         if matches!(event.kind, Kind::Added | Kind::Modified)
             && !state.replays(event.kind, event.rv)
         {
-            let key = (event.namespace.clone(), event.name.clone());
+            let key = object_key(&event.namespace, &event.name);
             event.previous = state.objects.get(&key).map(|held| held.labels.clone());
         }
         self.apply(&mut state, Arc::new(event));
@@ -901,14 +1005,14 @@ impl Hub {
         state.replaying = false;
         match event.kind {
             Kind::Added | Kind::Modified => {
-                let key = (event.namespace.clone(), event.name.clone());
+                let key = object_key(&event.namespace, &event.name);
                 state.objects.insert(key, Arc::clone(&event));
                 self.push_ring(state, event);
             }
             Kind::Deleted => {
                 state
                     .objects
-                    .remove(&(event.namespace.clone(), event.name.clone()));
+                    .remove(&object_key(&event.namespace, &event.name));
                 self.push_ring(state, event);
             }
             Kind::Bookmark => self.push_ring(state, event),
@@ -1252,6 +1356,7 @@ mod tests {
             replay_lost: false,
             objects: BTreeMap::new(),
             columns: None,
+            list_kind: None,
         };
         let ring_size = 4;
         for rv in 11..=16 {
@@ -1267,5 +1372,11 @@ mod tests {
         assert_eq!(state.at(state.seek(12)).unwrap().rv, 13);
         assert_eq!(state.seek(16), 6);
         assert!(state.at(1).is_none());
+        // An ended hub drops its events; a client at seq 3 (rv 13 sent, 14-16 not) is still
+        // behind (config churn in the chaos run lost such clients' events to a last bookmark).
+        let next = state.next_seq();
+        state.drop_events();
+        assert_eq!(state.next_seq(), next);
+        assert!(3 < state.next_seq() && state.ring.is_empty());
     }
 }

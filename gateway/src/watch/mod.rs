@@ -18,6 +18,8 @@
 //! - `client`: one client's cursor over a hub, filtered by its selectors.
 //! - `across`: per gateway (`scope: Gateway`), a key's hubs on other shards than its home are fed
 //!   by the home's hub over a lock-free channel.
+//! - `list`: a LIST of a resource in `spec.cache` served from its hub's objects (docs/cache.md);
+//!   [`plan`] says which, read as a watch's request is ([`Planned::List`]).
 //!
 //! Without locks: a hub lives on the shard that opened it and serves that shard's clients only
 //! (per shard, the member holds one watch per key per shard; per gateway, one). Called by the
@@ -27,6 +29,7 @@ pub mod access;
 pub mod across;
 mod client;
 pub mod hub;
+pub mod list;
 pub mod selector;
 
 use std::cell::RefCell;
@@ -108,17 +111,98 @@ const SERVED_PARAMS: &[&[u8]] = &[
     b"timeout",
 ];
 
-/// Whether `proxied` (a request `decide` routed to a member) is a watch this gateway shares, and
-/// how; None: it goes to the member as it came. `accept` is the client's `Accept` field values.
+/// The query parameters a LIST from a hub's objects serves (`list`); any other (`continue`,
+/// say) sends the LIST to the member.
+const LISTED_PARAMS: &[&[u8]] = &[
+    b"watch",
+    b"resourceVersion",
+    b"resourceVersionMatch",
+    b"timeoutSeconds",
+    b"limit",
+    b"labelSelector",
+    b"fieldSelector",
+    b"timeout",
+];
+
+/// A request the gateway serves from a hub instead of its member.
+pub enum Planned {
+    /// A watch shared through its hub.
+    Watch(Plan),
+    /// A LIST from its hub's objects (`spec.cache`).
+    List(list::ListPlan),
+}
+
+/// What a watch or a LIST served from a hub asked for, read the same way for both.
+struct Asked<'q> {
+    key: HubKey,
+    query: &'q [u8],
+    labels: LabelSelector,
+    fields: FieldSelector,
+    /// The selectors as query pairs for a member request, each value percent-encoded again.
+    selectors: String,
+}
+
+impl Asked<'_> {
+    fn value(&self, key: &str) -> Option<String> {
+        crate::fleet::token::query_value(self.query, key)
+    }
+
+    /// A boolean parameter as Go's `strconv.ParseBool` reads it (absent: false); None when
+    /// it is none of those.
+    fn flag(&self, key: &str) -> Option<bool> {
+        match self.value(key).as_deref() {
+            None => Some(false),
+            Some("true" | "1" | "t" | "T" | "TRUE" | "True") => Some(true),
+            Some("false" | "0" | "f" | "F" | "FALSE" | "False") => Some(false),
+            Some(_) => None,
+        }
+    }
+
+    /// A whole number of at most `digits` digits (absent or empty: None inside Some).
+    fn number(&self, key: &str, digits: usize) -> Option<Option<u64>> {
+        match self.value(key).as_deref() {
+            None | Some("") => Some(None),
+            Some(n) if n.bytes().all(|b| b.is_ascii_digit()) && n.len() <= digits => {
+                Some(Some(n.parse().ok()?))
+            }
+            Some(_) => None,
+        }
+    }
+}
+
+/// Whether `proxied` (a request `decide` routed to a member) is a watch this gateway shares, or
+/// a LIST it serves from a hub's objects, and how; None: it goes to the member as it came.
+/// `accept` is the client's `Accept` field values.
 pub fn plan<'a>(
     table: &RouteTable,
     proxied: &Proxied<'_>,
+    accept: impl Iterator<Item = &'a [u8]>,
+) -> Option<Planned> {
+    let info = &proxied.info;
+    match info.verb {
+        KubeVerb::Watch => plan_watch(table, proxied, accept).map(Planned::Watch),
+        KubeVerb::List => {
+            let cache = table.gateway().cache.as_ref()?;
+            cache.caches(info.api_group, info.api_version, info.resource)?;
+            let asked = shareable(table, proxied, accept, LISTED_PARAMS)?;
+            list::plan(asked).map(Planned::List)
+        }
+        _ => None,
+    }
+}
+
+/// What every request served from a hub needs: a collection whose watches are shared, on a
+/// cluster that impersonates the user, in a form the hub keeps, with only `params` in its query,
+/// each readable as the member would read it, and selectors the gateway reads as the member.
+fn shareable<'q, 'a>(
+    table: &RouteTable,
+    proxied: &'q Proxied<'_>,
     mut accept: impl Iterator<Item = &'a [u8]>,
-) -> Option<Plan> {
+    params: &[&[u8]],
+) -> Option<Asked<'q>> {
     let settings = table.gateway().shared_watches.as_ref()?;
     let info = &proxied.info;
-    if info.verb != KubeVerb::Watch
-        || !info.is_resource_request
+    if !info.is_resource_request
         || !info.classified
         || !info.subresource.is_empty()
         || !info.name.is_empty()
@@ -150,11 +234,11 @@ pub fn plan<'a>(
     let mut seen: Vec<&[u8]> = Vec::new();
     for pair in query.split(|b| *b == b'&').filter(|p| !p.is_empty()) {
         let key = pair.split(|b| *b == b'=').next().unwrap_or(pair);
-        if !SERVED_PARAMS.contains(&key) || seen.contains(&key) {
+        if !params.contains(&key) || seen.contains(&key) {
             return None;
         }
         // A pair Go's `url.Query()` drops (a `;`, a broken escape) or reads as bytes that are no
-        // text: the member's reading of it is the member's own, so the watch is too.
+        // text: the member's reading of it is the member's own, so the request is too.
         let readable = request_info::go_keeps(pair)
             && String::from_utf8(request_info::Unescaped::new(pair).collect()).is_ok();
         if !readable {
@@ -163,41 +247,6 @@ pub fn plan<'a>(
         seen.push(key);
     }
     let value = |key: &str| crate::fleet::token::query_value(query, key);
-    let flag = |key: &str| -> Option<bool> {
-        match value(key).as_deref() {
-            None => Some(false),
-            Some("true" | "1" | "t" | "T" | "TRUE" | "True") => Some(true),
-            Some("false" | "0" | "f" | "F" | "FALSE" | "False") => Some(false),
-            Some(_) => None,
-        }
-    };
-    if !flag("watch")? {
-        return None;
-    }
-    // resourceVersionMatch means nothing to a watch at 1.24 unless it is empty.
-    if value("resourceVersionMatch").is_some_and(|v| !v.is_empty()) {
-        return None;
-    }
-    let start = match value("resourceVersion").as_deref() {
-        None | Some("") | Some("0") => Start::Current,
-        Some(rv) if rv.bytes().all(|b| b.is_ascii_digit()) && rv.len() <= 19 => {
-            Start::After(rv.parse().ok()?)
-        }
-        // The member answers an unreadable resourceVersion itself (a 500).
-        Some(_) => return None,
-    };
-    // A Table's Age cell is the member's at the time it rendered: initial events from the hub's
-    // state would show stale ages. kubectl always starts from its list's resourceVersion.
-    if form == Form::Table && start == Start::Current {
-        return None;
-    }
-    let timeout = match value("timeoutSeconds").as_deref() {
-        None | Some("") | Some("0") => None,
-        Some(secs) if secs.bytes().all(|b| b.is_ascii_digit()) && secs.len() <= 9 => {
-            Some(Duration::from_secs(secs.parse().ok()?))
-        }
-        Some(_) => return None,
-    };
     // Each selector the client gave, parsed, and passed on as it was parsed.
     let mut selectors = String::new();
     let mut selector = |key: &str| {
@@ -213,7 +262,7 @@ pub fn plan<'a>(
         None => FieldSelector::default(),
         Some(text) => FieldSelector::parse(&text).ok()?,
     };
-    Some(Plan {
+    Some(Asked {
         key: HubKey {
             cluster: Arc::clone(&cluster.name),
             route: cluster.id,
@@ -223,11 +272,52 @@ pub fn plan<'a>(
             namespace: info.namespace.to_owned(),
             form,
         },
-        start,
+        query,
         labels,
         fields,
         selectors,
-        bookmarks: flag("allowWatchBookmarks")?,
+    })
+}
+
+/// A watch [`shareable`], and where it starts.
+fn plan_watch<'a>(
+    table: &RouteTable,
+    proxied: &Proxied<'_>,
+    accept: impl Iterator<Item = &'a [u8]>,
+) -> Option<Plan> {
+    let asked = shareable(table, proxied, accept, SERVED_PARAMS)?;
+    if !asked.flag("watch")? {
+        return None;
+    }
+    // resourceVersionMatch means nothing to a watch at 1.24 unless it is empty.
+    if asked
+        .value("resourceVersionMatch")
+        .is_some_and(|v| !v.is_empty())
+    {
+        return None;
+    }
+    let start = match asked.value("resourceVersion").as_deref() {
+        None | Some("") | Some("0") => Start::Current,
+        // The member answers an unreadable resourceVersion itself (a 500).
+        Some(_) => Start::After(asked.number("resourceVersion", 19)??),
+    };
+    // A Table's Age cell is the member's at the time it rendered: initial events from the hub's
+    // state would show stale ages. kubectl always starts from its list's resourceVersion.
+    if asked.key.form == Form::Table && start == Start::Current {
+        return None;
+    }
+    let timeout = asked
+        .number("timeoutSeconds", 9)?
+        .filter(|&secs| secs > 0)
+        .map(Duration::from_secs);
+    let bookmarks = asked.flag("allowWatchBookmarks")?;
+    Some(Plan {
+        key: asked.key,
+        start,
+        labels: asked.labels,
+        fields: asked.fields,
+        selectors: asked.selectors,
+        bookmarks,
         timeout,
     })
 }
@@ -304,7 +394,7 @@ pub(crate) async fn serve(
 ) -> Served {
     // Boxed: the access review is a whole member request, and a future that held it inline would
     // keep its room for as long as the client watches.
-    if !Box::pin(access::may_watch(ctx, proxied, &plan.key, caller)).await {
+    if !Box::pin(access::may(ctx, proxied, &plan.key, "watch", caller)).await {
         return Served::Proxy;
     }
     // Where a hub this watch starts replays from. Not for a label-selecting client: replayed

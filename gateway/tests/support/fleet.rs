@@ -242,6 +242,12 @@ impl Fleet {
         )
     }
 
+    /// The stdout of a kubectl run straight to `member` as its admin, which must succeed.
+    pub fn direct_ok(&self, member: &str, args: &[&str]) -> String {
+        let out = super::kubectl::kubectl(&self.fleet_path("kubeconfig"), member, args);
+        super::kubectl::succeeded(out, &format!("{member} {args:?}"), "")
+    }
+
     /// `clusters` simulated members with `objects` objects each; the fleet's files (Gateway,
     /// Clusters, policies, PKI, kubeconfigs) are written to the temporary directory itself.
     pub fn sim(clusters: usize, objects: usize) -> Fleet {

@@ -154,3 +154,47 @@ pub fn forwarded_port(stdout: &mut super::wait::LineReader) -> u16 {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no port in {line:?}"))
 }
+
+/// A kube-rs client of `kubeconfig`'s `context`.
+pub async fn kube_client(kubeconfig: &Path, context: &str) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let options = kube::config::KubeConfigOptions {
+        context: Some(context.to_owned()),
+        ..Default::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .expect("config");
+    kube::Client::try_from(config).expect("client")
+}
+
+/// alice's `get --raw` of `path` on member1 (configmaps), through the gateway
+/// (`/clusters/member1{path}`) and at the member itself (impersonated, as the gateway would): the
+/// member refuses her `verb`, and kubectl renders the gateway's answer exactly as the member's.
+pub fn assert_refused_alike(
+    gateway_kubeconfig: &Path,
+    member_kubeconfig: &Path,
+    path: &str,
+    verb: &str,
+) {
+    let through = format!("/clusters/member1{path}");
+    let through_gateway = kubectl(
+        gateway_kubeconfig,
+        "member1",
+        &["--user", "alice", "get", "--raw", &through],
+    );
+    let at_member = kubectl(
+        member_kubeconfig,
+        "member1",
+        &["--as", "alice", "--as-group", "devs", "get", "--raw", path],
+    );
+    assert!(!through_gateway.status.success());
+    let refused = String::from_utf8_lossy(&through_gateway.stderr);
+    assert!(
+        refused.contains(&format!(
+            "User \"alice\" cannot {verb} resource \"configmaps\""
+        )),
+        "{refused}"
+    );
+    assert_eq!(refused, String::from_utf8_lossy(&at_member.stderr));
+}

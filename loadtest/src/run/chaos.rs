@@ -3,16 +3,24 @@
 //!
 //! The scenario brings its own world, in a work directory: a simulated fleet in this process
 //! (`--chaos-members`, no churn, a short `--history-window` so that a long outage ends in 410),
-//! one TCP `proxy` per member that the gateway's Cluster files point at, and `fleetgate serve
-//! --config DIR` as a child process (`--gateway-bin`) behind one more proxy, so the watchers keep
-//! one address when the gateway restarts elsewhere. Then, for `--duration`:
+//! one TCP `proxy` per member, and `fleetgate serve --config DIR` as a child process
+//! (`--gateway-bin`) behind one more proxy, so the watchers keep one address when the gateway
+//! restarts elsewhere. The gateway's Cluster files point at the members' proxies, but for the last
+//! `--pull-members` members (1 by default), which are pull-mode (`connectMode: Tunnel`): each has
+//! an agent, `fleetgate agent` as a child process (same binary), that dials the gateway's tunnel
+//! listener through a proxy of its own and reaches its member through the member's proxy. With
+//! `--shared-watches` the gateway shares the configmaps' member watches (off by default). Then,
+//! for `--duration`:
 //!
 //! - `--watchers` watchers, spread over `/clusters/memberK` of each member and `/fleet`, each as
 //!   an informer: LIST the configmaps of the `chaos` namespace, WATCH from the list's
 //!   resourceVersion with bookmarks, resume from the last resourceVersion whenever the stream
 //!   ends, LIST again after a 410. The fleet view's resourceVersions are composite (each member's
 //!   by cluster, docs/fleet.md): each event counts for its cluster's member, and the other
-//!   members' versions in it place those members as a bookmark would.
+//!   members' versions in it place those members as a bookmark would. The last `--h2-share` of
+//!   them (half by default, over every view) speak h2 over TLS, every LIST and WATCH a stream of
+//!   one shared connection as client-go's are (`h2`), opened again when it ends; the rest speak
+//!   HTTP/1.1, a connection per request. The report counts the h2 ones apart too.
 //! - A writer per member, straight to the member: creates, merge patches and deletes of
 //!   configmaps, `--write-rate` a second, each stamped `fleetgate.io/sent-at`. The member's own
 //!   history is its event log (every change in the namespace, with its resourceVersion, read from
@@ -21,9 +29,10 @@
 //!   a member blackholed (its proxy holds every byte, then resets the connections the partition
 //!   outlived) and a member slowed (its proxy delays every byte), its connections cut (reset),
 //!   the member restarted (down, then back with its objects and history), the gateway restarted
-//!   (SIGTERM, a new one started at once) and killed (SIGKILL, then started), and configuration
+//!   (SIGTERM, a new one started at once) and killed (SIGKILL, then started), configuration
 //!   churn (a member's Cluster relabelled, an extra Cluster added and removed, then everything
-//!   restored). A pull-mode tunnel kill is not among them.
+//!   restored), and a pull-mode member's tunnel cut (its tunnel proxy resets it: a flap, the
+//!   agent dials again) and killed (the agent SIGKILLed, then started again).
 //!
 //! After the run the faults are over; one last write per member marks its final resourceVersion,
 //! and the driver waits (bounded by `--settle-timeout`) until every watcher has reached it, on the
@@ -31,12 +40,18 @@
 //! every change after its start exactly once, in order, or covered by a relist after a 410.
 //! Violations (duplicates, gaps, reorders, unknown events, watchers that never caught up) are
 //! charged to the fault they happened in or after, printed with the counts, and fail the run.
+//! The members' LISTs are counted too: each member's `fleetgate_sim_requests_total` LIST
+//! counter is read at every fault's start and at the end, and the LISTs from one fault to the
+//! next are that fault's (printed per fault and per kind).
 //!
 //! Like the soak, every `--sample-every` it records the gateway's resident memory and open
 //! descriptors and the write-to-delivery latency of the events of the interval; `--chart` draws
-//! them. Called by `run` (`--scenario chaos`); needs no `--target`.
+//! them. The soak's flatness rule judges them, each gateway process apart (a restart starts
+//! afresh), after its first [`FLAT_WARMUP`]; a growth fails the run. Called by `run`
+//! (`--scenario chaos`); needs no `--target`.
 
 mod check;
+pub(crate) mod h2;
 pub(crate) mod members;
 pub(crate) mod proxy;
 pub(crate) mod watcher;
@@ -48,7 +63,7 @@ use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context};
+use anyhow::{anyhow, bail, Context};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -58,15 +73,17 @@ use serde_json::json;
 use tokio::sync::Notify;
 
 pub use check::{check, Change, Kind, Obs, Tally, Violation};
+use h2::H2Shared;
 use members::{Recorder, Writer};
 pub use watcher::decode_composite;
 use watcher::{Incident, Watcher};
-use world::{build_world, run_schedule, targets, World};
+use world::{build_world, member_lists, run_schedule, targets, World};
 
 use super::client::{HttpConn, Target};
 use super::fanout::body_request;
 use super::procstat::ProcWatch;
 use super::scenarios::new_hist;
+use super::soak::{growth_failures, trend};
 use super::{parse_duration, RunArgs, TargetResult};
 
 /// The namespace every watcher and writer works in.
@@ -78,6 +95,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 pub const FAULT_GRACE: Duration = Duration::from_secs(10);
 /// Quiet before the first fault and between two.
 pub const FIRST_FAULT: Duration = Duration::from_secs(3);
+/// A gateway process's samples this long after its first are its warm-up (watchers coming back,
+/// member connections opened), left out of the flatness verdict.
+pub const FLAT_WARMUP: Duration = Duration::from_secs(10);
 
 /// `chaos`' own flags (flattened into `run`'s).
 #[derive(Debug, Clone, clap::Args)]
@@ -108,9 +128,24 @@ pub struct ChaosArgs {
     )]
     pub write_rate: f64,
     /// chaos: the faults injected, comma-separated (default: all of blackhole, slow, cut,
-    /// member-restart, gateway-restart, gateway-kill, config-churn).
+    /// member-restart, gateway-restart, gateway-kill, config-churn, and with pull-mode members
+    /// tunnel-cut and tunnel-kill).
     #[arg(long, value_delimiter = ',')]
     pub faults: Vec<String>,
+    /// chaos: how many members (the last ones) reach the gateway in pull mode, through a
+    /// `fleetgate agent` child process dialing its tunnel listener.
+    #[arg(long, default_value_t = 1)]
+    pub pull_members: usize,
+    /// chaos: the share of the watchers (0 to 1) that speak h2 over TLS to the gateway, all their
+    /// LISTs and WATCHes streams of one shared connection; the rest speak HTTP/1.1, one
+    /// connection per request.
+    #[arg(long, default_value_t = 0.5)]
+    pub h2_share: f64,
+    /// chaos: the gateway shares the configmaps' member watches (`spec.sharedWatches`, scope
+    /// Gateway: one member watch per member for every watcher of it, docs/watches.md) instead of
+    /// giving each client watch its own.
+    #[arg(long)]
+    pub shared_watches: bool,
     /// chaos, rollout: past events each member keeps for resume; a watch resumed from further
     /// back gets 410 Expired (rollout: 10000 by default).
     #[arg(
@@ -143,10 +178,14 @@ pub enum FaultKind {
     GatewayRestart,
     GatewayKill,
     ConfigChurn,
+    /// A pull-mode member's tunnel reset on its way (the agent dials again): a flap.
+    TunnelCut,
+    /// A pull-mode member's agent killed (SIGKILL) and started again.
+    TunnelKill,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::Blackhole,
         FaultKind::Slow,
         FaultKind::Cut,
@@ -154,6 +193,8 @@ impl FaultKind {
         FaultKind::GatewayRestart,
         FaultKind::GatewayKill,
         FaultKind::ConfigChurn,
+        FaultKind::TunnelCut,
+        FaultKind::TunnelKill,
     ];
 
     pub fn name(self) -> &'static str {
@@ -165,6 +206,8 @@ impl FaultKind {
             FaultKind::GatewayRestart => "gateway-restart",
             FaultKind::GatewayKill => "gateway-kill",
             FaultKind::ConfigChurn => "config-churn",
+            FaultKind::TunnelCut => "tunnel-cut",
+            FaultKind::TunnelKill => "tunnel-kill",
         }
     }
 
@@ -180,6 +223,11 @@ impl FaultKind {
             })
     }
 
+    /// Whether it needs a pull-mode member.
+    pub fn tunnel(self) -> bool {
+        matches!(self, FaultKind::TunnelCut | FaultKind::TunnelKill)
+    }
+
     /// How long it lasts (for an instant fault, the quiet kept after it), and for a slow member
     /// the delay, drawn from `rng`.
     fn draw(self, rng: &mut StdRng) -> (Duration, Duration) {
@@ -191,7 +239,11 @@ impl FaultKind {
             FaultKind::ConfigChurn => (ms(rng, 2000, 4000), Duration::ZERO),
             // The old gateway drains for its shutdownGraceSeconds (5 s in the sim's files).
             FaultKind::GatewayRestart => (ms(rng, 5500, 6500), Duration::ZERO),
-            FaultKind::Cut | FaultKind::GatewayKill => (ms(rng, 500, 1500), Duration::ZERO),
+            FaultKind::Cut | FaultKind::GatewayKill | FaultKind::TunnelCut => {
+                (ms(rng, 500, 1500), Duration::ZERO)
+            }
+            // How long the agent stays down.
+            FaultKind::TunnelKill => (ms(rng, 500, 2000), Duration::ZERO),
         }
     }
 }
@@ -240,7 +292,7 @@ pub fn plan(seed: u64, kinds: &[FaultKind], members: usize, duration: Duration) 
 }
 
 /// A fault as it happened.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Default)]
 pub struct FaultRecord {
     pub kind: &'static str,
     /// The member, or `gateway`, or `config`.
@@ -249,6 +301,12 @@ pub struct FaultRecord {
     pub start_s: f64,
     pub end_s: f64,
     pub detail: String,
+    /// The LISTs the members had served when it started.
+    #[serde(skip)]
+    pub lists_at_start: Option<u64>,
+    /// The LISTs the members served from its start to the next fault's (or, for the last, to
+    /// the end of the settle), summed over the members; None when a member did not answer.
+    pub member_lists: Option<u64>,
 }
 
 /// What happened in and after the faults of one kind.
@@ -263,6 +321,9 @@ pub struct FaultTally {
     pub expired: u64,
     pub relists: u64,
     pub violations: u64,
+    /// LISTs the members served in and after these faults ([`FaultRecord::member_lists`]; for
+    /// `none`, from the watchers' first lists to the first fault).
+    pub member_lists: u64,
 }
 
 /// One sample of the timeline.
@@ -278,6 +339,8 @@ pub struct ChaosSample {
     pub watches_open: i64,
     /// The fault active at the sample, if any.
     pub fault: Option<String>,
+    /// The gateway process sampled.
+    pub gateway_pid: u32,
 }
 
 /// What a chaos run found; `failures` empty means no violation.
@@ -285,7 +348,16 @@ pub struct ChaosSample {
 pub struct ChaosReport {
     pub seed: u64,
     pub members: Vec<String>,
+    /// The members reached in pull mode, through an agent's tunnel.
+    pub pull_members: Vec<String>,
     pub watchers: usize,
+    /// The watchers that spoke h2 (`--h2-share`), and what they expected, saw and got wrong
+    /// (counted in the totals too); the shared h2 connections they opened.
+    pub h2_watchers: usize,
+    pub h2_expected: u64,
+    pub h2_seen: u64,
+    pub h2_violations: u64,
+    pub h2_connections: u64,
     pub writes: u64,
     pub writes_failed: u64,
     /// Changes in the members' histories.
@@ -308,6 +380,13 @@ pub struct ChaosReport {
     pub settle_s: f64,
     pub faults: Vec<FaultRecord>,
     pub per_fault: BTreeMap<String, FaultTally>,
+    /// The gateway's growth of resident memory and open descriptors, by the soak's rule
+    /// (`soak::trend`, bounds `FLAT_RSS_MIB` and `FLAT_FDS`) applied to each gateway process's
+    /// own samples after its first [`FLAT_WARMUP`]: the largest over the processes judged (those
+    /// with three samples or more).
+    pub rss_growth_mib: Option<f64>,
+    pub fds_growth: Option<f64>,
+    pub processes_judged: usize,
     /// The first violations, each in a sentence.
     pub violations: Vec<String>,
     pub samples: Vec<ChaosSample>,
@@ -389,6 +468,7 @@ async fn sample_loop(run: Arc<Run>, every: Duration, stop: Arc<Notify>) -> Vec<C
             events: events - events_before,
             watches_open: run.watches_open.load(Ordering::Relaxed),
             fault: lock(&run.fault_now).clone(),
+            gateway_pid: run.gateway_pid.load(Ordering::Relaxed),
         });
         events_before = events;
     }
@@ -405,11 +485,74 @@ fn charged(faults: &[FaultRecord], at_ms: u64) -> Option<&'static str> {
         .map(|f| f.kind)
 }
 
+/// Fills each fault's [`FaultRecord::member_lists`] from the counters read at its start and at
+/// the next one's (`at_end` after the last); returns the LISTs before the first fault (from
+/// `at_start`, read after the watchers' first lists).
+fn count_lists(
+    faults: &mut [FaultRecord],
+    at_start: Option<u64>,
+    at_end: Option<u64>,
+) -> Option<u64> {
+    let next: Vec<Option<u64>> = faults
+        .iter()
+        .skip(1)
+        .map(|f| f.lists_at_start)
+        .chain([at_end])
+        .collect();
+    for (f, until) in faults.iter_mut().zip(next) {
+        f.member_lists = until
+            .zip(f.lists_at_start)
+            .and_then(|(u, s)| u.checked_sub(s));
+    }
+    let first = faults.first().map_or(at_end, |f| f.lists_at_start);
+    first?.checked_sub(at_start?)
+}
+
+/// The soak's flatness rule for the gateway's resident memory and descriptors, applied to each
+/// gateway process apart (a restarted gateway starts afresh): the growth (`soak::trend`) of its
+/// samples after its first [`FLAT_WARMUP`]; the largest over the processes with three such
+/// samples or more, and how many those were.
+fn flatness(samples: &[ChaosSample]) -> (Option<f64>, Option<f64>, usize) {
+    let mut processes: Vec<Vec<&ChaosSample>> = Vec::new();
+    for s in samples {
+        match processes.last_mut() {
+            Some(p) if p[0].gateway_pid == s.gateway_pid => p.push(s),
+            _ => processes.push(vec![s]),
+        }
+    }
+    let (mut rss, mut fds, mut judged) = (None::<f64>, None::<f64>, 0);
+    for p in &processes {
+        let warm = p[0].at_s + FLAT_WARMUP.as_secs_f64();
+        let after: Vec<&&ChaosSample> = p.iter().filter(|s| s.at_s >= warm).collect();
+        let growth = |f: fn(&ChaosSample) -> Option<f64>| {
+            trend(
+                &after
+                    .iter()
+                    .filter_map(|s| Some((s.at_s, f(s)?)))
+                    .collect::<Vec<_>>(),
+            )
+            .map(|t| t.2)
+        };
+        let r = growth(|s| s.rss_mib);
+        let d = growth(|s| s.fds.map(|n| n as f64));
+        if r.is_some() || d.is_some() {
+            judged += 1;
+        }
+        rss = r.map_or(rss, |g| Some(rss.map_or(g, |m| m.max(g))));
+        fds = d.map_or(fds, |g| Some(fds.map_or(g, |m| m.max(g))));
+    }
+    (rss, fds, judged)
+}
+
 /// `chaos`: see the module documentation.
 pub async fn chaos(args: &RunArgs) -> anyhow::Result<TargetResult> {
     let c = &args.chaos;
+    let pulls = c.pull_members.min(c.chaos_members.max(1));
     let kinds: Vec<FaultKind> = if c.faults.is_empty() {
-        FaultKind::ALL.to_vec()
+        FaultKind::ALL
+            .into_iter()
+            .filter(|k| pulls > 0 || !k.tunnel())
+            .collect()
     } else {
         c.faults
             .iter()
@@ -417,6 +560,17 @@ pub async fn chaos(args: &RunArgs) -> anyhow::Result<TargetResult> {
             .map(|f| FaultKind::parse(f))
             .collect::<anyhow::Result<_>>()?
     };
+    if let Some(k) = kinds.iter().find(|k| k.tunnel() && pulls == 0) {
+        bail!(
+            "--faults {}: needs a pull-mode member (--pull-members)",
+            k.name()
+        );
+    }
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&c.h2_share),
+        "--h2-share {}: from 0 to 1",
+        c.h2_share
+    );
     let (dir, temporary) = match &c.work_dir {
         Some(d) => (d.clone(), false),
         None => (
@@ -430,6 +584,7 @@ pub async fn chaos(args: &RunArgs) -> anyhow::Result<TargetResult> {
     if let Some(g) = world.gateway.lock().await.take() {
         g.stop(false).await;
     }
+    world.stop_agents().await;
     let World { fleet, .. } = world;
     fleet.shutdown().await;
     let clean = outcome.as_ref().is_ok_and(|r| r.failures.is_empty());
@@ -496,12 +651,22 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
         .map(|m| Recorder::start(&world.fleet, m, run.clone()))
         .collect::<anyhow::Result<_>>()?;
 
-    // Watchers first, each listed before anything is written.
-    let watchers: Vec<Arc<Watcher>> = (0..c.watchers.max(1))
+    // Watchers first, each listed before anything is written. The last `--h2-share` of them
+    // (consecutive, so over every view) speak h2 on one shared connection.
+    let total = c.watchers.max(1);
+    let h2_count = (total as f64 * c.h2_share).round() as usize;
+    let shared = Arc::new(H2Shared::new(&views[0].1));
+    let watchers: Vec<Arc<Watcher>> = (0..total)
         .map(|i| {
             let (view, target) = views[i % views.len()].clone();
-            let name = format!("{}#{}", target.name, i / views.len());
-            Arc::new(Watcher::new(name, view, target, count))
+            let h2 = (i >= total - h2_count).then(|| shared.clone());
+            let name = format!(
+                "{}#{}{}",
+                target.name,
+                i / views.len(),
+                if h2.is_some() { "/h2" } else { "" }
+            );
+            Arc::new(Watcher::new(name, view, target, count, h2))
         })
         .collect();
     let tasks: Vec<_> = watchers
@@ -530,6 +695,7 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
         })?;
 
     // The run: writers, faults and samples, all timed from here.
+    let lists_at_start = member_lists(&direct).await;
     let start = Instant::now();
     let run_start_offset = start.duration_since(run.start);
     let deadline = start + args.duration;
@@ -568,7 +734,7 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
             })
         })
         .collect();
-    let faults = run_schedule(world, schedule).await;
+    let mut faults = run_schedule(world, schedule, &direct).await;
     let mut writers_done = Vec::new();
     for w in writers {
         writers_done.push(w.await.context("writer task")?);
@@ -632,6 +798,8 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
         let _ = tokio::time::timeout(Duration::from_millis(500), moved).await;
     };
     let settle_s = settle_started.elapsed().as_secs_f64();
+    let lists_at_end = member_lists(&direct).await;
+    let lists_none = count_lists(&mut faults, lists_at_start, lists_at_end);
     for t in &tasks {
         t.abort();
     }
@@ -643,7 +811,10 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
     let mut report = ChaosReport {
         seed: c.seed,
         members: run.members.clone(),
+        pull_members: world.pulled_names(),
         watchers: watchers.len(),
+        h2_watchers: h2_count,
+        h2_connections: shared.opened.load(Ordering::Relaxed),
         writes: writers_done.iter().map(|w| w.writes).sum(),
         writes_failed: writers_done.iter().map(|w| w.failed).sum(),
         changes: histories.iter().map(|h| h.len() as u64).sum(),
@@ -655,9 +826,15 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
     for kind in kinds {
         report.per_fault.entry(kind.name().to_owned()).or_default();
     }
-    report.per_fault.entry("none".into()).or_default();
+    report
+        .per_fault
+        .entry("none".into())
+        .or_default()
+        .member_lists = lists_none.unwrap_or(0);
     for f in &faults {
-        report.per_fault.entry(f.kind.to_owned()).or_default().count += 1;
+        let t = report.per_fault.entry(f.kind.to_owned()).or_default();
+        t.count += 1;
+        t.member_lists += f.member_lists.unwrap_or(0);
     }
     let bucket = |at_ms: u64| charged(&faults, at_ms).unwrap_or("none").to_owned();
     for w in &watchers {
@@ -681,6 +858,11 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
             report.expected += tally.expected;
             report.seen += tally.seen;
             report.covered += tally.covered;
+            if w.h2.is_some() {
+                report.h2_expected += tally.expected;
+                report.h2_seen += tally.seen;
+                report.h2_violations += tally.found.len() as u64;
+            }
             for found in tally.found {
                 match found.violation {
                     Violation::Duplicate => report.duplicates += 1,
@@ -704,11 +886,20 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
         }
     }
     for (watcher, member, at, final_rv) in &stalled {
+        if watcher.ends_with("/h2") {
+            report.h2_violations += 1;
+        }
         report.violations.push(format!(
             "{watcher} stalled on {member}: at {at}, the member at {final_rv}, after {settle_s:.0} s of settling"
         ));
     }
     report.faults = faults;
+    let (rss, fds, judged) = flatness(&report.samples);
+    (
+        report.rss_growth_mib,
+        report.fds_growth,
+        report.processes_judged,
+    ) = (rss, fds, judged);
 
     // Harness faults: the history must agree with every answer, and be whole.
     let mut failures = Vec::new();
@@ -750,6 +941,7 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
     if report.seen == 0 {
         failures.push("no watcher saw any event".into());
     }
+    failures.extend(growth_failures(report.rss_growth_mib, report.fds_growth));
     report.failures = failures;
     Ok(report)
 }
@@ -757,10 +949,13 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
 /// Prints the accounting after the table: the counts, per fault, and the first violations.
 pub fn print_report(r: &ChaosReport) {
     println!(
-        "chaos: seed {}, {} members, {} watchers, {} writes ({} failed), {} changes",
+        "chaos: seed {}, {} members ({} in pull mode: {}), {} watchers ({} over h2), {} writes ({} failed), {} changes",
         r.seed,
         r.members.len(),
+        r.pull_members.len(),
+        r.pull_members.join(", "),
         r.watchers,
+        r.h2_watchers,
         r.writes,
         r.writes_failed,
         r.changes
@@ -783,19 +978,51 @@ pub fn print_report(r: &ChaosReport) {
         r.settle_s
     );
     println!(
-        "{:<16} {:>6} {:>7} {:>6} {:>7} {:>6} {:>8} {:>10}",
-        "fault", "count", "breaks", "ends", "opens", "410s", "relists", "violations"
+        "h2 watchers: expected {}, seen {}, violations {}, on {} connections in turn",
+        r.h2_expected, r.h2_seen, r.h2_violations, r.h2_connections
+    );
+    let growth =
+        |g: Option<f64>, unit: &str| g.map_or("not judged".into(), |g| format!("{g:.1}{unit}"));
+    println!(
+        "gateway: resident memory grew at most {}, open descriptors at most {}, over {} processes judged (flat: at most {} MiB and {} descriptors after each one's first {} s)",
+        growth(r.rss_growth_mib, " MiB"),
+        growth(r.fds_growth, ""),
+        r.processes_judged,
+        super::soak::FLAT_RSS_MIB,
+        super::soak::FLAT_FDS,
+        FLAT_WARMUP.as_secs()
+    );
+    println!(
+        "{:<16} {:>6} {:>7} {:>6} {:>7} {:>6} {:>8} {:>10} {:>12}",
+        "fault",
+        "count",
+        "breaks",
+        "ends",
+        "opens",
+        "410s",
+        "relists",
+        "violations",
+        "member LISTs"
     );
     for (kind, t) in &r.per_fault {
         println!(
-            "{:<16} {:>6} {:>7} {:>6} {:>7} {:>6} {:>8} {:>10}",
-            kind, t.count, t.breaks, t.ends, t.open_failures, t.expired, t.relists, t.violations
+            "{:<16} {:>6} {:>7} {:>6} {:>7} {:>6} {:>8} {:>10} {:>12}",
+            kind,
+            t.count,
+            t.breaks,
+            t.ends,
+            t.open_failures,
+            t.expired,
+            t.relists,
+            t.violations,
+            t.member_lists
         );
     }
     for f in &r.faults {
+        let lists = f.member_lists.map_or("?".into(), |n| n.to_string());
         println!(
-            "  {:>6.1}-{:<6.1} {:<16} {:<18} {}",
-            f.start_s, f.end_s, f.kind, f.target, f.detail
+            "  {:>6.1}-{:<6.1} {:<16} {:<18} {:>4} LISTs  {}",
+            f.start_s, f.end_s, f.kind, f.target, lists, f.detail
         );
     }
     for v in r.violations.iter().take(20) {
@@ -842,17 +1069,16 @@ mod tests {
         for kind in FaultKind::ALL {
             assert_eq!(FaultKind::parse(kind.name()).unwrap(), kind);
         }
-        assert!(FaultKind::parse("tunnel-kill").is_err());
+        assert!(FaultKind::parse("tunnel-flap").is_err());
     }
 
     #[test]
     fn incidents_are_charged_to_the_fault_they_follow() {
         let fault = |kind, start_s, end_s| FaultRecord {
             kind,
-            target: String::new(),
             start_s,
             end_s,
-            detail: String::new(),
+            ..Default::default()
         };
         let faults = [fault("blackhole", 3.0, 6.0), fault("cut", 20.0, 20.0)];
         assert_eq!(charged(&faults, 1_000), None);
@@ -860,6 +1086,48 @@ mod tests {
         assert_eq!(charged(&faults, 15_000), Some("blackhole"));
         assert_eq!(charged(&faults, 17_000), None);
         assert_eq!(charged(&faults, 21_000), Some("cut"));
+    }
+
+    #[test]
+    fn member_lists_are_counted_from_each_fault_to_the_next() {
+        let at = |lists: Option<u64>| FaultRecord {
+            lists_at_start: lists,
+            ..Default::default()
+        };
+        let mut faults = [at(Some(10)), at(Some(14)), at(None), at(Some(30))];
+        let before = count_lists(&mut faults, Some(4), Some(31));
+        assert_eq!(before, Some(6));
+        let counted: Vec<_> = faults.iter().map(|f| f.member_lists).collect();
+        assert_eq!(counted, [Some(4), None, None, Some(1)]);
+        assert_eq!(count_lists(&mut [], Some(4), Some(9)), Some(5));
+    }
+
+    #[test]
+    fn each_gateway_process_is_judged_flat_or_not_after_its_warm_up() {
+        let sample = |at_s: f64, pid: u32, rss: f64, fds: u64| ChaosSample {
+            at_s,
+            gateway_pid: pid,
+            rss_mib: Some(rss),
+            fds: Some(fds),
+            ..Default::default()
+        };
+        // Process 1 grows during its warm-up only, then is flat; process 2 leaks 2 MiB and one
+        // descriptor a second after its warm-up; process 3 lives too short to be judged.
+        let mut samples: Vec<ChaosSample> = (0..30u64)
+            .map(|t| sample(t as f64, 1, 50.0 + (t.min(8) as f64) * 5.0, 40))
+            .collect();
+        samples.extend((30..60u64).map(|t| {
+            let leak = (t - 30).saturating_sub(10) as f64;
+            sample(t as f64, 2, 60.0 + 2.0 * leak, 40 + leak as u64)
+        }));
+        samples.extend((60..65u64).map(|t| sample(t as f64, 3, 500.0, 900)));
+        let (rss, fds, judged) = flatness(&samples);
+        assert_eq!(judged, 2);
+        assert!((rss.unwrap() - 38.0).abs() < 1e-6, "{rss:?}");
+        assert!((fds.unwrap() - 19.0).abs() < 1e-6, "{fds:?}");
+        assert_eq!(growth_failures(rss, fds).len(), 2);
+        let (rss, fds, _) = flatness(&samples[..30]);
+        assert!(growth_failures(rss, fds).is_empty(), "{rss:?} {fds:?}");
     }
 
     #[test]

@@ -32,7 +32,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,7 +46,7 @@ use tokio::task::JoinHandle;
 use super::chaos::members::{Recorder, Writer};
 use super::chaos::proxy::{relay, Mode};
 use super::chaos::watcher::{Incident, View, Watcher};
-use super::chaos::world::{gateway_binary, targets_at, Gateway};
+use super::chaos::world::{gateway_binary, share_configmaps, targets_at, Gateway};
 use super::chaos::{check, create_namespace, lock, Change, Run};
 use super::client::Target;
 use super::{RunArgs, TargetResult};
@@ -240,17 +240,6 @@ async fn front_loop(
     }
 }
 
-/// Turns shared watches on for configmaps in the fleet's `gateway.yaml`.
-fn share_configmaps(dir: &Path) -> anyhow::Result<()> {
-    let path = dir.join("gateway.yaml");
-    let mut gateway: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)
-        .with_context(|| format!("reading {}", path.display()))?;
-    gateway["spec"]["sharedWatches"] =
-        serde_yaml::from_str("resources: [{group: \"\", version: v1, resource: configmaps}]")?;
-    std::fs::write(&path, serde_yaml::to_string(&gateway)?)?;
-    Ok(())
-}
-
 /// The world of a rollout.
 struct World {
     run: Arc<Run>,
@@ -268,7 +257,7 @@ impl World {
 
     /// Starts replica `i` (or its replacement) and puts it behind the front.
     async fn start_replica(&mut self, i: usize) -> anyhow::Result<()> {
-        let gateway = Gateway::start(&self.bin, &self.dir, &self.log(i)).await?;
+        let gateway = Gateway::start(&self.bin, &self.dir, &self.log(i), false).await?;
         self.front.set(i, Some(gateway.https));
         self.replicas[i] = Some(gateway);
         Ok(())
@@ -481,7 +470,7 @@ pub async fn rollout(args: &RunArgs) -> anyhow::Result<TargetResult> {
         bin: gateway_binary(c),
         dir: dir.clone(),
     };
-    let outcome = match share_configmaps(&dir) {
+    let outcome = match share_configmaps(&dir, "Shard") {
         Ok(()) => drive(args, &mut world).await,
         Err(e) => Err(e),
     };
@@ -540,7 +529,7 @@ async fn drive(args: &RunArgs, world: &mut World) -> anyhow::Result<RolloutRepor
                 views[(on_member - 1) % count].clone()
             };
             let name = format!("{}#{i}", target.name);
-            Arc::new(Watcher::new(name, view, target, count))
+            Arc::new(Watcher::new(name, view, target, count, None))
         })
         .collect();
     let mut tasks = Vec::new();

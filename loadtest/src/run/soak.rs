@@ -911,19 +911,26 @@ pub async fn soak(
     })
 }
 
-/// The goals a soak missed, each said in a sentence.
-pub fn failures(r: &SoakReport) -> Vec<String> {
+/// The flatness rule, shared with `chaos`: resident memory and open descriptors grown (by
+/// [`trend`]) past [`FLAT_RSS_MIB`] and [`FLAT_FDS`] after the warm-up, each said in a sentence.
+pub fn growth_failures(rss_growth_mib: Option<f64>, fds_growth: Option<f64>) -> Vec<String> {
     let mut out = Vec::new();
-    if let Some(g) = r.rss_growth_mib.filter(|g| *g > FLAT_RSS_MIB) {
+    if let Some(g) = rss_growth_mib.filter(|g| *g > FLAT_RSS_MIB) {
         out.push(format!(
             "resident memory grew {g:.1} MiB after the warm-up (flat: at most {FLAT_RSS_MIB})"
         ));
     }
-    if let Some(g) = r.fds_growth.filter(|g| *g > FLAT_FDS) {
+    if let Some(g) = fds_growth.filter(|g| *g > FLAT_FDS) {
         out.push(format!(
             "open descriptors grew by {g:.0} after the warm-up (flat: at most {FLAT_FDS})"
         ));
     }
+    out
+}
+
+/// The goals a soak missed, each said in a sentence.
+pub fn failures(r: &SoakReport) -> Vec<String> {
+    let mut out = growth_failures(r.rss_growth_mib, r.fds_growth);
     let unexplained: u64 = r.unexplained_errors.values().sum();
     if unexplained > 0 {
         out.push(format!(

@@ -126,7 +126,32 @@ pub struct ListPage {
     pub remaining: usize,
 }
 
-type ObjectKey = (String, String);
+/// An object's place in its resource: (namespace, name), ordered as etcd orders the storage
+/// keys (`namespace/name`, byte by byte), so a list comes out in kube-apiserver's order: `a-b/x`
+/// before `a/x`, since `-` sorts before `/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ObjectKey(String, String);
+
+impl ObjectKey {
+    fn storage_key(&self) -> impl Iterator<Item = u8> + '_ {
+        self.0
+            .bytes()
+            .chain(std::iter::once(b'/'))
+            .chain(self.1.bytes())
+    }
+}
+
+impl Ord for ObjectKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.storage_key().cmp(other.storage_key())
+    }
+}
+
+impl PartialOrd for ObjectKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 
 struct State {
     rv: u64,
@@ -188,7 +213,7 @@ impl Store {
         self.read()
             .objects
             .get(resource)?
-            .get(&(namespace.to_string(), name.to_string()))
+            .get(&ObjectKey(namespace.to_string(), name.to_string()))
             .cloned()
     }
 
@@ -202,7 +227,7 @@ impl Store {
         &self,
         resource: &'static str,
         namespace: Option<&str>,
-        start_after: Option<&ObjectKey>,
+        start_after: Option<&(String, String)>,
         limit: Option<usize>,
         keep: impl Fn(&Value) -> bool,
     ) -> ListPage {
@@ -217,14 +242,15 @@ impl Store {
             };
         };
         let lower = match (start_after, namespace) {
-            (Some(key), _) => Bound::Excluded(key.clone()),
-            (None, Some(ns)) => Bound::Included((ns.to_string(), String::new())),
+            (Some((ns, name)), _) => Bound::Excluded(ObjectKey(ns.clone(), name.clone())),
+            // `NAMESPACE/` comes before every key of the namespace, and they sort together.
+            (None, Some(ns)) => Bound::Included(ObjectKey(ns.to_string(), String::new())),
             (None, None) => Bound::Unbounded,
         };
         let mut items = Vec::new();
         let mut next_start = None;
         let mut remaining = 0;
-        for ((ns, name), object) in objects.range((lower, Bound::Unbounded)) {
+        for (ObjectKey(ns, name), object) in objects.range((lower, Bound::Unbounded)) {
             if let Some(wanted) = namespace {
                 if ns != wanted {
                     break;
@@ -263,7 +289,7 @@ impl Store {
         decide: impl FnOnce(Option<&Arc<Value>>) -> Result<Mutation, E>,
     ) -> Result<Option<(EventType, Arc<Value>)>, E> {
         let mut state = self.write();
-        let key = (namespace.to_string(), name.to_string());
+        let key = ObjectKey(namespace.to_string(), name.to_string());
         let current = state
             .objects
             .get(resource)
@@ -349,7 +375,7 @@ impl Store {
                 .map(|objects| {
                     objects
                         .iter()
-                        .filter(|((ns, _), _)| namespace.is_none_or(|wanted| ns == wanted))
+                        .filter(|(ObjectKey(ns, _), _)| namespace.is_none_or(|wanted| ns == wanted))
                         .filter(|(_, o)| keep(o))
                         .map(|(_, o)| {
                             let rv = o["metadata"]["resourceVersion"]

@@ -343,24 +343,32 @@ fn a_410_event_relists_and_watches_from_the_new_list() {
     assert!(run.slept.is_empty());
 }
 
+/// A 410 head ends the watcher (when the caller says so) with the member's own message, or
+/// kube's words for one without a Status.
 #[test]
 fn a_410_answer_ends_the_watcher_when_the_caller_says_so_with_its_status() {
-    let mut member = ScriptedMember::new(vec![Answer::Watch(Err(Missed::Answered(
-        410,
-        String::new(),
-    )))]);
-    let mut recorder = Recorder {
-        on_expiry: Some(|| AfterExpiry::End),
-        ..Recorder::default()
-    };
-    let run = run_script(Start::Watch("5".into()), &mut member, &mut recorder);
-    assert_eq!(run.asked, ["watch 5"]);
-    let Ended::Expired(status) = run.ended else {
-        panic!("{:?}", run.ended)
-    };
-    assert_eq!(status["code"], 410);
-    assert_eq!(status["reason"], "Expired");
-    assert_eq!(status["message"], "too old resource version: 5");
+    for (said, message) in [
+        ("", "too old resource version: 5"),
+        (
+            "too old resource version: 5 (9)",
+            "too old resource version: 5 (9)",
+        ),
+    ] {
+        let mut member =
+            ScriptedMember::new(vec![Answer::Watch(Err(Missed::Answered(410, said.into())))]);
+        let mut recorder = Recorder {
+            on_expiry: Some(|| AfterExpiry::End),
+            ..Recorder::default()
+        };
+        let run = run_script(Start::Watch("5".into()), &mut member, &mut recorder);
+        assert_eq!(run.asked, ["watch 5"]);
+        let Ended::Expired(status) = run.ended else {
+            panic!("{:?}", run.ended)
+        };
+        assert_eq!(status["code"], 410);
+        assert_eq!(status["reason"], "Expired");
+        assert_eq!(status["message"], message);
+    }
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! One informer-style watcher of `chaos`: LIST, WATCH from the list's resourceVersion with
-//! bookmarks, resume from the last resourceVersion when a stream ends, LIST again after a 410;
+//! bookmarks, resume from the last resourceVersion when a stream ends, LIST again after a 410,
+//! over HTTP/1.1 (a connection per request) or as streams of the h2 connection it shares with
+//! the other h2 watchers (`h2`);
 //! everything it sees of each member recorded as [`Obs`] for the accounting (`check`). On the
 //! fleet view each event counts for its cluster's member at that member's part of the composite
 //! resourceVersion, and the other parts place the other members as bookmarks do. Started and
@@ -8,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use base64::Engine as _;
@@ -17,9 +19,10 @@ use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
 use super::check::{Kind, Obs};
+use super::h2::H2Shared;
 use super::{lock, Run, COLLECTION, REQUEST_TIMEOUT};
-use crate::run::client::{HttpConn, Target};
-use crate::run::scenarios::{read_lines, sent_at_nanos, unix_nanos, with_query};
+use crate::run::client::{Head, HttpConn, Target};
+use crate::run::scenarios::{read_lines, sent_at_nanos, split_lines, unix_nanos, with_query};
 
 /// The annotation the fleet view stamps every object with.
 const CLUSTER_ANNOTATION: &str = "fleetgate.io/cluster";
@@ -55,6 +58,8 @@ pub(crate) struct Watcher {
     pub(crate) name: String,
     pub(crate) view: View,
     pub(crate) target: Target,
+    /// Speaks h2 on this shared connection (else HTTP/1.1, a connection per request).
+    pub(crate) h2: Option<Arc<H2Shared>>,
     /// Per member, the resourceVersion the watcher has reached.
     pub(crate) positions: Vec<AtomicU64>,
     pub(crate) log: Mutex<WatcherLog>,
@@ -68,19 +73,49 @@ pub fn decode_composite(token: &str) -> Option<BTreeMap<String, String>> {
     serde_json::from_slice(&bytes).ok()
 }
 
-/// GETs `path` and reads the whole answer: status and body.
-async fn get(target: &Target, path: &str) -> anyhow::Result<(u16, Vec<u8>)> {
-    tokio::time::timeout(REQUEST_TIMEOUT, async {
-        let mut conn = HttpConn::new(target.connect().await?);
-        let head = conn
-            .send(&target.get_request(path, "application/json"))
-            .await?;
-        let mut body = Vec::new();
-        conn.read_body(&head, |d| body.extend_from_slice(d)).await?;
-        Ok((head.status, body))
-    })
-    .await
-    .unwrap_or_else(|_| Err(anyhow!("timed out")))
+/// An answer's body, still to read.
+enum Body {
+    H1(HttpConn, Head),
+    H2(h2::RecvStream),
+}
+
+impl Body {
+    /// Reads to the end, handing each complete line to `on_line`; fails when the connection (or
+    /// the h2 stream) failed before the body's end.
+    async fn lines(self, mut on_line: impl FnMut(&[u8])) -> anyhow::Result<()> {
+        match self {
+            Body::H1(mut conn, head) => read_lines(&mut conn, &head, |_, l| on_line(l))
+                .await
+                .map(drop),
+            Body::H2(mut body) => {
+                let mut line = Vec::with_capacity(4096);
+                while let Some(data) = body.data().await {
+                    let data = data?;
+                    let _ = body.flow_control().release_capacity(data.len());
+                    split_lines(&mut line, &data, Instant::now(), &mut |_, l| on_line(l));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads the whole body.
+    async fn all(self) -> anyhow::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        match self {
+            Body::H1(mut conn, head) => {
+                conn.read_body(&head, |d| out.extend_from_slice(d)).await?;
+            }
+            Body::H2(mut body) => {
+                while let Some(data) = body.data().await {
+                    let data = data?;
+                    let _ = body.flow_control().release_capacity(data.len());
+                    out.extend_from_slice(&data);
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// How a watch stream ended.
@@ -97,12 +132,19 @@ enum StreamEnd {
 
 impl Watcher {
     /// A watcher named `name` of `view` through `target`, in a fleet of `count` members, that
-    /// has seen nothing yet.
-    pub(crate) fn new(name: String, view: View, target: Target, count: usize) -> Watcher {
+    /// has seen nothing yet; it speaks h2 on `h2` if given, else HTTP/1.1.
+    pub(crate) fn new(
+        name: String,
+        view: View,
+        target: Target,
+        count: usize,
+        h2: Option<Arc<H2Shared>>,
+    ) -> Watcher {
         Watcher {
             name,
             view,
             target,
+            h2,
             positions: (0..count).map(|_| AtomicU64::new(0)).collect(),
             log: Mutex::new(WatcherLog {
                 origin: vec![None; count],
@@ -120,6 +162,34 @@ impl Watcher {
         }
     }
 
+    /// Sends a GET for `path` (HTTP/1.1 on a new connection, or a stream of the shared h2
+    /// connection): the status and the body to read.
+    async fn open(&self, path: &str) -> anyhow::Result<(u16, Body)> {
+        match &self.h2 {
+            None => {
+                let mut conn = HttpConn::new(self.target.connect().await?);
+                let head = conn
+                    .send(&self.target.get_request(path, "application/json"))
+                    .await?;
+                Ok((head.status, Body::H1(conn, head)))
+            }
+            Some(shared) => {
+                let (status, body) = shared.get(&self.target, path).await?;
+                Ok((status, Body::H2(body)))
+            }
+        }
+    }
+
+    /// GETs `path` and reads the whole answer: status and body.
+    async fn get(&self, path: &str) -> anyhow::Result<(u16, Vec<u8>)> {
+        tokio::time::timeout(REQUEST_TIMEOUT, async {
+            let (status, body) = self.open(path).await?;
+            Ok((status, body.all().await?))
+        })
+        .await
+        .unwrap_or_else(|_| Err(anyhow!("timed out")))
+    }
+
     fn incident(&self, run: &Run, what: Incident) {
         lock(&self.log).incidents.push((run.ms(), what));
     }
@@ -133,7 +203,7 @@ impl Watcher {
     /// which must name every member: a list short of one is asked again). The first list is the
     /// watcher's origin; later ones are relists.
     async fn list(&self, run: &Run) -> anyhow::Result<String> {
-        let (status, body) = get(&self.target, COLLECTION).await?;
+        let (status, body) = self.get(COLLECTION).await?;
         if status != 200 {
             bail!("list answered {status}");
         }
@@ -274,28 +344,23 @@ impl Watcher {
                 "watch=1&allowWatchBookmarks=true&timeoutSeconds={timeout_s}&resourceVersion={token}"
             ),
         );
-        let (mut conn, head) = tokio::time::timeout(REQUEST_TIMEOUT, async {
-            let mut conn = HttpConn::new(self.target.connect().await?);
-            let head = conn
-                .send(&self.target.get_request(&path, "application/json"))
-                .await?;
-            anyhow::Ok((conn, head))
-        })
-        .await
-        .unwrap_or_else(|_| Err(anyhow!("timed out")))?;
-        match head.status {
+        let (status, body) = tokio::time::timeout(REQUEST_TIMEOUT, self.open(&path))
+            .await
+            .unwrap_or_else(|_| Err(anyhow!("timed out")))?;
+        match status {
             200 => {}
             410 => return Ok(StreamEnd::Expired),
             status => bail!("watch answered {status}"),
         }
         run.watches_open.fetch_add(1, Ordering::Relaxed);
         let mut end = None;
-        let read = read_lines(&mut conn, &head, |_, line| {
-            if end.is_none() {
-                end = self.on_line(run, line, token);
-            }
-        })
-        .await;
+        let read = body
+            .lines(|line| {
+                if end.is_none() {
+                    end = self.on_line(run, line, token);
+                }
+            })
+            .await;
         run.watches_open.fetch_sub(1, Ordering::Relaxed);
         Ok(match (end, read) {
             (Some(end), _) => end,

@@ -1,7 +1,11 @@
 //! The world `chaos` breaks, and how: the simulated fleet (in this process), a [`Proxy`] in front
-//! of each member that the gateway's Cluster files point at, the gateway (`fleetgate serve`, a
-//! child process) behind a front proxy the watchers reach it through, and the injection of each
-//! fault of the schedule, undone before the next.
+//! of each member that the gateway's Cluster files point at (or, for a pull-mode member, its
+//! agent), the gateway (`fleetgate serve`, a child process) behind a front proxy the watchers
+//! reach it through, for each pull-mode member an agent (`fleetgate agent`, a child process)
+//! dialing the gateway's tunnel listener through a proxy of its own, and the injection of each
+//! fault of the schedule, undone before the next. Also reads the members' LIST counters around
+//! the faults. `rollout` starts its replicas with [`Gateway`] and shares watches with
+//! [`share_configmaps`].
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,7 +18,7 @@ use tokio::io::AsyncBufReadExt;
 
 use super::proxy::{Mode, Proxy};
 use super::watcher::View;
-use super::{lock, ChaosArgs, FaultKind, FaultRecord, Planned, Run};
+use super::{lock, ChaosArgs, FaultKind, FaultRecord, Planned, Run, REQUEST_TIMEOUT};
 use crate::run::client::{Target, TlsOptions};
 use crate::run::storm::{cluster_yaml, write_atomically};
 use crate::run::RunArgs;
@@ -22,12 +26,16 @@ use crate::sim::{self, FleetHandle, FleetOptions, SimTuning};
 
 /// The extra Cluster config churn adds and removes (pointing at nothing).
 const EXTRA_CLUSTER: &str = "loadtest-chaos-extra.yaml";
+/// The agents' certificates and their CA, under the work directory.
+const AGENTS: &str = "agents";
 
 /// The gateway child process (of `chaos`, and each replica of `rollout`).
 pub(crate) struct Gateway {
     child: tokio::process::Child,
     pub(crate) pid: u32,
     pub(crate) https: SocketAddr,
+    /// Its tunnel listener, when the fleet has pull-mode members.
+    tunnel: Option<SocketAddr>,
 }
 
 /// The gateway binary `--gateway-bin`, $FLEETGATE_BIN, `fleetgate` beside this program, or on
@@ -46,47 +54,85 @@ pub(crate) fn gateway_binary(args: &ChaosArgs) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("fleetgate"))
 }
 
-impl Gateway {
-    /// Starts `fleetgate serve --config DIR` (one worker) and waits for its ready line; its log
-    /// goes to `log`.
-    pub(crate) async fn start(bin: &Path, dir: &Path, log: &Path) -> anyhow::Result<Gateway> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .with_context(|| format!("opening {}", log.display()))?;
-        let mut child = tokio::process::Command::new(bin)
-            .args(["serve", "--workers", "1", "--config"])
-            .arg(dir)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {} (--gateway-bin)", bin.display()))?;
-        let pid = child
-            .id()
-            .ok_or_else(|| anyhow!("the gateway exited at once"))?;
-        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let ready = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(line) = lines.next_line().await? {
-                if line.starts_with("ready") {
-                    return Ok(line);
-                }
+/// Starts `command` (its stderr appended to `log`) and waits up to 30 s for the line of its
+/// stdout that starts with or contains `ready`; its stdout is read on after that, so it never
+/// writes into a closed pipe. The child, its pid and the ready line.
+async fn spawn_ready(
+    mut command: tokio::process::Command,
+    log: &Path,
+    what: &str,
+) -> anyhow::Result<(tokio::process::Child, u32, String)> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let mut child = command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {what} (--gateway-bin)"))?;
+    let pid = child.id().ok_or_else(|| anyhow!("{what} exited at once"))?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await? {
+            if line.contains("ready") {
+                return Ok(line);
             }
-            bail!("the gateway exited before its ready line (its log: gateway.log)")
+        }
+        bail!(
+            "{what} exited before its ready line (its log: {})",
+            log.display()
+        )
+    })
+    .await
+    .map_err(|_| anyhow!("no ready line from {what} in 30 s"))??;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((child, pid, ready))
+}
+
+/// The address the ready line `line` gives `name` (`https=ADDR`, `tunnel=ADDR`), if any.
+fn named_address(line: &str, name: &str) -> Option<SocketAddr> {
+    line.split_whitespace()
+        .filter_map(|tok| tok.split_once('='))
+        .find(|(key, _)| *key == name)
+        .and_then(|(_, addr)| addr.parse().ok())
+}
+
+impl Gateway {
+    /// Starts `fleetgate serve --config DIR` (one worker; with `tunnels`, a tunnel listener
+    /// trusting DIR/agents/agent-ca.crt) and waits for its ready line; its log goes to `log`.
+    pub(crate) async fn start(
+        bin: &Path,
+        dir: &Path,
+        log: &Path,
+        tunnels: bool,
+    ) -> anyhow::Result<Gateway> {
+        let mut command = tokio::process::Command::new(bin);
+        command
+            .args(["serve", "--workers", "1", "--config"])
+            .arg(dir);
+        if tunnels {
+            command
+                .args(["--tunnel-listen", "127.0.0.1:0", "--agent-ca"])
+                .arg(dir.join(AGENTS).join("agent-ca.crt"));
+        }
+        let (child, pid, ready) = spawn_ready(command, log, "the gateway").await?;
+        let https = named_address(&ready, "https")
+            .ok_or_else(|| anyhow!("no https listener in {ready:?}"))?;
+        let tunnel = named_address(&ready, "tunnel");
+        if tunnels && tunnel.is_none() {
+            bail!("no tunnel listener in {ready:?}");
+        }
+        Ok(Gateway {
+            child,
+            pid,
+            https,
+            tunnel,
         })
-        .await
-        .map_err(|_| anyhow!("no ready line from the gateway in 30 s"))??;
-        // Keep its stdout read, so it never writes into a closed pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let https = ready
-            .split_whitespace()
-            .find_map(|f| f.strip_prefix("https="))
-            .ok_or_else(|| anyhow!("no https listener in {ready:?}"))?
-            .parse()?;
-        Ok(Gateway { child, pid, https })
     }
 
     /// Stops it: SIGTERM (it drains) and at most 15 s to exit, or SIGKILL at once.
@@ -107,12 +153,36 @@ impl Gateway {
     }
 }
 
+/// A pull-mode member: its agent (`fleetgate agent`, a child process) dials the gateway's tunnel
+/// listener through a proxy of its own (the tunnel's path, which the driver can cut), and its
+/// member through the member's proxy.
+pub(super) struct Pulled {
+    member: usize,
+    tunnel: Proxy,
+    agent: tokio::sync::Mutex<Option<tokio::process::Child>>,
+    command: Vec<std::ffi::OsString>,
+    log: PathBuf,
+}
+
+impl Pulled {
+    /// Starts the agent and waits for its tunnel (its ready line).
+    async fn start_agent(&self, bin: &Path) -> anyhow::Result<()> {
+        let mut command = tokio::process::Command::new(bin);
+        command.args(&self.command);
+        let (child, _, _) = spawn_ready(command, &self.log, "the agent").await?;
+        *self.agent.lock().await = Some(child);
+        Ok(())
+    }
+}
+
 /// Everything the faults act on.
 pub(super) struct World {
     pub(super) run: Arc<Run>,
     pub(super) fleet: FleetHandle,
     proxies: Vec<Proxy>,
     front: Proxy,
+    /// The pull-mode members, the last `--pull-members` of the fleet.
+    pub(super) pulled: Vec<Pulled>,
     pub(super) gateway: tokio::sync::Mutex<Option<Gateway>>,
     bin: PathBuf,
     dir: PathBuf,
@@ -138,6 +208,19 @@ impl World {
         Ok(())
     }
 
+    /// Starts a gateway and points the watchers' front proxy and the agents' tunnel proxies at
+    /// it.
+    async fn start_gateway(&self) -> anyhow::Result<Gateway> {
+        let tunnels = !self.pulled.is_empty();
+        let new = Gateway::start(&self.bin, &self.dir, &self.log, tunnels).await?;
+        self.front.set_upstream(new.https);
+        for p in &self.pulled {
+            p.tunnel.set_upstream(new.tunnel.unwrap_or(new.https));
+        }
+        self.run.gateway_pid.store(new.pid, Ordering::Relaxed);
+        Ok(new)
+    }
+
     async fn restart_gateway(&self, graceful: bool) -> anyhow::Result<String> {
         let mut slot = self.gateway.lock().await;
         let old = slot.take();
@@ -145,8 +228,7 @@ impl World {
         let new = if graceful {
             // A rollout: the old one drains while the new one starts and takes new connections.
             let draining = old.map(|g| tokio::spawn(g.stop(true)));
-            let new = Gateway::start(&self.bin, &self.dir, &self.log).await?;
-            self.front.set_upstream(new.https);
+            let new = self.start_gateway().await?;
             if let Some(d) = draining {
                 let _ = d.await;
             }
@@ -155,11 +237,8 @@ impl World {
             if let Some(g) = old {
                 g.stop(false).await;
             }
-            let new = Gateway::start(&self.bin, &self.dir, &self.log).await?;
-            self.front.set_upstream(new.https);
-            new
+            self.start_gateway().await?
         };
-        self.run.gateway_pid.store(new.pid, Ordering::Relaxed);
         let detail = format!(
             "pid {} at {} after {:.1} s",
             new.pid,
@@ -168,6 +247,31 @@ impl World {
         );
         *slot = Some(new);
         Ok(detail)
+    }
+
+    /// The pull-mode member a tunnel fault drawn for member `member` hits.
+    fn pulled_for(&self, member: usize) -> anyhow::Result<&Pulled> {
+        if self.pulled.is_empty() {
+            bail!("no pull-mode member (--pull-members 0)");
+        }
+        Ok(&self.pulled[member % self.pulled.len()])
+    }
+
+    /// The pull-mode members' names.
+    pub(super) fn pulled_names(&self) -> Vec<String> {
+        self.pulled
+            .iter()
+            .map(|p| self.run.members[p.member].clone())
+            .collect()
+    }
+
+    /// Stops every agent (at the end of the run).
+    pub(super) async fn stop_agents(&self) {
+        for p in &self.pulled {
+            if let Some(mut agent) = p.agent.lock().await.take() {
+                let _ = agent.kill().await;
+            }
+        }
     }
 
     /// Injects one fault and undoes it; returns what it did.
@@ -209,6 +313,31 @@ impl World {
                     .with_context(|| format!("restarting {member}"))?;
                 (member, format!("down {:.1} s", p.hold.as_secs_f64()))
             }
+            FaultKind::TunnelCut => {
+                let pulled = self.pulled_for(p.member)?;
+                pulled.tunnel.cut();
+                (
+                    self.run.members[pulled.member].clone(),
+                    "the agent's tunnel reset on its way (it dials again)".into(),
+                )
+            }
+            FaultKind::TunnelKill => {
+                let pulled = self.pulled_for(p.member)?;
+                if let Some(mut agent) = pulled.agent.lock().await.take() {
+                    let _ = agent.kill().await;
+                }
+                tokio::time::sleep(p.hold).await;
+                let started = Instant::now();
+                pulled.start_agent(&self.bin).await?;
+                (
+                    self.run.members[pulled.member].clone(),
+                    format!(
+                        "agent SIGKILLed, down {:.1} s; started again, its tunnel up after {:.1} s",
+                        p.hold.as_secs_f64(),
+                        started.elapsed().as_secs_f64()
+                    ),
+                )
+            }
             FaultKind::GatewayRestart => ("gateway".into(), self.restart_gateway(true).await?),
             FaultKind::GatewayKill => ("gateway".into(), self.restart_gateway(false).await?),
             FaultKind::ConfigChurn => {
@@ -243,12 +372,18 @@ impl World {
     }
 }
 
-/// Runs the schedule until its end; returns the faults as they happened.
-pub(super) async fn run_schedule(world: &World, schedule: Vec<Planned>) -> Vec<FaultRecord> {
+/// Runs the schedule until its end; returns the faults as they happened, each with the LISTs
+/// the members had served at its start ([`member_lists`] of `direct`).
+pub(super) async fn run_schedule(
+    world: &World,
+    schedule: Vec<Planned>,
+    direct: &[Target],
+) -> Vec<FaultRecord> {
     let run = &world.run;
     let mut out = Vec::new();
     for p in schedule {
         tokio::time::sleep_until((run.start + p.at).into()).await;
+        let lists_at_start = member_lists(direct).await;
         let start_s = run.start.elapsed().as_secs_f64();
         *lock(&run.fault_now) = Some(p.kind.name().to_owned());
         tracing::info!(fault = p.kind.name(), member = p.member, "chaos: fault");
@@ -263,9 +398,33 @@ pub(super) async fn run_schedule(world: &World, schedule: Vec<Planned>) -> Vec<F
             start_s,
             end_s: run.start.elapsed().as_secs_f64(),
             detail,
+            lists_at_start,
+            member_lists: None,
         });
     }
     out
+}
+
+/// The LISTs of configmaps every member has served so far, summed (each member's
+/// `fleetgate_sim_requests_total{verb="list",resource="configmaps"}` on its `/metrics`, asked
+/// straight), or None when one did not answer.
+pub(super) async fn member_lists(direct: &[Target]) -> Option<u64> {
+    const SERIES: &str = r#"fleetgate_sim_requests_total{verb="list",resource="configmaps"} "#;
+    let mut total = 0;
+    for target in direct {
+        let (status, text) = tokio::time::timeout(REQUEST_TIMEOUT, target.metrics_text())
+            .await
+            .ok()?
+            .ok()?;
+        if status != 200 {
+            return None;
+        }
+        total += text
+            .lines()
+            .find_map(|l| l.strip_prefix(SERIES))
+            .map_or(Some(0), |v| v.trim().parse::<u64>().ok())?;
+    }
+    Some(total)
 }
 
 /// Sets the fleet up: the namespace on every member, a proxy per member, the Cluster files
@@ -289,19 +448,25 @@ pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<Wo
     let members: Vec<String> = (1..=fleet.member_addrs().len())
         .map(|i| format!("member{i}"))
         .collect();
+    let bin = gateway_binary(c);
+    let pulls = c.pull_members.min(members.len());
     let mut proxies = Vec::new();
     let mut clusters = Vec::new();
-    for (name, addr) in members.iter().zip(fleet.member_addrs()) {
+    let mut pulled = Vec::new();
+    for (m, (name, addr)) in members.iter().zip(fleet.member_addrs()).enumerate() {
         let proxy = Proxy::start(addr).await?;
         let path = dir.join(format!("clusters/{name}.yaml"));
         let mut cluster: serde_yaml::Value =
             serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
-        cluster["spec"]["server"] = format!("https://{}", proxy.addr).into();
+        if m >= members.len() - pulls {
+            pulled.push(pull_mode(&bin, dir, name, m, proxy.addr, &mut cluster).await?);
+        } else {
+            cluster["spec"]["server"] = format!("https://{}", proxy.addr).into();
+        }
         proxies.push(proxy);
         clusters.push((path, cluster));
     }
     let run = Arc::new(Run::new(members));
-    let bin = gateway_binary(c);
     let log = dir.join("gateway.log");
     let world = World {
         run,
@@ -309,6 +474,7 @@ pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<Wo
         proxies,
         // Pointed at the gateway once it runs.
         front: Proxy::start("127.0.0.1:9".parse()?).await?,
+        pulled,
         gateway: tokio::sync::Mutex::new(None),
         bin,
         dir: dir.to_path_buf(),
@@ -318,11 +484,92 @@ pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<Wo
     for m in 0..world.clusters.len() {
         world.write_cluster(m, None)?;
     }
-    let gateway = Gateway::start(&world.bin, &world.dir, &world.log).await?;
-    world.front.set_upstream(gateway.https);
-    world.run.gateway_pid.store(gateway.pid, Ordering::Relaxed);
+    if c.shared_watches {
+        share_configmaps(dir, "Gateway")?;
+    }
+    let gateway = world.start_gateway().await?;
     *world.gateway.lock().await = Some(gateway);
+    for p in &world.pulled {
+        p.start_agent(&world.bin).await?;
+    }
     Ok(world)
+}
+
+/// DIR/gateway.yaml, as the fleet wrote it, gets `spec.sharedWatches` for configmaps, scope
+/// `scope` (`Gateway` or `Shard`; chaos `--shared-watches`: Gateway, rollout: Shard).
+pub(crate) fn share_configmaps(dir: &Path, scope: &str) -> anyhow::Result<()> {
+    let path = dir.join("gateway.yaml");
+    let mut gateway: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+    gateway["spec"]["sharedWatches"] = serde_yaml::from_str(&format!(
+        "resources:\n- {{group: '', version: v1, resource: configmaps}}\nscope: {scope}\n"
+    ))?;
+    write_atomically(dir, "gateway.yaml", &serde_yaml::to_string(&gateway)?)?;
+    Ok(())
+}
+
+/// Makes member `m` (`name`) pull-mode, as `fleetgate demo --pull` does: its Cluster `cluster`
+/// says `connectMode: Tunnel` and loses its server and CA (its credentials stay: the gateway
+/// still authenticates to the member, through the tunnel); an agent certificate is issued for it
+/// (`fleetgate certs issue-agent`, in DIR/agents beside the agent CA the gateway trusts); its
+/// agent will dial a tunnel proxy of its own and reach the member through `member_proxy`.
+async fn pull_mode(
+    bin: &Path,
+    dir: &Path,
+    name: &str,
+    m: usize,
+    member_proxy: SocketAddr,
+    cluster: &mut serde_yaml::Value,
+) -> anyhow::Result<Pulled> {
+    let agents = dir.join(AGENTS);
+    let issued = tokio::process::Command::new(bin)
+        .args([
+            "certs",
+            "issue-agent",
+            "--force",
+            "--cluster",
+            name,
+            "--dir",
+        ])
+        .arg(&agents)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await
+        .with_context(|| format!("{} certs issue-agent", bin.display()))?;
+    if !issued.success() {
+        bail!("`fleetgate certs issue-agent --cluster {name}` failed: {issued}");
+    }
+    if let Some(spec) = cluster["spec"].as_mapping_mut() {
+        spec.remove("server");
+        spec.remove("caData");
+        spec.insert("connectMode".into(), "Tunnel".into());
+    }
+    // Pointed at the gateway's tunnel listener once it runs.
+    let tunnel = Proxy::start("127.0.0.1:9".parse()?).await?;
+    let path = |p: PathBuf| p.into_os_string();
+    let command = vec![
+        "agent".into(),
+        "--gateway".into(),
+        format!("https://{}", tunnel.addr).into(),
+        "--cluster".into(),
+        name.into(),
+        "--cert".into(),
+        path(agents.join(format!("agent-{name}.crt"))),
+        "--key".into(),
+        path(agents.join(format!("agent-{name}.key"))),
+        "--ca".into(),
+        path(dir.join("pki/gateway-ca.crt")),
+        "--kube-server".into(),
+        format!("https://{member_proxy}").into(),
+        "--kube-ca".into(),
+        path(dir.join("pki/fleet-ca.crt")),
+    ];
+    Ok(Pulled {
+        member: m,
+        tunnel,
+        agent: tokio::sync::Mutex::new(None),
+        command,
+        log: dir.join(format!("agent-{name}.log")),
+    })
 }
 
 /// The members straight, and each view with its target through the front proxy.
