@@ -811,3 +811,75 @@ fn chaos_costs_the_watchers_no_event_through_a_minute_of_faults() {
     let svg = std::fs::read_to_string(&chart).expect("the chart");
     assert!(svg.contains("event latency"), "{svg}");
 }
+
+/// `rollout` (issue 33 item 4): two gateway replicas behind a round-robin front, 50 informers
+/// (2 on `/fleet`), each replica drained (SIGTERM) and replaced in turn while the members are
+/// written to. What a user checks: no informer listed again (each resumed from its last
+/// resourceVersion on the other replica), every watcher saw every change once and in order, and
+/// the members served no LIST for the informers: the only LISTs of the rollout are the
+/// replacements' own, at most one per shared key (member) each, when a replacement's first watch
+/// of a member opens its shared watch. The first step (one replica rolled, the other up with its
+/// shared watches) cost none.
+#[test]
+fn a_rolling_update_of_two_replicas_costs_the_informers_no_list_and_no_event() {
+    let Some(binary) = gateway_binary() else {
+        eprintln!("no fleetgate binary beside fleetgate-loadtest (set FLEETGATE_BIN): skipped");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let json = tmp.path().join("rollout.json");
+    let work = tmp.path().join("work");
+    let out = Command::new(env!("CARGO_BIN_EXE_fleetgate-loadtest"))
+        .args(["run", "--scenario", "rollout", "--watchers", "50"])
+        .args([
+            "--chaos-members",
+            "2",
+            "--write-rate",
+            "20",
+            "--duration",
+            "3s",
+        ])
+        .arg("--gateway-bin")
+        .arg(&binary)
+        .arg("--work-dir")
+        .arg(&work)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("fleetgate-loadtest runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let rows: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON")).unwrap();
+    let r = &rows[0]["rollout"];
+    let count = |key: &str| r[key].as_u64().unwrap_or_else(|| panic!("{key}: {r}"));
+    assert_eq!(count("watchers"), 50, "{stdout}");
+    // Both replicas rolled, each with watches on it that moved to the other.
+    let steps = r["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 2, "{stdout}");
+    assert!(
+        steps.iter().all(|s| s["moved"].as_i64().unwrap() > 0),
+        "{stdout}"
+    );
+    // Every watch that ended resumed; none listed again, none got a 410.
+    assert_eq!(count("relists"), 0, "{stdout}");
+    assert_eq!(count("expired"), 0, "{stdout}");
+    assert_eq!(count("informer_lists"), 0, "{stdout}");
+    assert!(count("resumes") >= 50, "{stdout}");
+    // The members' LISTs: none in the first step; in all, only the replacements' shared watches.
+    assert_eq!(steps[0]["lists"], 0, "{stdout}");
+    assert_eq!(count("lists"), count("gateway_lists"), "{stdout}");
+    assert!(count("lists") <= 2 * 2, "{stdout}");
+    // Every change arrived once, in order, and every watcher caught up with the last write.
+    for key in ["duplicates", "gaps", "reorders", "unknown", "stalled"] {
+        assert_eq!(count(key), 0, "{key}: {stdout}");
+    }
+    assert!(
+        count("writes") > 20 && count("seen") >= count("expected"),
+        "{stdout}"
+    );
+    assert!(count("expected") > 500, "{stdout}");
+    assert_eq!(r["failures"], serde_json::json!([]), "{stdout}");
+    assert!(stdout.contains("member LISTs:"), "{stdout}");
+}

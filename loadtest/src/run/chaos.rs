@@ -51,11 +51,11 @@
 //! (`--scenario chaos`); needs no `--target`.
 
 mod check;
-mod h2;
-mod members;
-mod proxy;
-mod watcher;
-mod world;
+pub(crate) mod h2;
+pub(crate) mod members;
+pub(crate) mod proxy;
+pub(crate) mod watcher;
+pub(crate) mod world;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -76,10 +76,10 @@ pub use check::{check, Change, Kind, Obs, Tally, Violation};
 use h2::H2Shared;
 use members::{Recorder, Writer};
 pub use watcher::decode_composite;
-use watcher::{Incident, Watcher, WatcherLog};
+use watcher::{Incident, Watcher};
 use world::{build_world, member_lists, run_schedule, targets, World};
 
-use super::client::HttpConn;
+use super::client::{HttpConn, Target};
 use super::fanout::body_request;
 use super::procstat::ProcWatch;
 use super::scenarios::new_hist;
@@ -105,14 +105,27 @@ pub struct ChaosArgs {
     /// chaos: seed of the fault schedule and of the writes (the same seed, the same schedule).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// chaos: members of the simulated fleet it starts.
-    #[arg(long, default_value_t = 2)]
+    /// chaos, rollout: members of the simulated fleet it starts (rollout: 3 by default).
+    #[arg(
+        long,
+        default_value_t = 2,
+        default_value_if("scenario", "rollout", "3")
+    )]
     pub chaos_members: usize,
-    /// chaos: informer-style watchers, spread over /clusters/NAME of each member and /fleet.
-    #[arg(long, default_value_t = 12)]
+    /// chaos, rollout: informer-style watchers, spread over /clusters/NAME of each member and
+    /// /fleet (rollout: 2000 by default, one in 20 on /fleet).
+    #[arg(
+        long,
+        default_value_t = 12,
+        default_value_if("scenario", "rollout", "2000")
+    )]
     pub watchers: usize,
-    /// chaos: writes a second on each member.
-    #[arg(long, default_value_t = 10.0)]
+    /// chaos, rollout: writes a second on each member (rollout: 2 by default).
+    #[arg(
+        long,
+        default_value_t = 10.0,
+        default_value_if("scenario", "rollout", "2")
+    )]
     pub write_rate: f64,
     /// chaos: the faults injected, comma-separated (default: all of blackhole, slow, cut,
     /// member-restart, gateway-restart, gateway-kill, config-churn, and with pull-mode members
@@ -133,18 +146,23 @@ pub struct ChaosArgs {
     /// giving each client watch its own.
     #[arg(long)]
     pub shared_watches: bool,
-    /// chaos: past events each member keeps for resume; a watch resumed from further back gets
-    /// 410 Expired.
-    #[arg(long, default_value_t = 30)]
+    /// chaos, rollout: past events each member keeps for resume; a watch resumed from further
+    /// back gets 410 Expired (rollout: 10000 by default).
+    #[arg(
+        long,
+        default_value_t = 30,
+        default_value_if("scenario", "rollout", "10000")
+    )]
     pub history_window: usize,
-    /// chaos: the gateway binary (default: $FLEETGATE_BIN, else `fleetgate` beside this program,
+    /// chaos, rollout: the gateway binary (default: $FLEETGATE_BIN, else `fleetgate` beside this program,
     /// else `fleetgate` on PATH).
     #[arg(long)]
     pub gateway_bin: Option<PathBuf>,
-    /// chaos: how long the end waits for every watcher to catch up with the members.
+    /// chaos, rollout: how long the end (rollout: each step) waits for every watcher to catch up
+    /// with the members.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub settle_timeout: Duration,
-    /// chaos: keep the fleet's files and the gateway's logs here (default: a temporary directory,
+    /// chaos, rollout: keep the fleet's files and the gateway's logs here (default: a temporary directory,
     /// removed after a clean run).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
@@ -375,26 +393,45 @@ pub struct ChaosReport {
     pub failures: Vec<String>,
 }
 
-/// Shared by every task of the run.
-struct Run {
+/// Shared by every task of the run (of `chaos`, and of `rollout`, which reuses its watchers).
+pub(crate) struct Run {
     start: Instant,
-    members: Vec<String>,
+    pub(crate) members: Vec<String>,
     latency: Mutex<Histogram<u64>>,
     events: AtomicU64,
-    watches_open: AtomicI64,
+    pub(crate) watches_open: AtomicI64,
     /// Woken whenever a watcher moves.
-    progress: Notify,
-    listed: AtomicUsize,
+    pub(crate) progress: Notify,
+    pub(crate) listed: AtomicUsize,
     gateway_pid: AtomicU32,
     fault_now: Mutex<Option<String>>,
+    /// The `timeoutSeconds` each watch asks for, drawn from this range (chaos: 5 to 15 s).
+    pub(crate) watch_timeout_s: std::ops::RangeInclusive<u64>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Run {
-    fn ms(&self) -> u64 {
+    /// A run starting now, over `members`.
+    pub(crate) fn new(members: Vec<String>) -> Run {
+        Run {
+            start: Instant::now(),
+            members,
+            latency: Mutex::new(new_hist()),
+            events: AtomicU64::new(0),
+            watches_open: AtomicI64::new(0),
+            progress: Notify::new(),
+            listed: AtomicUsize::new(0),
+            gateway_pid: AtomicU32::new(0),
+            fault_now: Mutex::new(None),
+            watch_timeout_s: 5..=15,
+        }
+    }
+
+    /// Milliseconds since the run started.
+    pub(crate) fn ms(&self) -> u64 {
         self.start.elapsed().as_millis() as u64
     }
 
@@ -579,6 +616,28 @@ impl ChaosReport {
     }
 }
 
+/// Creates the [`NAMESPACE`] on a member (straight); one already there is fine.
+pub(crate) async fn create_namespace(target: &Target) -> anyhow::Result<()> {
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}});
+    let request = body_request(
+        target,
+        "POST",
+        "/api/v1/namespaces",
+        "application/json",
+        &serde_json::to_vec(&ns)?,
+    );
+    let mut conn = HttpConn::new(target.connect().await?);
+    let head = conn.send(&request).await?;
+    conn.read_body(&head, |_| {}).await?;
+    anyhow::ensure!(
+        matches!(head.status, 200 | 201 | 409),
+        "{}: creating the namespace answered {}",
+        target.name,
+        head.status
+    );
+    Ok(())
+}
+
 /// The run itself, in a world built.
 async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Result<ChaosReport> {
     let c = &args.chaos;
@@ -586,23 +645,7 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
     let count = run.members.len();
     let (direct, views) = targets(world)?;
     for target in &direct {
-        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}});
-        let request = body_request(
-            target,
-            "POST",
-            "/api/v1/namespaces",
-            "application/json",
-            &serde_json::to_vec(&ns)?,
-        );
-        let mut conn = HttpConn::new(target.connect().await?);
-        let head = conn.send(&request).await?;
-        conn.read_body(&head, |_| {}).await?;
-        anyhow::ensure!(
-            matches!(head.status, 200 | 201 | 409),
-            "{}: creating the namespace answered {}",
-            target.name,
-            head.status
-        );
+        create_namespace(target).await?;
     }
     let recorders: Vec<Arc<Recorder>> = (0..count)
         .map(|m| Recorder::start(&world.fleet, m, run.clone()))
@@ -617,23 +660,13 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
         .map(|i| {
             let (view, target) = views[i % views.len()].clone();
             let h2 = (i >= total - h2_count).then(|| shared.clone());
-            Arc::new(Watcher {
-                name: format!(
-                    "{}#{}{}",
-                    target.name,
-                    i / views.len(),
-                    if h2.is_some() { "/h2" } else { "" }
-                ),
-                view,
-                target,
-                h2,
-                positions: (0..count).map(|_| AtomicU64::new(0)).collect(),
-                log: Mutex::new(WatcherLog {
-                    origin: vec![None; count],
-                    obs: vec![Vec::new(); count],
-                    incidents: Vec::new(),
-                }),
-            })
+            let name = format!(
+                "{}#{}{}",
+                target.name,
+                i / views.len(),
+                if h2.is_some() { "/h2" } else { "" }
+            );
+            Arc::new(Watcher::new(name, view, target, count, h2))
         })
         .collect();
     let tasks: Vec<_> = watchers

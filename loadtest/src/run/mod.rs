@@ -19,6 +19,7 @@ mod fleet;
 mod h2load;
 pub mod procstat;
 mod progress;
+pub mod rollout;
 mod scenarios;
 pub mod soak;
 mod storm;
@@ -35,14 +36,15 @@ use procstat::ProcWatch;
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// small-get, small-get-h2, big-list, watch-idle, watch-events, watch-latency, exec-stream,
-    /// portforward-stream, reload-storm, fleet-list, watch-fanout, soak, chaos.
+    /// portforward-stream, reload-storm, fleet-list, watch-fanout, soak, chaos, rollout.
     #[arg(long)]
     pub scenario: String,
     /// NAME=URL or NAME=kubeconfig:PATH[:CONTEXT]; repeat for each target, measured in order.
     /// fleet-list also takes NAME=kubeconfig:PATH:PREFIX*: every context starting with PREFIX,
     /// listed one after the other (the members direct, the baseline of the fleet view);
     /// watch-fanout and soak take the same form: the members through the target (for
-    /// watch-fanout in `--members` order). Required, but by chaos, which starts its own.
+    /// watch-fanout in `--members` order). Required, but by chaos and rollout, which start their
+    /// own.
     #[arg(long = "target")]
     pub targets: Vec<String>,
     /// NAME=PID: the process whose CPU and memory are charged to target NAME; NAME=PID,PID,...
@@ -50,7 +52,8 @@ pub struct RunArgs {
     /// reports each one's share of the CPU.
     #[arg(long = "pid")]
     pub pids: Vec<String>,
-    /// How long each target is loaded (e.g. 10s, 500ms, 1m; chaos: 60s by default).
+    /// How long each target is loaded (e.g. 10s, 500ms, 1m; chaos: 60s by default; rollout: the
+    /// writes' time before the rollout and after each of its steps, a third each).
     #[arg(long, default_value = "10s", default_value_if("scenario", "chaos", "60s"),
           value_parser = parse_duration)]
     pub duration: Duration,
@@ -237,6 +240,8 @@ pub struct TargetResult {
     pub soak: Option<Box<soak::SoakReport>>,
     /// chaos: its accounting, faults and timeline.
     pub chaos: Option<Box<chaos::ChaosReport>>,
+    /// rollout: the members' LISTs and the informers' incidents, per step, and the accounting.
+    pub rollout: Option<Box<rollout::RolloutReport>>,
 }
 
 /// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
@@ -271,6 +276,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<Vec<TargetResult>> {
     print_table(&results);
     for report in results.iter().filter_map(|r| r.chaos.as_deref()) {
         chaos::print_report(report);
+    }
+    for report in results.iter().filter_map(|r| r.rollout.as_deref()) {
+        rollout::print_report(report);
     }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&results)?)
@@ -314,6 +322,20 @@ pub fn run(args: RunArgs) -> anyhow::Result<Vec<TargetResult>> {
             failed.len()
         );
     }
+    let failed: Vec<&String> = results
+        .iter()
+        .filter_map(|r| r.rollout.as_deref())
+        .flat_map(|r| &r.failures)
+        .collect();
+    for failure in &failed {
+        eprintln!("rollout: {failure}");
+    }
+    if !failed.is_empty() {
+        bail!(
+            "the rollout failed {} checks (above); results written",
+            failed.len()
+        );
+    }
     Ok(results)
 }
 
@@ -325,8 +347,14 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         bar.finish();
         return Ok(vec![r?]);
     }
+    if args.scenario == "rollout" {
+        let bar = progress::TargetProgress::start("fleetgate", "rollout", expected_time(args));
+        let r = rollout::rollout(args).await;
+        bar.finish();
+        return Ok(vec![r?]);
+    }
     if args.targets.is_empty() {
-        bail!("--target is required (every scenario but chaos)");
+        bail!("--target is required (every scenario but chaos and rollout)");
     }
     let opts = TlsOptions {
         ca: args.ca.clone(),
@@ -457,6 +485,7 @@ pub const SCENARIOS: &[&str] = &[
     "watch-fanout",
     "soak",
     "chaos",
+    "rollout",
 ];
 
 /// Roughly how long one target takes, for the progress bar.
@@ -465,6 +494,8 @@ fn expected_time(args: &RunArgs) -> Duration {
         // measured twice: without, then with the storm
         "reload-storm" => (args.warmup + args.duration) * 2,
         "chaos" => args.duration,
+        // Two drains and restarts, each caught up: about a minute at 2000 informers.
+        "rollout" => Duration::from_secs(60),
         _ => args.warmup + args.duration,
     }
 }
@@ -480,6 +511,11 @@ fn chaos_count(r: &TargetResult, count: fn(&chaos::ChaosReport) -> u64) -> Strin
         .as_deref()
         .map(|c| count(c).to_string())
         .unwrap_or_default()
+}
+
+/// One cell of a rollout row.
+fn rollout_column(r: &TargetResult, cell: fn(&rollout::RolloutReport) -> String) -> String {
+    r.rollout.as_deref().map(cell).unwrap_or_default()
 }
 
 /// A scenario-specific table column: its title and how to print it.
@@ -595,6 +631,25 @@ pub fn print_table(results: &[TargetResult]) {
                         .to_owned()
                     })
                     .unwrap_or_default()
+            }),
+        ],
+        "rollout" => &[
+            ("LISTs", |r| rollout_column(r, |o| o.lists.to_string())),
+            ("LISTs/inf", |r| {
+                rollout_column(r, |o| format!("{:.4}", o.lists_per_informer))
+            }),
+            ("gw LISTs", |r| {
+                rollout_column(r, |o| o.gateway_lists.to_string())
+            }),
+            ("relists", |r| {
+                rollout_column(r, |o| o.incidents.relists.to_string())
+            }),
+            ("resumes", |r| rollout_column(r, |o| o.resumes.to_string())),
+            ("410s", |r| {
+                rollout_column(r, |o| o.incidents.expired.to_string())
+            }),
+            ("violations", |r| {
+                rollout_column(r, |o| o.violations_total().to_string())
             }),
         ],
         "chaos" => &[

@@ -19,7 +19,7 @@ struct Live {
 }
 
 /// The shared connection, opened on demand.
-pub(super) struct H2Shared {
+pub(crate) struct H2Shared {
     /// Where it connects (any h2 watcher's target: they differ only by path prefix).
     target: Target,
     live: tokio::sync::Mutex<Option<Live>>,

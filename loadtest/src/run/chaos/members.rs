@@ -22,15 +22,15 @@ use crate::run::scenarios::unix_nanos;
 use crate::sim::{self, FleetHandle};
 
 /// The member's own history of the namespace, from its event log in this process.
-pub(super) struct Recorder {
-    pub(super) changes: Mutex<Vec<Change>>,
+pub(crate) struct Recorder {
+    pub(crate) changes: Mutex<Vec<Change>>,
     last: AtomicU64,
-    pub(super) lagged: AtomicU64,
+    pub(crate) lagged: AtomicU64,
     moved: Notify,
 }
 
 impl Recorder {
-    pub(super) fn start(
+    pub(crate) fn start(
         fleet: &FleetHandle,
         member: usize,
         run: Arc<Run>,
@@ -86,7 +86,7 @@ impl Recorder {
     }
 
     /// Waits (bounded) until the log has reached `rv`.
-    pub(super) async fn reach(&self, rv: u64) -> bool {
+    pub(crate) async fn reach(&self, rv: u64) -> bool {
         let until = Instant::now() + REQUEST_TIMEOUT;
         while self.last.load(Ordering::Relaxed) < rv {
             let moved = self.moved.notified();
@@ -102,26 +102,26 @@ impl Recorder {
 }
 
 /// One write's answer: its resourceVersion, what the log must hold there.
-pub(super) struct Answer {
-    pub(super) rv: u64,
-    pub(super) kind: Kind,
-    pub(super) name: String,
+pub(crate) struct Answer {
+    pub(crate) rv: u64,
+    pub(crate) kind: Kind,
+    pub(crate) name: String,
 }
 
 /// Writes to one member straight, and remembers the answers.
-pub(super) struct Writer {
+pub(crate) struct Writer {
     target: Target,
     conn: Option<HttpConn>,
     live: Vec<String>,
     next: u64,
     rng: StdRng,
-    pub(super) answers: Vec<Answer>,
-    pub(super) writes: u64,
-    pub(super) failed: u64,
+    pub(crate) answers: Vec<Answer>,
+    pub(crate) writes: u64,
+    pub(crate) failed: u64,
 }
 
 impl Writer {
-    pub(super) fn new(target: Target, seed: u64) -> Writer {
+    pub(crate) fn new(target: Target, seed: u64) -> Writer {
         Writer {
             target,
             conn: None,
@@ -158,7 +158,7 @@ impl Writer {
 
     /// One write: a create, a merge patch or a delete, as the dice say (a create while few
     /// objects live). Returns the resourceVersion a create or patch was answered with.
-    pub(super) async fn write(&mut self, patch_only: bool) -> anyhow::Result<Option<u64>> {
+    pub(crate) async fn write(&mut self, patch_only: bool) -> anyhow::Result<Option<u64>> {
         let roll: f64 = self.rng.random();
         let stamp = unix_nanos().to_string();
         let (kind, name, request) = if !patch_only && (self.live.len() < 3 || roll < 0.35) {

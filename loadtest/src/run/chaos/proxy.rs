@@ -105,7 +105,7 @@ async fn accept_loop(
 }
 
 /// Passes bytes both ways until both sides closed, one failed, or a cut.
-async fn relay(
+pub(crate) async fn relay(
     mut a: TcpStream,
     mut b: TcpStream,
     mode: watch::Receiver<Mode>,

@@ -29,7 +29,7 @@ const CLUSTER_ANNOTATION: &str = "fleetgate.io/cluster";
 
 /// An incident of a watcher, for charging to faults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Incident {
+pub(crate) enum Incident {
     Break,
     End,
     OpenFailed,
@@ -39,30 +39,30 @@ pub(super) enum Incident {
 
 /// Which view a watcher follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum View {
+pub(crate) enum View {
     Member(usize),
     Fleet,
 }
 
 /// What one watcher recorded.
 #[derive(Default)]
-pub(super) struct WatcherLog {
+pub(crate) struct WatcherLog {
     /// Per member: the resourceVersion of the first list, and everything after.
-    pub(super) origin: Vec<Option<u64>>,
-    pub(super) obs: Vec<Vec<Obs>>,
-    pub(super) incidents: Vec<(u64, Incident)>,
+    pub(crate) origin: Vec<Option<u64>>,
+    pub(crate) obs: Vec<Vec<Obs>>,
+    pub(crate) incidents: Vec<(u64, Incident)>,
 }
 
 /// One informer-style watcher and what it recorded.
-pub(super) struct Watcher {
-    pub(super) name: String,
-    pub(super) view: View,
-    pub(super) target: Target,
+pub(crate) struct Watcher {
+    pub(crate) name: String,
+    pub(crate) view: View,
+    pub(crate) target: Target,
     /// Speaks h2 on this shared connection (else HTTP/1.1, a connection per request).
-    pub(super) h2: Option<Arc<H2Shared>>,
+    pub(crate) h2: Option<Arc<H2Shared>>,
     /// Per member, the resourceVersion the watcher has reached.
-    pub(super) positions: Vec<AtomicU64>,
-    pub(super) log: Mutex<WatcherLog>,
+    pub(crate) positions: Vec<AtomicU64>,
+    pub(crate) log: Mutex<WatcherLog>,
 }
 
 /// A composite resourceVersion of the fleet view: cluster -> the member's resourceVersion.
@@ -131,8 +131,31 @@ enum StreamEnd {
 }
 
 impl Watcher {
+    /// A watcher named `name` of `view` through `target`, in a fleet of `count` members, that
+    /// has seen nothing yet; it speaks h2 on `h2` if given, else HTTP/1.1.
+    pub(crate) fn new(
+        name: String,
+        view: View,
+        target: Target,
+        count: usize,
+        h2: Option<Arc<H2Shared>>,
+    ) -> Watcher {
+        Watcher {
+            name,
+            view,
+            target,
+            h2,
+            positions: (0..count).map(|_| AtomicU64::new(0)).collect(),
+            log: Mutex::new(WatcherLog {
+                origin: vec![None; count],
+                obs: vec![Vec::new(); count],
+                incidents: Vec::new(),
+            }),
+        }
+    }
+
     /// The members this watcher follows.
-    pub(super) fn members(&self, count: usize) -> Vec<usize> {
+    pub(crate) fn members(&self, count: usize) -> Vec<usize> {
         match self.view {
             View::Member(m) => vec![m],
             View::Fleet => (0..count).collect(),
@@ -347,14 +370,14 @@ impl Watcher {
     }
 
     /// The informer: list, then watch and resume for ever (the run aborts it).
-    pub(super) async fn follow(self: Arc<Self>, run: Arc<Run>, seed: u64) {
+    pub(crate) async fn follow(self: Arc<Self>, run: Arc<Run>, seed: u64) {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut token = self.list_until_done(&run, false).await;
         run.listed.fetch_add(1, Ordering::Relaxed);
         run.progress.notify_waiters();
         let mut backoff = Duration::from_millis(100);
         loop {
-            let timeout_s = rng.random_range(5..=15);
+            let timeout_s = rng.random_range(run.watch_timeout_s.clone());
             match self.watch_once(&run, &mut token, timeout_s).await {
                 Ok(end) => {
                     backoff = Duration::from_millis(100);

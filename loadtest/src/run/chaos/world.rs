@@ -4,23 +4,22 @@
 //! reach it through, for each pull-mode member an agent (`fleetgate agent`, a child process)
 //! dialing the gateway's tunnel listener through a proxy of its own, and the injection of each
 //! fault of the schedule, undone before the next. Also reads the members' LIST counters around
-//! the faults.
+//! the faults. `rollout` starts its replicas with [`Gateway`] and shares watches with
+//! [`share_configmaps`].
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use tokio::io::AsyncBufReadExt;
-use tokio::sync::Notify;
 
 use super::proxy::{Mode, Proxy};
 use super::watcher::View;
 use super::{lock, ChaosArgs, FaultKind, FaultRecord, Planned, Run, REQUEST_TIMEOUT};
 use crate::run::client::{Target, TlsOptions};
-use crate::run::scenarios::new_hist;
 use crate::run::storm::{cluster_yaml, write_atomically};
 use crate::run::RunArgs;
 use crate::sim::{self, FleetHandle, FleetOptions, SimTuning};
@@ -30,18 +29,18 @@ const EXTRA_CLUSTER: &str = "loadtest-chaos-extra.yaml";
 /// The agents' certificates and their CA, under the work directory.
 const AGENTS: &str = "agents";
 
-/// The gateway child process.
-pub(super) struct Gateway {
+/// The gateway child process (of `chaos`, and each replica of `rollout`).
+pub(crate) struct Gateway {
     child: tokio::process::Child,
-    pid: u32,
-    https: SocketAddr,
+    pub(crate) pid: u32,
+    pub(crate) https: SocketAddr,
     /// Its tunnel listener, when the fleet has pull-mode members.
     tunnel: Option<SocketAddr>,
 }
 
 /// The gateway binary `--gateway-bin`, $FLEETGATE_BIN, `fleetgate` beside this program, or on
 /// PATH.
-fn gateway_binary(args: &ChaosArgs) -> PathBuf {
+pub(crate) fn gateway_binary(args: &ChaosArgs) -> PathBuf {
     if let Some(bin) = &args.gateway_bin {
         return bin.clone();
     }
@@ -106,7 +105,12 @@ fn named_address(line: &str, name: &str) -> Option<SocketAddr> {
 impl Gateway {
     /// Starts `fleetgate serve --config DIR` (one worker; with `tunnels`, a tunnel listener
     /// trusting DIR/agents/agent-ca.crt) and waits for its ready line; its log goes to `log`.
-    async fn start(bin: &Path, dir: &Path, log: &Path, tunnels: bool) -> anyhow::Result<Gateway> {
+    pub(crate) async fn start(
+        bin: &Path,
+        dir: &Path,
+        log: &Path,
+        tunnels: bool,
+    ) -> anyhow::Result<Gateway> {
         let mut command = tokio::process::Command::new(bin);
         command
             .args(["serve", "--workers", "1", "--config"])
@@ -132,7 +136,7 @@ impl Gateway {
     }
 
     /// Stops it: SIGTERM (it drains) and at most 15 s to exit, or SIGKILL at once.
-    pub(super) async fn stop(mut self, graceful: bool) {
+    pub(crate) async fn stop(mut self, graceful: bool) {
         if graceful {
             let _ = tokio::process::Command::new("kill")
                 .args(["-TERM", &self.pid.to_string()])
@@ -462,17 +466,7 @@ pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<Wo
         proxies.push(proxy);
         clusters.push((path, cluster));
     }
-    let run = Arc::new(Run {
-        start: Instant::now(),
-        members,
-        latency: Mutex::new(new_hist()),
-        events: AtomicU64::new(0),
-        watches_open: AtomicI64::new(0),
-        progress: Notify::new(),
-        listed: AtomicUsize::new(0),
-        gateway_pid: AtomicU32::new(0),
-        fault_now: Mutex::new(None),
-    });
+    let run = Arc::new(Run::new(members));
     let log = dir.join("gateway.log");
     let world = World {
         run,
@@ -491,7 +485,7 @@ pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<Wo
         world.write_cluster(m, None)?;
     }
     if c.shared_watches {
-        share_configmaps(dir)?;
+        share_configmaps(dir, "Gateway")?;
     }
     let gateway = world.start_gateway().await?;
     *world.gateway.lock().await = Some(gateway);
@@ -502,13 +496,13 @@ pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<Wo
 }
 
 /// DIR/gateway.yaml, as the fleet wrote it, gets `spec.sharedWatches` for configmaps, scope
-/// Gateway (`--shared-watches`).
-fn share_configmaps(dir: &Path) -> anyhow::Result<()> {
+/// `scope` (`Gateway` or `Shard`; chaos `--shared-watches`: Gateway, rollout: Shard).
+pub(crate) fn share_configmaps(dir: &Path, scope: &str) -> anyhow::Result<()> {
     let path = dir.join("gateway.yaml");
     let mut gateway: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
-    gateway["spec"]["sharedWatches"] = serde_yaml::from_str(
-        "resources:\n- {group: '', version: v1, resource: configmaps}\nscope: Gateway\n",
-    )?;
+    gateway["spec"]["sharedWatches"] = serde_yaml::from_str(&format!(
+        "resources:\n- {{group: '', version: v1, resource: configmaps}}\nscope: {scope}\n"
+    ))?;
     write_atomically(dir, "gateway.yaml", &serde_yaml::to_string(&gateway)?)?;
     Ok(())
 }
@@ -579,23 +573,32 @@ async fn pull_mode(
 }
 
 /// The members straight, and each view with its target through the front proxy.
-pub(super) type Targets = (Vec<Target>, Vec<(View, Target)>);
+pub(crate) type Targets = (Vec<Target>, Vec<(View, Target)>);
 
 /// The members straight (the writers') and the watchers' targets through the front proxy:
 /// `/clusters/NAME` of each member, then `/fleet`.
 pub(super) fn targets(world: &World) -> anyhow::Result<Targets> {
+    targets_at(&world.dir, &world.run.members, world.front.addr)
+}
+
+/// [`targets`] of the fleet in `dir`, through a front proxy at `front`.
+pub(crate) fn targets_at(
+    dir: &Path,
+    members: &[String],
+    front: SocketAddr,
+) -> anyhow::Result<Targets> {
     let opts = TlsOptions::default();
     let direct = Target::parse_group(
         &format!(
             "direct=kubeconfig:{}:member*",
-            world.dir.join("kubeconfig").display()
+            dir.join("kubeconfig").display()
         ),
         &opts,
     )?
     .1;
-    let through = world.dir.join("gateway.kubeconfig");
+    let through = dir.join("gateway.kubeconfig");
     let mut views = Vec::new();
-    for (m, name) in world.run.members.iter().enumerate() {
+    for (m, name) in members.iter().enumerate() {
         let t = Target::parse(
             &format!("{name}=kubeconfig:{}:{name}", through.display()),
             &opts,
@@ -611,8 +614,8 @@ pub(super) fn targets(world: &World) -> anyhow::Result<Targets> {
     ));
     for (_, t) in &mut views {
         t.host = "127.0.0.1".into();
-        t.port = world.front.addr.port();
-        t.authority = world.front.addr.to_string();
+        t.port = front.port();
+        t.authority = front.to_string();
     }
     Ok((direct, views))
 }
