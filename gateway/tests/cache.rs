@@ -314,3 +314,30 @@ fn a_user_the_member_does_not_let_list_gets_its_403() {
         "list",
     );
 }
+
+/// A field the member does not select on (`metadata.namespace` of namespaces, a cluster-scoped
+/// kind) is the member's 400 to answer, for a LIST and a watch alike: neither is served from
+/// the cache, and the client gets the member's own words.
+#[test]
+fn a_field_the_member_refuses_gets_its_400() {
+    let fleet = cached_fleet();
+    for query in [
+        "fieldSelector=metadata.namespace%3Da",
+        "watch=1&fieldSelector=metadata.namespace%3Da",
+    ] {
+        let path = format!("/api/v1/namespaces?{query}");
+        let at_member = kubectl(
+            &fleet.fleet_path("kubeconfig"),
+            "member1",
+            &["get", "--raw", &path],
+        );
+        let through = fleet.kubectl_output(
+            "member1",
+            &["get", "--raw", &format!("/clusters/member1{path}")],
+        );
+        assert!(!at_member.status.success(), "{query}");
+        let said = String::from_utf8_lossy(&at_member.stderr);
+        assert!(said.contains("field label not supported"), "{said}");
+        assert_eq!(String::from_utf8_lossy(&through.stderr), said, "{query}");
+    }
+}

@@ -261,7 +261,18 @@ fn shareable<'q, 'a>(
     };
     let fields = match selector("fieldSelector") {
         None => FieldSelector::default(),
-        Some(text) => FieldSelector::parse(&text).ok()?,
+        Some(text) => {
+            // A field the member does not select on (`metadata.namespace` of a cluster-scoped
+            // kind) is its 400 to answer.
+            let any = selector::parse_any(&text).ok()?;
+            let supported = |path: &selector::FieldPath| {
+                selector::member::member_supports(info.api_group, info.resource, path.as_str())
+            };
+            if !any.paths().all(supported) {
+                return None;
+            }
+            FieldSelector::parse(&text).ok()?
+        }
     };
     Some(Asked {
         key: HubKey {
