@@ -341,3 +341,78 @@ fn a_field_the_member_refuses_gets_its_400() {
         assert_eq!(String::from_utf8_lossy(&through.stderr), said, "{query}");
     }
 }
+
+/// The fleet view (`/fleet`, karmada-search's path) serves its merged LISTs from the members'
+/// caches: `kubectl --context fleet get` (Table and JSON, all of it and in chunks) gives every
+/// member's objects, each member's page from memory.
+#[test]
+fn the_fleet_view_lists_from_the_members_caches() {
+    let mut fleet = Fleet::sim(2, 0);
+    cache_configmaps(&fleet);
+    fleet.serve(&["--workers", "1"], None);
+    for member in ["member1", "member2"] {
+        for name in ["p", "q", "r"] {
+            fleet.direct_ok(member, &["create", "configmap", name, "-n", "default"]);
+        }
+    }
+    let names_of = |json: &str| -> Vec<(String, String)> {
+        let list: Value = serde_json::from_str(json).unwrap();
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                let m = &i["metadata"];
+                let cluster = m["annotations"]["fleetgate.io/cluster"]
+                    .as_str()
+                    .or_else(|| m["labels"]["fleetgate.io/cluster"].as_str())
+                    .unwrap_or("")
+                    .to_owned();
+                (cluster, m["name"].as_str().unwrap().to_owned())
+            })
+            .collect()
+    };
+    let from_memory = || {
+        fleet
+            .metric("fleetgate_cache_lists_total{served=\"memory\"}")
+            .unwrap()
+    };
+    let before = from_memory();
+    let merged = fleet.kubectl_ok(
+        "fleet",
+        &["get", "configmaps", "-n", "default", "-o", "json"],
+    );
+    let merged = names_of(&merged);
+    // Every member's p, q, r and kube-root-ca.crt.
+    assert_eq!(merged.len(), 8, "{merged:?}");
+    assert!(
+        from_memory() >= before + 2,
+        "each member's page from memory"
+    );
+    let chunked = fleet.kubectl_ok(
+        "fleet",
+        &[
+            "get",
+            "configmaps",
+            "-n",
+            "default",
+            "--chunk-size",
+            "3",
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(names_of(&chunked), merged);
+    // kubectl get's Table, with its CLUSTER column, from memory too.
+    let before = from_memory();
+    let table = fleet.kubectl_ok("fleet", &["get", "configmaps", "-n", "default"]);
+    assert_eq!(table.lines().count(), 9, "{table}");
+    assert!(
+        table.lines().next().unwrap().starts_with("CLUSTER"),
+        "{table}"
+    );
+    assert!(
+        from_memory() >= before + 2,
+        "each member's Table from memory"
+    );
+}

@@ -131,7 +131,7 @@ pub(crate) async fn list(
         probes.extend(join_all(asked).await);
     }
     let mut warnings = Vec::new();
-    let mut healthy: Vec<(&ClusterRoute, &Decided, Page)> = Vec::new();
+    let mut healthy: Vec<(&Arc<ClusterRoute>, &Decided, Page)> = Vec::new();
     for ((cluster, identity), probe) in members.iter().zip(probes) {
         match probe {
             Ok(page) => {
@@ -202,7 +202,7 @@ pub(crate) async fn list(
         .unzip();
     let written = Cell::new(0usize);
     // Where each member's reader starts: after its probe.
-    let starts: Vec<(&ClusterRoute, &Decided, String)> = healthy
+    let starts: Vec<(&Arc<ClusterRoute>, &Decided, String)> = healthy
         .iter()
         .map(|(cluster, identity, probe)| (*cluster, *identity, probe.continue_token.clone()))
         .collect();
@@ -363,7 +363,7 @@ impl<C: FleetClient> Out<'_, C> {
 struct MemberPages<'a, 'r> {
     view: &'a View<'a>,
     request: &'a FleetRequest<'r>,
-    cluster: &'a ClusterRoute,
+    cluster: &'a Arc<ClusterRoute>,
     identity: &'a Decided,
 }
 
@@ -371,6 +371,19 @@ impl MemberPages<'_, '_> {
     /// A page of at most `limit` objects from the member's continue token `from`, as it came.
     async fn body(&self, limit: usize, from: &str) -> Result<Vec<u8>, Missed> {
         let query = page_query(self.request.query, limit, from);
+        if let Some(cache) = self.view.cache {
+            let cached = cache.page(
+                self.cluster,
+                self.identity,
+                &self.request.info,
+                self.request.rest,
+                &query,
+                &self.view.client_request,
+            );
+            if let Some(page) = cached.await {
+                return Ok(page);
+            }
+        }
         let asked = Asked {
             rest: self.request.rest,
             query: &query,

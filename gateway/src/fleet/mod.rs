@@ -31,9 +31,10 @@ pub mod review;
 pub mod token;
 pub mod watch;
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use fleetgate_config_watcher::Limits;
+use fleetgate_config_watcher::{ClusterRoute, Limits};
 
 use crate::errors::GatewayError;
 use crate::exchange::{Failure, ShardExchange};
@@ -48,6 +49,25 @@ pub(crate) use crate::exchange::reply::Reply as FleetClient;
 pub(crate) struct View<'a> {
     pub ctx: &'a ShardExchange,
     pub client_request: ClientRequest<'a>,
+    /// Where a member's LIST page may come from before the member is asked: the gateway's cache
+    /// (`spec.cache`, lent by the pipeline); None: every page is the member's.
+    pub cache: Option<&'a dyn CachedPages>,
+}
+
+/// A member's LIST pages served from memory (`watch::list`, docs/cache.md), exactly as the
+/// member would answer them; `fleet` does not import the shared watches that hold them.
+pub(crate) trait CachedPages {
+    /// The page the member would answer to the kube path `rest` with `query` (its `?` on), as
+    /// `identity`; None: ask the member.
+    fn page<'f>(
+        &'f self,
+        cluster: &'f Arc<ClusterRoute>,
+        identity: &'f crate::auth::Decided,
+        info: &'f fleetgate_config_watcher::request_info::RequestInfo<'f>,
+        rest: &'f [u8],
+        query: &'f [u8],
+        client: &'f ClientRequest<'f>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Vec<u8>>> + 'f>>;
 }
 
 /// What the fleet view needs of the client's request besides the decision: its header fields

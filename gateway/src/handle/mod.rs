@@ -670,7 +670,7 @@ impl<'a, S: Session> Flow<'a, S> {
     async fn find_owner<'t>(&mut self, fleet: FleetRequest<'t>) -> Result<Proxied<'t>, Next> {
         self.fleet_trail(fleet.verb, &fleet.info, &fleet.members);
         let asker = self.asker();
-        match fleet::owner::find(&asker.view(&self.ctx.exchange), &fleet).await {
+        match fleet::owner::find(&asker.view(&self.ctx.exchange, None), &fleet).await {
             Ok(fleet::owner::Owner {
                 object: Some(object),
                 ..
@@ -728,7 +728,16 @@ impl<'a, S: Session> Flow<'a, S> {
             ReplyKind::Fleet
         };
         let asker = self.asker();
-        let view = asker.view(&ctx.exchange);
+        // Member pages of cached resources come from memory.
+        let pages = watch::list::FleetPages {
+            ctx: &ctx.watches,
+            caller: watch::Caller {
+                peer: self.conn.peer,
+                limits: self.limits,
+                started: self.started,
+            },
+        };
+        let view = asker.view(&ctx.exchange, Some(&pages));
         let mut reply = self.session.reply(self.head, kind);
         let result = match work {
             FleetWork::Merged(fleet) if watch => {
@@ -765,11 +774,10 @@ impl<'a, S: Session> Flow<'a, S> {
             started: self.started,
         };
         let mut reply = self.session.reply(self.head, ReplyKind::Fleet);
-        let served = watch::list::serve(&self.ctx.watches, proxied, plan, caller, &mut reply).await;
+        let target = watch::Target::of(proxied);
+        let served = watch::list::serve(&self.ctx.watches, target, plan, caller, &mut reply).await;
         let (sent, keeps) = (reply.head_sent(), reply.keeps_connection());
         drop(reply);
-        let metrics = &self.ctx.exchange.shard_metrics;
-        metrics.cache_list(served.is_some());
         let result = served?;
         self.ctx
             .count_response(proxied.cluster, proxied.verb, 200, self.started);
@@ -816,10 +824,16 @@ struct Asker<'a, N> {
 }
 
 impl<N: Fn(&[u8]) -> bool> Asker<'_, N> {
-    /// The fleet view for the client's request, its members asked through `exchange`.
-    fn view<'r>(&'r self, exchange: &'r exchange::ShardExchange) -> fleet::View<'r> {
+    /// The fleet view for the client's request, its members asked through `exchange` (their
+    /// LIST pages from `cache` first, when given).
+    fn view<'r>(
+        &'r self,
+        exchange: &'r exchange::ShardExchange,
+        cache: Option<&'r dyn fleet::CachedPages>,
+    ) -> fleet::View<'r> {
         fleet::View {
             ctx: exchange,
+            cache,
             client_request: fleet::ClientRequest {
                 headers: &self.fields,
                 conn: &self.conn.auth,

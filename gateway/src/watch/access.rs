@@ -18,8 +18,9 @@ use serde_json::{json, Value};
 use super::ShardWatches;
 use super::{Caller, HubKey, OwnRequests};
 use crate::auth::ClientIdentity;
+use crate::auth::Decided;
 use crate::member::ask::{post, Asked};
-use crate::request::Proxied;
+use fleetgate_config_watcher::ClusterRoute;
 
 /// How long a review's answer is trusted.
 pub const TTL: Duration = Duration::from_secs(10);
@@ -73,15 +74,16 @@ fn cache_key(route: u64, who: &ClientIdentity, key: &HubKey, verb: &str) -> Stri
 /// scope.
 pub(crate) async fn may(
     ctx: &ShardWatches,
-    proxied: &Proxied<'_>,
+    cluster: &ClusterRoute,
+    identity: &Decided,
     key: &HubKey,
     verb: &'static str,
     caller: Caller,
 ) -> bool {
-    let Some(who) = proxied.identity.identity.as_deref() else {
+    let Some(who) = identity.identity.as_deref() else {
         return false;
     };
-    let cached = cache_key(proxied.cluster.id, who, key, verb);
+    let cached = cache_key(cluster.id, who, key, verb);
     if let Some(allowed) = ctx.watch_reviews.get(&cached) {
         return allowed;
     }
@@ -108,15 +110,7 @@ pub(crate) async fn may(
         query: b"",
         verb: "create",
     };
-    let answer = post(
-        &ctx.exchange,
-        &asked,
-        &body,
-        &request,
-        proxied.cluster,
-        &proxied.identity,
-    )
-    .await;
+    let answer = post(&ctx.exchange, &asked, &body, &request, cluster, identity).await;
     let allowed = match answer {
         Ok(body) => serde_json::from_slice::<Value>(&body)
             .ok()
@@ -124,7 +118,7 @@ pub(crate) async fn may(
             .unwrap_or(false),
         // No answer: not shared this time (the member decides the watch itself); not cached.
         Err(missed) => {
-            tracing::debug!(cluster = %proxied.cluster.name, reason = %missed.warning(&proxied.cluster.name), "shared watch: no access review; proxied");
+            tracing::debug!(cluster = %cluster.name, reason = %missed.warning(&cluster.name), "shared watch: no access review; proxied");
             return false;
         }
     };

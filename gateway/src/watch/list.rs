@@ -36,10 +36,12 @@ mod token;
 
 use super::hub::{Event, Hub, Phase};
 use super::selector::{FieldSelector, LabelSelector};
-use super::{access, hub_for, Asked, Caller, Form, HubKey, ShardWatches};
+use super::{access, hub_for, plan_list, Asked, Caller, Form, HubKey, ShardWatches, Target};
+use crate::auth::Decided;
 use crate::exchange::Failure;
-use crate::fleet::FleetClient;
-use crate::request::Proxied;
+use crate::fleet::{CachedPages, ClientRequest, FleetClient};
+use fleetgate_config_watcher::request_info::RequestInfo;
+use fleetgate_config_watcher::ClusterRoute;
 
 /// How long a LIST waits for its hub to have seen the resourceVersion it must not be older
 /// than; past it, the member answers.
@@ -130,15 +132,36 @@ pub(super) fn plan(asked: Asked<'_>) -> Option<ListPlan> {
 /// nothing was written).
 pub(crate) async fn serve(
     ctx: &ShardWatches,
-    proxied: &Proxied<'_>,
+    target: Target<'_>,
     plan: ListPlan,
     caller: Caller,
     client: &mut impl FleetClient,
 ) -> Option<Result<(), Failure>> {
-    if !Box::pin(access::may(ctx, proxied, &plan.key, "list", caller)).await {
+    let list = prepared(ctx, target, &plan, caller).await;
+    ctx.exchange.shard_metrics.cache_list(list.is_some());
+    Some(write(client, list?).await)
+}
+
+/// The LIST as its hub answers it, once the member lets the user list, the hub holds the
+/// collection and is as fresh as the LIST asks; None: the member's to answer.
+async fn prepared(
+    ctx: &ShardWatches,
+    target: Target<'_>,
+    plan: &ListPlan,
+    caller: Caller,
+) -> Option<Selected> {
+    let allowed = access::may(
+        ctx,
+        target.cluster,
+        target.identity,
+        &plan.key,
+        "list",
+        caller,
+    );
+    if !Box::pin(allowed).await {
         return None;
     }
-    let hub = hub_for(ctx, proxied.cluster, &plan.key, caller, None)?;
+    let hub = hub_for(ctx, target.cluster, &plan.key, caller, None)?;
     let _joined = hub.join();
     if !ready(&hub).await {
         return None;
@@ -163,8 +186,7 @@ pub(crate) async fn serve(
             return None;
         }
     }
-    let list = selected(&hub, &plan)?;
-    Some(write(client, list).await)
+    selected(&hub, plan)
 }
 
 /// The objects of `namespace` (every one when empty) in order, from `start` (one of our keys)
@@ -385,4 +407,75 @@ async fn write(client: &mut impl FleetClient, list: Selected) -> Result<(), Fail
     out.put_slice(b"]}\n");
     client.body(out.freeze()).await?;
     client.end().await
+}
+
+/// The cache as the fleet view's source of its members' pages (`fleet::CachedPages`): a member
+/// page of a cached resource is served as a LIST through `/clusters/{name}` would be.
+pub(crate) struct FleetPages<'a> {
+    pub ctx: &'a ShardWatches,
+    pub caller: Caller,
+}
+
+impl CachedPages for FleetPages<'_> {
+    fn page<'f>(
+        &'f self,
+        cluster: &'f Arc<ClusterRoute>,
+        identity: &'f Decided,
+        info: &'f RequestInfo<'f>,
+        rest: &'f [u8],
+        query: &'f [u8],
+        client: &'f ClientRequest<'f>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Vec<u8>>> + 'f>> {
+        Box::pin(async move {
+            let target = Target {
+                cluster,
+                identity,
+                info,
+                rest,
+                query,
+            };
+            let table = self.ctx.exchange.table.load();
+            let plan = plan_list(&table, target, client.header_values(b"accept"))?;
+            let mut page = Gathered::default();
+            serve(self.ctx, target, plan, self.caller, &mut page)
+                .await?
+                .ok()?;
+            Some(page.body)
+        })
+    }
+}
+
+/// A LIST's body gathered whole (a fleet view's member page).
+#[derive(Default)]
+struct Gathered {
+    body: Vec<u8>,
+    head_sent: bool,
+}
+
+impl FleetClient for Gathered {
+    async fn head(&mut self, _content_type: &str, _warnings: &[String]) -> Result<(), Failure> {
+        self.head_sent = true;
+        Ok(())
+    }
+
+    async fn body(&mut self, piece: bytes::Bytes) -> Result<(), Failure> {
+        self.body.extend_from_slice(&piece);
+        Ok(())
+    }
+
+    async fn end(&mut self) -> Result<(), Failure> {
+        Ok(())
+    }
+
+    async fn gone(&mut self) {
+        std::future::pending().await
+    }
+
+    fn head_sent(&self) -> bool {
+        self.head_sent
+    }
+
+    fn keeps_connection(&self) -> bool {
+        true
+    }
 }

@@ -38,9 +38,10 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fleetgate_config_watcher::request_info::{self, KubeVerb};
+use fleetgate_config_watcher::request_info::{self, KubeVerb, RequestInfo};
 use fleetgate_config_watcher::{ClusterRoute, Limits, RouteTable, SharedWatchScope};
 
+use crate::auth::Decided;
 use crate::exchange::Failure;
 use crate::exchange::ShardExchange;
 use crate::fleet::FleetClient;
@@ -179,16 +180,47 @@ pub fn plan<'a>(
     proxied: &Proxied<'_>,
     accept: impl Iterator<Item = &'a [u8]>,
 ) -> Option<Planned> {
-    let info = &proxied.info;
-    match info.verb {
-        KubeVerb::Watch => plan_watch(table, proxied, accept).map(Planned::Watch),
-        KubeVerb::List => {
-            let cache = table.gateway().cache.as_ref()?;
-            cache.caches(info.api_group, info.api_version, info.resource)?;
-            let asked = shareable(table, proxied, accept, LISTED_PARAMS)?;
-            list::plan(asked).map(Planned::List)
-        }
+    let target = Target::of(proxied);
+    match target.info.verb {
+        KubeVerb::Watch => plan_watch(table, target, accept).map(Planned::Watch),
+        KubeVerb::List => plan_list(table, target, accept).map(Planned::List),
         _ => None,
+    }
+}
+
+/// A LIST of a resource in `spec.cache` that its hub can serve as the member would.
+fn plan_list<'a>(
+    table: &RouteTable,
+    target: Target<'_>,
+    accept: impl Iterator<Item = &'a [u8]>,
+) -> Option<list::ListPlan> {
+    let info = target.info;
+    let cache = table.gateway().cache.as_ref()?;
+    cache.caches(info.api_group, info.api_version, info.resource)?;
+    list::plan(shareable(table, target, accept, LISTED_PARAMS)?)
+}
+
+/// What shared watches and the cache read of a request to a member: the cluster, who the member
+/// is told about, and the request.
+#[derive(Clone, Copy)]
+pub(crate) struct Target<'t> {
+    pub cluster: &'t Arc<ClusterRoute>,
+    pub identity: &'t Decided,
+    pub info: &'t RequestInfo<'t>,
+    /// The kube path and the raw query (its `?` on or not).
+    pub rest: &'t [u8],
+    pub query: &'t [u8],
+}
+
+impl<'t> Target<'t> {
+    pub fn of(proxied: &'t Proxied<'t>) -> Target<'t> {
+        Target {
+            cluster: proxied.cluster,
+            identity: &proxied.identity,
+            info: &proxied.info,
+            rest: proxied.rest,
+            query: proxied.query,
+        }
     }
 }
 
@@ -197,12 +229,12 @@ pub fn plan<'a>(
 /// each readable as the member would read it, and selectors the gateway reads as the member.
 fn shareable<'q, 'a>(
     table: &RouteTable,
-    proxied: &'q Proxied<'_>,
+    target: Target<'q>,
     mut accept: impl Iterator<Item = &'a [u8]>,
     params: &[&[u8]],
 ) -> Option<Asked<'q>> {
     let settings = table.gateway().shared_watches.as_ref()?;
-    let info = &proxied.info;
+    let info = target.info;
     if !info.is_resource_request
         || !info.classified
         || !info.subresource.is_empty()
@@ -212,16 +244,16 @@ fn shareable<'q, 'a>(
         return None;
     }
     // The legacy `/api/v1/watch/...` paths: not shared.
-    if !proxied.rest.ends_with(info.resource.as_bytes()) {
+    if !target.rest.ends_with(info.resource.as_bytes()) {
         return None;
     }
-    let cluster = proxied.cluster;
+    let cluster = target.cluster;
     // The member must see the user (impersonated), and the gateway must have credentials of
     // its own for the shared watch.
-    if !cluster.impersonation || cluster.pass_through || proxied.identity.pass_through {
+    if !cluster.impersonation || cluster.pass_through || target.identity.pass_through {
         return None;
     }
-    proxied.identity.identity.as_ref()?;
+    target.identity.identity.as_ref()?;
     let form = match (accept.next(), accept.next()) {
         (None, _) => Form::Json,
         (Some(value), None) => match value.trim_ascii() {
@@ -231,7 +263,7 @@ fn shareable<'q, 'a>(
         },
         _ => return None,
     };
-    let query = proxied.query.strip_prefix(b"?").unwrap_or(proxied.query);
+    let query = target.query.strip_prefix(b"?").unwrap_or(target.query);
     let mut seen: Vec<&[u8]> = Vec::new();
     for pair in query.split(|b| *b == b'&').filter(|p| !p.is_empty()) {
         let key = pair.split(|b| *b == b'=').next().unwrap_or(pair);
@@ -294,10 +326,10 @@ fn shareable<'q, 'a>(
 /// A watch [`shareable`], and where it starts.
 fn plan_watch<'a>(
     table: &RouteTable,
-    proxied: &Proxied<'_>,
+    target: Target<'_>,
     accept: impl Iterator<Item = &'a [u8]>,
 ) -> Option<Plan> {
-    let asked = shareable(table, proxied, accept, SERVED_PARAMS)?;
+    let asked = shareable(table, target, accept, SERVED_PARAMS)?;
     if !asked.flag("watch")? {
         return None;
     }
@@ -406,7 +438,16 @@ pub(crate) async fn serve(
 ) -> Served {
     // Boxed: the access review is a whole member request, and a future that held it inline would
     // keep its room for as long as the client watches.
-    if !Box::pin(access::may(ctx, proxied, &plan.key, "watch", caller)).await {
+    if !Box::pin(access::may(
+        ctx,
+        proxied.cluster,
+        &proxied.identity,
+        &plan.key,
+        "watch",
+        caller,
+    ))
+    .await
+    {
         return Served::Proxy;
     }
     // Where a hub this watch starts replays from. Not for a label-selecting client: replayed
