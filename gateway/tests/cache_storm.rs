@@ -26,7 +26,8 @@
 //! else; with consistent reads also one `limit=1` LIST per informer's list, the gateway's
 //! question for the member's current resourceVersion (docs/cache.md), the items from memory.
 //! (Not bounded here: in the storm the member also gets about one short backfill watch per
-//! informer, each answered with its 410.)
+//! informer, each answered with its 410.) On two shards with `scope: Gateway` the same storm
+//! loses events today (the ignored test at the end says how).
 
 mod support;
 
@@ -41,7 +42,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
-use support::cache::{cache_configmaps, member_lists};
+use support::cache::{cache_configmaps_in_scope, member_lists};
 use support::fleet::Fleet;
 use support::front::{gateway_client, Front};
 use support::kubectl::kube_client;
@@ -204,13 +205,19 @@ impl Phase {
 /// member, and checks each ends with the member's objects; what the start and the storm cost
 /// the member.
 fn storm(config: &watcher::Config) -> (Phase, Phase) {
+    storm_on(config, "1", None)
+}
+
+/// [`storm`] on a gateway of `workers` shards, configmaps shared in `scope` (None: the default,
+/// per shard).
+fn storm_on(config: &watcher::Config, workers: &str, scope: Option<&str>) -> (Phase, Phase) {
     let began = Instant::now();
     let history = HISTORY.to_string();
     let mut sim = std::process::Command::new(support::fleet::loadtest_binary());
     sim.env("FLEETGATE_SIM_LOG", "fleetgate_loadtest=debug");
     let mut fleet = Fleet::sim_launched(sim, 1, OBJECTS, "", &["--history-window", &history]);
-    cache_configmaps(&fleet);
-    fleet.serve(&["--workers", "1"], None);
+    cache_configmaps_in_scope(&fleet, scope);
+    fleet.serve(&["--workers", workers], None);
     // The informers reach the gateway through a front that stays while the gateway is replaced.
     let front = Front::start(&fleet);
     let member = fleet
@@ -247,7 +254,7 @@ fn storm(config: &watcher::Config) -> (Phase, Phase) {
     // The gateway goes down; the member moves on past its history; a new gateway comes up.
     drop(fleet.gateway.take());
     fleet.runtime.block_on(write_while_away(&member));
-    fleet.serve(&["--workers", "1"], None);
+    fleet.serve(&["--workers", workers], None);
     *front.to.lock().unwrap() = fleet.https();
     // A last write: an informer that holds it has seen everything before it.
     let marker_ns: Api<ConfigMap> = Api::namespaced(member.clone(), "load-0");
@@ -258,17 +265,22 @@ fn storm(config: &watcher::Config) -> (Phase, Phase) {
         .block_on(marker_ns.create(&PostParams::default(), &marker))
         .unwrap();
     let marker = ObjectRef::<ConfigMap>::new("marker").within("load-0");
+    let away = ObjectRef::<ConfigMap>::new("away-0").within("load-0");
     wait_for_or(
         "every informer to see the marker",
         Duration::from_secs(60),
         || informers.iter().all(|i| i.store.get(&marker).is_some()),
         || {
-            let behind = informers
+            let behind: Vec<usize> = (0..INFORMERS)
+                .filter(|&n| informers[n].store.get(&marker).is_none())
+                .collect();
+            let without_away = behind
                 .iter()
-                .filter(|i| i.store.get(&marker).is_none())
+                .filter(|&&n| informers[n].store.get(&away).is_none())
                 .count();
             format!(
-                "{behind} informers without the marker\n{}",
+                "informers without the marker: {behind:?}, {without_away} of them without \
+                 load-0/away-0 either\n{}",
                 fleet.log_tail(30)
             )
         },
@@ -324,6 +336,28 @@ fn a_relist_storm_of_default_kube_rs_informers_costs_the_member_one_limit_1_list
     // Consistent reads: the hub's list, and one limit=1 question per informer's list; the
     // items come from memory.
     let (start, storm) = storm(&watcher::Config::default());
+    for phase in [start, storm] {
+        assert_eq!(phase.lists.full, 1, "{phase:?}");
+        assert_eq!(phase.lists.probes, phase.informer_lists, "{phase:?}");
+    }
+}
+
+/// The same storm on two shards sharing one hub per key (`scope: Gateway`: the other shard's
+/// hub is a mirror of the home's).
+///
+/// Fails today: in 5 runs of 5, 2 to 25 of the 200 informers never got the 410, nor the 20
+/// writes made while the gateway was down, nor the marker; each still held the objects from
+/// before the restart 60 s later, with no error. They are, it seems, clients of the mirror,
+/// positioned while the home's hub replayed from their version: the member refused the replay
+/// (410), the home ended the mirror's feed, and the mirror's clients were taken for caught up
+/// (`watch::client`, `caught_up = self.seq >= state.next_seq()` when the hub ends), sent a last
+/// bookmark at the mirror's newest resourceVersion (its list's, past the replay they never
+/// got), and resumed from there. Also requiring `!(state.replaying && self.passed_rv <
+/// state.listed_rv)` there made it pass 3 runs of 3 (201 and 1 member LISTs, as on one shard).
+#[test]
+#[ignore = "a mirror's clients skip a lost replay (watch::client); see the doc comment"]
+fn a_relist_storm_through_one_gateway_scoped_hub_on_two_shards_costs_the_member_one_list() {
+    let (start, storm) = storm_on(&watcher::Config::default(), "2", Some("Gateway"));
     for phase in [start, storm] {
         assert_eq!(phase.lists.full, 1, "{phase:?}");
         assert_eq!(phase.lists.probes, phase.informer_lists, "{phase:?}");

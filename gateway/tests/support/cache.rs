@@ -5,15 +5,26 @@ use super::fleet::Fleet;
 
 /// Turns on `spec.cache` for configmaps in the fleet's Gateway.
 pub fn cache_configmaps(fleet: &Fleet) {
+    cache_configmaps_in_scope(fleet, None);
+}
+
+/// Turns on `spec.cache` for configmaps, and with a `scope` also `spec.sharedWatches` for them
+/// with that scope (`Gateway`: one hub per key for the whole gateway).
+pub fn cache_configmaps_in_scope(fleet: &Fleet, scope: Option<&str>) {
+    let configmaps = "resources: [{group: '', version: v1, resource: configmaps}]\n";
     fleet.edit_gateway(|gateway| {
-        let cache: serde_yaml::Value = serde_yaml::from_str(
-            "resources: [{group: '', version: v1, resource: configmaps}]\nmemoryBudget: 64Mi\n",
-        )
-        .unwrap();
-        gateway["spec"]
-            .as_mapping_mut()
-            .unwrap()
-            .insert("cache".into(), cache);
+        let spec = gateway["spec"].as_mapping_mut().unwrap();
+        let yaml = |text: String| serde_yaml::from_str::<serde_yaml::Value>(&text).unwrap();
+        spec.insert(
+            "cache".into(),
+            yaml(format!("{configmaps}memoryBudget: 64Mi\n")),
+        );
+        if let Some(scope) = scope {
+            spec.insert(
+                "sharedWatches".into(),
+                yaml(format!("{configmaps}scope: {scope}\n")),
+            );
+        }
     });
 }
 
