@@ -13,36 +13,13 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 use serde_json::Value;
+use support::cache::{cache_configmaps, member_lists};
 use support::fleet::Fleet;
 use support::kubectl::{assert_refused_alike, kube_client, kubectl};
-
-/// Turns on `spec.cache` for configmaps and namespaces in the fleet's Gateway.
-fn cache_configmaps(fleet: &Fleet) {
-    fleet.edit_gateway(|gateway| {
-        let cache: serde_yaml::Value = serde_yaml::from_str(
-            "resources: [{group: '', version: v1, resource: configmaps}, {group: '', version: v1, resource: namespaces}]\nmemoryBudget: 64Mi\n",
-        )
-        .unwrap();
-        gateway["spec"]
-            .as_mapping_mut()
-            .unwrap()
-            .insert("cache".into(), cache);
-    });
-}
 
 /// kubectl straight to member1 as admin; must succeed.
 fn direct(fleet: &Fleet, args: &[&str]) -> String {
     fleet.direct_ok("member1", args)
-}
-
-/// `fleetgate_sim_requests_total{verb="list",resource="configmaps"}` of member1.
-fn member_lists(fleet: &Fleet) -> u64 {
-    let metrics = direct(fleet, &["get", "--raw", "/metrics"]);
-    let series = "fleetgate_sim_requests_total{verb=\"list\",resource=\"configmaps\"} ";
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series))
-        .map_or(0, |n| n.trim().parse().unwrap())
 }
 
 /// One member with configmaps in namespaces `a` and `a-b` (whose keys sort `a-b/` before `a/`,

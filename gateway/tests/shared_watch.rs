@@ -20,10 +20,10 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, Config};
+use kube::{Api, Client};
 use support::fleet::Fleet;
+use support::front::{gateway_client, Front};
 use support::kubectl::{get_configmap, kubectl, kubectl_command};
 use support::wait::{wait_for, wait_for_or};
 
@@ -196,26 +196,6 @@ fn kubectl_watcher(fleet: &Fleet, name: &str, context: &str, args: &[&str]) -> W
     Watcher { child, out }
 }
 
-/// A kube-rs client of the gateway's member1 context, reaching the gateway at `at` (its own
-/// listener, or a [`Front`] before it).
-async fn client(fleet: &Fleet, at: std::net::SocketAddr) -> Client {
-    let text = std::fs::read_to_string(fleet.gateway_kubeconfig())
-        .unwrap()
-        .replace(
-            &format!("https://{}/", fleet.https()),
-            &format!("https://{at}/"),
-        );
-    let kubeconfig = Kubeconfig::from_yaml(&text).expect("kubeconfig");
-    let options = KubeConfigOptions {
-        context: Some("member1".to_owned()),
-        ..KubeConfigOptions::default()
-    };
-    let config = Config::from_custom_kubeconfig(kubeconfig, &options)
-        .await
-        .expect("config");
-    Client::try_from(config).expect("client")
-}
-
 /// `count` kube-rs watchers of default's configmaps through the gateway (JSON, with bookmarks,
 /// resuming from their last resourceVersion as informers do), each recording the `data.i`
 /// values it saw.
@@ -298,7 +278,9 @@ fn many_watches_see_every_change_in_order(workers: &str, more: &str) -> Fleet {
     create_seed(&fleet);
 
     // 100 kube-rs watchers (JSON, with bookmarks), each recording the values it saw.
-    let kube_client = fleet.runtime.block_on(client(&fleet, fleet.https()));
+    let kube_client = fleet
+        .runtime
+        .block_on(gateway_client(&fleet, "member1", fleet.https()));
     let seen = informers(&fleet, &kube_client, CLIENTS_KUBE_RS);
     // 10 plain `kubectl get -w` (Table events) and 10 with custom columns (JSON events).
     let tables: Vec<Watcher> = (0..CLIENTS_TABLE)
@@ -1078,36 +1060,6 @@ fn a_label_selecting_watch_from_before_the_shared_list_catches_up_from_the_membe
     );
 }
 
-/// A TCP front for the gateway, as a Service is for its pods: each connection it accepts is
-/// relayed to the gateway it points at when the connection comes.
-struct Front {
-    addr: std::net::SocketAddr,
-    to: Arc<Mutex<std::net::SocketAddr>>,
-}
-
-impl Front {
-    fn start(fleet: &Fleet) -> Front {
-        let listener = fleet
-            .runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let addr = listener.local_addr().unwrap();
-        let to = Arc::new(Mutex::new(fleet.https()));
-        let target = Arc::clone(&to);
-        fleet.runtime.spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
-                let gateway = *target.lock().unwrap();
-                tokio::spawn(async move {
-                    if let Ok(mut upstream) = tokio::net::TcpStream::connect(gateway).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-                    }
-                });
-            }
-        });
-        Front { addr, to }
-    }
-}
-
 #[test]
 fn after_a_gateway_restart_informers_resume_on_one_member_watch() {
     informers_resume_after_a_restart("1", "");
@@ -1131,7 +1083,9 @@ fn informers_resume_after_a_restart(workers: &str, more: &str) {
     let front = Front::start(&fleet);
     create_seed(&fleet);
     // 20 kube-rs informers of default's configmaps.
-    let kube_client = fleet.runtime.block_on(client(&fleet, front.addr));
+    let kube_client = fleet
+        .runtime
+        .block_on(gateway_client(&fleet, "member1", front.addr));
     let seen = informers(&fleet, &kube_client, 20);
     let all_at = |value: u32| {
         seen.iter()

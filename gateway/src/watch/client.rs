@@ -282,7 +282,11 @@ impl Cursor {
                     // The route retired, the shard drains, the member refused the gateway: the
                     // watch ends cleanly and the client watches again.
                     _ => {
-                        caught_up = self.seq >= state.next_seq();
+                        // Not while the hub replayed the member's history to a version the
+                        // client has not reached: the replay's rest never came (a mirror whose
+                        // home's replay the member refused).
+                        caught_up = self.seq >= state.next_seq()
+                            && !(state.replaying && self.passed_rv < state.listed_rv);
                         break;
                     }
                 }

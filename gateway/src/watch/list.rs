@@ -2,9 +2,10 @@
 //! holds the member's objects of its collection, each as its encoded JSON, so a LIST of a cached
 //! resource is answered by copying bytes, with kube-apiserver's watch-cache semantics:
 //!
-//! - `resourceVersion=0` (informers, `kube-rs` watchers): at once, from what the hub holds (a
+//! - `resourceVersion=0` (client-go's informers, kube-rs's `any_semantic` watchers): at once, from what the hub holds (a
 //!   `limit` is ignored, as kube-apiserver 1.24's watch cache ignores it at 0).
-//! - no `resourceVersion` (a consistent read: `kubectl get`, the Python client): the member's
+//! - no `resourceVersion` (a consistent read: `kubectl get`, the Python client, kube-rs's
+//!   default watcher): the member's
 //!   current resourceVersion is asked (a `limit=1` list, [`hub::Hub::member_version`]), and the
 //!   LIST is served once the hub has seen it, within [`CATCH_UP`]; otherwise by the member.
 //! - `resourceVersion=N` (`NotOlderThan`, or no match): once the hub has seen N, within

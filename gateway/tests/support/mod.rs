@@ -12,8 +12,10 @@
 // Test harnesses are not the data path (clippy.toml): their members and clients may lock.
 #![allow(clippy::disallowed_types)]
 
+pub mod cache;
 pub mod client;
 pub mod fleet;
+pub mod front;
 pub mod h2raw;
 pub mod kubectl;
 pub mod netns;
