@@ -432,6 +432,10 @@ pub struct Hub {
     first_from: Cell<Option<u64>>,
     /// Whether a backfill runs (one at a time: the clients that need one wait for it).
     backfilling: Cell<bool>,
+    /// The questions for the member's current resourceVersion ([`Hub::current_version`]).
+    versions: RefCell<Versions>,
+    /// Wakes the consistent reads waiting for a question's answer.
+    versions_signal: Signal,
 }
 
 /// Counts a client on its hub for as long as it lives.
@@ -489,6 +493,8 @@ impl Hub {
             idle_since: Cell::new(Some(Instant::now())),
             first_from: Cell::new(from),
             backfilling: Cell::new(false),
+            versions: RefCell::new(Versions::default()),
+            versions_signal: Signal::default(),
         });
         let running = Rc::clone(&hub);
         runtime::spawn(async move {
@@ -885,6 +891,39 @@ impl Hub {
         true
     }
 
+    /// The member's current resourceVersion for a consistent read: the answer of a question
+    /// ([`Hub::member_version`]) sent after the read arrived, one question at a time for every
+    /// read waiting, so a storm of consistent reads costs the member a few questions, not one
+    /// each. None when the member did not answer.
+    pub async fn current_version(&self, shard: &ShardWatches, caller: Caller) -> Option<u64> {
+        let needed = self.versions.borrow().sent + 1;
+        loop {
+            let seen = self.versions_signal.epoch();
+            let generation = {
+                let mut versions = self.versions.borrow_mut();
+                match versions.answered {
+                    Some((generation, answer)) if generation >= needed => return answer,
+                    _ if versions.asking => None,
+                    _ => {
+                        versions.sent += 1;
+                        versions.asking = true;
+                        Some(versions.sent)
+                    }
+                }
+            };
+            let Some(generation) = generation else {
+                self.versions_signal.after(seen).await;
+                continue;
+            };
+            // Cleared however the question ends (the reading client may go away mid-way).
+            let asking = Asking(self);
+            let answer = self.member_version(shard, caller).await;
+            self.versions.borrow_mut().answered = Some((generation, answer));
+            drop(asking);
+            return answer;
+        }
+    }
+
     /// The member's current resourceVersion, as cheaply as it gives it: a `limit=1` list of the
     /// hub's collection, as the gateway itself, in JSON (a consistent read from the hub waits
     /// until the hub has seen it). None when the member did not answer with one.
@@ -1116,6 +1155,26 @@ fn gateway_itself() -> Decided {
         identity: None,
         authenticated: None,
         pass_through: false,
+    }
+}
+
+/// The questions for the member's current resourceVersion: how many were sent, the last
+/// answer (with its question's number) and whether one is out.
+#[derive(Default)]
+struct Versions {
+    sent: u64,
+    answered: Option<(u64, Option<u64>)>,
+    asking: bool,
+}
+
+/// A question out for the member's current resourceVersion: its end, or its future dropped
+/// unfinished, lets the next read ask and wakes the reads waiting.
+struct Asking<'h>(&'h Hub);
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        self.0.versions.borrow_mut().asking = false;
+        self.0.versions_signal.bump();
     }
 }
 

@@ -6,7 +6,8 @@
 //!   `limit` is ignored, as kube-apiserver 1.24's watch cache ignores it at 0).
 //! - no `resourceVersion` (a consistent read: `kubectl get`, the Python client, kube-rs's
 //!   default watcher): the member's
-//!   current resourceVersion is asked (a `limit=1` list, [`hub::Hub::member_version`]), and the
+//!   current resourceVersion is asked (a `limit=1` list, one for all the reads waiting:
+//!   [`hub::Hub::current_version`]), and the
 //!   LIST is served once the hub has seen it, within [`CATCH_UP`]; otherwise by the member.
 //! - `resourceVersion=N` (`NotOlderThan`, or no match): once the hub has seen N, within
 //!   [`CATCH_UP`]; otherwise by the member, which answers it itself.
@@ -170,7 +171,7 @@ async fn prepared(
     let needed = match plan.read {
         Read::Any => None,
         Read::NotOlderThan(rv) => Some(rv),
-        Read::Consistent => match Box::pin(hub.member_version(ctx, caller)).await {
+        Read::Consistent => match Box::pin(hub.current_version(ctx, caller)).await {
             Some(rv) => Some(rv),
             None => return None,
         },
