@@ -34,7 +34,7 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 
 mod table;
-mod token;
+pub mod token;
 
 use super::hub::{Event, Hub, Phase};
 use super::selector::{FieldSelector, LabelSelector};
