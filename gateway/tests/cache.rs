@@ -320,8 +320,9 @@ fn a_field_the_member_refuses_gets_its_400() {
 }
 
 /// The fleet view (`/fleet`, karmada-search's path) serves its merged LISTs from the members'
-/// caches: `kubectl --context fleet get` (Table and JSON, all of it and in chunks) gives every
-/// member's objects, each member's page from memory.
+/// caches: the first list, while they start, from the members with a Warning naming each; then
+/// `kubectl --context fleet get` (Table and JSON, all of it and in chunks) gives every member's
+/// objects, each member's page from memory.
 #[test]
 fn the_fleet_view_lists_from_the_members_caches() {
     let mut fleet = Fleet::sim(2, 0);
@@ -354,14 +355,40 @@ fn the_fleet_view_lists_from_the_members_caches() {
             .metric("fleetgate_cache_lists_total{served=\"memory\"}")
             .unwrap()
     };
-    let before = from_memory();
-    let merged = fleet.kubectl_ok(
-        "fleet",
-        &["get", "configmaps", "-n", "default", "-o", "json"],
-    );
-    let merged = names_of(&merged);
+    let args = ["get", "configmaps", "-n", "default", "-o", "json"];
+    // The first list starts the members' caches and does not wait for them: every member's
+    // objects from the member, each named in a Warning.
+    let cold = fleet.kubectl_output("fleet", &args);
+    assert!(cold.status.success());
+    let warned = String::from_utf8_lossy(&cold.stderr);
+    for member in ["member1", "member2"] {
+        assert!(
+            warned.contains(&format!("cluster {member}: its cache is not synced yet")),
+            "{warned}"
+        );
+    }
+    let merged = names_of(&String::from_utf8_lossy(&cold.stdout));
     // Every member's p, q, r and kube-root-ca.crt.
     assert_eq!(merged.len(), 8, "{merged:?}");
+    // Once the caches have listed (no Warning any more), from memory.
+    let synced = |args: &[&str]| {
+        let started = std::time::Instant::now();
+        loop {
+            let out = fleet.kubectl_output("fleet", args);
+            assert!(out.status.success());
+            if out.stderr.is_empty() {
+                return String::from_utf8_lossy(&out.stdout).into_owned();
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "never synced"
+            );
+        }
+    };
+    assert_eq!(names_of(&synced(&args)), merged);
+    let before = from_memory();
+    let warm = names_of(&fleet.kubectl_ok("fleet", &args));
+    assert_eq!(warm, merged);
     assert!(
         from_memory() >= before + 2,
         "each member's page from memory"
@@ -380,7 +407,9 @@ fn the_fleet_view_lists_from_the_members_caches() {
         ],
     );
     assert_eq!(names_of(&chunked), merged);
-    // kubectl get's Table, with its CLUSTER column, from memory too.
+    // kubectl get's Table, with its CLUSTER column, from memory too (its own cache: the Table
+    // form).
+    synced(&["get", "configmaps", "-n", "default"]);
     let before = from_memory();
     let table = fleet.kubectl_ok("fleet", &["get", "configmaps", "-n", "default"]);
     assert_eq!(table.lines().count(), 9, "{table}");

@@ -20,8 +20,8 @@
 //! longer name it, and a list silently short of its objects would tell an informer they were
 //! deleted. The client's next list finds it at the probe and names it in a `Warning`.
 
-use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::Poll;
@@ -37,7 +37,7 @@ use tracing::warn;
 
 use super::page::{cluster_column, stamp, Page};
 use super::token::{encode_versions, query_count, query_value, rewrite_query, Continue};
-use super::{bad_request, FleetClient, View};
+use super::{bad_request, Cached, FleetClient, View};
 use crate::auth::Decided;
 use crate::errors::GatewayError;
 use crate::exchange::Failure;
@@ -95,11 +95,13 @@ pub(crate) async fn list(
             .map_or("", |s| s.member.as_str())
     };
 
+    let unsynced = RefCell::new(BTreeSet::new());
     let member_pages = |cluster, identity| MemberPages {
         view,
         request,
         cluster,
         identity,
+        unsynced: &unsynced,
     };
 
     // 1. Probe. A paged list asks its first member for the whole page at once: when that fills
@@ -155,6 +157,11 @@ pub(crate) async fn list(
             }
             Err(missed) => warnings.push(missed.warning(&cluster.name)),
         }
+    }
+    for cluster in unsynced.borrow().iter() {
+        warnings.push(format!(
+            "cluster {cluster}: its cache is not synced yet; its objects were listed from the member"
+        ));
     }
 
     // 2. Stream.
@@ -365,6 +372,8 @@ struct MemberPages<'a, 'r> {
     request: &'a FleetRequest<'r>,
     cluster: &'a Arc<ClusterRoute>,
     identity: &'a Decided,
+    /// The members whose cache was still listing when a page was asked of it.
+    unsynced: &'a RefCell<BTreeSet<String>>,
 }
 
 impl MemberPages<'_, '_> {
@@ -380,8 +389,14 @@ impl MemberPages<'_, '_> {
                 &query,
                 &self.view.client_request,
             );
-            if let Some(page) = cached.await {
-                return Ok(page);
+            match cached.await {
+                Cached::Page(page) => return Ok(page),
+                Cached::NotSynced => {
+                    self.unsynced
+                        .borrow_mut()
+                        .insert(self.cluster.name.to_string());
+                }
+                Cached::Member => {}
             }
         }
         let asked = Asked {

@@ -58,7 +58,7 @@ pub(crate) struct View<'a> {
 /// member would answer them; `fleet` does not import the shared watches that hold them.
 pub(crate) trait CachedPages {
     /// The page the member would answer to the kube path `rest` with `query` (its `?` on), as
-    /// `identity`; None: ask the member.
+    /// `identity`, or why the member is to be asked.
     fn page<'f>(
         &'f self,
         cluster: &'f Arc<ClusterRoute>,
@@ -67,7 +67,17 @@ pub(crate) trait CachedPages {
         rest: &'f [u8],
         query: &'f [u8],
         client: &'f ClientRequest<'f>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Vec<u8>>> + 'f>>;
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Cached> + 'f>>;
+}
+
+/// A member page asked of the cache.
+pub(crate) enum Cached {
+    /// The page, as the member would have answered it.
+    Page(Vec<u8>),
+    /// The member's cache is still listing it: the member answers, and the list says so.
+    NotSynced,
+    /// Not the cache's to answer (not cached, the user refused, too fresh a read): the member's.
+    Member,
 }
 
 /// What the fleet view needs of the client's request besides the decision: its header fields

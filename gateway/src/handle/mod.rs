@@ -778,7 +778,7 @@ impl<'a, S: Session> Flow<'a, S> {
         let served = watch::list::serve(&self.ctx.watches, target, plan, caller, &mut reply).await;
         let (sent, keeps) = (reply.head_sent(), reply.keeps_connection());
         drop(reply);
-        let result = served?;
+        let result = served.ok()?;
         self.ctx
             .count_response(proxied.cluster, proxied.verb, 200, self.started);
         self.trail.code = Some(200);

@@ -27,7 +27,8 @@
 //!   after a failure, a restarted apiserver's before its RBAC cache synced, only once it
 //!   lasted past `member::watcher::AUTH_GRACE`), or that stays unreachable from
 //!   the hub's start until the backoff reaches its cap (then clients are proxied for a while:
-//!   [`FAILED_FOR`]), and having had no client for [`IDLE_FOR`].
+//!   [`FAILED_FOR`]), and having had no client for [`IDLE_FOR`] ([`CACHED_IDLE_FOR`] for a
+//!   resource in `spec.cache`: the hub is its cache).
 //! - **Fed.** Shared per gateway (`super::across`), a hub on another shard than its key's home
 //!   makes no member request: it takes the home hub's state, then its events ([`Update`]), into
 //!   a ring of its own, and ends when the home's hub does.
@@ -63,6 +64,9 @@ use crate::runtime::{self, First};
 
 /// How long a hub without clients keeps its member watch.
 pub const IDLE_FOR: Duration = Duration::from_secs(30);
+/// How long the hub of a resource in `spec.cache` is kept without a client: it is the cache
+/// its LISTs are served from (docs/cache.md).
+pub const CACHED_IDLE_FOR: Duration = Duration::from_secs(600);
 /// How long a hub whose member refused the gateway stays failed (its clients are proxied).
 pub const FAILED_FOR: Duration = Duration::from_secs(10);
 /// The first sequence number of a hub's ring: room below it for events a backfill puts before
@@ -432,6 +436,8 @@ pub struct Hub {
     first_from: Cell<Option<u64>>,
     /// Whether a backfill runs (one at a time: the clients that need one wait for it).
     backfilling: Cell<bool>,
+    /// How long it is kept without a client ([`IDLE_FOR`], [`CACHED_IDLE_FOR`]).
+    idle_for: Duration,
     /// The questions for the member's current resourceVersion ([`Hub::current_version`]).
     versions: RefCell<Versions>,
     /// Wakes the consistent reads waiting for a question's answer.
@@ -468,6 +474,13 @@ impl Hub {
             .shared_watches
             .as_ref()
             .map_or((4096, 1024), |s| (s.ring_size, s.lag_limit));
+        let cached = table
+            .gateway()
+            .cache
+            .as_ref()
+            .and_then(|c| c.caches(&key.group, &key.version, &key.resource))
+            .is_some();
+        let idle_for = if cached { CACHED_IDLE_FOR } else { IDLE_FOR };
         let hub = Rc::new(Hub {
             key,
             cluster,
@@ -493,6 +506,7 @@ impl Hub {
             idle_since: Cell::new(Some(Instant::now())),
             first_from: Cell::new(from),
             backfilling: Cell::new(false),
+            idle_for,
             versions: RefCell::new(Versions::default()),
             versions_signal: Signal::default(),
         });
@@ -619,13 +633,13 @@ impl Hub {
     fn idle_too_long(&self) -> bool {
         self.idle_since
             .get()
-            .is_some_and(|since| since.elapsed() >= IDLE_FOR)
+            .is_some_and(|since| since.elapsed() >= self.idle_for)
     }
 
-    /// Resolves once the hub has had no client for [`IDLE_FOR`].
+    /// Resolves once the hub has had no client for its idle time.
     async fn idle(&self) {
         loop {
-            runtime::sleep(IDLE_FOR / 4).await;
+            runtime::sleep(self.idle_for / 4).await;
             if self.idle_too_long() {
                 return;
             }

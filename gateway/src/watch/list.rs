@@ -41,7 +41,7 @@ use super::selector::{FieldSelector, LabelSelector};
 use super::{access, hub_for, plan_list, Asked, Caller, Form, HubKey, ShardWatches, Target};
 use crate::auth::Decided;
 use crate::exchange::Failure;
-use crate::fleet::{CachedPages, ClientRequest, FleetClient};
+use crate::fleet::{Cached, CachedPages, ClientRequest, FleetClient};
 use fleetgate_config_watcher::request_info::RequestInfo;
 use fleetgate_config_watcher::ClusterRoute;
 
@@ -74,6 +74,9 @@ pub struct ListPlan {
     pub limit: Option<u64>,
     /// The page after a continue token's.
     pub resume: Option<token::Continue>,
+    /// Whether the LIST waits for its hub's first list (a LIST through `/clusters/{name}`), or
+    /// goes to the member meanwhile (a fleet view's member page: its list says so).
+    pub patient: bool,
     pub labels: LabelSelector,
     pub fields: FieldSelector,
 }
@@ -125,6 +128,7 @@ pub(super) fn plan(asked: Asked<'_>) -> Option<ListPlan> {
         read,
         limit,
         resume,
+        patient: true,
         labels: asked.labels,
         fields: asked.fields,
     })
@@ -138,10 +142,19 @@ pub(crate) async fn serve(
     plan: ListPlan,
     caller: Caller,
     client: &mut impl FleetClient,
-) -> Option<Result<(), Failure>> {
+) -> Result<Result<(), Failure>, Unserved> {
     let list = prepared(ctx, target, &plan, caller).await;
-    ctx.exchange.shard_metrics.cache_list(list.is_some());
-    Some(write(client, list?).await)
+    ctx.exchange.shard_metrics.cache_list(list.is_ok());
+    Ok(write(client, list?).await)
+}
+
+/// Why a LIST is the member's to answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unserved {
+    /// Not the cache's (the user refused, the hub failed, too fresh a read, a changed page).
+    Member,
+    /// Its hub is still listing, and the LIST does not wait ([`ListPlan::patient`]).
+    NotSynced,
 }
 
 /// The LIST as its hub answers it, once the member lets the user list, the hub holds the
@@ -151,7 +164,8 @@ async fn prepared(
     target: Target<'_>,
     plan: &ListPlan,
     caller: Caller,
-) -> Option<Selected> {
+) -> Result<Selected, Unserved> {
+    use Unserved::Member;
     let allowed = access::may(
         ctx,
         target.cluster,
@@ -161,34 +175,39 @@ async fn prepared(
         caller,
     );
     if !Box::pin(allowed).await {
-        return None;
+        return Err(Member);
     }
-    let hub = hub_for(ctx, target.cluster, &plan.key, caller, None)?;
+    let hub = hub_for(ctx, target.cluster, &plan.key, caller, None).ok_or(Member)?;
     let _joined = hub.join();
+    // Started (or still listing): for the next LIST, when this one does not wait.
+    if !plan.patient && hub.phase() == Phase::Starting {
+        return Err(Unserved::NotSynced);
+    }
     if !ready(&hub).await {
-        return None;
+        return Err(Member);
     }
     let needed = match plan.read {
         Read::Any => None,
         Read::NotOlderThan(rv) => Some(rv),
-        Read::Consistent => match Box::pin(hub.current_version(ctx, caller)).await {
-            Some(rv) => Some(rv),
-            None => return None,
-        },
+        Read::Consistent => Some(
+            Box::pin(hub.current_version(ctx, caller))
+                .await
+                .ok_or(Member)?,
+        ),
     };
     if let Some(rv) = needed {
         if !caught_up(&hub, rv).await {
-            return None;
+            return Err(Member);
         }
     }
     // A page after another is the cache's only while nothing after its start changed since its
     // list's resourceVersion: the objects then are those of the list the page continues.
     if let Some(resume) = &plan.resume {
         if !unchanged_since(&hub, &plan.key.namespace, resume) {
-            return None;
+            return Err(Member);
         }
     }
-    selected(&hub, plan)
+    selected(&hub, plan).ok_or(Member)
 }
 
 /// The objects of `namespace` (every one when empty) in order, from `start` (one of our keys)
@@ -427,7 +446,7 @@ impl CachedPages for FleetPages<'_> {
         rest: &'f [u8],
         query: &'f [u8],
         client: &'f ClientRequest<'f>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Vec<u8>>> + 'f>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Cached> + 'f>> {
         Box::pin(async move {
             let target = Target {
                 cluster,
@@ -437,12 +456,16 @@ impl CachedPages for FleetPages<'_> {
                 query,
             };
             let table = self.ctx.exchange.table.load();
-            let plan = plan_list(&table, target, client.header_values(b"accept"))?;
+            let Some(mut plan) = plan_list(&table, target, client.header_values(b"accept")) else {
+                return Cached::Member;
+            };
+            plan.patient = false;
             let mut page = Gathered::default();
-            serve(self.ctx, target, plan, self.caller, &mut page)
-                .await?
-                .ok()?;
-            Some(page.body)
+            match serve(self.ctx, target, plan, self.caller, &mut page).await {
+                Ok(Ok(())) => Cached::Page(page.body),
+                Ok(Err(_)) | Err(Unserved::Member) => Cached::Member,
+                Err(Unserved::NotSynced) => Cached::NotSynced,
+            }
         })
     }
 }
