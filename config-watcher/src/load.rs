@@ -554,19 +554,10 @@ fn resolve_shared_watches(
     spec: crate::objects::SharedWatchesSpec,
 ) -> Result<crate::settings::SharedWatchSettings, (&'static str, String)> {
     use crate::settings::SharedWatchSettings as S;
-    let resources = spec
-        .resources
-        .into_iter()
-        .map(|r| (r.group, r.version, r.resource))
-        .collect::<Vec<_>>();
+    let named = spec.resources.into_iter();
     let resources = checked_resources(
-        resources,
-        [
-            "spec.sharedWatches.resources",
-            "spec.sharedWatches.resources[].group",
-            "spec.sharedWatches.resources[].version",
-            "spec.sharedWatches.resources[].resource",
-        ],
+        named.map(|r| (r.group, r.version, r.resource)),
+        Block::SharedWatches,
     )?;
     let ring_size = spec.ring_size.unwrap_or(S::DEFAULT_RING_SIZE);
     if !(S::MIN_RING_SIZE..=S::MAX_RING_SIZE).contains(&ring_size) {
@@ -606,14 +597,41 @@ fn optional_seconds(
 /// (group, version, plural resource).
 type Resource = (String, String, String);
 
+/// A Gateway block that lists resources.
+#[derive(Clone, Copy)]
+enum Block {
+    SharedWatches,
+    Cache,
+}
+
+impl Block {
+    /// Its fields an error names: the list, then an entry's group, version and resource.
+    fn fields(self) -> [&'static str; 4] {
+        match self {
+            Block::SharedWatches => [
+                "spec.sharedWatches.resources",
+                "spec.sharedWatches.resources[].group",
+                "spec.sharedWatches.resources[].version",
+                "spec.sharedWatches.resources[].resource",
+            ],
+            Block::Cache => [
+                "spec.cache.resources",
+                "spec.cache.resources[].group",
+                "spec.cache.resources[].version",
+                "spec.cache.resources[].resource",
+            ],
+        }
+    }
+}
+
 /// Resources named as kube names them (a DNS-1123 label for the resource and version, a
-/// subdomain for the group), at least one, each listed once; an error names the field of
-/// `fields`: the list, then an entry's group, version and resource.
+/// subdomain for the group), at least one, each listed once; an error names `block`'s field.
 fn checked_resources(
-    resources: Vec<Resource>,
-    fields: [&'static str; 4],
+    resources: impl IntoIterator<Item = Resource>,
+    block: Block,
 ) -> Result<Vec<Resource>, (&'static str, String)> {
-    let [list, group_field, version_field, resource_field] = fields;
+    let [list, group_field, version_field, resource_field] = block.fields();
+    let resources: Vec<Resource> = resources.into_iter().collect();
     if resources.is_empty() {
         return Err((list, "at least one resource is required".into()));
     }
@@ -667,19 +685,10 @@ fn resolve_cache(
         in_range(max, u32::MAX, "spec.cache.resources[].maxObjects")?;
         limits.push(max as usize);
     }
-    let names = spec
-        .resources
-        .into_iter()
-        .map(|r| (r.group, r.version, r.resource))
-        .collect::<Vec<_>>();
+    let named = spec.resources.into_iter();
     let names = checked_resources(
-        names,
-        [
-            "spec.cache.resources",
-            "spec.cache.resources[].group",
-            "spec.cache.resources[].version",
-            "spec.cache.resources[].resource",
-        ],
+        named.map(|r| (r.group, r.version, r.resource)),
+        Block::Cache,
     )?;
     let memory_budget = match spec.memory_budget.as_deref() {
         None => C::DEFAULT_MEMORY_BUDGET,

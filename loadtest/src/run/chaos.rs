@@ -610,6 +610,23 @@ pub async fn chaos(args: &RunArgs) -> anyhow::Result<TargetResult> {
     })
 }
 
+/// What fails a run in the accounting (`chaos`, `rollout`): any violation (duplicates, gaps,
+/// reorders, unknown events, watchers that never caught up, in that order), or no event seen.
+pub(crate) fn accounting_failures(seen: u64, violations: [u64; 5]) -> Vec<String> {
+    let [duplicates, gaps, reorders, unknown, stalled] = violations;
+    let total: u64 = violations.iter().sum();
+    let mut failures = Vec::new();
+    if total > 0 {
+        failures.push(format!(
+            "{total} accounting violations: {duplicates} duplicates, {gaps} gaps, {reorders} reorders, {unknown} unknown events, {stalled} watchers never caught up"
+        ));
+    }
+    if seen == 0 {
+        failures.push("no watcher saw any event".into());
+    }
+    failures
+}
+
 impl ChaosReport {
     pub fn violations_total(&self) -> u64 {
         self.duplicates + self.gaps + self.reorders + self.unknown + self.stalled
@@ -927,20 +944,16 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
             ));
         }
     }
-    if report.violations_total() > 0 {
-        failures.push(format!(
-            "{} accounting violations: {} duplicates, {} gaps, {} reorders, {} unknown events, {} watchers never caught up",
-            report.violations_total(),
+    failures.extend(accounting_failures(
+        report.seen,
+        [
             report.duplicates,
             report.gaps,
             report.reorders,
             report.unknown,
-            report.stalled
-        ));
-    }
-    if report.seen == 0 {
-        failures.push("no watcher saw any event".into());
-    }
+            report.stalled,
+        ],
+    ));
     failures.extend(growth_failures(report.rss_growth_mib, report.fds_growth));
     report.failures = failures;
     Ok(report)

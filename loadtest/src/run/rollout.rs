@@ -708,20 +708,16 @@ async fn drive(args: &RunArgs, world: &mut World) -> anyhow::Result<RolloutRepor
             report.incidents.relists, report.incidents.expired
         ));
     }
-    if report.violations_total() > 0 {
-        failures.push(format!(
-            "{} accounting violations: {} duplicates, {} gaps, {} reorders, {} unknown events, {} watchers never caught up",
-            report.violations_total(),
+    failures.extend(super::chaos::accounting_failures(
+        report.seen,
+        [
             report.duplicates,
             report.gaps,
             report.reorders,
             report.unknown,
-            report.stalled
-        ));
-    }
-    if report.seen == 0 {
-        failures.push("no watcher saw any event".into());
-    }
+            report.stalled,
+        ],
+    ));
     report.failures = failures;
     Ok(report)
 }
