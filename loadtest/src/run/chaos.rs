@@ -362,16 +362,8 @@ pub struct ChaosReport {
     pub writes_failed: u64,
     /// Changes in the members' histories.
     pub changes: u64,
-    pub expected: u64,
-    pub seen: u64,
-    /// Changes a relist after a 410 covered.
-    pub covered: u64,
-    pub duplicates: u64,
-    pub gaps: u64,
-    pub reorders: u64,
-    pub unknown: u64,
-    /// (watcher, member) pairs that had not caught up when the settle timed out.
-    pub stalled: u64,
+    #[serde(flatten)]
+    pub accounting: Accounting,
     pub relists: u64,
     pub expired: u64,
     pub breaks: u64,
@@ -601,35 +593,69 @@ pub async fn chaos(args: &RunArgs) -> anyhow::Result<TargetResult> {
         target: "fleetgate".into(),
         scenario: "chaos".into(),
         requests: report.writes,
-        errors: report.violations_total(),
+        errors: report.accounting.violations_total(),
         seconds: args.duration.as_secs_f64(),
         watches: Some(report.watchers),
-        events: Some(report.seen),
+        events: Some(report.accounting.seen),
         chaos: Some(Box::new(report)),
         ..Default::default()
     })
 }
 
-/// What fails a run in the accounting (`chaos`, `rollout`): any violation (duplicates, gaps,
-/// reorders, unknown events, watchers that never caught up, in that order), or no event seen.
-pub(crate) fn accounting_failures(seen: u64, violations: [u64; 5]) -> Vec<String> {
-    let [duplicates, gaps, reorders, unknown, stalled] = violations;
-    let total: u64 = violations.iter().sum();
-    let mut failures = Vec::new();
-    if total > 0 {
-        failures.push(format!(
-            "{total} accounting violations: {duplicates} duplicates, {gaps} gaps, {reorders} reorders, {unknown} unknown events, {stalled} watchers never caught up"
-        ));
-    }
-    if seen == 0 {
-        failures.push("no watcher saw any event".into());
-    }
-    failures
+/// The accounting of every watcher's view of every member against the member's history, as
+/// [`check`] tallies it; `chaos` and `rollout` report it alike.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Accounting {
+    pub expected: u64,
+    pub seen: u64,
+    /// Changes a relist after a 410 covered.
+    pub covered: u64,
+    pub duplicates: u64,
+    pub gaps: u64,
+    pub reorders: u64,
+    pub unknown: u64,
+    /// (watcher, member) pairs that had not caught up when the settle timed out.
+    pub stalled: u64,
 }
 
-impl ChaosReport {
+impl Accounting {
+    /// One watcher's view of one member, its violations counted by kind.
+    pub fn add(&mut self, tally: &check::Tally) {
+        self.expected += tally.expected;
+        self.seen += tally.seen;
+        self.covered += tally.covered;
+        for found in &tally.found {
+            match found.violation {
+                Violation::Duplicate => self.duplicates += 1,
+                Violation::Reorder => self.reorders += 1,
+                Violation::Unknown => self.unknown += 1,
+                Violation::Gap => self.gaps += 1,
+            }
+        }
+    }
+
     pub fn violations_total(&self) -> u64 {
         self.duplicates + self.gaps + self.reorders + self.unknown + self.stalled
+    }
+
+    /// What fails a run: any violation, or no event seen.
+    pub fn failures(&self) -> Vec<String> {
+        let mut failures = Vec::new();
+        if self.violations_total() > 0 {
+            failures.push(format!(
+                "{} accounting violations: {} duplicates, {} gaps, {} reorders, {} unknown events, {} watchers never caught up",
+                self.violations_total(),
+                self.duplicates,
+                self.gaps,
+                self.reorders,
+                self.unknown,
+                self.stalled
+            ));
+        }
+        if self.seen == 0 {
+            failures.push("no watcher saw any event".into());
+        }
+        failures
     }
 }
 
@@ -835,7 +861,10 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
         writes: writers_done.iter().map(|w| w.writes).sum(),
         writes_failed: writers_done.iter().map(|w| w.failed).sum(),
         changes: histories.iter().map(|h| h.len() as u64).sum(),
-        stalled: stalled.len() as u64,
+        accounting: Accounting {
+            stalled: stalled.len() as u64,
+            ..Default::default()
+        },
         settle_s,
         samples,
         ..Default::default()
@@ -872,21 +901,13 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
                 continue;
             };
             let tally = check(origin, &log.obs[m], &histories[m], finals[m]);
-            report.expected += tally.expected;
-            report.seen += tally.seen;
-            report.covered += tally.covered;
+            report.accounting.add(&tally);
             if w.h2.is_some() {
                 report.h2_expected += tally.expected;
                 report.h2_seen += tally.seen;
                 report.h2_violations += tally.found.len() as u64;
             }
             for found in tally.found {
-                match found.violation {
-                    Violation::Duplicate => report.duplicates += 1,
-                    Violation::Reorder => report.reorders += 1,
-                    Violation::Unknown => report.unknown += 1,
-                    Violation::Gap => report.gaps += 1,
-                }
                 let key = bucket(found.at_ms);
                 report.per_fault.entry(key.clone()).or_default().violations += 1;
                 if report.violations.len() < 100 {
@@ -944,16 +965,7 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
             ));
         }
     }
-    failures.extend(accounting_failures(
-        report.seen,
-        [
-            report.duplicates,
-            report.gaps,
-            report.reorders,
-            report.unknown,
-            report.stalled,
-        ],
-    ));
+    failures.extend(report.accounting.failures());
     failures.extend(growth_failures(report.rss_growth_mib, report.fds_growth));
     report.failures = failures;
     Ok(report)
@@ -961,6 +973,7 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
 
 /// Prints the accounting after the table: the counts, per fault, and the first violations.
 pub fn print_report(r: &ChaosReport) {
+    let a = &r.accounting;
     println!(
         "chaos: seed {}, {} members ({} in pull mode: {}), {} watchers ({} over h2), {} writes ({} failed), {} changes",
         r.seed,
@@ -975,14 +988,14 @@ pub fn print_report(r: &ChaosReport) {
     );
     println!(
         "events: expected {}, seen {}, covered by relists {}; violations: duplicates {}, gaps {}, reorders {}, unknown {}, stalled {}; relists {}, 410s {}, streams broken {}, ended {}, opens failed {}; settled in {:.1} s",
-        r.expected,
-        r.seen,
-        r.covered,
-        r.duplicates,
-        r.gaps,
-        r.reorders,
-        r.unknown,
-        r.stalled,
+        a.expected,
+        a.seen,
+        a.covered,
+        a.duplicates,
+        a.gaps,
+        a.reorders,
+        a.unknown,
+        a.stalled,
         r.relists,
         r.expired,
         r.breaks,

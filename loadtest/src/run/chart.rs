@@ -265,7 +265,7 @@ pub fn write_chaos_svg(path: &Path, report: &ChaosReport) -> anyhow::Result<()> 
         &format!(
             "fleetgate-loadtest chaos: seed {}, {} violations (red: a fault)",
             report.seed,
-            report.violations_total()
+            report.accounting.violations_total()
         ),
         &report.samples,
         |s| s.at_s,

@@ -649,14 +649,16 @@ pub fn print_table(results: &[TargetResult]) {
                 rollout_column(r, |o| o.incidents.expired.to_string())
             }),
             ("violations", |r| {
-                rollout_column(r, |o| o.violations_total().to_string())
+                rollout_column(r, |o| o.accounting.violations_total().to_string())
             }),
         ],
         "chaos" => &[
-            ("expected", |r| chaos_count(r, |c| c.expected)),
-            ("duplicates", |r| chaos_count(r, |c| c.duplicates)),
-            ("gaps", |r| chaos_count(r, |c| c.gaps)),
-            ("reorders", |r| chaos_count(r, |c| c.reorders)),
+            ("expected", |r| chaos_count(r, |c| c.accounting.expected)),
+            ("duplicates", |r| {
+                chaos_count(r, |c| c.accounting.duplicates)
+            }),
+            ("gaps", |r| chaos_count(r, |c| c.accounting.gaps)),
+            ("reorders", |r| chaos_count(r, |c| c.accounting.reorders)),
             ("relists", |r| chaos_count(r, |c| c.relists)),
             ("410s", |r| chaos_count(r, |c| c.expired)),
             ("faults", |r| chaos_count(r, |c| c.faults.len() as u64)),

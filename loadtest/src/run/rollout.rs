@@ -30,7 +30,6 @@
 //! fails on any violation and on any informer that listed again during the rollout. Called by
 //! `run` (`--scenario rollout`); needs no `--target`.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -47,7 +46,7 @@ use super::chaos::members::{Recorder, Writer};
 use super::chaos::proxy::{relay, Mode};
 use super::chaos::watcher::{Incident, View, Watcher};
 use super::chaos::world::{gateway_binary, share_configmaps, targets_at, Gateway};
-use super::chaos::{check, create_namespace, lock, Change, Run};
+use super::chaos::{check, create_namespace, lock, Accounting, Change, Run};
 use super::client::Target;
 use super::{RunArgs, TargetResult};
 use crate::sim::{self, FleetHandle, FleetOptions, SimTuning};
@@ -129,25 +128,12 @@ pub struct RolloutReport {
     pub steps: Vec<RolloutStep>,
     /// Changes in the members' histories, and the accounting of `chaos`' check.
     pub changes: u64,
-    pub expected: u64,
-    pub seen: u64,
-    pub covered: u64,
-    pub duplicates: u64,
-    pub gaps: u64,
-    pub reorders: u64,
-    pub unknown: u64,
-    /// (watcher, member) pairs that had not caught up when the last settle timed out.
-    pub stalled: u64,
+    #[serde(flatten)]
+    pub accounting: Accounting,
     pub settle_s: f64,
     /// The first violations, each in a sentence.
     pub violations: Vec<String>,
     pub failures: Vec<String>,
-}
-
-impl RolloutReport {
-    pub fn violations_total(&self) -> u64 {
-        self.duplicates + self.gaps + self.reorders + self.unknown + self.stalled
-    }
 }
 
 /// A stand-in for a Service in front of the replicas: each new connection goes to the next
@@ -494,10 +480,10 @@ pub async fn rollout(args: &RunArgs) -> anyhow::Result<TargetResult> {
         target: "fleetgate".into(),
         scenario: "rollout".into(),
         requests: report.writes,
-        errors: report.violations_total(),
+        errors: report.accounting.violations_total(),
         seconds: started.elapsed().as_secs_f64(),
         watches: Some(report.watchers),
-        events: Some(report.seen),
+        events: Some(report.accounting.seen),
         rollout: Some(Box::new(report)),
         ..Default::default()
     })
@@ -641,7 +627,7 @@ async fn drive(args: &RunArgs, world: &mut World) -> anyhow::Result<RolloutRepor
     let settle_started = Instant::now();
     let (finals, stalled) = markers.settle(&run, &watchers, c.settle_timeout).await?;
     report.settle_s = settle_started.elapsed().as_secs_f64();
-    report.stalled = stalled.len() as u64;
+    report.accounting.stalled = stalled.len() as u64;
     for t in &tasks {
         t.abort();
     }
@@ -655,7 +641,6 @@ async fn drive(args: &RunArgs, world: &mut World) -> anyhow::Result<RolloutRepor
     // The accounting, against each member's own history.
     let histories: Vec<Vec<Change>> = recorders.iter().map(|r| lock(&r.changes).clone()).collect();
     report.changes = histories.iter().map(|h| h.len() as u64).sum();
-    let mut kinds: BTreeMap<&'static str, u64> = BTreeMap::new();
     for w in &watchers {
         let log = lock(&w.log);
         for m in w.members(count) {
@@ -663,11 +648,8 @@ async fn drive(args: &RunArgs, world: &mut World) -> anyhow::Result<RolloutRepor
                 continue;
             };
             let tally = check(origin, &log.obs[m], &histories[m], finals[m]);
-            report.expected += tally.expected;
-            report.seen += tally.seen;
-            report.covered += tally.covered;
+            report.accounting.add(&tally);
             for found in tally.found {
-                *kinds.entry(found.violation.name()).or_default() += 1;
                 if report.violations.len() < 100 {
                     report.violations.push(format!(
                         "{} {} on {} at {:.1} s: {}",
@@ -681,11 +663,6 @@ async fn drive(args: &RunArgs, world: &mut World) -> anyhow::Result<RolloutRepor
             }
         }
     }
-    let kind = |k: &str| kinds.get(k).copied().unwrap_or(0);
-    report.duplicates = kind("duplicate");
-    report.gaps = kind("gap");
-    report.reorders = kind("reorder");
-    report.unknown = kind("unknown");
     for (watcher, m, at) in stalled.iter().take(20) {
         report.violations.push(format!(
             "{watcher} stalled on {}: at {at}, the member at {}",
@@ -708,16 +685,7 @@ async fn drive(args: &RunArgs, world: &mut World) -> anyhow::Result<RolloutRepor
             report.incidents.relists, report.incidents.expired
         ));
     }
-    failures.extend(super::chaos::accounting_failures(
-        report.seen,
-        [
-            report.duplicates,
-            report.gaps,
-            report.reorders,
-            report.unknown,
-            report.stalled,
-        ],
-    ));
+    failures.extend(report.accounting.failures());
     report.failures = failures;
     Ok(report)
 }
@@ -750,13 +718,13 @@ pub fn print_report(r: &RolloutReport) {
         r.incidents.open_failures,
         r.incidents.expired,
         r.incidents.relists,
-        r.expected,
-        r.seen,
-        r.duplicates,
-        r.gaps,
-        r.reorders,
-        r.unknown,
-        r.stalled,
+        r.accounting.expected,
+        r.accounting.seen,
+        r.accounting.duplicates,
+        r.accounting.gaps,
+        r.accounting.reorders,
+        r.accounting.unknown,
+        r.accounting.stalled,
         r.settle_s
     );
     println!(
