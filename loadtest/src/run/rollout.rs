@@ -45,11 +45,11 @@ use tokio::task::JoinHandle;
 use super::chaos::members::{Recorder, Writer};
 use super::chaos::proxy::{relay, Mode};
 use super::chaos::watcher::{Incident, View, Watcher};
-use super::chaos::world::{gateway_binary, share_configmaps, targets_at, Gateway};
+use super::chaos::world::{gateway_binary, share_configmaps, start_members, targets_at, Gateway};
 use super::chaos::{check, create_namespace, lock, Accounting, Change, Run};
 use super::client::Target;
 use super::{RunArgs, TargetResult};
-use crate::sim::{self, FleetHandle, FleetOptions, SimTuning};
+use crate::sim::FleetHandle;
 
 /// Gateway replicas behind the front.
 const REPLICAS: usize = 2;
@@ -429,23 +429,7 @@ pub async fn rollout(args: &RunArgs) -> anyhow::Result<TargetResult> {
         std::env::temp_dir().join(format!("fleetgate-rollout-{}", std::process::id()))
     });
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let fleet = sim::start_fleet_with_tuning(
-        FleetOptions {
-            dir: dir.clone(),
-            clusters: c.chaos_members.max(1),
-            objects: 0,
-            churn_per_sec: 0.0,
-            gateway_listen: Some("127.0.0.1:0".into()),
-        },
-        SimTuning {
-            history_window: c.history_window.max(1),
-            ..SimTuning::default()
-        },
-    )
-    .await?;
-    let members = (1..=fleet.member_addrs().len())
-        .map(|i| format!("member{i}"))
-        .collect();
+    let (fleet, members) = start_members(c, &dir).await?;
     let mut run = Run::new(members);
     run.watch_timeout_s = WATCH_TIMEOUT_S;
     let mut world = World {

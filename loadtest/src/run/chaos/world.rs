@@ -427,10 +427,12 @@ pub(super) async fn member_lists(direct: &[Target]) -> Option<u64> {
     Some(total)
 }
 
-/// Sets the fleet up: the namespace on every member, a proxy per member, the Cluster files
-/// pointing at them.
-pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<World> {
-    let c = &args.chaos;
+/// The simulated members of `chaos` and `rollout` (`--chaos-members`, no objects, no churn, a
+/// history of `--history-window` events) with their files in `dir`, and their names.
+pub(crate) async fn start_members(
+    c: &ChaosArgs,
+    dir: &Path,
+) -> anyhow::Result<(FleetHandle, Vec<String>)> {
     let fleet = sim::start_fleet_with_tuning(
         FleetOptions {
             dir: dir.to_path_buf(),
@@ -445,9 +447,17 @@ pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<Wo
         },
     )
     .await?;
-    let members: Vec<String> = (1..=fleet.member_addrs().len())
+    let members = (1..=fleet.member_addrs().len())
         .map(|i| format!("member{i}"))
         .collect();
+    Ok((fleet, members))
+}
+
+/// Sets the fleet up: the namespace on every member, a proxy per member, the Cluster files
+/// pointing at them.
+pub(super) async fn build_world(args: &RunArgs, dir: &Path) -> anyhow::Result<World> {
+    let c = &args.chaos;
+    let (fleet, members) = start_members(c, dir).await?;
     let bin = gateway_binary(c);
     let pulls = c.pull_members.min(members.len());
     let mut proxies = Vec::new();
