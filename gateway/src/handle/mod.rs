@@ -340,11 +340,7 @@ pub(crate) async fn serve<S: Session>(
             return Handled::Done(next);
         }
     } else if let Some(watch::Planned::Watch(plan)) = planned {
-        let caller = watch::Caller {
-            peer: conn.peer,
-            limits: flow.limits,
-            started,
-        };
+        let caller = flow.caller();
         let mut reply = flow.session.reply(head, ReplyKind::SharedWatch);
         let served = Box::pin(watch::serve(
             &ctx.watches,
@@ -731,11 +727,7 @@ impl<'a, S: Session> Flow<'a, S> {
         // Member pages of cached resources come from memory.
         let pages = watch::list::FleetPages {
             ctx: &ctx.watches,
-            caller: watch::Caller {
-                peer: self.conn.peer,
-                limits: self.limits,
-                started: self.started,
-            },
+            caller: self.caller(),
         };
         let view = asker.view(&ctx.exchange, Some(&pages));
         let mut reply = self.session.reply(self.head, kind);
@@ -761,6 +753,15 @@ impl<'a, S: Session> Flow<'a, S> {
         self.end_own(ended).await
     }
 
+    /// The client's side of the request, as the shared watches and the cache ask members for it.
+    fn caller(&self) -> watch::Caller {
+        watch::Caller {
+            peer: self.conn.peer,
+            limits: self.limits,
+            started: self.started,
+        }
+    }
+
     /// A LIST served from a hub's objects (`spec.cache`); None: not served (the member refused
     /// the user, say), nothing written, the member answers it.
     async fn serve_cached_list(
@@ -768,11 +769,7 @@ impl<'a, S: Session> Flow<'a, S> {
         proxied: &Proxied<'_>,
         plan: watch::list::ListPlan,
     ) -> Option<Next> {
-        let caller = watch::Caller {
-            peer: self.conn.peer,
-            limits: self.limits,
-            started: self.started,
-        };
+        let caller = self.caller();
         let mut reply = self.session.reply(self.head, ReplyKind::Fleet);
         let target = watch::Target::of(proxied);
         let served = watch::list::serve(&self.ctx.watches, target, plan, caller, &mut reply).await;

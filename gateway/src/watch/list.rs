@@ -217,11 +217,7 @@ fn in_scope<'o>(
     namespace: &str,
     start: Option<&str>,
 ) -> impl Iterator<Item = (&'o str, &'o Arc<Event>)> + 'o {
-    let prefix: Box<str> = if namespace.is_empty() {
-        "".into()
-    } else {
-        format!("{namespace}/").into()
-    };
+    let prefix: Box<str> = scope_prefix(namespace).into();
     let from: Box<str> = match start {
         Some(start) if *start > *prefix => start.into(),
         _ => prefix.clone(),
@@ -230,6 +226,16 @@ fn in_scope<'o>(
         .range::<str, _>((Bound::Included(&*from), Bound::Unbounded))
         .take_while(move |(key, _)| key.starts_with(&*prefix))
         .map(|(key, event)| (&**key, event))
+}
+
+/// What every key of `namespace`'s objects starts with (`NAMESPACE/`; nothing for every
+/// namespace).
+fn scope_prefix(namespace: &str) -> String {
+    if namespace.is_empty() {
+        String::new()
+    } else {
+        format!("{namespace}/")
+    }
 }
 
 /// Our key (`namespace/name`, `/name` when cluster-scoped) from a storage key below the list's
@@ -261,11 +267,7 @@ fn unchanged_since(hub: &Hub, namespace: &str, resume: &token::Continue) -> bool
         return false;
     }
     let start = our_key(&resume.start, namespace);
-    let prefix = if namespace.is_empty() {
-        String::new()
-    } else {
-        format!("{namespace}/")
-    };
+    let prefix = scope_prefix(namespace);
     let from = state.seek(resume.rv);
     (from..state.next_seq())
         .filter_map(|seq| state.at(seq))
