@@ -10,6 +10,7 @@
 //! Output: a table on stdout, `--json FILE`, `--chart FILE.svg` (`chart`), and a progress bar on
 //! stderr when it is a terminal (`progress`). Never prints anything else on stdout.
 
+pub mod cache;
 pub mod chaos;
 pub mod chart;
 pub mod client;
@@ -36,15 +37,15 @@ use procstat::ProcWatch;
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// small-get, small-get-h2, big-list, watch-idle, watch-events, watch-latency, exec-stream,
-    /// portforward-stream, reload-storm, fleet-list, watch-fanout, soak, chaos, rollout.
+    /// portforward-stream, reload-storm, fleet-list, watch-fanout, soak, chaos, rollout, cache.
     #[arg(long)]
     pub scenario: String,
     /// NAME=URL or NAME=kubeconfig:PATH[:CONTEXT]; repeat for each target, measured in order.
     /// fleet-list also takes NAME=kubeconfig:PATH:PREFIX*: every context starting with PREFIX,
     /// listed one after the other (the members direct, the baseline of the fleet view);
     /// watch-fanout and soak take the same form: the members through the target (for
-    /// watch-fanout in `--members` order). Required, but by chaos and rollout, which start their
-    /// own.
+    /// watch-fanout in `--members` order). Required, but by chaos, rollout and cache, which
+    /// start their own.
     #[arg(long = "target")]
     pub targets: Vec<String>,
     /// NAME=PID: the process whose CPU and memory are charged to target NAME; NAME=PID,PID,...
@@ -167,6 +168,8 @@ pub struct RunArgs {
     pub sample_every: Duration,
     #[command(flatten)]
     pub chaos: chaos::ChaosArgs,
+    #[command(flatten)]
+    pub cache: cache::CacheArgs,
 }
 
 /// What one target did in one scenario. Fields that do not apply are None.
@@ -242,6 +245,8 @@ pub struct TargetResult {
     pub chaos: Option<Box<chaos::ChaosReport>>,
     /// rollout: the members' LISTs and the informers' incidents, per step, and the accounting.
     pub rollout: Option<Box<rollout::RolloutReport>>,
+    /// cache: which part of the benchmark the row is, and its memory or storm figures.
+    pub cache: Option<Box<cache::CacheReport>>,
 }
 
 /// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
@@ -280,6 +285,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<Vec<TargetResult>> {
     for report in results.iter().filter_map(|r| r.rollout.as_deref()) {
         rollout::print_report(report);
     }
+    cache::print_report(&results);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&results)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -353,8 +359,14 @@ async fn run_async(args: &RunArgs) -> anyhow::Result<Vec<TargetResult>> {
         bar.finish();
         return Ok(vec![r?]);
     }
+    if args.scenario == "cache" {
+        let bar = progress::TargetProgress::start("fleetgate", "cache", expected_time(args));
+        let r = cache::cache(args).await;
+        bar.finish();
+        return r;
+    }
     if args.targets.is_empty() {
-        bail!("--target is required (every scenario but chaos and rollout)");
+        bail!("--target is required (every scenario but chaos, rollout and cache)");
     }
     let opts = TlsOptions {
         ca: args.ca.clone(),
@@ -486,6 +498,7 @@ pub const SCENARIOS: &[&str] = &[
     "soak",
     "chaos",
     "rollout",
+    "cache",
 ];
 
 /// Roughly how long one target takes, for the progress bar.
@@ -496,6 +509,8 @@ fn expected_time(args: &RunArgs) -> Duration {
         "chaos" => args.duration,
         // Two drains and restarts, each caught up: about a minute at 2000 informers.
         "rollout" => Duration::from_secs(60),
+        // Six lists of --duration, two storms and the fills: a few minutes at 100 x 1,000 pods.
+        "cache" => args.duration * 6 + Duration::from_secs(120),
         _ => args.warmup + args.duration,
     }
 }
@@ -567,7 +582,7 @@ pub fn print_table(results: &[TargetResult]) {
                 r.reopens.map(|e| e.to_string()).unwrap_or_default()
             }),
         ],
-        "fleet-list" => &[
+        "fleet-list" | "cache" => &[
             ("objects", |r| fmt_opt(r.objects.map(|v| v as f64), 0)),
             ("pages", |r| fmt_opt(r.pages.map(|v| v as f64), 0)),
             ("ttfb ms", |r| fmt_opt(r.ttfb_ms, 1)),

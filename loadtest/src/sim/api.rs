@@ -661,6 +661,9 @@ async fn serve_resource(
         },
     )?;
     info.member.count_request(verb, &resource_attr);
+    if verb == "list" && info.query.get("limit") == Some("1") {
+        info.member.count_short_list(&resource_attr);
+    }
     let result = dispatch(info, &rp, verb, req).await;
     if res.plural == "customresourcedefinitions" && !matches!(verb, "get" | "list" | "watch") {
         let crds = info

@@ -69,6 +69,9 @@ pub struct Member {
     /// `fleetgate_sim_requests_total` in `/metrics`, so a test or a benchmark counts the LISTs
     /// that reach the member.
     requests: Mutex<BTreeMap<(&'static str, String), u64>>,
+    /// Of those LISTs, the ones that asked for `limit=1` (a gateway's question for the current
+    /// resourceVersion, docs/cache.md), by resource: `fleetgate_sim_short_lists_total`.
+    short_lists: Mutex<BTreeMap<String, u64>>,
     /// The fault switches tests and the load driver flip (`/debug/sim/faults`).
     pub faults: Faults,
 }
@@ -114,6 +117,7 @@ impl Member {
             next_ip: AtomicU32::new(2),
             open_watches: Mutex::new(BTreeMap::new()),
             requests: Mutex::new(BTreeMap::new()),
+            short_lists: Mutex::new(BTreeMap::new()),
             faults: Faults::default(),
         }
     }
@@ -151,10 +155,19 @@ impl Member {
         *requests.entry((verb, resource.to_string())).or_insert(0) += 1;
     }
 
+    /// Counts one LIST of `resource` that asked for `limit=1` (also counted by
+    /// [`Member::count_request`]).
+    pub fn count_short_list(&self, resource: &str) {
+        let mut short = self.short_lists.lock().unwrap_or_else(|e| e.into_inner());
+        *short.entry(resource.to_string()).or_insert(0) += 1;
+    }
+
     /// `fleetgate_sim_requests_total{verb="...",resource="..."}`: one counter line per verb and
-    /// resource served so far.
+    /// resource served so far; then `fleetgate_sim_short_lists_total{resource="..."}`, the
+    /// LISTs among them that asked for `limit=1`.
     pub fn requests_text(&self) -> String {
         let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let short = self.short_lists.lock().unwrap_or_else(|e| e.into_inner());
         family(
             "fleetgate_sim_requests_total",
             "counter",
@@ -162,6 +175,13 @@ impl Member {
             requests.iter().map(|((verb, resource), count)| {
                 (format!("verb=\"{verb}\",resource=\"{resource}\""), *count)
             }),
+        ) + &family(
+            "fleetgate_sim_short_lists_total",
+            "counter",
+            "LISTs this member served that asked for limit=1 (counted in fleetgate_sim_requests_total too), by resource",
+            short
+                .iter()
+                .map(|(resource, count)| (format!("resource=\"{resource}\""), *count)),
         )
     }
 
