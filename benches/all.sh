@@ -11,6 +11,7 @@
 #   FLEET_MEMBERS=100 FLEET_PODS=1000 FLEET_SCALES="1 10" FLEET_LIMIT=500 benches/all.sh fleet-list
 #   TUNNEL_ROUNDS=3 TUNNEL_WATCHES=4000 TUNNEL_AGENT_CORE=1 TUNNEL_MEMBERS="plain tls" TUNNEL_HOP=1 benches/all.sh tunnel
 #   WATCHES=8000 FANOUT_CHURN=20 FANOUT_REOPEN=10 FANOUT_SHARDS="1 2" [FANOUT_H2=10] benches/all.sh watch-fanout
+#   CACHE_MEMBERS=100 CACHE_PODS=1000 CACHE_SCALES="1 10" CACHE_INFORMERS=1000 CACHE_STORM_OBJECTS=100 benches/all.sh cache
 #   SKIP_BUILD=1 (use the release binaries as they are)  BENCH_MD=FILE (write the tables there)
 #   KEEP_WORK=1 (keep the /tmp work directory: configs, logs, the simulated fleet)
 #
@@ -32,6 +33,11 @@
 # after the other and each fresh, HAProxy and fleetgate with and without spec.sharedWatches
 # (core 1) in front of it; run alone, it starts nothing else. It ends with send-floor.py, the
 # kernel's cost of one small send per client connection (the floor under CPU per event).
+# cache (issue 34) runs `fleetgate-loadtest run --scenario cache` once per multiple of
+# CACHE_SCALES: it starts its own simulated fleet (CACHE_MEMBERS members x CACHE_PODS pods times
+# the multiple; a child of the driver, core 0) and its gateways (one worker, core 1), without
+# and with spec.cache, one after the other; the relist storm of CACHE_INFORMERS informers at the
+# first multiple only. Run alone, it starts nothing else.
 # Targets: `direct` (the upstream itself), `floor` (small-get only: the byte pump is valid for
 # small GETs only), `haproxy`, `nginx`, `goproxy` ($PEERS/start.sh; `-tls` ones serve
 # TLS + h2 with the sim's gateway certificate), and `fleetgate` (`serve --workers 1`).
@@ -62,14 +68,19 @@ tunnel_watches=${TUNNEL_WATCHES:-4000}
 tunnel_agent_core=${TUNNEL_AGENT_CORE:-1}
 tunnel_members=${TUNNEL_MEMBERS:-plain tls}
 tunnel_hop=${TUNNEL_HOP:-1}
-all=(small-get small-get-h2 big-list watch-idle watch-idle-tls watch-events watch-latency exec-stream portforward-stream reload-storm auth-overhead registry fleet-list tunnel watch-fanout)
+cache_members=${CACHE_MEMBERS:-100}
+cache_pods=${CACHE_PODS:-1000}
+cache_scales=${CACHE_SCALES:-1 10}
+cache_informers=${CACHE_INFORMERS:-1000}
+cache_storm_objects=${CACHE_STORM_OBJECTS:-100}
+all=(small-get small-get-h2 big-list watch-idle watch-idle-tls watch-events watch-latency exec-stream portforward-stream reload-storm auth-overhead registry fleet-list tunnel watch-fanout cache)
 scenarios=("$@"); [ ${#scenarios[@]} -gt 0 ] || scenarios=("${all[@]}")
 # The shared upstreams serve every scenario but fleet-list (its own fleet); the peers and their
 # gateways every one but fleet-list and tunnel (its own gateway and agents).
 shared=0 peered=0
 for s in "${scenarios[@]}"; do
-  case $s in fleet-list | watch-fanout) ;; *) shared=1 ;; esac
-  case $s in fleet-list | tunnel | watch-fanout) ;; *) peered=1 ;; esac
+  case $s in fleet-list | watch-fanout | cache) ;; *) shared=1 ;; esac
+  case $s in fleet-list | tunnel | watch-fanout | cache) ;; *) peered=1 ;; esac
 done
 mkdir -p "$out" "$charts"
 # A full run starts from an empty results directory, so the report holds this run only; a run of
@@ -804,6 +815,27 @@ YAML
     python3 -c 'import json, sys; json.dump([r for f in sys.argv[2:] for r in json.load(open(f))], open(sys.argv[1], "w"), indent=1)' \
       "$out/watch-fanout.json" "${parts[@]}"
     rm -f "${parts[@]}"
+    chart_name=
+    ;;
+  cache)
+    # Issue 34's benchmark (docs/cache.md, loadtest/src/run/cache.rs): a relist storm of
+    # CACHE_INFORMERS informers, the LIST of every pod through /fleet at resourceVersion=0 and
+    # consistent, and memory per cached object, with the cache off then on, and the members'
+    # own lists direct, in one run of the driver. The driver and the simulated fleet it starts
+    # on core 0; its gateways on core 1, through a wrapper that pins them (same pid: exec).
+    printf '#!/bin/sh\nexec taskset -c 1 "%s" "$@"\n' "$fg" >"$work/fleetgate-core1"
+    chmod +x "$work/fleetgate-core1"
+    rm -f "$out"/cache-*.json
+    for scale in $cache_scales; do
+      informers=$cache_informers; [ "$scale" = 1 ] || informers=0
+      args=()
+      chart_name=- measure "cache-${scale}x" cache --cache-members "$cache_members" \
+        --cache-pods $((cache_pods * scale)) --informers "$informers" \
+        --storm-objects "$cache_storm_objects" --gateway-bin "$work/fleetgate-core1" \
+        --work-dir "$work/cache-${scale}x"
+      # The fleet's files and logs go with the run (a million pods' worth is not kept).
+      [ -n "${KEEP_WORK:-}" ] || rm -rf "$work/cache-${scale}x"
+    done
     chart_name=
     ;;
   *) echo "unknown scenario $scenario (${all[*]})" >&2; exit 2 ;;

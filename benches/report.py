@@ -103,6 +103,66 @@ def fleet_list(out, s, goals, members, pods, limit):
                   verdict(worst and worst[0] / 1024, 64)))
 
 
+def cache(out, s, goals):
+    """cache (issue 34): every cache-SCALEx.json of the run: the lists, the memory, the storm."""
+    runs = []
+    for path in glob.glob(os.path.join(out, "cache-*x.json")):
+        m = re.fullmatch(r"cache-(\d+)x\.json", os.path.basename(path))
+        if m:
+            runs.append((int(m.group(1)), load(out, os.path.basename(path)[:-5])))
+    if not runs:
+        return
+    runs.sort(key=lambda r: r[0])
+    mib = lambda k: fmt(k and k / 1024)
+    s += ["", "### cache (issue 34: LISTs from the gateway's memory, against the same load with the cache off, in one run)", "",
+          "The driver starts a simulated fleet (a child process on core 0, beside the driver) and, one after the other, a gateway without and with `spec.cache` for pods and configmaps "
+          "(one worker, core 1; the fleet's own gateway.yaml: TLS, authentication, AccessPolicy, impersonation). Lists: every pod through `/fleet` at `resourceVersion=0` (`rv0`) and consistent "
+          "(no resourceVersion), medians over the run; `direct` lists each member one after the other. CPU per object: the gateway's, the members' (the fleet's process), the driver's.", "",
+          "| objects | target | objects listed | TTFB ms | total ms | gateway CPU us/obj | members CPU us/obj | driver CPU us/obj |",
+          "|---|---|---|---|---|---|---|---|"]
+    for scale, rows in runs:
+        for name, x in rows.items():
+            if (x.get("cache") or {}).get("part") != "list":
+                continue
+            s.append(f"| {fmt(x.get('objects'), 0)} | {name} | {fmt(x.get('objects'), 0)} | {fmt(x.get('ttfb_ms'))} | {fmt(x.get('total_ms'), 0)} | "
+                     f"{fmt(x.get('cpu_us_per_object'), 2)} | {fmt(x.get('upstream_cpu_us_per_object'), 2)} | {fmt(x.get('driver_cpu_us_per_object'), 2)} |")
+    s += ["", "Memory: the gateway's RSS after it opened its member connections, again after an idle second (the floor: what an idle gateway's RSS moves by itself), "
+          "then after a LIST of each member's pods through `/clusters/NAME` (`resourceVersion=0`, nothing selected: with the cache on, every pod is listed into the cache). "
+          "JSON: the members' own list bytes per object. Off: the same requests without the cache (what they cost besides it).", "",
+          "| objects | gateway | JSON bytes/obj | RSS idle MiB | RSS filled MiB | fill s | bytes/obj | x JSON | floor bytes/obj |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for scale, rows in runs:
+        for name, x in rows.items():
+            m = (x.get("cache") or {}).get("memory")
+            if m:
+                s.append(f"| {fmt(m['objects'], 0)} | {name} | {fmt(m['json_bytes_per_object'], 0)} | {mib(m['rss_idle_kib'])} | {mib(m['rss_filled_kib'])} | "
+                         f"{fmt(m['fill_s'])} | {fmt(m['bytes_per_object'], 0)} | {fmt(m['ratio_to_json'], 2)} | {fmt(m['idle_bytes_per_object'], 1)} |")
+        on = (rows.get("cache-on-memory", {}).get("cache") or {}).get("memory")
+        if on:
+            goals.append(("34", f"memory per cached object <= 1.3x its JSON ({on['objects']:,} objects)", f"{fmt(on['ratio_to_json'], 2)}x ({fmt(on['bytes_per_object'], 0)} of {fmt(on['json_bytes_per_object'], 0)} bytes)", verdict(on["ratio_to_json"], 1.3)))
+        direct = {r: rows.get(f"direct-{r}", {}).get("upstream_cpu_us_per_object") for r in ("rv0", "consistent")}
+        for r in ("rv0", "consistent"):
+            x = rows.get(f"cache-on-{r}", {})
+            if x.get("total_ms") is None:
+                continue
+            goals.append(("34", f"fleet LIST of {fmt(x.get('objects'), 0)} pods from the cache ({r}) in under 1 s", f"{fmt(x['total_ms'], 0)} ms", verdict(x["total_ms"], 1000)))
+            rr = ratio(x.get("cpu_us_per_object"), direct[r])
+            goals.append(("34", f"fleet LIST from the cache ({r}): gateway CPU per object <= 0.2x the members' for the same lists direct", f"{fmt(rr, 2)}x", verdict(rr, 0.2)))
+    storms = [(scale, name, x) for scale, rows in runs for name, x in rows.items() if (x.get("cache") or {}).get("storm")]
+    if storms:
+        s += ["", "Relist storm: informers (LIST, WATCH, LIST again after a 410) round robin over every member's configmaps of one namespace through a front that keeps the gateway's address; once they all watch, the gateway is killed, "
+              "the members written to past their history, and a new gateway started: every informer gets a 410 and lists again. From the new gateway's start until every informer watches again past the last write: "
+              "the members' LISTs (`limit=1`: the cache's questions for the member's current resourceVersion), their CPU, the new gateway's CPU and peak RSS (VmHWM).", "",
+              "| gateway | informers | keys | start LISTs (limit=1) | storm LISTs | of which limit=1 | others per key | relists | seconds | members CPU ms | gateway CPU ms | gateway peak RSS MiB | stalled |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for scale, name, x in storms:
+            t = x["cache"]["storm"]
+            s.append(f"| {name} | {t['informers']} | {t['keys']} | {t['start_lists']} ({t['start_short_lists']}) | {t['lists']} | {t['short_lists']} | {fmt(t['full_lists_per_key'], 2)} | "
+                     f"{t['relists']} | {fmt(t['storm_s'])} | {fmt(t['member_cpu_ms'], 0)} | {fmt(t['gateway_cpu_ms'], 0)} | {mib(t['gateway_hwm_kib'])} | {t['stalled']} |")
+            if name == "cache-on-storm":
+                goals.append(("34", f"relist storm of {t['informers']} informers: at most one LIST per key at the members", f"{fmt(t['full_lists_per_key'], 2)} full LISTs per key, besides {t['short_lists']} limit=1 questions", verdict(t["full_lists_per_key"], 1)))
+
+
 TUNNEL_PARTS = [
     # part, throughput (label, key or function), cost (label, key)
     ("small-get", ("req/s", lambda x: x.get("req_per_sec")), ("CPU us/req", "cpu_us_per_request")),
@@ -483,6 +543,7 @@ def main():
     fleet_list(out, s, goals, int(fleet_members), int(fleet_pods), fleet_limit)
     tunnel(out, s, goals, event_watches, churn, exec_streams)
     watch_fanout(out, s, goals)
+    cache(out, s, goals)
 
     s += ["", "### Goals, each a ratio from this run", "", "| issue | goal | this run | verdict |", "|---|---|---|---|"]
     s += [f"| {i} | {g} | {v} | {ok} |" for i, g, v, ok in goals]
