@@ -589,8 +589,8 @@ async fn storm(
     })
     .await;
     let started = member_lists(&world.direct).await?;
-    figures.start_lists = started.0 - before.0;
-    figures.start_short_lists = started.1 - before.1;
+    figures.start_lists = started.0.saturating_sub(before.0);
+    figures.start_short_lists = started.1.saturating_sub(before.1);
 
     // The gateway is replaced; the members move past their history meanwhile.
     let killed_ms = run.ms();
@@ -617,16 +617,23 @@ async fn storm(
     })
     .await;
     figures.storm_s = t0.elapsed().as_secs_f64();
-    figures.member_cpu_ms = (world.sim.proc.cpu()? - member_cpu).as_secs_f64() * 1e3;
+    figures.member_cpu_ms = world
+        .sim
+        .proc
+        .cpu()?
+        .saturating_sub(member_cpu)
+        .as_secs_f64()
+        * 1e3;
     figures.gateway_cpu_ms = proc.cpu()?.as_secs_f64() * 1e3;
     figures.gateway_hwm_kib = proc.rss_high_water()? as f64 / 1024.0;
     let after = member_lists(&world.direct).await?;
     for t in &tasks {
         t.abort();
     }
-    figures.lists = after.0 - before.0;
-    figures.short_lists = after.1 - before.1;
-    figures.full_lists_per_key = (figures.lists - figures.short_lists) as f64 / count as f64;
+    figures.lists = after.0.saturating_sub(before.0);
+    figures.short_lists = after.1.saturating_sub(before.1);
+    figures.full_lists_per_key =
+        figures.lists.saturating_sub(figures.short_lists) as f64 / count as f64;
     figures.stalled = watchers.iter().filter(|w| !caught_up(w)).count();
     for w in &watchers {
         for &(at, what) in &lock(&w.log).incidents {
