@@ -73,6 +73,9 @@ const WAVE: usize = 200;
 const AT_ONCE: usize = 16;
 /// How long seeding a million pods may take the simulated fleet.
 const SIM_READY: Duration = Duration::from_secs(900);
+/// How long a member's `/metrics` may take, and how many times it is asked.
+const METRICS_TIMEOUT: Duration = Duration::from_secs(10);
+const METRICS_TRIES: usize = 3;
 /// The idle stretch whose RSS change is the memory figure's floor.
 const IDLE: Duration = Duration::from_secs(1);
 /// A label selector nothing matches: the answer is empty, the cache still lists in full.
@@ -483,9 +486,17 @@ async fn member_lists(direct: &[Target]) -> anyhow::Result<(u64, u64)> {
     let short = format!("fleetgate_sim_short_lists_total{{resource=\"{STORM_RESOURCE}\"}} ");
     let texts: Vec<String> = futures_util::stream::iter(direct)
         .map(|member| async move {
-            let (status, text) = member.metrics_text().await?;
-            anyhow::ensure!(status == 200, "{}: /metrics answered {status}", member.name);
-            anyhow::Ok(text)
+            // A member once left a /metrics request unanswered (its TLS handshake done, the
+            // request sent): asked again on a new connection.
+            for _ in 0..METRICS_TRIES {
+                if let Ok(answer) = tokio::time::timeout(METRICS_TIMEOUT, member.metrics_text()).await {
+                    let (status, text) = answer?;
+                    anyhow::ensure!(status == 200, "{}: /metrics answered {status}", member.name);
+                    return anyhow::Ok(text);
+                }
+                tracing::warn!(member = %member.name, "cache: no /metrics answer in {METRICS_TIMEOUT:?}; asking again");
+            }
+            bail!("{}: no /metrics answer in {METRICS_TRIES} tries", member.name)
         })
         .buffer_unordered(AT_ONCE)
         .try_collect()
