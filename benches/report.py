@@ -103,6 +103,15 @@ def fleet_list(out, s, goals, members, pods, limit):
                   verdict(worst and worst[0] / 1024, 64)))
 
 
+def cache_rows(runs, part):
+    """(name, row, its cache report) of every row of `part` (list, memory, storm) in `runs`."""
+    for _, rows in runs:
+        for name, x in rows.items():
+            c = x.get("cache") or {}
+            if c.get("part") == part:
+                yield name, x, c
+
+
 def cache(out, s, goals):
     """cache (issue 34): every cache-SCALEx.json of the run: the lists, the memory, the storm."""
     runs = []
@@ -120,23 +129,19 @@ def cache(out, s, goals):
           "(no resourceVersion), medians over the run; `direct` lists each member one after the other. CPU per object: the gateway's, the members' (the fleet's process), the driver's.", "",
           "| objects | target | objects listed | TTFB ms | total ms | gateway CPU us/obj | members CPU us/obj | driver CPU us/obj |",
           "|---|---|---|---|---|---|---|---|"]
-    for scale, rows in runs:
-        for name, x in rows.items():
-            if (x.get("cache") or {}).get("part") != "list":
-                continue
-            s.append(f"| {fmt(x.get('objects'), 0)} | {name} | {fmt(x.get('objects'), 0)} | {fmt(x.get('ttfb_ms'))} | {fmt(x.get('total_ms'), 0)} | "
-                     f"{fmt(x.get('cpu_us_per_object'), 2)} | {fmt(x.get('upstream_cpu_us_per_object'), 2)} | {fmt(x.get('driver_cpu_us_per_object'), 2)} |")
+    for name, x, _ in cache_rows(runs, "list"):
+        s.append(f"| {fmt(x.get('objects'), 0)} | {name} | {fmt(x.get('objects'), 0)} | {fmt(x.get('ttfb_ms'))} | {fmt(x.get('total_ms'), 0)} | "
+                 f"{fmt(x.get('cpu_us_per_object'), 2)} | {fmt(x.get('upstream_cpu_us_per_object'), 2)} | {fmt(x.get('driver_cpu_us_per_object'), 2)} |")
     s += ["", "Memory: the gateway's RSS after it opened its member connections, again after an idle second (the floor: what an idle gateway's RSS moves by itself), "
           "then after a LIST of each member's pods through `/clusters/NAME` (`resourceVersion=0`, nothing selected: with the cache on, every pod is listed into the cache). "
           "JSON: the members' own list bytes per object. Off: the same requests without the cache (what they cost besides it).", "",
           "| objects | gateway | JSON bytes/obj | RSS idle MiB | RSS filled MiB | fill s | bytes/obj | x JSON | floor bytes/obj |",
           "|---|---|---|---|---|---|---|---|---|"]
-    for scale, rows in runs:
-        for name, x in rows.items():
-            m = (x.get("cache") or {}).get("memory")
-            if m:
-                s.append(f"| {fmt(m['objects'], 0)} | {name} | {fmt(m['json_bytes_per_object'], 0)} | {mib(m['rss_idle_kib'])} | {mib(m['rss_filled_kib'])} | "
-                         f"{fmt(m['fill_s'])} | {fmt(m['bytes_per_object'], 0)} | {fmt(m['ratio_to_json'], 2)} | {fmt(m['idle_bytes_per_object'], 1)} |")
+    for name, _, c in cache_rows(runs, "memory"):
+        m = c["memory"]
+        s.append(f"| {fmt(m['objects'], 0)} | {name} | {fmt(m['json_bytes_per_object'], 0)} | {mib(m['rss_idle_kib'])} | {mib(m['rss_filled_kib'])} | "
+                 f"{fmt(m['fill_s'])} | {fmt(m['bytes_per_object'], 0)} | {fmt(m['ratio_to_json'], 2)} | {fmt(m['idle_bytes_per_object'], 1)} |")
+    for _, rows in runs:
         on = (rows.get("cache-on-memory", {}).get("cache") or {}).get("memory")
         if on:
             goals.append(("34", f"memory per cached object <= 1.3x its JSON ({on['objects']:,} objects)", f"{fmt(on['ratio_to_json'], 2)}x ({fmt(on['bytes_per_object'], 0)} of {fmt(on['json_bytes_per_object'], 0)} bytes)", verdict(on["ratio_to_json"], 1.3)))
@@ -148,15 +153,15 @@ def cache(out, s, goals):
             goals.append(("34", f"fleet LIST of {fmt(x.get('objects'), 0)} pods from the cache ({r}) in under 1 s", f"{fmt(x['total_ms'], 0)} ms", verdict(x["total_ms"], 1000)))
             rr = ratio(x.get("cpu_us_per_object"), direct[r])
             goals.append(("34", f"fleet LIST from the cache ({r}): gateway CPU per object <= 0.2x the members' for the same lists direct", f"{fmt(rr, 2)}x", verdict(rr, 0.2)))
-    storms = [(scale, name, x) for scale, rows in runs for name, x in rows.items() if (x.get("cache") or {}).get("storm")]
+    storms = list(cache_rows(runs, "storm"))
     if storms:
         s += ["", "Relist storm: informers (LIST, WATCH, LIST again after a 410) round robin over every member's configmaps of one namespace through a front that keeps the gateway's address; once they all watch, the gateway is killed, "
               "the members written to past their history, and a new gateway started: every informer gets a 410 and lists again. From the new gateway's start until every informer watches again past the last write: "
               "the members' LISTs (`limit=1`: the cache's questions for the member's current resourceVersion), their CPU, the new gateway's CPU and peak RSS (VmHWM).", "",
               "| gateway | informers | keys | start LISTs (limit=1) | storm LISTs | of which limit=1 | others per key | relists | seconds | members CPU ms | gateway CPU ms | gateway peak RSS MiB | stalled |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for scale, name, x in storms:
-            t = x["cache"]["storm"]
+        for name, _, c in storms:
+            t = c["storm"]
             s.append(f"| {name} | {t['informers']} | {t['keys']} | {t['start_lists']} ({t['start_short_lists']}) | {t['lists']} | {t['short_lists']} | {fmt(t['full_lists_per_key'], 2)} | "
                      f"{t['relists']} | {fmt(t['storm_s'])} | {fmt(t['member_cpu_ms'], 0)} | {fmt(t['gateway_cpu_ms'], 0)} | {mib(t['gateway_hwm_kib'])} | {t['stalled']} |")
             if name == "cache-on-storm":

@@ -23,18 +23,21 @@ fn the_cache_benchmark_lists_fills_and_storms_with_the_cache_off_and_on() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let json = tmp.path().join("cache.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_fleetgate-loadtest"))
+    let work = tmp.path().join("work");
+    let paths = [
+        ("--gateway-bin", &binary),
+        ("--work-dir", &work),
+        ("--json", &json),
+    ];
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fleetgate-loadtest"));
+    command
         .args(["run", "--scenario", "cache", "--cache-members", "5"])
         .args(["--cache-pods", "200", "--informers", "50"])
-        .args(["--storm-objects", "20", "--duration", "1s"])
-        .arg("--gateway-bin")
-        .arg(&binary)
-        .arg("--work-dir")
-        .arg(tmp.path().join("work"))
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("fleetgate-loadtest runs");
+        .args(["--storm-objects", "20", "--duration", "1s"]);
+    for (flag, path) in paths {
+        command.arg(flag).arg(path);
+    }
+    let out = command.output().expect("fleetgate-loadtest runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");

@@ -577,11 +577,13 @@ async fn storm(
     // The informers start, in waves, and all watch.
     let before = member_lists(&world.direct).await?;
     let mut tasks = Vec::new();
-    for wave in watchers.chunks(WAVE) {
-        for w in wave {
-            let seed = c.seed.wrapping_add(1000 + tasks.len() as u64);
-            tasks.push(tokio::spawn(w.clone().follow(run.clone(), seed)));
+    for (i, w) in watchers.iter().enumerate() {
+        let seed = c.seed.wrapping_add(1000 + i as u64);
+        tasks.push(tokio::spawn(w.clone().follow(run.clone(), seed)));
+        if tasks.len() % WAVE != 0 && tasks.len() < n {
+            continue;
         }
+        // A wave started: all of them listed before the next.
         let spawned = tasks.len();
         settle(&run, c.settle_timeout, || {
             run.listed.load(Ordering::Relaxed) >= spawned
