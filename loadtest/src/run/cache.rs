@@ -16,8 +16,9 @@
 //!    lister): the members' CPU per object, and the objects' JSON size (the lists' body bytes).
 //! 2. For the gateway without `spec.cache` (`cache-off`), then with it for pods and configmaps
 //!    (`cache-on`), each a fresh gateway:
-//!    - `memory`: its resident memory once started, again after an idle second (the method's
-//!      floor: what an idle gateway's RSS moves by itself), then after a LIST of each member's
+//!    - `memory`: its resident memory once it opened its connections to every member (a LIST
+//!      of nodes, not cached), again after an idle second (the method's floor: what an idle
+//!      gateway's RSS moves by itself), then after a LIST of each member's
 //!      pods through `/clusters/NAME` (`resourceVersion=0`, a label selector nothing matches: the
 //!      cache lists the member in full and keeps every pod, the answer is empty). Memory per
 //!      cached object is the growth over that fill divided by the objects, against the JSON
