@@ -521,12 +521,8 @@ impl Hub {
             serde_json::from_slice(body).map_err(|_| Fault::Bad("its list is not JSON"))?;
         let list_rv = version_of(list.get("metadata"))
             .ok_or(Fault::Bad("its list has no resourceVersion"))?;
-        let (objects, columns) = match self.list_objects(&list, list_rv) {
-            Ok(listed) => listed,
-            Err(reason) => {
-                self.drop_for(reason);
-                return Err(Fault::Stop);
-            }
+        let Ok((objects, columns)) = self.list_objects(&list, list_rv) else {
+            return Err(Fault::Stop);
         };
         let mut state = self.state.borrow_mut();
         if state.columns.is_none() {
@@ -595,7 +591,7 @@ impl Hub {
     }
 
     /// The objects of a list, as ADDED events, and a Table's column definitions; or, as soon
-    /// as they are past the hub's bounds, why.
+    /// as they are past the hub's bounds, why (the hub is then dropped).
     fn list_objects(&self, list: &Value, list_rv: u64) -> Result<(Objects, Option<Bytes>), Reason> {
         let api_version = list.get("apiVersion").cloned().unwrap_or(Value::Null);
         let meter = self.meter();
@@ -662,7 +658,15 @@ impl Hub {
             }
         };
         match past {
-            Some(reason) => Err(reason),
+            Some(reason) => {
+                // Dropped with what it holds so far, which tells when it fits again.
+                if let Some(meter) = meter {
+                    meter.set_objects(objects.len() as u64);
+                    meter.set_index(objects.len() as u64 * event::OBJECT_ENTRY);
+                }
+                self.drop_for(reason);
+                Err(reason)
+            }
             None => Ok((objects, columns)),
         }
     }
