@@ -9,8 +9,7 @@ mod support;
 
 use std::time::Duration;
 
-use serde_json::Value;
-use support::cache::member_lists;
+use support::cache::{items, member_lists, names};
 use support::fleet::Fleet;
 
 /// A one-worker gateway over one simulated member with `objects` load ConfigMaps (about 1 KiB
@@ -30,28 +29,16 @@ fn fleet_caching(objects: usize, budget: &str, max_objects: Option<usize>) -> Fl
     fleet
 }
 
+/// An object's `(namespace, name)`.
+type Named = (String, String);
+
 /// The `(namespace, name)` of every item of `kubectl get configmaps -A -o json` (one LIST, no
 /// pages), through the gateway and straight to the member.
-fn configmaps(fleet: &Fleet) -> (Vec<(String, String)>, Vec<(String, String)>) {
+fn configmaps(fleet: &Fleet) -> (Vec<Named>, Vec<Named>) {
     let args = ["get", "configmaps", "-A", "-o", "json", "--chunk-size=0"];
-    let names = |json: String| -> Vec<(String, String)> {
-        let list: Value = serde_json::from_str(&json).unwrap();
-        list["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| {
-                let m = &i["metadata"];
-                (
-                    m["namespace"].as_str().unwrap().to_owned(),
-                    m["name"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect()
-    };
     (
-        names(fleet.kubectl_ok("member1", &args)),
-        names(fleet.direct_ok("member1", &args)),
+        names(&items(&fleet.kubectl_ok("member1", &args))),
+        names(&items(&fleet.direct_ok("member1", &args))),
     )
 }
 
@@ -83,7 +70,10 @@ fn a_resource_past_the_memory_budget_is_listed_by_the_member() {
     // The cache's own list (cut short past the budget), the member's answer, and the direct one.
     assert_eq!(member_lists(&fleet), member_before + 3);
     let bytes = fleet.metric("fleetgate_cache_bytes").unwrap();
-    assert!(bytes < 1 << 20, "what the dropped list held is given back: {bytes}");
+    assert!(
+        bytes < 1 << 20,
+        "what the dropped list held is given back: {bytes}"
+    );
     let ready = fleet.admin_get("/readyz?verbose");
     assert!(ready.starts_with("HTTP/1.1 200"), "still ready: {ready}");
     assert!(
@@ -95,7 +85,11 @@ fn a_resource_past_the_memory_budget_is_listed_by_the_member() {
     let member_before = member_lists(&fleet);
     let (through, direct) = configmaps(&fleet);
     assert_eq!(through, direct);
-    assert_eq!(evictions(&fleet, "budget"), 1, "not listed, so not dropped again");
+    assert_eq!(
+        evictions(&fleet, "budget"),
+        1,
+        "not listed, so not dropped again"
+    );
     assert_eq!(member_lists(&fleet), member_before + 2);
     // What fits is still cached: namespaces from memory.
     let memory_before = served(&fleet, "memory");
@@ -109,9 +103,7 @@ fn a_member_that_grows_past_max_objects_is_dropped_from_the_cache() {
     // The load ConfigMaps and the member's own (kube-root-ca.crt per namespace).
     let mut fleet = Fleet::sim(1, 20);
     let count = |fleet: &Fleet| {
-        let json = fleet.direct_ok("member1", &["get", "configmaps", "-A", "-o", "json"]);
-        let list: Value = serde_json::from_str(&json).unwrap();
-        list["items"].as_array().unwrap().len()
+        items(&fleet.direct_ok("member1", &["get", "configmaps", "-A", "-o", "json"])).len()
     };
     let held = count(&fleet);
     fleet.edit_gateway(|gateway| {

@@ -11,8 +11,11 @@
 //! shard, and by the scrape. The few process-wide counters (the audit log's, h2 connections
 //! calmed, a member's reachability and failures) are rare events: a member's reachability is
 //! written only when it changes, failures only when a member fails. Stations with counters of
-//! their own register a collector here (`spec.fairness`'s: `admit::metrics`). Called by the front-ends, the exchange, `server::shard` and `upstream`; encoded by
-//! `server::admin`.
+//! their own register a collector here (`spec.fairness`'s: `admit::metrics`). The cache's memory
+//! ([`CACHE_MEMORY`]) is process-wide: the budget is the gateway's, so each cached hub adds its
+//! events' bytes to it as they come and go (`watch::hub::memory`), a relaxed add per event of a
+//! cached resource. Called by the front-ends, the exchange, `server::shard`, `upstream` and
+//! `watch::hub`; encoded by `server::admin`.
 
 // The one lock of the crate (see clippy.toml): taken by a shard only for a label set's first use,
 // and by the scrape; never per request.
@@ -744,21 +747,21 @@ struct CacheMemoryCollector;
 impl Collector for CacheMemoryCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let cache = &CACHE_MEMORY;
-        for (name, help, value) in [
-            (
-                "cache_bytes",
-                "Bytes the cache (spec.cache) holds now: the cached objects' JSON, their index and the maps holding them, as allocated (docs/cache.md#memory)",
-                cache.bytes.load(Ordering::Relaxed),
-            ),
-            (
-                "cache_objects",
-                "Objects the cache (spec.cache) holds now",
-                cache.objects.load(Ordering::Relaxed),
-            ),
-        ] {
+        let mut gauge = |name, help, value: &AtomicU64| {
+            let value = i64::try_from(value.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
             let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(family)?;
-        }
+            ConstGauge::new(value).encode(family)
+        };
+        gauge(
+            "cache_bytes",
+            "Bytes the cache (spec.cache) holds now: the cached objects' JSON, their index and the maps holding them, as allocated (docs/cache.md#memory)",
+            &cache.bytes,
+        )?;
+        gauge(
+            "cache_objects",
+            "Objects the cache (spec.cache) holds now",
+            &cache.objects,
+        )?;
         encode_family(
             &mut encoder,
             (

@@ -13,8 +13,9 @@
 //!   the list gets such a watch's events for its own selectors ([`Hub::history`]), then the ring.
 //! - **Events.** Each member event is parsed once, encoded once (`{"type":..,"object":..}\n`)
 //!   into a `Bytes` that every client that receives it shares; the object's namespace, name and
-//!   labels (and, for a MODIFIED event, the labels before) are kept beside it for filtering. A
-//!   Table event is kept without its column definitions (a client's first event gets them).
+//!   labels (and, for a MODIFIED event, the labels before, when they changed) are kept beside
+//!   it for filtering. A Table event is kept without its column definitions (a client's first
+//!   event gets them).
 //! - **Ring.** At most `ringSize` events; the oldest leaves as a new one comes, and the
 //!   resourceVersion before the oldest kept event is the oldest a client may resume from.
 //! - **Resilience.** The list and the member watch run on `member::watcher`: a member watch that
@@ -29,6 +30,11 @@
 //!   the hub's start until the backoff reaches its cap (then clients are proxied for a while:
 //!   [`FAILED_FOR`]), and having had no client for [`IDLE_FOR`] ([`CACHED_IDLE_FOR`] for a
 //!   resource in `spec.cache`: the hub is its cache).
+//! - **Memory.** Each event and the objects map are `event`'s (an object's JSON and about 200
+//!   bytes). A hub of a resource in `spec.cache` counts what it holds in a `memory::Meter`, and
+//!   after each list and event holds its resource to `maxObjects` and the gateway to
+//!   `memoryBudget`: a dropped hub ends as any ended hub does; a resource dropped and not yet
+//!   fitting again gets a hub that starts failed (its clients are proxied).
 //! - **Fed.** Shared per gateway (`super::across`), a hub on another shard than its key's home
 //!   makes no member request: it takes the home hub's state, then its events ([`Update`]), into
 //!   a ring of its own, and ends when the home's hub does.
@@ -598,8 +604,9 @@ impl Hub {
         let mut objects = Objects::new();
         let mut bytes = 0;
         let mut past = None;
-        // Whether the list may go on.
-        let mut add = |event: Event| {
+        // An object as an ADDED event; whether the list may go on.
+        let mut add = |rv: u64, object: &Value, metadata: Option<&Value>| {
+            let event = Event::new(Kind::Added, rv, object, Meta::of(metadata), meter);
             bytes += event.held_bytes() + event::OBJECT_ENTRY;
             objects.insert(Arc::new(event));
             past = self.past_bounds(objects.len(), bytes);
@@ -624,13 +631,7 @@ impl Hub {
                     }
                     let metadata = item.get("metadata");
                     let rv = version_of(metadata).unwrap_or(list_rv);
-                    if !add(Event::new(
-                        Kind::Added,
-                        rv,
-                        &item,
-                        Meta::of(metadata),
-                        meter,
-                    )) {
+                    if !add(rv, &item, metadata) {
                         break;
                     }
                 }
@@ -641,13 +642,7 @@ impl Hub {
                     let metadata = row.get("object").and_then(|o| o.get("metadata"));
                     let rv = version_of(metadata).unwrap_or(list_rv);
                     let table = one_row_table(&api_version, rv, row.clone());
-                    if !add(Event::new(
-                        Kind::Added,
-                        rv,
-                        &table,
-                        Meta::of(metadata),
-                        meter,
-                    )) {
+                    if !add(rv, &table, metadata) {
                         break;
                     }
                 }

@@ -617,17 +617,16 @@ mod tests {
         assert!(ratio <= 1.5, "{ratio}");
     }
 
+    /// An event of `object` counted by no meter.
+    fn uncounted(kind: Kind, rv: u64, object: &Value) -> Event {
+        Event::new(kind, rv, object, Meta::of(object.get("metadata")), None)
+    }
+
     #[test]
     fn labels_and_keys_read_back_as_the_object_has_them() {
         let object = serde_json::json!({"kind": "ConfigMap", "apiVersion": "v1", "metadata": {
             "name": "a:b", "namespace": "ns", "labels": {"app": "web", "12:x": "", "é": "1:2"}}});
-        let event = Event::new(
-            Kind::Added,
-            5,
-            &object,
-            Meta::of(object.get("metadata")),
-            None,
-        );
+        let event = uncounted(Kind::Added, 5, &object);
         assert_eq!(
             (event.key(), event.namespace(), event.name()),
             ("ns/a:b", "ns", "a:b")
@@ -637,8 +636,11 @@ mod tests {
         assert_eq!(event.labels().get("é"), Some("1:2"));
         assert_eq!(event.labels().get("missing"), None);
         // Cluster-scoped: `/name`.
-        let node = serde_json::json!({"metadata": {"name": "n1"}});
-        let event = Event::new(Kind::Added, 5, &node, Meta::of(node.get("metadata")), None);
+        let event = uncounted(
+            Kind::Added,
+            5,
+            &serde_json::json!({"metadata": {"name": "n1"}}),
+        );
         assert_eq!(
             (event.key(), event.namespace(), event.name()),
             ("/n1", "", "n1")
@@ -649,29 +651,11 @@ mod tests {
     #[test]
     fn labels_before_are_kept_only_when_they_changed() {
         let v = |app: &str| serde_json::json!({"metadata": {"name": "a", "labels": {"app": app}}});
-        let old = Event::new(
-            Kind::Added,
-            1,
-            &v("web"),
-            Meta::of(v("web").get("metadata")),
-            None,
-        );
-        let mut same = Event::new(
-            Kind::Modified,
-            2,
-            &v("web"),
-            Meta::of(v("web").get("metadata")),
-            None,
-        );
+        let old = uncounted(Kind::Added, 1, &v("web"));
+        let mut same = uncounted(Kind::Modified, 2, &v("web"));
         same.set_previous(old.labels());
         assert!(same.previous().is_none());
-        let mut moved = Event::new(
-            Kind::Modified,
-            2,
-            &v("db"),
-            Meta::of(v("db").get("metadata")),
-            None,
-        );
+        let mut moved = uncounted(Kind::Modified, 2, &v("db"));
         moved.set_previous(old.labels());
         assert_eq!(moved.previous().and_then(|l| l.get("app")), Some("web"));
     }

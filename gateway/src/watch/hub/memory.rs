@@ -279,20 +279,21 @@ pub struct Meter {
 }
 
 impl Meter {
+    /// Its own count and the gateway's.
+    fn counts(&self) -> [&AtomicU64; 2] {
+        [&self.bytes, &self.ledger.counters.bytes]
+    }
+
     pub fn add(&self, bytes: u64) {
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.ledger
-            .counters
-            .bytes
-            .fetch_add(bytes, Ordering::Relaxed);
+        for count in self.counts() {
+            count.fetch_add(bytes, Ordering::Relaxed);
+        }
     }
 
     pub fn sub(&self, bytes: u64) {
-        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
-        self.ledger
-            .counters
-            .bytes
-            .fetch_sub(bytes, Ordering::Relaxed);
+        for count in self.counts() {
+            count.fetch_sub(bytes, Ordering::Relaxed);
+        }
     }
 
     pub fn bytes(&self) -> u64 {
