@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 use serde_json::Value;
-use support::cache::{cache_configmaps, member_lists};
+use support::cache::{cache_configmaps, items, member_lists, names};
 use support::fleet::Fleet;
 use support::kubectl::{assert_refused_alike, kube_client, kubectl};
 
@@ -48,26 +48,6 @@ fn cached_fleet() -> Fleet {
     }
     direct(&fleet, &["label", "configmap", "y", "-n", "a", "tier=web"]);
     fleet
-}
-
-/// The items of a `kubectl get -o json` list, each without the list's own resourceVersion.
-fn items(json: &str) -> Vec<Value> {
-    let list: Value = serde_json::from_str(json).unwrap();
-    list["items"].as_array().unwrap().clone()
-}
-
-/// `(namespace, name)` of each item.
-fn names(items: &[Value]) -> Vec<(String, String)> {
-    items
-        .iter()
-        .map(|i| {
-            let m = &i["metadata"];
-            (
-                m["namespace"].as_str().unwrap().to_owned(),
-                m["name"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
 }
 
 #[test]

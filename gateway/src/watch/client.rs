@@ -74,7 +74,7 @@ pub(super) async fn position(
                         .objects
                         .values()
                         .rev()
-                        .filter(|e| cursor.selects(&e.labels, e))
+                        .filter(|e| cursor.selects(&e.labels(), e))
                         .cloned()
                         .collect();
                     cursor.pending_as = Some(Kind::Added);
@@ -212,8 +212,9 @@ struct Cursor {
 }
 
 impl Cursor {
-    fn selects(&self, labels: &super::selector::Labels, event: &Event) -> bool {
-        self.plan.labels.matches(labels) && self.plan.fields.matches(&event.namespace, &event.name)
+    fn selects(&self, labels: &super::hub::Labels<'_>, event: &Event) -> bool {
+        self.plan.labels.matches(labels)
+            && self.plan.fields.matches(event.namespace(), event.name())
     }
 
     /// How the client sees `event`: None (filtered out) or the type it gets it as.
@@ -221,9 +222,9 @@ impl Cursor {
         if event.kind == Kind::Bookmark {
             return (self.plan.bookmarks && event.rv > self.last_sent_rv).then_some(Kind::Bookmark);
         }
-        let now = self.selects(&event.labels, event);
-        match (event.kind, &event.previous) {
-            (Kind::Modified, Some(previous)) => match (self.selects(previous, event), now) {
+        let now = self.selects(&event.labels(), event);
+        match (event.kind, event.previous()) {
+            (Kind::Modified, Some(previous)) => match (self.selects(&previous, event), now) {
                 (true, true) => Some(Kind::Modified),
                 (false, true) => Some(Kind::Added),
                 (true, false) => Some(Kind::Deleted),

@@ -273,14 +273,14 @@ fn unchanged_since(hub: &Hub, namespace: &str, resume: &token::Continue) -> bool
         .filter_map(|seq| state.at(seq))
         .filter(|event| event.kind != super::hub::Kind::Bookmark)
         .all(|event| {
-            let key = super::hub::object_key(&event.namespace, &event.name);
+            let key = super::hub::object_key(event.namespace(), event.name());
             !(key.starts_with(&prefix) && *key >= *start)
         })
 }
 
 impl ListPlan {
     fn selects(&self, event: &Event) -> bool {
-        self.labels.matches(&event.labels) && self.fields.matches(&event.namespace, &event.name)
+        self.labels.matches(&event.labels()) && self.fields.matches(event.namespace(), event.name())
     }
 }
 

@@ -29,6 +29,17 @@ pub struct Unsupported;
 /// The labels of one object.
 pub type Labels = BTreeMap<Box<str>, Box<str>>;
 
+/// What a label selector reads of an object's labels: the value of a key.
+pub trait LabelValues {
+    fn value(&self, key: &str) -> Option<&str>;
+}
+
+impl LabelValues for Labels {
+    fn value(&self, key: &str) -> Option<&str> {
+        self.get(key).map(|v| &**v)
+    }
+}
+
 /// A parsed label selector: every requirement must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LabelSelector {
@@ -90,14 +101,14 @@ impl LabelSelector {
     }
 
     /// Whether `labels` satisfy every requirement.
-    pub fn matches(&self, labels: &Labels) -> bool {
+    pub fn matches(&self, labels: &impl LabelValues) -> bool {
         self.requirements.iter().all(|r| {
-            let value = labels.get(r.key.as_str());
+            let value = labels.value(r.key.as_str());
             match &r.op {
                 Op::Exists => value.is_some(),
                 Op::NotExists => value.is_none(),
-                Op::In(values) => value.is_some_and(|v| values.iter().any(|w| **v == **w)),
-                Op::NotIn(values) => !value.is_some_and(|v| values.iter().any(|w| **v == **w)),
+                Op::In(values) => value.is_some_and(|v| values.iter().any(|w| v == w)),
+                Op::NotIn(values) => !value.is_some_and(|v| values.iter().any(|w| v == w)),
                 Op::Greater(n) => value
                     .and_then(|v| v.parse::<i64>().ok())
                     .is_some_and(|v| v > *n),
