@@ -37,7 +37,7 @@ mod table;
 pub mod token;
 
 use super::hub::{Event, Hub, Phase};
-use super::selector::{FieldSelector, LabelSelector};
+use super::selector::{FieldFilter, LabelSelector};
 use super::{access, hub_for, plan_list, Asked, Caller, Form, HubKey, ShardWatches, Target};
 use crate::auth::Decided;
 use crate::exchange::Failure;
@@ -78,7 +78,7 @@ pub struct ListPlan {
     /// goes to the member meanwhile (a fleet view's member page: its list says so).
     pub patient: bool,
     pub labels: LabelSelector,
-    pub fields: FieldSelector,
+    pub fields: FieldFilter,
 }
 
 /// A LIST of a cached resource that the hub can serve exactly as the member would; None: the
@@ -145,7 +145,9 @@ pub(crate) async fn serve(
 ) -> Result<Result<(), Failure>, Unserved> {
     let list = prepared(ctx, target, &plan, caller).await;
     ctx.exchange.shard_metrics.cache_list(list.is_ok());
-    Ok(write(client, list?).await)
+    let list = list?;
+    let warnings: Vec<String> = list.warning.iter().cloned().collect();
+    Ok(write(client, list, &warnings).await)
 }
 
 /// Why a LIST is the member's to answer.
@@ -195,19 +197,43 @@ async fn prepared(
                 .ok_or(Member)?,
         ),
     };
+    // A field selector the member does not serve is the cache's alone to answer: when the cache
+    // cannot show it is as fresh as asked, it answers with what it holds, and says so.
+    let only_here = !plan.fields.member_answers();
+    let mut warning = None;
     if let Some(rv) = needed {
         if !caught_up(&hub, rv).await {
-            return Err(Member);
+            if !only_here {
+                return Err(Member);
+            }
+            let held = hub.state.borrow().last_rv;
+            warning = Some(format!(
+                "listed from the gateway's cache as of resourceVersion {held}, which has not yet \
+                 seen resourceVersion {rv}: the member does not serve this field selector"
+            ));
         }
     }
     // A page after another is the cache's only while nothing after its start changed since its
     // list's resourceVersion: the objects then are those of the list the page continues.
+    let mut current = false;
     if let Some(resume) = &plan.resume {
         if !unchanged_since(&hub, &plan.key.namespace, resume) {
-            return Err(Member);
+            if !only_here {
+                return Err(Member);
+            }
+            // As kube-apiserver's inconsistent continue: the objects from the page's start on as
+            // they are now.
+            current = true;
+            warning = Some(
+                "objects changed since the list this page continues: this page lists them as \
+                 they are now (the member does not serve this field selector)"
+                    .into(),
+            );
         }
     }
-    selected(&hub, plan).ok_or(Member)
+    let mut list = selected(&hub, plan, current).ok_or(Member)?;
+    list.warning = warning;
+    Ok(list)
 }
 
 /// The objects of `namespace` (every one when empty) in order, from `start` (one of our keys)
@@ -280,7 +306,10 @@ fn unchanged_since(hub: &Hub, namespace: &str, resume: &token::Continue) -> bool
 
 impl ListPlan {
     fn selects(&self, event: &Event) -> bool {
-        self.labels.matches(&event.labels) && self.fields.matches(&event.namespace, &event.name)
+        self.labels.matches(&event.labels)
+            && self
+                .fields
+                .matches(&event.namespace, &event.name, event.object())
     }
 }
 
@@ -328,9 +357,13 @@ struct Selected {
     objects: Vec<Arc<Event>>,
     /// A Table's: where its `Age` column is (None: it has none), computed again for each row.
     table: Option<Option<usize>>,
+    /// A Warning for the client: the list is not as fresh as it asked.
+    warning: Option<String>,
 }
 
-fn selected(hub: &Hub, plan: &ListPlan) -> Option<Selected> {
+/// The page `plan` asks for from `hub`'s objects, at its continue token's resourceVersion or,
+/// when `current` (or without a token), at the newest the hub saw.
+fn selected(hub: &Hub, plan: &ListPlan, current: bool) -> Option<Selected> {
     let state = hub.state.borrow();
     let (kind, api_version) = state.list_kind.as_ref()?;
     let namespace = &plan.key.namespace;
@@ -355,7 +388,10 @@ fn selected(hub: &Hub, plan: &ListPlan) -> Option<Selected> {
             last = Some(key);
         }
     }
-    let list_rv = plan.resume.as_ref().map_or(state.last_rv, |r| r.rv);
+    let list_rv = match &plan.resume {
+        Some(resume) if !current => resume.rv,
+        _ => state.last_rv,
+    };
     let mut head = BytesMut::with_capacity(PIECE);
     head.put_slice(b"{\"kind\":");
     put_json(&mut head, kind);
@@ -393,6 +429,7 @@ fn selected(hub: &Hub, plan: &ListPlan) -> Option<Selected> {
         head,
         objects,
         table,
+        warning: None,
     })
 }
 
@@ -403,8 +440,12 @@ fn put_json(out: &mut BytesMut, text: &str) {
 
 /// Writes the LIST: its head, then its items in pieces of about [`PIECE`] bytes, copied from
 /// the objects' encoded JSON.
-async fn write(client: &mut impl FleetClient, list: Selected) -> Result<(), Failure> {
-    client.head("application/json", &[]).await?;
+async fn write(
+    client: &mut impl FleetClient,
+    list: Selected,
+    warnings: &[String],
+) -> Result<(), Failure> {
+    client.head("application/json", warnings).await?;
     let mut out = list.head;
     let now = time::OffsetDateTime::now_utc();
     for (n, event) in list.objects.iter().enumerate() {
@@ -461,7 +502,9 @@ impl CachedPages for FleetPages<'_> {
             let Some(mut plan) = plan_list(&table, target, client.header_values(b"accept")) else {
                 return Cached::Member;
             };
-            plan.patient = false;
+            // A field selector the member does not serve waits for the cache: the member would
+            // refuse it.
+            plan.patient = !plan.fields.member_answers();
             let mut page = Gathered::default();
             match serve(self.ctx, target, plan, self.caller, &mut page).await {
                 Ok(Ok(())) => Cached::Page(page.body),

@@ -47,7 +47,7 @@ use crate::exchange::ShardExchange;
 use crate::fleet::FleetClient;
 use crate::request::{Peer, Proxied};
 pub(crate) use client::Follower;
-use selector::{FieldSelector, LabelSelector};
+use selector::{AnyFields, FieldFilter, LabelSelector, Within};
 
 /// What identifies one shared watch on a shard.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -92,7 +92,7 @@ pub struct Plan {
     pub key: HubKey,
     pub start: Start,
     pub labels: LabelSelector,
-    pub fields: FieldSelector,
+    pub fields: FieldFilter,
     /// The client's selectors as query pairs for a member request (`&labelSelector=..`), each
     /// value percent-encoded again from what was parsed; empty without selectors.
     pub selectors: String,
@@ -139,7 +139,7 @@ struct Asked<'q> {
     key: HubKey,
     query: &'q [u8],
     labels: LabelSelector,
-    fields: FieldSelector,
+    fields: FieldFilter,
     /// The selectors as query pairs for a member request, each value percent-encoded again.
     selectors: String,
 }
@@ -292,19 +292,8 @@ fn shareable<'q, 'a>(
         Some(text) => LabelSelector::parse(&text).ok()?,
     };
     let fields = match selector("fieldSelector") {
-        None => FieldSelector::default(),
-        Some(text) => {
-            // A field the member does not select on (`metadata.namespace` of a cluster-scoped
-            // kind) is its 400 to answer.
-            let any = selector::parse_any(&text).ok()?;
-            let supported = |path: &selector::FieldPath| {
-                selector::member::member_supports(info.api_group, info.resource, path.as_str())
-            };
-            if !any.paths().all(supported) {
-                return None;
-            }
-            FieldSelector::parse(&text).ok()?
-        }
+        None => FieldFilter::default(),
+        Some(text) => field_filter(table, info, form, &text)?,
     };
     Some(Asked {
         key: HubKey {
@@ -320,6 +309,56 @@ fn shareable<'q, 'a>(
         labels,
         fields,
         selectors,
+    })
+}
+
+/// How a shared watch or a cached LIST applies the field selector `text` of a request for
+/// `info`'s resource in `form`; None: the member's to answer, as it came.
+///
+/// - On `metadata.name` / `metadata.namespace` where the member serves them: from each event's
+///   name and namespace, for every shared resource.
+/// - Any other field of a resource in `spec.cache`, whether the member serves it or not
+///   (docs/cache.md): read from each object's JSON, a field the member serves as the member reads
+///   it. Its hub holds every object of its key, so the watch and the LIST filter them all. In a
+///   Table (kubectl's form, whose rows carry only the objects' metadata) only `metadata.*`
+///   fields can be read.
+/// - A selector kube's grammar refuses, or any field elsewhere: the member's (its 400 for a
+///   field it does not serve).
+fn field_filter(
+    table: &RouteTable,
+    info: &RequestInfo<'_>,
+    form: Form,
+    text: &str,
+) -> Option<FieldFilter> {
+    let any = selector::parse_any(text).ok()?;
+    let (group, resource) = (info.api_group, info.resource);
+    let member_answers = any
+        .paths()
+        .all(|path| selector::member::member_supports(group, resource, path.as_str()));
+    if member_answers {
+        if let Some(metadata) = any.metadata_only() {
+            return Some(FieldFilter::Metadata(metadata));
+        }
+    }
+    let cached = table
+        .gateway()
+        .cache
+        .as_ref()
+        .is_some_and(|cache| cache.caches(group, info.api_version, resource).is_some());
+    if !cached {
+        return None;
+    }
+    let within = match form {
+        Form::Json => Within::Object,
+        Form::Table => Within::TableRow,
+    };
+    let fields = AnyFields::new(any, group, resource, within);
+    if form == Form::Table && fields.roots().any(|root| root != "metadata") {
+        return None;
+    }
+    Some(FieldFilter::Any {
+        fields: Box::new(fields),
+        member_answers,
     })
 }
 
@@ -452,9 +491,11 @@ pub(crate) async fn serve(
     }
     // Where a hub this watch starts replays from. Not for a label-selecting client: replayed
     // events carry no labels-before, so it would catch up from the member anyway
-    // (`client::follow`).
+    // (`client::follow`); nor for a selector on any field, which starts from the hub's list on.
     let from = match plan.start {
-        Start::After(rv) if plan.labels.is_everything() => Some(rv),
+        Start::After(rv) if plan.labels.is_everything() && !plan.fields.reads_changing_fields() => {
+            Some(rv)
+        }
         _ => None,
     };
     let Some(hub) = hub_for(ctx, proxied.cluster, &plan.key, caller, from) else {

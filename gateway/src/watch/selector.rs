@@ -538,11 +538,65 @@ fn field_terms(text: &str) -> Result<Vec<RawTerm<'_>>, Refused> {
 }
 
 mod any_field;
+mod lazy;
 pub mod member;
 
 pub use any_field::{
     parse_any, AnyFieldSelector, FieldPath, FieldText, FieldValues, Reading, MAX_DEPTH,
 };
+pub use lazy::{AnyFields, Within};
+
+/// The field selector a shared watch or a cached LIST applies to each object.
+#[derive(Debug, Clone)]
+pub enum FieldFilter {
+    /// On `metadata.name` / `metadata.namespace` alone: an event's name and namespace answer it.
+    Metadata(FieldSelector),
+    /// On any fields of a cached resource, read from each object's JSON ([`AnyFields`]); built
+    /// only where the hub holds every object of its key. `member_answers`: whether the member
+    /// serves every field it names (then a LIST the cache cannot serve fresh enough is the
+    /// member's, as it would answer it; otherwise only the cache can).
+    Any {
+        fields: Box<AnyFields>,
+        member_answers: bool,
+    },
+}
+
+impl Default for FieldFilter {
+    fn default() -> Self {
+        FieldFilter::Metadata(FieldSelector::default())
+    }
+}
+
+impl FieldFilter {
+    pub fn is_everything(&self) -> bool {
+        match self {
+            FieldFilter::Metadata(fields) => fields.is_everything(),
+            FieldFilter::Any { fields, .. } => fields.selector().is_everything(),
+        }
+    }
+
+    /// Whether an object named `name` in `namespace`, encoded as `json`, is selected.
+    pub fn matches(&self, namespace: &str, name: &str, json: &[u8]) -> bool {
+        match self {
+            FieldFilter::Metadata(fields) => fields.matches(namespace, name),
+            FieldFilter::Any { fields, .. } => fields.matches(json),
+        }
+    }
+
+    /// Whether the selector reads fields an object's changes can change (anything but its name
+    /// and namespace): a watch must then remember which objects its client holds.
+    pub fn reads_changing_fields(&self) -> bool {
+        matches!(self, FieldFilter::Any { .. })
+    }
+
+    /// Whether the member would answer this selector itself.
+    pub fn member_answers(&self) -> bool {
+        match self {
+            FieldFilter::Metadata(_) => true,
+            FieldFilter::Any { member_answers, .. } => *member_answers,
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests;
