@@ -118,15 +118,9 @@ fn plain_filter(items: &[Value], terms: &[Term<'_>]) -> Vec<Value> {
         .collect()
 }
 
+/// A query value, every byte but ASCII letters and digits percent-encoded.
 fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            b => format!("%{b:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 fn names(items: &[Value]) -> Vec<String> {

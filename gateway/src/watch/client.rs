@@ -10,6 +10,10 @@
 //! last got, and one shortly before the client's `timeoutSeconds`. A client that falls more than
 //! the lag limit behind (its socket slower than the member) gets the apiserver's 410 "too old
 //! resource version" ERROR event and its watch ends; it lists again, as with any apiserver.
+//! A client whose field selector reads any field (a cached resource's) keeps the keys of the
+//! objects it holds instead of relying on the hub's labels-before: an event goes as ADDED or
+//! DELETED when its object enters or leaves the selector, and such a client starts from the
+//! hub's objects or from a resourceVersion no older than the hub's list (older: the 410).
 
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;

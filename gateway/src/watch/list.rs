@@ -20,10 +20,14 @@
 //! A Table (`kubectl get` without `-o`) comes from the hub of Table form, each row's `Age`
 //! computed again (`table`). The items are the member's objects in its order (by storage key,
 //! `namespace/name`), filtered by the namespace and selectors as the member filters them.
+//! A field selector may name any field (`selector::FieldFilter::Any`, read from each object's
+//! JSON): one the member does not serve is the cache's alone to answer, so a LIST the cache
+//! cannot show fresh enough (or a continued page whose objects changed) is answered from what it
+//! holds, with a Warning, instead of going to the member.
 //! Anything else goes to the member as it came, which answers it exactly:
-//! `resourceVersionMatch=Exact`, `includeObject`, another field selector than name and
-//! namespace, a user the member does not let list (a SelfSubjectAccessReview as the user,
-//! `access`, cached as for shared watches), a hub that cannot start.
+//! `resourceVersionMatch=Exact`, `includeObject`, a selector kube's grammar refuses, a user the
+//! member does not let list (a SelfSubjectAccessReview as the user, `access`, cached as for
+//! shared watches), a hub that cannot start.
 //! Called by the pipeline (`handle`) for a `Decision::Proxy` whose verb is `list`.
 
 use std::ops::Bound;

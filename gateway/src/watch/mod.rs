@@ -7,7 +7,8 @@
 //!   token), and everything the client asked for is something the gateway serves exactly as the
 //!   member would: `resourceVersion` (a number, or none), `timeoutSeconds`,
 //!   `allowWatchBookmarks`, a label selector and a field selector on `metadata.name` /
-//!   `metadata.namespace`, JSON or kubectl's Table form. Anything else (another field, a
+//!   `metadata.namespace` (over a resource in `spec.cache`, on any field: `field_filter`), JSON or
+//!   kubectl's Table form. Anything else (another field of a resource not cached, a
 //!   `sendInitialEvents`, `includeObject`, protobuf, an unreadable selector) is not shared: the
 //!   watch goes to the member as it came, and the member's answer (its 400, its watch-list
 //!   semantics) reaches the client unchanged.

@@ -10,15 +10,18 @@
 //!   `metadata.namespace`, the fields every shared watch can answer from an event's metadata.
 //! - Any field ([`parse_any`], in `any_field`): the same grammar with each field a path into
 //!   the object's JSON, and (`member`) the fields kube-apiserver itself serves per resource
-//!   ([`member::member_supports`]) and how it reads them: groundwork for a cache (issue 34),
-//!   not yet called on the data path.
+//!   ([`member::member_supports`]) and how it reads them; `lazy` ([`AnyFields`]) applies such a
+//!   selector to an object kept as its JSON bytes, decoding only the fields it names. Served over
+//!   resources in `spec.cache` (docs/cache.md), whose hubs hold every object of their key.
 //!
-//! Anything [`LabelSelector`] or [`FieldSelector`] cannot read, or reads but does not serve
-//! (another field), is [`Unsupported`]: the watch is then not shared and goes to the member as
-//! it came, so the member's own answer (a 400 for a bad selector) reaches the client unchanged.
+//! [`FieldFilter`] is what a shared watch or a cached LIST applies: the metadata fast path or
+//! any fields. Anything [`LabelSelector`] cannot read, or a field selector kube's grammar
+//! refuses, is not served (`watch::plan` says None): the request goes to the member as it came,
+//! so the member's own answer (a 400 for a bad selector) reaches the client unchanged. So does a
+//! field other than name and namespace over a resource not cached.
 //! Never panics on any input; the parsers are linear in the input's length (field terms are
-//! sorted, as kube sorts them). Called by `watch::plan` once per client watch; the matchers per
-//! delivered event.
+//! sorted, as kube sorts them). Called by `watch::plan` once per client watch or LIST; the
+//! matchers per delivered event or listed object.
 
 use std::collections::BTreeMap;
 
