@@ -351,6 +351,28 @@ fn a_watch_gets_objects_that_start_and_stop_matching_as_added_and_deleted() {
             seen,
             ["ADDED p-a", "ADDED p-b", "DELETED p-a", "DELETED p-b"]
         );
+
+        // A watch from a LIST's resourceVersion, after objects entered and left the selector
+        // since: what the member's own watch from there gets (it serves status.phase).
+        let listed = through
+            .list(&ListParams::default().fields(running))
+            .await
+            .unwrap();
+        let rv = listed.metadata.resource_version.unwrap();
+        phase("p-a", "Running").await; // enters
+        phase("p-c", "Succeeded").await; // leaves
+        let params = WatchParams::default().fields(running).timeout(60);
+        let mut ours = through.watch(&params, &rv).await.unwrap().boxed();
+        let mut members = member.watch(&params, &rv).await.unwrap().boxed();
+        annotate("hello", Some("gold")).await; // stays
+        member.delete("p-c", &Default::default()).await.unwrap(); // was not running
+        annotate("p-a", Some("gold")).await;
+        let theirs = events(&mut members, 4).await;
+        assert_eq!(
+            theirs,
+            ["ADDED p-a", "DELETED p-c", "MODIFIED hello", "MODIFIED p-a"]
+        );
+        assert_eq!(events(&mut ours, 4).await, theirs);
     });
 }
 

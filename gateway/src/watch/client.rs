@@ -59,7 +59,7 @@ pub(super) async fn position(
             First::Right(()) => return went_away(),
         }
     }
-    let held = plan.fields.reads_changing_fields().then(HashSet::new);
+    let held = plan.fields.reads_changing_fields().then(Held::default);
     let mut cursor = Cursor {
         plan,
         held,
@@ -85,7 +85,7 @@ pub(super) async fn position(
                         .cloned()
                         .collect();
                     if let Some(held) = &mut cursor.held {
-                        held.extend(
+                        held.keys.extend(
                             cursor
                                 .pending
                                 .iter()
@@ -226,11 +226,11 @@ enum Older {
 struct Cursor {
     plan: Plan,
     /// For a field selector on any field (`status.phase`, an annotation: what an object's change
-    /// can change), the keys of the objects the client holds (it was sent them and not told they
-    /// left): a change whose object starts or stops being selected goes as ADDED or DELETED by
-    /// it, a deletion only when the client holds the object, as kube-apiserver's watch cache
-    /// decides by the object before. None for other clients (the hub's labels-before decide).
-    held: Option<HashSet<Box<str>>>,
+    /// can change), the objects the client holds: a change whose object starts or stops being
+    /// selected goes as ADDED or DELETED by it, a deletion only when the client holds the object,
+    /// as kube-apiserver's watch cache decides by the object before. None for other clients (the
+    /// hub's labels-before decide).
+    held: Option<Held>,
     /// Events to send before the ring's (last first): the initial ADDED events, or what a
     /// catch-up got from the member.
     pending: Vec<Arc<Event>>,
@@ -263,17 +263,18 @@ impl Cursor {
         let now = event.kind != Kind::Deleted && self.selects(&event.labels, event);
         if let Some(held) = &mut self.held {
             let key = object_key(&event.namespace, &event.name);
-            return match (held.contains(&key), now) {
-                (true, true) => Some(event.kind),
-                (false, true) => {
-                    held.insert(key);
+            let was = (!held.unknown.remove(&key)).then(|| held.keys.contains(&key));
+            return match (was, now) {
+                (Some(true), true) => Some(event.kind),
+                (Some(false) | None, true) => {
+                    held.keys.insert(key);
                     Some(Kind::Added)
                 }
-                (true, false) => {
-                    held.remove(&key);
+                (Some(true) | None, false) => {
+                    held.keys.remove(&key);
                     Some(Kind::Deleted)
                 }
-                (false, false) => None,
+                (Some(false), false) => None,
             };
         }
         let now = self.selects(&event.labels, event);
@@ -421,13 +422,24 @@ impl Cursor {
     }
 }
 
-/// The keys of the objects a client that starts after resourceVersion `rv` holds, as `selects`
-/// picks them: the hub's objects unchanged since `rv`, and each object changed since as its last
-/// event at or before `rv` left it (when that event is in the ring, after the hub's list). An
-/// object first created since is not held; one whose version at `rv` the ring no longer has is
-/// taken as held, so that leaving the selector sends a DELETED (which a client that does not
-/// hold the object ignores) rather than nothing.
-fn held_after(state: &State, rv: u64, selects: impl Fn(&Event) -> bool) -> HashSet<Box<str>> {
+/// What a client with a field selector on any field holds.
+#[derive(Default)]
+struct Held {
+    /// The keys (`namespace/name`) of the objects it was sent and not told are gone.
+    keys: HashSet<Box<str>>,
+    /// Objects it may or may not hold: changed between the resourceVersion it started after and
+    /// its start, their version at that resourceVersion no longer known (the hub's list had it,
+    /// or it left the ring). Their next event goes as ADDED if selected, as DELETED otherwise:
+    /// what a client holds either way after it (a DELETED of an object it does not hold is a
+    /// no-op to client-go's and kube-rs's caches).
+    unknown: HashSet<Box<str>>,
+}
+
+/// What a client that starts after resourceVersion `rv` holds, as `selects` picks the objects:
+/// the hub's objects unchanged since `rv`, and each object changed since as its last event at or
+/// before `rv` left it, when that event is in the ring after the hub's list. An object first
+/// created since is not held; the others changed since are [`Held::unknown`].
+fn held_after(state: &State, rv: u64, selects: impl Fn(&Event) -> bool) -> Held {
     let from = state.seek(rv);
     let mut first_change: HashMap<Box<str>, Kind> = HashMap::new();
     for event in (from..state.next_seq()).filter_map(|seq| state.at(seq)) {
@@ -437,7 +449,7 @@ fn held_after(state: &State, rv: u64, selects: impl Fn(&Event) -> bool) -> HashS
                 .or_insert(event.kind);
         }
     }
-    let mut held: HashSet<Box<str>> = state
+    let mut keys: HashSet<Box<str>> = state
         .objects
         .iter()
         .filter(|(key, event)| !first_change.contains_key(*key) && selects(event))
@@ -457,11 +469,10 @@ fn held_after(state: &State, rv: u64, selects: impl Fn(&Event) -> bool) -> HashS
         }
         let key = object_key(&event.namespace, &event.name);
         if unknown.remove(&key) && event.kind != Kind::Deleted && selects(event) {
-            held.insert(key);
+            keys.insert(key);
         }
     }
-    held.extend(unknown);
-    held
+    Held { keys, unknown }
 }
 
 enum Next {
