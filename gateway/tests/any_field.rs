@@ -260,9 +260,24 @@ fn lists_select_any_field_as_a_plain_filter_of_the_members_own_list() {
         .map(|l| l.split_whitespace().nth(1).unwrap())
         .collect();
     assert_eq!(rows, ["hello", "p-c", "p-d"], "{table}");
+    // `-o name` asks for JSON: any field.
+    let named = fleet.kubectl_ok(
+        "member1",
+        &[
+            "get",
+            "pods",
+            "-A",
+            "--field-selector",
+            "spec.containers.0.image!=busybox",
+            "-o",
+            "name",
+        ],
+    );
+    // The sim's own pod runs busybox:1.37.
+    assert_eq!(named.lines().collect::<Vec<_>>(), ["pod/hello", "pod/p-b"]);
     assert_eq!(
         from_memory(),
-        before + served + 2,
+        before + served + 3,
         "kubectl's LISTs from memory"
     );
 }
