@@ -280,6 +280,36 @@ fn lists_select_any_field_as_a_plain_filter_of_the_members_own_list() {
         before + served + 3,
         "kubectl's LISTs from memory"
     );
+    // A consistent read the cache cannot show itself fresh for (the member's resourceVersion
+    // moved with a configmap; the pods' watch sees no event to tell): a field the member serves
+    // goes to the member; one it does not is answered from memory, with a Warning.
+    fleet.direct_ok("member1", &["create", "configmap", "moves-the-version"]);
+    let from_member = || {
+        fleet
+            .metric("fleetgate_cache_lists_total{served=\"member\"}")
+            .unwrap_or(0)
+    };
+    let (memory, member) = (from_memory(), from_member());
+    let path = |terms: &[Term]| {
+        format!(
+            "/clusters/member1/api/v1/pods?fieldSelector={}",
+            encode(&selector_text(terms))
+        )
+    };
+    let served = fleet.kubectl_output("member1", &["get", "--raw", &path(&[OWNER])]);
+    assert!(served.status.success());
+    let warned = String::from_utf8_lossy(&served.stderr);
+    assert!(
+        warned.contains("Warning: listed from the gateway's cache as of resourceVersion"),
+        "{warned}"
+    );
+    let list: Value = serde_json::from_slice(&served.stdout).unwrap();
+    assert_eq!(
+        *list["items"].as_array().unwrap(),
+        plain_filter(all, &[OWNER])
+    );
+    fleet.kubectl_ok("member1", &["get", "--raw", &path(&[RUNNING])]);
+    assert_eq!((from_memory(), from_member()), (memory + 1, member + 1));
 }
 
 #[test]
