@@ -244,22 +244,35 @@ fn lists_select_any_field_as_a_plain_filter_of_the_members_own_list() {
     let through = json(fleet.kubectl_ok("member1", &args));
     assert_eq!(through, json(fleet.direct_ok("member1", &args)));
     assert_eq!(names(&through), names(&plain_filter(all, &[RUNNING])));
-    let table = fleet.kubectl_ok(
-        "member1",
-        &[
+    // kubectl's Tables: the names in the rows of `kubectl get pods -A --field-selector SELECTOR`.
+    let rows = |selector: &str| -> Vec<String> {
+        let args = [
             "get",
             "pods",
             "-A",
             "--no-headers",
             "--field-selector",
-            "metadata.annotations.example.com/owner!=team-x,metadata.annotations.note=",
-        ],
+            selector,
+        ];
+        let table = fleet.kubectl_ok("member1", &args);
+        table
+            .lines()
+            .map(|l| l.split_whitespace().nth(1).unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        rows("metadata.annotations.example.com/owner!=team-x,metadata.annotations.note="),
+        ["hello", "p-c", "p-d"]
     );
-    let rows: Vec<&str> = table
-        .lines()
-        .map(|l| l.split_whitespace().nth(1).unwrap())
+    // A Table on another field: read from the cache's JSON objects beside the Table's rows.
+    let want: Vec<String> = plain_filter(all, &[BUSYBOX])
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(rows, ["hello", "p-c", "p-d"], "{table}");
+    assert_eq!(
+        rows("spec.containers.0.image=busybox,status.phase!=Failed"),
+        want
+    );
     // `-o name` asks for JSON: any field.
     let named = fleet.kubectl_ok(
         "member1",
@@ -277,7 +290,7 @@ fn lists_select_any_field_as_a_plain_filter_of_the_members_own_list() {
     assert_eq!(named.lines().collect::<Vec<_>>(), ["pod/hello", "pod/p-b"]);
     assert_eq!(
         from_memory(),
-        before + served + 3,
+        before + served + 4,
         "kubectl's LISTs from memory"
     );
     // A consistent read the cache cannot show itself fresh for (the member's resourceVersion

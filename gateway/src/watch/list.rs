@@ -201,12 +201,33 @@ async fn prepared(
                 .ok_or(Member)?,
         ),
     };
+    // A Table's field selector on another field than metadata reads the JSON form's objects:
+    // that hub too must hold the collection, as fresh as asked.
+    let beside = match plan.fields.reads_beside() {
+        false => None,
+        true => {
+            let key = HubKey {
+                form: Form::Json,
+                ..plan.key.clone()
+            };
+            let json = hub_for(ctx, target.cluster, &key, caller, None).ok_or(Member)?;
+            let joined = json.join();
+            if !ready(&json).await {
+                return Err(Member);
+            }
+            Some((json, joined))
+        }
+    };
     // A field selector the member does not serve is the cache's alone to answer: when the cache
     // cannot show it is as fresh as asked, it answers with what it holds, and says so.
     let only_here = !plan.fields.member_answers();
     let mut warning = None;
     if let Some(rv) = needed {
-        if !caught_up(&hub, rv).await {
+        let beside_fresh = match &beside {
+            Some((json, _)) => caught_up(json, rv).await,
+            None => true,
+        };
+        if !(caught_up(&hub, rv).await && beside_fresh) {
             if !only_here {
                 return Err(Member);
             }
@@ -235,7 +256,8 @@ async fn prepared(
             );
         }
     }
-    let mut list = selected(&hub, plan, current).ok_or(Member)?;
+    let beside = beside.as_ref().map(|(json, _)| &**json);
+    let mut list = selected(&hub, beside, plan, current).ok_or(Member)?;
     list.warning = warning;
     Ok(list)
 }
@@ -309,11 +331,16 @@ fn unchanged_since(hub: &Hub, namespace: &str, resume: &token::Continue) -> bool
 }
 
 impl ListPlan {
-    fn selects(&self, event: &Event) -> bool {
+    /// Whether the object `event` holds is listed; `object` is the same object in the JSON form
+    /// when the fields are read there (`beside`: None when that hub does not hold it).
+    fn selects(&self, event: &Event, object: Option<&Event>) -> bool {
+        let Some(object) = object else {
+            return false;
+        };
         self.labels.matches(&event.labels)
             && self
                 .fields
-                .matches(&event.namespace, &event.name, event.object())
+                .matches(&object.namespace, &object.name, object.object())
     }
 }
 
@@ -366,9 +393,11 @@ struct Selected {
 }
 
 /// The page `plan` asks for from `hub`'s objects, at its continue token's resourceVersion or,
-/// when `current` (or without a token), at the newest the hub saw.
-fn selected(hub: &Hub, plan: &ListPlan, current: bool) -> Option<Selected> {
+/// when `current` (or without a token), at the newest the hub saw; its field selector read from
+/// the objects of the JSON form's hub `beside` when given (a Table's).
+fn selected(hub: &Hub, beside: Option<&Hub>, plan: &ListPlan, current: bool) -> Option<Selected> {
     let state = hub.state.borrow();
+    let beside = beside.map(|json| json.state.borrow());
     let (kind, api_version) = state.list_kind.as_ref()?;
     let namespace = &plan.key.namespace;
     // The page: the selected objects from the start on, at most `limit`. As kube-apiserver's
@@ -387,7 +416,11 @@ fn selected(hub: &Hub, plan: &ListPlan, current: bool) -> Option<Selected> {
             more = true;
             break;
         }
-        if plan.selects(event) {
+        let object = match &beside {
+            Some(json) => json.objects.get(key).map(|o| &**o),
+            None => Some(&**event),
+        };
+        if plan.selects(event, object) {
             objects.push(Arc::clone(event));
             last = Some(key);
         }

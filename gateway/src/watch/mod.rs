@@ -320,9 +320,9 @@ fn shareable<'q, 'a>(
 ///   name and namespace, for every shared resource.
 /// - Any other field of a resource in `spec.cache`, whether the member serves it or not
 ///   (docs/cache.md): read from each object's JSON, a field the member serves as the member reads
-///   it. Its hub holds every object of its key, so the watch and the LIST filter them all. In a
-///   Table (kubectl's form, whose rows carry only the objects' metadata) only `metadata.*`
-///   fields can be read.
+///   it. Its hub holds every object of its key, so the watch and the LIST filter them all. A
+///   Table (kubectl's form) carries only the objects' metadata: another field of a Table LIST is
+///   read from the JSON form's hub beside it (a Table watch with one is the member's).
 /// - A selector kube's grammar refuses, or any field elsewhere: the member's (its 400 for a
 ///   field it does not serve).
 fn field_filter(
@@ -353,13 +353,18 @@ fn field_filter(
         Form::Json => Within::Object,
         Form::Table => Within::TableRow,
     };
-    let fields = AnyFields::new(any, group, resource, within);
-    if form == Form::Table && fields.roots().any(|root| root != "metadata") {
-        return None;
-    }
+    let fields = AnyFields::new(any.clone(), group, resource, within);
+    // A Table's rows carry the objects' metadata only: another field is read from the JSON
+    // form's objects beside them.
+    let beside = form == Form::Table && fields.roots().any(|root| root != "metadata");
+    let fields = match beside {
+        true => AnyFields::new(any, group, resource, Within::Object),
+        false => fields,
+    };
     Some(FieldFilter::Any {
         fields: Box::new(fields),
         member_answers,
+        beside,
     })
 }
 
@@ -370,7 +375,8 @@ fn plan_watch<'a>(
     accept: impl Iterator<Item = &'a [u8]>,
 ) -> Option<Plan> {
     let asked = shareable(table, target, accept, SERVED_PARAMS)?;
-    if !asked.flag("watch")? {
+    // A Table watch's events carry no other field than metadata: the member's to answer.
+    if !asked.flag("watch")? || asked.fields.reads_beside() {
         return None;
     }
     // resourceVersionMatch means nothing to a watch at 1.24 unless it is empty.

@@ -557,10 +557,13 @@ pub enum FieldFilter {
     /// On any fields of a cached resource, read from each object's JSON ([`AnyFields`]); built
     /// only where the hub holds every object of its key. `member_answers`: whether the member
     /// serves every field it names (then a LIST the cache cannot serve fresh enough is the
-    /// member's, as it would answer it; otherwise only the cache can).
+    /// member's, as it would answer it; otherwise only the cache can). `beside`: the fields are
+    /// read from the JSON form's object of the same key, beside the Table form's rows, which
+    /// carry only metadata (a LIST of kubectl's Tables: `watch::list`).
     Any {
         fields: Box<AnyFields>,
         member_answers: bool,
+        beside: bool,
     },
 }
 
@@ -590,6 +593,11 @@ impl FieldFilter {
     /// and namespace): a watch must then remember which objects its client holds.
     pub fn reads_changing_fields(&self) -> bool {
         matches!(self, FieldFilter::Any { .. })
+    }
+
+    /// Whether the fields are read from the JSON form's objects beside a Table's rows.
+    pub fn reads_beside(&self) -> bool {
+        matches!(self, FieldFilter::Any { beside: true, .. })
     }
 
     /// Whether the member would answer this selector itself.
