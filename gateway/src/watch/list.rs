@@ -21,9 +21,10 @@
 //! computed again (`table`). The items are the member's objects in its order (by storage key,
 //! `namespace/name`), filtered by the namespace and selectors as the member filters them.
 //! A field selector may name any field (`selector::FieldFilter::Any`, read from each object's
-//! JSON): one the member does not serve is the cache's alone to answer, so a LIST the cache
-//! cannot show fresh enough (or a continued page whose objects changed) is answered from what it
-//! holds, with a Warning, instead of going to the member.
+//! JSON; a Table's rows carry only metadata, so another field is read from the JSON form's hub
+//! of the same key, beside): one the member does not serve is the cache's alone to answer, so a
+//! LIST the cache cannot show fresh enough (or a continued page whose objects changed) is
+//! answered from what it holds, with a Warning, instead of going to the member.
 //! Anything else goes to the member as it came, which answers it exactly:
 //! `resourceVersionMatch=Exact`, `includeObject`, a selector kube's grammar refuses, a user the
 //! member does not let list (a SelfSubjectAccessReview as the user, `access`, cached as for
