@@ -328,19 +328,14 @@ fn lists_select_any_field_as_a_plain_filter_of_the_members_own_list() {
 #[test]
 fn a_watch_gets_objects_that_start_and_stop_matching_as_added_and_deleted() {
     let fleet = cached_pods();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    // The fleet outlives the runtime its clients run on.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let through: Api<Pod> = Api::namespaced(
-            kube_client(&fleet.gateway_kubeconfig(), "member1").await,
-            "default",
-        );
-        let member: Api<Pod> = Api::namespaced(
-            kube_client(&fleet.fleet_path("kubeconfig"), "member1").await,
-            "default",
-        );
+        let pods = |kubeconfig: std::path::PathBuf| async move {
+            Api::<Pod>::namespaced(kube_client(&kubeconfig, "member1").await, "default")
+        };
+        let through = pods(fleet.gateway_kubeconfig()).await;
+        let member = pods(fleet.fleet_path("kubeconfig")).await;
         // An informer's way: a LIST, then a watch from its resourceVersion.
         let running = "status.phase=Running";
         let listed = through
