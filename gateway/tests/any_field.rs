@@ -453,8 +453,9 @@ async fn events(
     seen
 }
 
-/// What is not served: a selector kube's grammar refuses goes to the member and gets its 400
-/// exactly, and so does any field of a resource that is shared but not cached.
+/// What is not served: a selector kube's grammar refuses, or a field that is no path, goes to
+/// the member and gets its 400 exactly, and so does any field of a resource that is shared but
+/// not cached.
 #[test]
 fn a_malformed_selector_and_a_resource_not_cached_get_the_members_400() {
     let mut fleet = Fleet::sim(1, 0);
@@ -483,6 +484,11 @@ fn a_malformed_selector_and_a_resource_not_cached_get_the_members_400() {
         (
             "/api/v1/pods?fieldSelector=status.phase",
             "can't understand",
+        ),
+        // A field that is no path (an empty key).
+        (
+            "/api/v1/pods?fieldSelector=status..phase%3DRunning",
+            "field label not supported",
         ),
         (
             "/api/v1/configmaps?fieldSelector=data.k%3Dv",
