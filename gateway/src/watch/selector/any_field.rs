@@ -1,9 +1,8 @@
 //! Field selectors on any field of an object: kube's grammar (the parent module's
 //! `field_terms`), with each field read as a dot-separated path into the object's JSON instead of
-//! one of the handful of fields a member serves. Groundwork for serving LISTs and watches from a
-//! cache (issue 34): nothing calls it on the data path yet; `watch::plan` still shares only the
-//! metadata fields ([`super::FieldSelector`]) and sends a watch with any other field to the
-//! member as it came.
+//! one of the handful of fields a member serves: what LISTs and watches of a cached resource
+//! select on (issue 34, docs/cache.md). `watch::plan` parses it once per request; `super::lazy`
+//! applies it to objects kept as JSON bytes.
 //!
 //! How a field reads:
 //! - a path is the field cut at each `.` (`status.phase`, `spec.nodeName`); `\.` is a dot inside
