@@ -453,7 +453,7 @@ fn held_after(state: &State, rv: u64, selects: impl Fn(&Event) -> bool) -> Held 
         .objects
         .iter()
         .filter(|(key, event)| !first_change.contains_key(*key) && selects(event))
-        .map(|(key, _)| Box::<str>::from(&*key))
+        .map(|(key, _)| Box::<str>::from(key))
         .collect();
     let mut unknown: HashSet<Box<str>> = first_change
         .into_iter()
