@@ -552,12 +552,12 @@ fn field_terms(text: &str) -> Result<Vec<RawTerm<'_>>, Refused> {
 }
 
 mod any_field;
+mod field_text;
 mod lazy;
 pub mod member;
 
-pub use any_field::{
-    parse_any, AnyFieldSelector, FieldPath, FieldText, FieldValues, Reading, MAX_DEPTH,
-};
+pub use any_field::{parse_any, AnyFieldSelector, FieldPath, FieldValues, Reading, MAX_DEPTH};
+pub use field_text::FieldText;
 pub use lazy::{AnyFields, Within};
 
 /// The field selector a shared watch or a cached LIST applies to each object.

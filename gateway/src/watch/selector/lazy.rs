@@ -212,7 +212,7 @@ impl<'de> Visitor<'de> for Pick<'_> {
         let mut kept = Map::new();
         let mut index = 0usize;
         loop {
-            // Only a canonical index (`0`, `12`) names an element, as `any_field::walk` reads.
+            // Only a canonical index (`0`, `12`) names an element, as `field_text::walk` reads.
             let wanted = match self.0.children.is_empty() {
                 true => None,
                 false => self.0.children.get_key_value(index.to_string().as_str()),

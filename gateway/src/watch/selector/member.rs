@@ -24,7 +24,7 @@
 
 use serde_json::Value;
 
-use super::any_field::{walk, FieldText};
+use super::field_text::{walk, FieldText};
 
 /// How the member reads one field it serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
