@@ -2,11 +2,16 @@
 //! reading (`FieldSelector::parse`) and the any-field reading (`parse_any`) never panic; they
 //! agree (what the first accepts the second accepts, and its metadata fast path is the same
 //! selector); an accepted selector matches a fixed object the same way read whole, read into a
-//! value set once, and (for the member's fields) as the member reads them.
+//! value set once, and (for the member's fields) as the member reads them; and the cache's lazy
+//! reader (`AnyFields`, which decodes only the named fields out of an object's JSON bytes) agrees
+//! with the whole reading. Bytes after a NUL are taken as an object's JSON (a member's, read by
+//! the lazy reader): whatever they are, reading them never panics.
 #![no_main]
 
 use fleetgate::watch::selector::member::member_supports;
-use fleetgate::watch::selector::{parse_any, FieldSelector, FieldValues, Reading, Refused};
+use fleetgate::watch::selector::{
+    parse_any, AnyFields, FieldSelector, FieldValues, Reading, Refused, Within,
+};
 use libfuzzer_sys::fuzz_target;
 
 fn object() -> serde_json::Value {
@@ -22,6 +27,10 @@ fn object() -> serde_json::Value {
 }
 
 fuzz_target!(|data: &[u8]| {
+    let (data, json) = match data.iter().position(|b| *b == 0) {
+        Some(nul) => (&data[..nul], Some(&data[nul + 1..])),
+        None => (data, None),
+    };
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
@@ -52,6 +61,17 @@ fuzz_target!(|data: &[u8]| {
             }
             for path in selector.paths() {
                 let _ = member_supports("", "pods", path.as_str());
+            }
+            let lazy = AnyFields::new(selector.clone(), "", "pods", Within::Object);
+            let member = Reading::Member {
+                group: "",
+                resource: "pods",
+            };
+            let bytes = serde_json::to_vec(&object).expect("a Value encodes");
+            assert_eq!(lazy.matches(&bytes), selector.matches(member, &object));
+            if let Some(json) = json {
+                let _ = lazy.matches(json);
+                let _ = AnyFields::new(selector, "", "pods", Within::TableRow).matches(json);
             }
         }
         Err(Refused(message)) => assert!(!message.is_empty()),

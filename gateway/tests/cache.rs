@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 use serde_json::Value;
-use support::cache::{cache_configmaps, member_lists};
+use support::cache::{cache_configmaps, items, member_lists, names};
 use support::fleet::Fleet;
 use support::kubectl::{assert_refused_alike, kube_client, kubectl};
 
@@ -48,26 +48,6 @@ fn cached_fleet() -> Fleet {
     }
     direct(&fleet, &["label", "configmap", "y", "-n", "a", "tier=web"]);
     fleet
-}
-
-/// The items of a `kubectl get -o json` list, each without the list's own resourceVersion.
-fn items(json: &str) -> Vec<Value> {
-    let list: Value = serde_json::from_str(json).unwrap();
-    list["items"].as_array().unwrap().clone()
-}
-
-/// `(namespace, name)` of each item.
-fn names(items: &[Value]) -> Vec<(String, String)> {
-    items
-        .iter()
-        .map(|i| {
-            let m = &i["metadata"];
-            (
-                m["namespace"].as_str().unwrap().to_owned(),
-                m["name"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
 }
 
 #[test]
@@ -293,30 +273,55 @@ fn a_user_the_member_does_not_let_list_gets_its_403() {
 }
 
 /// A field the member does not select on (`metadata.namespace` of namespaces, a cluster-scoped
-/// kind) is the member's 400 to answer, for a LIST and a watch alike: neither is served from
-/// the cache, and the client gets the member's own words.
+/// kind) is its 400; over a cached resource the gateway serves it, for a LIST and a watch alike,
+/// as any field of the cached objects (docs/cache.md): no namespace has one. A selector kube's
+/// grammar refuses is still the member's to answer, in the member's own words.
 #[test]
-fn a_field_the_member_refuses_gets_its_400() {
+fn a_field_the_member_refuses_is_served_over_a_cached_resource() {
     let fleet = cached_fleet();
-    for query in [
-        "fieldSelector=metadata.namespace%3Da",
-        "watch=1&fieldSelector=metadata.namespace%3Da",
-    ] {
-        let path = format!("/api/v1/namespaces?{query}");
-        let at_member = kubectl(
+    let at_member = |path: &str| {
+        kubectl(
             &fleet.fleet_path("kubeconfig"),
             "member1",
-            &["get", "--raw", &path],
-        );
-        let through = fleet.kubectl_output(
+            &["get", "--raw", path],
+        )
+    };
+    let through = |path: &str| {
+        fleet.kubectl_output(
             "member1",
             &["get", "--raw", &format!("/clusters/member1{path}")],
-        );
-        assert!(!at_member.status.success(), "{query}");
-        let said = String::from_utf8_lossy(&at_member.stderr);
+        )
+    };
+    for query in [
+        "fieldSelector=metadata.namespace%3Da",
+        "watch=1&timeoutSeconds=1&fieldSelector=metadata.namespace%3Da",
+    ] {
+        let path = format!("/api/v1/namespaces?{query}");
+        let refused = at_member(&path);
+        assert!(!refused.status.success(), "{query}");
+        let said = String::from_utf8_lossy(&refused.stderr);
         assert!(said.contains("field label not supported"), "{said}");
-        assert_eq!(String::from_utf8_lossy(&through.stderr), said, "{query}");
+        let served = through(&path);
+        assert!(
+            served.status.success(),
+            "{query}: {}",
+            String::from_utf8_lossy(&served.stderr)
+        );
+        let text = String::from_utf8_lossy(&served.stdout);
+        if query.starts_with("watch") {
+            assert_eq!(text, "", "no namespace has a namespace");
+        } else {
+            let list: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(list["kind"], "NamespaceList");
+            assert_eq!(list["items"], serde_json::json!([]));
+        }
     }
+    let path = "/api/v1/namespaces?fieldSelector=metadata.name%3Da%3Db";
+    let refused = at_member(path);
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("unescaped character in value"), "{said}");
+    assert_eq!(String::from_utf8_lossy(&through(path).stderr), said);
 }
 
 /// The fleet view (`/fleet`, karmada-search's path) serves its merged LISTs from the members'

@@ -813,7 +813,7 @@ fn chaos_costs_the_watchers_no_event_through_a_minute_of_faults() {
 }
 
 /// `rollout` (issue 33 item 4): two gateway replicas behind a round-robin front, 50 informers
-/// (2 on `/fleet`), each replica drained (SIGTERM) and replaced in turn while the members are
+/// (2 on `/fleet`, half over h2), each replica drained (SIGTERM) and replaced in turn while the members are
 /// written to. What a user checks: no informer listed again (each resumed from its last
 /// resourceVersion on the other replica), every watcher saw every change once and in order, and
 /// the members served no LIST for the informers: the only LISTs of the rollout are the
@@ -862,7 +862,11 @@ fn a_rolling_update_of_two_replicas_costs_the_informers_no_list_and_no_event() {
         steps.iter().all(|s| s["moved"].as_i64().unwrap() > 0),
         "{stdout}"
     );
-    // Every watch that ended resumed; none listed again, none got a 410.
+    // Half of them speak h2 (the default `--h2-share`), as client-go does.
+    assert_eq!(count("h2_watchers"), 25, "{stdout}");
+    // Every watch ended cleanly when its replica drained (HTTP/1.1 and h2 alike) and resumed;
+    // none listed again, none got a 410.
+    assert_eq!(count("breaks"), 0, "{stdout}");
     assert_eq!(count("relists"), 0, "{stdout}");
     assert_eq!(count("expired"), 0, "{stdout}");
     assert_eq!(count("informer_lists"), 0, "{stdout}");

@@ -11,8 +11,11 @@
 //! shard, and by the scrape. The few process-wide counters (the audit log's, h2 connections
 //! calmed, a member's reachability and failures) are rare events: a member's reachability is
 //! written only when it changes, failures only when a member fails. Stations with counters of
-//! their own register a collector here (`spec.fairness`'s: `admit::metrics`). Called by the front-ends, the exchange, `server::shard` and `upstream`; encoded by
-//! `server::admin`.
+//! their own register a collector here (`spec.fairness`'s: `admit::metrics`). The cache's memory
+//! ([`CACHE_MEMORY`]) is process-wide: the budget is the gateway's, so each cached hub adds its
+//! events' bytes to it as they come and go (`watch::hub::memory`), a relaxed add per event of a
+//! cached resource. Called by the front-ends, the exchange, `server::shard`, `upstream` and
+//! `watch::hub`; encoded by `server::admin`.
 
 // The one lock of the crate (see clippy.toml): taken by a shard only for a label set's first use,
 // and by the scrape; never per request.
@@ -66,6 +69,12 @@ struct FailureLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServedLabels {
     served: &'static str,
+}
+
+/// Labels of the cache's drop counter: why a cached resource was dropped.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
 }
 
 /// Labels of the fleet view's request counter.
@@ -469,6 +478,7 @@ impl Metrics {
         registry.register_collector(Box::new(shards.clone()));
         registry.register_collector(Box::new(clusters.clone()));
         registry.register_collector(Box::new(super::process::BuildInfo));
+        registry.register_collector(Box::new(CacheMemoryCollector));
         let supervision = Arc::new(Supervision::default());
         registry.register_collector(Box::new(supervision.clone()));
         for collector in collectors {
@@ -695,6 +705,82 @@ impl Collector for ShardList {
                 MetricType::Gauge,
             ),
             upstream.iter().map(|(l, n)| (l, ConstGauge::new(*n))),
+        )
+    }
+}
+
+/// The memory of the cache (`spec.cache`, docs/cache.md#memory) for the whole gateway: what the
+/// hubs of cached resources hold now, and how many were dropped, by reason. Written by
+/// `watch::hub::memory` (relaxed atomics every shard adds to: a hub's events come and go on its
+/// own shard, and the budget is the gateway's), read by the scrape.
+#[derive(Debug, Default)]
+pub struct CacheMemory {
+    /// Bytes held: the objects' JSON, their index and the hubs' maps, as allocated.
+    pub bytes: AtomicU64,
+    /// Objects held (each cached once per hub that lists it).
+    pub objects: AtomicU64,
+    /// Hubs dropped because the cache passed `memoryBudget`.
+    pub dropped_for_budget: AtomicU64,
+    /// Hubs dropped because their resource passed its `maxObjects`.
+    pub dropped_for_max_objects: AtomicU64,
+}
+
+impl CacheMemory {
+    pub const fn new() -> CacheMemory {
+        CacheMemory {
+            bytes: AtomicU64::new(0),
+            objects: AtomicU64::new(0),
+            dropped_for_budget: AtomicU64::new(0),
+            dropped_for_max_objects: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The gateway's cache memory (`fleetgate_cache_bytes`, `fleetgate_cache_objects`,
+/// `fleetgate_cache_evictions_total`).
+pub static CACHE_MEMORY: CacheMemory = CacheMemory::new();
+
+/// Encodes [`CACHE_MEMORY`].
+#[derive(Debug)]
+struct CacheMemoryCollector;
+
+impl Collector for CacheMemoryCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let cache = &CACHE_MEMORY;
+        let mut gauge = |name, help, value: &AtomicU64| {
+            let value = i64::try_from(value.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(family)
+        };
+        gauge(
+            "cache_bytes",
+            "Bytes the cache (spec.cache) holds now: the cached objects' JSON, their index and the maps holding them, as allocated (docs/cache.md#memory)",
+            &cache.bytes,
+        )?;
+        gauge(
+            "cache_objects",
+            "Objects the cache (spec.cache) holds now",
+            &cache.objects,
+        )?;
+        encode_family(
+            &mut encoder,
+            (
+                "cache_evictions",
+                "Cached resources dropped from the cache (their LISTs go to the member): budget, the cache passed memoryBudget; max_objects, the resource passed its maxObjects",
+                MetricType::Counter,
+            ),
+            [
+                (
+                    &ReasonLabels { reason: "budget" },
+                    ConstCounter::new(cache.dropped_for_budget.load(Ordering::Relaxed)),
+                ),
+                (
+                    &ReasonLabels {
+                        reason: "max_objects",
+                    },
+                    ConstCounter::new(cache.dropped_for_max_objects.load(Ordering::Relaxed)),
+                ),
+            ],
         )
     }
 }

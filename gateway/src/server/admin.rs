@@ -8,7 +8,9 @@
 //! With a live configuration source, `/metrics` also carries the reload counters and
 //! `/readyz?verbose` shows the serving table's generation and the last rejected change (the
 //! gateway stays ready: the last good table keeps serving), and a line per member whose circuit
-//! breaker is open (the gateway stays ready: it serves the other members). A source that cannot
+//! breaker is open (the gateway stays ready: it serves the other members), and, with
+//! `spec.cache`, the bytes the cache holds and each resource dropped from it, and why (the
+//! gateway stays ready: the member serves those LISTs). A source that cannot
 //! watch what it must (a CRD the management cluster does not serve) is a failing check:
 //! `/readyz` answers 500 and `?verbose` gives the reason, until the watch works.
 
@@ -276,6 +278,21 @@ fn readyz_verbose(metrics: &Metrics, config: Option<&ConfigView>) -> (bool, Stri
                 "[+]circuit-breaker {cluster}: {state}: {}\n",
                 why.replace('\n', " ")
             ));
+        }
+        // A resource dropped from the cache is served by its member: listed, not failing.
+        if let Some(cache) = &table.gateway().cache {
+            let ledger = crate::watch::hub::memory::ledger();
+            let dropped = ledger.dropped();
+            if dropped.is_empty() {
+                out.push_str(&format!(
+                    "[+]cache ok: {} bytes held of a memoryBudget of {}, none dropped\n",
+                    ledger.bytes(),
+                    cache.memory_budget
+                ));
+            }
+            for dropped in dropped {
+                out.push_str(&format!("[+]cache: {}\n", dropped.describe()));
+            }
         }
         match view.reload.as_ref().and_then(|r| r.last_error()) {
             Some(failure) => out.push_str(&format!(

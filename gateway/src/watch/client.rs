@@ -10,7 +10,12 @@
 //! last got, and one shortly before the client's `timeoutSeconds`. A client that falls more than
 //! the lag limit behind (its socket slower than the member) gets the apiserver's 410 "too old
 //! resource version" ERROR event and its watch ends; it lists again, as with any apiserver.
+//! A client whose field selector reads any field (a cached resource's) keeps the keys of the
+//! objects it holds instead of relying on the hub's labels-before: an event goes as ADDED or
+//! DELETED when its object enters or leaves the selector, and such a client starts from the
+//! hub's objects or from a resourceVersion no older than the hub's list (older: the 410).
 
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::json;
 
-use super::hub::{Backfill, Event, History, Hub, Joined, Kind, Phase};
+use super::hub::{object_key, Backfill, Event, History, Hub, Joined, Kind, Phase, State};
 use super::ShardWatches;
 use super::{Caller, Plan, Served, Start};
 use crate::exchange::Failure;
@@ -54,8 +59,10 @@ pub(super) async fn position(
             First::Right(()) => return went_away(),
         }
     }
+    let held = plan.fields.reads_changing_fields().then(Held::default);
     let mut cursor = Cursor {
         plan,
+        held,
         pending: Vec::new(),
         pending_as: None,
         seq: 0,
@@ -74,13 +81,35 @@ pub(super) async fn position(
                         .objects
                         .values()
                         .rev()
-                        .filter(|e| cursor.selects(&e.labels, e))
+                        .filter(|e| cursor.selects(&e.labels(), e))
                         .cloned()
                         .collect();
+                    if let Some(held) = &mut cursor.held {
+                        held.keys.extend(
+                            cursor
+                                .pending
+                                .iter()
+                                .map(|e| object_key(e.namespace(), e.name())),
+                        );
+                    }
                     cursor.pending_as = Some(Kind::Added);
                     cursor.seq = state.next_seq();
                     cursor.last_sent_rv = state.last_rv;
                     cursor.passed_rv = state.last_rv;
+                    break None;
+                }
+                // A selector on any field, which the member may not serve: from the hub's list
+                // on, where the hub knows which objects the client holds; before, the client
+                // lists again (from the cache).
+                Start::After(rv) if cursor.held.is_some() => {
+                    if rv < state.listed_rv.max(state.floor_rv) {
+                        break Some((rv, state.listed_rv.max(state.floor_rv)));
+                    }
+                    let held = held_after(&state, rv, |e| cursor.selects(&e.labels(), e));
+                    cursor.held = Some(held);
+                    cursor.seq = state.seek(rv);
+                    cursor.last_sent_rv = rv;
+                    cursor.passed_rv = rv;
                     break None;
                 }
                 // Among replayed events (or before them), whose objects' labels before are
@@ -196,6 +225,12 @@ enum Older {
 /// The client's place in the hub and what it asked for.
 struct Cursor {
     plan: Plan,
+    /// For a field selector on any field (`status.phase`, an annotation: what an object's change
+    /// can change), the objects the client holds: a change whose object starts or stops being
+    /// selected goes as ADDED or DELETED by it, a deletion only when the client holds the object,
+    /// as kube-apiserver's watch cache decides by the object before. None for other clients (the
+    /// hub's labels-before decide).
+    held: Option<Held>,
     /// Events to send before the ring's (last first): the initial ADDED events, or what a
     /// catch-up got from the member.
     pending: Vec<Arc<Event>>,
@@ -212,18 +247,39 @@ struct Cursor {
 }
 
 impl Cursor {
-    fn selects(&self, labels: &super::selector::Labels, event: &Event) -> bool {
-        self.plan.labels.matches(labels) && self.plan.fields.matches(&event.namespace, &event.name)
+    fn selects(&self, labels: &super::hub::Labels<'_>, event: &Event) -> bool {
+        self.plan.labels.matches(labels)
+            && self
+                .plan
+                .fields
+                .matches(event.namespace(), event.name(), event.object())
     }
 
     /// How the client sees `event`: None (filtered out) or the type it gets it as.
-    fn seen_as(&self, event: &Event) -> Option<Kind> {
+    fn seen_as(&mut self, event: &Event) -> Option<Kind> {
         if event.kind == Kind::Bookmark {
             return (self.plan.bookmarks && event.rv > self.last_sent_rv).then_some(Kind::Bookmark);
         }
-        let now = self.selects(&event.labels, event);
-        match (event.kind, &event.previous) {
-            (Kind::Modified, Some(previous)) => match (self.selects(previous, event), now) {
+        let now = event.kind != Kind::Deleted && self.selects(&event.labels(), event);
+        if let Some(held) = &mut self.held {
+            let key = object_key(event.namespace(), event.name());
+            let was = (!held.unknown.remove(&key)).then(|| held.keys.contains(&key));
+            return match (was, now) {
+                (Some(true), true) => Some(event.kind),
+                (Some(false) | None, true) => {
+                    held.keys.insert(key);
+                    Some(Kind::Added)
+                }
+                (Some(true) | None, false) => {
+                    held.keys.remove(&key);
+                    Some(Kind::Deleted)
+                }
+                (Some(false), false) => None,
+            };
+        }
+        let now = self.selects(&event.labels(), event);
+        match (event.kind, event.previous()) {
+            (Kind::Modified, Some(previous)) => match (self.selects(&previous, event), now) {
                 (true, true) => Some(Kind::Modified),
                 (false, true) => Some(Kind::Added),
                 (true, false) => Some(Kind::Deleted),
@@ -364,6 +420,59 @@ impl Cursor {
         }
         Ok(())
     }
+}
+
+/// What a client with a field selector on any field holds.
+#[derive(Default)]
+struct Held {
+    /// The keys (`namespace/name`) of the objects it was sent and not told are gone.
+    keys: HashSet<Box<str>>,
+    /// Objects it may or may not hold: changed between the resourceVersion it started after and
+    /// its start, their version at that resourceVersion no longer known (the hub's list had it,
+    /// or it left the ring). Their next event goes as ADDED if selected, as DELETED otherwise:
+    /// what a client holds either way after it (a DELETED of an object it does not hold is a
+    /// no-op to client-go's and kube-rs's caches).
+    unknown: HashSet<Box<str>>,
+}
+
+/// What a client that starts after resourceVersion `rv` holds, as `selects` picks the objects:
+/// the hub's objects unchanged since `rv`, and each object changed since as its last event at or
+/// before `rv` left it, when that event is in the ring after the hub's list. An object first
+/// created since is not held; the others changed since are [`Held::unknown`].
+fn held_after(state: &State, rv: u64, selects: impl Fn(&Event) -> bool) -> Held {
+    let from = state.seek(rv);
+    let mut first_change: HashMap<Box<str>, Kind> = HashMap::new();
+    for event in (from..state.next_seq()).filter_map(|seq| state.at(seq)) {
+        if event.kind != Kind::Bookmark {
+            first_change
+                .entry(object_key(event.namespace(), event.name()))
+                .or_insert(event.kind);
+        }
+    }
+    let mut keys: HashSet<Box<str>> = state
+        .objects
+        .iter()
+        .filter(|(key, event)| !first_change.contains_key(*key) && selects(event))
+        .map(|(key, _)| Box::<str>::from(key))
+        .collect();
+    let mut unknown: HashSet<Box<str>> = first_change
+        .into_iter()
+        .filter(|(_, kind)| *kind != Kind::Added)
+        .map(|(key, _)| key)
+        .collect();
+    for event in (state.base..from).rev().filter_map(|seq| state.at(seq)) {
+        if unknown.is_empty() || event.rv <= state.listed_rv {
+            break;
+        }
+        if event.kind == Kind::Bookmark {
+            continue;
+        }
+        let key = object_key(event.namespace(), event.name());
+        if unknown.remove(&key) && event.kind != Kind::Deleted && selects(event) {
+            keys.insert(key);
+        }
+    }
+    Held { keys, unknown }
 }
 
 enum Next {

@@ -13,8 +13,9 @@
 //!   the list gets such a watch's events for its own selectors ([`Hub::history`]), then the ring.
 //! - **Events.** Each member event is parsed once, encoded once (`{"type":..,"object":..}\n`)
 //!   into a `Bytes` that every client that receives it shares; the object's namespace, name and
-//!   labels (and, for a MODIFIED event, the labels before) are kept beside it for filtering. A
-//!   Table event is kept without its column definitions (a client's first event gets them).
+//!   labels (and, for a MODIFIED event, the labels before, when they changed) are kept beside
+//!   it for filtering. A Table event is kept without its column definitions (a client's first
+//!   event gets them).
 //! - **Ring.** At most `ringSize` events; the oldest leaves as a new one comes, and the
 //!   resourceVersion before the oldest kept event is the oldest a client may resume from.
 //! - **Resilience.** The list and the member watch run on `member::watcher`: a member watch that
@@ -29,6 +30,11 @@
 //!   the hub's start until the backoff reaches its cap (then clients are proxied for a while:
 //!   [`FAILED_FOR`]), and having had no client for [`IDLE_FOR`] ([`CACHED_IDLE_FOR`] for a
 //!   resource in `spec.cache`: the hub is its cache).
+//! - **Memory.** Each event and the objects map are `event`'s (an object's JSON and about 200
+//!   bytes). A hub of a resource in `spec.cache` counts what it holds in a `memory::Meter`, and
+//!   after each list and event holds its resource to `maxObjects` and the gateway to
+//!   `memoryBudget`: a dropped hub ends as any ended hub does; a resource dropped and not yet
+//!   fitting again gets a hub that starts failed (its clients are proxied).
 //! - **Fed.** Shared per gateway (`super::across`), a hub on another shard than its key's home
 //!   makes no member request: it takes the home hub's state, then its events ([`Update`]), into
 //!   a ring of its own, and ends when the home's hub does.
@@ -37,9 +43,9 @@
 //! await. Clients wait on its [`Signal`].
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::rc::Rc;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -49,7 +55,6 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{debug, info, warn};
 
-use super::selector::Labels;
 use super::ShardWatches;
 use super::{Caller, Form, HubKey, OwnRequests, TABLE_ACCEPT};
 use crate::auth::Decided;
@@ -61,6 +66,13 @@ use crate::member::ask::{self, Ask, Asked, Missed, To};
 use crate::member::backoff::Backoff;
 use crate::member::watcher::{self, AfterExpiry, Fault, ShardClock, Start};
 use crate::runtime::{self, First};
+
+mod event;
+pub mod memory;
+
+use event::Meta;
+pub use event::{object_key, Event, Held, Kind, Labels, Objects};
+use memory::{Meter, Reason};
 
 /// How long a hub without clients keeps its member watch.
 pub const IDLE_FOR: Duration = Duration::from_secs(30);
@@ -76,207 +88,6 @@ const FIRST_SEQ: u64 = 1 << 40;
 /// bounds the wait for events that are not there.
 const BACKFILL_SECONDS: u32 = 1;
 
-/// An event's type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Added,
-    Modified,
-    Deleted,
-    Bookmark,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Added => "ADDED",
-            Kind::Modified => "MODIFIED",
-            Kind::Deleted => "DELETED",
-            Kind::Bookmark => "BOOKMARK",
-        }
-    }
-
-    fn parse(name: &str) -> Option<Kind> {
-        Some(match name {
-            "ADDED" => Kind::Added,
-            "MODIFIED" => Kind::Modified,
-            "DELETED" => Kind::Deleted,
-            "BOOKMARK" => Kind::Bookmark,
-            _ => return None,
-        })
-    }
-}
-
-/// One event, encoded once.
-pub struct Event {
-    pub kind: Kind,
-    pub rv: u64,
-    pub namespace: Box<str>,
-    pub name: Box<str>,
-    pub labels: Labels,
-    /// A MODIFIED event's labels before it (None when the hub did not hold the object).
-    pub previous: Option<Labels>,
-    /// `{"type":KIND,"object":OBJECT}\n`.
-    line: Bytes,
-    /// OBJECT, a slice of `line`: `{"kind":..,"apiVersion":..,` first, as kube encodes them.
-    object: Bytes,
-    /// Where in `object` the fields after `kind` and `apiVersion` start: a LIST's item is `{`
-    /// and those (kube-apiserver's list items go without them). 1 when the object has neither.
-    item_at: u32,
-    /// The same object as an ADDED and as a DELETED event (a client whose selector it starts
-    /// or stops matching), and as a Table event with column definitions: built once, when first
-    /// needed.
-    as_added: OnceLock<Bytes>,
-    as_deleted: OnceLock<Bytes>,
-    with_columns: OnceLock<Bytes>,
-}
-
-impl Event {
-    fn new(kind: Kind, rv: u64, object: &Value, meta: Meta) -> Event {
-        let (encoded, item_at) = encode_object(object);
-        let line = encode(kind, &encoded);
-        let prefix = line_prefix(kind).len();
-        let object = line.slice(prefix..line.len() - 2);
-        Event {
-            kind,
-            rv,
-            namespace: meta.namespace,
-            name: meta.name,
-            labels: meta.labels,
-            previous: None,
-            line,
-            object,
-            item_at,
-            as_added: OnceLock::new(),
-            as_deleted: OnceLock::new(),
-            with_columns: OnceLock::new(),
-        }
-    }
-
-    /// The object as a LIST's item, in two pieces to write one after the other: `{` and the
-    /// object's fields but `kind` and `apiVersion`.
-    pub fn item(&self) -> [&[u8]; 2] {
-        let at = (self.item_at as usize).min(self.object.len());
-        [b"{", &self.object[at..]]
-    }
-
-    /// The object's whole JSON.
-    pub fn object(&self) -> &Bytes {
-        &self.object
-    }
-
-    /// The event as a client sees it: as `kind` (its own, or ADDED / DELETED when the client's
-    /// selector starts or stops matching), with the Table `columns` when given.
-    pub fn line(&self, kind: Kind, columns: Option<&Bytes>) -> Bytes {
-        match (columns, kind == self.kind) {
-            (None, true) => self.line.clone(),
-            (None, false) => {
-                let cell = match kind {
-                    Kind::Deleted => &self.as_deleted,
-                    _ => &self.as_added,
-                };
-                cell.get_or_init(|| encode(kind, &self.object)).clone()
-            }
-            (Some(columns), true) => self
-                .with_columns
-                .get_or_init(|| encode(kind, &with_columns(&self.object, columns)))
-                .clone(),
-            (Some(columns), false) => encode(kind, &with_columns(&self.object, columns)),
-        }
-    }
-}
-
-/// An object's JSON with `kind` and `apiVersion` first (when it has them), and where the fields
-/// after them start.
-fn encode_object(object: &Value) -> (Vec<u8>, u32) {
-    let Value::Object(map) = object else {
-        return (serde_json::to_vec(object).unwrap_or_default(), 1);
-    };
-    let (Some(kind @ Value::String(_)), Some(api_version @ Value::String(_))) =
-        (map.get("kind"), map.get("apiVersion"))
-    else {
-        return (serde_json::to_vec(object).unwrap_or_default(), 1);
-    };
-    let mut out = Vec::with_capacity(256);
-    out.extend_from_slice(b"{\"kind\":");
-    let _ = serde_json::to_writer(&mut out, kind);
-    out.extend_from_slice(b",\"apiVersion\":");
-    let _ = serde_json::to_writer(&mut out, api_version);
-    let item_at = out.len() + 1;
-    let mut rest = map
-        .iter()
-        .filter(|(k, _)| *k != "kind" && *k != "apiVersion")
-        .peekable();
-    if rest.peek().is_none() {
-        out.push(b'}');
-        let at = out.len() - 1;
-        return (out, at as u32);
-    }
-    for (key, value) in rest {
-        out.push(b',');
-        let _ = serde_json::to_writer(&mut out, key);
-        out.push(b':');
-        let _ = serde_json::to_writer(&mut out, value);
-    }
-    out.push(b'}');
-    (out, item_at as u32)
-}
-
-fn line_prefix(kind: Kind) -> String {
-    format!("{{\"type\":\"{}\",\"object\":", kind.name())
-}
-
-fn encode(kind: Kind, object: &[u8]) -> Bytes {
-    let prefix = line_prefix(kind);
-    let mut out = Vec::with_capacity(prefix.len() + object.len() + 2);
-    out.extend_from_slice(prefix.as_bytes());
-    out.extend_from_slice(object);
-    out.extend_from_slice(b"}\n");
-    Bytes::from(out)
-}
-
-/// A Table object (kept without columns) with `columns` as its column definitions.
-fn with_columns(object: &[u8], columns: &Bytes) -> Vec<u8> {
-    let Ok(mut table) = serde_json::from_slice::<Value>(object) else {
-        return object.to_vec();
-    };
-    if let (Value::Object(map), Ok(columns)) = (&mut table, serde_json::from_slice(columns)) {
-        map.insert("columnDefinitions".into(), columns);
-    }
-    serde_json::to_vec(&table).unwrap_or_else(|_| object.to_vec())
-}
-
-/// What filtering needs of an object.
-struct Meta {
-    namespace: Box<str>,
-    name: Box<str>,
-    labels: Labels,
-}
-
-fn meta_of(metadata: Option<&Value>) -> Meta {
-    let text = |key: &str| -> Box<str> {
-        metadata
-            .and_then(|m| m.get(key))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .into()
-    };
-    let labels = metadata
-        .and_then(|m| m.get("labels"))
-        .and_then(Value::as_object)
-        .map(|labels| {
-            labels
-                .iter()
-                .filter_map(|(k, v)| Some((Box::from(k.as_str()), Box::from(v.as_str()?))))
-                .collect()
-        })
-        .unwrap_or_default();
-    Meta {
-        namespace: text("namespace"),
-        name: text("name"),
-        labels,
-    }
-}
-
 /// The elements of `list`'s array `field` (none when it is missing or not an array).
 fn elements<'a>(list: &'a Value, field: &str) -> impl Iterator<Item = &'a Value> {
     list.get(field)
@@ -291,20 +102,6 @@ fn version_of(metadata: Option<&Value>) -> Option<u64> {
         .as_str()?
         .parse::<u64>()
         .ok()
-}
-
-/// The objects a hub holds by [`object_key`], so in the order kube-apiserver lists them: their
-/// last ADDED or MODIFIED event.
-pub type Objects = BTreeMap<Box<str>, Arc<Event>>;
-
-/// An object's place in [`Objects`]: `namespace/name` (`/name` when cluster-scoped), ordered as
-/// kube-apiserver orders a list (by its storage key, where `a-b/x` comes before `a/x`).
-pub fn object_key(namespace: &str, name: &str) -> Box<str> {
-    let mut key = String::with_capacity(namespace.len() + 1 + name.len());
-    key.push_str(namespace);
-    key.push('/');
-    key.push_str(name);
-    key.into()
 }
 
 /// Where a hub is.
@@ -442,6 +239,17 @@ pub struct Hub {
     versions: RefCell<Versions>,
     /// Wakes the consistent reads waiting for a question's answer.
     versions_signal: Signal,
+    /// A hub of a resource in `spec.cache`: its memory and bounds.
+    cache: Option<Cached>,
+}
+
+/// A cached hub's memory and the bounds it is held to (`memory`).
+struct Cached {
+    meter: Arc<Meter>,
+    /// `memoryBudget`: one list alone past it is dropped at once.
+    budget: u64,
+    /// `maxObjects` of its resource.
+    max_objects: usize,
 }
 
 /// Counts a client on its hub for as long as it lives.
@@ -474,20 +282,38 @@ impl Hub {
             .shared_watches
             .as_ref()
             .map_or((4096, 1024), |s| (s.ring_size, s.lag_limit));
-        let cached = table
-            .gateway()
-            .cache
-            .as_ref()
-            .and_then(|c| c.caches(&key.group, &key.version, &key.resource))
-            .is_some();
-        let idle_for = if cached { CACHED_IDLE_FOR } else { IDLE_FOR };
+        let limits = table.gateway().cache.as_ref().and_then(|c| {
+            let max = c.caches(&key.group, &key.version, &key.resource)?;
+            Some((c.memory_budget, max))
+        });
+        let idle_for = if limits.is_some() {
+            CACHED_IDLE_FOR
+        } else {
+            IDLE_FOR
+        };
+        // A resource dropped from the cache is not cached again while it would not fit (or,
+        // past its maxObjects, for a while): its requests go to the member, as a failed hub's.
+        let ledger = memory::ledger();
+        let refused = limits.and_then(|(budget, max)| ledger.refuses(&key, budget, max as u64));
+        let cache = match (limits, refused) {
+            (Some((budget, max_objects)), None) => Some(Cached {
+                meter: ledger.meter(key.clone(), fed.is_none()),
+                budget,
+                max_objects,
+            }),
+            _ => None,
+        };
         let hub = Rc::new(Hub {
             key,
             cluster,
             ring_size,
             lag_limit,
             state: RefCell::new(State {
-                phase: Phase::Starting,
+                phase: if refused.is_some() {
+                    Phase::Failed
+                } else {
+                    Phase::Starting
+                },
                 ring: VecDeque::new(),
                 base: FIRST_SEQ,
                 floor_rv: 0,
@@ -497,7 +323,7 @@ impl Hub {
                 replaying: false,
                 replayed_to: 0,
                 replay_lost: false,
-                objects: BTreeMap::new(),
+                objects: Objects::new(),
                 columns: None,
                 list_kind: None,
             }),
@@ -509,8 +335,17 @@ impl Hub {
             idle_for,
             versions: RefCell::new(Versions::default()),
             versions_signal: Signal::default(),
+            cache,
         });
         let running = Rc::clone(&hub);
+        if let Some(reason) = refused {
+            debug!(cluster = %running.key.cluster, resource = %running.key.resource, ?reason, "cache: dropped; not cached again yet");
+            runtime::spawn(async move {
+                runtime::sleep(FAILED_FOR).await;
+                shard.shared_watches.remove(&running.key, &running);
+            });
+            return hub;
+        }
         runtime::spawn(async move {
             let phase = match fed {
                 Some(updates) => {
@@ -523,6 +358,9 @@ impl Hub {
                 }
             };
             running.end(phase);
+            if let Some(cache) = &running.cache {
+                memory::ledger().release(&cache.meter);
+            }
             if phase == Phase::Failed {
                 runtime::sleep(FAILED_FOR).await;
             }
@@ -532,6 +370,9 @@ impl Hub {
     }
 
     pub fn join(self: &Rc<Self>) -> Joined {
+        if let Some(cache) = &self.cache {
+            cache.meter.touch();
+        }
         self.clients.set(self.clients.get() + 1);
         self.idle_since.set(None);
         Joined(Rc::clone(self))
@@ -607,7 +448,7 @@ impl Hub {
         let retired = self.cluster.retirement.listen();
         let outside = runtime::race(retired, shard.exchange.drain.started());
         let (cluster, resource) = (&self.key.cluster, &self.key.resource);
-        match runtime::race(runtime::race(watching, self.idle()), outside).await {
+        match runtime::race(runtime::race(watching, self.idle_or_dropped()), outside).await {
             First::Left(First::Left(ended)) => match ended {
                 watcher::Ended::Refused(code) => {
                     warn!(%cluster, %resource, code, "shared watch: the member refused the gateway's own list or watch; its clients are proxied");
@@ -622,7 +463,7 @@ impl Hub {
                 watcher::Ended::Expired(_) | watcher::Ended::Stopped => Phase::Ended,
             },
             First::Left(First::Right(())) => {
-                debug!(%cluster, %resource, "shared watch: no clients; closed");
+                debug!(%cluster, %resource, "shared watch: no clients, or dropped from the cache; closed");
                 Phase::Ended
             }
             // The route retired, or the shard drains.
@@ -634,6 +475,39 @@ impl Hub {
         self.idle_since
             .get()
             .is_some_and(|since| since.elapsed() >= self.idle_for)
+    }
+
+    /// Resolves once the hub has had no client for its idle time, or once it is dropped from
+    /// the cache (by any shard: `memory::Ledger::enforce`).
+    async fn idle_or_dropped(&self) {
+        match &self.cache {
+            Some(cache) => {
+                let dropped = cache.meter.dropped_notice();
+                runtime::race(self.idle(), dropped).await;
+            }
+            None => self.idle().await,
+        }
+    }
+
+    fn meter(&self) -> Option<&Arc<Meter>> {
+        self.cache.as_ref().map(|c| &c.meter)
+    }
+
+    /// After the hub's maps changed: what they take counted, its resource's `maxObjects` and
+    /// the gateway's budget held to. Whether the hub may go on (false: it was dropped).
+    fn account(&self, state: &State) -> bool {
+        let Some(cache) = &self.cache else {
+            return true;
+        };
+        let meter = &cache.meter;
+        let ring = state.ring.capacity() * std::mem::size_of::<Arc<Event>>();
+        meter.set_index(state.objects.len() as u64 * event::OBJECT_ENTRY + ring as u64);
+        meter.set_objects(state.objects.len() as u64);
+        if meter.lists() && state.objects.len() > cache.max_objects {
+            meter.drop_for(Reason::MaxObjects, cache.max_objects as u64);
+        }
+        meter.ledger().enforce();
+        meter.dropped().is_none()
     }
 
     /// Resolves once the hub has had no client for its idle time.
@@ -653,7 +527,9 @@ impl Hub {
             serde_json::from_slice(body).map_err(|_| Fault::Bad("its list is not JSON"))?;
         let list_rv = version_of(list.get("metadata"))
             .ok_or(Fault::Bad("its list has no resourceVersion"))?;
-        let (objects, columns) = self.list_objects(&list, list_rv);
+        let Ok((objects, columns)) = self.list_objects(&list, list_rv) else {
+            return Err(Fault::Stop);
+        };
         let mut state = self.state.borrow_mut();
         if state.columns.is_none() {
             state.columns = columns;
@@ -687,17 +563,54 @@ impl Hub {
         } else {
             state.last_rv
         };
+        let goes_on = self.account(&state);
         drop(state);
         self.signal.bump();
+        if !goes_on {
+            return Err(Fault::Stop);
+        }
         Ok(from)
     }
 
-    /// The objects of a list, as ADDED events, and a Table's column definitions.
-    fn list_objects(&self, list: &Value, list_rv: u64) -> (Objects, Option<Bytes>) {
+    /// Drops the hub from the cache for `reason`.
+    fn drop_for(&self, reason: Reason) {
+        if let Some(cache) = &self.cache {
+            let limit = match reason {
+                Reason::Budget => cache.budget,
+                Reason::MaxObjects => cache.max_objects as u64,
+            };
+            cache.meter.drop_for(reason, limit);
+        }
+    }
+
+    /// Whether a list of `objects` taking `bytes` so far is already past the hub's bounds: more
+    /// objects than `maxObjects`, or alone more bytes than the budget.
+    fn past_bounds(&self, objects: usize, bytes: u64) -> Option<Reason> {
+        let cache = self.cache.as_ref()?;
+        if objects > cache.max_objects {
+            Some(Reason::MaxObjects)
+        } else if bytes > cache.budget {
+            Some(Reason::Budget)
+        } else {
+            None
+        }
+    }
+
+    /// The objects of a list, as ADDED events, and a Table's column definitions; or, as soon
+    /// as they are past the hub's bounds, why (the hub is then dropped).
+    fn list_objects(&self, list: &Value, list_rv: u64) -> Result<(Objects, Option<Bytes>), Reason> {
         let api_version = list.get("apiVersion").cloned().unwrap_or(Value::Null);
+        let meter = self.meter();
         let mut objects = Objects::new();
-        let mut add = |event: Event| {
-            objects.insert(object_key(&event.namespace, &event.name), Arc::new(event));
+        let mut bytes = 0;
+        let mut past = None;
+        // An object as an ADDED event; whether the list may go on.
+        let mut add = |rv: u64, object: &Value, metadata: Option<&Value>| {
+            let event = Event::new(Kind::Added, rv, object, Meta::of(metadata), meter);
+            bytes += event.held_bytes() + event::OBJECT_ENTRY;
+            objects.insert(Arc::new(event));
+            past = self.past_bounds(objects.len(), bytes);
+            past.is_none()
         };
         let columns = match self.key.form {
             Form::Json => {
@@ -718,7 +631,9 @@ impl Hub {
                     }
                     let metadata = item.get("metadata");
                     let rv = version_of(metadata).unwrap_or(list_rv);
-                    add(Event::new(Kind::Added, rv, &item, meta_of(metadata)));
+                    if !add(rv, &item, metadata) {
+                        break;
+                    }
                 }
                 None
             }
@@ -727,7 +642,9 @@ impl Hub {
                     let metadata = row.get("object").and_then(|o| o.get("metadata"));
                     let rv = version_of(metadata).unwrap_or(list_rv);
                     let table = one_row_table(&api_version, rv, row.clone());
-                    add(Event::new(Kind::Added, rv, &table, meta_of(metadata)));
+                    if !add(rv, &table, metadata) {
+                        break;
+                    }
                 }
                 list.get("columnDefinitions")
                     .filter(|c| c.is_array())
@@ -735,14 +652,25 @@ impl Hub {
                     .map(Bytes::from)
             }
         };
-        (objects, columns)
+        match past {
+            Some(reason) => {
+                // Dropped with what it holds so far, which tells when it fits again.
+                if let Some(meter) = meter {
+                    meter.set_objects(objects.len() as u64);
+                    meter.set_index(objects.len() as u64 * event::OBJECT_ENTRY);
+                }
+                self.drop_for(reason);
+                Err(reason)
+            }
+            None => Ok((objects, columns)),
+        }
     }
 
     /// After a relist: what changed since the objects the hub held goes into the ring, in
     /// resourceVersion order, the deletions last at the list's resourceVersion.
     fn relisted(&self, state: &mut State, now: Objects, list_rv: u64) {
         let mut changed: Vec<Event> = Vec::new();
-        for (key, event) in &now {
+        for (key, event) in now.iter() {
             match state.objects.get(key) {
                 Some(held) if held.rv == event.rv => {}
                 held => {
@@ -752,38 +680,30 @@ impl Hub {
                         Kind::Added
                     };
                     let object: Value =
-                        serde_json::from_slice(&event.object).unwrap_or(Value::Null);
-                    let mut fresh = Event::new(
-                        kind,
-                        event.rv,
-                        &object,
-                        Meta {
-                            namespace: event.namespace.clone(),
-                            name: event.name.clone(),
-                            labels: event.labels.clone(),
-                        },
-                    );
-                    fresh.previous = held.map(|h| h.labels.clone());
+                        serde_json::from_slice(event.object()).unwrap_or(Value::Null);
+                    let meta = Meta::of_event(event);
+                    let mut fresh = Event::new(kind, event.rv, &object, meta, self.meter());
+                    if let Some(held) = held {
+                        fresh.set_previous(held.labels());
+                    }
                     changed.push(fresh);
                 }
             }
         }
         changed.sort_by_key(|e| e.rv);
-        for (key, held) in &state.objects {
+        for (key, held) in state.objects.iter() {
             if now.contains_key(key) {
                 continue;
             }
-            let mut object: Value = serde_json::from_slice(&held.object).unwrap_or(Value::Null);
+            let mut object: Value = serde_json::from_slice(held.object()).unwrap_or(Value::Null);
             set_version(&mut object, list_rv);
+            let meta = Meta::of_event(held);
             changed.push(Event::new(
                 Kind::Deleted,
                 list_rv,
                 &object,
-                Meta {
-                    namespace: held.namespace.clone(),
-                    name: held.name.clone(),
-                    labels: held.labels.clone(),
-                },
+                meta,
+                self.meter(),
             ));
         }
         state.objects = now;
@@ -990,20 +910,23 @@ impl Hub {
             .await
     }
 
-    /// One member event into the ring.
-    fn receive(&self, event: Value) -> Result<(), Received> {
+    /// One member event into the ring; whether the hub goes on (false: it was dropped from the
+    /// cache, this event past its bounds).
+    fn receive(&self, event: Value) -> Result<bool, Received> {
         let mut event = self.parse(event)?;
         let mut state = self.state.borrow_mut();
         if matches!(event.kind, Kind::Added | Kind::Modified)
             && !state.replays(event.kind, event.rv)
         {
-            let key = object_key(&event.namespace, &event.name);
-            event.previous = state.objects.get(&key).map(|held| held.labels.clone());
+            if let Some(held) = state.objects.get(event.key()) {
+                event.set_previous(held.labels());
+            }
         }
         self.apply(&mut state, Arc::new(event));
+        let goes_on = self.account(&state);
         drop(state);
         self.signal.bump();
-        Ok(())
+        Ok(goes_on)
     }
 
     /// One member watch event, parsed (a Table's column definitions kept on the way).
@@ -1024,7 +947,7 @@ impl Hub {
         let object = event.get_mut("object").ok_or(Received::Bad)?;
         let rv = version_of(object.get("metadata")).ok_or(Received::Bad)?;
         let meta = match self.key.form {
-            Form::Json => meta_of(object.get("metadata")),
+            Form::Json => Meta::of(object.get("metadata")),
             Form::Table => {
                 if let Value::Object(table) = object {
                     if let Some(columns) = table.insert("columnDefinitions".into(), Value::Null) {
@@ -1034,7 +957,7 @@ impl Hub {
                         }
                     }
                 }
-                meta_of(
+                Meta::of(
                     object
                         .get("rows")
                         .and_then(|rows| rows.get(0))
@@ -1043,7 +966,7 @@ impl Hub {
                 )
             }
         };
-        Ok(Event::new(kind, rv, object, meta))
+        Ok(Event::new(kind, rv, object, meta, self.meter()))
     }
 
     /// An event (its `previous` labels set) into the objects held and the ring; a replayed one
@@ -1058,14 +981,11 @@ impl Hub {
         state.replaying = false;
         match event.kind {
             Kind::Added | Kind::Modified => {
-                let key = object_key(&event.namespace, &event.name);
-                state.objects.insert(key, Arc::clone(&event));
+                state.objects.insert(Arc::clone(&event));
                 self.push_ring(state, event);
             }
             Kind::Deleted => {
-                state
-                    .objects
-                    .remove(&object_key(&event.namespace, &event.name));
+                state.objects.remove(event.key());
                 self.push_ring(state, event);
             }
             Kind::Bookmark => self.push_ring(state, event),
@@ -1123,7 +1043,13 @@ impl Hub {
                 let mut state = self.state.borrow_mut();
                 while let Some(update) = next.take() {
                     match update {
-                        Update::Snapshot(snapshot) => *state = *snapshot,
+                        Update::Snapshot(snapshot) => {
+                            *state = *snapshot;
+                            // Its clients keep the home's hub in use.
+                            if let Some(meter) = self.meter() {
+                                meter.ledger().adopt_home(meter);
+                            }
+                        }
                         Update::Event(event) => self.apply(&mut state, event),
                         Update::Columns(columns) => state.columns = Some(columns),
                         Update::End(phase) => {
@@ -1133,6 +1059,7 @@ impl Hub {
                     }
                     next = updates.try_recv().ok();
                 }
+                self.account(&state);
             }
             self.signal.bump();
             if let Some(phase) = ended {
@@ -1248,9 +1175,14 @@ impl watcher::Handler for Feed<'_> {
     }
 
     async fn event(&mut self, event: Value) -> Result<(), Fault> {
-        self.0
-            .receive(event)
-            .map_err(|_| Fault::Bad("a member's watch event is not one the hub reads"))
+        match self.0.receive(event) {
+            Ok(true) => Ok(()),
+            // Dropped from the cache: the hub ends.
+            Ok(false) => Err(Fault::Stop),
+            Err(_) => Err(Fault::Bad(
+                "a member's watch event is not one the hub reads",
+            )),
+        }
     }
 
     fn expired(&mut self, _status: &Value) -> AfterExpiry {
@@ -1392,7 +1324,7 @@ mod tests {
     fn event(kind: Kind, rv: u64) -> Arc<Event> {
         let object = serde_json::json!({"kind": "ConfigMap", "metadata": {"name": "a", "resourceVersion": rv.to_string()}});
         let metadata = object.get("metadata");
-        Arc::new(Event::new(kind, rv, &object, meta_of(metadata)))
+        Arc::new(Event::new(kind, rv, &object, Meta::of(metadata), None))
     }
 
     #[test]
@@ -1427,7 +1359,7 @@ mod tests {
             replaying: false,
             replayed_to: 10,
             replay_lost: false,
-            objects: BTreeMap::new(),
+            objects: Objects::new(),
             columns: None,
             list_kind: None,
         };

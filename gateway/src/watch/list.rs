@@ -20,10 +20,15 @@
 //! A Table (`kubectl get` without `-o`) comes from the hub of Table form, each row's `Age`
 //! computed again (`table`). The items are the member's objects in its order (by storage key,
 //! `namespace/name`), filtered by the namespace and selectors as the member filters them.
+//! A field selector may name any field (`selector::FieldFilter::Any`, read from each object's
+//! JSON; a Table's rows carry only metadata, so another field is read from the JSON form's hub
+//! of the same key, beside): one the member does not serve is the cache's alone to answer, so a
+//! LIST the cache cannot show fresh enough (or a continued page whose objects changed) is
+//! answered from what it holds, with a Warning, instead of going to the member.
 //! Anything else goes to the member as it came, which answers it exactly:
-//! `resourceVersionMatch=Exact`, `includeObject`, another field selector than name and
-//! namespace, a user the member does not let list (a SelfSubjectAccessReview as the user,
-//! `access`, cached as for shared watches), a hub that cannot start.
+//! `resourceVersionMatch=Exact`, `includeObject`, a selector kube's grammar refuses, a user the
+//! member does not let list (a SelfSubjectAccessReview as the user, `access`, cached as for
+//! shared watches), a hub that cannot start.
 //! Called by the pipeline (`handle`) for a `Decision::Proxy` whose verb is `list`.
 
 use std::ops::Bound;
@@ -37,7 +42,7 @@ mod table;
 pub mod token;
 
 use super::hub::{Event, Hub, Phase};
-use super::selector::{FieldSelector, LabelSelector};
+use super::selector::{FieldFilter, LabelSelector};
 use super::{access, hub_for, plan_list, Asked, Caller, Form, HubKey, ShardWatches, Target};
 use crate::auth::Decided;
 use crate::exchange::Failure;
@@ -78,7 +83,7 @@ pub struct ListPlan {
     /// goes to the member meanwhile (a fleet view's member page: its list says so).
     pub patient: bool,
     pub labels: LabelSelector,
-    pub fields: FieldSelector,
+    pub fields: FieldFilter,
 }
 
 /// A LIST of a cached resource that the hub can serve exactly as the member would; None: the
@@ -145,7 +150,9 @@ pub(crate) async fn serve(
 ) -> Result<Result<(), Failure>, Unserved> {
     let list = prepared(ctx, target, &plan, caller).await;
     ctx.exchange.shard_metrics.cache_list(list.is_ok());
-    Ok(write(client, list?).await)
+    let list = list?;
+    let warnings: Vec<String> = list.warning.iter().cloned().collect();
+    Ok(write(client, list, &warnings).await)
 }
 
 /// Why a LIST is the member's to answer.
@@ -195,19 +202,65 @@ async fn prepared(
                 .ok_or(Member)?,
         ),
     };
+    // A Table's field selector on another field than metadata reads the JSON form's objects:
+    // that hub too must hold the collection, as fresh as asked.
+    let beside = match plan.fields.reads_beside() {
+        false => None,
+        true => {
+            let key = HubKey {
+                form: Form::Json,
+                ..plan.key.clone()
+            };
+            let json = hub_for(ctx, target.cluster, &key, caller, None).ok_or(Member)?;
+            let joined = json.join();
+            if !ready(&json).await {
+                return Err(Member);
+            }
+            Some((json, joined))
+        }
+    };
+    // A field selector the member does not serve is the cache's alone to answer: when the cache
+    // cannot show it is as fresh as asked, it answers with what it holds, and says so.
+    let only_here = !plan.fields.member_answers();
+    let mut warning = None;
     if let Some(rv) = needed {
-        if !caught_up(&hub, rv).await {
-            return Err(Member);
+        let beside_fresh = match &beside {
+            Some((json, _)) => caught_up(json, rv).await,
+            None => true,
+        };
+        if !(caught_up(&hub, rv).await && beside_fresh) {
+            if !only_here {
+                return Err(Member);
+            }
+            let held = hub.state.borrow().last_rv;
+            warning = Some(format!(
+                "listed from the gateway's cache as of resourceVersion {held}, which has not yet \
+                 seen resourceVersion {rv}: the member does not serve this field selector"
+            ));
         }
     }
     // A page after another is the cache's only while nothing after its start changed since its
     // list's resourceVersion: the objects then are those of the list the page continues.
+    let mut current = false;
     if let Some(resume) = &plan.resume {
         if !unchanged_since(&hub, &plan.key.namespace, resume) {
-            return Err(Member);
+            if !only_here {
+                return Err(Member);
+            }
+            // As kube-apiserver's inconsistent continue: the objects from the page's start on as
+            // they are now.
+            current = true;
+            warning = Some(
+                "objects changed since the list this page continues: this page lists them as \
+                 they are now (the member does not serve this field selector)"
+                    .into(),
+            );
         }
     }
-    selected(&hub, plan).ok_or(Member)
+    let beside = beside.as_ref().map(|(json, _)| &**json);
+    let mut list = selected(&hub, beside, plan, current).ok_or(Member)?;
+    list.warning = warning;
+    Ok(list)
 }
 
 /// The objects of `namespace` (every one when empty) in order, from `start` (one of our keys)
@@ -273,14 +326,22 @@ fn unchanged_since(hub: &Hub, namespace: &str, resume: &token::Continue) -> bool
         .filter_map(|seq| state.at(seq))
         .filter(|event| event.kind != super::hub::Kind::Bookmark)
         .all(|event| {
-            let key = super::hub::object_key(&event.namespace, &event.name);
+            let key = super::hub::object_key(event.namespace(), event.name());
             !(key.starts_with(&prefix) && *key >= *start)
         })
 }
 
 impl ListPlan {
-    fn selects(&self, event: &Event) -> bool {
-        self.labels.matches(&event.labels) && self.fields.matches(&event.namespace, &event.name)
+    /// Whether the object `event` holds is listed; `object` is the same object in the JSON form
+    /// when the fields are read there (`beside`: None when that hub does not hold it).
+    fn selects(&self, event: &Event, object: Option<&Event>) -> bool {
+        let Some(object) = object else {
+            return false;
+        };
+        self.labels.matches(&event.labels())
+            && self
+                .fields
+                .matches(object.namespace(), object.name(), object.object())
     }
 }
 
@@ -328,10 +389,16 @@ struct Selected {
     objects: Vec<Arc<Event>>,
     /// A Table's: where its `Age` column is (None: it has none), computed again for each row.
     table: Option<Option<usize>>,
+    /// A Warning for the client: the list is not as fresh as it asked.
+    warning: Option<String>,
 }
 
-fn selected(hub: &Hub, plan: &ListPlan) -> Option<Selected> {
+/// The page `plan` asks for from `hub`'s objects, at its continue token's resourceVersion or,
+/// when `current` (or without a token), at the newest the hub saw; its field selector read from
+/// the objects of the JSON form's hub `beside` when given (a Table's).
+fn selected(hub: &Hub, beside: Option<&Hub>, plan: &ListPlan, current: bool) -> Option<Selected> {
     let state = hub.state.borrow();
+    let beside = beside.map(|json| json.state.borrow());
     let (kind, api_version) = state.list_kind.as_ref()?;
     let namespace = &plan.key.namespace;
     // The page: the selected objects from the start on, at most `limit`. As kube-apiserver's
@@ -350,12 +417,19 @@ fn selected(hub: &Hub, plan: &ListPlan) -> Option<Selected> {
             more = true;
             break;
         }
-        if plan.selects(event) {
+        let object = match &beside {
+            Some(json) => json.objects.get(key).map(|o| &**o),
+            None => Some(&**event),
+        };
+        if plan.selects(event, object) {
             objects.push(Arc::clone(event));
             last = Some(key);
         }
     }
-    let list_rv = plan.resume.as_ref().map_or(state.last_rv, |r| r.rv);
+    let list_rv = match &plan.resume {
+        Some(resume) if !current => resume.rv,
+        _ => state.last_rv,
+    };
     let mut head = BytesMut::with_capacity(PIECE);
     head.put_slice(b"{\"kind\":");
     put_json(&mut head, kind);
@@ -393,6 +467,7 @@ fn selected(hub: &Hub, plan: &ListPlan) -> Option<Selected> {
         head,
         objects,
         table,
+        warning: None,
     })
 }
 
@@ -403,8 +478,12 @@ fn put_json(out: &mut BytesMut, text: &str) {
 
 /// Writes the LIST: its head, then its items in pieces of about [`PIECE`] bytes, copied from
 /// the objects' encoded JSON.
-async fn write(client: &mut impl FleetClient, list: Selected) -> Result<(), Failure> {
-    client.head("application/json", &[]).await?;
+async fn write(
+    client: &mut impl FleetClient,
+    list: Selected,
+    warnings: &[String],
+) -> Result<(), Failure> {
+    client.head("application/json", warnings).await?;
     let mut out = list.head;
     let now = time::OffsetDateTime::now_utc();
     for (n, event) in list.objects.iter().enumerate() {
@@ -461,7 +540,9 @@ impl CachedPages for FleetPages<'_> {
             let Some(mut plan) = plan_list(&table, target, client.header_values(b"accept")) else {
                 return Cached::Member;
             };
-            plan.patient = false;
+            // A field selector the member does not serve waits for the cache: the member would
+            // refuse it.
+            plan.patient = !plan.fields.member_answers();
             let mut page = Gathered::default();
             match serve(self.ctx, target, plan, self.caller, &mut page).await {
                 Ok(Ok(())) => Cached::Page(page.body),

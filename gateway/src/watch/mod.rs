@@ -7,7 +7,8 @@
 //!   token), and everything the client asked for is something the gateway serves exactly as the
 //!   member would: `resourceVersion` (a number, or none), `timeoutSeconds`,
 //!   `allowWatchBookmarks`, a label selector and a field selector on `metadata.name` /
-//!   `metadata.namespace`, JSON or kubectl's Table form. Anything else (another field, a
+//!   `metadata.namespace` (over a resource in `spec.cache`, on any field: `field_filter`), JSON or
+//!   kubectl's Table form. Anything else (another field of a resource not cached, a
 //!   `sendInitialEvents`, `includeObject`, protobuf, an unreadable selector) is not shared: the
 //!   watch goes to the member as it came, and the member's answer (its 400, its watch-list
 //!   semantics) reaches the client unchanged.
@@ -47,7 +48,7 @@ use crate::exchange::ShardExchange;
 use crate::fleet::FleetClient;
 use crate::request::{Peer, Proxied};
 pub(crate) use client::Follower;
-use selector::{FieldSelector, LabelSelector};
+use selector::{AnyFields, FieldFilter, LabelSelector, Within};
 
 /// What identifies one shared watch on a shard.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -92,7 +93,7 @@ pub struct Plan {
     pub key: HubKey,
     pub start: Start,
     pub labels: LabelSelector,
-    pub fields: FieldSelector,
+    pub fields: FieldFilter,
     /// The client's selectors as query pairs for a member request (`&labelSelector=..`), each
     /// value percent-encoded again from what was parsed; empty without selectors.
     pub selectors: String,
@@ -139,7 +140,7 @@ struct Asked<'q> {
     key: HubKey,
     query: &'q [u8],
     labels: LabelSelector,
-    fields: FieldSelector,
+    fields: FieldFilter,
     /// The selectors as query pairs for a member request, each value percent-encoded again.
     selectors: String,
 }
@@ -292,19 +293,8 @@ fn shareable<'q, 'a>(
         Some(text) => LabelSelector::parse(&text).ok()?,
     };
     let fields = match selector("fieldSelector") {
-        None => FieldSelector::default(),
-        Some(text) => {
-            // A field the member does not select on (`metadata.namespace` of a cluster-scoped
-            // kind) is its 400 to answer.
-            let any = selector::parse_any(&text).ok()?;
-            let supported = |path: &selector::FieldPath| {
-                selector::member::member_supports(info.api_group, info.resource, path.as_str())
-            };
-            if !any.paths().all(supported) {
-                return None;
-            }
-            FieldSelector::parse(&text).ok()?
-        }
+        None => FieldFilter::default(),
+        Some(text) => field_filter(table, info, form, &text)?,
     };
     Some(Asked {
         key: HubKey {
@@ -323,6 +313,61 @@ fn shareable<'q, 'a>(
     })
 }
 
+/// How a shared watch or a cached LIST applies the field selector `text` of a request for
+/// `info`'s resource in `form`; None: the member's to answer, as it came.
+///
+/// - On `metadata.name` / `metadata.namespace` where the member serves them: from each event's
+///   name and namespace, for every shared resource.
+/// - Any other field of a resource in `spec.cache`, whether the member serves it or not
+///   (docs/cache.md): read from each object's JSON, a field the member serves as the member reads
+///   it. Its hub holds every object of its key, so the watch and the LIST filter them all. A
+///   Table (kubectl's form) carries only the objects' metadata: another field of a Table LIST is
+///   read from the JSON form's hub beside it (a Table watch with one is the member's).
+/// - A selector kube's grammar refuses, or any field elsewhere: the member's (its 400 for a
+///   field it does not serve).
+fn field_filter(
+    table: &RouteTable,
+    info: &RequestInfo<'_>,
+    form: Form,
+    text: &str,
+) -> Option<FieldFilter> {
+    let any = selector::parse_any(text).ok()?;
+    let (group, resource) = (info.api_group, info.resource);
+    let member_answers = any
+        .paths()
+        .all(|path| selector::member::member_supports(group, resource, path.as_str()));
+    if member_answers {
+        if let Some(metadata) = any.metadata_only() {
+            return Some(FieldFilter::Metadata(metadata));
+        }
+    }
+    let cached = table
+        .gateway()
+        .cache
+        .as_ref()
+        .is_some_and(|cache| cache.caches(group, info.api_version, resource).is_some());
+    if !cached {
+        return None;
+    }
+    let within = match form {
+        Form::Json => Within::Object,
+        Form::Table => Within::TableRow,
+    };
+    let fields = AnyFields::new(any.clone(), group, resource, within);
+    // A Table's rows carry the objects' metadata only: another field is read from the JSON
+    // form's objects beside them.
+    let beside = form == Form::Table && fields.roots().any(|root| root != "metadata");
+    let fields = match beside {
+        true => AnyFields::new(any, group, resource, Within::Object),
+        false => fields,
+    };
+    Some(FieldFilter::Any {
+        fields: Box::new(fields),
+        member_answers,
+        beside,
+    })
+}
+
 /// A watch [`shareable`], and where it starts.
 fn plan_watch<'a>(
     table: &RouteTable,
@@ -330,7 +375,8 @@ fn plan_watch<'a>(
     accept: impl Iterator<Item = &'a [u8]>,
 ) -> Option<Plan> {
     let asked = shareable(table, target, accept, SERVED_PARAMS)?;
-    if !asked.flag("watch")? {
+    // A Table watch's events carry no other field than metadata: the member's to answer.
+    if !asked.flag("watch")? || asked.fields.reads_beside() {
         return None;
     }
     // resourceVersionMatch means nothing to a watch at 1.24 unless it is empty.
@@ -452,9 +498,11 @@ pub(crate) async fn serve(
     }
     // Where a hub this watch starts replays from. Not for a label-selecting client: replayed
     // events carry no labels-before, so it would catch up from the member anyway
-    // (`client::follow`).
+    // (`client::follow`); nor for a selector on any field, which starts from the hub's list on.
     let from = match plan.start {
-        Start::After(rv) if plan.labels.is_everything() => Some(rv),
+        Start::After(rv) if plan.labels.is_everything() && !plan.fields.reads_changing_fields() => {
+            Some(rv)
+        }
         _ => None,
     };
     let Some(hub) = hub_for(ctx, proxied.cluster, &plan.key, caller, from) else {

@@ -10,15 +10,18 @@
 //!   `metadata.namespace`, the fields every shared watch can answer from an event's metadata.
 //! - Any field ([`parse_any`], in `any_field`): the same grammar with each field a path into
 //!   the object's JSON, and (`member`) the fields kube-apiserver itself serves per resource
-//!   ([`member::member_supports`]) and how it reads them: groundwork for a cache (issue 34),
-//!   not yet called on the data path.
+//!   ([`member::member_supports`]) and how it reads them; `lazy` ([`AnyFields`]) applies such a
+//!   selector to an object kept as its JSON bytes, decoding only the fields it names. Served over
+//!   resources in `spec.cache` (docs/cache.md), whose hubs hold every object of their key.
 //!
-//! Anything [`LabelSelector`] or [`FieldSelector`] cannot read, or reads but does not serve
-//! (another field), is [`Unsupported`]: the watch is then not shared and goes to the member as
-//! it came, so the member's own answer (a 400 for a bad selector) reaches the client unchanged.
+//! [`FieldFilter`] is what a shared watch or a cached LIST applies: the metadata fast path or
+//! any fields. Anything [`LabelSelector`] cannot read, or a field selector kube's grammar
+//! refuses, is not served (`watch::plan` says None): the request goes to the member as it came,
+//! so the member's own answer (a 400 for a bad selector) reaches the client unchanged. So does a
+//! field other than name and namespace over a resource not cached.
 //! Never panics on any input; the parsers are linear in the input's length (field terms are
-//! sorted, as kube sorts them). Called by `watch::plan` once per client watch; the matchers per
-//! delivered event.
+//! sorted, as kube sorts them). Called by `watch::plan` once per client watch or LIST; the
+//! matchers per delivered event or listed object.
 
 use std::collections::BTreeMap;
 
@@ -28,6 +31,17 @@ pub struct Unsupported;
 
 /// The labels of one object.
 pub type Labels = BTreeMap<Box<str>, Box<str>>;
+
+/// What a label selector reads of an object's labels: the value of a key.
+pub trait LabelValues {
+    fn value(&self, key: &str) -> Option<&str>;
+}
+
+impl LabelValues for Labels {
+    fn value(&self, key: &str) -> Option<&str> {
+        self.get(key).map(|v| &**v)
+    }
+}
 
 /// A parsed label selector: every requirement must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -90,14 +104,14 @@ impl LabelSelector {
     }
 
     /// Whether `labels` satisfy every requirement.
-    pub fn matches(&self, labels: &Labels) -> bool {
+    pub fn matches(&self, labels: &impl LabelValues) -> bool {
         self.requirements.iter().all(|r| {
-            let value = labels.get(r.key.as_str());
+            let value = labels.value(r.key.as_str());
             match &r.op {
                 Op::Exists => value.is_some(),
                 Op::NotExists => value.is_none(),
-                Op::In(values) => value.is_some_and(|v| values.iter().any(|w| **v == **w)),
-                Op::NotIn(values) => !value.is_some_and(|v| values.iter().any(|w| **v == **w)),
+                Op::In(values) => value.is_some_and(|v| values.iter().any(|w| v == w)),
+                Op::NotIn(values) => !value.is_some_and(|v| values.iter().any(|w| v == w)),
                 Op::Greater(n) => value
                     .and_then(|v| v.parse::<i64>().ok())
                     .is_some_and(|v| v > *n),
@@ -538,11 +552,73 @@ fn field_terms(text: &str) -> Result<Vec<RawTerm<'_>>, Refused> {
 }
 
 mod any_field;
+mod field_text;
+mod lazy;
 pub mod member;
 
-pub use any_field::{
-    parse_any, AnyFieldSelector, FieldPath, FieldText, FieldValues, Reading, MAX_DEPTH,
-};
+pub use any_field::{parse_any, AnyFieldSelector, FieldPath, FieldValues, Reading, MAX_DEPTH};
+pub use field_text::FieldText;
+pub use lazy::{AnyFields, Within};
+
+/// The field selector a shared watch or a cached LIST applies to each object.
+#[derive(Debug, Clone)]
+pub enum FieldFilter {
+    /// On `metadata.name` / `metadata.namespace` alone: an event's name and namespace answer it.
+    Metadata(FieldSelector),
+    /// On any fields of a cached resource, read from each object's JSON ([`AnyFields`]); built
+    /// only where the hub holds every object of its key. `member_answers`: whether the member
+    /// serves every field it names (then a LIST the cache cannot serve fresh enough is the
+    /// member's, as it would answer it; otherwise only the cache can). `beside`: the fields are
+    /// read from the JSON form's object of the same key, beside the Table form's rows, which
+    /// carry only metadata (a LIST of kubectl's Tables: `watch::list`).
+    Any {
+        fields: Box<AnyFields>,
+        member_answers: bool,
+        beside: bool,
+    },
+}
+
+impl Default for FieldFilter {
+    fn default() -> Self {
+        FieldFilter::Metadata(FieldSelector::default())
+    }
+}
+
+impl FieldFilter {
+    pub fn is_everything(&self) -> bool {
+        match self {
+            FieldFilter::Metadata(fields) => fields.is_everything(),
+            FieldFilter::Any { fields, .. } => fields.selector().is_everything(),
+        }
+    }
+
+    /// Whether an object named `name` in `namespace`, encoded as `json`, is selected.
+    pub fn matches(&self, namespace: &str, name: &str, json: &[u8]) -> bool {
+        match self {
+            FieldFilter::Metadata(fields) => fields.matches(namespace, name),
+            FieldFilter::Any { fields, .. } => fields.matches(json),
+        }
+    }
+
+    /// Whether the selector reads fields an object's changes can change (anything but its name
+    /// and namespace): a watch must then remember which objects its client holds.
+    pub fn reads_changing_fields(&self) -> bool {
+        matches!(self, FieldFilter::Any { .. })
+    }
+
+    /// Whether the fields are read from the JSON form's objects beside a Table's rows.
+    pub fn reads_beside(&self) -> bool {
+        matches!(self, FieldFilter::Any { beside: true, .. })
+    }
+
+    /// Whether the member would answer this selector itself.
+    pub fn member_answers(&self) -> bool {
+        match self {
+            FieldFilter::Metadata(_) => true,
+            FieldFilter::Any { member_answers, .. } => *member_answers,
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,8 @@
 //! `spec.cache` in tests (docs/cache.md): turning it on for configmaps in the fleet's Gateway,
-//! and counting the LISTs that reach a simulated member. Used by `cache.rs` and `cache_storm.rs`.
+//! counting the LISTs that reach a simulated member, and reading the items of a list. Used by
+//! `cache.rs`, `cache_storm.rs` and `cache_budget.rs`.
+
+use serde_json::Value;
 
 use super::fleet::Fleet;
 
@@ -39,4 +42,24 @@ pub fn member_lists(fleet: &Fleet) -> u64 {
         .lines()
         .find_map(|l| l.strip_prefix(series))
         .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// The items of a `kubectl get -o json` list.
+pub fn items(json: &str) -> Vec<Value> {
+    let list: Value = serde_json::from_str(json).unwrap();
+    list["items"].as_array().unwrap().clone()
+}
+
+/// `(namespace, name)` of each item.
+pub fn names(items: &[Value]) -> Vec<(String, String)> {
+    items
+        .iter()
+        .map(|i| {
+            let m = &i["metadata"];
+            (
+                m["namespace"].as_str().unwrap().to_owned(),
+                m["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
 }

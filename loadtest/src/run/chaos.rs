@@ -136,9 +136,9 @@ pub struct ChaosArgs {
     /// `fleetgate agent` child process dialing its tunnel listener.
     #[arg(long, default_value_t = 1)]
     pub pull_members: usize,
-    /// chaos: the share of the watchers (0 to 1) that speak h2 over TLS to the gateway, all their
-    /// LISTs and WATCHes streams of one shared connection; the rest speak HTTP/1.1, one
-    /// connection per request.
+    /// chaos, rollout: the share of the watchers (0 to 1) that speak h2 over TLS to the gateway,
+    /// their LISTs and WATCHes streams of one shared connection (rollout: one per 100 of them);
+    /// the rest speak HTTP/1.1, one connection per request.
     #[arg(long, default_value_t = 0.5)]
     pub h2_share: f64,
     /// chaos: the gateway shares the configmaps' member watches (`spec.sharedWatches`, scope
@@ -166,6 +166,18 @@ pub struct ChaosArgs {
     /// removed after a clean run).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
+}
+
+impl ChaosArgs {
+    /// How many of `total` watchers speak h2 (`--h2-share`).
+    pub(crate) fn h2_watchers(&self, total: usize) -> anyhow::Result<usize> {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.h2_share),
+            "--h2-share {}: from 0 to 1",
+            self.h2_share
+        );
+        Ok((total as f64 * self.h2_share).round() as usize)
+    }
 }
 
 /// A fault the schedule can inject.
@@ -558,11 +570,6 @@ pub async fn chaos(args: &RunArgs) -> anyhow::Result<TargetResult> {
             k.name()
         );
     }
-    anyhow::ensure!(
-        (0.0..=1.0).contains(&c.h2_share),
-        "--h2-share {}: from 0 to 1",
-        c.h2_share
-    );
     let (dir, temporary) = match &c.work_dir {
         Some(d) => (d.clone(), false),
         None => (
@@ -697,7 +704,7 @@ async fn drive(args: &RunArgs, world: &World, kinds: &[FaultKind]) -> anyhow::Re
     // Watchers first, each listed before anything is written. The last `--h2-share` of them
     // (consecutive, so over every view) speak h2 on one shared connection.
     let total = c.watchers.max(1);
-    let h2_count = (total as f64 * c.h2_share).round() as usize;
+    let h2_count = c.h2_watchers(total)?;
     let shared = Arc::new(H2Shared::new(&views[0].1));
     let watchers: Vec<Arc<Watcher>> = (0..total)
         .map(|i| {

@@ -42,6 +42,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use super::chaos::h2::H2Shared;
 use super::chaos::members::{Recorder, Writer};
 use super::chaos::proxy::{relay, Mode};
 use super::chaos::watcher::{Incident, View, Watcher};
@@ -55,6 +56,9 @@ use crate::sim::FleetHandle;
 const REPLICAS: usize = 2;
 /// One watcher in this many follows `/fleet`; the others `/clusters/NAME`, round robin.
 const FLEET_EVERY: usize = 20;
+/// The h2 informers (`--h2-share`) share a connection this many at a time: a controller's
+/// informers, whose requests client-go multiplexes on one transport's connection.
+const H2_INFORMERS_PER_CONNECTION: usize = 100;
 /// The watches' `timeoutSeconds`: client-go's (5 to 10 minutes), longer than the run.
 const WATCH_TIMEOUT_S: std::ops::RangeInclusive<u64> = 300..=600;
 /// Watchers started together; the next ones once these have listed.
@@ -112,6 +116,9 @@ pub struct RolloutReport {
     pub watchers: usize,
     /// Of them, on `/fleet`.
     pub fleet_watchers: usize,
+    /// Of them, speaking h2 (`--h2-share`), and the connections they shared.
+    pub h2_watchers: usize,
+    pub h2_connections: usize,
     pub writes: u64,
     pub writes_failed: u64,
     /// The members' LISTs of configmaps before the rollout (the watchers' first lists and the
@@ -488,9 +495,15 @@ async fn drive(args: &RunArgs, world: &mut World) -> anyhow::Result<RolloutRepor
     let recorders: Vec<Arc<Recorder>> = (0..count)
         .map(|m| Recorder::start(&world.fleet, m, run.clone()))
         .collect::<anyhow::Result<_>>()?;
-    // The informers, in waves: each wave listed before the next starts.
+    // The informers, in waves: each wave listed before the next starts. The last `--h2-share`
+    // of them speak h2, a connection per H2_INFORMERS_PER_CONNECTION of them.
+    let total = c.watchers.max(1);
+    let h2_count = c.h2_watchers(total)?;
+    let connections: Vec<Arc<H2Shared>> = (0..h2_count.div_ceil(H2_INFORMERS_PER_CONNECTION))
+        .map(|_| Arc::new(H2Shared::new(&views[0].1)))
+        .collect();
     let mut on_member = 0;
-    let watchers: Vec<Arc<Watcher>> = (0..c.watchers.max(1))
+    let watchers: Vec<Arc<Watcher>> = (0..total)
         .map(|i| {
             let (view, target) = if i % FLEET_EVERY == FLEET_EVERY - 1 {
                 views[count].clone()
@@ -498,8 +511,12 @@ async fn drive(args: &RunArgs, world: &mut World) -> anyhow::Result<RolloutRepor
                 on_member += 1;
                 views[(on_member - 1) % count].clone()
             };
-            let name = format!("{}#{i}", target.name);
-            Arc::new(Watcher::new(name, view, target, count, None))
+            let h2 = i
+                .checked_sub(total - h2_count)
+                .map(|k| connections[k / H2_INFORMERS_PER_CONNECTION].clone());
+            let suffix = if h2.is_some() { "/h2" } else { "" };
+            let name = format!("{}#{i}{suffix}", target.name);
+            Arc::new(Watcher::new(name, view, target, count, h2))
         })
         .collect();
     let mut tasks = Vec::new();
@@ -542,6 +559,8 @@ async fn drive(args: &RunArgs, world: &mut World) -> anyhow::Result<RolloutRepor
         members: run.members.clone(),
         watchers: watchers.len(),
         fleet_watchers: watchers.iter().filter(|w| w.view == View::Fleet).count(),
+        h2_watchers: h2_count,
+        h2_connections: connections.len(),
         ..Default::default()
     };
     let mut failures = Vec::new();
@@ -663,6 +682,12 @@ async fn drive(args: &RunArgs, world: &mut World) -> anyhow::Result<RolloutRepor
             ));
         }
     }
+    if report.incidents.breaks > 0 {
+        failures.push(format!(
+            "{} watch streams broke during the rollout (a drained replica ends each cleanly)",
+            report.incidents.breaks
+        ));
+    }
     if report.incidents.relists > 0 {
         failures.push(format!(
             "the informers listed again {} times during the rollout ({} 410s)",
@@ -677,10 +702,12 @@ async fn drive(args: &RunArgs, world: &mut World) -> anyhow::Result<RolloutRepor
 /// Prints the rollout after the table: the totals, then a line per step.
 pub fn print_report(r: &RolloutReport) {
     println!(
-        "rollout: {} members, {} informers ({} on /fleet), {} writes ({} failed), {} changes",
+        "rollout: {} members, {} informers ({} on /fleet, {} over h2 on {} connections), {} writes ({} failed), {} changes",
         r.members.len(),
         r.watchers,
         r.fleet_watchers,
+        r.h2_watchers,
+        r.h2_connections,
         r.writes,
         r.writes_failed,
         r.changes

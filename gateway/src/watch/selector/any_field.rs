@@ -1,9 +1,8 @@
 //! Field selectors on any field of an object: kube's grammar (the parent module's
 //! `field_terms`), with each field read as a dot-separated path into the object's JSON instead of
-//! one of the handful of fields a member serves. Groundwork for serving LISTs and watches from a
-//! cache (issue 34): nothing calls it on the data path yet; `watch::plan` still shares only the
-//! metadata fields ([`super::FieldSelector`]) and sends a watch with any other field to the
-//! member as it came.
+//! one of the handful of fields a member serves: what LISTs and watches of a cached resource
+//! select on (issue 34, docs/cache.md). `watch::plan` parses it once per request; `super::lazy`
+//! applies it to objects kept as JSON bytes.
 //!
 //! How a field reads:
 //! - a path is the field cut at each `.` (`status.phase`, `spec.nodeName`); `\.` is a dot inside
@@ -23,11 +22,11 @@
 //! `reportingComponent`, ...), so such a selector selects exactly what the member would.
 //! Never panics on any input; parsing is linear in the input's length.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use super::field_text::{walk, FieldText};
 use super::member::member_field;
 use super::{field_terms, Field, FieldSelector, FieldTerm, Refused};
 
@@ -95,65 +94,6 @@ impl FieldPath {
     /// This field of `object`, as JSON.
     pub fn read<'v>(&self, object: &'v Value) -> FieldText<'v> {
         FieldText::of(walk(object, self.keys.iter().map(|k| &**k)))
-    }
-}
-
-/// The value at `keys` in `object`: an object's member, or an array's element at a decimal
-/// index; `None` when missing.
-pub(super) fn walk<'v, 'k>(
-    object: &'v Value,
-    keys: impl IntoIterator<Item = &'k str>,
-) -> Option<&'v Value> {
-    keys.into_iter().try_fold(object, |node, key| match node {
-        Value::Object(members) => members.get(key),
-        Value::Array(items) => index(key).and_then(|i| items.get(i)),
-        _ => None,
-    })
-}
-
-/// `0`, or digits without a leading zero.
-fn index(key: &str) -> Option<usize> {
-    let canonical =
-        key.bytes().all(|b| b.is_ascii_digit()) && (key == "0" || !key.starts_with('0'));
-    canonical.then(|| key.parse().ok()).flatten()
-}
-
-/// A field's value as a selector compares it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FieldText<'v> {
-    /// A string as itself, a number or bool as its JSON text, missing or `null` as `""`.
-    Text(Cow<'v, str>),
-    /// An object or an array: equal to no value.
-    Composite,
-}
-
-impl<'v> FieldText<'v> {
-    /// `value` read as a selector compares it (`None`: missing).
-    pub fn of(value: Option<&'v Value>) -> FieldText<'v> {
-        match value {
-            None | Some(Value::Null) => FieldText::Text(Cow::Borrowed("")),
-            Some(Value::String(s)) => FieldText::Text(Cow::Borrowed(s)),
-            Some(Value::Bool(b)) => {
-                FieldText::Text(Cow::Borrowed(if *b { "true" } else { "false" }))
-            }
-            Some(Value::Number(n)) => FieldText::Text(Cow::Owned(n.to_string())),
-            Some(Value::Object(_) | Value::Array(_)) => FieldText::Composite,
-        }
-    }
-
-    /// Whether a requirement `= value` (`equal`) or `!= value` holds for this value.
-    pub fn selected(&self, equal: bool, value: &str) -> bool {
-        match self {
-            FieldText::Text(text) => (text == value) == equal,
-            FieldText::Composite => !equal,
-        }
-    }
-
-    fn into_owned(self) -> FieldText<'static> {
-        match self {
-            FieldText::Text(text) => FieldText::Text(Cow::Owned(text.into_owned())),
-            FieldText::Composite => FieldText::Composite,
-        }
     }
 }
 

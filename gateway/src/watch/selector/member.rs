@@ -1,8 +1,10 @@
 //! Which field selectors kube-apiserver itself serves, per resource, and how it reads each of
 //! those fields from an object: so a selector on a field the member serves behaves exactly as
 //! the member, and a gateway can tell a selector the member would refuse (a 400) from one it
-//! would answer. Groundwork for the cache of issue 34; the any-field reading
-//! ([`super::any_field::Reading::Member`]) uses it. No caller on the data path yet.
+//! would answer. `watch::plan` asks it whether the member answers a selector (then a metadata
+//! one is served on any shared resource, and a LIST the cache cannot serve fresh enough is the
+//! member's); the any-field reading ([`super::any_field::Reading::Member`], `super::lazy`) reads
+//! the member's fields its way.
 //!
 //! The table is kube-apiserver v1.24's (the version the simulated fleet and the recorded
 //! fixtures are), from kubernetes/kubernetes:
@@ -22,7 +24,7 @@
 
 use serde_json::Value;
 
-use super::any_field::{walk, FieldText};
+use super::field_text::{walk, FieldText};
 
 /// How the member reads one field it serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

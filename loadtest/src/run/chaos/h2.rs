@@ -28,7 +28,7 @@ pub(crate) struct H2Shared {
 }
 
 impl H2Shared {
-    pub(super) fn new(target: &Target) -> H2Shared {
+    pub(crate) fn new(target: &Target) -> H2Shared {
         H2Shared {
             target: target.offering_h2(),
             live: tokio::sync::Mutex::new(None),
@@ -44,24 +44,23 @@ impl H2Shared {
         }
         let conn = connect_h2(&self.target).await?;
         let number = self.opened.fetch_add(1, Ordering::Relaxed) + 1;
-        if let Some(old) = live.replace(Live {
+        // The one replaced (if any) has ended: its driver finished.
+        *live = Some(Live {
             number,
             send: conn.send.clone(),
             driver: conn.driver,
-        }) {
-            old.driver.abort();
-        }
+        });
         Ok((number, conn.send))
     }
 
-    /// Drops connection `number` if it is still the live one (a request on it failed as a whole
-    /// connection fails: GOAWAY, I/O, closed).
+    /// Stops opening streams on connection `number` if it is still the live one (a request on
+    /// it failed as a whole connection fails: GOAWAY, I/O, closed). Its driver runs on: after a
+    /// GOAWAY the streams already open finish on it (a draining gateway ends each watch with its
+    /// last bookmark), as client-go's transport lets them; it ends when the connection closes.
     async fn forget(&self, number: u64) {
         let mut live = self.live.lock().await;
         if live.as_ref().is_some_and(|l| l.number == number) {
-            if let Some(l) = live.take() {
-                l.driver.abort();
-            }
+            live.take();
         }
     }
 

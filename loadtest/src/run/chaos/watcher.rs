@@ -365,7 +365,10 @@ impl Watcher {
         Ok(match (end, read) {
             (Some(end), _) => end,
             (None, Ok(_)) => StreamEnd::Ended,
-            (None, Err(_)) => StreamEnd::Broken,
+            (None, Err(error)) => {
+                tracing::debug!(watcher = %self.name, %error, "chaos: watch stream broke");
+                StreamEnd::Broken
+            }
         })
     }
 
