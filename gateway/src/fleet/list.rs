@@ -459,12 +459,22 @@ fn parsed(body: &[u8]) -> Result<Page, Missed> {
     Page::parse(body).map_err(|reason| Missed::Failed(reason.to_string()))
 }
 
-/// The client's query with a member page's `limit` and `continue`.
+/// The client's query with a member page's `limit` and `continue`. A continued page is read at
+/// its token's resourceVersion: the client's `resourceVersion` and `resourceVersionMatch` go
+/// (the member refuses a continue with either, as client-go's pager knows).
 fn page_query(query: &[u8], limit: usize, from: &str) -> Vec<u8> {
     let limit_text = limit.to_string();
-    let mut extra = vec![("limit", limit_text.as_str())];
-    if !from.is_empty() {
-        extra.push(("continue", from));
+    if from.is_empty() {
+        return rewrite_query(query, &["limit", "continue"], &[("limit", &limit_text)]);
     }
-    rewrite_query(query, &["limit", "continue"], &extra)
+    rewrite_query(
+        query,
+        &[
+            "limit",
+            "continue",
+            "resourceVersion",
+            "resourceVersionMatch",
+        ],
+        &[("limit", &limit_text), ("continue", from)],
+    )
 }

@@ -77,6 +77,8 @@ pub struct ListPlan {
     /// The client's `limit`: at most this many items a page, the next page's continue token
     /// in kube-apiserver's own form.
     pub limit: Option<u64>,
+    /// The `limit` as asked, also where the read ignores it (at resourceVersion 0).
+    pub asked_limit: Option<u64>,
     /// The page after a continue token's.
     pub resume: Option<token::Continue>,
     /// Whether the LIST waits for its hub's first list (a LIST through `/clusters/{name}`), or
@@ -92,7 +94,8 @@ pub(super) fn plan(asked: Asked<'_>) -> Option<ListPlan> {
     if asked.flag("watch")? {
         return None;
     }
-    let limit = asked.number("limit", 19)?.filter(|&n| n > 0);
+    let asked_limit = asked.number("limit", 19)?.filter(|&n| n > 0);
+    let limit = asked_limit;
     let exact = match asked.value("resourceVersionMatch").as_deref() {
         None | Some("") => false,
         Some("NotOlderThan") => false,
@@ -132,6 +135,7 @@ pub(super) fn plan(asked: Asked<'_>) -> Option<ListPlan> {
         key: asked.key,
         read,
         limit,
+        asked_limit,
         resume,
         patient: true,
         labels: asked.labels,
@@ -543,6 +547,11 @@ impl CachedPages for FleetPages<'_> {
             // A field selector the member does not serve waits for the cache: the member would
             // refuse it.
             plan.patient = !plan.fields.member_answers();
+            // The fleet view pages each member itself (a probe of one object, then pages of
+            // `spec.fleet.pageSize`): at resourceVersion 0 its limit holds here, where the
+            // member's watch cache would ignore it; else the view would hold every member's
+            // whole list at once before its first byte.
+            plan.limit = plan.limit.or(plan.asked_limit);
             let mut page = Gathered::default();
             match serve(self.ctx, target, plan, self.caller, &mut page).await {
                 Ok(Ok(())) => Cached::Page(page.body),
