@@ -501,8 +501,7 @@ impl Hub {
         };
         let meter = &cache.meter;
         let ring = state.ring.capacity() * std::mem::size_of::<Arc<Event>>();
-        meter.set_index(state.objects.len() as u64 * event::OBJECT_ENTRY + ring as u64);
-        meter.set_objects(state.objects.len() as u64);
+        meter.set_maps(state.objects.len(), ring);
         if meter.lists() && state.objects.len() > cache.max_objects {
             meter.drop_for(Reason::MaxObjects, cache.max_objects as u64);
         }
@@ -656,8 +655,7 @@ impl Hub {
             Some(reason) => {
                 // Dropped with what it holds so far, which tells when it fits again.
                 if let Some(meter) = meter {
-                    meter.set_objects(objects.len() as u64);
-                    meter.set_index(objects.len() as u64 * event::OBJECT_ENTRY);
+                    meter.set_maps(objects.len(), 0);
                 }
                 self.drop_for(reason);
                 Err(reason)

@@ -27,6 +27,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 use tracing::warn;
 
+use super::event::OBJECT_ENTRY;
 use crate::observe::metrics::{CacheMemory, CACHE_MEMORY};
 use crate::watch::{Form, HubKey};
 
@@ -140,8 +141,7 @@ impl Ledger {
 
     /// A hub ended: its meter is no longer one to drop (its events count until they are gone).
     pub fn release(&self, meter: &Arc<Meter>) {
-        meter.set_index(0);
-        meter.set_objects(0);
+        meter.set_maps(0, 0);
         if meter.evictable {
             self.meters.rcu(|meters| {
                 let mut meters = Vec::clone(meters);
@@ -300,8 +300,15 @@ impl Meter {
         self.bytes.load(Ordering::Relaxed)
     }
 
+    /// Sets what the hub's maps hold: `objects` entries in its ordered objects (each
+    /// [`OBJECT_ENTRY`] bytes besides its event) and `ring_bytes` of ring slots.
+    pub fn set_maps(&self, objects: usize, ring_bytes: usize) {
+        self.set_index(objects as u64 * OBJECT_ENTRY + ring_bytes as u64);
+        self.set_objects(objects as u64);
+    }
+
     /// Sets what the hub's maps take besides their events.
-    pub fn set_index(&self, bytes: u64) {
+    fn set_index(&self, bytes: u64) {
         let before = self.index.swap(bytes, Ordering::Relaxed);
         if bytes >= before {
             self.add(bytes - before);
@@ -311,7 +318,7 @@ impl Meter {
     }
 
     /// Sets how many objects the hub holds (a mirror's are its home's: not counted again).
-    pub fn set_objects(&self, objects: u64) {
+    fn set_objects(&self, objects: u64) {
         if !self.evictable {
             return;
         }
