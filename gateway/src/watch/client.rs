@@ -260,22 +260,9 @@ impl Cursor {
         if event.kind == Kind::Bookmark {
             return (self.plan.bookmarks && event.rv > self.last_sent_rv).then_some(Kind::Bookmark);
         }
-        let now = event.kind != Kind::Deleted && self.selects(&event.labels(), event);
-        if let Some(held) = &mut self.held {
-            let key = object_key(event.namespace(), event.name());
-            let was = (!held.unknown.remove(&key)).then(|| held.keys.contains(&key));
-            return match (was, now) {
-                (Some(true), true) => Some(event.kind),
-                (Some(false) | None, true) => {
-                    held.keys.insert(key);
-                    Some(Kind::Added)
-                }
-                (Some(true) | None, false) => {
-                    held.keys.remove(&key);
-                    Some(Kind::Deleted)
-                }
-                (Some(false), false) => None,
-            };
+        if self.held.is_some() {
+            let now = event.kind != Kind::Deleted && self.selects(&event.labels(), event);
+            return self.held.as_mut().and_then(|held| held.seen_as(event, now));
         }
         let now = self.selects(&event.labels(), event);
         match (event.kind, event.previous()) {
@@ -433,6 +420,28 @@ struct Held {
     /// what a client holds either way after it (a DELETED of an object it does not hold is a
     /// no-op to client-go's and kube-rs's caches).
     unknown: HashSet<Box<str>>,
+}
+
+impl Held {
+    /// How a client holding these objects sees `event`, which leaves the object selected
+    /// (`now`) or not: as it is, as ADDED or DELETED when the object enters or leaves the
+    /// client's view, or not at all.
+    fn seen_as(&mut self, event: &Event, now: bool) -> Option<Kind> {
+        let key = object_key(event.namespace(), event.name());
+        let was = (!self.unknown.remove(&key)).then(|| self.keys.contains(&key));
+        match (was, now) {
+            (Some(true), true) => Some(event.kind),
+            (Some(false) | None, true) => {
+                self.keys.insert(key);
+                Some(Kind::Added)
+            }
+            (Some(true) | None, false) => {
+                self.keys.remove(&key);
+                Some(Kind::Deleted)
+            }
+            (Some(false), false) => None,
+        }
+    }
 }
 
 /// What a client that starts after resourceVersion `rv` holds, as `selects` picks the objects:
